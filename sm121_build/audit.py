@@ -1,0 +1,102 @@
+"""Audit ELF files: which kernels will load on a target GPU (native cubin, PTX JIT, none)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .compat import VERDICT_RANK, Target, Verdict, best, entry_verdict
+from .fatbin import Entry, HostBinary, cuobjdump_listing
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The GPU and driver an audit judges against."""
+
+    target: Target
+    driver: tuple[int, int]
+
+    def verdict(self, entry: Entry) -> Verdict:
+        return entry_verdict(entry.kind, entry.arch, entry.variant, entry.version,
+                             self.target, self.driver)
+
+
+@dataclass
+class BinaryReport:
+    """One ELF file's device code and what the target can load of it."""
+
+    name: str
+    size: int
+    entries: list[Entry]
+    cuobjdump: list[str]
+    containers: dict[Verdict, int]
+    kernels: dict[str, Verdict] | None = None
+    kernel_archs: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def has_device_code(self) -> bool:
+        return bool(self.entries)
+
+    def arch_counts(self, kind: str) -> dict[str, int]:
+        counts = Counter(e.sm for e in self.entries if e.kind == kind)
+        return dict(sorted(counts.items(), key=lambda item: _arch_key(item[0])))
+
+    @property
+    def verdict(self) -> Verdict:
+        """The worst any translation unit gets: one unloadable TU breaks its kernels."""
+        present = [v for v, n in self.containers.items() if n]
+        return min(present, key=VERDICT_RANK.__getitem__, default="none")
+
+    def kernel_counts(self) -> dict[Verdict, int]:
+        counts: dict[Verdict, int] = {"native": 0, "jit": 0, "none": 0}
+        for verdict in (self.kernels or {}).values():
+            counts[verdict] += 1
+        return counts
+
+    def loadable_kernels(self, arch_filter: str | None = None) -> set[str]:
+        """Kernel names with native code (optionally: present in entries of one arch)."""
+        return {k for k, v in (self.kernels or {}).items() if v == "native"
+                and (arch_filter is None or arch_filter in self.kernel_archs.get(k, []))}
+
+
+def _arch_key(sm: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in sm[3:] if ch.isdigit())
+    return int(digits or 0), sm
+
+
+def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> BinaryReport:
+    with HostBinary.open(path) as binary:
+        entries = binary.entries
+        by_container: dict[int, list[Verdict]] = defaultdict(list)
+        for entry in entries:
+            by_container[entry.container].append(policy.verdict(entry))
+        containers: dict[Verdict, int] = {"native": 0, "jit": 0, "none": 0}
+        for verdicts in by_container.values():
+            containers[best(verdicts)] += 1
+        report = BinaryReport(
+            name=name, size=path.stat().st_size, entries=entries,
+            cuobjdump=cuobjdump_listing(path, entries), containers=containers)
+        if with_kernels:
+            report.kernels, report.kernel_archs = _kernel_verdicts(binary, policy)
+    return report
+
+
+def _kernel_verdicts(binary: HostBinary,
+                     policy: Policy) -> tuple[dict[str, Verdict], dict[str, list[str]]]:
+    """Per kernel: the best entry of its own TU, then the worst over TUs that define it."""
+    per_tu: dict[tuple[int, str], Verdict] = {}
+    archs: dict[str, list[str]] = defaultdict(list)
+    for entry in binary.entries:
+        verdict = policy.verdict(entry)
+        for kernel in binary.kernels(entry):
+            key = (entry.container, kernel)
+            previous = per_tu.get(key, "none")
+            per_tu[key] = max(previous, verdict, key=VERDICT_RANK.__getitem__)
+            if entry.kind == "elf" and entry.sm not in archs[kernel]:
+                archs[kernel].append(entry.sm)
+    kernels: dict[str, Verdict] = {}
+    for (_container, kernel), verdict in per_tu.items():
+        previous = kernels.get(kernel, "native")
+        kernels[kernel] = min(previous, verdict, key=VERDICT_RANK.__getitem__)
+    return dict(sorted(kernels.items())), dict(archs)

@@ -1,0 +1,52 @@
+"""The `sm121-build` command: a click group, one module per subcommand (cmd_*.py)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import Sm121Error
+
+
+class _Group(click.Group):
+    """`sm121-build --base IMAGE ...` is short for `sm121-build build --base IMAGE ...`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("--base"):
+            args = ["build", *args]
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Sm121Error as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted: temporary files and containers were removed", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="sm121-build")
+def cli() -> None:
+    """Native sm_121 (DGX Spark, GB10) kernels for stock vLLM images.
+
+    The main job: sm121-build --base vllm/vllm-openai:cu130-nightly
+    """
+
+
+def _register() -> None:
+    from .cmd_audit import audit
+
+    cli.add_command(audit)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="sm121-build")

@@ -1,0 +1,69 @@
+"""`sm121-build audit TARGET`: will the kernels in it load on the target GPU?"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import report
+from .audit import BinaryReport, Policy, audit_binary
+from .compat import parse_cuda_version, parse_target
+from .sources import binaries
+
+
+def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[str, ...] = (),
+              platform: str | None = None, progress: bool = False) -> list[BinaryReport]:
+    with binaries(target, include, platform, show_progress=progress) as found:
+        return [audit_binary(b.path, b.name, policy, with_kernels) for b in found]
+
+
+@click.command()
+@click.argument("target")
+@click.option("--target", "gpu", default="sm_121", show_default=True,
+              help="GPU to judge for: sm_121, sm_120, sm_100, sm_90...")
+@click.option("--driver", default="13.0", show_default=True,
+              help="CUDA driver version (limits which PTX can be JIT-compiled).")
+@click.option("--format", "fmt", type=click.Choice(["table", "cuobjdump", "json"]),
+              default="table", show_default=True,
+              help="cuobjdump: exactly the lines of `cuobjdump -lelf -lptx FILE`.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--kernels", is_flag=True, help="List every kernel with its verdict.")
+@click.option("--no-kernels", is_flag=True,
+              help="Headers only: skip reading kernel names (fast on huge files).")
+@click.option("--require", type=click.Choice(["native", "jit"]),
+              help="Exit 1 when any kernel would load worse than this.")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Only .so paths matching GLOB (repeatable), e.g. '*/vllm/*'.")
+@click.option("--platform", help="Platform to read from a multi-platform OCI tarball.")
+@click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also append a Markdown table to this file (e.g. $GITHUB_STEP_SUMMARY).")
+def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: bool,
+          no_kernels: bool, require: str | None, include: tuple[str, ...],
+          platform: str | None, summary_md: Path | None) -> None:
+    """Audit a .so, directory, wheel, image tarball or local image for a GPU target."""
+    fmt = "json" if as_json else fmt
+    policy = Policy(parse_target(gpu), parse_cuda_version(driver))
+    with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None
+    reports = run_audit(target, policy, with_kernels, include, platform,
+                        progress=sys.stderr.isatty())
+    if fmt == "cuobjdump":
+        text = report.cuobjdump(reports)
+        if text:
+            click.echo(text)
+    elif fmt == "json":
+        click.echo(json.dumps(report.as_json(reports, policy), indent=2))
+    else:
+        click.echo(report.table(reports, policy, show_kernels=kernels))
+    if summary_md:
+        with open(summary_md, "a", encoding="utf-8") as out:
+            out.write(report.markdown(f"Audit of `{target}`", reports, policy))
+    if require:
+        floor = {"native": ("native",), "jit": ("native", "jit")}[require]
+        bad = sum(1 for r in reports for v in (r.kernels or {}).values() if v not in floor)
+        if bad:
+            click.echo(f"error: {bad} kernel(s) would not load as {require} on {policy.target}",
+                       err=True)
+            sys.exit(1)

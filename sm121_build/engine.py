@@ -1,0 +1,142 @@
+"""The one place that talks to the container engine (through the Docker SDK).
+
+Everything else asks this module for images, saved filesystems, builds, tags and labels;
+no other module imports `docker`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from .errors import Sm121Error
+from .refs import validate_image_ref
+
+BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the engine knows about an image, without running it."""
+
+    ref: str
+    id: str
+    repo_digests: tuple[str, ...]
+    os: str
+    architecture: str
+    variant: str
+    labels: dict[str, str]
+    layers: tuple[str, ...]
+    env: tuple[str, ...] = field(default=())
+
+    @property
+    def platform(self) -> str:
+        suffix = f"/{self.variant}" if self.variant else ""
+        return f"{self.os}/{self.architecture}{suffix}"
+
+    @property
+    def digest_ref(self) -> str:
+        """A reference that pins the exact image: repo@sha256 when known, else the ID."""
+        return self.repo_digests[0] if self.repo_digests else self.id
+
+
+class Engine:
+    """A connected Docker engine."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.client = client
+
+    @classmethod
+    def connect(cls) -> Engine:
+        try:
+            client = docker.from_env(timeout=600)
+            client.ping()
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+            raise Sm121Error(
+                f"cannot reach the Docker engine at {host}: start it (e.g. `dockerd &` or "
+                f"`systemctl start docker`) or set DOCKER_HOST ({type(exc).__name__})") from None
+        return cls(client)
+
+    def image(self, ref: str) -> ImageInfo:
+        validate_image_ref(ref)
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            raise Sm121Error(
+                f"image {ref} not found in the local Docker engine: `docker pull {ref}` "
+                "or `docker load` it first") from None
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"engine refused to inspect {ref}: {exc.explanation}") from None
+        attrs: dict[str, Any] = image.attrs
+        config = attrs.get("Config") or {}
+        return ImageInfo(
+            ref=ref,
+            id=image.id,
+            repo_digests=tuple(attrs.get("RepoDigests") or ()),
+            os=attrs.get("Os", ""),
+            architecture=attrs.get("Architecture", ""),
+            variant=attrs.get("Variant", "") or "",
+            labels=dict(config.get("Labels") or {}),
+            layers=tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
+            env=tuple(config.get("Env") or ()),
+        )
+
+    def exists(self, ref: str) -> bool:
+        try:
+            self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    def find_by_label(self, key: str, value: str) -> list[ImageInfo]:
+        images = self.client.images.list(filters={"label": f"{key}={value}"})
+        return [self.image(img.id) for img in images]
+
+    def save(self, ref: str, dest: Path, progress: Callable[[int], None] | None = None) -> None:
+        """`docker save` one image to a tarball: its filesystem, no container run."""
+        info = self.image(ref)
+        try:
+            chunks: Iterator[bytes] = self.client.images.get(info.id).save(
+                chunk_size=1 << 20, named=False)
+            with open(dest, "wb") as out:
+                for chunk in chunks:
+                    out.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"engine could not save {ref}: {exc.explanation}") from None
+
+    def tag(self, image_id: str, tag: str) -> None:
+        name, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
+        self.client.images.get(image_id).tag(name, version)
+
+    def remove_image(self, ref: str) -> None:
+        try:
+            self.client.images.remove(ref, force=True, noprune=False)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError:
+            pass  # in use or already gone: nothing half-built is tagged either way
+
+    def buildkit_client(self) -> str | None:
+        """A docker CLI that can run BuildKit builds (`DOCKER_BUILDKIT=1`), if one exists."""
+        for candidate in BUILDKIT_CLIENT_CANDIDATES:
+            path = shutil.which(candidate)
+            if not path:
+                continue
+            result = subprocess.run(
+                [path, "build", "--help"], capture_output=True, text=True, check=False,
+                env={**os.environ, "DOCKER_BUILDKIT": "1"})
+            if result.returncode == 0 and "--secret" in result.stdout:
+                return path
+        return None

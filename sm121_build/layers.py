@@ -1,0 +1,179 @@
+"""Read an image's final filesystem from its saved layers, without running a container.
+
+Both tarball shapes are handled: `docker save` (manifest.json listing layer paths) and an
+OCI image layout (index.json -> manifest -> layer blobs).  Layers are applied in order with
+OCI whiteout rules: `.wh.NAME` deletes NAME, `.wh..wh..opq` hides the directory's lower
+layers.  https://github.com/opencontainers/image-spec/blob/main/layer.md#whiteouts
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import zstandard
+
+from .errors import Sm121Error
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _bad(archive: Path, why: str) -> Sm121Error:
+    return Sm121Error(f"{archive}: not a docker-save or OCI image tarball ({why})")
+
+
+def _read_json(outer: tarfile.TarFile, name: str, archive: Path) -> Any:
+    try:
+        handle = outer.extractfile(name)
+    except KeyError:
+        raise _bad(archive, f"{name} missing") from None
+    if handle is None:
+        raise _bad(archive, f"{name} is not a file")
+    try:
+        return json.load(handle)
+    except ValueError as exc:
+        raise _bad(archive, f"{name} is not JSON: {exc}") from None
+
+
+def _names(outer: tarfile.TarFile) -> set[str]:
+    return {posixpath.normpath(n) for n in outer.getnames()}
+
+
+def _blob(digest: str) -> str:
+    algorithm, _, value = digest.partition(":")
+    return f"blobs/{algorithm}/{value}"
+
+
+def layer_paths(outer: tarfile.TarFile, archive: Path, platform: str | None = None) -> list[str]:
+    """Member names of the layer tars, bottom first."""
+    names = _names(outer)
+    if "manifest.json" in names:
+        manifest = _read_json(outer, "manifest.json", archive)
+        if not isinstance(manifest, list) or not manifest or "Layers" not in manifest[0]:
+            raise _bad(archive, "manifest.json has no Layers")
+        if len(manifest) > 1:
+            raise Sm121Error(f"{archive}: holds {len(manifest)} images; save one image per tarball")
+        return [str(p) for p in manifest[0]["Layers"]]
+    if "index.json" in names:
+        document = _read_json(outer, "index.json", archive)
+        while "layers" not in document:
+            manifests = document.get("manifests") or []
+            chosen = _choose_manifest(manifests, platform, archive)
+            document = _read_json(outer, _blob(chosen["digest"]), archive)
+        return [_blob(layer["digest"]) for layer in document["layers"]]
+    raise _bad(archive, "neither manifest.json nor index.json found")
+
+
+def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
+                     archive: Path) -> dict[str, Any]:
+    if not manifests:
+        raise _bad(archive, "index.json lists no manifests")
+    if len(manifests) == 1:
+        return manifests[0]
+    found = {}
+    for entry in manifests:
+        plat = entry.get("platform") or {}
+        name = f"{plat.get('os', '?')}/{plat.get('architecture', '?')}"
+        if name != "unknown/unknown":  # attestation manifests
+            found[name] = entry
+    if platform in found:
+        return found[platform]
+    if len(found) == 1:
+        return next(iter(found.values()))
+    raise Sm121Error(
+        f"{archive}: holds several platforms ({', '.join(sorted(found))}); pick one with --platform")
+
+
+def _open_layer(handle: IO[bytes]) -> tarfile.TarFile:
+    head = handle.read(4)
+    handle.seek(0)
+    if head == ZSTD_MAGIC:
+        stream = zstandard.ZstdDecompressor().stream_reader(handle)
+        return tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
+    return tarfile.open(fileobj=handle, mode="r|*")
+
+
+def _safe_relpath(name: str) -> str | None:
+    path = posixpath.normpath("/" + name).lstrip("/")
+    return path or None
+
+
+def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
+                  platform: str | None = None,
+                  progress: Callable[[int], None] | None = None) -> list[str]:
+    """Write the final version of every file `wanted(path)` accepts under dest.
+
+    Returns the image paths written (relative, no leading slash), sorted.
+    """
+    written: set[str] = set()
+    try:
+        outer = tarfile.open(archive, mode="r:*")
+    except (tarfile.TarError, OSError) as exc:
+        raise _bad(archive, str(exc)) from None
+    with outer:
+        for layer_name in layer_paths(outer, archive, platform):
+            try:
+                handle = outer.extractfile(layer_name)
+            except KeyError:
+                raise _bad(archive, f"layer {layer_name} missing") from None
+            if handle is None:
+                raise _bad(archive, f"layer {layer_name} is not a file")
+            with handle, _open_layer(handle) as layer:
+                _apply_layer(layer, dest, wanted, written)
+            if progress:
+                progress(1)
+    return sorted(written)
+
+
+def _apply_layer(layer: tarfile.TarFile, dest: Path, wanted: Callable[[str], bool],
+                 written: set[str]) -> None:
+    for member in layer:
+        path = _safe_relpath(member.name)
+        if path is None:
+            continue
+        parent, base = posixpath.split(path)
+        if base == OPAQUE:
+            _remove_under(dest, parent, written, keep_dir=True)
+            continue
+        if base.startswith(WHITEOUT):
+            _remove_under(dest, posixpath.join(parent, base[len(WHITEOUT):]), written)
+            continue
+        if member.isdir():
+            continue
+        # A file in an upper layer replaces whatever a lower layer had at that path.
+        if path in written and not (member.isfile() or member.islnk()):
+            _remove_under(dest, path, written)
+        if not (member.isfile() or member.islnk()) or not wanted(path):
+            continue
+        target = dest / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if member.islnk():  # a stream cannot seek back: copy the file the link names
+            linked = _safe_relpath(member.linkname)
+            if linked in written:
+                shutil.copyfile(dest / linked, target)
+                written.add(path)
+            continue
+        source = layer.extractfile(member)
+        if source is None:
+            continue
+        with source, open(target, "wb") as out:
+            shutil.copyfileobj(source, out, 1 << 20)
+        written.add(path)
+
+
+def _remove_under(dest: Path, path: str, written: set[str], keep_dir: bool = False) -> None:
+    prefix = path.rstrip("/") + "/" if path else ""
+    for name in [n for n in written if n == path or n.startswith(prefix)]:
+        (dest / name).unlink(missing_ok=True)
+        written.discard(name)
+    if not keep_dir:
+        target = dest / path
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)

@@ -1,0 +1,42 @@
+"""Validation of the names users hand us: image references and tags."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import Sm121Error
+
+# The grammar of github.com/distribution/reference (reference.go), as one regex.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_NAME = rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REF = re.compile(rf"^(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?$")
+IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
+
+
+def looks_like_image_ref(text: str) -> bool:
+    return bool(IMAGE_REF.match(text) or IMAGE_ID.match(text)) and len(text) <= 255
+
+
+def validate_image_ref(text: str) -> str:
+    if not looks_like_image_ref(text):
+        raise Sm121Error(
+            f"{text!r} is not a valid image reference (expected NAME[:TAG][@DIGEST], "
+            "e.g. vllm/vllm-openai:cu130-nightly)")
+    return text
+
+
+def split_ref(text: str) -> tuple[str, str | None, str | None]:
+    """(name, tag, digest) of a validated reference."""
+    match = IMAGE_REF.match(validate_image_ref(text))
+    if match is None:  # a bare image ID with a sha256: prefix
+        return text, None, None
+    return match.group("name"), match.group("tag"), match.group("digest")
+
+
+def default_tag(base: str, suffix: str = "sm121") -> str:
+    """`vllm/vllm-openai:cu130-nightly` -> `vllm/vllm-openai:cu130-nightly-sm121`."""
+    name, tag, _digest = split_ref(base)
+    return f"{name}:{(tag or 'latest')}-{suffix}"
