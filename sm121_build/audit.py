@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from .compat import VERDICT_RANK, Target, Verdict, best, entry_verdict
 from .fatbin import Entry, HostBinary, cuobjdump_listing
+
+FileVerdict = Literal["native", "jit", "partial", "none"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,16 @@ class BinaryReport:
         return dict(sorted(counts.items(), key=lambda item: _arch_key(item[0])))
 
     @property
-    def verdict(self) -> Verdict:
-        """The worst any translation unit gets: one unloadable TU breaks its kernels."""
-        present = [v for v, n in self.containers.items() if n]
-        return min(present, key=VERDICT_RANK.__getitem__, default="none")
+    def verdict(self) -> FileVerdict:
+        """native / jit when every translation unit loads so; partial when some load
+        nothing; none when nothing loads.  (Kernel counts, when read, refine the picture.)"""
+        counts = self.kernel_counts() if self.kernels else self.containers
+        present = [v for v, n in counts.items() if n]
+        if not present or present == ["none"]:
+            return "none"
+        if "none" in present:
+            return "partial"
+        return "jit" if "jit" in present else "native"
 
     def kernel_counts(self) -> dict[Verdict, int]:
         counts: dict[Verdict, int] = {"native": 0, "jit": 0, "none": 0}

@@ -54,11 +54,12 @@ def parse_target(text: str) -> Target:
     """`sm_121`, `121`, `12.1` (a device has no `a`/`f` variant; one given is ignored)."""
     value = text.strip().lower()
     match = _TARGET.match(value)
-    if match:
-        return Target(int(match.group(1)))
+    arch = int(match.group(1)) if match else 0
     match = _DOTTED.match(value)
     if match:
-        return Target(int(match.group(1)) * 10 + int(match.group(2)))
+        arch = int(match.group(1)) * 10 + int(match.group(2))
+    if arch >= 30:  # sm_30 (Kepler) is the oldest target any CUDA 11+ toolkit knew
+        return Target(arch)
     raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1")
 
 

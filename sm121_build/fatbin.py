@@ -35,6 +35,7 @@ import lz4.block
 import zstandard
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import StringTableSection
 
 from .errors import CorruptBinaryError
 
@@ -60,6 +61,10 @@ STO_CUDA_ENTRY = 0x10
 _ELF64_SYM = struct.Struct("<IBBHQQ")
 _STT_FUNC = 2
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
+
+# What pyelftools raises on a damaged ELF (offsets past the end overflow its seeks).
+_ELF_PARSE_ERRORS = (ELFError, struct.error, ValueError, OverflowError, IndexError, KeyError)
+MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged header
 
 Kind = Literal["elf", "ptx", "other"]
 Variant = Literal["", "a", "f"]
@@ -139,7 +144,7 @@ class HostBinary:
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         if self._map[:4] != b"\x7fELF":
             raise CorruptBinaryError(f"{self.path}: not an ELF file (bad magic)")
-        for start, length in _fatbin_sections(self.path, self._map, size):
+        for start, length in _fatbin_sections(self.path, self._file, size):
             self.entries.extend(_walk_section(self.path, self._map, start, length,
                                               first_container=self._next_container()))
 
@@ -156,7 +161,7 @@ class HostBinary:
             if entry.compression == "zstd":
                 return bytes(zstandard.ZstdDecompressor().decompress(
                     raw, max_output_size=entry.size))
-        except (lz4.block.LZ4BlockError, zstandard.ZstdError) as exc:
+        except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError) as exc:
             raise CorruptBinaryError(
                 f"{self.path}: entry {entry.index} ({entry.sm}) does not decompress: {exc}"
             ) from None
@@ -180,62 +185,31 @@ def cubin_kernels(cubin: bytes, where: str) -> tuple[str, ...]:
         if symtab is None:
             return ()
         strtab = elf.get_section(symtab["sh_link"])
+        if not isinstance(strtab, StringTableSection):
+            raise ValueError("symbol table links to no string table")
         names = []
         for _name, info, other, _shndx, _value, _size in _ELF64_SYM.iter_unpack(symtab.data()):
             if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY:
                 names.append(strtab.get_string(_name))
         return tuple(names)
-    except (ELFError, struct.error, ValueError, UnicodeDecodeError) as exc:
+    except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
         raise CorruptBinaryError(f"{where}: cubin is not a readable ELF: {exc}") from None
 
 
-def _fatbin_sections(path: Path, data: mmap.mmap, size: int) -> Iterator[tuple[int, int]]:
+def _fatbin_sections(path: Path, stream: BinaryIO, size: int) -> Iterator[tuple[int, int]]:
     try:
-        elf = ELFFile(_MapReader(data))
+        elf = ELFFile(stream)  # reads the ELF and section headers only
         found = [s for s in (elf.get_section_by_name(name) for name in FATBIN_SECTIONS)
                  if s is not None and s["sh_type"] != "SHT_NOBITS"]
         # Like cuobjdump without -all: the executable fatbin, else the relocatable one.
         spans = [(s["sh_offset"], s["sh_size"]) for s in found[:1]]
-    except (ELFError, struct.error, ValueError) as exc:
+    except _ELF_PARSE_ERRORS as exc:
         raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
     for start, length in spans:
         if start + length > size:
             raise CorruptBinaryError(
                 f"{path}: fatbin section runs past the end of the file (truncated?)")
         yield start, length
-
-
-class _MapReader(io.RawIOBase):
-    """A seekable read-only stream over an mmap, for pyelftools (avoids a second read path)."""
-
-    def __init__(self, data: mmap.mmap) -> None:
-        self._data = data
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: len(self._data)}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, n: int | None = -1) -> bytes:
-        end = len(self._data) if n is None or n < 0 else self._pos + n
-        chunk = self._data[self._pos:end]
-        self._pos += len(chunk)
-        return chunk
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        chunk = self.read(len(buffer))
-        buffer[:len(chunk)] = chunk
-        return len(chunk)
 
 
 def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
@@ -284,10 +258,10 @@ def _read_entry(path: Path, data: mmap.mmap, pos: int, end: int, container: int,
         compression = "lz4"
     elif flags & FLAG_ZSTD:
         compression = "zstd"
-    if compression and not (0 < compressed <= payload_size):
+    if compression and not (0 < compressed <= payload_size and 0 < uncompressed < MAX_ENTRY_SIZE):
         raise CorruptBinaryError(
-            f"{path}: compressed fatbin entry at {pos:#x} has a nonsense compressed size "
-            f"{compressed} (payload {payload_size})")
+            f"{path}: compressed fatbin entry at {pos:#x} has nonsense sizes "
+            f"(compressed {compressed}, uncompressed {uncompressed}, payload {payload_size})")
     variant: Variant = ""
     if flags & FLAG_ARCH_SPECIFIC:
         variant = "a"

@@ -88,7 +88,8 @@ def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
     if len(found) == 1:
         return next(iter(found.values()))
     raise Sm121Error(
-        f"{archive}: holds several platforms ({', '.join(sorted(found))}); pick one with --platform")
+        f"{archive}: holds several platforms ({', '.join(sorted(found))}); "
+        "pick one with --platform")
 
 
 def _open_layer(handle: IO[bytes]) -> tarfile.TarFile:
@@ -96,7 +97,7 @@ def _open_layer(handle: IO[bytes]) -> tarfile.TarFile:
     handle.seek(0)
     if head == ZSTD_MAGIC:
         stream = zstandard.ZstdDecompressor().stream_reader(handle)
-        return tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
+        return tarfile.open(fileobj=stream, mode="r|")
     return tarfile.open(fileobj=handle, mode="r|*")
 
 
@@ -114,7 +115,7 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
     """
     written: set[str] = set()
     try:
-        outer = tarfile.open(archive, mode="r:*")
+        outer = tarfile.open(archive, mode="r:*")  # noqa: SIM115 - closed by the with below
     except (tarfile.TarError, OSError) as exc:
         raise _bad(archive, str(exc)) from None
     with outer:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .audit import BinaryReport, Policy
-from .compat import Verdict
+from .audit import BinaryReport, FileVerdict, Policy
 
-VERDICT_WORDS: dict[Verdict, str] = {
+VERDICT_WORDS: dict[FileVerdict, str] = {
     "native": "native",
-    "jit": "PTX JIT only (slow first start)",
+    "jit": "loads through PTX JIT (slow first start)",
+    "partial": "PARTIAL: some kernels have no loadable code",
     "none": "NO loadable code",
 }
 

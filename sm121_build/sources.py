@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import sys
 import tarfile
 import tempfile
 import zipfile
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -134,7 +136,7 @@ class _NoBar:
         return None
 
 
-def _bar(enabled: bool, length: int | None, label: str) -> click.progressbar[int] | _NoBar:
+def _bar(enabled: bool, length: int | None, label: str) -> Any:
     if not enabled:
         return _NoBar()
-    return click.progressbar(length=length, label=label, file=click.get_text_stream("stderr"))
+    return click.progressbar(length=length, label=label, file=sys.stderr)

@@ -1,0 +1,80 @@
+"""Shared test helpers: the real toolchain (nvcc, cuobjdump from PyPI) and cached builds."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+CACHE = Path(os.environ.get("SM121_TEST_CACHE", ROOT / ".cache"))
+
+
+def cuda_home() -> Path:
+    for candidate in (os.environ.get("CUDA_HOME"), "/usr/local/cuda-13.0", "/usr/local/cuda"):
+        if candidate and (Path(candidate) / "bin" / "nvcc").exists():
+            return Path(candidate)
+    raise RuntimeError("nvcc not found: set CUDA_HOME (tests need the real CUDA 13 toolchain)")
+
+
+def nvcc() -> str:
+    return str(cuda_home() / "bin" / "nvcc")
+
+
+def cuobjdump() -> str:
+    """The real cuobjdump from PyPI's nvidia-cuda-cuobjdump: the oracle, tests only."""
+    import nvidia  # noqa: PLC0415 - namespace package of the wheel
+
+    for base in nvidia.__path__:
+        for found in Path(base).glob("cu*/bin/cuobjdump"):
+            return str(found)
+    raise RuntimeError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+
+
+def run_cuobjdump(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([cuobjdump(), *args], capture_output=True, text=True, check=False)
+
+
+def compile_cached(name: str, source: Path, flags: list[str], shared: bool = True) -> Path:
+    """nvcc SOURCE into a cached .so (or .o); the key covers source, flags and nvcc."""
+    key = hashlib.sha256()
+    key.update(source.read_bytes())
+    key.update("\0".join(flags).encode())
+    key.update(nvcc().encode())
+    out_dir = CACHE / "fixtures" / key.hexdigest()[:16]
+    out = out_dir / (f"{name}.so" if shared else f"{name}.o")
+    if out.exists():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kind = ["-shared", "-Xcompiler", "-fPIC"] if shared else ["-c", "-Xcompiler", "-fPIC"]
+    tmp = out.with_suffix(".tmp" + out.suffix)
+    subprocess.run([nvcc(), *kind, "-o", str(tmp), str(source), *flags], check=True,
+                   env={**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
+    tmp.rename(out)
+    return out
+
+
+def gencode(*pairs: str) -> list[str]:
+    """'compute_90a:sm_90a' -> ['-gencode', 'arch=compute_90a,code=sm_90a']."""
+    flags = []
+    for pair in pairs:
+        arch, code = pair.split(":")
+        flags += ["-gencode", f"arch={arch},code={code}"]
+    return flags
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed CLI as a user would."""
+    return subprocess.run([sys.executable, "-m", "sm121_build", *args], capture_output=True,
+                          text=True, check=False, env={**os.environ, **(env or {})})
+
+
+def which_or_fail(name: str) -> str:
+    found = shutil.which(name)
+    if not found:
+        raise RuntimeError(f"{name} not installed")
+    return found

@@ -1,0 +1,125 @@
+"""Bad input: one-line errors and a non-zero exit, never a traceback; fuzzed in CI."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sm121_build.errors import CorruptBinaryError
+from sm121_build.fatbin import HostBinary
+from tests.helpers import cli
+
+
+def _fatbin_span(path: Path) -> tuple[int, int]:
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as handle:
+        section = ELFFile(handle).get_section_by_name(".nv_fatbin")
+        return section["sh_offset"], section["sh_size"]
+
+
+def _one_line_error(result: object) -> str:
+    stderr = result.stderr  # type: ignore[attr-defined]
+    assert result.returncode == 2, stderr  # type: ignore[attr-defined]
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+def test_not_elf(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"hello, not an ELF at all\n" * 10)
+    assert "not an ELF file, wheel, or image tarball" in _one_line_error(cli("audit", str(junk)))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    assert "no such file" in _one_line_error(cli("audit", str(tmp_path / "nope.so")))
+
+
+def test_truncated(plain_so: Path, tmp_path: Path) -> None:
+    data = plain_so.read_bytes()
+    cut = tmp_path / "cut.so"
+    start, _size = _fatbin_span(plain_so)
+    cut.write_bytes(data[: start + 100])
+    line = _one_line_error(cli("audit", str(cut)))
+    assert "cut.so" in line
+
+
+def test_truncated_to_header(plain_so: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "head.so"
+    cut.write_bytes(plain_so.read_bytes()[:40])
+    assert "not an ELF file" in _one_line_error(cli("audit", str(cut)))
+
+
+def test_elf_without_fatbin_has_no_device_code(host_only_so: Path) -> None:
+    result = cli("audit", str(host_only_so))
+    assert result.returncode == 0, result.stderr
+    assert "carry no device code" in result.stdout
+    listing = cli("audit", "--format", "cuobjdump", str(host_only_so))
+    assert listing.returncode == 0 and listing.stdout == ""
+
+
+def test_nonsense_entry_size(plain_so: Path, tmp_path: Path) -> None:
+    data = bytearray(plain_so.read_bytes())
+    start, _ = _fatbin_span(plain_so)
+    first_entry = start + 16
+    struct.pack_into("<Q", data, first_entry + 8, 1 << 60)  # payload size
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    line = _one_line_error(cli("audit", str(bad)))
+    assert "nonsense size" in line
+
+
+def test_bad_container_magic(plain_so: Path, tmp_path: Path) -> None:
+    data = bytearray(plain_so.read_bytes())
+    start, _ = _fatbin_span(plain_so)
+    struct.pack_into("<I", data, start, 0xDEADBEEF)
+    bad = tmp_path / "magic.so"
+    bad.write_bytes(bytes(data))
+    assert "bad fatbin container magic" in _one_line_error(cli("audit", str(bad)))
+
+
+def test_corrupt_compressed_payload(matrix: dict[str, Path], tmp_path: Path) -> None:
+    path = matrix["zstd"]
+    with HostBinary.open(path) as binary:
+        entry = next(e for e in binary.entries if e.compression == "zstd")
+    data = bytearray(path.read_bytes())
+    data[entry.offset:entry.offset + 16] = b"\xff" * 16
+    bad = tmp_path / "zbad.so"
+    bad.write_bytes(bytes(data))
+    assert "does not decompress" in _one_line_error(cli("audit", str(bad)))
+
+
+@pytest.fixture(scope="module")
+def fuzz_seed(matrix: dict[str, Path]) -> tuple[bytes, int, int, Path]:
+    path = matrix["lz4"]
+    start, size = _fatbin_span(path)
+    return path.read_bytes(), start, size, path
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
+                      min_size=1, max_size=8),
+       whole_file=st.booleans())
+def test_fuzz_reader_raises_only_corrupt_binary_error(
+        fuzz_seed: tuple[bytes, int, int, Path], tmp_path_factory: pytest.TempPathFactory,
+        edits: list[tuple[int, int]], whole_file: bool) -> None:
+    data, start, size, _ = fuzz_seed
+    mutated = bytearray(data)
+    for where, value in edits:
+        position = where % len(data) if whole_file else start + where % size
+        mutated[position] = value
+    target = tmp_path_factory.mktemp("fuzz") / "m.so"
+    target.write_bytes(bytes(mutated))
+    try:
+        with HostBinary.open(target) as binary:
+            for entry in binary.entries:
+                binary.kernels(entry)
+    except CorruptBinaryError as exc:
+        assert "\n" not in str(exc)

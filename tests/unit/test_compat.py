@@ -1,0 +1,79 @@
+"""CUDA's loading rules, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from sm121_build.compat import (
+    entry_verdict,
+    max_ptx_isa,
+    parse_cuda_version,
+    parse_target,
+)
+from sm121_build.errors import Sm121Error
+
+SM121 = parse_target("sm_121")
+CUDA13 = (13, 0)
+
+
+@pytest.mark.parametrize(("kind", "arch", "variant", "expected"), [
+    ("elf", 121, "", "native"),
+    ("elf", 121, "a", "native"),
+    ("elf", 120, "", "native"),     # same major, lower minor
+    ("elf", 120, "f", "native"),     # family
+    ("elf", 120, "a", "none"),       # arch-specific: exact arch only
+    ("elf", 100, "", "none"),        # other major
+    ("elf", 100, "f", "none"),
+    ("elf", 90, "a", "none"),
+    ("elf", 90, "", "none"),         # cubins never cross majors
+    ("elf", 122, "", "none"),        # newer minor
+    ("ptx", 90, "", "jit"),          # plain PTX JITs forward
+    ("ptx", 120, "", "jit"),
+    ("ptx", 121, "", "jit"),
+    ("ptx", 120, "f", "jit"),
+    ("ptx", 100, "f", "none"),       # family PTX stays in its family
+    ("ptx", 90, "a", "none"),        # arch-specific PTX too
+    ("ptx", 121, "a", "jit"),
+    ("ptx", 122, "", "none"),
+])
+def test_sm121_rules(kind: str, arch: int, variant: str, expected: str) -> None:
+    assert entry_verdict(kind, arch, variant, (9, 0), SM121, CUDA13) == expected
+
+
+def test_ptx_newer_than_driver_cannot_jit() -> None:
+    assert entry_verdict("ptx", 90, "", (8, 8), SM121, (12, 9)) == "jit"
+    assert entry_verdict("ptx", 90, "", (9, 0), SM121, (12, 9)) == "none"
+    assert entry_verdict("ptx", 90, "", (9, 0), SM121, CUDA13) == "jit"
+
+
+def test_ptx_isa_table() -> None:
+    assert max_ptx_isa((13, 0)) == (9, 0)
+    assert max_ptx_isa((12, 7)) == (8, 5)  # no 12.7 release: the floor entry
+    assert max_ptx_isa((99, 0)) is None     # newer than we know: no limit applied
+
+
+@pytest.mark.parametrize("text", ["sm_121", "121", "12.1", "SM_121", "sm_121a", "compute_121"])
+def test_parse_target(text: str) -> None:
+    assert parse_target(text).arch == 121
+
+
+@pytest.mark.parametrize("text", ["sm121x", "", "12", "gb10"])
+def test_parse_target_rejects(text: str) -> None:
+    with pytest.raises(Sm121Error, match="unknown GPU target"):
+        parse_target(text)
+
+
+def test_other_targets() -> None:
+    sm90 = parse_target("sm_90")
+    assert entry_verdict("elf", 90, "a", (1, 8), sm90, CUDA13) == "native"
+    assert entry_verdict("elf", 80, "", (1, 8), sm90, CUDA13) == "none"
+    assert entry_verdict("ptx", 80, "", (8, 0), sm90, CUDA13) == "jit"
+    sm103 = parse_target("10.3")
+    assert entry_verdict("elf", 100, "f", (1, 8), sm103, CUDA13) == "native"
+    assert entry_verdict("elf", 100, "a", (1, 8), sm103, CUDA13) == "none"
+
+
+def test_driver_version_parse() -> None:
+    assert parse_cuda_version("13.0") == (13, 0)
+    with pytest.raises(Sm121Error):
+        parse_cuda_version("thirteen")
