@@ -17,15 +17,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import layers
-from .engine import Engine
 from .errors import Sm121Error
 from .fatbin import is_elf
 from .refs import looks_like_image_ref
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
 FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin)$")
@@ -49,7 +51,7 @@ def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
 
 @contextmanager
 def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = None,
-             engine: Callable[[], Engine] = Engine.connect,
+             engine: Callable[[], Engine] | None = None,
              show_progress: bool = False) -> Iterator[list[Binary]]:
     """Yield the ELF files a target holds; temporary copies are removed afterwards."""
     path = Path(target)
@@ -75,6 +77,10 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
         raise Sm121Error(f"{target}: no such file or directory")
     if not looks_like_image_ref(target):
         raise Sm121Error(f"{target}: no such file, and not a valid image reference")
+    if engine is None:
+        from .engine import Engine  # the Docker SDK is imported only when an image is read
+
+        engine = Engine.connect
     connected = engine()
     info = connected.image(target)
     with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:

@@ -8,19 +8,22 @@ from tests.helpers import DATA, compile_cached, gencode
 
 # Each build is one .so; nvcc refuses sm_120 and sm_120f in one fatbin, hence several.
 MATRIX: dict[str, list[str]] = {
-    "plain": gencode("compute_80:sm_80", "compute_90a:sm_90a", "compute_100a:sm_100a",
-                     "compute_120:sm_120", "compute_120a:sm_120a", "compute_121:sm_121",
-                     "compute_121a:sm_121a", "compute_120:compute_120", "compute_90:compute_90")
-    + ["--compress-mode=none"],
-    "family": gencode("compute_120f:sm_120f", "compute_100f:sm_100f", "compute_120f:compute_120f"),
+    "plain": [
+        *gencode("compute_80:sm_80", "compute_90a:sm_90a", "compute_100a:sm_100a",
+                 "compute_120:sm_120", "compute_120a:sm_120a", "compute_121:sm_121",
+                 "compute_121a:sm_121a", "compute_120:compute_120", "compute_90:compute_90"),
+        "--compress-mode=none",
+    ],
+    "family": gencode("compute_120f:sm_120f", "compute_100f:sm_100f",
+                      "compute_120f:compute_120f"),
     "ptx_only": gencode("compute_80:compute_80", "compute_90a:compute_90a",
                         "compute_121a:compute_121a", "compute_100f:compute_100f"),
-    "lz4": gencode("compute_90:sm_90", "compute_90:compute_90", "compute_121:sm_121")
-    + ["--compress-mode=speed"],
-    "zstd": gencode("compute_90:sm_90", "compute_90:compute_90", "compute_121a:sm_121a")
-    + ["--compress-mode=size"],
+    "lz4": [*gencode("compute_90:sm_90", "compute_90:compute_90", "compute_121:sm_121"),
+            "--compress-mode=speed"],
+    "zstd": [*gencode("compute_90:sm_90", "compute_90:compute_90", "compute_121a:sm_121a"),
+             "--compress-mode=size"],
     "sm121": gencode("compute_121:sm_121"),
-    "sm90": gencode("compute_90:sm_90") + ["--compress-mode=none"],
+    "sm90": [*gencode("compute_90:sm_90"), "--compress-mode=none"],
 }
 
 
@@ -29,8 +32,8 @@ def matrix() -> dict[str, Path]:
     built = {name: compile_cached(name, DATA / "kernels.cu", flags)
              for name, flags in MATRIX.items()}
     built["reloc"] = compile_cached("reloc", DATA / "kernels.cu",
-                                    gencode("compute_90:sm_90", "compute_90:compute_90")
-                                    + ["-rdc=true"], shared=False)
+                                    [*gencode("compute_90:sm_90", "compute_90:compute_90"),
+                                     "-rdc=true"], shared=False)
     return built
 
 

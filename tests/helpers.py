@@ -27,7 +27,7 @@ def nvcc() -> str:
 
 def cuobjdump() -> str:
     """The real cuobjdump from PyPI's nvidia-cuda-cuobjdump: the oracle, tests only."""
-    import nvidia  # noqa: PLC0415 - namespace package of the wheel
+    import nvidia
 
     for base in nvidia.__path__:
         for found in Path(base).glob("cu*/bin/cuobjdump"):
@@ -78,3 +78,24 @@ def which_or_fail(name: str) -> str:
     if not found:
         raise RuntimeError(f"{name} not installed")
     return found
+
+
+def pypi_download(spec: str, dest: Path, *, sdist: bool = False,
+                  platform: str = "manylinux_2_31_aarch64") -> Path:
+    """Download one real artifact from PyPI once; later calls reuse the cached file."""
+    name, _, version = spec.partition("==")
+    pattern = f"{name}-{version}.tar.gz" if sdist else f"{name}-{version}-*{platform}*.whl"
+    cached = sorted(dest.glob(pattern))
+    if cached:
+        return cached[0]
+    dest.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), spec]
+    if sdist:
+        args += ["--no-binary", ":all:", "--no-build-isolation"]
+    else:
+        args += ["--only-binary", ":all:", "--platform", platform, "--python-version", "3.12"]
+    subprocess.run(args, check=True)
+    found = sorted(dest.glob(pattern))
+    if not found:
+        raise RuntimeError(f"pip download {spec} produced no {pattern}")
+    return found[0]

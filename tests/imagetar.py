@@ -34,16 +34,26 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def docker_save(path: Path, layers: list[Layer]) -> Path:
+def docker_save(path: Path, layers: list[Layer], tag: str = "sm121-test/fixture:1",
+                architecture: str = "arm64", labels: dict[str, str] | None = None) -> Path:
+    """A tarball `docker load` accepts (for any architecture, no emulation needed)."""
     with tarfile.open(path, "w") as tar:
-        names = []
+        names, diff_ids = [], []
         for number, files in enumerate(layers):
+            data = _layer_tar(files)
             name = f"layer{number}/layer.tar"
-            _add(tar, name, _layer_tar(files))
+            _add(tar, name, data)
             names.append(name)
+            diff_ids.append("sha256:" + hashlib.sha256(data).hexdigest())
+        config = json.dumps({
+            "architecture": architecture, "os": "linux",
+            "config": {"Labels": labels or {}, "Env": ["PATH=/usr/bin:/bin"]},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }).encode()
+        config_name = hashlib.sha256(config).hexdigest() + ".json"
+        _add(tar, config_name, config)
         _add(tar, "manifest.json", json.dumps(
-            [{"Config": "config.json", "RepoTags": ["t:1"], "Layers": names}]).encode())
-        _add(tar, "config.json", b"{}")
+            [{"Config": config_name, "RepoTags": [tag], "Layers": names}]).encode())
     return path
 
 

@@ -1,0 +1,55 @@
+"""Audit an image in the local engine: its filesystem is read, no container is started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.dockerenv import client_or_skip, load
+from tests.helpers import cli
+from tests.imagetar import docker_save
+
+pytestmark = pytest.mark.docker
+
+
+def test_arm64_image_audited_on_x86_without_running_it(matrix: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    client = client_or_skip()
+    tag = "sm121-test/audit-arm64:1"
+    layers: list[dict[str, bytes | None]] = [
+        {"usr/lib/python3/dist-packages/vllm/_C.abi3.so": matrix["sm90"].read_bytes()},
+        {"usr/lib/python3/dist-packages/vllm/_moe_C.abi3.so": matrix["sm121"].read_bytes(),
+         "usr/lib/python3/dist-packages/vllm/.wh.old.so": b""},
+    ]
+    load(client, docker_save(tmp_path / "img.tar", layers, tag=tag, architecture="arm64"))
+    try:
+        before = {c.id for c in client.containers.list(all=True)}
+        result = cli("audit", "--json", tag)
+        assert result.returncode == 0, result.stderr
+        assert {c.id for c in client.containers.list(all=True)} == before
+        import json
+
+        data = {b["name"]: b["verdict"] for b in json.loads(result.stdout)["binaries"]}
+        assert data == {"/usr/lib/python3/dist-packages/vllm/_C.abi3.so": "none",
+                        "/usr/lib/python3/dist-packages/vllm/_moe_C.abi3.so": "native"}
+        required = cli("audit", "--require", "native", tag)
+        assert required.returncode == 1
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def test_image_not_found_is_one_line() -> None:
+    client_or_skip()
+    result = cli("audit", "sm121-test/does-not-exist:nope")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: image sm121-test/does-not-exist:nope not found in the local Docker engine: "
+        "`docker pull sm121-test/does-not-exist:nope` or `docker load` it first")
+
+
+def test_engine_not_running_is_one_line() -> None:
+    result = cli("audit", "some/image:tag", env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: cannot reach the Docker engine at unix:///nonexist")
+    assert len(result.stderr.strip().splitlines()) == 1
