@@ -13,6 +13,7 @@ import posixpath
 import shutil
 import tarfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -106,14 +107,32 @@ def _safe_relpath(name: str) -> str | None:
     return path or None
 
 
+@dataclass
+class Filesystem:
+    """An image's final file list, and where the wanted files were written."""
+
+    root: Path
+    files: set[str] = field(default_factory=set)
+    extracted: set[str] = field(default_factory=set)
+
+    def remove(self, path: str, keep_dir: bool = False) -> None:
+        prefix = path.rstrip("/") + "/" if path else ""
+        for name in [n for n in self.files if n.startswith(prefix) or (n == path and
+                                                                       not keep_dir)]:
+            self.files.discard(name)
+            if name in self.extracted:
+                (self.root / name).unlink(missing_ok=True)
+                self.extracted.discard(name)
+
+
 def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                   platform: str | None = None,
-                  progress: Callable[[int], None] | None = None) -> list[str]:
-    """Write the final version of every file `wanted(path)` accepts under dest.
+                  progress: Callable[[int], None] | None = None) -> Filesystem:
+    """Apply the layers: list every final file, write those `wanted(path)` accepts to dest.
 
-    Returns the image paths written (relative, no leading slash), sorted.
+    Paths are relative, without a leading slash.
     """
-    written: set[str] = set()
+    fs = Filesystem(dest)
     try:
         outer = tarfile.open(archive, mode="r:*")  # noqa: SIM115 - closed by the with below
     except (tarfile.TarError, OSError) as exc:
@@ -126,55 +145,45 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                 raise _bad(archive, f"layer {layer_name} missing") from None
             if handle is None:
                 raise _bad(archive, f"layer {layer_name} is not a file")
-            with handle, _open_layer(handle) as layer:
-                _apply_layer(layer, dest, wanted, written)
+            try:
+                with handle, _open_layer(handle) as layer:
+                    _apply_layer(layer, fs, wanted)
+            except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError) as exc:
+                raise _bad(archive, f"layer {layer_name} is unreadable: {exc}") from None
             if progress:
                 progress(1)
-    return sorted(written)
+    return fs
 
 
-def _apply_layer(layer: tarfile.TarFile, dest: Path, wanted: Callable[[str], bool],
-                 written: set[str]) -> None:
+def _apply_layer(layer: tarfile.TarFile, fs: Filesystem, wanted: Callable[[str], bool]) -> None:
     for member in layer:
         path = _safe_relpath(member.name)
         if path is None:
             continue
         parent, base = posixpath.split(path)
         if base == OPAQUE:
-            _remove_under(dest, parent, written, keep_dir=True)
+            fs.remove(parent, keep_dir=True)
             continue
         if base.startswith(WHITEOUT):
-            _remove_under(dest, posixpath.join(parent, base[len(WHITEOUT):]), written)
+            fs.remove(posixpath.join(parent, base[len(WHITEOUT):]))
             continue
         if member.isdir():
             continue
-        # A file in an upper layer replaces whatever a lower layer had at that path.
-        if path in written and not (member.isfile() or member.islnk()):
-            _remove_under(dest, path, written)
+        fs.remove(path)  # an upper layer's entry replaces whatever was at that path
+        fs.files.add(path)
         if not (member.isfile() or member.islnk()) or not wanted(path):
             continue
-        target = dest / path
+        target = fs.root / path
         target.parent.mkdir(parents=True, exist_ok=True)
         if member.islnk():  # a stream cannot seek back: copy the file the link names
             linked = _safe_relpath(member.linkname)
-            if linked in written:
-                shutil.copyfile(dest / linked, target)
-                written.add(path)
+            if linked in fs.extracted:
+                shutil.copyfile(fs.root / linked, target)
+                fs.extracted.add(path)
             continue
         source = layer.extractfile(member)
         if source is None:
             continue
         with source, open(target, "wb") as out:
             shutil.copyfileobj(source, out, 1 << 20)
-        written.add(path)
-
-
-def _remove_under(dest: Path, path: str, written: set[str], keep_dir: bool = False) -> None:
-    prefix = path.rstrip("/") + "/" if path else ""
-    for name in [n for n in written if n == path or n.startswith(prefix)]:
-        (dest / name).unlink(missing_ok=True)
-        written.discard(name)
-    if not keep_dir:
-        target = dest / path
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
+        fs.extracted.add(path)

@@ -127,8 +127,8 @@ def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], platform: s
            show_progress: bool) -> list[Binary]:
     dest.mkdir(parents=True, exist_ok=True)
     with _bar(show_progress, None, "reading layers") as bar:
-        paths = layers.extract_files(archive, dest, wanted, platform, bar.update)
-    return [Binary("/" + p, dest / p) for p in paths if is_elf(dest / p)]
+        fs = layers.extract_files(archive, dest, wanted, platform, bar.update)
+    return [Binary("/" + p, dest / p) for p in sorted(fs.extracted) if is_elf(dest / p)]
 
 
 class _NoBar:
