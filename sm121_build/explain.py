@@ -109,15 +109,15 @@ def evaluate(source: Path, archs: str) -> list[Guard]:
         result = subprocess.run([find_cmake(), "-P", str(path)], capture_output=True, text=True,
                                 check=False, cwd=tmp)
     if result.returncode != 0:
-        raise Sm121Error(f"cmake -P could not evaluate {utils}: "
-                         f"{result.stderr.strip().splitlines()[-1:]}")
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Sm121Error(f"cmake -P could not evaluate {utils}: {last}")
     results: dict[int, tuple[str, ...]] = {}
-    for line in result.stdout.splitlines():
-        if "SM121GUARD|" in line:
-            index, _, value = line.split("SM121GUARD|", 1)[1].partition("|")
+    for out_line in result.stdout.splitlines():
+        if "SM121GUARD|" in out_line:
+            index, _, value = out_line.split("SM121GUARD|", 1)[1].partition("|")
             results[int(index)] = tuple(a for a in value.split(";") if a)
-    return [Guard(f, line, var, arch_list, branch, results.get(i, ()))
-            for i, (f, line, var, arch_list, branch) in enumerate(calls)]
+    return [Guard(f, number, var, arch_list, branch, results.get(i, ()))
+            for i, (f, number, var, arch_list, branch) in enumerate(calls)]
 
 
 def cmake_arch_list(arch: str) -> str:
