@@ -114,8 +114,8 @@ def evaluate(source: Path, archs: str) -> list[Guard]:
     results: dict[int, tuple[str, ...]] = {}
     for out_line in result.stdout.splitlines():
         if "SM121GUARD|" in out_line:
-            index, _, value = out_line.split("SM121GUARD|", 1)[1].partition("|")
-            results[int(index)] = tuple(a for a in value.split(";") if a)
+            key, _, value = out_line.split("SM121GUARD|", 1)[1].partition("|")
+            results[int(key)] = tuple(a for a in value.split(";") if a)
     return [Guard(f, number, var, arch_list, branch, results.get(i, ()))
             for i, (f, number, var, arch_list, branch) in enumerate(calls)]
 
