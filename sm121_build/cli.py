@@ -41,8 +41,11 @@ def cli() -> None:
 
 def _register() -> None:
     from .cmd_audit import audit
+    from .cmd_patch import patch
+    from .cmd_pin import pin
 
-    cli.add_command(audit)
+    for command in (audit, pin, patch):
+        cli.add_command(command)
 
 
 _register()

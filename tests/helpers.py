@@ -109,14 +109,14 @@ def _simple_index_download(name: str, filename: str, dest: Path) -> Path:
     import urllib.request
 
     index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
-    with urllib.request.urlopen(f"{index}/{name}/", timeout=60) as response:  # noqa: S310
+    with urllib.request.urlopen(f"{index}/{name}/", timeout=60) as response:
         html = response.read().decode()
     match = re.search(rf'href="([^"]+/{re.escape(filename)})#sha256=([0-9a-f]+)"', html)
     if not match:
         raise RuntimeError(f"{filename} is not on {index}/{name}/")
     url, digest = match.groups()
     tmp = dest / (filename + ".part")
-    with urllib.request.urlopen(url, timeout=300) as response, open(tmp, "wb") as out:  # noqa: S310
+    with urllib.request.urlopen(url, timeout=300) as response, open(tmp, "wb") as out:
         shutil.copyfileobj(response, out)
     if hashlib.sha256(tmp.read_bytes()).hexdigest() != digest:
         tmp.unlink()

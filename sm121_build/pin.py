@@ -1,0 +1,141 @@
+"""Pin vLLM source to the exact commit an image was built from, and fetch it.
+
+Version to git ref:
+- `__commit_id__` from `_version.py` when present (setuptools-scm writes `g<hash>`);
+- a dev or local build carrying `+g<hash>` (e.g. `0.19.2rc1.dev154+g1c2c1eb8b.d20260101`)
+  pins that commit;
+- a release (`0.17.0`, also `0.17.0+cu130`) pins the tag `v0.17.0`.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from .errors import Sm121Error
+from .inspect import cache_dir
+
+UPSTREAM = "https://github.com/vllm-project/vllm.git"
+_HASH = re.compile(r"^g?([0-9a-f]{7,40})$")
+_LOCAL_HASH = re.compile(r"(?:^|\.)g([0-9a-f]{7,40})(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class GitRef:
+    kind: str  # "tag" or "commit"
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.value}"
+
+
+def version_to_ref(version: str, commit_id: str | None = None) -> GitRef:
+    if commit_id:
+        match = _HASH.match(commit_id.strip())
+        if match:
+            return GitRef("commit", match.group(1))
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        raise Sm121Error(f"cannot map vLLM version {version!r} to a git ref: "
+                         "not a PEP 440 version; pass --source DIR with a checkout") from None
+    if parsed.local:
+        match = _LOCAL_HASH.search(parsed.local)
+        if match:
+            return GitRef("commit", match.group(1))
+    if parsed.is_devrelease:
+        raise Sm121Error(f"cannot map vLLM version {version!r} to a git ref: a dev build with "
+                         "no +g<commit> label; pass --source DIR with a checkout")
+    return GitRef("tag", f"v{parsed.public}")
+
+
+def _git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False,
+                          env={"GIT_TERMINAL_PROMPT": "0", "PATH": _path(),
+                               "HOME": str(Path.home())})
+
+
+def _path() -> str:
+    import os
+
+    return os.environ.get("PATH", "/usr/bin:/bin")
+
+
+def resolve_checkout(path: Path) -> str:
+    result = _git("rev-parse", "HEAD", cwd=path)
+    if result.returncode != 0:
+        raise Sm121Error(f"{path} is not a git checkout: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def fetch_source(ref: GitRef, repo: str = UPSTREAM, dest_root: Path | None = None) -> tuple[Path,
+                                                                                            str]:
+    """Check the ref out under the cache (shallow where git allows); returns (dir, commit)."""
+    if shutil.which("git") is None:
+        raise Sm121Error("git not found: install git to fetch vLLM source, or pass --source DIR")
+    root = dest_root or cache_dir() / "src"
+    key = re.sub(r"[^A-Za-z0-9._-]", "_", f"vllm-{ref.value}")
+    dest = root / key
+    if dest.exists() and (dest / ".git").exists():
+        commit = resolve_checkout(dest)
+        if ref.kind == "tag" or commit.startswith(ref.value):
+            return dest, commit
+        shutil.rmtree(dest)
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    try:
+        commit = _fetch_into(work, ref, repo)
+        if dest.exists():
+            shutil.rmtree(dest)
+        work.rename(dest)
+        return dest, commit
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _fetch_into(work: Path, ref: GitRef, repo: str) -> str:
+    _check(_git("init", "-q", str(work)), "git init")
+    _check(_git("remote", "add", "origin", repo, cwd=work), "git remote add")
+    if ref.kind == "tag":
+        spec = f"+refs/tags/{ref.value}:refs/tags/{ref.value}"
+        fetched = _git("fetch", "-q", "--depth", "1", "origin", spec, cwd=work)
+        if fetched.returncode != 0:
+            raise Sm121Error(f"tag {ref.value} not found in {repo}: "
+                             f"{_last(fetched.stderr)}")
+        target = ref.value
+    else:
+        fetched = _git("fetch", "-q", "--depth", "1", "origin", ref.value, cwd=work)
+        if fetched.returncode != 0:  # abbreviated hash, or a server that refuses SHA wants
+            full = _git("fetch", "-q", "origin", "+refs/heads/*:refs/remotes/origin/*",
+                        "+refs/tags/*:refs/tags/*", cwd=work)
+            if full.returncode != 0:
+                raise Sm121Error(f"cannot fetch {repo}: {_last(full.stderr)}")
+        resolved = _git("rev-parse", "--verify", "-q", f"{ref.value}^{{commit}}", cwd=work)
+        if resolved.returncode != 0:
+            resolved = _git("rev-parse", "--verify", "-q", "FETCH_HEAD^{commit}", cwd=work)
+            if resolved.returncode != 0 or not resolved.stdout.startswith(ref.value):
+                raise Sm121Error(f"commit {ref.value} not found in {repo}")
+        target = resolved.stdout.strip()
+    _check(_git("-c", "advice.detachedHead=false", "checkout", "-q", target, cwd=work),
+           f"git checkout {target}")
+    commit = resolve_checkout(work)
+    if ref.kind == "commit" and not commit.startswith(ref.value):
+        raise Sm121Error(f"checked out {commit} but {ref.value} was asked for from {repo}")
+    return commit
+
+
+def _last(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
+    if result.returncode != 0:
+        raise Sm121Error(f"{what} failed: {_last(result.stderr)}")
