@@ -41,10 +41,11 @@ def cli() -> None:
 
 def _register() -> None:
     from .cmd_audit import audit
+    from .cmd_dockerfile import dockerfile
     from .cmd_patch import patch
     from .cmd_pin import pin
 
-    for command in (audit, pin, patch):
+    for command in (audit, pin, patch, dockerfile):
         cli.add_command(command)
 
 

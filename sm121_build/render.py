@@ -1,0 +1,167 @@
+"""Render the multi-stage Dockerfile from the templates in dockerfiles/ (string.Template data)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from . import __version__
+from .errors import Sm121Error
+from .inspect import ImageFacts, require_vllm
+from .patch import sets_digest
+
+LABEL_PREFIX = "io.github.sm121-build"
+DEFAULT_EXTENSIONS = re.compile(r"^(_C|_moe_C)(_stable_libtorch)?\.(abi3\.)?so$")
+_TARGET = re.compile(r"define_\w*extension_target\(\s*(\w+)")
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything the Dockerfile needs; all of it derived from the image and the source."""
+
+    base: str
+    arch_list: str
+    vllm_version: str
+    git_ref: str
+    extensions: tuple[str, ...]
+    package_dir: str
+    cuda_home: str
+    cuda_include: str
+    cuda_lib: str
+    jobs: int
+    nvcc_threads: int = 2
+    nvrtc_fix: bool = False
+    buildkit: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(extension_target(e) for e in self.extensions)
+
+
+def templates_dir() -> Path:
+    shipped = resources.files("sm121_build").joinpath("dockerfiles")
+    if shipped.is_dir():
+        return Path(str(shipped))
+    return Path(__file__).resolve().parent.parent / "dockerfiles"  # source checkout
+
+
+def _template(name: str) -> Template:
+    return Template((templates_dir() / name).read_text())
+
+
+def template_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(templates_dir().glob("*.in")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def extension_target(filename: str) -> str:
+    """`_C.abi3.so` -> `_C`; `_moe_C_stable_libtorch.abi3.so` -> `_moe_C_stable_libtorch`."""
+    return re.sub(r"(\.cpython-[^.]+)?(\.abi3)?\.so$", "", filename)
+
+
+def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
+                      source: Path | None) -> tuple[str, ...]:
+    """The default set (the image's _C/_moe_C files) plus --ext, checked against the source."""
+    chosen = [e for e in image_extensions if DEFAULT_EXTENSIONS.match(e)]
+    for name in extra:
+        filename = name if name.endswith(".so") else next(
+            (e for e in image_extensions if extension_target(e) == name), f"{name}.abi3.so")
+        if filename not in chosen:
+            chosen.append(filename)
+    if not chosen:
+        raise Sm121Error("the image's vLLM has no _C / _moe_C extension files; "
+                         "name the ones to rebuild with --ext")
+    if source is not None:
+        defined = source_targets(source)
+        missing = [e for e in chosen if extension_target(e) not in defined]
+        if missing:
+            raise Sm121Error(f"the pinned source defines no CMake target for {', '.join(missing)}"
+                             f" (it defines: {', '.join(sorted(defined)) or 'none'})")
+    return tuple(chosen)
+
+
+def source_targets(source: Path) -> set[str]:
+    cmake = source / "CMakeLists.txt"
+    return set(_TARGET.findall(cmake.read_text())) if cmake.exists() else set()
+
+
+def default_jobs() -> int:
+    """One compile job per core, at most one per 8 GiB of memory (nvcc peaks high)."""
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return max(1, cores // 2)
+    return max(1, min(cores, memory // (8 << 30)))
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)
+
+
+def render(plan: BuildPlan) -> str:
+    copy_lines = "\n".join(
+        _template("copy-extension.Dockerfile.in").substitute(
+            extension=extension, package_dir=plan.package_dir)
+        .strip() for extension in plan.extensions)
+    nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
+             if plan.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
+    labels = " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(plan.labels.items()))
+    cache = ("--mount=type=cache,target=/root/.cache/ccache " if plan.buildkit else "")
+    text = _template("inject.Dockerfile.in").substitute(
+        tool_version=__version__,
+        base=plan.base,
+        arch_list=plan.arch_list,
+        vllm_version=plan.vllm_version,
+        git_ref=plan.git_ref,
+        extensions=", ".join(plan.extensions),
+        cuda_home=plan.cuda_home,
+        cpath=plan.cuda_include,
+        library_path=plan.cuda_lib,
+        jobs=plan.jobs,
+        nvcc_threads=plan.nvcc_threads,
+        nvrtc_fix=nvrtc,
+        cache_mount=cache,
+        target_args=" ".join(f"--target {t}" for t in plan.targets),
+        copy_lines=copy_lines,
+        labels=labels or f'"{LABEL_PREFIX}.tool"="sm121-build"',
+    )
+    if re.search(r"^#\s*syntax\s*=", text, re.M | re.I):
+        raise Sm121Error("a template carries a syntax directive; it would pull an image")
+    return text
+
+
+def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+             source: Path | None, git_ref: str, commit: str | None, buildkit: bool) -> BuildPlan:
+    """A build plan from what the image says (paths are detected, never hard-coded)."""
+    vllm = require_vllm(facts)
+    if not vllm.cuda_home:
+        raise Sm121Error(f"image {facts.ref} has no nvcc under /usr/local/cuda*: the builder "
+                         "stage needs the CUDA toolkit of a -devel style image")
+    include = vllm.cuda_include or f"{vllm.cuda_home}/include"
+    lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
+    extensions = choose_extensions(vllm.extensions, extra_ext, source)
+    labels = {
+        "org.opencontainers.image.base.name": facts.ref,
+        "org.opencontainers.image.base.digest": facts.digest_ref,
+        f"{LABEL_PREFIX}.vllm.version": vllm.version,
+        f"{LABEL_PREFIX}.vllm.commit": commit or git_ref,
+        f"{LABEL_PREFIX}.patches": sets_digest(),
+        f"{LABEL_PREFIX}.arch-list": arch,
+        f"{LABEL_PREFIX}.extensions": ",".join(extensions),
+        f"{LABEL_PREFIX}.tool-version": __version__,
+    }
+    return BuildPlan(
+        base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,
+        extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,
+        cuda_include=include, cuda_lib=lib, jobs=jobs or default_jobs(),
+        nvrtc_fix=vllm.nvrtc_needs_link, buildkit=buildkit, labels=labels)

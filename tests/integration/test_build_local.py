@@ -1,0 +1,72 @@
+"""The in-container build script, run outside Docker on the vLLM-shaped fixture with real nvcc."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sm121_build.audit import Policy, audit_binary
+from sm121_build.compat import parse_target
+from sm121_build.patch import apply_all
+from tests.helpers import DATA, cuda_home
+
+pytestmark = pytest.mark.slow
+
+
+def _build(source: Path, out: Path, arch: str) -> subprocess.CompletedProcess[str]:
+    home = cuda_home()
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
+           "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc"),
+           "PATH": f"{home / 'bin'}:{bindir}:{os.environ['PATH']}", "MAX_JOBS": "2"}
+    return subprocess.run(
+        [sys.executable, "-m", "sm121_build.build_extensions", "--source", str(source),
+         "--out", str(out), "--target", "_C", "--target", "_moe_C",
+         "--cmake", str(bindir / "cmake") if (bindir / "cmake").exists() else "cmake"],
+        capture_output=True, text=True, env=env, check=False)
+
+
+@pytest.fixture()
+def source(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(DATA / "vllm_like", tmp_path / "src"))
+
+
+def _kernels(path: Path) -> dict[str, str]:
+    report = audit_binary(path, path.name, Policy(parse_target("sm_121"), (13, 0)), True)
+    return dict(report.kernels or {})
+
+
+def test_unpatched_build_fails_with_ptxas_message(source: Path, tmp_path: Path) -> None:
+    result = _build(source, tmp_path / "out", "12.1")
+    assert result.returncode == 1
+    assert "Instruction 'cvt with .e2m1x2' not supported on .target 'sm_121'" in result.stdout
+    assert ("sm121-build: build failed: ptxas rejected an FP4 instruction for the plain target "
+            "sm_121") in result.stderr
+    assert not list((tmp_path / "out").glob("*.so"))
+
+
+def test_patched_build_has_sm121_cubins(source: Path, tmp_path: Path) -> None:
+    (result,) = apply_all(source, "0.19.1", "12.1")
+    assert (result.outcome, result.replacements) == ("applied", 3)
+    built = _build(source, tmp_path / "out", "12.1")
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr
+    c = _kernels(tmp_path / "out" / "_C.abi3.so")
+    assert c == {"_ZN4vllm15rms_norm_kernelEPfPKfi": "native",
+                 "_ZN4vllm19silu_and_mul_kernelEPfPKfS2_i": "native"}  # FP4 left out
+    moe = _kernels(tmp_path / "out" / "_moe_C.abi3.so")
+    assert moe == {"_ZN4vllm3moe19topk_softmax_kernelEPfPKfi": "native"}
+
+
+def test_arch_121a_keeps_fp4_without_patch(source: Path, tmp_path: Path) -> None:
+    (result,) = apply_all(source, "0.19.1", "12.1a")
+    assert result.outcome == "not needed"
+    built = _build(source, tmp_path / "out", "12.1a")
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr
+    c = _kernels(tmp_path / "out" / "_C.abi3.so")
+    assert c["_Z8fp4_packPtPKfi"] == "native"
+    assert len(c) == 3

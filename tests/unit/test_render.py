@@ -1,0 +1,65 @@
+"""Rendering the Dockerfile: golden files, no syntax directive, paths from the plan."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sm121_build import __version__
+from sm121_build.errors import Sm121Error
+from sm121_build.render import BuildPlan, choose_extensions, extension_target, render
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+
+PLAN = BuildPlan(
+    base="vllm/vllm-openai@sha256:" + "ab" * 32,
+    arch_list="12.1",
+    vllm_version="0.19.1",
+    git_ref="tag v0.19.1",
+    extensions=("_C.abi3.so", "_moe_C.abi3.so"),
+    package_dir="/usr/local/lib/python3.12/dist-packages/vllm",
+    cuda_home="/usr/local/cuda",
+    cuda_include="/usr/local/lib/python3.12/dist-packages/nvidia/cu13/include",
+    cuda_lib="/usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib",
+    jobs=8,
+    nvrtc_fix=True,
+    labels={"io.github.sm121-build.vllm.version": "0.19.1",
+            "org.opencontainers.image.base.digest": "vllm/vllm-openai@sha256:" + "ab" * 32},
+)
+
+
+@pytest.mark.parametrize(("name", "plan"), [
+    ("buildkit.Dockerfile", PLAN),
+    ("legacy-stable-libtorch.Dockerfile", BuildPlan(**{
+        **PLAN.__dict__, "buildkit": False, "nvrtc_fix": False,
+        "extensions": ("_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so"),
+        "package_dir": "/opt/venv/lib/python3.11/site-packages/vllm"})),
+])
+def test_golden(name: str, plan: BuildPlan) -> None:
+    text = render(plan).replace(__version__, "<VERSION>")
+    golden = GOLDEN / name
+    if os.environ.get("SM121_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
+    assert "syntax" not in text.splitlines()[0]
+
+
+def test_targets_from_extension_names() -> None:
+    assert extension_target("_C.abi3.so") == "_C"
+    assert extension_target("_moe_C_stable_libtorch.abi3.so") == "_moe_C_stable_libtorch"
+    assert extension_target("_C.cpython-312-aarch64-linux-gnu.so") == "_C"
+
+
+def test_default_extensions_follow_the_image(tmp_path: Path) -> None:
+    image = ("_C.abi3.so", "_flashmla_C.abi3.so", "_moe_C.abi3.so", "cumem_allocator.abi3.so")
+    assert choose_extensions(image, (), None) == ("_C.abi3.so", "_moe_C.abi3.so")
+    newer = ("_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so")
+    assert choose_extensions(newer, (), None) == newer
+    assert choose_extensions(image, ("_flashmla_C",), None)[-1] == "_flashmla_C.abi3.so"
+    (tmp_path / "CMakeLists.txt").write_text("define_gpu_extension_target(\n  _C\n)\n")
+    with pytest.raises(Sm121Error, match=r"no CMake target for _moe_C\.abi3\.so"):
+        choose_extensions(image, (), tmp_path)
+    with pytest.raises(Sm121Error, match="no _C / _moe_C"):
+        choose_extensions(("cumem_allocator.abi3.so",), (), None)
