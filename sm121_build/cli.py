@@ -41,11 +41,12 @@ def cli() -> None:
 
 def _register() -> None:
     from .cmd_audit import audit
+    from .cmd_build import build
     from .cmd_dockerfile import dockerfile
     from .cmd_patch import patch
     from .cmd_pin import pin
 
-    for command in (audit, pin, patch, dockerfile):
+    for command in (build, audit, pin, patch, dockerfile):
         cli.add_command(command)
 
 

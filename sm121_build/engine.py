@@ -140,3 +140,56 @@ class Engine:
             if result.returncode == 0 and "--secret" in result.stdout:
                 return path
         return None
+
+
+def _stream_to(log: Path, line: str, status: Callable[[str], None] | None) -> None:
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(line if line.endswith("\n") else line + "\n")
+    if status and line.strip():
+        status(line.strip())
+
+
+class BuildFailed(Sm121Error):
+    """The image build failed; the log file says why."""
+
+
+def build_image(engine: Engine, context: Path, dockerfile: Path, log: Path,
+                status: Callable[[str], None] | None = None) -> str:
+    """Build an untagged image; returns its ID.  BuildKit (CLI) when available, else the
+    legacy builder through the API (no cache mounts then)."""
+    client_path = engine.buildkit_client()
+    if client_path:
+        iidfile = context / ".sm121-iid"
+        env = {**os.environ, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
+        args = [client_path, "build", "--progress", "plain", "-f", str(dockerfile),
+                "--iidfile", str(iidfile), str(context)]
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, errors="replace", env=env)
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                _stream_to(log, line, status)
+        except KeyboardInterrupt:
+            process.terminate()
+            process.wait()
+            raise
+        if process.wait() != 0 or not iidfile.exists():
+            raise BuildFailed(f"docker build failed; full log: {log}")
+        return iidfile.read_text().strip()
+    image_id = ""
+    try:
+        for chunk in engine.client.api.build(path=str(context), dockerfile=str(dockerfile),
+                                             rm=True, forcerm=True, decode=True):
+            if "stream" in chunk:
+                _stream_to(log, chunk["stream"], status)
+            if "error" in chunk:
+                _stream_to(log, chunk["error"], status)
+                raise BuildFailed(f"docker build failed: {chunk['error'].strip()[:200]}; "
+                                  f"full log: {log}")
+            if "aux" in chunk and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+    except docker.errors.APIError as exc:
+        raise BuildFailed(f"docker build failed: {exc.explanation}; full log: {log}") from None
+    if not image_id:
+        raise BuildFailed(f"docker build produced no image; full log: {log}")
+    return image_id

@@ -1,0 +1,34 @@
+"""`sm121-build --base IMAGE` (= `sm121-build build --base IMAGE`): the main job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .build import Options, run_build
+from .pin import UPSTREAM
+from .refs import default_tag, validate_image_ref
+
+
+@click.command()
+@click.option("--base", required=True, help="Stock vLLM image in the local engine.")
+@click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
+@click.option("--arch", default="12.1", show_default=True,
+              help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
+@click.option("--ext", "extra_ext", multiple=True, help="Another extension to rebuild.")
+@click.option("--jobs", type=int, help="MAX_JOBS (default: from cores and memory).")
+@click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Existing vLLM checkout at the image's commit (else fetched).")
+@click.option("--repo", default=UPSTREAM, show_default=True, help="Upstream git URL.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Export the built .so files and manifest.json here.")
+@click.option("--force", is_flag=True, help="Rebuild even when the content key is unchanged.")
+@click.option("--no-patch", is_flag=True, help="Build without the patch sets (diagnosis).")
+def build(base: str, tag: str | None, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+          source: Path | None, repo: str, out: Path | None, force: bool, no_patch: bool) -> None:
+    """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
+    validate_image_ref(base)
+    result_tag = validate_image_ref(tag) if tag else default_tag(base)
+    run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
+                      source=source, repo=repo, out=out, force=force, no_patch=no_patch))

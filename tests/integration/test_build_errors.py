@@ -1,0 +1,63 @@
+"""The main job's bad inputs: one line, non-zero exit, nothing tagged or left behind."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.dockerenv import client_or_skip, load
+from tests.helpers import cli
+from tests.imagetar import docker_save
+
+
+def _one_line(result: object) -> str:
+    stderr: str = result.stderr  # type: ignore[attr-defined]
+    assert result.returncode == 2, stderr  # type: ignore[attr-defined]
+    lines = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def _temp_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("sm121-*")}
+
+
+def test_bad_image_reference() -> None:
+    line = _one_line(cli("--base", "Not A Ref!"))
+    assert "is not a valid image reference" in line
+
+
+def test_bad_arch() -> None:
+    client_or_skip()
+    line = _one_line(cli("--base", "sm121-test/missing:1", "--arch", "sm121"))
+    assert "unknown arch 'sm121'" in line
+
+
+def test_engine_not_running() -> None:
+    line = _one_line(cli("--base", "vllm/vllm-openai:cu130-nightly",
+                         env={"DOCKER_HOST": "unix:///nonexistent.sock"}))
+    assert "cannot reach the Docker engine" in line
+
+
+@pytest.mark.docker
+def test_image_not_found() -> None:
+    client_or_skip()
+    line = _one_line(cli("--base", "sm121-test/missing:1"))
+    assert "image sm121-test/missing:1 not found in the local Docker engine" in line
+
+
+@pytest.mark.docker
+def test_image_without_vllm(tmp_path: Path) -> None:
+    client = client_or_skip()
+    tag = "sm121-test/no-vllm-build:1"
+    load(client, docker_save(tmp_path / "img.tar", [{"etc/os-release": b"x"}], tag=tag))
+    before = _temp_dirs()
+    try:
+        line = _one_line(cli("--base", tag, env={"XDG_CACHE_HOME": str(tmp_path / "c")}))
+        assert f"image {tag} has no vLLM installed" in line
+        assert not any(t.tags and t.tags[0].endswith("-sm121") for t in client.images.list())
+        assert _temp_dirs() <= before
+    finally:
+        client.images.remove(tag, force=True)
