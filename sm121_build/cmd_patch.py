@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -15,8 +16,6 @@ def _read_version(source: Path) -> str | None:
     for candidate in (source / "vllm" / "_version.py", source / "PKG-INFO"):
         if candidate.exists():
             text = candidate.read_text()
-            import re
-
             match = re.search(r"(?:__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)|"
                               r"^Version:\s*(\S+))", text, re.M)
             if match:

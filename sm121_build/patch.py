@@ -154,43 +154,42 @@ def apply_set(patch_set: PatchSet, source: Path, version: str, archs: str,
             result.outcome = "not needed"
             result.detail = (f"no FP4/QUTLASS guard yields a plain 12.x target for {archs}")
         return result
-    new_texts: dict[str, tuple[str, str]] = {}
+    originals: dict[str, str] = {}
+    patched: dict[str, str] = {}
     for patch in patches:
         path = source / patch.file
         if not path.exists():
             if patch.if_exists:
                 continue
             raise Sm121Error(f"patch drift: {patch.file} missing in vLLM {version} source")
-        old = new_texts.get(patch.file, (path.read_text(), ""))[1] or path.read_text()
-        found = len(patch.find_re.findall(old))
+        current = patched.get(patch.file) or originals.setdefault(patch.file, path.read_text())
+        found = len(patch.find_re.findall(current))
         if found not in patch.counts:
             expected = " or ".join(str(c) for c in patch.counts)
             raise Sm121Error(
                 f"patch drift in {patch.file} for vLLM {version}: expected {expected} "
                 f"match(es) of {patch.find!r}, found {found}; not building unpatched")
-        new = patch.find_re.sub(patch.replace, old)
-        original = new_texts.get(patch.file, (path.read_text(), ""))[0]
-        new_texts[patch.file] = (original, new)
+        patched[patch.file] = patch.find_re.sub(patch.replace, current)
         result.replacements += found
-    if not new_texts:
+    if not patched:
         raise Sm121Error(
             f"patch drift: {', '.join(f'{g.file}:{g.line} {g.variable}' for g in breaking)} "
             f"yield a plain 12.x target for vLLM {version}, and no patch of set "
             f"{patch_set.name} applies to that version")
     result.diff = "".join(
-        "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+        "".join(difflib.unified_diff(originals[name].splitlines(True), new.splitlines(True),
                                      f"a/{name}", f"b/{name}"))
-        for name, (old, new) in new_texts.items())
-    result.after = _evaluate_patched(source, archs, {k: v[1] for k, v in new_texts.items()})
+        for name, new in patched.items())
+    result.after = _evaluate_patched(source, archs, patched)
     still = _breaking(result.after, patch_set.guards)
     if still:
         raise Sm121Error(
             f"patch set {patch_set.name} leaves {still[0].file}:{still[0].line} "
             f"{still[0].variable} yielding {';'.join(still[0].result)} for vLLM {version}")
     if not check:
-        _write_all(source, {k: v[1] for k, v in new_texts.items()})
+        _write_all(source, patched)
     result.outcome = "applied"
-    result.detail = f"{result.replacements} replacement(s) in {len(new_texts)} file(s)"
+    result.detail = f"{result.replacements} replacement(s) in {len(patched)} file(s)"
     return result
 
 
@@ -206,8 +205,7 @@ def _evaluate_patched(source: Path, archs: str, texts: dict[str, str]) -> list[G
             shutil.copy2(source / "CMakeLists.txt", copy / "CMakeLists.txt")
         for name, text in texts.items():
             (copy / name).write_text(text)
-        return [Guard(g.file, g.line, g.variable, g.arch_list, g.branch, g.result)
-                for g in evaluate(copy, archs)]
+        return evaluate(copy, archs)
 
 
 def _write_all(source: Path, texts: dict[str, str]) -> None:

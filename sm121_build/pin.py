@@ -9,6 +9,7 @@ Version to git ref:
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -57,14 +58,7 @@ def version_to_ref(version: str, commit_id: str | None = None) -> GitRef:
 
 def _git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False,
-                          env={"GIT_TERMINAL_PROMPT": "0", "PATH": _path(),
-                               "HOME": str(Path.home())})
-
-
-def _path() -> str:
-    import os
-
-    return os.environ.get("PATH", "/usr/bin:/bin")
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
 
 
 def resolve_checkout(path: Path) -> str:
