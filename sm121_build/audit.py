@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -35,7 +35,6 @@ class BinaryReport:
     cuobjdump: list[str]
     containers: dict[Verdict, int]
     kernels: dict[str, Verdict] | None = None
-    kernel_archs: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def has_device_code(self) -> bool:
@@ -63,11 +62,6 @@ class BinaryReport:
             counts[verdict] += 1
         return counts
 
-    def loadable_kernels(self, arch_filter: str | None = None) -> set[str]:
-        """Kernel names with native code (optionally: present in entries of one arch)."""
-        return {k for k, v in (self.kernels or {}).items() if v == "native"
-                and (arch_filter is None or arch_filter in self.kernel_archs.get(k, []))}
-
 
 def _arch_key(sm: str) -> tuple[int, str]:
     digits = "".join(ch for ch in sm[3:] if ch.isdigit())
@@ -87,25 +81,21 @@ def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> B
             name=name, size=path.stat().st_size, entries=entries,
             cuobjdump=cuobjdump_listing(path, entries), containers=containers)
         if with_kernels:
-            report.kernels, report.kernel_archs = _kernel_verdicts(binary, policy)
+            report.kernels = _kernel_verdicts(binary, policy)
     return report
 
 
-def _kernel_verdicts(binary: HostBinary,
-                     policy: Policy) -> tuple[dict[str, Verdict], dict[str, list[str]]]:
+def _kernel_verdicts(binary: HostBinary, policy: Policy) -> dict[str, Verdict]:
     """Per kernel: the best entry of its own TU, then the worst over TUs that define it."""
     per_tu: dict[tuple[int, str], Verdict] = {}
-    archs: dict[str, list[str]] = defaultdict(list)
     for entry in binary.entries:
         verdict = policy.verdict(entry)
         for kernel in binary.kernels(entry):
             key = (entry.container, kernel)
             previous = per_tu.get(key, "none")
             per_tu[key] = max(previous, verdict, key=VERDICT_RANK.__getitem__)
-            if entry.kind == "elf" and entry.sm not in archs[kernel]:
-                archs[kernel].append(entry.sm)
     kernels: dict[str, Verdict] = {}
     for (_container, kernel), verdict in per_tu.items():
         previous = kernels.get(kernel, "native")
         kernels[kernel] = min(previous, verdict, key=VERDICT_RANK.__getitem__)
-    return dict(sorted(kernels.items())), dict(archs)
+    return dict(sorted(kernels.items()))

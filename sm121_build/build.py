@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -52,8 +53,6 @@ class Steps:
     """Timed steps; folded into groups on GitHub Actions (like cibuildwheel's logger)."""
 
     def __init__(self) -> None:
-        import os
-
         self.actions = os.environ.get("GITHUB_ACTIONS") == "true"
 
     @contextmanager

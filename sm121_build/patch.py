@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import Sm121Error
 from .explain import Guard, evaluate
+from .shipped import shipped_dir
 
 Outcome = Literal["applied", "already applied", "not needed", "not applicable"]
 
@@ -79,10 +79,7 @@ def _tolerant(text: str) -> re.Pattern[str]:
 
 
 def patches_dir() -> Path:
-    shipped = resources.files("sm121_build").joinpath("patches")
-    if shipped.is_dir():
-        return Path(str(shipped))
-    return Path(__file__).resolve().parent.parent / "patches"  # source checkout
+    return shipped_dir("patches")
 
 
 def _counts(raw: Any) -> tuple[int, ...]:

@@ -7,7 +7,6 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from string import Template
 
@@ -15,6 +14,7 @@ from . import __version__
 from .errors import Sm121Error
 from .inspect import ImageFacts, require_vllm
 from .patch import sets_digest
+from .shipped import shipped_dir
 
 LABEL_PREFIX = "io.github.sm121-build"
 DEFAULT_EXTENSIONS = re.compile(r"^(_C|_moe_C)(_stable_libtorch)?\.(abi3\.)?so$")
@@ -46,10 +46,7 @@ class BuildPlan:
 
 
 def templates_dir() -> Path:
-    shipped = resources.files("sm121_build").joinpath("dockerfiles")
-    if shipped.is_dir():
-        return Path(str(shipped))
-    return Path(__file__).resolve().parent.parent / "dockerfiles"  # source checkout
+    return shipped_dir("dockerfiles")
 
 
 def _template(name: str) -> Template:
