@@ -43,10 +43,11 @@ def _register() -> None:
     from .cmd_audit import audit
     from .cmd_build import build
     from .cmd_dockerfile import dockerfile
+    from .cmd_inject import inject
     from .cmd_patch import patch
     from .cmd_pin import pin
 
-    for command in (build, audit, pin, patch, dockerfile):
+    for command in (build, inject, audit, pin, patch, dockerfile):
         cli.add_command(command)
 
 

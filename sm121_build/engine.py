@@ -6,10 +6,14 @@ no other module imports `docker`.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import secrets
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ class ImageInfo:
     labels: dict[str, str]
     layers: tuple[str, ...]
     env: tuple[str, ...] = field(default=())
+    runtime: tuple[str, ...] = field(default=())  # entrypoint, cmd, workdir, user (as JSON)
 
     @property
     def platform(self) -> str:
@@ -89,6 +94,8 @@ class Engine:
             labels=dict(config.get("Labels") or {}),
             layers=tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
             env=tuple(config.get("Env") or ()),
+            runtime=tuple(json.dumps(config.get(key)) for key in
+                          ("Entrypoint", "Cmd", "WorkingDir", "User", "ExposedPorts")),
         )
 
     def exists(self, ref: str) -> bool:
@@ -119,6 +126,27 @@ class Engine:
     def tag(self, image_id: str, tag: str) -> None:
         name, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
         self.client.images.get(image_id).tag(name, version)
+
+    @contextmanager
+    def pinned(self, image_id: str) -> Iterator[str]:
+        """A temporary local tag for exactly this image, for FROM lines.
+
+        BuildKit resolves `FROM sha256:<id>` against a registry (which fails air-gapped),
+        and a tag the user passed may move during a build; a private tag does neither.
+        It is removed afterwards unless it is the image's only tag (removing that would
+        delete the image).
+        """
+        image = self.client.images.get(image_id)
+        had_tags = bool(image.tags)
+        repo = f"sm121-build-pin/{image_id.split(':')[-1][:12]}"
+        tag = f"{os.getpid()}-{secrets.token_hex(3)}"
+        image.tag(repo, tag)
+        try:
+            yield f"{repo}:{tag}"
+        finally:
+            if had_tags:
+                with suppress(docker.errors.APIError):
+                    self.client.images.remove(f"{repo}:{tag}", noprune=True)
 
     def remove_image(self, ref: str) -> None:
         try:
@@ -153,6 +181,29 @@ class BuildFailed(Sm121Error):
     """The image build failed; the log file says why."""
 
 
+_DIAGNOSIS = re.compile(r"sm121-build: (.*(?:failed|produced no).*)$")
+_PTXAS = re.compile(r"(ptxas.*error.*)$", re.IGNORECASE)
+_ERROR = re.compile(r"((?:error|ERROR|Error)\b.*)$")
+
+
+def failure_cause(log: Path) -> str:
+    """What a failed build's log says went wrong: the build script's diagnosis and ptxas's
+    own message when there are such lines, else the last error line."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+
+    def first(pattern: re.Pattern[str], reverse: bool = False) -> str | None:
+        for line in reversed(lines) if reverse else lines:
+            if match := pattern.search(line):
+                return match.group(1).strip()
+        return None
+
+    diagnosis, ptxas = first(_DIAGNOSIS), first(_PTXAS)
+    parts = [part for part in (diagnosis, f"ptxas said: {ptxas}" if ptxas else None) if part]
+    if not parts:
+        parts = [first(_ERROR, reverse=True) or "see the log"]
+    return "; ".join(parts)[:400]
+
+
 def build_image(engine: Engine, context: Path, dockerfile: Path, log: Path,
                 status: Callable[[str], None] | None = None) -> str:
     """Build an untagged image; returns its ID.  BuildKit (CLI) when available, else the
@@ -174,7 +225,7 @@ def build_image(engine: Engine, context: Path, dockerfile: Path, log: Path,
             process.wait()
             raise
         if process.wait() != 0 or not iidfile.exists():
-            raise BuildFailed(f"docker build failed; full log: {log}")
+            raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
         return iidfile.read_text().strip()
     image_id = ""
     try:
@@ -184,8 +235,7 @@ def build_image(engine: Engine, context: Path, dockerfile: Path, log: Path,
                 _stream_to(log, chunk["stream"], status)
             if "error" in chunk:
                 _stream_to(log, chunk["error"], status)
-                raise BuildFailed(f"docker build failed: {chunk['error'].strip()[:200]}; "
-                                  f"full log: {log}")
+                raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
             if "aux" in chunk and "ID" in chunk["aux"]:
                 image_id = chunk["aux"]["ID"]
     except docker.errors.APIError as exc:

@@ -35,7 +35,7 @@ import lz4.block
 import zstandard
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import StringTableSection
+from elftools.elf.sections import StringTableSection, SymbolTableSection
 
 from .errors import CorruptBinaryError
 
@@ -307,3 +307,36 @@ def cuobjdump_listing(path: Path, entries: list[Entry]) -> list[str]:
         else:
             lines.append(f"PTX file {number:4d}: {stem}.{number}.{entry.cuobjdump_arch}.ptx")
     return lines
+
+
+@dataclass(frozen=True)
+class DynamicSymbols:
+    """A shared object's dynamic symbol table: what it needs and what it exports."""
+
+    undefined: frozenset[str]  # STB_GLOBAL undefined (weak ones may stay unresolved)
+    exported: frozenset[str]  # defined, global or weak, default or protected visibility
+
+
+def dynamic_symbols(path: Path) -> DynamicSymbols:
+    """Read `.dynsym` with pyelftools (what `nm -D` shows)."""
+    try:
+        with open(path, "rb") as handle:
+            elf = ELFFile(handle)
+            table = elf.get_section_by_name(".dynsym")
+            undefined: set[str] = set()
+            exported: set[str] = set()
+            symbols = table.iter_symbols() if isinstance(table, SymbolTableSection) else ()
+            for symbol in symbols:
+                bind = symbol["st_info"]["bind"]
+                if not symbol.name or bind not in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE"):
+                    continue
+                if symbol["st_shndx"] == "SHN_UNDEF":
+                    if bind == "STB_GLOBAL":
+                        undefined.add(symbol.name)
+                elif symbol["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
+                    exported.add(symbol.name)
+    except OSError as exc:
+        raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+    except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
+        raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
+    return DynamicSymbols(frozenset(undefined), frozenset(exported))

@@ -84,7 +84,8 @@ def read_version_file(text: str) -> tuple[str | None, str | None]:
     return version, commit
 
 
-def _wanted(path: str) -> bool:
+def wanted(path: str) -> bool:
+    """The files `facts_from_filesystem` reads."""
     return bool(_VERSION_PY.match(path) or _DIST_INFO.match(path))
 
 
@@ -136,7 +137,7 @@ def inspect_image(engine: Engine, ref: str, use_cache: bool = True) -> ImageFact
     with tempfile.TemporaryDirectory(prefix="sm121-inspect-") as tmp:
         archive = Path(tmp) / "image.tar"
         engine.save(info.id, archive)
-        fs = layers.extract_files(archive, Path(tmp) / "rootfs", _wanted, info.platform)
+        fs = layers.extract_files(archive, Path(tmp) / "rootfs", wanted, info.platform)
         facts = facts_from_filesystem(info, fs)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(facts.to_json(), indent=2))

@@ -107,6 +107,17 @@ def _safe_relpath(name: str) -> str | None:
     return path or None
 
 
+@dataclass(frozen=True)
+class LayerChange:
+    """One non-directory entry of a layer: a file, link or whiteout, at a relative path."""
+
+    kind: str  # "file", "link", "symlink", "whiteout", "opaque", "other"
+    path: str
+
+
+OnLayer = Callable[[int, list[LayerChange], "Filesystem"], None]
+
+
 @dataclass
 class Filesystem:
     """An image's final file list, and where the wanted files were written."""
@@ -127,10 +138,12 @@ class Filesystem:
 
 def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                   platform: str | None = None,
-                  progress: Callable[[int], None] | None = None) -> Filesystem:
+                  progress: Callable[[int], None] | None = None,
+                  on_layer: OnLayer | None = None) -> Filesystem:
     """Apply the layers: list every final file, write those `wanted(path)` accepts to dest.
 
-    Paths are relative, without a leading slash.
+    Paths are relative, without a leading slash.  `on_layer(index, changes, fs)` runs after
+    each layer (bottom first) with that layer's non-directory entries.
     """
     fs = Filesystem(dest)
     try:
@@ -138,7 +151,7 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
     except (tarfile.TarError, OSError) as exc:
         raise _bad(archive, str(exc)) from None
     with outer:
-        for layer_name in layer_paths(outer, archive, platform):
+        for index, layer_name in enumerate(layer_paths(outer, archive, platform)):
             try:
                 handle = outer.extractfile(layer_name)
             except KeyError:
@@ -147,15 +160,27 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                 raise _bad(archive, f"layer {layer_name} is not a file")
             try:
                 with handle, _open_layer(handle) as layer:
-                    _apply_layer(layer, fs, wanted)
+                    changes = _apply_layer(layer, fs, wanted)
             except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError) as exc:
                 raise _bad(archive, f"layer {layer_name} is unreadable: {exc}") from None
+            if on_layer:
+                on_layer(index, changes, fs)
             if progress:
                 progress(1)
     return fs
 
 
-def _apply_layer(layer: tarfile.TarFile, fs: Filesystem, wanted: Callable[[str], bool]) -> None:
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.isfile():
+        return "file"
+    if member.islnk():
+        return "link"
+    return "symlink" if member.issym() else "other"
+
+
+def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
+                 wanted: Callable[[str], bool]) -> list[LayerChange]:
+    changes: list[LayerChange] = []
     for member in layer:
         path = _safe_relpath(member.name)
         if path is None:
@@ -163,12 +188,15 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem, wanted: Callable[[str],
         parent, base = posixpath.split(path)
         if base == OPAQUE:
             fs.remove(parent, keep_dir=True)
+            changes.append(LayerChange("opaque", parent))
             continue
         if base.startswith(WHITEOUT):
             fs.remove(posixpath.join(parent, base[len(WHITEOUT):]))
+            changes.append(LayerChange("whiteout", posixpath.join(parent, base[len(WHITEOUT):])))
             continue
         if member.isdir():
             continue
+        changes.append(LayerChange(_kind(member), path))
         fs.remove(path)  # an upper layer's entry replaces whatever was at that path
         fs.files.add(path)
         if not (member.isfile() or member.islnk()) or not wanted(path):
@@ -187,3 +215,4 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem, wanted: Callable[[str],
         with source, open(target, "wb") as out:
             shutil.copyfileobj(source, out, 1 << 20)
         fs.extracted.add(path)
+    return changes

@@ -105,14 +105,29 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
-def render(plan: BuildPlan) -> str:
-    copy_lines = "\n".join(
+def _copy_lines(plan: BuildPlan, copy_from: str) -> str:
+    return "\n".join(
         _template("copy-extension.Dockerfile.in").substitute(
-            extension=extension, package_dir=plan.package_dir)
+            copy_from=copy_from, extension=extension, package_dir=plan.package_dir)
         .strip() for extension in plan.extensions)
+
+
+def _labels(plan: BuildPlan) -> str:
+    return " \\\n      ".join(
+        f"{_quote(k)}={_quote(v)}" for k, v in sorted(plan.labels.items())) or \
+        f'"{LABEL_PREFIX}.tool"="sm121-build"'
+
+
+def _no_syntax_directive(text: str) -> str:
+    if re.search(r"^#\s*syntax\s*=", text, re.M | re.I):
+        raise Sm121Error("a template carries a syntax directive; it would pull an image")
+    return text
+
+
+def render(plan: BuildPlan) -> str:
+    """The multi-stage build: compile in a builder FROM the base, copy into the pristine base."""
     nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
              if plan.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
-    labels = " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(plan.labels.items()))
     cache = ("--mount=type=cache,target=/root/.cache/ccache " if plan.buildkit else "")
     text = _template("inject.Dockerfile.in").substitute(
         tool_version=__version__,
@@ -129,12 +144,35 @@ def render(plan: BuildPlan) -> str:
         nvrtc_fix=nvrtc,
         cache_mount=cache,
         target_args=" ".join(f"--target {t}" for t in plan.targets),
-        copy_lines=copy_lines,
-        labels=labels or f'"{LABEL_PREFIX}.tool"="sm121-build"',
+        copy_lines=_copy_lines(plan, "--from=builder /sm121/out"),
+        labels=_labels(plan),
     )
-    if re.search(r"^#\s*syntax\s*=", text, re.M | re.I):
-        raise Sm121Error("a template carries a syntax directive; it would pull an image")
-    return text
+    return _no_syntax_directive(text)
+
+
+def render_inject(plan: BuildPlan, artifacts: str = "artifacts") -> str:
+    """One stage: prebuilt files from the context folder `artifacts` into the pristine base."""
+    return _no_syntax_directive(_template("inject-artifacts.Dockerfile.in").substitute(
+        tool_version=__version__, base=plan.base, arch_list=plan.arch_list,
+        vllm_version=plan.vllm_version, git_ref=plan.git_ref,
+        extensions=", ".join(plan.extensions),
+        copy_lines=_copy_lines(plan, artifacts), labels=_labels(plan)))
+
+
+def provenance_labels(facts: ImageFacts, commit: str, arch: str,
+                      extensions: tuple[str, ...], patches: str) -> dict[str, str]:
+    """OCI labels saying what the image was made from, and by what."""
+    vllm = require_vllm(facts)
+    return {
+        "org.opencontainers.image.base.name": facts.ref,
+        "org.opencontainers.image.base.digest": facts.digest_ref,
+        f"{LABEL_PREFIX}.vllm.version": vllm.version,
+        f"{LABEL_PREFIX}.vllm.commit": commit,
+        f"{LABEL_PREFIX}.patches": patches,
+        f"{LABEL_PREFIX}.arch-list": arch,
+        f"{LABEL_PREFIX}.extensions": ",".join(extensions),
+        f"{LABEL_PREFIX}.tool-version": __version__,
+    }
 
 
 def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
@@ -147,16 +185,7 @@ def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int
     include = vllm.cuda_include or f"{vllm.cuda_home}/include"
     lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
     extensions = choose_extensions(vllm.extensions, extra_ext, source)
-    labels = {
-        "org.opencontainers.image.base.name": facts.ref,
-        "org.opencontainers.image.base.digest": facts.digest_ref,
-        f"{LABEL_PREFIX}.vllm.version": vllm.version,
-        f"{LABEL_PREFIX}.vllm.commit": commit or git_ref,
-        f"{LABEL_PREFIX}.patches": sets_digest(),
-        f"{LABEL_PREFIX}.arch-list": arch,
-        f"{LABEL_PREFIX}.extensions": ",".join(extensions),
-        f"{LABEL_PREFIX}.tool-version": __version__,
-    }
+    labels = provenance_labels(facts, commit or git_ref, arch, extensions, sets_digest())
     return BuildPlan(
         base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,
         extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,

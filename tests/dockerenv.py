@@ -12,7 +12,7 @@ import docker
 import docker.errors
 import pytest
 
-BASE_IMAGE = "sm121-test/debian-python:bookworm"
+BASE_IMAGE = "sm121-test/debian-gxx:bookworm"
 
 
 def client_or_skip() -> docker.DockerClient:
@@ -27,8 +27,9 @@ def client_or_skip() -> docker.DockerClient:
         pytest.skip(f"no Docker engine: {exc}")
 
 
-def ensure_debian_python(client: docker.DockerClient) -> str:
-    """A minimal Debian with python3, made by debootstrap (no registry needed)."""
+def ensure_debian_gxx(client: docker.DockerClient) -> str:
+    """A minimal Debian with python3 and g++ (nvcc's host compiler), made by debootstrap:
+    no registry needed."""
     try:
         client.images.get(BASE_IMAGE)
         return BASE_IMAGE
@@ -36,13 +37,14 @@ def ensure_debian_python(client: docker.DockerClient) -> str:
         pass
     debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
     with tempfile.TemporaryDirectory(prefix="sm121-rootfs-") as root:
-        subprocess.run([debootstrap, "--variant=minbase", "--include=python3", "bookworm", root],
+        subprocess.run([debootstrap, "--variant=minbase", "--include=python3,g++", "bookworm", root],
                        check=True, stdout=subprocess.DEVNULL)
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
         assert tar.stdout is not None
-        client.images.import_image(src=tar.stdout, repository=BASE_IMAGE.split(":")[0],
-                                   tag=BASE_IMAGE.split(":")[1])
-        tar.wait()
+        repository, tag = BASE_IMAGE.split(":")
+        client.api.import_image_from_stream(tar.stdout, repository=repository, tag=tag)
+        if tar.wait() > 1:  # 1: a file changed while read (harmless); 2: fatal
+            raise RuntimeError(f"tar of the debootstrap root failed ({tar.returncode})")
     return BASE_IMAGE
 
 

@@ -1,0 +1,95 @@
+"""Injectable artifacts: the built .so files plus a manifest.json saying what they fit.
+
+    {"format": 1, "vllm_version": ..., "vllm_commit": ..., "base": ..., "base_digest": ...,
+     "arch_list": ..., "tool_version": ..., "package_dir": ...,
+     "files": {"_C.abi3.so": {"sha256": ..., "cubins": {...}, "kernels_native_sm121": N}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import Sm121Error
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so$")
+_REQUIRED = ("vllm_version", "vllm_commit", "arch_list", "files")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """A checked artifacts folder: every listed file present with the listed sha256."""
+
+    folder: Path
+    manifest: dict[str, Any]
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return {name: self.folder / name for name in self.manifest["files"]}
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["vllm_version"])
+
+    @property
+    def commit(self) -> str:
+        return str(self.manifest["vllm_commit"])
+
+
+def export(out: Path, files: dict[str, Path], meta: dict[str, Any],
+           details: dict[str, dict[str, Any]]) -> Path:
+    """Copy the files to `out` and write the manifest last (a folder without one is partial)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    listed = {}
+    for name, path in sorted(files.items()):
+        shutil.copyfile(path, out / name)
+        listed[name] = {"sha256": sha256_of(out / name), **details.get(name, {})}
+    manifest = {"format": FORMAT, **meta, "files": listed}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out / MANIFEST
+
+
+def load(folder: Path) -> Artifacts:
+    """Read and check an artifacts folder; any problem is a one-line Sm121Error."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise Sm121Error(f"{folder}: no {MANIFEST}; export artifacts with "
+                         "`sm121-build --base IMAGE --out DIR`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Sm121Error(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise Sm121Error(f"{path}: not an sm121-build manifest of format {FORMAT}")
+    absent = [key for key in _REQUIRED if not manifest.get(key)]
+    if absent:
+        raise Sm121Error(f"{path}: missing {', '.join(absent)}")
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise Sm121Error(f"{path}: files must be an object of name -> details")
+    for name, entry in files.items():
+        if not _FILE_NAME.match(name):
+            raise Sm121Error(f"{path}: {name!r} is not a plain .so file name")
+        if not (folder / name).is_file():
+            raise Sm121Error(f"{folder / name}: listed in the manifest but missing")
+        expected = entry.get("sha256") if isinstance(entry, dict) else None
+        if sha256_of(folder / name) != expected:
+            raise Sm121Error(f"{folder / name}: sha256 differs from the manifest; "
+                             "the artifacts were changed after export")
+    return Artifacts(folder, manifest)

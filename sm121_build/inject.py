@@ -1,0 +1,101 @@
+"""Put built extension files into the pristine base image, verify, then tag.
+
+Two ways in: the main job's multi-stage build (compile + copy, from build.py) and
+`sm121-build inject --artifacts DIR` (copy prebuilt files, no compile step).  Both end in
+`finish`: build the image untagged, verify it, export artifacts, tag it; on any failure,
+Ctrl-C included, the untagged image is removed and nothing is tagged.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import artifacts as artifacts_mod
+from .engine import Engine, build_image
+from .errors import Sm121Error
+from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
+from .render import BuildPlan, provenance_labels, render_inject
+from .steps import Steps, status_line
+from .verify import Verified, verify_image
+
+
+@dataclass(frozen=True)
+class Finish:
+    tag: str
+    out: Path | None
+    meta: dict[str, Any]  # manifest fields besides files
+
+
+def _details(verified: Verified) -> dict[str, dict[str, Any]]:
+    return {name: {"cubins": report.arch_counts("elf"),
+                   "kernels_native_sm121": report.kernel_counts()["native"]}
+            for name, report in verified.reports.items()}
+
+
+def finish(engine: Engine, steps: Steps, stock: ImageFacts, context: Path, dockerfile: Path,
+           extensions: tuple[str, ...], log: Path, title: str, target: Finish) -> str:
+    """Build (untagged) -> verify -> export -> tag.  Returns the image ID."""
+    image_id = ""
+    try:
+        with steps.step(title):
+            image_id = build_image(engine, context, dockerfile, log, status_line)
+        with steps.step("verify"), verify_image(engine, stock, image_id, extensions,
+                                                log) as verified:
+            if target.out:
+                manifest = artifacts_mod.export(target.out, verified.files, target.meta,
+                                                _details(verified))
+                click.echo(f"    artifacts: {manifest}", err=True)
+        engine.tag(image_id, target.tag)
+    except BaseException:
+        if image_id:
+            engine.remove_image(image_id)
+        raise
+    return image_id
+
+
+def run_inject(folder: Path, base: str, tag: str, out: Path | None = None) -> str:
+    """Inject prebuilt artifacts into a base whose vLLM version and commit match them."""
+    found = artifacts_mod.load(folder)
+    steps = Steps()
+    engine = Engine.connect()
+    with steps.step(f"inspect {base}"):
+        facts = inspect_image(engine, base)
+        vllm = require_vllm(facts)
+    if (vllm.version, vllm.commit_id or "") != (found.version, found.manifest.get(
+            "vllm_commit_id") or ""):
+        raise Sm121Error(
+            f"artifacts in {folder} were built for vLLM {found.version} "
+            f"({found.manifest.get('vllm_commit_id') or 'no commit id'}); {base} has "
+            f"{vllm.version} ({vllm.commit_id or 'no commit id'}): refusing to inject")
+    extensions = tuple(sorted(found.files))
+    meta = {key: value for key, value in found.manifest.items() if key not in ("files",
+                                                                               "format")}
+    with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
+            engine.pinned(facts.id) as pin:
+        context = Path(tmp)
+        (context / "artifacts").mkdir()
+        for name, path in found.files.items():
+            shutil.copyfile(path, context / "artifacts" / name)
+        labels = provenance_labels(facts, found.commit, str(found.manifest["arch_list"]),
+                                   extensions, str(found.manifest.get("patches", "")))
+        plan = BuildPlan(base=pin, arch_list=str(found.manifest["arch_list"]),
+                         vllm_version=vllm.version, git_ref=found.commit,
+                         extensions=extensions, package_dir=vllm.package_dir,
+                         cuda_home="", cuda_include="", cuda_lib="", jobs=1, labels=labels)
+        dockerfile = context / "Dockerfile"
+        dockerfile.write_text(render_inject(plan))
+        log = cache_dir() / "logs" / f"inject-{facts.id.split(':')[-1][:12]}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        finish(engine, steps, facts, context, dockerfile, extensions, log,
+               f"inject {', '.join(extensions)}", Finish(tag, out, {**meta, "base": facts.ref,
+                                                                     "base_digest":
+                                                                     facts.digest_ref}))
+    click.echo(f"tagged {tag}  (log: {log})")
+    return tag

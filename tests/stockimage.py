@@ -1,0 +1,128 @@
+"""The stock-like vLLM image the end-to-end tests start from, made locally.
+
+Debian (debootstrap) + python3 + g++, nvcc 13.0 copied from the host, cmake and ninja from
+the test venv's PyPI wheels, and a vLLM-shaped package (tests/data/vllm_like) whose
+`_C.abi3.so` / `_moe_C.abi3.so` were built for sm_90 only.  `_version.py` carries the commit
+of a local git checkout of the same fixture, so `--source CHECKOUT` pins exactly.
+The image is tagged by a hash of its inputs and reused while they are unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from tests.dockerenv import ensure_debian_gxx
+from tests.helpers import CACHE, DATA, cuda_home
+
+VERSION = "0.19.1"
+REPO = "sm121-test/vllm-stock"
+KEY_LABEL = "sm121-test.inputs"
+_GIT_ENV = {"GIT_AUTHOR_NAME": "fixture", "GIT_AUTHOR_EMAIL": "fixture@example.invalid",
+            "GIT_COMMITTER_NAME": "fixture", "GIT_COMMITTER_EMAIL": "fixture@example.invalid",
+            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE":
+            "2026-01-01T00:00:00Z", "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+@dataclass(frozen=True)
+class StockImage:
+    tag: str
+    checkout: Path
+    commit: str
+    package_dir: str = "/usr/local/lib/python3.11/dist-packages/vllm"
+
+
+def _tree_hash(*roots: Path) -> str:
+    digest = hashlib.sha256()
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def fixture_checkout(dest: Path) -> tuple[Path, str]:
+    """A git repository of the fixture with a reproducible commit."""
+    shutil.copytree(DATA / "vllm_like", dest)
+    env = {**os.environ, **_GIT_ENV}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["commit", "-q", "-m", "vllm-like fixture"]):
+        subprocess.run(["git", "-C", str(dest), *args], check=True, env=env)
+    commit = subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"], check=True,
+                            capture_output=True, text=True, env=env).stdout.strip()
+    return dest, commit
+
+
+def stock_extensions() -> Path:
+    """_C.abi3.so and _moe_C.abi3.so of the fixture built for sm_90 (cached)."""
+    out = CACHE / "fixtures" / f"stock-sm90-{_tree_hash(DATA / 'vllm_like')}"
+    if (out / "_moe_C.abi3.so").exists():
+        return out
+    home = cuda_home()
+    bindir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory(prefix="sm121-stock-") as tmp:
+        src = Path(shutil.copytree(DATA / "vllm_like", Path(tmp) / "src"))
+        env = {**os.environ, "TORCH_CUDA_ARCH_LIST": "9.0", "CUDA_HOME": str(home),
+               "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc"), "MAX_JOBS": "2",
+               "PATH": f"{home / 'bin'}:{bindir}:{os.environ['PATH']}"}
+        subprocess.run([sys.executable, "-m", "sm121_build.build_extensions", "--source",
+                        str(src), "--out", str(Path(tmp) / "out"), "--target", "_C",
+                        "--target", "_moe_C", "--cmake", str(bindir / "cmake")],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(Path(tmp) / "out", out, ignore=shutil.ignore_patterns("*.log"))
+    return out
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """Hard links where possible (cuda is 315 MB), copies otherwise."""
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    shutil.copytree(source, dest, symlinks=True, copy_function=link)
+
+
+def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
+    checkout, commit = fixture_checkout(work / "vllm-src")
+    sos = stock_extensions()
+    key = hashlib.sha256(f"{commit}\0{_tree_hash(sos)}\0{_tree_hash(DATA / 'stock')}".encode()
+                         ).hexdigest()[:12]
+    tag = f"{REPO}:{VERSION}-{key}"
+    found = client.images.list(filters={"label": f"{KEY_LABEL}={key}"})
+    if found:
+        if tag not in found[0].tags:
+            found[0].tag(REPO, f"{VERSION}-{key}")
+        return StockImage(tag, checkout, commit)
+    ensure_debian_gxx(client)
+    venv_site = Path(sys.executable).parent.parent / "lib" / \
+        f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    with tempfile.TemporaryDirectory(prefix="sm121-stock-ctx-") as tmp:
+        ctx = Path(tmp)
+        shutil.copy2(DATA / "stock" / "Dockerfile", ctx / "Dockerfile")
+        _link_tree(cuda_home(), ctx / "cuda")
+        _link_tree(venv_site / "cmake" / "data", ctx / "cmake")
+        shutil.copy2(Path(sys.executable).parent / "ninja", ctx / "ninja")
+        package = ctx / "site-packages" / "vllm"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(
+            "from vllm._version import __version__, __commit_id__  # noqa: F401\n")
+        (package / "_version.py").write_text(
+            f"__version__ = version = {VERSION!r}\n__commit_id__ = commit_id = {commit!r}\n")
+        for so in ("_C.abi3.so", "_moe_C.abi3.so"):
+            shutil.copy2(sos / so, package / so)
+        meta = ctx / "site-packages" / f"vllm-{VERSION}.dist-info"
+        meta.mkdir()
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}\n")
+        client.images.build(path=str(ctx), tag=tag, labels={KEY_LABEL: key}, rm=True,
+                            forcerm=True)
+    return StockImage(tag, checkout, commit)
