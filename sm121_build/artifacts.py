@@ -2,7 +2,8 @@
 
     {"format": 1, "vllm_version": ..., "vllm_commit": ..., "base": ..., "base_digest": ...,
      "arch_list": ..., "tool_version": ..., "package_dir": ...,
-     "files": {"_C.abi3.so": {"sha256": ..., "cubins": {...}, "kernels_native_sm121": N}}}
+     "files": {"_C.abi3.so": {"sha256": ..., "mode": "755", "cubins": {...},
+                              "kernels_native_sm121": N}}}
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ class Artifacts:
     def files(self) -> dict[str, Path]:
         return {name: self.folder / name for name in self.manifest["files"]}
 
+    def place(self, dest: Path) -> None:
+        """Copy the files into a folder with the modes the manifest records (artifact stores
+        such as GitHub's drop permission bits)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, path in self.files.items():
+            shutil.copyfile(path, dest / name)
+            mode = str(self.manifest["files"][name].get("mode", "755"))
+            (dest / name).chmod(int(mode, 8) & 0o777 if re.fullmatch(r"[0-7]{3,4}", mode)
+                                else 0o755)
+
     @property
     def version(self) -> str:
         return str(self.manifest["vllm_version"])
@@ -58,8 +69,9 @@ def export(out: Path, files: dict[str, Path], meta: dict[str, Any],
     (out / MANIFEST).unlink(missing_ok=True)
     listed = {}
     for name, path in sorted(files.items()):
-        shutil.copyfile(path, out / name)
-        listed[name] = {"sha256": sha256_of(out / name), **details.get(name, {})}
+        shutil.copy2(path, out / name)
+        listed[name] = {"sha256": sha256_of(out / name), "mode": f"{path.stat().st_mode & 0o777:o}",
+                        **details.get(name, {})}
     manifest = {"format": FORMAT, **meta, "files": listed}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return out / MANIFEST

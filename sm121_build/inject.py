@@ -8,7 +8,6 @@ Ctrl-C included, the untagged image is removed and nothing is tagged.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +78,7 @@ def run_inject(folder: Path, base: str, tag: str, out: Path | None = None) -> st
     with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
             engine.pinned(facts.id) as pin:
         context = Path(tmp)
-        (context / "artifacts").mkdir()
-        for name, path in found.files.items():
-            shutil.copyfile(path, context / "artifacts" / name)
+        found.place(context / "artifacts")
         labels = provenance_labels(facts, found.commit, str(found.manifest["arch_list"]),
                                    extensions, str(found.manifest.get("patches", "")))
         plan = BuildPlan(base=pin, arch_list=str(found.manifest["arch_list"]),

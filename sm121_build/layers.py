@@ -206,7 +206,7 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
         if member.islnk():  # a stream cannot seek back: copy the file the link names
             linked = _safe_relpath(member.linkname)
             if linked in fs.extracted:
-                shutil.copyfile(fs.root / linked, target)
+                shutil.copy(fs.root / linked, target)
                 fs.extracted.add(path)
             continue
         source = layer.extractfile(member)
@@ -214,5 +214,6 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
             continue
         with source, open(target, "wb") as out:
             shutil.copyfileobj(source, out, 1 << 20)
+        target.chmod(member.mode & 0o755 | 0o600)  # the image's mode, readable by us
         fs.extracted.add(path)
     return changes

@@ -37,7 +37,8 @@ def ensure_debian_gxx(client: docker.DockerClient) -> str:
         pass
     debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
     with tempfile.TemporaryDirectory(prefix="sm121-rootfs-") as root:
-        subprocess.run([debootstrap, "--variant=minbase", "--include=python3,g++", "bookworm", root],
+        subprocess.run([debootstrap, "--variant=minbase", "--include=python3,g++", "bookworm",
+                        root],
                        check=True, stdout=subprocess.DEVNULL)
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
         assert tar.stdout is not None

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
+import docker.errors
 
 from tests.dockerenv import ensure_debian_gxx
 from tests.helpers import CACHE, DATA, cuda_home
 
 VERSION = "0.19.1"
 REPO = "sm121-test/vllm-stock"
-KEY_LABEL = "sm121-test.inputs"
 _GIT_ENV = {"GIT_AUTHOR_NAME": "fixture", "GIT_AUTHOR_EMAIL": "fixture@example.invalid",
             "GIT_COMMITTER_NAME": "fixture", "GIT_COMMITTER_EMAIL": "fixture@example.invalid",
             "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE":
@@ -98,11 +98,11 @@ def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
     key = hashlib.sha256(f"{commit}\0{_tree_hash(sos)}\0{_tree_hash(DATA / 'stock')}".encode()
                          ).hexdigest()[:12]
     tag = f"{REPO}:{VERSION}-{key}"
-    found = client.images.list(filters={"label": f"{KEY_LABEL}={key}"})
-    if found:
-        if tag not in found[0].tags:
-            found[0].tag(REPO, f"{VERSION}-{key}")
+    try:  # by tag, not by label: images built from it inherit its labels
+        client.images.get(tag)
         return StockImage(tag, checkout, commit)
+    except docker.errors.ImageNotFound:
+        pass
     ensure_debian_gxx(client)
     venv_site = Path(sys.executable).parent.parent / "lib" / \
         f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
@@ -123,6 +123,6 @@ def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
         meta = ctx / "site-packages" / f"vllm-{VERSION}.dist-info"
         meta.mkdir()
         (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}\n")
-        client.images.build(path=str(ctx), tag=tag, labels={KEY_LABEL: key}, rm=True,
+        client.images.build(path=str(ctx), tag=tag, rm=True,
                             forcerm=True)
     return StockImage(tag, checkout, commit)

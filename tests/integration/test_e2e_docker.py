@@ -1,0 +1,243 @@
+"""End to end with a real engine: stock-like image -> sm121-build -> tagged, verified image.
+
+The stock image (tests/stockimage.py) is made locally: Debian, nvcc 13.0, a vLLM-shaped
+package with sm_90-only extensions.  Every build below is real: BuildKit (or the legacy
+builder), nvcc and ptxas inside the builder stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import pytest
+
+from sm121_build.audit import Policy, audit_binary
+from sm121_build.compat import parse_target
+from tests.dockerenv import client_or_skip
+from tests.stockimage import StockImage, ensure_stock_image
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+PREFIX = "sm121-test/e2e"
+INJECTED = ("_C.abi3.so", "_moe_C.abi3.so")
+
+
+@dataclass
+class E2E:
+    client: docker.DockerClient
+    stock: StockImage
+    env: dict[str, str]
+    work: Path
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sm121_build", *args], capture_output=True,
+                              text=True, check=False, env=self.env)
+
+    def build(self, tag: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return self.run("--base", self.stock.tag, "--source", str(self.stock.checkout),
+                        "--tag", tag, *extra)
+
+    def exists(self, tag: str) -> bool:
+        try:
+            self.client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+
+def _remove_test_images(client: docker.DockerClient) -> None:
+    for image in client.images.list():
+        for tag in image.tags:
+            if tag.startswith((PREFIX, "sm121-build-pin/")):
+                client.images.remove(tag, force=True)
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    client = client_or_skip()
+    work = tmp_path_factory.mktemp("e2e")
+    stock = ensure_stock_image(client, work)
+    _remove_test_images(client)
+    tmp = work / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(tmp)}
+    yield E2E(client, stock, env, work)
+    _remove_test_images(client)
+
+
+@pytest.fixture(scope="module")
+def patched(e2e: E2E) -> subprocess.CompletedProcess[str]:
+    return e2e.build(f"{PREFIX}:patched", "--out", str(e2e.work / "artifacts"))
+
+
+def _flat_files(client: docker.DockerClient, image: str) -> dict[str, tuple[str, int, str]]:
+    """The engine's own view of an image's filesystem (`docker create` + `docker export`,
+    no start): path -> (kind, mode, sha256 of content or link target).  Independent of the
+    tool's layer reader."""
+    container = client.containers.create(image, command=["true"])
+    try:
+        stream = io.BytesIO(b"".join(container.export()))
+    finally:
+        container.remove(force=True)
+    files: dict[str, tuple[str, int, str]] = {}
+    with tarfile.open(fileobj=stream) as tar:
+        for member in tar:
+            if member.isdir():
+                continue
+            if member.isfile():
+                handle = tar.extractfile(member)
+                assert handle is not None
+                files[member.name] = ("file", member.mode,
+                                      hashlib.sha256(handle.read()).hexdigest())
+            else:
+                files[member.name] = ("link", member.mode, member.linkname)
+    return files
+
+
+def test_unpatched_build_fails_with_ptxas_message_and_tags_nothing(e2e: E2E) -> None:
+    result = e2e.build(f"{PREFIX}:unpatched", "--no-patch")
+    assert result.returncode == 2, result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: docker build failed: build failed: ptxas rejected an FP4 "
+                            "instruction for the plain target sm_121")
+    assert "Instruction 'cvt with .e2m1x2' not supported on .target 'sm_121'" in error
+    assert "full log: " in error
+    log = Path(error.rsplit("full log: ", 1)[1])
+    assert "e2m1x2" in log.read_text()
+    assert not e2e.exists(f"{PREFIX}:unpatched")
+
+
+def test_patched_build_is_tagged_with_sm121_kernels_and_labels(e2e: E2E, patched: subprocess.
+                                                               CompletedProcess[str]) -> None:
+    assert patched.returncode == 0, patched.stderr
+    assert f"tagged {PREFIX}:patched" in patched.stdout
+    assert "fp4-sm12x-arch-specific: applied" in patched.stderr
+    image = e2e.client.images.get(f"{PREFIX}:patched")
+    labels = image.labels
+    stock = e2e.client.images.get(e2e.stock.tag)
+    assert labels["io.github.sm121-build.vllm.version"] == "0.19.1"
+    assert labels["io.github.sm121-build.vllm.commit"] == e2e.stock.commit
+    assert labels["io.github.sm121-build.arch-list"] == "12.1"
+    assert labels["io.github.sm121-build.extensions"] == ",".join(INJECTED)
+    assert labels["org.opencontainers.image.base.digest"] == stock.id
+    assert len(labels["io.github.sm121-build.patches"]) == 16
+    audit = e2e.run("audit", "--json", "--include", "*/vllm/_*.so", f"{PREFIX}:patched")
+    verdicts = {Path(b["name"]).name: b["verdict"] for b in json.loads(audit.stdout)["binaries"]}
+    assert verdicts == {"_C.abi3.so": "native", "_moe_C.abi3.so": "native"}
+    stock_audit = e2e.run("audit", "--json", "--include", "*/vllm/_*.so", e2e.stock.tag)
+    assert {b["verdict"] for b in json.loads(stock_audit.stdout)["binaries"]} == {"none"}
+
+
+def test_every_other_file_is_byte_identical_to_stock(e2e: E2E, patched: subprocess.
+                                                     CompletedProcess[str]) -> None:
+    assert patched.returncode == 0, patched.stderr
+    before = _flat_files(e2e.client, e2e.stock.tag)
+    after = _flat_files(e2e.client, f"{PREFIX}:patched")
+    changed = {path for path in before.keys() | after.keys()
+               if before.get(path) != after.get(path)}
+    package = e2e.stock.package_dir.lstrip("/")
+    assert changed == {f"{package}/{name}" for name in INJECTED}
+    assert len(before) > 1000  # the whole root filesystem was compared
+
+
+def test_exported_artifacts_match_the_image(e2e: E2E, patched: subprocess.
+                                            CompletedProcess[str]) -> None:
+    assert patched.returncode == 0, patched.stderr
+    manifest = json.loads((e2e.work / "artifacts" / "manifest.json").read_text())
+    assert manifest["vllm_commit"] == e2e.stock.commit
+    assert manifest["base_digest"] == e2e.client.images.get(e2e.stock.tag).id
+    image = _flat_files(e2e.client, f"{PREFIX}:patched")
+    package = e2e.stock.package_dir.lstrip("/")
+    policy = Policy(parse_target("sm_121"), (13, 0))
+    for name in INJECTED:
+        assert manifest["files"][name]["sha256"] == image[f"{package}/{name}"][2]
+        report = audit_binary(e2e.work / "artifacts" / name, name, policy, True)
+        assert manifest["files"][name]["kernels_native_sm121"] == report.kernel_counts()["native"]
+        assert set(manifest["files"][name]["cubins"]) == {"sm_121"}
+
+
+def test_second_run_skips(e2e: E2E, patched: subprocess.CompletedProcess[str]) -> None:
+    assert patched.returncode == 0, patched.stderr
+    again = e2e.build(f"{PREFIX}:patched")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(f"up to date: {PREFIX}:patched (content key ")
+    assert "==> build" not in again.stderr
+    other_tag = e2e.build(f"{PREFIX}:same-content")
+    assert other_tag.stdout.startswith(f"up to date: {PREFIX}:same-content")
+    assert (e2e.client.images.get(f"{PREFIX}:same-content").id ==
+            e2e.client.images.get(f"{PREFIX}:patched").id)
+
+
+def test_inject_artifacts_gives_the_same_bytes(e2e: E2E, patched: subprocess.
+                                               CompletedProcess[str]) -> None:
+    assert patched.returncode == 0, patched.stderr
+    result = e2e.run("inject", "--artifacts", str(e2e.work / "artifacts"), "--base",
+                     e2e.stock.tag, "--tag", f"{PREFIX}:injected")
+    assert result.returncode == 0, result.stderr
+    assert "==> build" not in result.stderr  # no compile step
+    built = _flat_files(e2e.client, f"{PREFIX}:patched")
+    injected = _flat_files(e2e.client, f"{PREFIX}:injected")
+    assert built == injected
+
+
+def test_inject_refuses_other_commit(e2e: E2E, patched: subprocess.CompletedProcess[str],
+                                     tmp_path: Path) -> None:
+    assert patched.returncode == 0, patched.stderr
+    other = Path(shutil.copytree(e2e.work / "artifacts", tmp_path / "other"))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["vllm_commit_id"] = "0" * 40
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    result = e2e.run("inject", "--artifacts", str(other), "--base", e2e.stock.tag,
+                     "--tag", f"{PREFIX}:refused")
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("refusing to inject")
+    assert len(result.stderr.strip().splitlines()) == 3  # the inspect step, then the error
+    assert not e2e.exists(f"{PREFIX}:refused")
+
+
+def test_verification_failure_tags_nothing(e2e: E2E) -> None:
+    """A 9.0 build carries no sm_121 cubin: the image is built, fails verification, and is
+    removed; exit 3."""
+    images_before = {i.id for i in e2e.client.images.list(all=True)}
+    result = e2e.build(f"{PREFIX}:sm90", "--arch", "9.0")
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: verification failed: _C.abi3.so carries no sm_121-loadable cubin")
+    assert not e2e.exists(f"{PREFIX}:sm90")
+    assert {i.id for i in e2e.client.images.list(all=True)} - images_before == set()
+
+
+def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E) -> None:
+    containers = {c.id for c in e2e.client.containers.list(all=True)}
+    tmp = Path(e2e.env["TMPDIR"])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sm121_build", "--base", e2e.stock.tag, "--source",
+         str(e2e.stock.checkout), "--tag", f"{PREFIX}:interrupted", "--force"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e2e.env)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if line.startswith("==> build"):
+            break
+    assert list(tmp.iterdir()), "the build context should exist while building"
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    assert process.returncode == 130, rest
+    assert rest.strip().splitlines()[-1] == (
+        "interrupted: temporary files and containers were removed")
+    assert not e2e.exists(f"{PREFIX}:interrupted")
+    assert list(tmp.iterdir()) == []
+    assert {c.id for c in e2e.client.containers.list(all=True)} == containers
+    assert not [t for i in e2e.client.images.list() for t in i.tags
+                if t.startswith("sm121-build-pin/")]
