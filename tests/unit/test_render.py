@@ -63,3 +63,15 @@ def test_default_extensions_follow_the_image(tmp_path: Path) -> None:
         choose_extensions(image, (), tmp_path)
     with pytest.raises(Sm121Error, match="no _C / _moe_C"):
         choose_extensions(("cumem_allocator.abi3.so",), (), None)
+
+
+def test_inject_golden() -> None:
+    from sm121_build.render import render_inject
+
+    text = render_inject(PLAN).replace(__version__, "<VERSION>")
+    golden = GOLDEN / "inject-artifacts.Dockerfile"
+    if os.environ.get("SM121_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
+    assert [line for line in text.splitlines() if line.startswith(("FROM", "RUN"))] == [
+        f"FROM {PLAN.base}"]  # one stage, nothing compiled

@@ -1,0 +1,199 @@
+"""Each verification check on crafted inputs: real ELF files (g++/nvcc), made-up layer lists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sm121_build import artifacts
+from sm121_build.engine import ImageInfo, failure_cause
+from sm121_build.errors import Sm121Error
+from sm121_build.fatbin import dynamic_symbols
+from sm121_build.inspect import VllmInstall
+from sm121_build.layers import LayerChange
+from sm121_build.verify import (
+    KernelComparison,
+    check_abi,
+    check_drift,
+    check_version,
+    newest_arch_kernels,
+)
+
+PKG = "usr/lib/python3/dist-packages/vllm"
+
+
+def _info(layers: tuple[str, ...], env: tuple[str, ...] = ("PATH=/bin",)) -> ImageInfo:
+    return ImageInfo(ref="x", id="sha256:" + "0" * 64, repo_digests=(), os="linux",
+                     architecture="arm64", variant="", labels={}, layers=layers, env=env,
+                     runtime=('["python3"]',))
+
+
+STOCK = _info(("sha256:a", "sha256:b"))
+
+
+def test_drift_passes_when_only_the_injected_files_are_added() -> None:
+    built = _info(("sha256:a", "sha256:b", "sha256:c"))
+    added = [LayerChange("file", f"{PKG}/_C.abi3.so")]
+    assert check_drift(STOCK, built, added, {f"{PKG}/_C.abi3.so"}) == []
+
+
+def test_drift_reports_every_other_change() -> None:
+    built = _info(("sha256:a", "sha256:b", "sha256:c"))
+    added = [LayerChange("file", f"{PKG}/_C.abi3.so"), LayerChange("file", f"{PKG}/config.py"),
+             LayerChange("whiteout", "etc/passwd"), LayerChange("symlink", f"{PKG}/_moe_C.abi3.so")]
+    problems = check_drift(STOCK, built, added, {f"{PKG}/_C.abi3.so", f"{PKG}/_moe_C.abi3.so"})
+    assert problems == [f"drift: /{PKG}/config.py (file) differs from the stock image",
+                        "drift: /etc/passwd (whiteout) differs from the stock image",
+                        f"drift: /{PKG}/_moe_C.abi3.so (symlink) differs from the stock image"]
+
+
+def test_drift_reports_replaced_base_layers_and_config() -> None:
+    squashed = _info(("sha256:a", "sha256:z", "sha256:c"), env=("PATH=/other",))
+    problems = check_drift(STOCK, squashed, [], set())
+    assert problems[0] == ("the built image does not keep the stock image's 2 layers "
+                           "(first difference at layer 1)")
+    assert problems[1].startswith("drift: the image config")
+
+
+def _vllm(version: str, commit: str | None) -> VllmInstall:
+    return VllmInstall(version, commit, "/usr/lib/python3/dist-packages", "3.12", (), None,
+                       None, "/usr/local/cuda", False, None)
+
+
+def test_version_check() -> None:
+    assert check_version(_vllm("0.19.1", "abc"), _vllm("0.19.1", "abc")) == []
+    assert check_version(_vllm("0.19.1", "abc"), _vllm("0.19.1", "abd")) == [
+        "vLLM in the built image is 0.19.1 (abd), the stock image has 0.19.1 (abc)"]
+
+
+def test_kernel_comparison_allows_fp4_exclusions_and_reports_them() -> None:
+    stock = frozenset({"rms_norm", "silu", "_Z19nvfp4_quant_kernelPv", "cvt_fp4_e2m1"})
+    ok = KernelComparison("_C.abi3.so", "sm_120", stock, frozenset({"rms_norm", "silu"}))
+    assert ok.fp4_excluded == ("_Z19nvfp4_quant_kernelPv", "cvt_fp4_e2m1")
+    assert ok.required == 2
+    assert ok.problems() == []
+
+
+def test_kernel_comparison_fails_when_non_fp4_kernels_are_lost() -> None:
+    stock = frozenset({"rms_norm", "silu", "topk", "cvt_fp4_e2m1"})
+    short = KernelComparison("_C.abi3.so", "sm_90", stock, frozenset({"rms_norm"}))
+    assert short.problems() == [
+        "_C.abi3.so: 1 kernels native on sm_121, fewer than the 3 the stock sm_90 cubins had "
+        "(FP4 excluded); missing e.g. silu, topk"]
+
+
+def test_newest_arch_kernels_reads_real_cubins(matrix: dict[str, Path]) -> None:
+    arch, kernels = newest_arch_kernels(matrix["sm90"])
+    assert arch == "sm_90"
+    assert "_ZN4vllm15rms_norm_kernelEPfPKfi" in kernels
+    assert newest_arch_kernels(matrix["plain"])[0] == "sm_121"
+    assert newest_arch_kernels(matrix["ptx_only"]) == (None, frozenset())
+
+
+# The CUDAStream ABI break seen on Spark builds: c10::DeviceIndex changed from int8_t to
+# int16_t, so getCurrentCUDAStream(signed char) and (short) mangle differently.
+_PROVIDER = """
+namespace c10 { namespace cuda {
+struct CUDAStream { void* s; };
+CUDAStream getCurrentCUDAStream(%s device) { return CUDAStream{nullptr}; }
+} }
+"""
+_CONSUMER = """
+namespace c10 { namespace cuda {
+struct CUDAStream { void* s; };
+CUDAStream getCurrentCUDAStream(signed char device);
+} }
+extern "C" void* launch() { return c10::cuda::getCurrentCUDAStream(0).s; }
+"""
+
+
+def _gxx_so(tmp_path: Path, name: str, source: str) -> Path:
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(source)
+    out = tmp_path / f"{name}.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    return out
+
+
+@pytest.fixture()
+def consumer(tmp_path: Path) -> Path:
+    return _gxx_so(tmp_path, "_C.abi3", _CONSUMER)
+
+
+def test_abi_check_passes_against_a_matching_torch(tmp_path: Path, consumer: Path) -> None:
+    provider = _gxx_so(tmp_path, "libc10_cuda", _PROVIDER % "signed char")
+    needed = dynamic_symbols(consumer).undefined
+    assert "_ZN3c104cuda20getCurrentCUDAStreamEa" in needed
+    result = check_abi({"_C.abi3.so": consumer}, [provider])
+    assert (result.checked, result.problems()) == (1, [])
+
+
+def test_abi_check_catches_the_cuda_stream_mismatch(tmp_path: Path, consumer: Path) -> None:
+    provider = _gxx_so(tmp_path, "libc10_cuda", _PROVIDER % "short")
+    assert "_ZN3c104cuda20getCurrentCUDAStreamEs" in dynamic_symbols(provider).exported
+    result = check_abi({"_C.abi3.so": consumer}, [provider])
+    assert result.problems() == [
+        "ABI: _C.abi3.so needs 1 torch symbol(s) the image's torch does not export, e.g. "
+        "_ZN3c104cuda20getCurrentCUDAStreamEa"]
+
+
+def test_abi_check_without_torch_libraries(tmp_path: Path, consumer: Path,
+                                           host_only_so: Path) -> None:
+    assert check_abi({"host.so": host_only_so}, []).problems() == []  # needs no torch
+    assert check_abi({"_C.abi3.so": consumer}, []).problems() == [
+        "ABI: _C.abi3.so needs 1 torch symbol(s) the image's torch does not export, e.g. "
+        "(no torch/lib/*.so found in the image)"]
+
+
+def test_failure_cause_prefers_the_diagnosis_and_quotes_ptxas(tmp_path: Path) -> None:
+    log = tmp_path / "build.log"
+    log.write_text(
+        "#9 1.0 ptxas /tmp/x.ptx, line 46; error   : Instruction 'cvt with .e2m1x2' not "
+        "supported on .target 'sm_121'\n#9 1.2 ninja: build stopped: subcommand failed.\n"
+        "#9 1.3 sm121-build: build failed: ptxas rejected an FP4 instruction\n"
+        "ERROR: process did not complete successfully\n")
+    assert failure_cause(log) == (
+        "build failed: ptxas rejected an FP4 instruction; ptxas said: ptxas /tmp/x.ptx, line "
+        "46; error   : Instruction 'cvt with .e2m1x2' not supported on .target 'sm_121'")
+    log.write_text("step 1\nERROR: failed to solve: base image not found\nstep 3\n")
+    assert failure_cause(log) == "ERROR: failed to solve: base image not found"
+
+
+def _exported(tmp_path: Path, so: Path) -> Path:
+    out = tmp_path / "artifacts"
+    artifacts.export(out, {"_C.abi3.so": so}, {"vllm_version": "0.19.1", "vllm_commit": "abc",
+                                                "arch_list": "12.1"}, {})
+    return out
+
+
+def test_artifacts_round_trip_and_modes(tmp_path: Path, host_only_so: Path) -> None:
+    host_only_so.chmod(0o755)
+    out = _exported(tmp_path, host_only_so)
+    (out / "_C.abi3.so").chmod(0o600)  # as after a download that drops permission bits
+    loaded = artifacts.load(out)
+    assert (loaded.version, loaded.commit) == ("0.19.1", "abc")
+    loaded.place(tmp_path / "ctx")
+    assert (tmp_path / "ctx" / "_C.abi3.so").stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda d: (d / "manifest.json").unlink(), "no manifest.json"),
+    (lambda d: (d / "manifest.json").write_text("{"), "not valid JSON"),
+    (lambda d: (d / "_C.abi3.so").write_bytes(b"changed"), "sha256 differs from the manifest"),
+    (lambda d: (d / "_C.abi3.so").unlink(), "listed in the manifest but missing"),
+    (lambda d: (d / "manifest.json").write_text(json.dumps(
+        {"format": 1, "vllm_version": "1", "vllm_commit": "a", "arch_list": "12.1",
+         "files": {"../evil.so": {}}})), "is not a plain .so file name"),
+    (lambda d: (d / "manifest.json").write_text(json.dumps({"format": 1})),
+     "missing vllm_version, vllm_commit, arch_list, files"),
+])
+def test_damaged_artifacts_are_one_line_errors(tmp_path: Path, host_only_so: Path,
+                                                damage: object, message: str) -> None:
+    out = _exported(tmp_path, host_only_so)
+    assert callable(damage)
+    damage(out)
+    with pytest.raises(Sm121Error, match=message):
+        artifacts.load(out)
