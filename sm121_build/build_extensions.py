@@ -17,6 +17,17 @@ import sys
 import time
 from pathlib import Path
 
+# vLLM's CMake fetches these from GitHub at configure time unless pointed at a folder.
+# --offline points each unset one at an empty folder.  FlashMLA, triton_kernels and
+# flash-attn are separate targets; QuTLASS is compiled into _C only when its arch guard
+# matches (not at a patched 12.1; at 12.1a it does): then set QUTLASS_SRC_DIR.
+EXTERNAL_PROJECTS = ("FLASH_MLA_SRC_DIR", "QUTLASS_SRC_DIR", "TRITON_KERNELS_SRC_DIR",
+                     "VLLM_FLASH_ATTN_SRC_DIR")
+# Files vLLM's CMake reads from an external project at configure time, even when the
+# project's own targets are not built: the offline stand-ins hold them, empty.
+STAND_IN_FILES = {"FLASH_MLA_SRC_DIR": ("flash_mla/flash_mla_interface.py",)}
+CUTLASS_HEADER = "include/cutlass/cutlass.h"
+
 PTXAS_FP4 = re.compile(r"Instruction 'cvt with \.e2m1x2' not supported on \.target '(sm_\d+)'")
 
 
@@ -43,17 +54,67 @@ def _explain_failure(log: Path) -> str:
     return "the build failed; see the log above"
 
 
+def cutlass_settings(path: Path, unpack_to: Path) -> tuple[dict[str, str], list[str]]:
+    """(environment, CMake definitions) that make vLLM use a local CUTLASS.
+
+    Takes a CUTLASS source tree, or PyPI's `nvidia-cutlass` wheel (file or unpacked), which
+    ships the same headers under cutlass_library/source/ and the cutlass_library package
+    that vLLM's kernel generators import.
+    """
+    if path.is_file() and path.suffix == ".whl":
+        import zipfile
+
+        with zipfile.ZipFile(path) as wheel:
+            wheel.extractall(unpack_to)
+        path = unpack_to
+    if (path / CUTLASS_HEADER).exists():  # a CUTLASS checkout: its own CMakeLists runs
+        return {"VLLM_CUTLASS_SRC_DIR": str(path)}, []
+    source = path / "cutlass_library" / "source"
+    if not (source / CUTLASS_HEADER).exists():
+        raise SystemExit(f"sm121-build: {path} is neither a CUTLASS checkout nor an "
+                         "nvidia-cutlass wheel (no include/cutlass/cutlass.h)")
+    python_path = os.pathsep.join(p for p in (str(path), os.environ.get("PYTHONPATH")) if p)
+    return ({"VLLM_CUTLASS_SRC_DIR": str(source), "PYTHONPATH": python_path},
+            [f"CUTLASS_DIR={source}", f"CUTLASS_INCLUDE_DIR={source / 'include'}",
+             f"CUTLASS_TOOLS_UTIL_INCLUDE_DIR={source / 'tools' / 'util' / 'include'}"])
+
+
+def offline_settings(build: Path) -> tuple[dict[str, str], list[str]]:
+    """Nothing fetched: unset external projects become empty folders."""
+    env = {}
+    for name in EXTERNAL_PROJECTS:
+        if not os.environ.get(name):
+            empty = build / "offline-empty" / name.lower()
+            empty.mkdir(parents=True, exist_ok=True)
+            for relative in STAND_IN_FILES.get(name, ()):
+                (empty / relative).parent.mkdir(parents=True, exist_ok=True)
+                (empty / relative).touch()
+            env[name] = str(empty)
+    return env, ["FETCHCONTENT_FULLY_DISCONNECTED=ON"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--build-dir", type=Path)
-    parser.add_argument("--target", action="append", required=True, dest="targets")
+    parser.add_argument("--target", action="append", default=[], dest="targets")
     parser.add_argument("--define", action="append", default=[], metavar="KEY=VALUE",
                         help="Extra CMake cache entry, e.g. VLLM_CUTLASS_SRC_DIR=/opt/cutlass")
+    parser.add_argument("--cutlass", type=Path, metavar="PATH",
+                        help="Local CUTLASS: a source tree, or the nvidia-cutlass wheel "
+                        "(.whl or unpacked) from PyPI")
+    parser.add_argument("--offline", action="store_true",
+                        help="Fetch nothing: FETCHCONTENT_FULLY_DISCONNECTED, and the external "
+                        "projects (FlashMLA, QuTLASS, triton_kernels, flash-attn) point at "
+                        "empty folders unless their *_SRC_DIR is set")
+    parser.add_argument("--configure-only", action="store_true",
+                        help="Stop after CMake configure (then e.g. `ninja -C BUILD <object>`)")
     parser.add_argument("--cmake", default=os.environ.get("CMAKE", "cmake"))
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MAX_JOBS", "0") or 0))
     args = parser.parse_args(argv)
+    if not args.targets and not args.configure_only:
+        parser.error("name at least one --target (e.g. --target _C --target _moe_C)")
 
     build = args.build_dir or args.source / "build-sm121"
     build.mkdir(parents=True, exist_ok=True)
@@ -68,11 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("ccache"):
         configure += ["-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
                       "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
-    configure += [f"-D{item}" for item in args.define]
+    defines = list(args.define)
+    if args.offline:
+        env, extra = offline_settings(build)
+        os.environ.update(env)
+        defines = extra + defines
+    if args.cutlass:
+        env, extra = cutlass_settings(args.cutlass.resolve(), build / "cutlass")
+        os.environ.update(env)
+        defines = extra + defines
+    configure += [f"-D{item}" for item in defines]
     started = time.monotonic()
     if _run(configure, log) != 0:
         print(f"sm121-build: cmake configure failed: {_explain_failure(log)}", file=sys.stderr)
         return 1
+    if args.configure_only:
+        print(f"sm121-build: configured {build}", flush=True)
+        return 0
     compile_step = [args.cmake, "--build", str(build)]
     for target in args.targets:
         compile_step += ["--target", target]

@@ -14,10 +14,13 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import layers
-from .engine import Engine, ImageInfo
 from .errors import Sm121Error
+
+if TYPE_CHECKING:  # the Docker SDK is imported only where an engine is used
+    from .engine import Engine, ImageInfo
 
 _VERSION_PY = re.compile(r"^(?P<site>.*/(?:site|dist)-packages)/vllm/_version\.py$")
 _DIST_INFO = re.compile(r"^(?P<site>.*/(?:site|dist)-packages)/vllm-[^/]+\.dist-info/METADATA$")

@@ -16,17 +16,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from . import layers
 from .audit import BinaryReport, Policy, audit_binary
 from .compat import parse_target
-from .engine import Engine, ImageInfo
 from .errors import VerificationError
 from .fatbin import HostBinary, dynamic_symbols
 from .inspect import ImageFacts, VllmInstall, facts_from_filesystem, require_vllm
 from .inspect import wanted as facts_wanted
+
+if TYPE_CHECKING:  # the Docker SDK is not needed to run the checks themselves
+    from .engine import Engine, ImageInfo
 
 SM121 = Policy(parse_target("sm_121"), (13, 0))
 # Kernels left out on purpose when the FP4 guards exclude a plain 12.x build.
