@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 from .engine import Engine
-from .explain import cmake_arch_list
+from .explain import DEFAULT_CUDA, cmake_arch_list
 from .inject import Finish, finish
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
 from .patch import apply_all, sets_digest
@@ -79,7 +79,9 @@ def run_build(opts: Options) -> str:
             if opts.no_patch:
                 click.echo("    patches skipped (--no-patch)", err=True)
             else:
-                for result in apply_all(context / "src", vllm.version, arch_cmake):
+                cuda = vllm.cuda_version or DEFAULT_CUDA
+                for result in apply_all(context / "src", vllm.version, arch_cmake,
+                                        cuda_version=cuda):
                     click.echo(f"    {result.name}: {result.outcome} ({result.detail})",
                                err=True)
         log = cache_dir() / "logs" / f"build-{key}.log"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .explain import Guard, cmake_arch_list, evaluate
+from .explain import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs, evaluate
 from .patch import SetResult, apply_all
 
 
@@ -48,19 +48,26 @@ def _after(result: SetResult, guard: Guard) -> Guard:
 @click.option("--explain", is_flag=True,
               help="Evaluate every arch guard with the source's own CMake function.")
 @click.option("--all-guards", is_flag=True, help="With --explain: also non-FP4 guards.")
+@click.option("--cuda-version", default=DEFAULT_CUDA, show_default=True,
+              help="CUDA toolkit the build uses: vLLM narrows the arch list per CUDA version.")
 def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explain: bool,
-          all_guards: bool) -> None:
+          all_guards: bool, cuda_version: str) -> None:
     """Apply the patch sets in patches/ to a vLLM checkout (atomic, idempotent)."""
     archs = cmake_arch_list(arch)
     version = vllm_version or _read_version(source)
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
-    results: list[SetResult] = apply_all(source, version, archs, check=check or explain)
+    results: list[SetResult] = apply_all(source, version, archs, check=check or explain,
+                                         cuda_version=cuda_version)
     if explain:
-        click.echo(f"vLLM {version}, CUDA_ARCHS={archs}: what each guard gives nvcc")
+        effective = effective_archs(source, archs, cuda_version)
+        narrowed = f" (narrowed by vLLM's CUDA {cuda_version} list from {archs})" if (
+            effective != archs) else ""
+        click.echo(f"vLLM {version}, CUDA_ARCHS={effective}{narrowed}: what each guard gives "
+                   "nvcc")
         for result in results:
             after = {(g.file, g.line): g for g in result.after}
-            for guard in (result.before or evaluate(source, archs)):
+            for guard in (result.before or evaluate(source, archs, cuda_version)):
                 if all_guards or guard.is_fp4:
                     click.echo(_guard_line(guard, after.get((guard.file, guard.line))))
         dropped = [g for r in results for g in r.before if g.breaks_ptxas

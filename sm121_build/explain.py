@@ -24,6 +24,8 @@ FP4_GUARD = re.compile(r"^(?:FP4|NVFP4|MXFP4|QUTLASS)\w*ARCHS$")
 PLAIN_SM12X = re.compile(r"^12\.\d+$")
 GUARD_FILES = ("CMakeLists.txt", "cmake/external_projects/qutlass.cmake")
 MIN_CMAKE = (3, 26)
+SUPPORTED_SET = re.compile(r"^\s*set\(\s*CUDA_SUPPORTED_ARCHS\b")
+DEFAULT_CUDA = "13.0"
 
 
 @dataclass(frozen=True)
@@ -91,16 +93,69 @@ def find_guards(source: Path) -> list[tuple[str, int, str, str, str]]:
     return found
 
 
-def evaluate(source: Path, archs: str) -> list[Guard]:
-    """Run each guard through the source's own cuda_archs_loose_intersection."""
-    utils = source / "cmake" / "utils.cmake"
-    if not utils.exists():
-        raise Sm121Error(f"{source}: no cmake/utils.cmake; is this a vLLM source tree?")
+def supported_archs_block(source: Path) -> list[str]:
+    """The top-level `if()` chain of CMakeLists.txt that sets CUDA_SUPPORTED_ARCHS.
+
+    vLLM narrows the requested archs to that list (by CUDA version) before any guard runs:
+    with CUDA 13 some releases list `12.0` but not `12.1`, so `12.1` builds as `12.0`.
+    """
+    path = source / "CMakeLists.txt"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    depth, start = 0, None
+    for index, line in enumerate(lines):
+        code = line.split("#", 1)[0].strip()
+        if re.match(r"if\s*\(", code):
+            if depth == 0:
+                start = index
+            depth += 1
+        elif re.match(r"endif\s*\(", code) and depth:
+            depth -= 1
+            if depth == 0 and start is not None:
+                block = lines[start:index + 1]
+                if any(SUPPORTED_SET.match(b) for b in block):
+                    return block
+        elif depth == 0 and SUPPORTED_SET.match(code):
+            return [line]
+    return []
+
+
+def effective_archs(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA) -> str:
+    """The CUDA_ARCHS vLLM's CMake derives from the requested archs (`;`-joined)."""
+    return _run(source, archs, cuda_version, [])[1]
+
+
+def evaluate(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA) -> list[Guard]:
+    """Run each guard through the source's own cuda_archs_loose_intersection.
+
+    The requested archs are first narrowed as vLLM's CMakeLists.txt does (the
+    CUDA_SUPPORTED_ARCHS list for `cuda_version`), so every guard sees the CUDA_ARCHS a
+    real configure would give it.
+    """
     calls = find_guards(source)
     if not calls:
         return []
+    results = _run(source, archs, cuda_version, [c[3] for c in calls])[0]
+    return [Guard(f, number, var, arch_list, branch, results.get(i, ()))
+            for i, (f, number, var, arch_list, branch) in enumerate(calls)]
+
+
+def _run(source: Path, archs: str, cuda_version: str,
+         lists: list[str]) -> tuple[dict[int, tuple[str, ...]], str]:
+    utils = source / "cmake" / "utils.cmake"
+    if not utils.exists():
+        raise Sm121Error(f"{source}: no cmake/utils.cmake; is this a vLLM source tree?")
+    if not re.fullmatch(r"\d+\.\d+", cuda_version):
+        raise Sm121Error(f"unknown CUDA version {cuda_version!r}: expected e.g. 13.0")
     script = [f'include("{utils.as_posix()}")', f'set(CUDA_ARCHS "{archs}")']
-    for index, (_f, _l, _var, arch_list, _b) in enumerate(calls):
+    supported = supported_archs_block(source)
+    if supported:
+        script += [f'set(CMAKE_CUDA_COMPILER_VERSION "{cuda_version}")', *supported,
+                   'cuda_archs_loose_intersection(CUDA_ARCHS "${CUDA_SUPPORTED_ARCHS}" '
+                   '"${CUDA_ARCHS}")']
+    script.append('message(STATUS "SM121ARCHS|${CUDA_ARCHS}")')
+    for index, arch_list in enumerate(lists):
         script.append(f'cuda_archs_loose_intersection(OUT "{arch_list}" "${{CUDA_ARCHS}}")')
         script.append(f'message(STATUS "SM121GUARD|{index}|${{OUT}}")')
     with tempfile.TemporaryDirectory(prefix="sm121-explain-") as tmp:
@@ -112,12 +167,14 @@ def evaluate(source: Path, archs: str) -> list[Guard]:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise Sm121Error(f"cmake -P could not evaluate {utils}: {last}")
     results: dict[int, tuple[str, ...]] = {}
+    effective = ""
     for out_line in result.stdout.splitlines():
         if "SM121GUARD|" in out_line:
             key, _, value = out_line.split("SM121GUARD|", 1)[1].partition("|")
             results[int(key)] = tuple(a for a in value.split(";") if a)
-    return [Guard(f, number, var, arch_list, branch, results.get(i, ()))
-            for i, (f, number, var, arch_list, branch) in enumerate(calls)]
+        elif "SM121ARCHS|" in out_line:
+            effective = out_line.split("SM121ARCHS|", 1)[1].strip()
+    return results, effective
 
 
 def cmake_arch_list(arch: str) -> str:

@@ -27,7 +27,9 @@ _DIST_INFO = re.compile(r"^(?P<site>.*/(?:site|dist)-packages)/vllm-[^/]+\.dist-
 _TORCH_DIST = re.compile(r"^(?P<site>.*/(?:site|dist)-packages)/torch-(?P<v>[^/-]+)\.dist-info/")
 _PYTHON = re.compile(r"/python(\d+\.\d+)/")
 _NVCC = re.compile(r"^(?P<home>(?:usr/local|opt)/cuda[^/]*)/bin/nvcc$")
-CACHE_FORMAT = 3
+_CUDA_H = re.compile(r"^(?P<home>(?:usr/local|opt)/cuda[^/]*)/(?:targets/[^/]+/)?include/cuda\.h$")
+_CUDA_VERSION = re.compile(r"^#define\s+CUDA_VERSION\s+(\d+)", re.MULTILINE)
+CACHE_FORMAT = 4
 
 
 def cache_dir() -> Path:
@@ -49,6 +51,7 @@ class VllmInstall:
     cuda_home: str | None
     nvrtc_needs_link: bool
     torch_version: str | None
+    cuda_version: str | None = None  # the toolkit of `cuda_home`, e.g. "13.0" (from cuda.h)
 
     @property
     def package_dir(self) -> str:
@@ -89,7 +92,20 @@ def read_version_file(text: str) -> tuple[str | None, str | None]:
 
 def wanted(path: str) -> bool:
     """The files `facts_from_filesystem` reads."""
-    return bool(_VERSION_PY.match(path) or _DIST_INFO.match(path))
+    return bool(_VERSION_PY.match(path) or _DIST_INFO.match(path) or _CUDA_H.match(path))
+
+
+def cuda_version(fs: layers.Filesystem, home: str) -> str | None:
+    """The toolkit version of `home` from its cuda.h (`#define CUDA_VERSION 13000`)."""
+    for path in sorted(p for p in fs.extracted if (m := _CUDA_H.match(p)) and m["home"] == home):
+        file = fs.root / path
+        if not file.is_file():
+            continue
+        match = _CUDA_VERSION.search(file.read_text(errors="replace"))
+        if match:
+            number = int(match.group(1))
+            return f"{number // 1000}.{number % 1000 // 10}"
+    return None
 
 
 def facts_from_filesystem(info: ImageInfo, fs: layers.Filesystem) -> ImageFacts:
@@ -128,6 +144,7 @@ def facts_from_filesystem(info: ImageInfo, fs: layers.Filesystem) -> ImageFacts:
         cuda_home="/" + homes[0] if homes else None,
         nvrtc_needs_link=bool(nvrtc) and "libnvrtc.so" not in nvrtc,
         torch_version=torch,
+        cuda_version=cuda_version(fs, homes[0]) if homes else None,
     )
     return ImageFacts(info.ref, info.id, info.digest_ref, info.platform, info.labels, install)
 

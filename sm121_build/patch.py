@@ -24,7 +24,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import Sm121Error
-from .explain import Guard, evaluate
+from .explain import DEFAULT_CUDA, Guard, evaluate
 from .shipped import shipped_dir
 
 Outcome = Literal["applied", "already applied", "not needed", "not applicable"]
@@ -130,10 +130,10 @@ def _relevant(guards: list[Guard], pattern: re.Pattern[str]) -> list[Guard]:
 
 
 def apply_set(patch_set: PatchSet, source: Path, version: str, archs: str,
-              check: bool = False) -> SetResult:
+              check: bool = False, cuda_version: str = DEFAULT_CUDA) -> SetResult:
     """Decide with the explain evaluation, then apply all of the set's patches or none."""
     parsed = parse_version(version)
-    before = evaluate(source, archs)
+    before = evaluate(source, archs, cuda_version)
     result = SetResult(patch_set.name, "not applicable", "", before=before, after=before)
     if not _relevant(before, patch_set.guards):
         result.detail = "no FP4/QUTLASS guard for SM12x in this source"
@@ -177,7 +177,7 @@ def apply_set(patch_set: PatchSet, source: Path, version: str, archs: str,
         "".join(difflib.unified_diff(originals[name].splitlines(True), new.splitlines(True),
                                      f"a/{name}", f"b/{name}"))
         for name, new in patched.items())
-    result.after = _evaluate_patched(source, archs, patched)
+    result.after = _evaluate_patched(source, archs, patched, cuda_version)
     still = _breaking(result.after, patch_set.guards)
     if still:
         raise Sm121Error(
@@ -194,7 +194,8 @@ def _exists_or_required(source: Path, patch: Patch) -> bool:
     return (source / patch.file).exists() or not patch.if_exists
 
 
-def _evaluate_patched(source: Path, archs: str, texts: dict[str, str]) -> list[Guard]:
+def _evaluate_patched(source: Path, archs: str, texts: dict[str, str],
+                      cuda_version: str) -> list[Guard]:
     with tempfile.TemporaryDirectory(prefix="sm121-patched-") as tmp:
         copy = Path(tmp)
         shutil.copytree(source / "cmake", copy / "cmake")
@@ -202,7 +203,7 @@ def _evaluate_patched(source: Path, archs: str, texts: dict[str, str]) -> list[G
             shutil.copy2(source / "CMakeLists.txt", copy / "CMakeLists.txt")
         for name, text in texts.items():
             (copy / name).write_text(text)
-        return evaluate(copy, archs)
+        return evaluate(copy, archs, cuda_version)
 
 
 def _write_all(source: Path, texts: dict[str, str]) -> None:
@@ -231,5 +232,6 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
             tmp_path.unlink(missing_ok=True)
 
 
-def apply_all(source: Path, version: str, archs: str, check: bool = False) -> list[SetResult]:
-    return [apply_set(s, source, version, archs, check) for s in load_sets()]
+def apply_all(source: Path, version: str, archs: str, check: bool = False,
+              cuda_version: str = DEFAULT_CUDA) -> list[SetResult]:
+    return [apply_set(s, source, version, archs, check, cuda_version) for s in load_sets()]

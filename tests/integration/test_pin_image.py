@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.dockerenv import client_or_skip, load
-from tests.helpers import CACHE, cli, pypi_download
+from tests.helpers import CACHE, cli, cuda_home, pypi_download
 from tests.imagetar import docker_save
 
 pytestmark = [pytest.mark.docker, pytest.mark.vllm]
@@ -29,6 +29,9 @@ def test_pin_reads_real_version_file_from_image(matrix: dict[str, Path], tmp_pat
     files[f"{SITE}/vllm/_moe_C.abi3.so"] = matrix["sm90"].read_bytes()
     files[f"{SITE}/nvidia/cu13/include/cuda_fp4.h"] = b"/* header */"
     files[f"{SITE}/nvidia/cu13/lib/libnvrtc.so.13"] = b"\x7fELF"
+    files["usr/local/cuda-12.9/bin/nvcc"] = b"#!/bin/sh\n"
+    files["usr/local/cuda-12.9/targets/sbsa-linux/include/cuda.h"] = (
+        (cuda_home() / "include" / "cuda.h").read_bytes().replace(b"13000", b"12090"))
     tag = "sm121-test/pin-arm64:1"
     load(client, docker_save(tmp_path / "img.tar", [files], tag=tag, architecture="arm64"))
     try:
@@ -46,6 +49,7 @@ def test_pin_reads_real_version_file_from_image(matrix: dict[str, Path], tmp_pat
         assert vllm["extensions"] == ["_C.abi3.so", "_moe_C.abi3.so"]
         assert vllm["cuda_include"] == f"/{SITE}/nvidia/cu13/include"
         assert vllm["nvrtc_needs_link"] is True
+        assert (vllm["cuda_home"], vllm["cuda_version"]) == ("/usr/local/cuda-12.9", "12.9")
         human = cli("pin", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
         assert "git ref    commit b31e9326a" in human.stdout
     finally:
