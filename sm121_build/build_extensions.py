@@ -19,13 +19,19 @@ from pathlib import Path
 
 # vLLM's CMake fetches these from GitHub at configure time unless pointed at a folder.
 # --offline points each unset one at an empty folder.  FlashMLA, triton_kernels and
-# flash-attn are separate targets; QuTLASS is compiled into _C only when its arch guard
-# matches (not at a patched 12.1; at 12.1a it does): then set QUTLASS_SRC_DIR.
+# flash-attn are separate targets; QuTLASS is compiled into _C when its arch guard matches
+# (0.17.0 with CUDA 13: as 12.0a; 0.19.1 at 12.1a): set QUTLASS_SRC_DIR to keep its kernels,
+# otherwise empty stand-in sources let _C build without them, and the build says so.
 EXTERNAL_PROJECTS = ("FLASH_MLA_SRC_DIR", "QUTLASS_SRC_DIR", "TRITON_KERNELS_SRC_DIR",
                      "VLLM_FLASH_ATTN_SRC_DIR")
 # Files vLLM's CMake reads from an external project at configure time, even when the
 # project's own targets are not built: the offline stand-ins hold them, empty.
-STAND_IN_FILES = {"FLASH_MLA_SRC_DIR": ("flash_mla/flash_mla_interface.py",)}
+STAND_IN_FILES = {
+    "FLASH_MLA_SRC_DIR": ("flash_mla/flash_mla_interface.py",),
+    "QUTLASS_SRC_DIR": tuple(f"qutlass/csrc/{name}" for name in (
+        "bindings.cpp", "gemm.cu", "gemm_ada.cu", "fused_quantize_mx.cu",
+        "fused_quantize_nv.cu", "fused_quantize_mx_sm100.cu", "fused_quantize_nv_sm100.cu")),
+}
 CUTLASS_HEADER = "include/cutlass/cutlass.h"
 
 PTXAS_FP4 = re.compile(r"Instruction 'cvt with \.e2m1x2' not supported on \.target '(sm_\d+)'")
@@ -90,6 +96,9 @@ def offline_settings(build: Path) -> tuple[dict[str, str], list[str]]:
                 (empty / relative).parent.mkdir(parents=True, exist_ok=True)
                 (empty / relative).touch()
             env[name] = str(empty)
+    if "QUTLASS_SRC_DIR" in env:
+        print("sm121-build: --offline without QUTLASS_SRC_DIR: QuTLASS kernels are left out "
+              "of _C (empty stand-in sources)", file=sys.stderr, flush=True)
     return env, ["FETCHCONTENT_FULLY_DISCONNECTED=ON"]
 
 

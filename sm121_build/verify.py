@@ -34,6 +34,14 @@ if TYPE_CHECKING:  # the Docker SDK is not needed to run the checks themselves
 SM121 = Policy(parse_target("sm_121"), (13, 0))
 # Kernels left out on purpose when the FP4 guards exclude a plain 12.x build.
 FP4_KERNEL = re.compile(r"fp4|e2m1|qutlass", re.IGNORECASE)
+# nvcc names internal-linkage symbols `_INTERNAL_<hash>_<len>_<file>_<hash>`; the first hash
+# changes from build to build, so names are compared with it blanked (same length).
+_INTERNAL_HASH = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
+
+
+def kernel_key(name: str) -> str:
+    """A kernel's name with nvcc's per-build internal-linkage hash blanked."""
+    return _INTERNAL_HASH.sub("_INTERNAL_00000000_", name)
 # Itanium-mangled names in the namespaces torch's libraries define (c10, at, torch, caffe2),
 # including their vtables / typeinfo: `_ZN3c10...`, `_ZNK2at...`, `_ZTVN5torch...`.
 TORCH_SYMBOL = re.compile(r"^_Z(?:T[VIST])?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)")
@@ -80,13 +88,13 @@ def newest_arch_kernels(path: Path) -> tuple[str | None, frozenset[str]]:
         names: set[str] = set()
         for entry in cubins:
             if entry.arch == newest:
-                names.update(binary.kernels(entry))
+                names.update(kernel_key(k) for k in binary.kernels(entry))
     return f"sm_{newest}", frozenset(names)
 
 
 def compare_kernels(name: str, stock: Path | None, built: BinaryReport) -> KernelComparison:
     arch, kernels = newest_arch_kernels(stock) if stock else (None, frozenset[str]())
-    native = frozenset(k for k, v in (built.kernels or {}).items() if v == "native")
+    native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
     return KernelComparison(name, arch, kernels, native)
 
 

@@ -1,0 +1,70 @@
+"""build_extensions' air-gapped settings and the real-build benchmark's skip path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sm121_build import build_extensions
+from sm121_build.verify import kernel_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_offline_points_external_projects_at_stand_ins(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in build_extensions.EXTERNAL_PROJECTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_FLASH_ATTN_SRC_DIR", "/opt/flash-attn")
+    env, defines = build_extensions.offline_settings(tmp_path)
+    assert defines == ["FETCHCONTENT_FULLY_DISCONNECTED=ON"]
+    assert set(env) == {"FLASH_MLA_SRC_DIR", "QUTLASS_SRC_DIR", "TRITON_KERNELS_SRC_DIR"}
+    assert (Path(env["FLASH_MLA_SRC_DIR"]) / "flash_mla/flash_mla_interface.py").is_file()
+    qutlass = sorted(p.name for p in (Path(env["QUTLASS_SRC_DIR"]) / "qutlass/csrc").iterdir())
+    assert "gemm.cu" in qutlass and "bindings.cpp" in qutlass and len(qutlass) == 7
+    assert "QuTLASS kernels are left out" in capsys.readouterr().err
+    monkeypatch.setenv("QUTLASS_SRC_DIR", "/opt/qutlass")
+    env, _ = build_extensions.offline_settings(tmp_path / "again")
+    assert "QUTLASS_SRC_DIR" not in env
+    assert "QuTLASS" not in capsys.readouterr().err
+
+
+def test_cutlass_from_the_pypi_wheel_layout(tmp_path: Path) -> None:
+    wheel = tmp_path / "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("cutlass_library/__init__.py", "")
+        zf.writestr("cutlass_library/source/include/cutlass/cutlass.h", "#pragma once\n")
+        zf.writestr("cutlass_library/source/tools/util/include/cutlass/util/x.h", "\n")
+    env, defines = build_extensions.cutlass_settings(wheel, tmp_path / "unpacked")
+    source = tmp_path / "unpacked" / "cutlass_library" / "source"
+    assert env["VLLM_CUTLASS_SRC_DIR"] == str(source)
+    assert f"CUTLASS_INCLUDE_DIR={source}/include" in defines
+    with pytest.raises(SystemExit, match="nvidia-cutlass wheel"):
+        build_extensions.cutlass_settings(tmp_path, tmp_path / "x")
+
+
+def test_kernel_key_blanks_nvccs_per_build_hash() -> None:
+    a = "_ZN45_INTERNAL_2400c3dc_14_gguf_kernel_cu_cd24131917vec_dot_q2_KEv"
+    b = "_ZN45_INTERNAL_11d1e1ac_14_gguf_kernel_cu_cd24131917vec_dot_q2_KEv"
+    assert kernel_key(a) == kernel_key(b) != a
+    assert len(kernel_key(a)) == len(a)  # the mangled length prefix stays true
+    assert kernel_key("_Z6rmsnormPf") == "_Z6rmsnormPf"
+
+
+def test_real_build_benchmark_skips_with_a_reason_without_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("torch is installed here: tests/integration/test_real_build.py runs it")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "real_build.py"), "--sdist", "x.tar.gz",
+         "--cutlass", "x.whl", "--work", "/nonexistent", "--report", "/nonexistent"],
+        capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stdout.strip()) == (0, "skipped: torch is not installed")
