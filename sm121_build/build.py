@@ -11,10 +11,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
-from . import __version__
+from . import __version__, run_report
 from .engine import Engine
 from .explain import DEFAULT_CUDA, cmake_arch_list
 from .inject import Finish, finish
@@ -47,7 +48,9 @@ def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def run_build(opts: Options) -> str:
+def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
+    """Returns the tag; `record` (the run's report) is filled in as the run goes."""
+    record = {} if record is None else record
     arch_cmake = cmake_arch_list(opts.arch)
     steps = Steps()
     engine = Engine.connect()
@@ -55,6 +58,7 @@ def run_build(opts: Options) -> str:
         facts = inspect_image(engine, opts.base)
         vllm = require_vllm(facts)
         ref = version_to_ref(vllm.version, vllm.commit_id)
+        record.update(vllm_version=vllm.version, base_digest=facts.digest_ref)
         click.echo(f"    vLLM {vllm.version} -> {ref}; {facts.platform}; {facts.digest_ref}",
                    err=True)
     with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
@@ -69,10 +73,15 @@ def run_build(opts: Options) -> str:
         plan = plan_for(facts, opts.arch, opts.extra_ext, opts.jobs, context / "src", str(ref),
                         commit, buildkit=engine.buildkit_client() is not None)
         key = content_key(facts, commit, plan, opts.no_patch)
+        record.update(vllm_commit=commit, arch_list=plan.arch_list, content_key=key,
+                      extensions=list(plan.extensions))
         existing = engine.find_by_label(CONTENT_KEY_LABEL, key)
         if existing and not opts.force:
             if not engine.exists(opts.tag):
                 engine.tag(existing[0].id, opts.tag)
+            kept = run_report.recall(key) or {}
+            record.update({k: kept[k] for k in ("before", "after", "fp4_excluded", "log")
+                           if k in kept}, status="up-to-date", image_id=existing[0].id)
             click.echo(f"up to date: {opts.tag} (content key {key}); --force rebuilds")
             return opts.tag
         with steps.step("patch"):
@@ -87,6 +96,7 @@ def run_build(opts: Options) -> str:
         log = cache_dir() / "logs" / f"build-{key}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("")
+        record["log"] = str(log)
         meta = {"base": facts.ref, "base_digest": facts.digest_ref,
                 "vllm_version": vllm.version, "vllm_commit": commit,
                 "vllm_commit_id": vllm.commit_id, "arch_list": plan.arch_list,
@@ -102,6 +112,8 @@ def run_build(opts: Options) -> str:
                          context / "build_extensions.py")
             finish(engine, steps, facts, context, dockerfile, plan.extensions, log,
                    f"build {', '.join(plan.extensions)} for {opts.arch}",
-                   Finish(opts.tag, opts.out, meta))
+                   Finish(opts.tag, opts.out, meta, record))
+    record["status"] = "built"
+    run_report.remember(record)
     click.echo(f"tagged {opts.tag}  (log: {log})")
     return opts.tag

@@ -9,6 +9,10 @@ import click
 from .build import Options, run_build
 from .pin import UPSTREAM
 from .refs import default_tag, validate_image_ref
+from .run_report import new_record, recorded
+
+REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
+SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 
 
 @click.command()
@@ -20,15 +24,22 @@ from .refs import default_tag, validate_image_ref
 @click.option("--jobs", type=int, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Existing vLLM checkout at the image's commit (else fetched).")
-@click.option("--repo", default=UPSTREAM, show_default=True, help="Upstream git URL.")
+@click.option("--repo", default=UPSTREAM, show_default=True, envvar="SM121_BUILD_REPO",
+              help="Upstream git URL or path (a mirror; env SM121_BUILD_REPO).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Export the built .so files and manifest.json here.")
 @click.option("--force", is_flag=True, help="Rebuild even when the content key is unchanged.")
 @click.option("--no-patch", is_flag=True, help="Build without the patch sets (diagnosis).")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
+@click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
+              help=SUMMARY_HELP)
 def build(base: str, tag: str | None, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
-          source: Path | None, repo: str, out: Path | None, force: bool, no_patch: bool) -> None:
+          source: Path | None, repo: str, out: Path | None, force: bool, no_patch: bool,
+          report: Path | None, summary_md: Path | None) -> None:
     """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
     validate_image_ref(base)
     result_tag = validate_image_ref(tag) if tag else default_tag(base)
-    run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
-                      source=source, repo=repo, out=out, force=force, no_patch=no_patch))
+    with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
+        run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
+                          jobs=jobs, source=source, repo=repo, out=out, force=force,
+                          no_patch=no_patch), record)

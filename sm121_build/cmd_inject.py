@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
+from .cmd_build import REPORT_HELP, SUMMARY_HELP
 from .inject import run_inject
 from .refs import default_tag, validate_image_ref
+from .run_report import new_record, recorded
 
 
 @click.command()
@@ -16,10 +18,18 @@ from .refs import default_tag, validate_image_ref
               help="Folder written by `sm121-build --base IMAGE --out DIR`.")
 @click.option("--base", required=True, help="Stock vLLM image of the same version and commit.")
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
-def inject(folder: Path, base: str, tag: str | None) -> None:
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Export the injected .so files and manifest.json here too.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
+@click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
+              help=SUMMARY_HELP)
+def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: Path | None,
+           summary_md: Path | None) -> None:
     """Copy prebuilt .so files into BASE (no compile), verify, tag.
 
     Refuses artifacts built for another vLLM version or commit.
     """
     validate_image_ref(base)
-    run_inject(folder, base, validate_image_ref(tag) if tag else default_tag(base))
+    result_tag = validate_image_ref(tag) if tag else default_tag(base)
+    with recorded(new_record("inject", base, result_tag, None), report, summary_md) as record:
+        run_inject(folder, base, result_tag, out, record)

@@ -9,13 +9,14 @@ Ctrl-C included, the untagged image is removed and nothing is tagged.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from . import artifacts as artifacts_mod
+from . import run_report
 from .engine import Engine, build_image
 from .errors import Sm121Error
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
@@ -29,6 +30,7 @@ class Finish:
     tag: str
     out: Path | None
     meta: dict[str, Any]  # manifest fields besides files
+    record: dict[str, Any] = field(default_factory=dict)  # the run's report, filled in here
 
 
 def _details(verified: Verified) -> dict[str, dict[str, Any]]:
@@ -46,11 +48,18 @@ def finish(engine: Engine, steps: Steps, stock: ImageFacts, context: Path, docke
             image_id = build_image(engine, context, dockerfile, log, status_line)
         with steps.step("verify"), verify_image(engine, stock, image_id, extensions,
                                                 log) as verified:
+            target.record.update(
+                before=run_report.binaries(verified.stock_reports),
+                after=run_report.binaries(verified.reports),
+                fp4_excluded={n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
+                abi_symbols_checked=verified.abi.checked)
             if target.out:
                 manifest = artifacts_mod.export(target.out, verified.files, target.meta,
                                                 _details(verified))
+                target.record["artifacts"] = str(target.out)
                 click.echo(f"    artifacts: {manifest}", err=True)
         engine.tag(image_id, target.tag)
+        target.record["image_id"] = image_id
     except BaseException:
         if image_id:
             engine.remove_image(image_id)
@@ -58,9 +67,13 @@ def finish(engine: Engine, steps: Steps, stock: ImageFacts, context: Path, docke
     return image_id
 
 
-def run_inject(folder: Path, base: str, tag: str, out: Path | None = None) -> str:
+def run_inject(folder: Path, base: str, tag: str, out: Path | None = None,
+               record: dict[str, Any] | None = None) -> str:
     """Inject prebuilt artifacts into a base whose vLLM version and commit match them."""
+    record = {} if record is None else record
     found = artifacts_mod.load(folder)
+    record.update(vllm_version=found.version, vllm_commit=found.commit,
+                  arch_list=str(found.manifest["arch_list"]))
     steps = Steps()
     engine = Engine.connect()
     with steps.step(f"inspect {base}"):
@@ -90,9 +103,11 @@ def run_inject(folder: Path, base: str, tag: str, out: Path | None = None) -> st
         log = cache_dir() / "logs" / f"inject-{facts.id.split(':')[-1][:12]}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("")
+        record.update(base_digest=facts.digest_ref, log=str(log))
         finish(engine, steps, facts, context, dockerfile, extensions, log,
-               f"inject {', '.join(extensions)}", Finish(tag, out, {**meta, "base": facts.ref,
-                                                                     "base_digest":
-                                                                     facts.digest_ref}))
+               f"inject {', '.join(extensions)}",
+               Finish(tag, out, {**meta, "base": facts.ref, "base_digest": facts.digest_ref},
+                      record))
+    record["status"] = "injected"
     click.echo(f"tagged {tag}  (log: {log})")
     return tag

@@ -175,6 +175,7 @@ class Verified:
     reports: dict[str, BinaryReport]
     comparisons: dict[str, KernelComparison]
     abi: AbiResult
+    stock_reports: dict[str, BinaryReport] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
@@ -221,6 +222,7 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
         files: dict[str, Path] = {}
         reports: dict[str, BinaryReport] = {}
         comparisons: dict[str, KernelComparison] = {}
+        stock_reports: dict[str, BinaryReport] = {}
         for name in extensions:
             path = f"{package}/{name}"
             if path not in fs.extracted:
@@ -230,6 +232,8 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
             report = audit_binary(files[name], name, SM121, with_kernels=True)
             reports[name] = report
             stock_copy = stock_copies / name
+            if stock_copy.exists():
+                stock_reports[name] = audit_binary(stock_copy, name, SM121, with_kernels=True)
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems()
@@ -254,4 +258,4 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
             more = f" (+{len(problems) - 1} more{f', see {log}' if log else ''})" \
                 if len(problems) > 1 else ""
             raise VerificationError(f"verification failed: {problems[0]}{more}; not tagged")
-        yield Verified(built, files, reports, comparisons, abi, problems)
+        yield Verified(built, files, reports, comparisons, abi, stock_reports, problems)

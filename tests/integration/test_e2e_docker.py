@@ -183,10 +183,14 @@ def test_second_run_skips(e2e: E2E, patched: subprocess.CompletedProcess[str]) -
 def test_inject_artifacts_gives_the_same_bytes(e2e: E2E, patched: subprocess.
                                                CompletedProcess[str]) -> None:
     assert patched.returncode == 0, patched.stderr
+    report = e2e.work / "inject-report.json"
     result = e2e.run("inject", "--artifacts", str(e2e.work / "artifacts"), "--base",
-                     e2e.stock.tag, "--tag", f"{PREFIX}:injected")
+                     e2e.stock.tag, "--tag", f"{PREFIX}:injected", "--report", str(report))
     assert result.returncode == 0, result.stderr
     assert "==> build" not in result.stderr  # no compile step
+    recorded = json.loads(report.read_text())
+    assert (recorded["status"], recorded["vllm_commit"]) == ("injected", e2e.stock.commit)
+    assert set(recorded["after"]["_C.abi3.so"]["cubins"]) == {"sm_121"}
     built = _flat_files(e2e.client, f"{PREFIX}:patched")
     injected = _flat_files(e2e.client, f"{PREFIX}:injected")
     assert built == injected

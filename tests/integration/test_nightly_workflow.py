@@ -1,0 +1,183 @@
+"""The nightly workflow's own commands, read from .github/workflows/nightly.yml, run locally
+against the end-to-end fixture image (real engine, real nvcc; the vLLM source comes from the
+fixture's git repository through SM121_BUILD_REPO instead of GitHub).
+
+GitHub itself is the boundary we cannot reach: the `${{ }}` expressions of the job's `env:`
+are given the values GitHub would compute for a scheduled run, and the registry push runs
+against a fake `docker` client (named so in the test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml
+
+from tests.dockerenv import client_or_skip
+from tests.helpers import ROOT
+from tests.stockimage import StockImage, ensure_stock_image
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
+# What GitHub runs for `shell: bash`.
+BASH = ["bash", "--noprofile", "--norc", "-eo", "pipefail"]
+
+
+def _workflow() -> dict[str, Any]:
+    data: dict[Any, Any] = yaml.safe_load(WORKFLOW.read_text())
+    return data
+
+
+def _step(step_id: str) -> dict[str, Any]:
+    (step,) = [s for s in _workflow()["jobs"]["build"]["steps"] if s.get("id") == step_id]
+    return dict(step)
+
+
+@dataclass
+class Runner:
+    """A stand-in for the self-hosted runner: its temp dir, GITHUB_PATH, the step summary."""
+
+    stock: StockImage
+    env: dict[str, str]
+    temp: Path
+
+    @property
+    def summary(self) -> Path:
+        return Path(self.env["GITHUB_STEP_SUMMARY"])
+
+    @property
+    def report(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.temp / "sm121-out" / "report.json").read_text())
+        return data
+
+    def run_step(self, step_id: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        script = _step(step_id)["run"]
+        path = Path(self.env["GITHUB_PATH"])
+        added = path.read_text().split() if path.exists() else []
+        env = {**self.env, **extra_env}
+        env["PATH"] = os.pathsep.join([*reversed(added), env["PATH"]])
+        return subprocess.run([*BASH, "-c", script], env=env, capture_output=True, text=True,
+                              check=False, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def _remove(client: docker.DockerClient, tag: str) -> None:
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.remove(tag, force=True)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
+    client = client_or_skip()
+    work = tmp_path_factory.mktemp("nightly")
+    stock = ensure_stock_image(client, work)
+    result_tag = f"{stock.tag}-sm121"
+    _remove(client, result_tag)
+    temp = work / "runner-temp"
+    temp.mkdir()
+    (work / "tmp").mkdir()
+    env = {
+        **os.environ,
+        # The job's env: as GitHub evaluates it for a scheduled run, with the fixture as base.
+        "BASE": stock.tag, "ARCH": "12.1", "EXTENSIONS": "", "PUSH": "true",
+        "REGISTRY": "registry.invalid", "PUSH_TO": "registry.invalid/spark/vllm-openai",
+        # The runner's own variables.
+        "RUNNER_TEMP": str(temp), "GITHUB_PATH": str(work / "github_path"),
+        "GITHUB_STEP_SUMMARY": str(work / "summary.md"),
+        # Offline: the fixture's git repository stands in for github.com/vllm-project/vllm.
+        "SM121_BUILD_REPO": str(stock.checkout),
+        "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(work / "tmp"),
+    }
+    yield Runner(stock, env, temp)
+    _remove(client, result_tag)
+
+
+def test_workflow_scripts_read_only_environment_variables() -> None:
+    job = _workflow()["jobs"]["build"]
+    assert job["runs-on"] == ["self-hosted", "linux", "ARM64"]
+    provided = set(job["env"]) | {"RUNNER_TEMP", "GITHUB_PATH", "GITHUB_STEP_SUMMARY"}
+    for step in job["steps"]:
+        script = step.get("run", "")
+        assert "${{" not in script, f"step {step.get('id')}: expression inside run:"
+        used = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", script))
+        assert used <= provided | set(step.get("env", {})), (step.get("id"), used - provided)
+    for step in job["steps"]:
+        if "uses" in step:
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+
+
+def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
+    installed = runner.run_step("install")
+    assert installed.returncode == 0, installed.stderr
+    assert (runner.temp / "sm121-venv" / "bin" / "sm121-build").exists()
+    built = runner.run_step("build")
+    assert built.returncode == 0, built.stdout + built.stderr
+    report = runner.report
+    assert report["status"] == "built" and report["error"] is None
+    assert report["tag"] == f"{runner.stock.tag}-sm121"
+    assert report["vllm_commit"] == runner.stock.commit
+    for name in ("_C.abi3.so", "_moe_C.abi3.so"):
+        assert set(report["before"][name]["cubins"]) == {"sm_90"}
+        assert report["before"][name]["kernels"]["native"] == 0
+        assert set(report["after"][name]["cubins"]) == {"sm_121"}
+        assert report["after"][name]["kernels"]["native"] > 0
+    out = runner.temp / "sm121-out"
+    assert (out / "artifacts" / "manifest.json").exists()
+    assert "tagged " in (out / "console.log").read_text()
+    summary = runner.summary.read_text()
+    assert summary.startswith(f"## sm121-build: `{runner.stock.tag}` → `{report['tag']}`")
+    assert "**built and verified**" in summary
+    c_row = next(line for line in summary.splitlines() if line.startswith("| `_C.abi3.so`"))
+    before, after = report["before"]["_C.abi3.so"], report["after"]["_C.abi3.so"]
+    assert c_row.startswith(f"| `_C.abi3.so` | sm_90 ×{before['cubins']['sm_90']} | 0 native")
+    assert (f"sm_121 ×{after['cubins']['sm_121']} | {after['kernels']['native']} native"
+            in c_row)
+
+    again = runner.run_step("build")
+    assert again.returncode == 0, again.stderr
+    assert runner.report["status"] == "up-to-date"
+    assert runner.report["after"] == report["after"]  # the kept audit of the image it found
+    assert runner.summary.read_text().count("| `_C.abi3.so`") == 2
+    assert "**up to date (build skipped)**" in runner.summary.read_text()
+
+
+def test_failed_build_reports_and_pushes_nothing(runner: Runner) -> None:
+    failed = runner.run_step("build", ARCH="9.0")  # no sm_121 cubin: verification fails
+    assert failed.returncode == 3
+    report = runner.report
+    assert report["status"] == "failed"
+    assert report["error"].startswith("verification failed: _C.abi3.so carries no sm_121")
+    assert "**FAILED**: verification failed" in runner.summary.read_text()
+    # The workflow's push step runs only after a successful build step.
+    assert _step("push")["if"] == "steps.build.outcome == 'success' && env.PUSH == 'true'"
+
+
+def test_push_step_with_a_fake_registry_client(runner: Runner, tmp_path: Path) -> None:
+    """The registry is a boundary: a fake `docker` records what the push step asks of it."""
+    runner.run_step("build")  # up to date again: restores the report of the verified image
+    assert runner.report["status"] == "up-to-date"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "docker").write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncat > /dev/null\n')
+    (fake / "docker").chmod(0o755)
+    pushed = runner.run_step("push", PATH=f"{fake}:{runner.env['PATH']}",
+                             REGISTRY_USER="spark", REGISTRY_TOKEN="secret")
+    assert pushed.returncode == 0, pushed.stderr
+    suffix = runner.report["tag"].rsplit(":", 1)[1]
+    assert calls.read_text().splitlines() == [
+        "login registry.invalid --username spark --password-stdin",
+        f"tag {runner.report['tag']} registry.invalid/spark/vllm-openai:{suffix}",
+        f"push registry.invalid/spark/vllm-openai:{suffix}",
+    ]
+    assert "secret" not in calls.read_text()
