@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .build import Options, run_build
+from .local import run_local
 from .pin import UPSTREAM
 from .refs import default_tag, validate_image_ref
 from .run_report import new_record, recorded
@@ -16,7 +17,7 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 
 
 @click.command()
-@click.option("--base", required=True, help="Stock vLLM image in the local engine.")
+@click.option("--base", help="Stock vLLM image in the local engine.")
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
 @click.option("--arch", default="12.1", show_default=True,
               help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
@@ -33,10 +34,30 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
-def build(base: str, tag: str | None, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
-          source: Path | None, repo: str, out: Path | None, force: bool, no_patch: bool,
-          report: Path | None, summary_md: Path | None) -> None:
+@click.option("--local", is_flag=True,
+              help="No Docker: patch a copy of --source and build it on this machine (its "
+                   "torch and nvcc) into --out.")
+@click.option("--offline", is_flag=True, help="With --local: fetch nothing at configure time.")
+@click.option("--cutlass", type=click.Path(exists=True, path_type=Path),
+              help="With --local: CUTLASS checkout or the nvidia-cutlass wheel.")
+def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ...],
+          jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
+          no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
+          offline: bool, cutlass: Path | None) -> None:
     """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
+    if local:
+        if not source or not out:
+            raise click.UsageError("--local builds --source into --out: name both")
+        script_args = (["--offline"] if offline else []) + (
+            ["--cutlass", str(cutlass)] if cutlass else [])
+        for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args)):
+            click.echo(f"built {path}")
+        return
+    if not base:
+        raise click.UsageError("name the stock image: --base IMAGE (or --local --source DIR)")
+    if offline or cutlass:
+        raise click.UsageError("--offline and --cutlass go with --local (the image build "
+                               "fetches what vLLM's CMake needs inside the builder)")
     validate_image_ref(base)
     result_tag = validate_image_ref(tag) if tag else default_tag(base)
     with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import click
 
 from .explain import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs, evaluate
-from .patch import SetResult, apply_all
-
-
-def _read_version(source: Path) -> str | None:
-    for candidate in (source / "vllm" / "_version.py", source / "PKG-INFO"):
-        if candidate.exists():
-            text = candidate.read_text()
-            match = re.search(r"(?:__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)|"
-                              r"^Version:\s*(\S+))", text, re.M)
-            if match:
-                return match.group(1) or match.group(2)
-    return None
+from .patch import SetResult, apply_all, read_source_version
 
 
 def _guard_line(guard: Guard, after: Guard | None) -> str:
@@ -54,7 +42,7 @@ def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explai
           all_guards: bool, cuda_version: str) -> None:
     """Apply the patch sets in patches/ to a vLLM checkout (atomic, idempotent)."""
     archs = cmake_arch_list(arch)
-    version = vllm_version or _read_version(source)
+    version = vllm_version or read_source_version(source)
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
     results: list[SetResult] = apply_all(source, version, archs, check=check or explain,

@@ -235,3 +235,14 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
 def apply_all(source: Path, version: str, archs: str, check: bool = False,
               cuda_version: str = DEFAULT_CUDA) -> list[SetResult]:
     return [apply_set(s, source, version, archs, check, cuda_version) for s in load_sets()]
+
+
+def read_source_version(source: Path) -> str | None:
+    """The vLLM version of a source tree (`vllm/_version.py` or an sdist's PKG-INFO)."""
+    for candidate in (source / "vllm" / "_version.py", source / "PKG-INFO"):
+        if candidate.exists():
+            match = re.search(r"(?:__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)|"
+                              r"^Version:\s*(\S+))", candidate.read_text(), re.M)
+            if match:
+                return match.group(1) or match.group(2)
+    return None

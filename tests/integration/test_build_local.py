@@ -70,3 +70,25 @@ def test_arch_121a_keeps_fp4_without_patch(source: Path, tmp_path: Path) -> None
     c = _kernels(tmp_path / "out" / "_C.abi3.so")
     assert c["_Z8fp4_packPtPKfi"] == "native"
     assert len(c) == 3
+
+
+def test_cli_local_patches_a_copy_and_builds(source: Path, tmp_path: Path) -> None:
+    """`sm121-build --local`: the same script, driven by the CLI, no Docker."""
+    home = cuda_home()
+    env = {**os.environ, "CUDA_HOME": str(home), "MAX_JOBS": "2",
+           "PATH": f"{home / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    before = (source / "CMakeLists.txt").read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(source),
+         "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "fp4-sm12x-arch-specific: applied" in result.stderr
+    assert (source / "CMakeLists.txt").read_text() == before  # the checkout is untouched
+    assert sorted(line.rsplit("/", 1)[1] for line in result.stdout.splitlines()
+                  if line.startswith("built ")) == ["_C.abi3.so", "_moe_C.abi3.so"]
+    assert set(_kernels(tmp_path / "out" / "_C.abi3.so").values()) == {"native"}
+    missing = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(source)],
+        capture_output=True, text=True, env=env, check=False)
+    assert missing.returncode == 2
+    assert "--local builds --source into --out" in missing.stderr
