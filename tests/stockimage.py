@@ -20,6 +20,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import pytest
 
 from tests.dockerenv import ensure_debian_gxx
 from tests.helpers import CACHE, DATA, cuda_home
@@ -126,3 +127,14 @@ def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
         client.images.build(path=str(ctx), tag=tag, rm=True,
                             forcerm=True)
     return StockImage(tag, checkout, commit)
+
+
+def stock_workspace(factory: pytest.TempPathFactory,
+                    name: str) -> tuple[docker.DockerClient, Path, StockImage]:
+    """A module's engine, work folder (with `tmp/` for TMPDIR) and the stock-like image."""
+    from tests.dockerenv import client_or_skip
+
+    client = client_or_skip()
+    work = factory.mktemp(name)
+    (work / "tmp").mkdir()
+    return client, work, ensure_stock_image(client, work)

@@ -25,8 +25,7 @@ import pytest
 
 from sm121_build.audit import Policy, audit_binary
 from sm121_build.compat import parse_target
-from tests.dockerenv import client_or_skip
-from tests.stockimage import StockImage, ensure_stock_image
+from tests.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -66,13 +65,9 @@ def _remove_test_images(client: docker.DockerClient) -> None:
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
-    client = client_or_skip()
-    work = tmp_path_factory.mktemp("e2e")
-    stock = ensure_stock_image(client, work)
+    client, work, stock = stock_workspace(tmp_path_factory, "e2e")
     _remove_test_images(client)
-    tmp = work / "tmp"
-    tmp.mkdir()
-    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(tmp)}
+    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(work / "tmp")}
     yield E2E(client, stock, env, work)
     _remove_test_images(client)
 

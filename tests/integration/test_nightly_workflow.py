@@ -23,9 +23,8 @@ import docker
 import pytest
 import yaml
 
-from tests.dockerenv import client_or_skip
 from tests.helpers import ROOT
-from tests.stockimage import StockImage, ensure_stock_image
+from tests.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -78,14 +77,11 @@ def _remove(client: docker.DockerClient, tag: str) -> None:
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
-    client = client_or_skip()
-    work = tmp_path_factory.mktemp("nightly")
-    stock = ensure_stock_image(client, work)
+    client, work, stock = stock_workspace(tmp_path_factory, "nightly")
     result_tag = f"{stock.tag}-sm121"
     _remove(client, result_tag)
     temp = work / "runner-temp"
     temp.mkdir()
-    (work / "tmp").mkdir()
     env = {
         **os.environ,
         # The job's env: as GitHub evaluates it for a scheduled run, with the fixture as base.

@@ -1,0 +1,47 @@
+"""The run report's Markdown (the nightly's job summary) on crafted records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sm121_build import run_report
+from sm121_build.errors import VerificationError
+
+
+def _record(**extra: object) -> dict[str, object]:
+    return {**run_report.new_record("build", "vllm/vllm-openai:nightly",
+                                    "vllm/vllm-openai:nightly-sm121", "12.1"), **extra}
+
+
+def test_built_run_has_the_before_after_table() -> None:
+    entry = {"cubins": {"sm_90": 2}, "ptx": {}, "kernels": {"native": 0, "jit": 0, "none": 9}}
+    after = {"cubins": {"sm_121": 3}, "ptx": {}, "kernels": {"native": 9, "jit": 0, "none": 0}}
+    text = run_report.markdown(_record(status="built", vllm_version="0.19.1",
+                                       before={"_C.abi3.so": entry},
+                                       after={"_C.abi3.so": after, "_moe_C.abi3.so": after},
+                                       fp4_excluded={"_C.abi3.so": 4}))
+    assert "**built and verified**" in text
+    assert "- vLLM: `0.19.1`" in text
+    assert ("| `_C.abi3.so` | sm_90 ×2 | 0 native, 0 JIT, 9 none | sm_121 ×3 | "
+            "9 native, 0 JIT, 0 none |") in text
+    assert "| `_moe_C.abi3.so` | — | — | sm_121 ×3 | 9 native, 0 JIT, 0 none |" in text
+    assert "_C.abi3.so: 4 FP4 kernel(s) left out on purpose." in text
+
+
+def test_skipped_run_without_a_kept_audit_says_so() -> None:
+    text = run_report.markdown(_record(status="up-to-date"))
+    assert "**up to date (build skipped)**" in text
+    assert "No audit kept for the existing image" in text
+    assert "|" not in text
+
+
+def test_failure_is_recorded_and_reraised(tmp_path: Path) -> None:
+    report, summary = tmp_path / "r.json", tmp_path / "s.md"
+    summary.write_text("earlier step\n")
+    with pytest.raises(VerificationError), run_report.recorded(_record(), report, summary):
+        raise VerificationError("verification failed: x; not tagged")
+    assert '"error": "verification failed: x; not tagged"' in report.read_text()
+    assert summary.read_text().startswith("earlier step\n## sm121-build:")  # appended
+    assert "**FAILED**: verification failed: x; not tagged" in summary.read_text()
