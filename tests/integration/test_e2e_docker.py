@@ -218,12 +218,16 @@ def test_verification_failure_tags_nothing(e2e: E2E) -> None:
     assert {i.id for i in e2e.client.images.list(all=True)} - images_before == set()
 
 
-def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E) -> None:
+def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E, tmp_path: Path) -> None:
     containers = {c.id for c in e2e.client.containers.list(all=True)}
     tmp = Path(e2e.env["TMPDIR"])
+    # A source the engine's build cache has never seen (an extra untracked file), so the
+    # compile step really runs and is still running when Ctrl-C arrives.
+    checkout = Path(shutil.copytree(e2e.stock.checkout, tmp_path / "src", symlinks=True))
+    (checkout / "sm121-test-nonce.txt").write_text(os.urandom(16).hex())
     process = subprocess.Popen(
         [sys.executable, "-m", "sm121_build", "--base", e2e.stock.tag, "--source",
-         str(e2e.stock.checkout), "--tag", f"{PREFIX}:interrupted", "--force"],
+         str(checkout), "--tag", f"{PREFIX}:interrupted", "--force"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e2e.env)
     assert process.stderr is not None
     for line in process.stderr:
