@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 from typing import Any
 
 import click
@@ -54,5 +56,13 @@ def _register() -> None:
 _register()
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # Ctrl-C and a CI runner's cancel (SIGINT, then SIGTERM) both clean up and exit 130, also
+    # when a shell started this in the background with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="sm121-build")

@@ -218,7 +218,10 @@ def test_verification_failure_tags_nothing(e2e: E2E) -> None:
     assert {i.id for i in e2e.client.images.list(all=True)} - images_before == set()
 
 
-def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E, tmp_path: Path,
+                                                   signum: signal.Signals) -> None:
+    """Ctrl-C, or a CI runner cancelling the job (SIGTERM), in the middle of the compile."""
     containers = {c.id for c in e2e.client.containers.list(all=True)}
     tmp = Path(e2e.env["TMPDIR"])
     # A source the engine's build cache has never seen (an extra untracked file), so the
@@ -234,7 +237,7 @@ def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E, tmp_path: Path) -> 
         if line.startswith("==> build"):
             break
     assert list(tmp.iterdir()), "the build context should exist while building"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, rest = process.communicate(timeout=120)
     assert process.returncode == 130, rest
     assert rest.strip().splitlines()[-1] == (
