@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from sm121_build.audit import audit_binary  # noqa: E402
 from sm121_build.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.explain import cmake_arch_list, evaluate, find_cmake  # noqa: E402
-from sm121_build.patch import apply_all  # noqa: E402
+from sm121_build.patch import apply_all, read_source_version  # noqa: E402
 from sm121_build.verify import SM121, check_abi  # noqa: E402
 
 LOAD_SNIPPET = """
@@ -151,13 +151,8 @@ def unpack(sdist: Path, dest: Path) -> Path:
 
 
 def version_of(source: Path, sdist: Path) -> str:
-    version_py = source / "vllm" / "_version.py"
-    if version_py.exists():
-        match = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)",
-                          version_py.read_text())
-        if match:
-            return match.group(1)
-    return re.sub(r"^vllm-|(-build)?\.tar\.(gz|xz)$", "", sdist.name)
+    return read_source_version(source) or re.sub(r"^vllm-|(-build)?\.tar\.(gz|xz)$", "",
+                                                 sdist.name)
 
 
 def main() -> int:

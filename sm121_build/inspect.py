@@ -95,16 +95,21 @@ def wanted(path: str) -> bool:
     return bool(_VERSION_PY.match(path) or _DIST_INFO.match(path) or _CUDA_H.match(path))
 
 
+def cuda_h_version(text: str) -> str | None:
+    """"13.0" from a cuda.h's `#define CUDA_VERSION 13000`."""
+    match = _CUDA_VERSION.search(text)
+    if not match:
+        return None
+    number = int(match.group(1))
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
 def cuda_version(fs: layers.Filesystem, home: str) -> str | None:
-    """The toolkit version of `home` from its cuda.h (`#define CUDA_VERSION 13000`)."""
+    """The toolkit version of `home` (inside an image) from its cuda.h."""
     for path in sorted(p for p in fs.extracted if (m := _CUDA_H.match(p)) and m["home"] == home):
         file = fs.root / path
-        if not file.is_file():
-            continue
-        match = _CUDA_VERSION.search(file.read_text(errors="replace"))
-        if match:
-            number = int(match.group(1))
-            return f"{number // 1000}.{number % 1000 // 10}"
+        if file.is_file() and (version := cuda_h_version(file.read_text(errors="replace"))):
+            return version
     return None
 
 

@@ -9,7 +9,6 @@ manifest, which only an image build writes).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import click
 from . import build_extensions
 from .errors import Sm121Error
 from .explain import DEFAULT_CUDA, cmake_arch_list
+from .inspect import cuda_h_version
 from .patch import apply_all, read_source_version
 from .render import DEFAULT_EXTENSIONS, extension_target, source_targets
 
@@ -27,13 +27,8 @@ from .render import DEFAULT_EXTENSIONS, extension_target, source_targets
 def host_cuda_version(home: Path) -> str:
     """The toolkit version from `$CUDA_HOME/include/cuda.h`, else the default."""
     header = home / "include" / "cuda.h"
-    if header.exists():
-        match = re.search(r"^#define\s+CUDA_VERSION\s+(\d+)", header.read_text(errors="replace"),
-                          re.MULTILINE)
-        if match:
-            number = int(match.group(1))
-            return f"{number // 1000}.{number % 1000 // 10}"
-    return DEFAULT_CUDA
+    found = cuda_h_version(header.read_text(errors="replace")) if header.exists() else None
+    return found or DEFAULT_CUDA
 
 
 def local_targets(source: Path, extra: tuple[str, ...]) -> list[str]:

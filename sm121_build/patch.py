@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from email.parser import HeaderParser
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import Sm121Error
 from .explain import DEFAULT_CUDA, Guard, evaluate
+from .inspect import read_version_file
 from .shipped import shipped_dir
 
 Outcome = Literal["applied", "already applied", "not needed", "not applicable"]
@@ -239,10 +241,11 @@ def apply_all(source: Path, version: str, archs: str, check: bool = False,
 
 def read_source_version(source: Path) -> str | None:
     """The vLLM version of a source tree (`vllm/_version.py` or an sdist's PKG-INFO)."""
-    for candidate in (source / "vllm" / "_version.py", source / "PKG-INFO"):
-        if candidate.exists():
-            match = re.search(r"(?:__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)|"
-                              r"^Version:\s*(\S+))", candidate.read_text(), re.M)
-            if match:
-                return match.group(1) or match.group(2)
+    version_py = source / "vllm" / "_version.py"
+    if version_py.exists() and (version := read_version_file(version_py.read_text())[0]):
+        return version
+    pkg_info = source / "PKG-INFO"
+    if pkg_info.exists():
+        found: str | None = HeaderParser().parsestr(pkg_info.read_text())["Version"]
+        return found
     return None

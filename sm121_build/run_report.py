@@ -45,9 +45,7 @@ def cached_path(key: str) -> Path:
 def remember(record: dict[str, Any]) -> None:
     """Keep a verified record under its content key (read back when the build is skipped)."""
     if record.get("content_key"):
-        path = cached_path(record["content_key"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(cached_path(record["content_key"]), record)
 
 
 def recall(key: str) -> dict[str, Any] | None:
