@@ -63,7 +63,10 @@ _STT_FUNC = 2
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
 
 # What pyelftools raises on a damaged ELF (offsets past the end overflow its seeks).
-_ELF_PARSE_ERRORS = (ELFError, struct.error, ValueError, OverflowError, IndexError, KeyError)
+# What pyelftools raises on damaged headers; OSError too: it seeks wherever a header says,
+# and a file's seek to a negative offset fails with EINVAL.
+_ELF_PARSE_ERRORS = (ELFError, struct.error, ValueError, OverflowError, IndexError, KeyError,
+                     OSError)
 MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged header
 
 Kind = Literal["elf", "ptx", "other"]
@@ -320,7 +323,11 @@ class DynamicSymbols:
 def dynamic_symbols(path: Path) -> DynamicSymbols:
     """Read `.dynsym` with pyelftools (what `nm -D` shows)."""
     try:
-        with open(path, "rb") as handle:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        with handle:
             elf = ELFFile(handle)
             table = elf.get_section_by_name(".dynsym")
             undefined: set[str] = set()
@@ -335,8 +342,6 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
                         undefined.add(symbol.name)
                 elif symbol["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
                     exported.add(symbol.name)
-    except OSError as exc:
-        raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
     except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
         raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
     return DynamicSymbols(frozenset(undefined), frozenset(exported))

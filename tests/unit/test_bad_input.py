@@ -95,6 +95,18 @@ def test_corrupt_compressed_payload(matrix: dict[str, Path], tmp_path: Path) -> 
     assert "does not decompress" in _one_line_error(cli("audit", str(bad)))
 
 
+def test_section_headers_at_a_negative_offset(matrix: dict[str, Path], tmp_path: Path) -> None:
+    """Found by the fuzz test: a zeroed e_shoff byte made pyelftools seek to a negative
+    offset (OSError EINVAL), which escaped as a traceback."""
+    data = bytearray(matrix["lz4"].read_bytes())
+    data[41] = 0
+    bad = tmp_path / "shoff.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CorruptBinaryError, match="not a readable ELF file"):
+        HostBinary.open(bad)
+    assert "not a readable ELF file" in _one_line_error(cli("audit", str(bad)))
+
+
 @pytest.fixture(scope="module")
 def fuzz_seed(matrix: dict[str, Path]) -> tuple[bytes, int, int, Path]:
     path = matrix["lz4"]
