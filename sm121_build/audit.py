@@ -85,6 +85,14 @@ def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> B
     return report
 
 
+def host_only_report(name: str, size: int, with_kernels: bool) -> BinaryReport:
+    """The report of an ELF file known to carry no device code (read and dropped already):
+    what `audit_binary` gives for such a file."""
+    return BinaryReport(name=name, size=size, entries=[], cuobjdump=[],
+                        containers={"native": 0, "jit": 0, "none": 0},
+                        kernels={} if with_kernels else None)
+
+
 def _kernel_verdicts(binary: HostBinary, policy: Policy) -> dict[str, Verdict]:
     """Per kernel: the best entry of its own TU, then the worst over TUs that define it."""
     per_tu: dict[tuple[int, str], Verdict] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from . import report
-from .audit import BinaryReport, Policy, audit_binary
+from .audit import BinaryReport, Policy, audit_binary, host_only_report
 from .compat import parse_cuda_version, parse_target
 from .sources import binaries
 
@@ -17,7 +17,8 @@ from .sources import binaries
 def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[str, ...] = (),
               platform: str | None = None, progress: bool = False) -> list[BinaryReport]:
     with binaries(target, include, platform, show_progress=progress) as found:
-        return [audit_binary(b.path, b.name, policy, with_kernels) for b in found]
+        return [audit_binary(b.path, b.name, policy, with_kernels) if b.host_only_size is None
+                else host_only_report(b.name, b.host_only_size, with_kernels) for b in found]
 
 
 @click.command()

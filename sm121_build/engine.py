@@ -1,22 +1,37 @@
 """The one place that talks to the container engine (through the Docker SDK).
 
-Everything else asks this module for images, saved filesystems, builds, tags and labels;
-no other module imports `docker`.
+Everything else asks this module for images, single files and directory streams of an
+image, builds, tags and labels; no other module imports `docker`.
+
+How an image's files are read (measured on this project's 2-core test machine, Docker 20.10,
+a 4.3 GB image): `docker save` of the whole image took 46 s (~93 MB/s, and its size in temp
+disk); creating a container (never started) took 0.02 s, a HEAD on its archive endpoint (the
+stat of one path) 5 ms, `get_archive` of a 30 MB file 0.15 s and of a 1 GB file 3 s
+(~350 MB/s), with nothing written to disk.  Streaming the save output instead of writing it
+saves the disk but not the time: every layer is still read.  So an image is read through
+`ImageReader`: one created container per image, stat and single-file reads of exactly the
+paths a step needs, a directory streamed as tar only where a listing is unavoidable, and the
+container removed on every exit (Ctrl-C included).  Creating a container runs nothing, so an
+ARM64 image is read on x86 all the same.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import docker
 import docker.errors
@@ -109,19 +124,36 @@ class Engine:
         images = self.client.images.list(filters={"label": f"{key}={value}"})
         return [self.image(img.id) for img in images]
 
-    def save(self, ref: str, dest: Path, progress: Callable[[int], None] | None = None) -> None:
-        """`docker save` one image to a tarball: its filesystem, no container run."""
-        info = self.image(ref)
+    @contextmanager
+    def reader(self, image_id: str,
+               on_read: Callable[[int], None] | None = None) -> Iterator[ImageReader]:
+        """The image's files through a created, never started container, removed on exit."""
+        name = f"sm121-build-read-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            chunks: Iterator[bytes] = self.client.images.get(info.id).save(
-                chunk_size=1 << 20, named=False)
-            with open(dest, "wb") as out:
-                for chunk in chunks:
-                    out.write(chunk)
-                    if progress:
-                        progress(len(chunk))
+            container = self.client.api.create_container(
+                image_id, command=["/sm121-build-never-started"],
+                entrypoint=["/sm121-build-never-started"], network_disabled=True, name=name,
+                labels={READER_LABEL: str(os.getpid())})
+        except docker.errors.ImageNotFound:
+            raise Sm121Error(f"image {image_id} was removed from the engine while it was "
+                             "being read") from None
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"engine could not save {ref}: {exc.explanation}") from None
+            raise Sm121Error(f"engine refused to open {image_id} for reading: "
+                             f"{exc.explanation}") from None
+        try:
+            yield ImageReader(self.client, container["Id"], image_id, on_read)
+        finally:
+            with suppress(docker.errors.APIError):
+                self.client.api.remove_container(container["Id"], force=True, v=True)
+
+    def history(self, image_id: str) -> list[HistoryStep]:
+        """The image's build steps, newest first (`docker history`)."""
+        try:
+            return [HistoryStep(str(h.get("CreatedBy") or ""), int(h.get("Size") or 0))
+                    for h in self.client.api.history(image_id)]
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"engine refused the history of {image_id}: "
+                             f"{exc.explanation}") from None
 
     def tag(self, image_id: str, tag: str) -> None:
         name, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
@@ -168,6 +200,167 @@ class Engine:
             if result.returncode == 0 and "--secret" in result.stdout:
                 return path
         return None
+
+
+READER_LABEL = "io.github.sm121-build.reader"
+# Go's os.FileMode type bits, as the archive endpoint reports them.
+_MODE_DIR, _MODE_SYMLINK = 1 << 31, 1 << 27
+_MODE_TYPE = _MODE_DIR | _MODE_SYMLINK | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+MAX_LINKS = 16
+
+
+@dataclass(frozen=True)
+class HistoryStep:
+    """One step of an image's history: what made it and how many bytes its layer adds."""
+
+    created_by: str
+    size: int
+
+
+@dataclass(frozen=True)
+class PathStat:
+    """One path inside an image: the archive endpoint's stat."""
+
+    path: str
+    size: int
+    mode: int
+    link_target: str
+
+    @property
+    def is_dir(self) -> bool:
+        return bool(self.mode & _MODE_DIR)
+
+    @property
+    def is_symlink(self) -> bool:
+        return bool(self.mode & _MODE_SYMLINK)
+
+    @property
+    def is_file(self) -> bool:
+        return not self.mode & _MODE_TYPE
+
+
+class TempSpaceError(Sm121Error):
+    """A temporary folder filled up while a file was written to it."""
+
+
+def no_space(error: OSError, folder: Path, what: str) -> Sm121Error:
+    """The one-line error for a failed temp write: which folder, and how to change it."""
+    if error.errno == errno.ENOSPC:
+        return TempSpaceError(f"no space left in {folder} while writing {what}: free space "
+                              "there or point TMPDIR at a larger disk")
+    return Sm121Error(f"cannot write {what} under {folder}: {error.strerror or error}")
+
+
+class ImageReader:
+    """Reads paths of one image (absolute, as inside the image) without running it."""
+
+    def __init__(self, client: docker.DockerClient, container: str, image_id: str,
+                 on_read: Callable[[int], None] | None = None) -> None:
+        self.api = client.api
+        self.container = container
+        self.image_id = image_id
+        self.bytes_read = 0
+        self.on_read = on_read
+
+    def _url(self) -> str:
+        return str(self.api._url("/containers/{0}/archive", self.container))
+
+    def stat(self, path: str) -> PathStat | None:
+        """The path's stat (symlinks not followed), or None when it does not exist."""
+        try:
+            response = self.api.head(self._url(), params={"path": path})
+        except requests.exceptions.RequestException as exc:
+            raise Sm121Error(f"engine connection lost while reading {path}: {exc}") from None
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise Sm121Error(f"engine refused to stat {path} in {self.image_id}: "
+                             f"HTTP {response.status_code}")
+        raw = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
+        return PathStat(path, int(raw.get("size", 0)), int(raw.get("mode", 0)),
+                        str(raw.get("linkTarget") or ""))
+
+    def resolve(self, path: str) -> PathStat | None:
+        """The stat of what `path` names, following symlinks (as the image would)."""
+        for _ in range(MAX_LINKS):
+            found = self.stat(path)
+            if found is None or not found.is_symlink:
+                return found
+            target = found.link_target
+            path = target if target.startswith("/") else posixpath.join(
+                posixpath.dirname(path), target)
+            path = posixpath.normpath(path)
+        return None
+
+    @contextmanager
+    def tar(self, path: str) -> Iterator[tarfile.TarFile]:
+        """`path` (a file or a whole directory) as a tar stream read straight off the
+        engine; closing it early stops the engine's work."""
+        try:
+            # identity: the engine would otherwise gzip the stream, ten times slower here
+            response = self.api._get(self._url(), params={"path": path}, stream=True,
+                                     headers={"Accept-Encoding": "identity"})
+        except requests.exceptions.RequestException as exc:
+            raise Sm121Error(f"engine connection lost while reading {path}: {exc}") from None
+        try:
+            if response.status_code == 404:
+                raise FileNotFoundError(path)
+            if response.status_code != 200:
+                raise Sm121Error(f"engine refused to read {path} in {self.image_id}: "
+                                 f"HTTP {response.status_code}")
+            stream = cast(IO[bytes], _CountingReader(response.raw, self))
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                yield archive
+        except (tarfile.TarError, requests.exceptions.RequestException) as exc:
+            raise Sm121Error(f"engine stream of {path} broke off: {exc}") from None
+        finally:
+            response.close()
+
+    def read_bytes(self, path: str, limit: int = 64 << 20) -> bytes | None:
+        """A small regular file's content (symlinks followed), or None when absent."""
+        found = self.resolve(path)
+        if found is None or not found.is_file or found.size > limit:
+            return None
+        with self.tar(found.path) as archive:
+            for member in archive:
+                handle = archive.extractfile(member) if member.isfile() else None
+                if handle is not None:
+                    return handle.read()
+        return None
+
+    def copy_file(self, path: str, dest: Path) -> PathStat | None:
+        """Stream one regular file (symlinks followed) to `dest`; None when absent."""
+        found = self.resolve(path)
+        if found is None or not found.is_file:
+            return None
+        with self.tar(found.path) as archive:
+            for member in archive:
+                handle = archive.extractfile(member) if member.isfile() else None
+                if handle is None:
+                    continue
+                try:
+                    with handle, open(dest, "wb") as out:
+                        shutil.copyfileobj(handle, out, 1 << 20)
+                except OSError as exc:
+                    dest.unlink(missing_ok=True)
+                    raise no_space(exc, dest.parent, path) from None
+                return found
+        return None
+
+
+class _CountingReader:
+    """A raw HTTP body that tallies the bytes read (for progress lines)."""
+
+    def __init__(self, raw: Any, owner: ImageReader) -> None:
+        self.raw = raw
+        self.owner = owner
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self.raw.read(size, decode_content=True)
+        self.owner.bytes_read += len(data)
+        if self.owner.on_read:
+            self.owner.on_read(self.owner.bytes_read)
+        return data
 
 
 def _stream_to(log: Path, line: str, status: Callable[[str], None] | None) -> None:

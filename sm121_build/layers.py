@@ -107,17 +107,6 @@ def _safe_relpath(name: str) -> str | None:
     return path or None
 
 
-@dataclass(frozen=True)
-class LayerChange:
-    """One non-directory entry of a layer: a file, link or whiteout, at a relative path."""
-
-    kind: str  # "file", "link", "symlink", "whiteout", "opaque", "other"
-    path: str
-
-
-OnLayer = Callable[[int, list[LayerChange], "Filesystem"], None]
-
-
 @dataclass
 class Filesystem:
     """An image's final file list, and where the wanted files were written."""
@@ -138,12 +127,10 @@ class Filesystem:
 
 def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                   platform: str | None = None,
-                  progress: Callable[[int], None] | None = None,
-                  on_layer: OnLayer | None = None) -> Filesystem:
+                  progress: Callable[[int], None] | None = None) -> Filesystem:
     """Apply the layers: list every final file, write those `wanted(path)` accepts to dest.
 
-    Paths are relative, without a leading slash.  `on_layer(index, changes, fs)` runs after
-    each layer (bottom first) with that layer's non-directory entries.
+    Paths are relative, without a leading slash.
     """
     fs = Filesystem(dest)
     try:
@@ -151,7 +138,7 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
     except (tarfile.TarError, OSError) as exc:
         raise _bad(archive, str(exc)) from None
     with outer:
-        for index, layer_name in enumerate(layer_paths(outer, archive, platform)):
+        for layer_name in layer_paths(outer, archive, platform):
             try:
                 handle = outer.extractfile(layer_name)
             except KeyError:
@@ -160,27 +147,16 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                 raise _bad(archive, f"layer {layer_name} is not a file")
             try:
                 with handle, _open_layer(handle) as layer:
-                    changes = _apply_layer(layer, fs, wanted)
+                    _apply_layer(layer, fs, wanted)
             except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError) as exc:
                 raise _bad(archive, f"layer {layer_name} is unreadable: {exc}") from None
-            if on_layer:
-                on_layer(index, changes, fs)
             if progress:
                 progress(1)
     return fs
 
 
-def _kind(member: tarfile.TarInfo) -> str:
-    if member.isfile():
-        return "file"
-    if member.islnk():
-        return "link"
-    return "symlink" if member.issym() else "other"
-
-
 def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
-                 wanted: Callable[[str], bool]) -> list[LayerChange]:
-    changes: list[LayerChange] = []
+                 wanted: Callable[[str], bool]) -> None:
     for member in layer:
         path = _safe_relpath(member.name)
         if path is None:
@@ -188,15 +164,12 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
         parent, base = posixpath.split(path)
         if base == OPAQUE:
             fs.remove(parent, keep_dir=True)
-            changes.append(LayerChange("opaque", parent))
             continue
         if base.startswith(WHITEOUT):
             fs.remove(posixpath.join(parent, base[len(WHITEOUT):]))
-            changes.append(LayerChange("whiteout", posixpath.join(parent, base[len(WHITEOUT):])))
             continue
         if member.isdir():
             continue
-        changes.append(LayerChange(_kind(member), path))
         fs.remove(path)  # an upper layer's entry replaces whatever was at that path
         fs.files.add(path)
         if not (member.isfile() or member.islnk()) or not wanted(path):
@@ -216,4 +189,3 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
             shutil.copyfileobj(source, out, 1 << 20)
         target.chmod(member.mode & 0o755 | 0o600)  # the image's mode, readable by us
         fs.extracted.add(path)
-    return changes

@@ -1,13 +1,18 @@
 """Turn an audit target (.so, directory, wheel, image tarball, engine image) into ELF files.
 
 Whatever has to be unpacked goes to one temporary directory that is removed on exit,
-error or Ctrl-C included.
+error or Ctrl-C included.  An image in the engine is streamed, never exported: only the
+directories the `--include` patterns can match are read (a pattern's fixed leading folders;
+a pattern that starts with `*/NAME` is looked for under the image's Python package
+directories, where vLLM lives), the whole filesystem only when no pattern has a fixed part.
+Only ELF files that carry device code stay in temp; the others are dropped once read.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import posixpath
 import re
 import sys
 import tarfile
@@ -17,17 +22,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
 from . import layers
 from .errors import Sm121Error
-from .fatbin import is_elf
+from .fatbin import HostBinary, is_elf
 from .refs import looks_like_image_ref
+from .steps import Progress
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .engine import Engine, ImageInfo, ImageReader
+
+GLOB_CHARS = re.compile(r"[*?\[]")
 
 SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
 FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin)$")
@@ -39,6 +47,7 @@ class Binary:
 
     name: str
     path: Path
+    host_only_size: int | None = None  # set when the file was dropped: an ELF of no device code
 
 
 def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
@@ -84,12 +93,108 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
     connected = engine()
     info = connected.image(target)
     with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
-        archive = Path(tmp) / "image.tar"
-        with _bar(show_progress, None, f"saving {target}") as bar:
-            connected.save(info.id, archive, bar.update)
-        files = _untar(archive, Path(tmp) / "rootfs", wanted, info.platform, show_progress)
-        archive.unlink()
-        yield files
+        progress = Progress(f"reading {target}", enabled=show_progress)
+        with connected.reader(info.id, lambda n: progress.update(read=n)) as files:
+            found = _stream_image(info, files, include, wanted, Path(tmp), progress)
+        progress.done()
+        yield found
+
+
+def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) -> list[str]:
+    """The directories (or files) of an image that can hold a path the patterns match."""
+    from .inspect import python_sites
+
+    if not include:
+        return ["/"]
+    roots: list[str] = []
+    for pattern in include:
+        parts = [p for p in pattern.split("/") if p]
+        fixed = []
+        for part in parts:
+            if GLOB_CHARS.search(part):
+                break
+            fixed.append(part)
+        if fixed:
+            roots.append("/" + "/".join(fixed))
+            continue
+        rest = []
+        if parts and parts[0] == "*":
+            for part in parts[1:]:
+                if GLOB_CHARS.search(part):
+                    break
+                rest.append(part)
+        if not rest:
+            return ["/"]
+        for site in python_sites(info, files):
+            candidate = posixpath.join(site, *rest)
+            if files.stat(candidate) is not None:
+                roots.append(candidate)
+    roots = sorted(set(roots))
+    return [r for r in roots if not any(r != o and r.startswith(o.rstrip("/") + "/")
+                                        for o in roots)]
+
+
+def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
+                  wanted: Callable[[str], bool], dest: Path, progress: Progress) -> list[Binary]:
+    """Stream the roots; keep the wanted ELF files that carry device code (and report the
+    ones that do not with an empty stand-in, so the table still counts them)."""
+    found: list[Binary] = []
+    kept: set[str] = set()
+    for root in walk_roots(include, info, files):
+        if files.stat(root) is None:
+            continue
+        parent = posixpath.dirname(root.rstrip("/")) or "/"
+        with files.tar(root) as archive:
+            for member in archive:
+                rel = posixpath.normpath(posixpath.join(parent, member.name)).lstrip("/")
+                if not rel or rel == "." or not wanted(rel):
+                    continue
+                target = dest / rel
+                if member.islnk():
+                    linked = posixpath.normpath(posixpath.join(
+                        parent, member.linkname)).lstrip("/")
+                    if linked in kept:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        os.link(dest / linked, target)
+                        kept.add(rel)
+                        found.append(Binary("/" + rel, target))
+                    continue
+                handle = archive.extractfile(member) if member.isfile() else None
+                if handle is None:
+                    continue
+                _write(handle, target, rel)
+                if not is_elf(target):
+                    target.unlink()
+                    continue
+                if not _has_device_code(target):
+                    found.append(Binary("/" + rel, target, target.stat().st_size))
+                    target.unlink()
+                    continue
+                kept.add(rel)
+                found.append(Binary("/" + rel, target))
+                progress.update(found=len(found))
+    return found
+
+
+def _write(handle: IO[bytes], target: Path, name: str) -> None:
+    from .engine import no_space
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with handle, open(target, "wb") as out:
+            while chunk := handle.read(1 << 20):
+                out.write(chunk)
+    except OSError as exc:
+        target.unlink(missing_ok=True)
+        raise no_space(exc, target.parent, "/" + name) from None
+
+
+def _has_device_code(path: Path) -> bool:
+    try:
+        with HostBinary.open(path) as binary:
+            return bool(binary.entries)
+    except Sm121Error:
+        return True  # let the audit itself report it
 
 
 def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:

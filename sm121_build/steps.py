@@ -43,3 +43,39 @@ def end_status_line() -> None:
     if _live["shown"]:
         click.echo("", err=True)
         _live["shown"] = False
+
+
+class Progress:
+    """A live line for long reads ("1.2 GB read, 3 ELF files"): rewritten in place on a
+    terminal at most five times a second; elsewhere a plain line every 15 seconds."""
+
+    def __init__(self, label: str, enabled: bool = True) -> None:
+        self.label = label
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.started = self.last = time.monotonic()
+        self.read = 0
+        self.found = 0
+
+    def _text(self) -> str:
+        found = f", {self.found} ELF file(s) kept" if self.found else ""
+        return (f"{self.label}: {self.read / 1e9:.2f} GB read{found} "
+                f"({time.monotonic() - self.started:.0f}s)")
+
+    def update(self, read: int | None = None, found: int | None = None) -> None:
+        self.read = self.read if read is None else read
+        self.found = self.found if found is None else found
+        now = time.monotonic()
+        if not self.enabled or now - self.last < (0.2 if self.tty else 15.0):
+            return
+        self.last = now
+        if self.tty:
+            click.echo(f"\r\033[K    {self._text()[:110]}", nl=False, err=True)
+            _live["shown"] = True
+        else:
+            click.echo(f"    {self._text()}", err=True)
+
+    def done(self) -> None:
+        end_status_line()
+        if self.enabled and time.monotonic() - self.started >= 2.0:
+            click.echo(f"    {self._text()}", err=True)

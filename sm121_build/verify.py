@@ -1,35 +1,37 @@
 """Verify a built image before it is tagged: cubins, kernel counts, version, drift, ABI.
 
 Each check is a function of plain inputs that returns the problems it found (empty when
-the check passes), so each can be tested on crafted files.  `verify_image` reads the built
-image once (`docker save`, one pass over its layers) and runs them all; the stock image's
-copies of the injected files are taken from the same pass, at the last stock layer.
+the check passes), so each can be tested on crafted files.  `verify_image` never exports an
+image: drift is proven from the layer lists (diff IDs are content hashes, so a built image
+whose list starts with the stock image's list carries the stock bytes unchanged) and from
+the history of the added layers (each a copy of one injected file, of exactly its size).
+The injected files, the stock image's copies of them, `_version.py` and the torch libraries
+the ABI check needs are the only files read, each through the engine's per-path reads; what
+the torch libraries export is cached per stock image ID.
 """
 
 from __future__ import annotations
 
-import posixpath
+import json
+import os
 import re
-import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from . import layers
 from .audit import BinaryReport, Policy, audit_binary
 from .compat import parse_target
 from .errors import VerificationError
 from .fatbin import HostBinary, dynamic_symbols
-from .inspect import ImageFacts, VllmInstall, facts_from_filesystem, require_vllm
-from .inspect import wanted as facts_wanted
+from .inspect import ImageFacts, ImageFiles, VllmInstall, cache_dir, facts_from_files, require_vllm
 
 if TYPE_CHECKING:  # the Docker SDK is not needed to run the checks themselves
-    from .engine import Engine, ImageInfo
+    from .engine import Engine, HistoryStep, ImageInfo
 
 SM121 = Policy(parse_target("sm_121"), (13, 0))
 # Kernels left out on purpose when the FP4 guards exclude a plain 12.x build.
@@ -113,13 +115,36 @@ def check_version(stock: VllmInstall, built: VllmInstall) -> list[str]:
     return []
 
 
-def check_drift(stock: ImageInfo, built: ImageInfo, added: list[layers.LayerChange],
-                injected: set[str]) -> list[str]:
-    """Every file other than the injected ones must be the stock image's own bytes.
+def copy_destination(created_by: str) -> str | None:
+    """Where a history step's COPY wrote, for BuildKit (`COPY SRC DEST # buildkit`) and the
+    legacy builder (`/bin/sh -c #(nop) COPY file:<hash> in DEST `); None for other steps."""
+    text = created_by.strip()
+    text = text.removesuffix("# buildkit").strip()
+    if "#(nop)" in text:
+        text = text.split("#(nop)", 1)[1].strip()
+    words = text.split()
+    if len(words) < 3 or words[0] not in ("COPY", "ADD"):
+        return None
+    return words[-1]
 
-    Layers are content-addressed (diff IDs are sha256 of the layer tar), so the stock layers
-    kept as the built image's bottom layers are byte-identical; what remains is to list what
-    the layers on top change.
+
+def _metadata_only(step: HistoryStep) -> bool:
+    text = step.created_by.split("#(nop)", 1)[-1].strip()
+    word = text.split(maxsplit=1)[0] if text else ""
+    return step.size == 0 and word in ("LABEL", "ENV", "CMD", "ENTRYPOINT", "WORKDIR", "USER",
+                                       "EXPOSE", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "VOLUME",
+                                       "ARG", "ONBUILD", "MAINTAINER")
+
+
+def check_drift(stock: ImageInfo, built: ImageInfo, added: list[HistoryStep],
+                injected: dict[str, int]) -> list[str]:
+    """The built image must be the stock image's layers plus one copy of each injected file.
+
+    Layers are content-addressed (a diff ID is the sha256 of the layer tar), so a built
+    image whose layer list starts with the stock list holds the stock bytes unchanged.  Each
+    added layer must then be accounted for by an added history step that copies one injected
+    file (`injected`: path without the leading slash -> size) and adds exactly its size;
+    other added steps may only set metadata.
     """
     problems = []
     kept = built.layers[:len(stock.layers)]
@@ -128,10 +153,21 @@ def check_drift(stock: ImageInfo, built: ImageInfo, added: list[layers.LayerChan
                       if a != b), len(kept))
         problems.append(f"the built image does not keep the stock image's {len(stock.layers)} "
                         f"layers (first difference at layer {first})")
-    for change in added:
-        if change.kind == "file" and change.path in injected:
-            continue
-        problems.append(f"drift: /{change.path} ({change.kind}) differs from the stock image")
+    copied: list[str] = []
+    for step in reversed(added):  # oldest first
+        destination = copy_destination(step.created_by)
+        path = destination.lstrip("/") if destination else None
+        if path in injected and step.size == injected[path] and path not in copied:
+            copied.append(path)
+        elif not _metadata_only(step):
+            problems.append(f"drift: added step {step.created_by.strip()[:120]!r} "
+                            f"({step.size} bytes) is not a copy of one injected file")
+    for path in sorted(set(injected) - set(copied)):
+        problems.append(f"drift: no added layer holds /{path} as built")
+    layers_added = len(built.layers) - len(stock.layers)
+    if kept == stock.layers and layers_added != len(copied):
+        problems.append(f"drift: {layers_added} layer(s) added on top of the stock image, "
+                        f"{len(copied)} accounted for by copies of the injected files")
     if (built.env, built.runtime) != (stock.env, stock.runtime):
         problems.append("drift: the image config (env, entrypoint, cmd, workdir, user, ports) "
                         "differs from the stock image")
@@ -148,11 +184,17 @@ class AbiResult:
                 f"export, e.g. {symbols[0]}" for name, symbols in sorted(self.missing.items())]
 
 
-def check_abi(injected: dict[str, Path], providers: list[Path]) -> AbiResult:
-    """Undefined c10/at/torch symbols of the injected files vs what torch's libraries export."""
+def torch_exports(providers: list[Path]) -> set[str]:
+    """The c10/at/torch symbols torch's libraries export."""
     exported: set[str] = set()
     for library in providers:
-        exported |= dynamic_symbols(library).exported
+        exported |= {s for s in dynamic_symbols(library).exported if TORCH_SYMBOL.match(s)}
+    return exported
+
+
+def check_abi(injected: dict[str, Path], exported: set[str], providers: int) -> AbiResult:
+    """Undefined c10/at/torch symbols of the injected files vs what torch's libraries export
+    (`providers`: how many libraries were read for `exported`)."""
     missing: dict[str, tuple[str, ...]] = {}
     checked = 0
     for name, path in injected.items():
@@ -164,6 +206,45 @@ def check_abi(injected: dict[str, Path], providers: list[Path]) -> AbiResult:
     if checked and not providers:
         missing = {name: ("(no torch/lib/*.so found in the image)",) for name in injected}
     return AbiResult(checked, missing)
+
+
+def image_torch_exports(files: ImageFiles, image_id: str, site: str,
+                        tmp: Path) -> tuple[set[str], int]:
+    """(exported torch symbols, libraries read) of an image's `torch/lib`, streamed one
+    library at a time (temp: the largest one), cached per image ID."""
+    cached = cache_dir() / "abi" / f"{image_id.replace(':', '-')}.json"
+    with suppress(OSError, ValueError, TypeError, KeyError):
+        raw = json.loads(cached.read_text())
+        return set(raw["exported"]), int(raw["libraries"])
+    exported: set[str] = set()
+    libraries = 0
+    lib_dir = f"{site}/torch/lib"
+    if files.resolve(lib_dir) is not None:
+        with files.tar(lib_dir) as archive:
+            for member in archive:
+                if not member.isfile() or not TORCH_LIB.search("/" + member.name):
+                    continue
+                handle = archive.extractfile(member)
+                if handle is None:
+                    continue
+                part = tmp / "torch-lib.so"
+                try:
+                    with handle, open(part, "wb") as out:
+                        while chunk := handle.read(1 << 20):
+                            out.write(chunk)
+                except OSError as exc:
+                    from .engine import no_space
+
+                    raise no_space(exc, tmp, f"{lib_dir}/{member.name}") from None
+                exported |= torch_exports([part])
+                libraries += 1
+                part.unlink()
+    with suppress(OSError):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staged = cached.with_name(f".{cached.name}.{os.getpid()}")
+        staged.write_text(json.dumps({"exported": sorted(exported), "libraries": libraries}))
+        os.replace(staged, cached)
+    return exported, libraries
 
 
 @dataclass
@@ -188,50 +269,37 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
                  extensions: tuple[str, ...], log: Path | None = None) -> Iterator[Verified]:
     """Run every check on a built image; raises VerificationError listing what failed."""
     stock_vllm = require_vllm(stock)
-    package = stock_vllm.package_dir.lstrip("/")
-    site = stock_vllm.site_packages.lstrip("/")
-    injected = {f"{package}/{name}" for name in extensions}
+    package = stock_vllm.package_dir
     stock_info, built_info = engine.image(stock.id), engine.image(image_id)
     base_count = len(stock_info.layers)
+    stock_steps = len(engine.history(stock.id))
+    built_history = engine.history(image_id)
+    added = built_history[:max(0, len(built_history) - stock_steps)]
 
-    def wanted(path: str) -> bool:
-        return (path in injected or facts_wanted(path)
-                or (path.startswith(site + "/") and bool(TORCH_LIB.search(path))))
-
-    with tempfile.TemporaryDirectory(prefix="sm121-verify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sm121-verify-") as tmp, \
+            engine.reader(image_id) as built_files, engine.reader(stock.id) as stock_files:
         root = Path(tmp)
-        stock_copies = root / "stock"
-        stock_copies.mkdir()
-        added: list[layers.LayerChange] = []
-
-        def on_layer(index: int, changes: list[layers.LayerChange],
-                     fs: layers.Filesystem) -> None:
-            if index == base_count - 1:
-                for path in injected & fs.extracted:
-                    shutil.copyfile(fs.root / path, stock_copies / posixpath.basename(path))
-            elif index >= base_count:
-                added.extend(changes)
-
-        archive = root / "image.tar"
-        engine.save(image_id, archive)
-        fs = layers.extract_files(archive, root / "rootfs", wanted, built_info.platform,
-                                  on_layer=on_layer)
-        archive.unlink()
-        built = facts_from_filesystem(built_info, fs)
+        (root / "built").mkdir()
+        (root / "stock").mkdir()
+        built = facts_from_files(built_info, built_files)
         problems = check_version(stock_vllm, require_vllm(built))
         files: dict[str, Path] = {}
+        sizes: dict[str, int] = {}
         reports: dict[str, BinaryReport] = {}
         comparisons: dict[str, KernelComparison] = {}
         stock_reports: dict[str, BinaryReport] = {}
         for name in extensions:
             path = f"{package}/{name}"
-            if path not in fs.extracted:
-                problems.append(f"the built image lacks /{path}")
+            found = built_files.copy_file(path, root / "built" / name)
+            if found is None:
+                problems.append(f"the built image lacks {path}")
                 continue
-            files[name] = fs.root / path
+            files[name], sizes[path.lstrip("/")] = root / "built" / name, found.size
             report = audit_binary(files[name], name, SM121, with_kernels=True)
             reports[name] = report
-            stock_copy = stock_copies / name
+            stock_copy = root / "stock" / name
+            if stock_files.copy_file(path, stock_copy) is None:
+                stock_copy.unlink(missing_ok=True)
             if stock_copy.exists():
                 stock_reports[name] = audit_binary(stock_copy, name, SM121, with_kernels=True)
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
@@ -243,13 +311,14 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
             if comparison.fp4_excluded:
                 _echo(f"{name}: {len(comparison.fp4_excluded)} FP4 kernel(s) excluded on purpose,"
                       f" e.g. {comparison.fp4_excluded[0]}")
-        providers = sorted(fs.root / p for p in fs.extracted if TORCH_LIB.search("/" + p))
-        abi = check_abi(files, providers)
+        exported, providers = image_torch_exports(stock_files, stock.id,
+                                                  stock_vllm.site_packages, root)
+        abi = check_abi(files, exported, providers)
         _echo(f"ABI: {abi.checked} torch symbol(s) needed, checked against "
-              f"{len(providers)} torch librar{'y' if len(providers) == 1 else 'ies'}")
-        drift = check_drift(stock_info, built_info, added, injected)
-        _echo(f"drift: {base_count} stock layers kept, {len(added)} file(s) added on top, "
-              f"{len(drift)} problem(s)")
+              f"{providers} torch librar{'y' if providers == 1 else 'ies'}")
+        drift = check_drift(stock_info, built_info, added, sizes)
+        _echo(f"drift: {base_count} stock layers kept, {len(built_info.layers) - base_count} "
+              f"layer(s) added on top, {len(drift)} problem(s)")
         problems += abi.problems() + drift
         if problems:
             if log:

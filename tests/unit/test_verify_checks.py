@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 
 from sm121_build import artifacts
-from sm121_build.engine import ImageInfo, failure_cause
+from sm121_build.engine import HistoryStep, ImageInfo, failure_cause
 from sm121_build.errors import Sm121Error
 from sm121_build.fatbin import dynamic_symbols
 from sm121_build.inspect import VllmInstall
-from sm121_build.layers import LayerChange
 from sm121_build.verify import (
     KernelComparison,
     check_abi,
     check_drift,
     check_version,
+    copy_destination,
     newest_arch_kernels,
+    torch_exports,
 )
 
 PKG = "usr/lib/python3/dist-packages/vllm"
@@ -34,25 +35,55 @@ def _info(layers: tuple[str, ...], env: tuple[str, ...] = ("PATH=/bin",)) -> Ima
 STOCK = _info(("sha256:a", "sha256:b"))
 
 
+SIZES = {f"{PKG}/_C.abi3.so": 1000, f"{PKG}/_moe_C.abi3.so": 500}
+# Newest first, as `docker history` lists them (BuildKit's and the legacy builder's words).
+ADDED = [HistoryStep('LABEL "io.github.sm121-build.tool"="x"', 0),
+         HistoryStep(f"COPY /sm121/out/_moe_C.abi3.so /{PKG}/_moe_C.abi3.so # buildkit", 500),
+         HistoryStep(f"/bin/sh -c #(nop) COPY file:0a1b in /{PKG}/_C.abi3.so ", 1000)]
+
+
+def test_copy_destination_for_both_builders() -> None:
+    assert copy_destination(ADDED[1].created_by) == f"/{PKG}/_moe_C.abi3.so"
+    assert copy_destination(ADDED[2].created_by) == f"/{PKG}/_C.abi3.so"
+    assert copy_destination("/bin/sh -c #(nop)  LABEL a=b") is None
+    assert copy_destination("RUN /bin/sh -c cp x /y # buildkit") is None
+
+
 def test_drift_passes_when_only_the_injected_files_are_added() -> None:
-    built = _info(("sha256:a", "sha256:b", "sha256:c"))
-    added = [LayerChange("file", f"{PKG}/_C.abi3.so")]
-    assert check_drift(STOCK, built, added, {f"{PKG}/_C.abi3.so"}) == []
+    built = _info(("sha256:a", "sha256:b", "sha256:c", "sha256:d"))
+    assert check_drift(STOCK, built, ADDED, SIZES) == []
 
 
 def test_drift_reports_every_other_change() -> None:
-    built = _info(("sha256:a", "sha256:b", "sha256:c"))
-    added = [LayerChange("file", f"{PKG}/_C.abi3.so"), LayerChange("file", f"{PKG}/config.py"),
-             LayerChange("whiteout", "etc/passwd"), LayerChange("symlink", f"{PKG}/_moe_C.abi3.so")]
-    problems = check_drift(STOCK, built, added, {f"{PKG}/_C.abi3.so", f"{PKG}/_moe_C.abi3.so"})
-    assert problems == [f"drift: /{PKG}/config.py (file) differs from the stock image",
-                        "drift: /etc/passwd (whiteout) differs from the stock image",
-                        f"drift: /{PKG}/_moe_C.abi3.so (symlink) differs from the stock image"]
+    built = _info(("sha256:a", "sha256:b", "sha256:c", "sha256:d", "sha256:e", "sha256:f"))
+    added = [HistoryStep("RUN /bin/sh -c rm /etc/passwd # buildkit", 0),
+             HistoryStep(f"COPY config.py /{PKG}/config.py # buildkit", 10),
+             HistoryStep(f"COPY /sm121/out/_moe_C.abi3.so /{PKG}/_moe_C.abi3.so # buildkit",
+                         501),
+             *ADDED[2:]]
+    problems = check_drift(STOCK, built, added, SIZES)
+    assert problems == [
+        f"drift: added step 'COPY /sm121/out/_moe_C.abi3.so /{PKG}/_moe_C.abi3.so # buildkit' "
+        "(501 bytes) is not a copy of one injected file",
+        f"drift: added step 'COPY config.py /{PKG}/config.py # buildkit' (10 bytes) is not a "
+        "copy of one injected file",
+        "drift: added step 'RUN /bin/sh -c rm /etc/passwd # buildkit' (0 bytes) is not a copy "
+        "of one injected file",
+        f"drift: no added layer holds /{PKG}/_moe_C.abi3.so as built",
+        "drift: 4 layer(s) added on top of the stock image, 1 accounted for by copies of the "
+        "injected files"]
+
+
+def test_drift_counts_layers_the_history_does_not_explain() -> None:
+    built = _info(("sha256:a", "sha256:b", "sha256:c", "sha256:d", "sha256:e"))
+    assert check_drift(STOCK, built, ADDED, SIZES) == [
+        "drift: 3 layer(s) added on top of the stock image, 2 accounted for by copies of the "
+        "injected files"]
 
 
 def test_drift_reports_replaced_base_layers_and_config() -> None:
     squashed = _info(("sha256:a", "sha256:z", "sha256:c"), env=("PATH=/other",))
-    problems = check_drift(STOCK, squashed, [], set())
+    problems = check_drift(STOCK, squashed, [], {})
     assert problems[0] == ("the built image does not keep the stock image's 2 layers "
                            "(first difference at layer 1)")
     assert problems[1].startswith("drift: the image config")
@@ -127,14 +158,14 @@ def test_abi_check_passes_against_a_matching_torch(tmp_path: Path, consumer: Pat
     provider = _gxx_so(tmp_path, "libc10_cuda", _PROVIDER % "signed char")
     needed = dynamic_symbols(consumer).undefined
     assert "_ZN3c104cuda20getCurrentCUDAStreamEa" in needed
-    result = check_abi({"_C.abi3.so": consumer}, [provider])
+    result = check_abi({"_C.abi3.so": consumer}, torch_exports([provider]), 1)
     assert (result.checked, result.problems()) == (1, [])
 
 
 def test_abi_check_catches_the_cuda_stream_mismatch(tmp_path: Path, consumer: Path) -> None:
     provider = _gxx_so(tmp_path, "libc10_cuda", _PROVIDER % "short")
     assert "_ZN3c104cuda20getCurrentCUDAStreamEs" in dynamic_symbols(provider).exported
-    result = check_abi({"_C.abi3.so": consumer}, [provider])
+    result = check_abi({"_C.abi3.so": consumer}, torch_exports([provider]), 1)
     assert result.problems() == [
         "ABI: _C.abi3.so needs 1 torch symbol(s) the image's torch does not export, e.g. "
         "_ZN3c104cuda20getCurrentCUDAStreamEa"]
@@ -142,8 +173,8 @@ def test_abi_check_catches_the_cuda_stream_mismatch(tmp_path: Path, consumer: Pa
 
 def test_abi_check_without_torch_libraries(tmp_path: Path, consumer: Path,
                                            host_only_so: Path) -> None:
-    assert check_abi({"host.so": host_only_so}, []).problems() == []  # needs no torch
-    assert check_abi({"_C.abi3.so": consumer}, []).problems() == [
+    assert check_abi({"host.so": host_only_so}, set(), 0).problems() == []  # needs no torch
+    assert check_abi({"_C.abi3.so": consumer}, set(), 0).problems() == [
         "ABI: _C.abi3.so needs 1 torch symbol(s) the image's torch does not export, e.g. "
         "(no torch/lib/*.so found in the image)"]
 
