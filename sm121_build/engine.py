@@ -292,6 +292,21 @@ class ImageReader:
             path = posixpath.normpath(path)
         return None
 
+    def canonical(self, path: str) -> str:
+        """The path with every symlinked folder on the way replaced by its target."""
+        done = "/"
+        for part in [p for p in path.split("/") if p]:
+            current = posixpath.join(done, part)
+            for _ in range(MAX_LINKS):
+                found = self.stat(current)
+                if found is None or not found.is_symlink:
+                    break
+                target = found.link_target
+                current = posixpath.normpath(target if target.startswith("/") else
+                                             posixpath.join(posixpath.dirname(current), target))
+            done = current
+        return done
+
     @contextmanager
     def tar(self, path: str) -> Iterator[tarfile.TarFile]:
         """`path` (a file or a whole directory) as a tar stream read straight off the
@@ -341,6 +356,7 @@ class ImageReader:
                 try:
                     with handle, open(dest, "wb") as out:
                         shutil.copyfileobj(handle, out, 1 << 20)
+                    dest.chmod(member.mode & 0o755 | 0o600)  # the image's mode, readable by us
                 except OSError as exc:
                     dest.unlink(missing_ok=True)
                     raise no_space(exc, dest.parent, path) from None
@@ -359,7 +375,7 @@ class _CountingReader:
         data: bytes = self.raw.read(size, decode_content=True)
         self.owner.bytes_read += len(data)
         if self.owner.on_read:
-            self.owner.on_read(self.owner.bytes_read)
+            self.owner.on_read(len(data))
         return data
 
 

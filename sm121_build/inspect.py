@@ -54,6 +54,8 @@ class ImageFiles(Protocol):
 
     def resolve(self, path: str) -> PathStat | None: ...
 
+    def canonical(self, path: str) -> str: ...
+
     def read_bytes(self, path: str, limit: int = ...) -> bytes | None: ...
 
     def tar(self, path: str) -> contextlib.AbstractContextManager[tarfile.TarFile]: ...
@@ -216,7 +218,7 @@ def find_vllm_site(info: ImageInfo, files: ImageFiles) -> str | None:
         package = files.resolve(f"{site}/vllm")
         if package is not None and package.is_dir and (
                 files.stat(f"{site}/vllm/_version.py") or files.stat(f"{site}/vllm/__init__.py")):
-            found.setdefault(package.path, site)  # one package seen through two paths
+            found.setdefault(files.canonical(f"{site}/vllm"), site)  # one package, two paths
     sites = sorted(set(found.values()))
     if len(sites) > 1:
         raise Sm121Error(f"{info.ref} has vLLM installed twice ({', '.join(sites)}): which one "

@@ -54,7 +54,9 @@ def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
     def wanted(path: str) -> bool:
         if not SHARED_OBJECT.search(path):
             return False
-        return not include or any(fnmatch.fnmatch(path, pattern) for pattern in include)
+        # paths are relative; a pattern may also name them absolutely (`/opt/x/*`)
+        return not include or any(fnmatch.fnmatch(path, pattern) or
+                                  fnmatch.fnmatch("/" + path, pattern) for pattern in include)
     return wanted
 
 
@@ -93,8 +95,8 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
     connected = engine()
     info = connected.image(target)
     with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
-        progress = Progress(f"reading {target}", enabled=show_progress)
-        with connected.reader(info.id, lambda n: progress.update(read=n)) as files:
+        progress = Progress(f"reading {target}")  # live on a terminal, else plain lines
+        with connected.reader(info.id, progress.add) as files:
             found = _stream_image(info, files, include, wanted, Path(tmp), progress)
         progress.done()
         yield found

@@ -62,6 +62,10 @@ class Progress:
         return (f"{self.label}: {self.read / 1e9:.2f} GB read{found} "
                 f"({time.monotonic() - self.started:.0f}s)")
 
+    def add(self, read: int) -> None:
+        """`read` more bytes came in."""
+        self.update(read=self.read + read)
+
     def update(self, read: int | None = None, found: int | None = None) -> None:
         self.read = self.read if read is None else read
         self.found = self.found if found is None else found

@@ -28,7 +28,15 @@ from .audit import BinaryReport, Policy, audit_binary
 from .compat import parse_target
 from .errors import VerificationError
 from .fatbin import HostBinary, dynamic_symbols
-from .inspect import ImageFacts, ImageFiles, VllmInstall, cache_dir, facts_from_files, require_vllm
+from .inspect import (
+    ImageFacts,
+    ImageFiles,
+    VllmInstall,
+    cache_dir,
+    facts_from_files,
+    require_vllm,
+)
+from .steps import Progress, end_status_line
 
 if TYPE_CHECKING:  # the Docker SDK is not needed to run the checks themselves
     from .engine import Engine, HistoryStep, ImageInfo
@@ -261,6 +269,7 @@ class Verified:
 
 
 def _echo(text: str) -> None:
+    end_status_line()
     click.echo(f"    {text}", err=True)
 
 
@@ -276,8 +285,10 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
     built_history = engine.history(image_id)
     added = built_history[:max(0, len(built_history) - stock_steps)]
 
+    progress = Progress("reading the injected files, their stock copies and torch's libraries")
     with tempfile.TemporaryDirectory(prefix="sm121-verify-") as tmp, \
-            engine.reader(image_id) as built_files, engine.reader(stock.id) as stock_files:
+            engine.reader(image_id, progress.add) as built_files, \
+            engine.reader(stock.id, progress.add) as stock_files:
         root = Path(tmp)
         (root / "built").mkdir()
         (root / "stock").mkdir()
@@ -313,6 +324,7 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
                       f" e.g. {comparison.fp4_excluded[0]}")
         exported, providers = image_torch_exports(stock_files, stock.id,
                                                   stock_vllm.site_packages, root)
+        progress.done()
         abi = check_abi(files, exported, providers)
         _echo(f"ABI: {abi.checked} torch symbol(s) needed, checked against "
               f"{providers} torch librar{'y' if providers == 1 else 'ies'}")

@@ -68,6 +68,15 @@ class DirectoryFiles:
                                       posixpath.join(posixpath.dirname(found.path), target))
         return None
 
+    def canonical(self, path: str) -> str:
+        local = self._local(path)
+        while local.is_symlink():
+            target = os.readlink(local)
+            inside = posixpath.normpath(target if target.startswith("/") else posixpath.join(
+                posixpath.dirname("/" + str(local.relative_to(self.root))), target))
+            local = self._local(inside)
+        return "/" + str(local.relative_to(self.root))
+
     def read_bytes(self, path: str, limit: int = 64 << 20) -> bytes | None:
         found = self.resolve(path)
         if found is None or not found.is_file or found.size > limit:
