@@ -180,13 +180,18 @@ class Engine:
                 with suppress(docker.errors.APIError):
                     self.client.images.remove(f"{repo}:{tag}", noprune=True)
 
-    def remove_image(self, ref: str) -> None:
-        try:
-            self.client.images.remove(ref, force=True, noprune=False)
-        except docker.errors.ImageNotFound:
-            pass
-        except docker.errors.APIError:
-            pass  # in use or already gone: nothing half-built is tagged either way
+    def image_ids(self) -> set[str]:
+        """Every image ID in the engine, intermediate ones included."""
+        return {str(image["Id"]) for image in self.client.api.images(all=True)}
+
+    def remove_created(self, image_id: str, before: set[str]) -> None:
+        """Remove an image this run created: never one that existed before it (a build cache
+        hit returns the ID of an image the user may have tagged), and never by force, so an
+        image that something else references or tags stays."""
+        if image_id in before:
+            return
+        with suppress(docker.errors.APIError):
+            self.client.images.remove(image_id, force=False, noprune=False)
 
     def buildkit_client(self) -> str | None:
         """A docker CLI that can run BuildKit builds (`DOCKER_BUILDKIT=1`), if one exists."""

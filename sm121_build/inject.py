@@ -3,7 +3,8 @@
 Two ways in: the main job's multi-stage build (compile + copy, from build.py) and
 `sm121-build inject --artifacts DIR` (copy prebuilt files, no compile step).  Both end in
 `finish`: build the image untagged, verify it, export artifacts, tag it; on any failure,
-Ctrl-C included, the untagged image is removed and nothing is tagged.
+Ctrl-C included, nothing is tagged and the image is removed if this run created it (never
+an image that existed before, such as a build-cache hit the user has tagged).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def finish(engine: Engine, steps: Steps, stock: ImageFacts, context: Path, docke
            extensions: tuple[str, ...], log: Path, title: str, target: Finish) -> str:
     """Build (untagged) -> verify -> export -> tag.  Returns the image ID."""
     image_id = ""
+    before = engine.image_ids()
     try:
         with steps.step(title):
             image_id = build_image(engine, context, dockerfile, log, status_line)
@@ -62,7 +64,7 @@ def finish(engine: Engine, steps: Steps, stock: ImageFacts, context: Path, docke
         target.record["image_id"] = image_id
     except BaseException:
         if image_id:
-            engine.remove_image(image_id)
+            engine.remove_created(image_id, before)
         raise
     return image_id
 

@@ -18,7 +18,18 @@ IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
 
 
 def looks_like_image_ref(text: str) -> bool:
-    return bool(IMAGE_REF.match(text) or IMAGE_ID.match(text)) and len(text) <= 255
+    if len(text) > 255:
+        return False
+    if IMAGE_ID.match(text):
+        return True
+    match = IMAGE_REF.match(text)
+    if match is None:
+        return False
+    # A first component is a registry only with a dot, a port or as `localhost`; otherwise it
+    # is part of the repository name, which engines (Docker 20.10 to 28) require lower case.
+    first, _, rest = match.group("name").partition("/")
+    return not rest or "." in first or ":" in first or first == "localhost" or \
+        first == first.lower()
 
 
 def validate_image_ref(text: str) -> str:
@@ -39,5 +50,8 @@ def split_ref(text: str) -> tuple[str, str | None, str | None]:
 
 def default_tag(base: str, suffix: str = "sm121") -> str:
     """`vllm/vllm-openai:cu130-nightly` -> `vllm/vllm-openai:cu130-nightly-sm121`."""
+    if IMAGE_ID.match(base):
+        raise Sm121Error(f"{base} is an image ID, which gives no name to derive the result's "
+                         "tag from: name one with --tag")
     name, tag, _digest = split_ref(base)
     return f"{name}:{(tag or 'latest')}-{suffix}"

@@ -247,3 +247,44 @@ def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E, tmp_path: Path,
     assert {c.id for c in e2e.client.containers.list(all=True)} == containers
     assert not [t for i in e2e.client.images.list() for t in i.tags
                 if t.startswith("sm121-build-pin/")]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_interrupted_rebuild_keeps_the_images_the_user_had(
+        e2e: E2E, patched: subprocess.CompletedProcess[str], signum: signal.Signals) -> None:
+    """A --force rebuild of an unchanged source is a build-cache hit: the engine hands back
+    the ID of the image already tagged. Interrupting it during verify must remove nothing
+    the run did not create (it used to force-remove that ID and every tag on it)."""
+    assert patched.returncode == 0, patched.stderr
+    e2e.client.images.get(f"{PREFIX}:patched").tag(PREFIX, "users-own")
+    owned = e2e.client.images.get(f"{PREFIX}:patched").id
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sm121_build", "--base", e2e.stock.tag, "--source",
+         str(e2e.stock.checkout), "--tag", f"{PREFIX}:rebuilt", "--force"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e2e.env)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if line.startswith("==> verify"):
+            break
+    process.send_signal(signum)
+    _, rest = process.communicate(timeout=120)
+    assert process.returncode == 130, rest
+    assert not e2e.exists(f"{PREFIX}:rebuilt")
+    for tag in ("patched", "users-own"):
+        assert e2e.client.images.get(f"{PREFIX}:{tag}").id == owned
+    assert e2e.exists(e2e.stock.tag)
+
+
+def test_rejected_tag_is_refused_before_any_work(e2e: E2E) -> None:
+    images = {i.id for i in e2e.client.images.list(all=True)}
+    for bad in ("UPPER/case:1", "sm121-test/x:bad tag"):
+        result = e2e.build(bad)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"error: {bad!r} is not a valid image reference (expected NAME[:TAG][@DIGEST], "
+            "e.g. vllm/vllm-openai:cu130-nightly)"]
+    by_id = e2e.run("--base", e2e.client.images.get(e2e.stock.tag).id)
+    assert by_id.returncode == 2
+    assert "is an image ID, which gives no name to derive the result's tag from" in \
+        by_id.stderr
+    assert {i.id for i in e2e.client.images.list(all=True)} == images

@@ -112,8 +112,23 @@ def test_kernel_comparison_fails_when_non_fp4_kernels_are_lost() -> None:
     stock = frozenset({"rms_norm", "silu", "topk", "cvt_fp4_e2m1"})
     short = KernelComparison("_C.abi3.so", "sm_90", stock, frozenset({"rms_norm"}))
     assert short.problems() == [
-        "_C.abi3.so: 1 kernels native on sm_121, fewer than the 3 the stock sm_90 cubins had "
-        "(FP4 excluded); missing e.g. silu, topk"]
+        "_C.abi3.so: kernel silu has native sm_90 code in the stock image but none for sm_121 "
+        "in the build",
+        "_C.abi3.so: kernel topk has native sm_90 code in the stock image but none for sm_121 "
+        "in the build"]
+
+
+def test_kernel_comparison_compares_names_not_counts() -> None:
+    swapped = KernelComparison("_C.abi3.so", "sm_120", frozenset({"a", "b"}),
+                               frozenset({"a", "c"}))
+    assert swapped.missing == ("b",)
+    assert len(swapped.problems()) == 1
+    fp4_kept = KernelComparison("_C.abi3.so", "sm_120", frozenset({"a", "cvt_fp4_e2m1"}),
+                                frozenset({"a", "cvt_fp4_e2m1"}))
+    assert (fp4_kept.problems(), fp4_kept.fp4_excluded) == ([], ())
+    fp4_dropped = KernelComparison("_C.abi3.so", "sm_120", frozenset({"a", "cvt_fp4_e2m1"}),
+                                   frozenset({"a"}))
+    assert (fp4_dropped.problems(), fp4_dropped.fp4_excluded) == ([], ("cvt_fp4_e2m1",))
 
 
 def test_newest_arch_kernels_reads_real_cubins(matrix: dict[str, Path]) -> None:
