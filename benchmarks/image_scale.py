@@ -10,10 +10,11 @@ The image is built once and kept (tag sm121-bench/vllm-big:<key>): the end-to-en
 stock-like image (Debian, nvcc 13.0, cmake, the vLLM-shaped fixture package), FILLER GB of
 ordinary layers (random bytes, 4 GB a layer, written by RUN so no build context is copied),
 and on top the real `_C.abi3.so` / `_moe_C.abi3.so` of PyPI's vLLM 0.17.0 aarch64 wheel
-(~580 MB, downloaded once under .cache/vllm).  The main job rebuilds the fixture's sources for
-12.1 and verifies them against those real stock files: verification then reports (exit 3)
-that the small fixture build has far fewer kernels than the real wheel, which is true and
-expected here; every check still runs in full, and the step's own timing is what is read.
+(~580 MB, downloaded once under .cache/vllm), with the RECORD pip writes for a package.
+The main job rebuilds the fixture's sources for 12.1 and verifies them against those real
+stock files: verification then reports (exit 3) that the small fixture build lacks the real
+wheel's kernels, which is true and expected here; every check still runs in full, and the
+step's own timing is what is read.
 Prints each step as a fraction of the docker save time, with the targets from issue #12.
 """
 
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import docker  # noqa: E402
 
 from tests.helpers import CACHE, pypi_download  # noqa: E402
-from tests.stockimage import ensure_stock_image  # noqa: E402
+from tests.stockimage import VERSION, ensure_stock_image  # noqa: E402
 
 WHEEL = "vllm==0.17.0"
 EXTENSIONS = ("_C.abi3.so", "_moe_C.abi3.so")
@@ -80,7 +81,8 @@ class TempPeak:
 def big_image(client: docker.DockerClient, work: Path, filler_gb: int) -> tuple[str, Path]:
     stock = ensure_stock_image(client, work)
     wheel = pypi_download(WHEEL, CACHE / "vllm")
-    key = hashlib.sha256(f"{stock.tag}\0{wheel.name}\0{filler_gb}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{stock.tag}\0{wheel.name}\0{filler_gb}\0record".encode()
+                         ).hexdigest()[:12]
     tag = f"sm121-bench/vllm-big:{key}"
     try:
         client.images.get(tag)
@@ -99,6 +101,11 @@ def big_image(client: docker.DockerClient, work: Path, filler_gb: int) -> tuple[
             lines.append(f"RUN mkdir -p /srv/filler && head -c {size}G /dev/urandom "
                          f"> /srv/filler/part{number // 4}")
         lines += [f"COPY {name} {package}/{name}" for name in EXTENSIONS]
+        # pip writes a RECORD for every install; the fixture package predates that here
+        site = package.rsplit("/", 1)[0]
+        (ctx / "RECORD").write_text("".join(
+            f"vllm/{name},,\n" for name in ("__init__.py", "_version.py", *EXTENSIONS)))
+        lines.append(f"COPY RECORD {site}/vllm-{VERSION}.dist-info/RECORD")
         (ctx / "Dockerfile").write_text("\n".join(lines) + "\n")
         print(f"building {tag} ({filler_gb} GB of filler; minutes)", file=sys.stderr)
         subprocess.run(["/usr/bin/docker", "build", "-q", "-t", tag, str(ctx)], check=True,

@@ -18,7 +18,6 @@ ARM64 image is read on x86 all the same.
 from __future__ import annotations
 
 import base64
-import errno
 import json
 import os
 import posixpath
@@ -39,6 +38,7 @@ import requests.exceptions
 
 from .errors import Sm121Error
 from .refs import validate_image_ref
+from .spill import write_stream
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
 
@@ -244,18 +244,6 @@ class PathStat:
         return not self.mode & _MODE_TYPE
 
 
-class TempSpaceError(Sm121Error):
-    """A temporary folder filled up while a file was written to it."""
-
-
-def no_space(error: OSError, folder: Path, what: str) -> Sm121Error:
-    """The one-line error for a failed temp write: which folder, and how to change it."""
-    if error.errno == errno.ENOSPC:
-        return TempSpaceError(f"no space left in {folder} while writing {what}: free space "
-                              "there or point TMPDIR at a larger disk")
-    return Sm121Error(f"cannot write {what} under {folder}: {error.strerror or error}")
-
-
 class ImageReader:
     """Reads paths of one image (absolute, as inside the image) without running it."""
 
@@ -358,13 +346,8 @@ class ImageReader:
                 handle = archive.extractfile(member) if member.isfile() else None
                 if handle is None:
                     continue
-                try:
-                    with handle, open(dest, "wb") as out:
-                        shutil.copyfileobj(handle, out, 1 << 20)
-                    dest.chmod(member.mode & 0o755 | 0o600)  # the image's mode, readable by us
-                except OSError as exc:
-                    dest.unlink(missing_ok=True)
-                    raise no_space(exc, dest.parent, path) from None
+                # the image's mode, readable by us
+                write_stream(handle, dest, path, member.mode & 0o755 | 0o600)
                 return found
         return None
 

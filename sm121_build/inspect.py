@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from packaging.version import InvalidVersion, Version
 
 from .errors import Sm121Error
+from .steps import Progress
 
 if TYPE_CHECKING:  # the Docker SDK is imported only where an engine is used
     from .engine import Engine, ImageInfo, PathStat
@@ -322,8 +323,10 @@ def inspect_image(engine: Engine, ref: str, use_cache: bool = True) -> ImageFact
         facts = _load_facts(cached, info)
         if facts is not None:
             return facts
-    with engine.reader(info.id) as files:
+    progress = Progress(f"reading {ref}")
+    with engine.reader(info.id, progress.add) as files:
         facts = facts_from_files(info, files)
+    progress.done()
     _store(cached, json.dumps(facts.to_json(), indent=2))
     return facts
 

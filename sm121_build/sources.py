@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,6 +30,7 @@ from . import layers
 from .errors import Sm121Error
 from .fatbin import HostBinary, is_elf
 from .refs import looks_like_image_ref
+from .spill import write_stream
 from .steps import Progress
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
                 handle = archive.extractfile(member) if member.isfile() else None
                 if handle is None:
                     continue
-                _write(handle, target, rel)
+                write_stream(handle, target, "/" + rel)
                 if not is_elf(target):
                     target.unlink()
                     continue
@@ -176,19 +177,6 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
                 found.append(Binary("/" + rel, target))
                 progress.update(found=len(found))
     return found
-
-
-def _write(handle: IO[bytes], target: Path, name: str) -> None:
-    from .engine import no_space
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with handle, open(target, "wb") as out:
-            while chunk := handle.read(1 << 20):
-                out.write(chunk)
-    except OSError as exc:
-        target.unlink(missing_ok=True)
-        raise no_space(exc, target.parent, "/" + name) from None
 
 
 def _has_device_code(path: Path) -> bool:

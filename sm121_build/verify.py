@@ -36,6 +36,7 @@ from .inspect import (
     facts_from_files,
     require_vllm,
 )
+from .spill import write_stream
 from .steps import Progress, end_status_line
 
 if TYPE_CHECKING:  # the Docker SDK is not needed to run the checks themselves
@@ -240,14 +241,7 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
                 if handle is None:
                     continue
                 part = tmp / "torch-lib.so"
-                try:
-                    with handle, open(part, "wb") as out:
-                        while chunk := handle.read(1 << 20):
-                            out.write(chunk)
-                except OSError as exc:
-                    from .engine import no_space
-
-                    raise no_space(exc, tmp, f"{lib_dir}/{member.name}") from None
+                write_stream(handle, part, f"{lib_dir}/{member.name}")
                 exported |= torch_exports([part])
                 libraries += 1
                 part.unlink()
