@@ -244,34 +244,12 @@ class PathStat:
         return not self.mode & _MODE_TYPE
 
 
-class ImageReader:
-    """Reads paths of one image (absolute, as inside the image) without running it."""
-
-    def __init__(self, client: docker.DockerClient, container: str, image_id: str,
-                 on_read: Callable[[int], None] | None = None) -> None:
-        self.api = client.api
-        self.container = container
-        self.image_id = image_id
-        self.bytes_read = 0
-        self.on_read = on_read
-
-    def _url(self) -> str:
-        return str(self.api._url("/containers/{0}/archive", self.container))
+class PathLookups:
+    """Symlink-following lookups on top of a `stat` that does not follow them, as the
+    engine's archive endpoint does (its stand-in in tests shares these)."""
 
     def stat(self, path: str) -> PathStat | None:
-        """The path's stat (symlinks not followed), or None when it does not exist."""
-        try:
-            response = self.api.head(self._url(), params={"path": path})
-        except requests.exceptions.RequestException as exc:
-            raise Sm121Error(f"engine connection lost while reading {path}: {exc}") from None
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise Sm121Error(f"engine refused to stat {path} in {self.image_id}: "
-                             f"HTTP {response.status_code}")
-        raw = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
-        return PathStat(path, int(raw.get("size", 0)), int(raw.get("mode", 0)),
-                        str(raw.get("linkTarget") or ""))
+        raise NotImplementedError
 
     def resolve(self, path: str) -> PathStat | None:
         """The stat of what `path` names, following symlinks (as the image would)."""
@@ -299,6 +277,36 @@ class ImageReader:
                                              posixpath.join(posixpath.dirname(current), target))
             done = current
         return done
+
+
+class ImageReader(PathLookups):
+    """Reads paths of one image (absolute, as inside the image) without running it."""
+
+    def __init__(self, client: docker.DockerClient, container: str, image_id: str,
+                 on_read: Callable[[int], None] | None = None) -> None:
+        self.api = client.api
+        self.container = container
+        self.image_id = image_id
+        self.bytes_read = 0
+        self.on_read = on_read
+
+    def _url(self) -> str:
+        return str(self.api._url("/containers/{0}/archive", self.container))
+
+    def stat(self, path: str) -> PathStat | None:
+        """The path's stat (symlinks not followed), or None when it does not exist."""
+        try:
+            response = self.api.head(self._url(), params={"path": path})
+        except requests.exceptions.RequestException as exc:
+            raise Sm121Error(f"engine connection lost while reading {path}: {exc}") from None
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise Sm121Error(f"engine refused to stat {path} in {self.image_id}: "
+                             f"HTTP {response.status_code}")
+        raw = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
+        return PathStat(path, int(raw.get("size", 0)), int(raw.get("mode", 0)),
+                        str(raw.get("linkTarget") or ""))
 
     @contextmanager
     def tar(self, path: str) -> Iterator[tarfile.TarFile]:

@@ -1,8 +1,9 @@
 """A stand-in for the engine's per-path reads (`engine.ImageReader`) over a local folder.
 
-The engine boundary is replaced, nothing else: stat, symlink resolution and tar streams
-come from a real directory tree (real symlinks, real tar), with the archive endpoint's
-Go-style mode bits, so inspect's discovery logic runs without Docker.  The same logic
+The engine boundary is replaced, nothing else: stat and tar streams come from a real
+directory tree (real symlinks, real tar), with the archive endpoint's Go-style mode bits and
+its resolution of symlinked folders on the way; symlink following is the engine module's
+own (`PathLookups`), so inspect's discovery logic runs without Docker.  The same logic
 runs against a real engine in tests/integration/test_image_reader.py.
 """
 
@@ -17,12 +18,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sm121_build.engine import MAX_LINKS, PathStat
+from sm121_build.engine import PathLookups, PathStat
 
 GO_DIR, GO_SYMLINK = 1 << 31, 1 << 27
 
 
-class DirectoryFiles:
+class DirectoryFiles(PathLookups):
     """An image's filesystem, as the folder `root` holds it."""
 
     def __init__(self, root: Path) -> None:
@@ -57,25 +58,6 @@ class DirectoryFiles:
             mode |= GO_SYMLINK
             link = os.readlink(local)
         return PathStat("/" + str(local.relative_to(self.root)), info.st_size, mode, link)
-
-    def resolve(self, path: str) -> PathStat | None:
-        for _ in range(MAX_LINKS):
-            found = self.stat(path)
-            if found is None or not found.is_symlink:
-                return found
-            target = found.link_target
-            path = posixpath.normpath(target if target.startswith("/") else
-                                      posixpath.join(posixpath.dirname(found.path), target))
-        return None
-
-    def canonical(self, path: str) -> str:
-        local = self._local(path)
-        while local.is_symlink():
-            target = os.readlink(local)
-            inside = posixpath.normpath(target if target.startswith("/") else posixpath.join(
-                posixpath.dirname("/" + str(local.relative_to(self.root))), target))
-            local = self._local(inside)
-        return "/" + str(local.relative_to(self.root))
 
     def read_bytes(self, path: str, limit: int = 64 << 20) -> bytes | None:
         found = self.resolve(path)

@@ -7,6 +7,8 @@ import io
 import json
 import subprocess
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import docker
@@ -39,12 +41,18 @@ CHANGES = ['ENV PATH=/opt/venv/bin:/usr/local/cuda/bin:/usr/bin:/bin',
            'ENTRYPOINT ["vllm", "serve"]']
 
 
-def _import(client: docker.DockerClient, root: Path, tag: str) -> None:
+@contextmanager
+def imported(client: docker.DockerClient, root: Path, tag: str) -> Iterator[str]:
+    """The folder as an image (`docker import` with the venv config), removed afterwards."""
     data = subprocess.run(["tar", "-C", str(root), "-c", "."], check=True,
                           capture_output=True).stdout
     repository, version = tag.split(":")
     client.api.import_image_from_data(data, repository=repository, tag=version,
                                       changes=CHANGES)
+    try:
+        yield tag
+    finally:
+        client.images.remove(tag, force=True)
 
 
 def _readers(client: docker.DockerClient) -> list[str]:
@@ -55,8 +63,7 @@ def test_engine_reads_agree_with_the_folder(tmp_path: Path) -> None:
     client = client_or_skip()
     root = make_tree(tmp_path / "root", TREE)
     tag = "sm121-test/reader-venv:1"
-    _import(client, root, tag)
-    try:
+    with imported(client, root, tag):
         engine = Engine.connect()
         info = engine.image(tag)
         expected = facts_from_files(info, DirectoryFiles(root))
@@ -75,16 +82,13 @@ def test_engine_reads_agree_with_the_folder(tmp_path: Path) -> None:
         assert (found.vllm.cuda_version, found.vllm.torch_version) == ("13.0", "2.11.0+cu130")
         assert "vllm/model_executor/x.abi3.so" in names
         assert _readers(client) == []
-    finally:
-        client.images.remove(tag, force=True)
 
 
 def test_reader_container_removed_on_error_and_on_interrupt(tmp_path: Path) -> None:
     client = client_or_skip()
     root = make_tree(tmp_path / "root", TREE)
     tag = "sm121-test/reader-venv:2"
-    _import(client, root, tag)
-    try:
+    with imported(client, root, tag):
         engine = Engine.connect()
         image_id = engine.image(tag).id
         for error in (Sm121Error("boom"), KeyboardInterrupt()):
@@ -93,16 +97,13 @@ def test_reader_container_removed_on_error_and_on_interrupt(tmp_path: Path) -> N
                 assert len(_readers(client)) == 1
                 raise error
             assert _readers(client) == []
-    finally:
-        client.images.remove(tag, force=True)
 
 
 def test_pin_reads_a_venv_image_from_its_config(tmp_path: Path) -> None:
     client = client_or_skip()
     root = make_tree(tmp_path / "root", TREE)
     tag = "sm121-test/reader-venv:3"
-    _import(client, root, tag)
-    try:
+    with imported(client, root, tag):
         result = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
         assert result.returncode == 0, result.stderr
         data = json.loads(result.stdout)["vllm"]
@@ -115,8 +116,6 @@ def test_pin_reads_a_venv_image_from_its_config(tmp_path: Path) -> None:
         again = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["vllm"] == data
-    finally:
-        client.images.remove(tag, force=True)
 
 
 def test_image_removed_while_it_is_read_is_one_line(tmp_path: Path) -> None:
@@ -145,19 +144,19 @@ def test_full_tmpdir_is_one_line_naming_the_folder(tmp_path: Path) -> None:
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a 1 MB tmpfs here: {mounted.stderr.decode().strip()}")
     tag = "sm121-test/reader-big-so:1"
+    root = make_tree(tmp_path / "root", {"opt/x/big.abi3.so": b"\x7fELF" + bytes(3 << 20)})
     try:
-        root = make_tree(tmp_path / "root", {"opt/x/big.abi3.so": b"\x7fELF" + bytes(3 << 20)})
-        _import(client, root, tag)
-        result = cli("audit", tag, "--include", "/opt/x/*", env={"TMPDIR": str(small)})
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"error: no space left in {small}/"), lines
-        assert "point TMPDIR at a larger disk" in lines[0]
-        assert list(small.iterdir()) == []
-        assert _readers(client) == []
+        with imported(client, root, tag):
+            result = cli("audit", tag, "--include", "/opt/x/*", env={"TMPDIR": str(small)})
+            assert result.returncode == 2, result.stderr
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1, lines
+            assert lines[0].startswith(f"error: no space left in {small}/"), lines
+            assert "point TMPDIR at a larger disk" in lines[0]
+            assert list(small.iterdir()) == []
+            assert _readers(client) == []
     finally:
         subprocess.run(["umount", str(small)], check=False)
-        client.images.remove(tag, force=True)
 
 
 def test_audit_reads_only_the_included_folders(matrix: dict[str, Path], host_only_so: Path,
@@ -170,8 +169,7 @@ def test_audit_reads_only_the_included_folders(matrix: dict[str, Path], host_onl
             "srv/filler/blob": bytes(8 << 20)}
     root = make_tree(tmp_path / "root", tree)
     tag = "sm121-test/reader-venv:4"
-    _import(client, root, tag)
-    try:
+    with imported(client, root, tag):
         scoped = cli("audit", "--json", tag, "--include", "*/vllm/*")
         assert scoped.returncode == 0, scoped.stderr
         names = {b["name"]: b["verdict"] for b in json.loads(scoped.stdout)["binaries"]}
@@ -186,5 +184,3 @@ def test_audit_reads_only_the_included_folders(matrix: dict[str, Path], host_onl
         assert {b["name"] for b in json.loads(absolute.stdout)["binaries"]} == {
             "/srv/filler/other.abi3.so"}
         assert _readers(client) == []
-    finally:
-        client.images.remove(tag, force=True)
