@@ -244,6 +244,12 @@ class PathStat:
         return not self.mode & _MODE_TYPE
 
 
+def _link_path(link: str, target: str) -> str:
+    """Where a symlink at `link` pointing to `target` leads (absolute, normalised)."""
+    return posixpath.normpath(target if target.startswith("/") else
+                              posixpath.join(posixpath.dirname(link), target))
+
+
 class PathLookups:
     """Symlink-following lookups on top of a `stat` that does not follow them, as the
     engine's archive endpoint does (its stand-in in tests shares these)."""
@@ -257,10 +263,7 @@ class PathLookups:
             found = self.stat(path)
             if found is None or not found.is_symlink:
                 return found
-            target = found.link_target
-            path = target if target.startswith("/") else posixpath.join(
-                posixpath.dirname(path), target)
-            path = posixpath.normpath(path)
+            path = _link_path(path, found.link_target)
         return None
 
     def canonical(self, path: str) -> str:
@@ -272,9 +275,7 @@ class PathLookups:
                 found = self.stat(current)
                 if found is None or not found.is_symlink:
                     break
-                target = found.link_target
-                current = posixpath.normpath(target if target.startswith("/") else
-                                             posixpath.join(posixpath.dirname(current), target))
+                current = _link_path(current, found.link_target)
             done = current
         return done
 
@@ -287,7 +288,6 @@ class ImageReader(PathLookups):
         self.api = client.api
         self.container = container
         self.image_id = image_id
-        self.bytes_read = 0
         self.on_read = on_read
 
     def _url(self) -> str:
@@ -324,7 +324,7 @@ class ImageReader(PathLookups):
             if response.status_code != 200:
                 raise Sm121Error(f"engine refused to read {path} in {self.image_id}: "
                                  f"HTTP {response.status_code}")
-            stream = cast(IO[bytes], _CountingReader(response.raw, self))
+            stream = cast(IO[bytes], _CountingReader(response.raw, self.on_read))
             with tarfile.open(fileobj=stream, mode="r|") as archive:
                 yield archive
         except (tarfile.TarError, requests.exceptions.RequestException) as exc:
@@ -332,46 +332,50 @@ class ImageReader(PathLookups):
         finally:
             response.close()
 
-    def read_bytes(self, path: str, limit: int = 64 << 20) -> bytes | None:
-        """A small regular file's content (symlinks followed), or None when absent."""
+    @contextmanager
+    def _open_file(self, path: str, limit: int | None = None) -> Iterator[
+            tuple[PathStat, tarfile.TarInfo, IO[bytes]] | None]:
+        """The regular file `path` names (symlinks followed) as (stat, tar member, stream);
+        None when there is none, or it is larger than `limit`."""
         found = self.resolve(path)
-        if found is None or not found.is_file or found.size > limit:
-            return None
+        if found is None or not found.is_file or (limit is not None and found.size > limit):
+            yield None
+            return
         with self.tar(found.path) as archive:
             for member in archive:
                 handle = archive.extractfile(member) if member.isfile() else None
                 if handle is not None:
-                    return handle.read()
-        return None
+                    yield found, member, handle
+                    return
+        yield None
+
+    def read_bytes(self, path: str, limit: int = 64 << 20) -> bytes | None:
+        """A small regular file's content (symlinks followed), or None when absent."""
+        with self._open_file(path, limit) as opened:
+            return opened[2].read() if opened else None
 
     def copy_file(self, path: str, dest: Path) -> PathStat | None:
         """Stream one regular file (symlinks followed) to `dest`; None when absent."""
-        found = self.resolve(path)
-        if found is None or not found.is_file:
-            return None
-        with self.tar(found.path) as archive:
-            for member in archive:
-                handle = archive.extractfile(member) if member.isfile() else None
-                if handle is None:
-                    continue
-                # the image's mode, readable by us
-                write_stream(handle, dest, path, member.mode & 0o755 | 0o600)
-                return found
-        return None
+        with self._open_file(path) as opened:
+            if opened is None:
+                return None
+            found, member, handle = opened
+            # the image's mode, readable by us
+            write_stream(handle, dest, path, member.mode & 0o755 | 0o600)
+            return found
 
 
 class _CountingReader:
-    """A raw HTTP body that tallies the bytes read (for progress lines)."""
+    """A raw HTTP body that reports each read's size (for progress lines)."""
 
-    def __init__(self, raw: Any, owner: ImageReader) -> None:
+    def __init__(self, raw: Any, on_read: Callable[[int], None] | None) -> None:
         self.raw = raw
-        self.owner = owner
+        self.on_read = on_read
 
     def read(self, size: int = -1) -> bytes:
         data: bytes = self.raw.read(size, decode_content=True)
-        self.owner.bytes_read += len(data)
-        if self.owner.on_read:
-            self.owner.on_read(len(data))
+        if self.on_read:
+            self.on_read(len(data))
         return data
 
 

@@ -49,7 +49,8 @@ CACHE_FORMAT = 5
 
 
 class ImageFiles(Protocol):
-    """What inspect needs of an image's files (engine.ImageReader; a dict in unit tests)."""
+    """What inspect needs of an image's files (engine.ImageReader; in unit tests, the
+    folder stand-in tests/dirfiles.py)."""
 
     def stat(self, path: str) -> PathStat | None: ...
 
@@ -133,6 +134,11 @@ def _env(info: ImageInfo) -> dict[str, str]:
     return dict(item.partition("=")[::2] for item in info.env)
 
 
+def _path_dirs(env: dict[str, str]) -> list[str]:
+    """The absolute folders of the image's PATH, without trailing slashes."""
+    return [d.rstrip("/") for d in env.get("PATH", "").split(":") if d.startswith("/")]
+
+
 def _entrypoint(info: ImageInfo) -> list[str]:
     words: list[str] = []
     for raw in info.runtime[:2]:  # Entrypoint, Cmd (as JSON)
@@ -149,7 +155,7 @@ def _interpreter_sites(files: ImageFiles, interpreter: str) -> list[str]:
     found = files.stat(interpreter)
     if found is None:
         return []
-    versions: tuple[str, ...] = ()
+    versions: tuple[str, ...]
     link = _PYTHON_NAME.search(found.link_target) if found.is_symlink else None
     own = _PYTHON_NAME.search(interpreter)
     if own:
@@ -199,7 +205,7 @@ def python_sites(info: ImageInfo, files: ImageFiles) -> list[str]:
     interpreter, the interpreters on PATH; then, only when none of those holds vLLM, every
     common prefix and Python version."""
     env = _env(info)
-    path_dirs = [d.rstrip("/") for d in env.get("PATH", "").split(":") if d.startswith("/")]
+    path_dirs = _path_dirs(env)
     sites = [p.rstrip("/") for p in env.get("PYTHONPATH", "").split(":") if p.startswith("/")]
     interpreters = _entry_interpreters(files, _entrypoint(info), path_dirs)
     interpreters += [f"{d}/python3" for d in path_dirs]
@@ -259,8 +265,7 @@ def _torch_version(files: ImageFiles, site: str) -> str | None:
 def _cuda_home(info: ImageInfo, files: ImageFiles) -> str | None:
     env = _env(info)
     homes = [env["CUDA_HOME"]] if env.get("CUDA_HOME", "").startswith("/") else []
-    homes += [posixpath.dirname(d.rstrip("/")) for d in env.get("PATH", "").split(":")
-              if d.startswith("/") and d.rstrip("/").endswith("/bin")]
+    homes += [posixpath.dirname(d) for d in _path_dirs(env) if d.endswith("/bin")]
     for home in dict.fromkeys([*homes, *CUDA_HOMES]):
         nvcc = files.resolve(f"{home}/bin/nvcc")
         if nvcc is not None and nvcc.is_file:
@@ -327,11 +332,11 @@ def inspect_image(engine: Engine, ref: str, use_cache: bool = True) -> ImageFact
     with engine.reader(info.id, progress.add) as files:
         facts = facts_from_files(info, files)
     progress.done()
-    _store(cached, json.dumps(facts.to_json(), indent=2))
+    store_cache(cached, json.dumps(facts.to_json(), indent=2))
     return facts
 
 
-def _store(path: Path, text: str) -> None:
+def store_cache(path: Path, text: str) -> None:
     """Write the cache atomically; a cache that cannot be written is only a lost speed-up."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)

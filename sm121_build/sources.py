@@ -112,20 +112,11 @@ def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) ->
     roots: list[str] = []
     for pattern in include:
         parts = [p for p in pattern.split("/") if p]
-        fixed = []
-        for part in parts:
-            if GLOB_CHARS.search(part):
-                break
-            fixed.append(part)
+        fixed = _literal_prefix(parts)
         if fixed:
             roots.append("/" + "/".join(fixed))
             continue
-        rest = []
-        if parts and parts[0] == "*":
-            for part in parts[1:]:
-                if GLOB_CHARS.search(part):
-                    break
-                rest.append(part)
+        rest = _literal_prefix(parts[1:]) if parts and parts[0] == "*" else []
         if not rest:
             return ["/"]
         for site in python_sites(info, files):
@@ -137,10 +128,20 @@ def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) ->
                                         for o in roots)]
 
 
+def _literal_prefix(parts: list[str]) -> list[str]:
+    """The leading path segments that hold no glob characters."""
+    literal = []
+    for part in parts:
+        if GLOB_CHARS.search(part):
+            break
+        literal.append(part)
+    return literal
+
+
 def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
                   wanted: Callable[[str], bool], dest: Path, progress: Progress) -> list[Binary]:
-    """Stream the roots; keep the wanted ELF files that carry device code (and report the
-    ones that do not with an empty stand-in, so the table still counts them)."""
+    """Stream the roots; keep the wanted ELF files that carry device code, and list the
+    others by name and size only (`host_only_size`), so the table still counts them."""
     found: list[Binary] = []
     kept: set[str] = set()
     for root in walk_roots(include, info, files):

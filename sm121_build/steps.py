@@ -49,9 +49,8 @@ class Progress:
     """A live line for long reads ("1.2 GB read, 3 ELF files"): rewritten in place on a
     terminal at most five times a second; elsewhere a plain line every 15 seconds."""
 
-    def __init__(self, label: str, enabled: bool = True) -> None:
+    def __init__(self, label: str) -> None:
         self.label = label
-        self.enabled = enabled
         self.tty = sys.stderr.isatty()
         self.started = self.last = time.monotonic()
         self.read = 0
@@ -70,7 +69,7 @@ class Progress:
         self.read = self.read if read is None else read
         self.found = self.found if found is None else found
         now = time.monotonic()
-        if not self.enabled or now - self.last < (0.2 if self.tty else 15.0):
+        if now - self.last < (0.2 if self.tty else 15.0):
             return
         self.last = now
         if self.tty:
@@ -81,5 +80,5 @@ class Progress:
 
     def done(self) -> None:
         end_status_line()
-        if self.enabled and time.monotonic() - self.started >= 2.0:
+        if time.monotonic() - self.started >= 2.0:
             click.echo(f"    {self._text()}", err=True)

@@ -13,7 +13,6 @@ the torch libraries export is cached per stock image ID.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from .inspect import (
     cache_dir,
     facts_from_files,
     require_vllm,
+    store_cache,
 )
 from .spill import write_stream
 from .steps import Progress, end_status_line
@@ -245,11 +245,7 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
                 exported |= torch_exports([part])
                 libraries += 1
                 part.unlink()
-    with suppress(OSError):
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        staged = cached.with_name(f".{cached.name}.{os.getpid()}")
-        staged.write_text(json.dumps({"exported": sorted(exported), "libraries": libraries}))
-        os.replace(staged, cached)
+    store_cache(cached, json.dumps({"exported": sorted(exported), "libraries": libraries}))
     return exported, libraries
 
 

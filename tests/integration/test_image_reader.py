@@ -37,6 +37,7 @@ TREE: dict[str, bytes | str] = {
     "usr/local/cuda-13.0/include/cuda.h": b"#define CUDA_VERSION 13000\n",
     "usr/local/cuda": "cuda-13.0",
 }
+VenvImage = tuple[docker.DockerClient, Path, str]  # engine, folder, tag
 CHANGES = ['ENV PATH=/opt/venv/bin:/usr/local/cuda/bin:/usr/bin:/bin',
            'ENTRYPOINT ["vllm", "serve"]']
 
@@ -55,67 +56,68 @@ def imported(client: docker.DockerClient, root: Path, tag: str) -> Iterator[str]
         client.images.remove(tag, force=True)
 
 
+@pytest.fixture
+def venv_image(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VenvImage]:
+    """(engine, folder, tag): the venv tree as a folder and as an image, one per test."""
+    client = client_or_skip()
+    root = make_tree(tmp_path / "root", TREE)
+    tag = f"sm121-test/reader-venv:{request.node.name[5:40].replace('_', '-')}"
+    with imported(client, root, tag):
+        yield client, root, tag
+
+
 def _readers(client: docker.DockerClient) -> list[str]:
     return [c.id for c in client.containers.list(all=True, filters={"label": READER_LABEL})]
 
 
-def test_engine_reads_agree_with_the_folder(tmp_path: Path) -> None:
-    client = client_or_skip()
-    root = make_tree(tmp_path / "root", TREE)
-    tag = "sm121-test/reader-venv:1"
-    with imported(client, root, tag):
-        engine = Engine.connect()
-        info = engine.image(tag)
-        expected = facts_from_files(info, DirectoryFiles(root))
-        with engine.reader(info.id) as files:
-            found = facts_from_files(info, files)
-            assert files.canonical("/usr/local/cuda/bin/nvcc") == \
-                "/usr/local/cuda-13.0/bin/nvcc"
-            assert files.stat("/nope") is None
-            stat = files.stat(f"/{SITE}/vllm")
-            assert stat is not None and stat.is_dir
-            with files.tar(f"/{SITE}/vllm") as archive:
-                names = sorted(m.name for m in archive if m.isfile())
-        assert found == expected
-        assert found.vllm is not None
-        assert found.vllm.extensions == ("_C.abi3.so", "_moe_C.abi3.so")
-        assert (found.vllm.cuda_version, found.vllm.torch_version) == ("13.0", "2.11.0+cu130")
-        assert "vllm/model_executor/x.abi3.so" in names
+def test_engine_reads_agree_with_the_folder(venv_image: VenvImage) -> None:
+    client, root, tag = venv_image
+    engine = Engine.connect()
+    info = engine.image(tag)
+    expected = facts_from_files(info, DirectoryFiles(root))
+    with engine.reader(info.id) as files:
+        found = facts_from_files(info, files)
+        assert files.canonical("/usr/local/cuda/bin/nvcc") == \
+            "/usr/local/cuda-13.0/bin/nvcc"
+        assert files.stat("/nope") is None
+        stat = files.stat(f"/{SITE}/vllm")
+        assert stat is not None and stat.is_dir
+        with files.tar(f"/{SITE}/vllm") as archive:
+            names = sorted(m.name for m in archive if m.isfile())
+    assert found == expected
+    assert found.vllm is not None
+    assert found.vllm.extensions == ("_C.abi3.so", "_moe_C.abi3.so")
+    assert (found.vllm.cuda_version, found.vllm.torch_version) == ("13.0", "2.11.0+cu130")
+    assert "vllm/model_executor/x.abi3.so" in names
+    assert _readers(client) == []
+
+
+def test_reader_container_removed_on_error_and_on_interrupt(venv_image: VenvImage) -> None:
+    client, _root, tag = venv_image
+    engine = Engine.connect()
+    image_id = engine.image(tag).id
+    for error in (Sm121Error("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(error)), engine.reader(image_id) as files:
+            assert files.stat("/usr") is not None
+            assert len(_readers(client)) == 1
+            raise error
         assert _readers(client) == []
 
 
-def test_reader_container_removed_on_error_and_on_interrupt(tmp_path: Path) -> None:
-    client = client_or_skip()
-    root = make_tree(tmp_path / "root", TREE)
-    tag = "sm121-test/reader-venv:2"
-    with imported(client, root, tag):
-        engine = Engine.connect()
-        image_id = engine.image(tag).id
-        for error in (Sm121Error("boom"), KeyboardInterrupt()):
-            with pytest.raises(type(error)), engine.reader(image_id) as files:
-                assert files.stat("/usr") is not None
-                assert len(_readers(client)) == 1
-                raise error
-            assert _readers(client) == []
-
-
-def test_pin_reads_a_venv_image_from_its_config(tmp_path: Path) -> None:
-    client = client_or_skip()
-    root = make_tree(tmp_path / "root", TREE)
-    tag = "sm121-test/reader-venv:3"
-    with imported(client, root, tag):
-        result = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
-        assert result.returncode == 0, result.stderr
-        data = json.loads(result.stdout)["vllm"]
-        assert data["site_packages"] == f"/{SITE}" and data["python"] == "3.12"
-        assert data["cuda_home"] == "/usr/local/cuda"
-        assert _readers(client) == []
-        # a damaged facts cache is read again, not a traceback
-        for cached in (tmp_path / "cache" / "sm121-build" / "facts").glob("*.json"):
-            cached.write_text("{not json")
-        again = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
-        assert again.returncode == 0, again.stderr
-        assert json.loads(again.stdout)["vllm"] == data
+def test_pin_reads_a_venv_image_from_its_config(venv_image: VenvImage, tmp_path: Path) -> None:
+    client, _root, tag = venv_image
+    result = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)["vllm"]
+    assert data["site_packages"] == f"/{SITE}" and data["python"] == "3.12"
+    assert data["cuda_home"] == "/usr/local/cuda"
+    assert _readers(client) == []
+    # a damaged facts cache is read again, not a traceback
+    for cached in (tmp_path / "cache" / "sm121-build" / "facts").glob("*.json"):
+        cached.write_text("{not json")
+    again = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["vllm"] == data
 
 
 def test_image_removed_while_it_is_read_is_one_line(tmp_path: Path) -> None:
