@@ -24,6 +24,7 @@ from .patch import apply_all, sets_digest
 from .pin import fetch_source, resolve_checkout, version_to_ref
 from .render import LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
 from .steps import Steps
+from .toolchain import host_tools, place_host_tools, require_buildable
 
 CONTENT_KEY_LABEL = f"{LABEL_PREFIX}.content-key"
 
@@ -61,6 +62,9 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
         record.update(vllm_version=vllm.version, base_digest=facts.digest_ref)
         click.echo(f"    vLLM {vllm.version} -> {ref}; {facts.platform}; {facts.digest_ref}",
                    err=True)
+        if vllm.tools:
+            click.echo(f"    build tools: {vllm.tools.describe()}", err=True)
+        require_buildable(vllm.tools, facts.ref)
     with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
         context = Path(tmp)
         with steps.step("source"):
@@ -108,6 +112,13 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                                            f"{LABEL_PREFIX}.patches": meta["patches"]}})
             dockerfile = context / "Dockerfile"
             dockerfile.write_text(render(plan))
+            if plan.bring:
+                click.echo(f"    the builder brings {' and '.join(plan.bring)} ("
+                           f"{'this machine' if plan.bring_from == 'context' else 'pip'})",
+                           err=True)
+            found = host_tools() if plan.bring_from == "context" else None
+            if found:
+                place_host_tools(found, plan.bring, context)
             shutil.copy2(Path(__file__).with_name("build_extensions.py"),
                          context / "build_extensions.py")
             finish(engine, steps, facts, context, dockerfile, plan.extensions, log,

@@ -35,6 +35,19 @@ STAND_IN_FILES = {
 CUTLASS_HEADER = "include/cutlass/cutlass.h"
 
 PTXAS_FP4 = re.compile(r"Instruction 'cvt with \.e2m1x2' not supported on \.target '(sm_\d+)'")
+# The first line that names a cause, in the order a reader would look for it.
+CAUSES = (
+    ("a compiler was killed (out of memory? lower --jobs)",
+     re.compile(r"(Killed signal terminated program \S+|nvcc error\s*:.*killed.*)")),
+    ("ptxas", re.compile(r"(ptxas (?:fatal|error)\s*:.*)")),
+    ("compiler", re.compile(r"(\S+\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|hh)(?:\(\d+\)|:\d+(?::\d+)?):"
+                            r"?\s+(?:fatal )?error\b.*)")),
+    ("linker", re.compile(r"((?:/usr/bin/)?ld(?:\.\w+)?: .*"
+                          r"(?:undefined reference|cannot find).*)")),
+    ("CMake", re.compile(r"(CMake Error.*)")),
+    ("compiler", re.compile(r"((?:At end of source|\S+): (?:fatal )?error: .*)")),
+)
+NVCC_FILE = re.compile(r'errors? detected in the compilation of "([^"]+)"')
 
 
 def _run(args: list[str], log: Path) -> int:
@@ -52,12 +65,38 @@ def _run(args: list[str], log: Path) -> int:
 
 
 def _explain_failure(log: Path) -> str:
+    """One line naming the cause: ptxas's FP4 rejection, a killed compiler, the first
+    compiler/ptxas/linker error, or CMake's own error (with the line that follows it)."""
     text = log.read_text(encoding="utf-8", errors="replace")
     match = PTXAS_FP4.search(text)
     if match:
         return (f"ptxas rejected an FP4 instruction for the plain target {match.group(1)}: "
                 "an FP4 arch guard was not patched (see `sm121-build patch --explain SRC`)")
+    lines = text.splitlines()
+    for label, pattern in CAUSES:
+        for index, line in enumerate(lines):
+            found = pattern.search(line)
+            if not found:
+                continue
+            cause = found.group(1).strip()
+            if label == "CMake":
+                following = next((n.strip() for n in lines[index + 1:index + 4] if n.strip()), "")
+                return f"CMake: {cause} {following}".strip()
+            if label == "compiler" and (where := NVCC_FILE.search(text)) and \
+                    where.group(1) not in cause:
+                cause += f" (in {where.group(1)})"
+            return cause if label == "ptxas" else f"{label}: {cause}"
     return "the build failed; see the log above"
+
+
+def missing_tools(cmake: str) -> list[str]:
+    """Build tools this environment lacks (each with how the recipe gets it)."""
+    missing = []
+    if not shutil.which(cmake):
+        missing.append(f"{cmake} (pip install cmake)")
+    if not shutil.which("ninja"):
+        missing.append("ninja (pip install ninja)")
+    return missing
 
 
 def cutlass_settings(path: Path, unpack_to: Path) -> tuple[dict[str, str], list[str]]:
@@ -125,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.targets and not args.configure_only:
         parser.error("name at least one --target (e.g. --target _C --target _moe_C)")
 
+    missing = missing_tools(args.cmake)
+    if missing:
+        print(f"sm121-build: build failed: not found on PATH: {', '.join(missing)}",
+              file=sys.stderr, flush=True)
+        return 1
     build = args.build_dir or args.source / "build-sm121"
     build.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -19,10 +19,13 @@ from .render import plan_for, render
 @click.option("--no-buildkit", is_flag=True, help="No RUN --mount cache (legacy builder).")
 def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
                no_buildkit: bool) -> None:
-    """Print the multi-stage Dockerfile; the build context needs src/ and build_extensions.py."""
+    """Print the multi-stage Dockerfile; the build context needs src/ and build_extensions.py.
+
+    cmake or ninja the image lacks are pip-installed in the builder stage (network)."""
     cmake_arch_list(arch)
     facts = inspect_image(Engine.connect(), base)
     vllm = require_vllm(facts)
     ref = version_to_ref(vllm.version, vllm.commit_id)
-    plan = plan_for(facts, arch, extra_ext, jobs, None, str(ref), None, not no_buildkit)
+    plan = plan_for(facts, arch, extra_ext, jobs, None, str(ref), None, not no_buildkit,
+                    copy_tools=False)
     click.echo(render(plan), nl=False)

@@ -44,5 +44,7 @@ def pin(image: str, as_json: bool, fetch: bool, source: Path | None, repo: str) 
     click.echo(f"extensions {', '.join(vllm.extensions) or '-'}")
     click.echo(f"cuda       include={vllm.cuda_include or '-'}  lib={vllm.cuda_lib or '-'}  "
                f"home={vllm.cuda_home or '-'}")
+    if vllm.tools:
+        click.echo(f"tools      {vllm.tools.describe()}")
     if checkout:
         click.echo(f"source     {checkout} @ {commit}")

@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import Sm121Error
 from .steps import Progress
+from .toolchain import BuildTools, find_build_tools
 
 if TYPE_CHECKING:  # the Docker SDK is imported only where an engine is used
     from .engine import Engine, ImageInfo, PathStat
@@ -45,7 +46,7 @@ COMMON_PREFIXES = ("/usr/local", "/usr", "/opt/conda", "/opt/venv", "/venv", "/o
 CUDA_TARGETS = ("sbsa-linux", "aarch64-linux", "x86_64-linux")
 CUDA_HOMES = ("/usr/local/cuda", *(f"/usr/local/cuda-{major}.{minor}"
                                    for major in (13, 12) for minor in range(9, -1, -1)))
-CACHE_FORMAT = 5
+CACHE_FORMAT = 6
 
 
 class ImageFiles(Protocol):
@@ -83,6 +84,7 @@ class VllmInstall:
     nvrtc_needs_link: bool
     torch_version: str | None
     cuda_version: str | None = None  # the toolkit of `cuda_home`, e.g. "13.0" (from cuda.h)
+    tools: BuildTools | None = None  # what the builder stage finds (toolchain.py)
 
     @property
     def package_dir(self) -> str:
@@ -317,6 +319,7 @@ def facts_from_files(info: ImageInfo, files: ImageFiles) -> ImageFacts:
         nvrtc_needs_link=nvrtc_versioned and files.stat(f"{cu}/lib/libnvrtc.so") is None,
         torch_version=_torch_version(files, site),
         cuda_version=_cuda_version(files, home) if home else None,
+        tools=find_build_tools(files, _path_dirs(_env(info)), home, [site]),
     )
     return ImageFacts(info.ref, info.id, info.digest_ref, info.platform, info.labels, install)
 
@@ -353,6 +356,7 @@ def _load_facts(path: Path, info: ImageInfo) -> ImageFacts | None:
         raw.update(ref=info.ref, digest_ref=info.digest_ref, labels=info.labels)
         if vllm:
             vllm["extensions"] = tuple(vllm["extensions"])
+            vllm["tools"] = BuildTools(**vllm["tools"]) if vllm.get("tools") else None
         return ImageFacts(**raw, vllm=VllmInstall(**vllm) if vllm else None)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None

@@ -15,6 +15,7 @@ from .errors import Sm121Error
 from .inspect import ImageFacts, require_vllm
 from .patch import sets_digest
 from .shipped import shipped_dir
+from .toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable
 
 LABEL_PREFIX = "io.github.sm121-build"
 DEFAULT_EXTENSIONS = re.compile(r"^(_C|_moe_C)(_stable_libtorch)?\.(abi3\.)?so$")
@@ -38,6 +39,8 @@ class BuildPlan:
     nvcc_threads: int = 2
     nvrtc_fix: bool = False
     buildkit: bool = True
+    bring: tuple[str, ...] = ()  # build tools the image lacks: cmake, ninja
+    bring_from: str = ""  # "context" (this machine's copies) or "pip" (in the builder)
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -124,6 +127,17 @@ def _no_syntax_directive(text: str) -> str:
     return text
 
 
+def _toolchain(plan: BuildPlan) -> str:
+    if not plan.bring:
+        return "# (cmake and ninja: the image's own)"
+    packages = " ".join(_quote(f"cmake>={MIN_CMAKE[0]}.{MIN_CMAKE[1]}") if name == "cmake"
+                        else name for name in plan.bring)
+    name = "tools-context.Dockerfile.in" if plan.bring_from == "context" else \
+        "tools-pip.Dockerfile.in"
+    return _template(name).substitute(tools=" and ".join(plan.bring), prefix=TOOLS_PREFIX,
+                                      packages=packages).strip()
+
+
 def render(plan: BuildPlan) -> str:
     """The multi-stage build: compile in a builder FROM the base, copy into the pristine base."""
     nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
@@ -142,6 +156,7 @@ def render(plan: BuildPlan) -> str:
         jobs=plan.jobs,
         nvcc_threads=plan.nvcc_threads,
         nvrtc_fix=nvrtc,
+        toolchain=_toolchain(plan),
         cache_mount=cache,
         target_args=" ".join(f"--target {t}" for t in plan.targets),
         copy_lines=_copy_lines(plan, "--from=builder /sm121/out"),
@@ -176,9 +191,12 @@ def provenance_labels(facts: ImageFacts, commit: str, arch: str,
 
 
 def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
-             source: Path | None, git_ref: str, commit: str | None, buildkit: bool) -> BuildPlan:
-    """A build plan from what the image says (paths are detected, never hard-coded)."""
+             source: Path | None, git_ref: str, commit: str | None, buildkit: bool,
+             copy_tools: bool = True) -> BuildPlan:
+    """A build plan from what the image says (paths are detected, never hard-coded).
+    `copy_tools`: cmake/ninja the image lacks may come from this machine via the context."""
     vllm = require_vllm(facts)
+    require_buildable(vllm.tools, facts.ref)
     if not vllm.cuda_home:
         raise Sm121Error(f"image {facts.ref} has no nvcc under /usr/local/cuda*: the builder "
                          "stage needs the CUDA toolkit of a -devel style image")
@@ -190,4 +208,7 @@ def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int
         base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,
         extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,
         cuda_include=include, cuda_lib=lib, jobs=jobs or default_jobs(),
-        nvrtc_fix=vllm.nvrtc_needs_link, buildkit=buildkit, labels=labels)
+        nvrtc_fix=vllm.nvrtc_needs_link, buildkit=buildkit, labels=labels,
+        bring=vllm.tools.to_bring if vllm.tools else (),
+        bring_from=(how_to_bring(vllm.tools, facts.platform) if copy_tools else "pip")
+        if vllm.tools and vllm.tools.to_bring else "")

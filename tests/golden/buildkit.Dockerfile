@@ -15,6 +15,7 @@ ENV TORCH_CUDA_ARCH_LIST="12.1" \
     CCACHE_DIR=/root/.cache/ccache
 COPY src/ /sm121/src/
 COPY build_extensions.py /sm121/build_extensions.py
+# (cmake and ninja: the image's own)
 RUN ln -sf /usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib/libnvrtc.so.13 /usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib/libnvrtc.so
 RUN --mount=type=cache,target=/root/.cache/ccache python3 /sm121/build_extensions.py --source /sm121/src --out /sm121/out --build-dir /sm121/build --target _C --target _moe_C
 

@@ -35,15 +35,36 @@ PLAN = BuildPlan(
     ("legacy-stable-libtorch.Dockerfile", BuildPlan(**{
         **PLAN.__dict__, "buildkit": False, "nvrtc_fix": False,
         "extensions": ("_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so"),
-        "package_dir": "/opt/venv/lib/python3.11/site-packages/vllm"})),
+        "package_dir": "/opt/venv/lib/python3.11/site-packages/vllm",
+        "bring": ("cmake",), "bring_from": "context"})),
+    ("pip-tools.Dockerfile", BuildPlan(**{**PLAN.__dict__, "bring": ("cmake", "ninja"),
+                                          "bring_from": "pip"})),
 ])
 def test_golden(name: str, plan: BuildPlan) -> None:
     text = render(plan).replace(__version__, "<VERSION>")
-    golden = GOLDEN / name
+    _compare_golden(GOLDEN / name, text)
+    assert "syntax" not in text.splitlines()[0]
+
+
+def _compare_golden(golden: Path, text: str) -> None:
+    """SM121_UPDATE_GOLDEN=1 rewrites the file and fails: a rewrite is never a pass."""
     if os.environ.get("SM121_UPDATE_GOLDEN") == "1":
         golden.write_text(text)
+        pytest.fail(f"{golden.name} rewritten; review the diff and run again without "
+                    "SM121_UPDATE_GOLDEN")
     assert text == golden.read_text()
-    assert "syntax" not in text.splitlines()[0]
+
+
+def test_tools_stay_in_the_builder_stage() -> None:
+    """cmake/ninja the image lacks are added before the compile, and never after the
+    final stage's FROM."""
+    for bring_from, marker in (("context", "COPY tools/"), ("pip", "pip install")):
+        text = render(BuildPlan(**{**PLAN.__dict__, "bring": ("cmake",),
+                                   "bring_from": bring_from}))
+        final = text.rindex("\nFROM ")
+        assert marker in text[:final] and marker not in text[final:]
+        assert text.index(marker) < text.index("build_extensions.py --source")
+        assert '"cmake>=3.26"' in text or bring_from == "context"
 
 
 def test_targets_from_extension_names() -> None:
@@ -69,9 +90,6 @@ def test_inject_golden() -> None:
     from sm121_build.render import render_inject
 
     text = render_inject(PLAN).replace(__version__, "<VERSION>")
-    golden = GOLDEN / "inject-artifacts.Dockerfile"
-    if os.environ.get("SM121_UPDATE_GOLDEN") == "1":
-        golden.write_text(text)
-    assert text == golden.read_text()
+    _compare_golden(GOLDEN / "inject-artifacts.Dockerfile", text)
     assert [line for line in text.splitlines() if line.startswith(("FROM", "RUN"))] == [
         f"FROM {PLAN.base}"]  # one stage, nothing compiled
