@@ -15,16 +15,20 @@ from typing import Any
 
 import click
 
-from . import __version__, run_report
+from . import __version__, ledger, run_report
+from .audit import BinaryReport, audit_binary
+from .decide import decide
 from .engine import Engine
 from .explain import DEFAULT_CUDA, cmake_arch_list
-from .inject import Finish, finish
+from .inject import Finish, finish, tag_result, verify_and_export
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
 from .patch import apply_all, sets_digest
 from .pin import fetch_source, resolve_checkout, version_to_ref
+from .refs import versioned_tag
 from .render import LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
-from .steps import Steps
+from .steps import Progress, Steps, end_status_line, status_line
 from .toolchain import host_tools, place_host_tools, require_buildable
+from .verify import SM121
 
 CONTENT_KEY_LABEL = f"{LABEL_PREFIX}.content-key"
 
@@ -41,6 +45,8 @@ class Options:
     out: Path | None
     force: bool
     no_patch: bool
+    pull: str = "never"  # "always" (like docker build --pull), "missing" or "never"
+    versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
@@ -55,6 +61,7 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
     arch_cmake = cmake_arch_list(opts.arch)
     steps = Steps()
     engine = Engine.connect()
+    pull_base(engine, steps, opts.base, opts.pull, record)
     with steps.step(f"inspect {opts.base}"):
         facts = inspect_image(engine, opts.base)
         vllm = require_vllm(facts)
@@ -79,14 +86,26 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
         key = content_key(facts, commit, plan, opts.no_patch)
         record.update(vllm_commit=commit, arch_list=plan.arch_list, content_key=key,
                       extensions=list(plan.extensions))
+        meta = {"base": facts.ref, "base_digest": facts.digest_ref,
+                "vllm_version": vllm.version, "vllm_commit": commit,
+                "vllm_commit_id": vllm.commit_id, "arch_list": plan.arch_list,
+                "patches": "none" if opts.no_patch else sets_digest(),
+                "package_dir": plan.package_dir, "tool_version": __version__}
+        also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
+            if opts.versioned_tag else ()
+        target = Finish(opts.tag, opts.out, meta, record, also)
         existing = engine.find_by_label(CONTENT_KEY_LABEL, key)
         if existing and not opts.force:
-            if not engine.exists(opts.tag):
-                engine.tag(existing[0].id, opts.tag)
             kept = run_report.recall(key) or {}
             record.update({k: kept[k] for k in ("before", "after", "fp4_excluded", "log")
-                           if k in kept}, status="up-to-date", image_id=existing[0].id)
-            click.echo(f"up to date: {opts.tag} (content key {key}); --force rebuilds")
+                           if k in kept}, status="up-to-date")
+            if opts.out:  # as after a build: the verified files and their manifest
+                with steps.step("verify"):
+                    verify_and_export(engine, facts, existing[0].id, plan.extensions, None,
+                                      target)
+            tag_result(engine, facts, existing[0].id, target)
+            click.echo(f"up to date: {', '.join(target.tags)} (content key {key}); "
+                       "--force rebuilds")
             return opts.tag
         with steps.step("patch"):
             if opts.no_patch:
@@ -97,15 +116,26 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                                         cuda_version=cuda):
                     click.echo(f"    {result.name}: {result.outcome} ({result.detail})",
                                err=True)
+        if not opts.force:
+            with steps.step("decide"):
+                decision = decide(read_stock(engine, facts, plan.extensions), checkout,
+                                  context / "src", arch_cmake, vllm.cuda_version or DEFAULT_CUDA,
+                                  SM121.target)
+                for line in decision.lines():
+                    click.echo(f"    {line}", err=True)
+                click.echo(f"    {'rebuild' if decision.rebuild else 'no rebuild'}: "
+                           f"{decision.reason}", err=True)
+            record["decision"] = decision.as_record()
+            if not decision.rebuild:
+                record["status"] = "not-needed"
+                click.echo(f"no rebuild needed: {opts.base} already runs natively on sm_121 "
+                           f"({'; '.join(decision.lines())}); nothing tagged; --force builds "
+                           "anyway")
+                return opts.tag
         log = cache_dir() / "logs" / f"build-{key}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("")
         record["log"] = str(log)
-        meta = {"base": facts.ref, "base_digest": facts.digest_ref,
-                "vllm_version": vllm.version, "vllm_commit": commit,
-                "vllm_commit_id": vllm.commit_id, "arch_list": plan.arch_list,
-                "patches": "none" if opts.no_patch else sets_digest(),
-                "package_dir": plan.package_dir, "tool_version": __version__}
         with engine.pinned(facts.id) as pin:
             plan = BuildPlan(**{**plan.__dict__, "base": pin,
                                 "labels": {**plan.labels, CONTENT_KEY_LABEL: key,
@@ -122,9 +152,48 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
             shutil.copy2(Path(__file__).with_name("build_extensions.py"),
                          context / "build_extensions.py")
             finish(engine, steps, facts, context, dockerfile, plan.extensions, log,
-                   f"build {', '.join(plan.extensions)} for {opts.arch}",
-                   Finish(opts.tag, opts.out, meta, record))
+                   f"build {', '.join(plan.extensions)} for {opts.arch}", target)
     record["status"] = "built"
     run_report.remember(record)
-    click.echo(f"tagged {opts.tag}  (log: {log})")
+    click.echo(f"tagged {', '.join(target.tags)}  (log: {log})")
     return opts.tag
+
+
+def read_stock(engine: Engine, facts: ImageFacts,
+               extensions: tuple[str, ...]) -> dict[str, BinaryReport | None]:
+    """The stock image's copies of the extensions a build would replace, audited."""
+    package = require_vllm(facts).package_dir
+    reports: dict[str, BinaryReport | None] = {}
+    progress = Progress("reading the stock extensions")
+    with tempfile.TemporaryDirectory(prefix="sm121-decide-") as tmp, \
+            engine.reader(facts.id, progress.add) as files:
+        for name in extensions:
+            local = Path(tmp) / name
+            found = files.copy_file(f"{package}/{name}", local)
+            reports[name] = audit_binary(local, name, SM121, with_kernels=True) if found \
+                else None
+            local.unlink(missing_ok=True)
+    progress.done()
+    return reports
+
+
+def pull_base(engine: Engine, steps: Steps, base: str, mode: str,
+              record: dict[str, Any]) -> None:
+    """`--pull` (always) or `--pull=missing`: bring the base from its registry first.  A tag
+    that moved leaves the old image behind; the ledger notes it for `sm121-build prune`."""
+    if mode == "never" or (mode == "missing" and engine.exists(base)):
+        return
+    with steps.step(f"pull {base}"):
+        before = engine.image_id(base)
+        after = engine.pull(base, status_line)
+        end_status_line()
+        changed = before is not None and before != after
+        if changed and before:
+            ledger.record_replaced(base, before)
+        record["pulled"] = {"before": before, "after": after}
+        short = after.split(":")[-1][:12]
+        if changed and before:
+            line = f"new image {short} (was {before.split(':')[-1][:12]})"
+        else:
+            line = f"unchanged, {short}" if before else f"new image {short}"
+        click.echo(f"    {base}: {line}", err=True)

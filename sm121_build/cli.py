@@ -48,8 +48,9 @@ def _register() -> None:
     from .cmd_inject import inject
     from .cmd_patch import patch
     from .cmd_pin import pin
+    from .cmd_prune import prune_command
 
-    for command in (build, inject, audit, pin, patch, dockerfile):
+    for command in (build, inject, audit, pin, patch, dockerfile, prune_command):
         cli.add_command(command)
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import click
 
 from .build import Options, run_build
+from .errors import Sm121Error
 from .local import run_local
 from .pin import UPSTREAM
-from .refs import default_tag, validate_image_ref
+from .refs import IMAGE_ID, default_tag, validate_image_ref
 from .run_report import new_record, recorded
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
@@ -30,6 +31,12 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Export the built .so files and manifest.json here.")
 @click.option("--force", is_flag=True, help="Rebuild even when the content key is unchanged.")
+@click.option("--pull", type=click.Choice(["always", "missing", "never"]), is_flag=False,
+              flag_value="always", default="never", show_default=True,
+              help="Pull the base first: --pull (always, like `docker build --pull`, for a "
+                   "moving tag) or --pull=missing (only when it is not here).")
+@click.option("--versioned-tag", is_flag=True,
+              help="Also tag <tag>-<vLLM version>-<commit>-b<base ID>: an immutable name to pin.")
 @click.option("--no-patch", is_flag=True, help="Build without the patch sets (diagnosis).")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
@@ -43,7 +50,7 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
-          offline: bool, cutlass: Path | None) -> None:
+          offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool) -> None:
     """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
     if local:
         if not source or not out:
@@ -59,8 +66,10 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
         raise click.UsageError("--offline and --cutlass go with --local (the image build "
                                "fetches what vLLM's CMake needs inside the builder)")
     validate_image_ref(base)
+    if pull != "never" and IMAGE_ID.match(base):
+        raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
     result_tag = validate_image_ref(tag) if tag else default_tag(base)
     with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
         run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
-                          no_patch=no_patch), record)
+                          no_patch=no_patch, pull=pull, versioned_tag=versioned_tag), record)

@@ -37,7 +37,7 @@ import docker.errors
 import requests.exceptions
 
 from .errors import Sm121Error
-from .refs import validate_image_ref
+from .refs import IMAGE_ID, split_ref, validate_image_ref
 from .spill import write_stream
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
@@ -112,6 +112,65 @@ class Engine:
             runtime=tuple(json.dumps(config.get(key)) for key in
                           ("Entrypoint", "Cmd", "WorkingDir", "User", "ExposedPorts")),
         )
+
+    def pull(self, ref: str, status: Callable[[str], None] | None = None) -> str:
+        """Pull `ref` from its registry (as `docker pull`); returns the local image ID."""
+        if IMAGE_ID.match(ref):
+            raise Sm121Error(f"{ref} is an image ID: there is nothing to pull it from; "
+                             "name the image by repository and tag")
+        name, tag, digest = split_ref(ref)
+        layers: dict[str, str] = {}
+        try:
+            for event in self.client.api.pull(name, tag=digest or tag or "latest", stream=True,
+                                              decode=True):
+                if "error" in event:
+                    raise Sm121Error(f"cannot pull {ref}: {event['error']}")
+                if event.get("id") and event.get("status"):
+                    layers[event["id"]] = str(event["status"])
+                    done = sum(1 for s in layers.values()
+                               if s in ("Pull complete", "Already exists"))
+                    if status:
+                        status(f"pulling {ref}: {done}/{len(layers)} layers")
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"cannot pull {ref}: "
+                             f"{exc.explanation or exc}") from None
+        except requests.exceptions.RequestException as exc:
+            raise Sm121Error(f"cannot pull {ref}: engine connection lost ({exc})") from None
+        return self.image(ref).id
+
+    def image_id(self, ref: str) -> str | None:
+        """The local image ID `ref` names, or None when there is none."""
+        try:
+            return str(self.client.images.get(ref).id)
+        except docker.errors.ImageNotFound:
+            return None
+
+    def tags_of(self, image_id: str) -> tuple[str, ...]:
+        try:
+            return tuple(self.client.images.get(image_id).tags)
+        except docker.errors.ImageNotFound:
+            return ()
+
+    def untag(self, tag: str) -> None:
+        """Remove one tag (never the image under another tag; never by force)."""
+        with suppress(docker.errors.ImageNotFound):
+            self.client.images.remove(tag, force=False, noprune=True)
+
+    def remove_unused(self, image_id: str) -> str | None:
+        """Remove an untagged image nothing builds on; returns why not when it stays."""
+        try:
+            self.client.images.remove(image_id, force=False, noprune=False)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            return str(exc.explanation or exc)
+        return None
+
+    def created(self, image_id: str) -> str:
+        try:
+            return str(self.client.images.get(image_id).attrs.get("Created") or "")
+        except docker.errors.ImageNotFound:
+            return ""
 
     def exists(self, ref: str) -> bool:
         try:

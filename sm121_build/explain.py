@@ -22,6 +22,8 @@ GUARD_CALL = re.compile(r'cuda_archs_loose_intersection\(\s*(?P<var>\w+)\s+"(?P<
 # Guards whose kernels use FP4 conversions that ptxas rejects for plain sm_12x targets.
 FP4_GUARD = re.compile(r"^(?:FP4|NVFP4|MXFP4|QUTLASS)\w*ARCHS$")
 PLAIN_SM12X = re.compile(r"^12\.\d+$")
+GUARD_START = re.compile(r"\bcuda_archs_loose_intersection\s*\(")
+NARROWING = "CUDA_ARCHS"
 GUARD_FILES = ("CMakeLists.txt", "cmake/external_projects/qutlass.cmake")
 MIN_CMAKE = (3, 26)
 SUPPORTED_SET = re.compile(r"^\s*set\(\s*CUDA_SUPPORTED_ARCHS\b")
@@ -77,8 +79,16 @@ def find_guards(source: Path) -> list[tuple[str, int, str, str, str]]:
         if not path.exists():
             continue
         stack: list[str] = []
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
             code = line.split("#", 1)[0].strip()
+            start = GUARD_START.search(code)
+            if start and ")" not in code[start.end():]:
+                # a call split over lines: join it up to its closing parenthesis
+                for more in lines[number:number + 8]:
+                    code += " " + more.split("#", 1)[0].strip()
+                    if ")" in more:
+                        break
             if re.match(r"if\s*\(", code):
                 stack.append(re.sub(r"\s+", " ", code[code.index("(") + 1:].rstrip(")")))
             elif re.match(r"elseif\s*\(", code) and stack:
@@ -88,6 +98,8 @@ def find_guards(source: Path) -> list[tuple[str, int, str, str, str]]:
             elif re.match(r"endif\s*\(", code) and stack:
                 stack.pop()
             for match in GUARD_CALL.finditer(code):
+                if match.group("var") == NARROWING:
+                    continue  # vLLM's own narrowing to CUDA_SUPPORTED_ARCHS (effective_archs)
                 found.append((rel, number, match.group("var"), match.group("list"),
                               stack[-1] if stack else ""))
     return found

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from . import artifacts as artifacts_mod
-from . import run_report
+from . import ledger, run_report
 from .engine import Engine, build_image
 from .errors import Sm121Error
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
@@ -32,6 +32,11 @@ class Finish:
     out: Path | None
     meta: dict[str, Any]  # manifest fields besides files
     record: dict[str, Any] = field(default_factory=dict)  # the run's report, filled in here
+    also: tuple[str, ...] = ()  # more tags for the same image (e.g. the immutable one)
+
+    @property
+    def tags(self) -> list[str]:
+        return list(dict.fromkeys((self.tag, *self.also)))
 
 
 def _details(verified: Verified) -> dict[str, dict[str, Any]]:
@@ -48,25 +53,38 @@ def finish(engine: Engine, steps: Steps, stock: ImageFacts, context: Path, docke
     try:
         with steps.step(title):
             image_id = build_image(engine, context, dockerfile, log, status_line)
-        with steps.step("verify"), verify_image(engine, stock, image_id, extensions,
-                                                log) as verified:
-            target.record.update(
-                before=run_report.binaries(verified.stock_reports),
-                after=run_report.binaries(verified.reports),
-                fp4_excluded={n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
-                abi_symbols_checked=verified.abi.checked)
-            if target.out:
-                manifest = artifacts_mod.export(target.out, verified.files, target.meta,
-                                                _details(verified))
-                target.record["artifacts"] = str(target.out)
-                click.echo(f"    artifacts: {manifest}", err=True)
-        engine.tag(image_id, target.tag)
-        target.record["image_id"] = image_id
+        with steps.step("verify"):
+            verify_and_export(engine, stock, image_id, extensions, log, target)
+        tag_result(engine, stock, image_id, target)
     except BaseException:
         if image_id:
             engine.remove_created(image_id, before)
         raise
     return image_id
+
+
+def verify_and_export(engine: Engine, stock: ImageFacts, image_id: str,
+                      extensions: tuple[str, ...], log: Path | None, target: Finish) -> None:
+    """Verify the image (raises on any problem); record the audit; export to `--out`."""
+    with verify_image(engine, stock, image_id, extensions, log) as verified:
+        target.record.update(
+            before=run_report.binaries(verified.stock_reports),
+            after=run_report.binaries(verified.reports),
+            fp4_excluded={n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
+            abi_symbols_checked=verified.abi.checked)
+        if target.out:
+            manifest = artifacts_mod.export(target.out, verified.files, target.meta,
+                                            _details(verified))
+            target.record["artifacts"] = str(target.out)
+            click.echo(f"    artifacts: {manifest}", err=True)
+
+
+def tag_result(engine: Engine, stock: ImageFacts, image_id: str, target: Finish) -> None:
+    """Give the verified image every tag asked for, and write it in the ledger (for prune)."""
+    for tag in target.tags:
+        engine.tag(image_id, tag)
+    target.record.update(image_id=image_id, tags=target.tags)
+    ledger.record_built(image_id, target.tags, stock.id)
 
 
 def run_inject(folder: Path, base: str, tag: str, out: Path | None = None,

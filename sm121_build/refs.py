@@ -55,3 +55,18 @@ def default_tag(base: str, suffix: str = "sm121") -> str:
                          "tag from: name one with --tag")
     name, tag, _digest = split_ref(base)
     return f"{name}:{(tag or 'latest')}-{suffix}"
+
+
+_TAG_CHARS = re.compile(r"[^\w.-]+")
+
+
+def versioned_tag(tag: str, version: str, commit: str, base_id: str) -> str:
+    """The immutable companion of a moving tag: `…:cu130-nightly-sm121` ->
+    `…:cu130-nightly-sm121-0.11.1rc2.dev12-abcdef123456-b1a2b3c4d` (vLLM version, commit,
+    and the base image's ID, so a rebuild of the same commit on a new base gets its own
+    name; tag characters only, <= 128)."""
+    name, current, _digest = split_ref(tag)
+    suffix = (f"-{_TAG_CHARS.sub('-', version).strip('-.')}-{commit[:12]}"
+              f"-b{base_id.split(':')[-1][:9]}")
+    stem = (current or "latest")[:128 - len(suffix)]
+    return validate_image_ref(f"{name}:{stem}{suffix}")

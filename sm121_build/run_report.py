@@ -22,6 +22,7 @@ STATUS_WORDS = {
     "built": "built and verified",
     "injected": "injected and verified",
     "up-to-date": "up to date (build skipped)",
+    "not-needed": "no rebuild needed (the stock kernels already run natively)",
     "failed": "FAILED",
 }
 
@@ -83,6 +84,12 @@ def markdown(record: dict[str, Any]) -> str:
              ("content key", record.get("content_key")), ("build log", record.get("log")),
              ("artifacts", record.get("artifacts"))]
     lines += [f"- {name}: `{value}`" for name, value in facts if value]
+    decision = record.get("decision")
+    if decision:
+        lines += ["", f"Rebuild decision: **{'rebuild' if decision['rebuild'] else 'no rebuild'}"
+                  f"**: {decision['reason']}"]
+        lines += [f"- `{name}`: {c['native']}/{c['total']} kernels native on sm_121 in the "
+                  "stock image" for name, c in sorted(decision["extensions"].items())]
     before: dict[str, Any] = record.get("before") or {}
     after: dict[str, Any] = record.get("after") or {}
     if after:

@@ -288,3 +288,29 @@ def test_rejected_tag_is_refused_before_any_work(e2e: E2E) -> None:
     assert "is an image ID, which gives no name to derive the result's tag from" in \
         by_id.stderr
     assert {i.id for i in e2e.client.images.list(all=True)} == images
+
+
+def test_image_already_native_is_not_rebuilt(e2e: E2E, patched: subprocess.
+                                             CompletedProcess[str]) -> None:
+    """An image whose extensions already carry sm_121 cubins for everything a 12.1 build
+    of its source gives (here: the verified result itself, as a base) is not compiled again;
+    --force compiles it anyway."""
+    assert patched.returncode == 0, patched.stderr
+    report = e2e.work / "not-needed.json"
+    result = e2e.run("--base", f"{PREFIX}:patched", "--source", str(e2e.stock.checkout),
+                     "--tag", f"{PREFIX}:not-needed", "--report", str(report))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"no rebuild needed: {PREFIX}:patched already runs "
+                                    "natively on sm_121 (_C.abi3.so: ")
+    assert "==> build" not in result.stderr
+    assert not e2e.exists(f"{PREFIX}:not-needed")
+    recorded = json.loads(report.read_text())
+    assert recorded["status"] == "not-needed"
+    assert recorded["decision"]["rebuild"] is False
+    assert recorded["decision"]["stock_archs"] == ["12.1"]
+    native = recorded["decision"]["extensions"]["_C.abi3.so"]
+    assert native["native"] == native["total"] > 0
+    forced = e2e.run("--base", f"{PREFIX}:patched", "--source", str(e2e.stock.checkout),
+                     "--tag", f"{PREFIX}:not-needed", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "==> build" in forced.stderr and e2e.exists(f"{PREFIX}:not-needed")

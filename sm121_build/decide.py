@@ -1,0 +1,112 @@
+"""Before compiling: would a rebuild give sm_121 anything the stock extensions lack?
+
+vLLM's own arm64 images are built with `12.0` under CUDA 13, which sm_121 loads natively, so
+a 20-90 minute compile can gain nothing.  The argument, made with the pinned source's own
+CMake (`explain.evaluate`): the image's extensions were built from this very source and
+CUDA toolkit, for an arch list whose 12.x part shows in their cubins (sm_120, sm_120a, ...).
+If, for the main arch list and for every arch guard of the source, each target the
+requested build would give that sm_121 loads natively is also what that stock arch list
+gives, then every kernel the build would compile for sm_121 was compiled so in the image.
+
+The rule is conservative: any extension missing from the image, an image without 12.x
+cubins, a guard call the evaluation cannot read, or any doubt means "rebuild".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .audit import BinaryReport
+from .compat import Target, cubin_loads
+from .explain import GUARD_FILES, GUARD_START, NARROWING, effective_archs, evaluate
+
+_ARCH = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
+_NARROWING_CALL = re.compile(rf"{GUARD_START.pattern}\s*{NARROWING}\b")
+
+
+@dataclass(frozen=True)
+class Decision:
+    rebuild: bool
+    reason: str
+    extensions: dict[str, dict[str, int]] = field(default_factory=dict)  # native / total
+    stock_archs: tuple[str, ...] = ()  # the 12.x arch list the stock cubins show
+    build_targets: tuple[str, ...] = ()  # what the build would give sm_121, all guards
+
+    def as_record(self) -> dict[str, Any]:
+        return {"rebuild": self.rebuild, "reason": self.reason, "extensions": self.extensions,
+                "stock_archs": list(self.stock_archs), "build_targets": list(self.build_targets)}
+
+    def lines(self) -> list[str]:
+        return [f"{name}: {c['native']}/{c['total']} kernels already native on sm_121"
+                for name, c in self.extensions.items()]
+
+
+def loads_natively(target: str, gpu: Target) -> bool:
+    """Whether a CMake arch entry (`12.0f`, `12.0a`, `12.1`) gives cubins `gpu` loads."""
+    match = _ARCH.match(target.replace("+PTX", ""))
+    if not match:
+        return False
+    return cubin_loads(int(match.group(1)) * 10 + int(match.group(2)), match.group(3), gpu)
+
+
+def stock_family_archs(reports: dict[str, BinaryReport], gpu: Target) -> tuple[str, ...]:
+    """The plain arch list entries of the GPU's family the stock build used (from cubins)."""
+    archs = {f"{e.arch // 10}.{e.arch % 10}" for r in reports.values() for e in r.entries
+             if e.kind == "elf" and e.arch // 10 == gpu.major}
+    return tuple(sorted(archs))
+
+
+def unread_guards(source: Path, found: int) -> str | None:
+    """A guard call the evaluation's pattern did not read (then nothing can be shown)."""
+    calls = []
+    for rel in GUARD_FILES:
+        path = source / rel
+        if path.exists():
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if GUARD_START.search(code) and "function(" not in code and \
+                        not _NARROWING_CALL.search(code):
+                    calls.append(f"{rel}:{number}")
+    return None if len(calls) == found else f"{len(calls)} guard calls, {found} read"
+
+
+def decide(stock: dict[str, BinaryReport | None], original: Path, patched: Path, arch: str,
+           cuda: str, gpu: Target) -> Decision:
+    """Whether to compile: False only when it is shown that nothing would change."""
+    counts = {name: {"native": r.kernel_counts()["native"], "total": len(r.kernels or {})}
+              for name, r in stock.items() if r is not None}
+    missing = [name for name, report in stock.items() if report is None]
+    if missing:
+        return Decision(True, f"the image has no {', '.join(missing)}", counts)
+    reports = {name: r for name, r in stock.items() if r is not None}
+    family = stock_family_archs(reports, gpu)
+    if not family:
+        return Decision(True, f"the stock extensions carry no sm_{gpu.major}x cubins", counts)
+    not_native = [n for n, c in counts.items() if c["native"] == 0]
+    if not_native:
+        return Decision(True, f"{', '.join(not_native)}: no kernel native on {gpu}", counts,
+                        family)
+    stock_guards = evaluate(original, ";".join(family), cuda)
+    build_guards = evaluate(patched, arch, cuda)
+    doubt = unread_guards(patched, len(build_guards))
+    if doubt or len(stock_guards) != len(build_guards):
+        return Decision(True, f"the source's arch guards cannot all be evaluated ({doubt})",
+                        counts, family)
+    pairs = [("CUDA_ARCHS", tuple(effective_archs(original, ";".join(family), cuda).split(";")),
+              tuple(effective_archs(patched, arch, cuda).split(";")))]
+    pairs += [(f"{b.variable} ({b.file}:{b.line})", s.result, b.result)
+              for s, b in zip(stock_guards, build_guards, strict=True)]
+    targets: set[str] = set()
+    for name, had, would in pairs:
+        gain = [t for t in would if loads_natively(t, gpu) and t not in had]
+        targets |= {t for t in would if loads_natively(t, gpu)}
+        if gain:
+            return Decision(True, f"{name} would give {', '.join(gain)}, which the stock "
+                            f"build ({';'.join(family)}) did not", counts, family,
+                            tuple(sorted(targets)))
+    return Decision(False, f"every target a {arch} build of this source gives {gpu} "
+                    f"({', '.join(sorted(targets)) or 'none'}) is already in the stock build "
+                    f"({';'.join(family)})", counts, family, tuple(sorted(targets)))

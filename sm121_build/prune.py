@@ -1,0 +1,79 @@
+"""Free a build runner's disk: remove what this tool made, beyond the newest N builds.
+
+Only images in the ledger (built or replaced by this tool on this machine) are candidates;
+a built one must still carry the tool's content-key label, and an image that also has a tag
+the tool did not give it is left alone.  Nothing is removed by force: an image something
+else builds on stays.  The BuildKit cache (ccache mount) is never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ledger as ledger_mod
+from .engine import Engine
+from .errors import Sm121Error
+from .render import LABEL_PREFIX
+
+CONTENT_KEY_LABEL = f"{LABEL_PREFIX}.content-key"
+
+
+@dataclass
+class Pruned:
+    removed: list[str] = field(default_factory=list)  # "ID (tags)" lines
+    kept: list[str] = field(default_factory=list)  # "ID: why" lines
+
+
+def _short(image_id: str) -> str:
+    return image_id.split(":")[-1][:12]
+
+
+def prune(engine: Engine, keep: int, dry_run: bool = False) -> Pruned:
+    if keep < 1:
+        raise Sm121Error(f"--keep {keep}: keep at least the newest build (1 or more)")
+    book = ledger_mod.load()
+    result = Pruned()
+    alive = [b for b in book.built if engine.image_id(b.image_id)]
+    ours = [b for b in alive if engine.image(b.image_id).labels.get(CONTENT_KEY_LABEL)]
+    ours.sort(key=lambda b: b.at, reverse=True)
+    gone: set[str] = {b.image_id for b in book.built} - {b.image_id for b in alive}
+    for entry in ours[keep:]:
+        tags = engine.tags_of(entry.image_id)
+        foreign = [t for t in tags if t not in entry.tags]
+        if foreign:
+            result.kept.append(f"{_short(entry.image_id)}: also tagged {', '.join(foreign)} "
+                               "(not by sm121-build)")
+            continue
+        if dry_run:
+            result.removed.append(f"{_short(entry.image_id)} ({', '.join(tags) or 'untagged'})")
+            continue
+        for tag in tags:
+            engine.untag(tag)
+        why = engine.remove_unused(entry.image_id)
+        if why:
+            result.kept.append(f"{_short(entry.image_id)}: {why}")
+        else:
+            result.removed.append(f"{_short(entry.image_id)} ({', '.join(tags) or 'untagged'})")
+            gone.add(entry.image_id)
+    for old in book.replaced:
+        if not engine.image_id(old.image_id):
+            gone.add(old.image_id)
+            continue
+        tags = engine.tags_of(old.image_id)
+        if tags:
+            result.kept.append(f"{_short(old.image_id)} (old {old.ref}): tagged {', '.join(tags)}")
+            continue
+        if dry_run:
+            result.removed.append(f"{_short(old.image_id)} (old {old.ref}, untagged)")
+            continue
+        why = engine.remove_unused(old.image_id)
+        if why:
+            result.kept.append(f"{_short(old.image_id)} (old {old.ref}): {why}")
+        else:
+            result.removed.append(f"{_short(old.image_id)} (old {old.ref}, untagged)")
+            gone.add(old.image_id)
+    if not dry_run and gone:
+        book.built = [b for b in book.built if b.image_id not in gone]
+        book.replaced = [r for r in book.replaced if r.image_id not in gone]
+        ledger_mod.save(book)
+    return result
