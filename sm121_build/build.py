@@ -1,4 +1,4 @@
-"""The main job: inspect -> pin -> patch -> render -> build -> inject -> verify -> tag.
+"""The main job: pull -> inspect -> pin -> patch -> decide -> render -> build -> verify -> tag.
 
 Nothing is tagged before verification passes; the temporary build context, the pin tag and
 a failed image are removed on any exit, Ctrl-C included.

@@ -30,23 +30,28 @@ def client_or_skip() -> docker.DockerClient:
 def ensure_debian_gxx(client: docker.DockerClient) -> str:
     """A minimal Debian with python3 and g++ (nvcc's host compiler), made by debootstrap:
     no registry needed."""
+    return ensure_debian(client, BASE_IMAGE, "python3,g++")
+
+
+def ensure_debian(client: docker.DockerClient, image: str, packages: str) -> str:
+    """A debootstrap minbase Debian 12 with `packages`, imported as `image` (kept)."""
     try:
-        client.images.get(BASE_IMAGE)
-        return BASE_IMAGE
+        client.images.get(image)
+        return image
     except docker.errors.ImageNotFound:
         pass
     debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
     with tempfile.TemporaryDirectory(prefix="sm121-rootfs-") as root:
-        subprocess.run([debootstrap, "--variant=minbase", "--include=python3,g++", "bookworm",
+        subprocess.run([debootstrap, "--variant=minbase", f"--include={packages}", "bookworm",
                         root],
                        check=True, stdout=subprocess.DEVNULL)
         tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
         assert tar.stdout is not None
-        repository, tag = BASE_IMAGE.split(":")
+        repository, tag = image.split(":")
         client.api.import_image_from_stream(tar.stdout, repository=repository, tag=tag)
         if tar.wait() > 1:  # 1: a file changed while read (harmless); 2: fatal
             raise RuntimeError(f"tar of the debootstrap root failed ({tar.returncode})")
-    return BASE_IMAGE
+    return image
 
 
 def load(client: docker.DockerClient, tarball: Path) -> None:

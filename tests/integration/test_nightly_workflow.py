@@ -2,9 +2,10 @@
 against the end-to-end fixture image (real engine, real nvcc; the vLLM source comes from the
 fixture's git repository through SM121_BUILD_REPO instead of GitHub).
 
-GitHub itself is the boundary we cannot reach: the `${{ }}` expressions of the job's `env:`
-are given the values GitHub would compute for a scheduled run, and the registry push runs
-against a fake `docker` client (named so in the test).
+The base is pulled from, and the result pushed to, a real registry on loopback (Debian's
+docker-registry, tests/registry.py) standing in for Docker Hub and GHCR.  GitHub itself is
+the boundary we cannot reach: the `${{ }}` expressions of the job's `env:` are given the
+values GitHub would compute for a scheduled run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
+from tests.registry import local_registry, push
 from tests.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -50,6 +53,11 @@ class Runner:
     stock: StockImage
     env: dict[str, str]
     temp: Path
+    registry: str
+
+    @property
+    def base(self) -> str:
+        return self.env["BASE"]
 
     @property
     def summary(self) -> Path:
@@ -78,24 +86,30 @@ def _remove(client: docker.DockerClient, tag: str) -> None:
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
     client, work, stock = stock_workspace(tmp_path_factory, "nightly")
-    result_tag = f"{stock.tag}-sm121"
-    _remove(client, result_tag)
     temp = work / "runner-temp"
     temp.mkdir()
-    env = {
-        **os.environ,
-        # The job's env: as GitHub evaluates it for a scheduled run, with the fixture as base.
-        "BASE": stock.tag, "ARCH": "12.1", "EXTENSIONS": "", "PUSH": "true",
-        "REGISTRY": "registry.invalid", "PUSH_TO": "registry.invalid/spark/vllm-openai",
-        # The runner's own variables.
-        "RUNNER_TEMP": str(temp), "GITHUB_PATH": str(work / "github_path"),
-        "GITHUB_STEP_SUMMARY": str(work / "summary.md"),
-        # Offline: the fixture's git repository stands in for github.com/vllm-project/vllm.
-        "SM121_BUILD_REPO": str(stock.checkout),
-        "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(work / "tmp"),
-    }
-    yield Runner(stock, env, temp)
-    _remove(client, result_tag)
+    with local_registry(work) as registry:
+        base = f"{registry}/vllm/vllm-openai:cu130-nightly"
+        push(client, stock.tag, base)
+        client.images.remove(base)  # the registry has it; the runner must pull it
+        env = {
+            **os.environ,
+            # The job's env: as GitHub evaluates it for a scheduled run.
+            "BASE": base, "ARCH": "12.1", "EXTENSIONS": "", "PUSH": "true", "KEEP": "3",
+            "REGISTRY": registry, "PUSH_TO": f"{registry}/spark/vllm-openai",
+            # The runner's own variables.
+            "RUNNER_TEMP": str(temp), "GITHUB_PATH": str(work / "github_path"),
+            "GITHUB_STEP_SUMMARY": str(work / "summary.md"),
+            "DOCKER_CONFIG": str(work / "docker-config"),  # `docker login` writes here
+            # Offline: the fixture's git repository stands in for github.com/vllm-project/vllm.
+            "SM121_BUILD_REPO": str(stock.checkout),
+            "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(work / "tmp"),
+        }
+        yield Runner(stock, env, temp, registry)
+        for image in client.images.list():
+            for tag in image.tags:
+                if tag.startswith(registry):
+                    _remove(client, tag)
 
 
 def test_workflow_scripts_read_only_environment_variables() -> None:
@@ -120,7 +134,10 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     assert built.returncode == 0, built.stdout + built.stderr
     report = runner.report
     assert report["status"] == "built" and report["error"] is None
-    assert report["tag"] == f"{runner.stock.tag}-sm121"
+    assert report["tag"] == f"{runner.base}-sm121"
+    assert report["pulled"]["before"] is None  # the runner had no copy: pulled
+    assert report["tags"][0] == report["tag"]
+    assert report["tags"][1].startswith(f"{runner.base}-sm121-0.19.1-{runner.stock.commit[:12]}-b")
     assert report["vllm_commit"] == runner.stock.commit
     for name in ("_C.abi3.so", "_moe_C.abi3.so"):
         assert set(report["before"][name]["cubins"]) == {"sm_90"}
@@ -131,7 +148,7 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     assert (out / "artifacts" / "manifest.json").exists()
     assert "tagged " in (out / "console.log").read_text()
     summary = runner.summary.read_text()
-    assert summary.startswith(f"## sm121-build: `{runner.stock.tag}` → `{report['tag']}`")
+    assert summary.startswith(f"## sm121-build: `{runner.base}` → `{report['tag']}`")
     assert "**built and verified**" in summary
     c_row = next(line for line in summary.splitlines() if line.startswith("| `_C.abi3.so`"))
     before, after = report["before"]["_C.abi3.so"], report["after"]["_C.abi3.so"]
@@ -142,7 +159,8 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     again = runner.run_step("build")
     assert again.returncode == 0, again.stderr
     assert runner.report["status"] == "up-to-date"
-    assert runner.report["after"] == report["after"]  # the kept audit of the image it found
+    assert runner.report["pulled"]["before"] == runner.report["pulled"]["after"]
+    assert runner.report["after"] == report["after"]  # the audit of the image it found
     assert runner.summary.read_text().count("| `_C.abi3.so`") == 2
     assert "**up to date (build skipped)**" in runner.summary.read_text()
 
@@ -158,22 +176,21 @@ def test_failed_build_reports_and_pushes_nothing(runner: Runner) -> None:
     assert _step("push")["if"] == "steps.build.outcome == 'success' && env.PUSH == 'true'"
 
 
-def test_push_step_with_a_fake_registry_client(runner: Runner, tmp_path: Path) -> None:
-    """The registry is a boundary: a fake `docker` records what the push step asks of it."""
-    runner.run_step("build")  # up to date again: restores the report of the verified image
+def test_push_and_prune_steps_against_a_real_registry(runner: Runner) -> None:
+    runner.run_step("build")  # up to date again: the report names the verified image's tags
     assert runner.report["status"] == "up-to-date"
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    calls = tmp_path / "calls"
-    (fake / "docker").write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncat > /dev/null\n')
-    (fake / "docker").chmod(0o755)
-    pushed = runner.run_step("push", PATH=f"{fake}:{runner.env['PATH']}",
-                             REGISTRY_USER="spark", REGISTRY_TOKEN="secret")
-    assert pushed.returncode == 0, pushed.stderr
-    suffix = runner.report["tag"].rsplit(":", 1)[1]
-    assert calls.read_text().splitlines() == [
-        "login registry.invalid --username spark --password-stdin",
-        f"tag {runner.report['tag']} registry.invalid/spark/vllm-openai:{suffix}",
-        f"push registry.invalid/spark/vllm-openai:{suffix}",
-    ]
-    assert "secret" not in calls.read_text()
+    pushed = runner.run_step("push", REGISTRY_USER="spark", REGISTRY_TOKEN="secret")
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    suffixes = [tag.rsplit(":", 1)[1] for tag in runner.report["tags"]]
+    with urllib.request.urlopen(f"http://{runner.registry}/v2/spark/vllm-openai/tags/list",
+                                timeout=10) as response:
+        listed = json.load(response)["tags"]
+    assert sorted(listed) == sorted(suffixes)
+    summary = runner.summary.read_text()
+    for suffix in suffixes:
+        assert f"pushed `{runner.env['PUSH_TO']}:{suffix}`" in summary
+    assert _step("prune")["if"] == "always() && steps.install.outcome == 'success'"
+    pruned = runner.run_step("prune", KEEP="1")
+    assert pruned.returncode == 0, pruned.stderr
+    assert "removed 0 image(s)" in pruned.stdout  # one build only: the newest stays
+    assert docker.from_env().images.get(runner.report["tag"])

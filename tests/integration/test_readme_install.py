@@ -1,0 +1,78 @@
+"""The README's first command, as written, on a fresh Debian 12 (debootstrap minbase with
+python3 and sudo, nothing else): apt, venv and pip run for real inside a container on the
+host's network.  Only the main job at its end is left out (it needs a Spark's base image);
+the installed command then runs `--version` and an audit of a small real `.so`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.dockerenv import client_or_skip, ensure_debian
+from tests.helpers import ROOT
+from tests.stockimage import stock_extensions
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+FRESH = "sm121-test/debian-fresh:bookworm"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def readme_install_line() -> tuple[str, str]:
+    """(set-up part, main job) of the README's first bash block."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## On a fresh machine.*?```bash\n(.*?)\n```", text, re.S)
+    assert block, "README has no set-up command"
+    (line,) = block.group(1).strip().splitlines()
+    setup, _, main_job = line.rpartition(" && ")
+    assert re.fullmatch(r"\S*sm121-build --base \S+.*", main_job), main_job
+    return setup, main_job
+
+
+def _source_tarball(dest: Path) -> Path:
+    """The repository's tracked files (what a clone has), as a tar for the container."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    tarball = dest / "src.tar"
+    with tarfile.open(tarball, "w") as tar:
+        for name in filter(None, files):
+            if (ROOT / name).exists():
+                tar.add(ROOT / name, arcname=f"src/{name}")
+    return tarball
+
+
+def test_readme_install_line_on_a_fresh_debian(tmp_path: Path) -> None:
+    client = client_or_skip()
+    image = ensure_debian(client, FRESH, "python3,sudo,ca-certificates")
+    setup, main_job = readme_install_line()
+    installed = main_job.split()[0]  # the venv's sm121-build, as the line calls it
+    so = stock_extensions() / "_C.abi3.so"
+    tarball = _source_tarball(tmp_path)
+    script = (f"set -e; tar -C /root -xf /in/src.tar; cd /root/src; {setup}; "
+              f"{installed} --version; {installed} audit /in/_C.abi3.so")
+    volumes = {str(tarball): {"bind": "/in/src.tar", "mode": "ro"},
+               str(so): {"bind": "/in/_C.abi3.so", "mode": "ro"}}
+    environment = {"DEBIAN_FRONTEND": "noninteractive", "HOME": "/root"}
+    if CA_BUNDLE.exists():  # this test machine's network may need its CA bundle for PyPI
+        volumes[str(CA_BUNDLE)] = {"bind": "/in/ca.crt", "mode": "ro"}
+        environment["PIP_CERT"] = "/in/ca.crt"
+    for key in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy"):
+        if os.environ.get(key):
+            environment[key] = os.environ[key]
+    container = client.containers.run(image, ["bash", "-c", script], network_mode="host",
+                                      volumes=volumes, environment=environment, detach=True)
+    try:
+        status = container.wait(timeout=900)
+        logs = container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    assert status["StatusCode"] == 0, logs[-4000:]
+    assert re.search(r"^sm121-build, version \S+$", logs, re.M), logs[-2000:]
+    assert "_C.abi3.so" in logs and "sm_90" in logs
+    assert "NO loadable code" in logs  # sm_90 cubins only: nothing for sm_121
