@@ -124,10 +124,27 @@ def cutlass_settings(path: Path, unpack_to: Path) -> tuple[dict[str, str], list[
              f"CUTLASS_TOOLS_UTIL_INCLUDE_DIR={source / 'tools' / 'util' / 'include'}"])
 
 
-def offline_settings(build: Path) -> tuple[dict[str, str], list[str]]:
+_SRC_DIR_ENV = re.compile(r"\$ENV\{(\w+_SRC_DIR)\}")
+# The one external project that must be real (its headers are compiled into _C): --cutlass.
+NEEDS_REAL = frozenset({"VLLM_CUTLASS_SRC_DIR"})
+
+
+def external_projects(source: Path | None) -> tuple[str, ...]:
+    """Every `*_SRC_DIR` the source's CMake reads from the environment (releases add
+    projects: DeepGEMM, FMHA for sm100, ...), plus the ones known from older releases."""
+    found = list(EXTERNAL_PROJECTS)
+    if source is not None:
+        files = [source / "CMakeLists.txt", *sorted((source / "cmake").rglob("*.cmake"))]
+        for path in files:
+            if path.is_file():
+                found += _SRC_DIR_ENV.findall(path.read_text(errors="replace"))
+    return tuple(name for name in dict.fromkeys(found) if name not in NEEDS_REAL)
+
+
+def offline_settings(build: Path, source: Path | None = None) -> tuple[dict[str, str], list[str]]:
     """Nothing fetched: unset external projects become empty folders."""
     env = {}
-    for name in EXTERNAL_PROJECTS:
+    for name in external_projects(source):
         if not os.environ.get(name):
             empty = build / "offline-empty" / name.lower()
             empty.mkdir(parents=True, exist_ok=True)
@@ -169,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sm121-build: build failed: not found on PATH: {', '.join(missing)}",
               file=sys.stderr, flush=True)
         return 1
-    build = args.build_dir or args.source / "build-sm121"
+    # absolute: CMake resolves relative paths against its own source and build dirs
+    args.source, args.out = args.source.resolve(), args.out.resolve()
+    build = (args.build_dir or args.source / "build-sm121").resolve()
     build.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "build.log"
@@ -184,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                       "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     defines = list(args.define)
     if args.offline:
-        env, extra = offline_settings(build)
+        env, extra = offline_settings(build, args.source)
         os.environ.update(env)
         defines = extra + defines
     if args.cutlass:

@@ -34,6 +34,26 @@ def test_offline_points_external_projects_at_stand_ins(
     assert "QuTLASS" not in capsys.readouterr().err
 
 
+def test_offline_finds_the_projects_a_release_added(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.24.0 added cmake/external_projects/deepgemm.cmake and fmha_sm100.cmake, each
+    reading its own ENV{..._SRC_DIR}; a fixed list let configure try to clone them."""
+    source = tmp_path / "src"
+    projects = source / "cmake" / "external_projects"
+    projects.mkdir(parents=True)
+    (source / "CMakeLists.txt").write_text("include(cmake/external_projects/deepgemm.cmake)\n")
+    (projects / "deepgemm.cmake").write_text(
+        'if(DEFINED ENV{DEEPGEMM_SRC_DIR})\n  set(DEEPGEMM_SRC_DIR $ENV{DEEPGEMM_SRC_DIR})\n')
+    (projects / "fmha_sm100.cmake").write_text('set(X "$ENV{FMHA_SM100_SRC_DIR}")\n')
+    (projects / "cutlass.cmake").write_text('set(C $ENV{VLLM_CUTLASS_SRC_DIR})\n')
+    for name in (*build_extensions.EXTERNAL_PROJECTS, "DEEPGEMM_SRC_DIR", "FMHA_SM100_SRC_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    env, _ = build_extensions.offline_settings(tmp_path / "build", source)
+    assert {"DEEPGEMM_SRC_DIR", "FMHA_SM100_SRC_DIR"} <= set(env)
+    assert "VLLM_CUTLASS_SRC_DIR" not in env  # CUTLASS must be real: --cutlass
+    assert all(Path(path).is_absolute() and Path(path).is_dir() for path in env.values())
+
+
 def test_cutlass_from_the_pypi_wheel_layout(tmp_path: Path) -> None:
     wheel = tmp_path / "nvidia_cutlass-4.2.0.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
