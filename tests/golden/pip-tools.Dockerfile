@@ -15,7 +15,9 @@ ENV TORCH_CUDA_ARCH_LIST="12.1" \
     CCACHE_DIR=/root/.cache/ccache
 COPY src/ /sm121/src/
 COPY build_extensions.py /sm121/build_extensions.py
-# the image lacks cmake and ninja: installed from PyPI into the builder stage only (needs network)
+# the image lacks cmake and ninja: installed from PyPI into the builder stage only (needs network);
+# not pinned on purpose: any cmake >= 3.26 and any ninja build vLLM
+# hadolint ignore=DL3013
 RUN python3 -m pip install --no-cache-dir --disable-pip-version-check --target /sm121/tools/py "cmake>=3.26" ninja
 ENV PATH=/sm121/tools/py/cmake/data/bin:/sm121/tools/py/ninja/data/bin:/sm121/tools/py/bin:$PATH
 RUN ln -sf /usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib/libnvrtc.so.13 /usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib/libnvrtc.so
