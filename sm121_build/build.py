@@ -187,13 +187,13 @@ def pull_base(engine: Engine, steps: Steps, base: str, mode: str,
         before = engine.image_id(base)
         after = engine.pull(base, status_line)
         end_status_line()
-        changed = before is not None and before != after
-        if changed and before:
-            ledger.record_replaced(base, before)
         record["pulled"] = {"before": before, "after": after}
         short = after.split(":")[-1][:12]
-        if changed and before:
-            line = f"new image {short} (was {before.split(':')[-1][:12]})"
+        if before is None:
+            line = f"new image {short}"
+        elif before == after:
+            line = f"unchanged, {short}"
         else:
-            line = f"unchanged, {short}" if before else f"new image {short}"
+            ledger.record_replaced(base, before)
+            line = f"new image {short} (was {before.split(':')[-1][:12]})"
         click.echo(f"    {base}: {line}", err=True)

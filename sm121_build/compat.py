@@ -63,6 +63,12 @@ def parse_target(text: str) -> Target:
     raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1")
 
 
+def dotted_arch(text: str) -> tuple[int, str] | None:
+    """(arch, variant) of a CMake/TORCH_CUDA_ARCH_LIST entry: `12.0f` -> (120, "f")."""
+    match = _DOTTED.match(text)
+    return (int(match.group(1)) * 10 + int(match.group(2)), match.group(3)) if match else None
+
+
 def parse_cuda_version(text: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
     if not match:

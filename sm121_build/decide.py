@@ -14,17 +14,13 @@ cubins, a guard call the evaluation cannot read, or any doubt means "rebuild".
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .audit import BinaryReport
-from .compat import Target, cubin_loads
-from .explain import GUARD_FILES, GUARD_START, NARROWING, effective_archs, evaluate
-
-_ARCH = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
-_NARROWING_CALL = re.compile(rf"{GUARD_START.pattern}\s*{NARROWING}\b")
+from .compat import Target, cubin_loads, dotted_arch
+from .explain import effective_archs, evaluate, unread_guard_calls
 
 
 @dataclass(frozen=True)
@@ -46,10 +42,8 @@ class Decision:
 
 def loads_natively(target: str, gpu: Target) -> bool:
     """Whether a CMake arch entry (`12.0f`, `12.0a`, `12.1`) gives cubins `gpu` loads."""
-    match = _ARCH.match(target.replace("+PTX", ""))
-    if not match:
-        return False
-    return cubin_loads(int(match.group(1)) * 10 + int(match.group(2)), match.group(3), gpu)
+    parsed = dotted_arch(target.replace("+PTX", ""))
+    return parsed is not None and cubin_loads(*parsed, gpu)
 
 
 def stock_family_archs(reports: dict[str, BinaryReport], gpu: Target) -> tuple[str, ...]:
@@ -57,20 +51,6 @@ def stock_family_archs(reports: dict[str, BinaryReport], gpu: Target) -> tuple[s
     archs = {f"{e.arch // 10}.{e.arch % 10}" for r in reports.values() for e in r.entries
              if e.kind == "elf" and e.arch // 10 == gpu.major}
     return tuple(sorted(archs))
-
-
-def unread_guards(source: Path, found: int) -> str | None:
-    """A guard call the evaluation's pattern did not read (then nothing can be shown)."""
-    calls = []
-    for rel in GUARD_FILES:
-        path = source / rel
-        if path.exists():
-            for number, line in enumerate(path.read_text().splitlines(), 1):
-                code = line.split("#", 1)[0]
-                if GUARD_START.search(code) and "function(" not in code and \
-                        not _NARROWING_CALL.search(code):
-                    calls.append(f"{rel}:{number}")
-    return None if len(calls) == found else f"{len(calls)} guard calls, {found} read"
 
 
 def decide(stock: dict[str, BinaryReport | None], original: Path, patched: Path, arch: str,
@@ -91,10 +71,11 @@ def decide(stock: dict[str, BinaryReport | None], original: Path, patched: Path,
                         family)
     stock_guards = evaluate(original, ";".join(family), cuda)
     build_guards = evaluate(patched, arch, cuda)
-    doubt = unread_guards(patched, len(build_guards))
-    if doubt or len(stock_guards) != len(build_guards):
-        return Decision(True, f"the source's arch guards cannot all be evaluated ({doubt})",
-                        counts, family)
+    unread = unread_guard_calls(patched)
+    if unread or len(stock_guards) != len(build_guards):
+        return Decision(True, "the source's arch guards cannot all be evaluated ("
+                        f"{len(build_guards) + len(unread)} guard calls, {len(build_guards)} "
+                        f"read){': ' + ', '.join(unread) if unread else ''}", counts, family)
     pairs = [("CUDA_ARCHS", tuple(effective_archs(original, ";".join(family), cuda).split(";")),
               tuple(effective_archs(patched, arch, cuda).split(";")))]
     pairs += [(f"{b.variable} ({b.file}:{b.line})", s.result, b.result)

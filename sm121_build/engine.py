@@ -37,7 +37,7 @@ import docker.errors
 import requests.exceptions
 
 from .errors import Sm121Error
-from .refs import IMAGE_ID, split_ref, validate_image_ref
+from .refs import split_ref, validate_image_ref
 from .spill import write_stream
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
@@ -114,10 +114,8 @@ class Engine:
         )
 
     def pull(self, ref: str, status: Callable[[str], None] | None = None) -> str:
-        """Pull `ref` from its registry (as `docker pull`); returns the local image ID."""
-        if IMAGE_ID.match(ref):
-            raise Sm121Error(f"{ref} is an image ID: there is nothing to pull it from; "
-                             "name the image by repository and tag")
+        """Pull `ref` (a repository reference: cmd_build refuses image IDs up front) from its
+        registry, as `docker pull`; returns the local image ID."""
         name, tag, digest = split_ref(ref)
         layers: dict[str, str] = {}
         try:
@@ -165,12 +163,6 @@ class Engine:
         except docker.errors.APIError as exc:
             return str(exc.explanation or exc)
         return None
-
-    def created(self, image_id: str) -> str:
-        try:
-            return str(self.client.images.get(image_id).attrs.get("Created") or "")
-        except docker.errors.ImageNotFound:
-            return ""
 
     def exists(self, ref: str) -> bool:
         try:

@@ -73,7 +73,18 @@ def find_cmake() -> str:
 
 def find_guards(source: Path) -> list[tuple[str, int, str, str, str]]:
     """(file, line, variable, arch list, enclosing branch) of every guard call."""
+    return _scan_guards(source)[0]
+
+
+def unread_guard_calls(source: Path) -> list[str]:
+    """`file:line` of each guard call GUARD_CALL cannot read (e.g. an unquoted argument):
+    its result cannot be evaluated."""
+    return _scan_guards(source)[1]
+
+
+def _scan_guards(source: Path) -> tuple[list[tuple[str, int, str, str, str]], list[str]]:
     found = []
+    unread = []
     for rel in GUARD_FILES:
         path = source / rel
         if not path.exists():
@@ -97,12 +108,16 @@ def find_guards(source: Path) -> list[tuple[str, int, str, str, str]]:
                 stack[-1] = f"else of {stack[-1]}"
             elif re.match(r"endif\s*\(", code) and stack:
                 stack.pop()
-            for match in GUARD_CALL.finditer(code):
-                if match.group("var") == NARROWING:
-                    continue  # vLLM's own narrowing to CUDA_SUPPORTED_ARCHS (effective_archs)
-                found.append((rel, number, match.group("var"), match.group("list"),
-                              stack[-1] if stack else ""))
-    return found
+            for call in GUARD_START.finditer(code):
+                match = GUARD_CALL.match(code, call.start())
+                if match is None:
+                    if "function(" not in code and \
+                            not re.match(rf"\s*{NARROWING}\b", code[call.end():]):
+                        unread.append(f"{rel}:{number}")
+                elif match.group("var") != NARROWING:  # narrowing: see effective_archs
+                    found.append((rel, number, match.group("var"), match.group("list"),
+                                  stack[-1] if stack else ""))
+    return found, unread
 
 
 def supported_archs_block(source: Path) -> list[str]:

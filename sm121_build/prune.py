@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import ledger as ledger_mod
+from .build import CONTENT_KEY_LABEL
 from .engine import Engine
 from .errors import Sm121Error
-from .render import LABEL_PREFIX
-
-CONTENT_KEY_LABEL = f"{LABEL_PREFIX}.content-key"
 
 
 @dataclass
@@ -37,6 +35,21 @@ def prune(engine: Engine, keep: int, dry_run: bool = False) -> Pruned:
     ours = [b for b in alive if engine.image(b.image_id).labels.get(CONTENT_KEY_LABEL)]
     ours.sort(key=lambda b: b.at, reverse=True)
     gone: set[str] = {b.image_id for b in book.built} - {b.image_id for b in alive}
+
+    def remove(image_id: str, removed: str, kept_as: str, tags: tuple[str, ...] = ()) -> None:
+        """Untag `tags` and remove the image unless dry-run; one result line either way."""
+        if dry_run:
+            result.removed.append(removed)
+            return
+        for tag in tags:
+            engine.untag(tag)
+        why = engine.remove_unused(image_id)
+        if why:
+            result.kept.append(f"{kept_as}: {why}")
+        else:
+            result.removed.append(removed)
+            gone.add(image_id)
+
     for entry in ours[keep:]:
         tags = engine.tags_of(entry.image_id)
         foreign = [t for t in tags if t not in entry.tags]
@@ -44,17 +57,8 @@ def prune(engine: Engine, keep: int, dry_run: bool = False) -> Pruned:
             result.kept.append(f"{_short(entry.image_id)}: also tagged {', '.join(foreign)} "
                                "(not by sm121-build)")
             continue
-        if dry_run:
-            result.removed.append(f"{_short(entry.image_id)} ({', '.join(tags) or 'untagged'})")
-            continue
-        for tag in tags:
-            engine.untag(tag)
-        why = engine.remove_unused(entry.image_id)
-        if why:
-            result.kept.append(f"{_short(entry.image_id)}: {why}")
-        else:
-            result.removed.append(f"{_short(entry.image_id)} ({', '.join(tags) or 'untagged'})")
-            gone.add(entry.image_id)
+        remove(entry.image_id, f"{_short(entry.image_id)} ({', '.join(tags) or 'untagged'})",
+               _short(entry.image_id), tags)
     for old in book.replaced:
         if not engine.image_id(old.image_id):
             gone.add(old.image_id)
@@ -63,15 +67,8 @@ def prune(engine: Engine, keep: int, dry_run: bool = False) -> Pruned:
         if tags:
             result.kept.append(f"{_short(old.image_id)} (old {old.ref}): tagged {', '.join(tags)}")
             continue
-        if dry_run:
-            result.removed.append(f"{_short(old.image_id)} (old {old.ref}, untagged)")
-            continue
-        why = engine.remove_unused(old.image_id)
-        if why:
-            result.kept.append(f"{_short(old.image_id)} (old {old.ref}): {why}")
-        else:
-            result.removed.append(f"{_short(old.image_id)} (old {old.ref}, untagged)")
-            gone.add(old.image_id)
+        remove(old.image_id, f"{_short(old.image_id)} (old {old.ref}, untagged)",
+               f"{_short(old.image_id)} (old {old.ref})")
     if not dry_run and gone:
         book.built = [b for b in book.built if b.image_id not in gone]
         book.replaced = [r for r in book.replaced if r.image_id not in gone]

@@ -175,10 +175,15 @@ def host_tools() -> HostTools | None:
     prefix = Path(getattr(cmake_package, "CMAKE_BIN_DIR", "")).parent
     ninja = next((p for p in (Path(sys.executable).parent / "ninja",
                               Path(shutil.which("ninja") or "/nonexistent"))
-                  if p.is_file() and p.read_bytes()[:4] == b"\x7fELF"), None)
+                  if p.is_file() and _is_elf(p)), None)
     if not (prefix / "bin" / "cmake").is_file() or ninja is None:
         return None
     return HostTools(prefix, ninja)
+
+
+def _is_elf(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(4) == b"\x7fELF"
 
 
 def runs_here(image_platform: str) -> bool:
