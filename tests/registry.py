@@ -5,6 +5,7 @@ plain HTTP works without daemon configuration.  Docker Hub is the boundary it st
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -63,3 +64,15 @@ def push(client: docker.DockerClient, source: str, remote: str) -> str:
         if "error" in event:
             raise RuntimeError(f"push of {remote} failed: {event['error']}")
     return str(image.id)
+
+
+def push_copy(client: docker.DockerClient, source: str, remote: str, work: Path) -> str:
+    """Push a copy of `source` (one LABEL added: its own image ID) as `remote`.  A push
+    records a RepoDigest on the image pushed, which would change the shared fixture image's
+    digest reference for every later test; the copy takes it instead.  Returns the copy's ID."""
+    context = work / f"copy-{abs(hash(remote))}"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "Dockerfile").write_text(
+        f"FROM {source}\nLABEL io.github.sm121-build.test.copy-of={json.dumps(source)}\n")
+    image, _ = client.images.build(path=str(context), rm=True, forcerm=True)
+    return push(client, str(image.id), remote)

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
-from tests.registry import local_registry, push
+from tests.registry import local_registry, push_copy
 from tests.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -90,7 +90,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
     temp.mkdir()
     with local_registry(work) as registry:
         base = f"{registry}/vllm/vllm-openai:cu130-nightly"
-        push(client, stock.tag, base)
+        push_copy(client, stock.tag, base, work)
         client.images.remove(base)  # the registry has it; the runner must pull it
         env = {
             **os.environ,

@@ -17,7 +17,7 @@ import docker
 import docker.errors
 import pytest
 
-from tests.registry import local_registry, push
+from tests.registry import local_registry, push, push_copy
 from tests.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -59,7 +59,7 @@ def moving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moving]:
     client, work, stock = stock_workspace(tmp_path_factory, "pull")
     with local_registry(work) as registry:
         remote = f"{registry}/sm121-test/vllm:nightly"
-        push(client, stock.tag, remote)
+        push_copy(client, stock.tag, remote, work)
         client.images.remove(remote)  # only the registry has it under that name now
         env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"),
                "TMPDIR": str(work / "tmp")}
@@ -92,7 +92,7 @@ def test_pull_follows_the_moving_tag_and_prune_keeps_the_newest(moving: Moving,
     push(moving.client, str(night2.id), moving.remote)
     moving.client.images.get(moving.remote).tag(moving.remote.rsplit(":", 1)[0], "hold")
     moving.client.images.remove(moving.remote)
-    moving.client.images.get(moving.stock.tag).tag(moving.remote.rsplit(":", 1)[0], "nightly")
+    moving.client.images.get(base_id).tag(moving.remote.rsplit(":", 1)[0], "nightly")
     old_base = moving.image_id(moving.remote)
 
     stale = moving.build("--tag", f"{OUT}:nightly-sm121")
@@ -109,7 +109,8 @@ def test_pull_follows_the_moving_tag_and_prune_keeps_the_newest(moving: Moving,
     assert second["tags"][1] != versioned and moving.image_id(versioned) == first_id
     assert moving.image_id(f"{OUT}:nightly-sm121") != first_id
 
-    # the user tags the first build too; prune must leave that one alone
+    # the user tags the newest build and the replaced base too; prune must leave both alone
+    moving.client.images.get(base_id).tag(OUT, "users-old-base")
     moving.client.images.get(f"{OUT}:nightly-sm121").tag(OUT, "users-pick")
     kept_by_user = moving.image_id(f"{OUT}:users-pick")
     unrelated = moving.image_id(moving.stock.tag)
@@ -118,8 +119,9 @@ def test_pull_follows_the_moving_tag_and_prune_keeps_the_newest(moving: Moving,
     assert f"removed {first_id.split(':')[1][:12]} ({versioned})" in pruned.stdout
     assert moving.image_id(versioned) is None and moving.image_id(first_id) is None
     assert moving.image_id(f"{OUT}:nightly-sm121") == kept_by_user
-    # the old base is still tagged (it is the fixture's stock image): kept, and said so
+    # the old base is still tagged (by the user): kept, and said so
     assert f"(old {moving.remote}): tagged" in pruned.stdout
+    assert moving.image_id(f"{OUT}:users-old-base") == base_id
     assert moving.image_id(moving.stock.tag) == unrelated
     again = moving.run("prune", "--keep", "1")
     assert "removed 0 image(s)" in again.stdout
