@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.audit import audit_binary  # noqa: E402
 from sm121_build.build_extensions import PTXAS_FP4  # noqa: E402
-from sm121_build.explain import cmake_arch_list, evaluate, find_cmake  # noqa: E402
-from sm121_build.patch import apply_all, read_source_version  # noqa: E402
+from sm121_build.guards import cmake_arch_list, evaluate, find_cmake  # noqa: E402
+from sm121_build.patch import apply_all, breaks_ptxas, covered, read_source_version  # noqa: E402
 from sm121_build.verify import SM121, check_abi  # noqa: E402
 
 LOAD_SNIPPET = """
@@ -136,8 +136,8 @@ def fp4_objects(build: Path) -> list[str]:
 
 def fp4_guards(source: Path, arch: str) -> list[dict[str, Any]]:
     return [{"file": g.file, "line": g.line, "var": g.variable, "branch": g.branch,
-             "yields": list(g.result), "breaks_ptxas": g.breaks_ptxas}
-            for g in evaluate(source, arch) if g.is_fp4]
+             "yields": list(g.targets), "taken": g.taken, "breaks_ptxas": breaks_ptxas(g)}
+            for g in evaluate(source, arch) if covered(g)]
 
 
 def unpack(sdist: Path, dest: Path) -> Path:

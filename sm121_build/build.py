@@ -19,10 +19,10 @@ from . import __version__, ledger, run_report
 from .audit import BinaryReport, audit_binary
 from .decide import decide
 from .engine import Engine
-from .explain import DEFAULT_CUDA, cmake_arch_list
+from .guards import DEFAULT_CUDA, cmake_arch_list
 from .inject import Finish, finish, tag_result, verify_and_export
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
-from .patch import apply_all, sets_digest
+from .patch import apply_all, rules_digest
 from .pin import fetch_source, resolve_checkout, version_to_ref
 from .refs import versioned_tag
 from .render import LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
@@ -50,7 +50,7 @@ class Options:
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
-    parts = [facts.id, commit, "nopatch" if no_patch else sets_digest(), plan.arch_list,
+    parts = [facts.id, commit, "nopatch" if no_patch else rules_digest(), plan.arch_list,
              template_digest(), ",".join(plan.extensions), __version__]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
@@ -89,7 +89,7 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
         meta = {"base": facts.ref, "base_digest": facts.digest_ref,
                 "vllm_version": vllm.version, "vllm_commit": commit,
                 "vllm_commit_id": vllm.commit_id, "arch_list": plan.arch_list,
-                "patches": "none" if opts.no_patch else sets_digest(),
+                "patches": "none" if opts.no_patch else rules_digest(),
                 "package_dir": plan.package_dir, "tool_version": __version__}
         also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
             if opts.versioned_tag else ()

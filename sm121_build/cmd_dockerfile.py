@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .engine import Engine
-from .explain import cmake_arch_list
+from .guards import cmake_arch_list
 from .inspect import inspect_image, require_vllm
 from .pin import version_to_ref
 from .render import plan_for, render

@@ -1,4 +1,4 @@
-"""`sm121-build patch SRC_DIR`: apply the patch sets; `--explain` shows every guard."""
+"""`sm121-build patch SRC_DIR`: rewrite guards by rule; `--explain` shows every guard call."""
 
 from __future__ import annotations
 
@@ -7,24 +7,28 @@ from pathlib import Path
 
 import click
 
-from .explain import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs, evaluate
-from .patch import SetResult, apply_all, read_source_version
+from .guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
+from .patch import RuleResult, apply_all, breaks_ptxas, covered, read_source_version
 
 
-def _guard_line(guard: Guard, after: Guard | None) -> str:
-    result = ";".join(guard.result) or "(none)"
-    mark = "  << plain 12.x: ptxas rejects e2m1x2" if guard.breaks_ptxas else ""
-    line = (f"  {guard.file}:{guard.line:<5} {guard.variable:<28} \"{guard.arch_list}\" "
-            f"-> {result}{mark}")
-    if after is not None and after.result != guard.result:
-        line += f", after patch -> {';'.join(after.result) or '(none)'}"
+def _targets(guard: Guard) -> str:
+    if guard.result is None:
+        return f"cannot evaluate: {guard.call.unresolved}"
+    if not guard.taken:
+        return "(branch not taken)"
+    return ";".join(guard.targets) or "(none)"
+
+
+def _guard_line(guard: Guard, result: RuleResult) -> str:
+    mark = "  << plain 12.x: ptxas rejects e2m1x2" if breaks_ptxas(guard) else ""
+    line = (f"  {guard.location:<42} {guard.variable:<28} \"{guard.arch_list}\" "
+            f"-> {_targets(guard)}{mark}")
+    rewrite = next((r for r in result.rewrites if r.guard.location == guard.location), None)
+    if rewrite is not None:
+        line += f", rewritten \"{rewrite.new_list}\" -> {';'.join(rewrite.result) or '(none)'}"
     if guard.branch:
         line += f"   [{guard.branch}]"
     return line
-
-
-def _after(result: SetResult, guard: Guard) -> Guard:
-    return next((g for g in result.after if (g.file, g.line) == (guard.file, guard.line)), guard)
 
 
 @click.command()
@@ -35,17 +39,17 @@ def _after(result: SetResult, guard: Guard) -> Guard:
 @click.option("--check", is_flag=True, help="Report only; write nothing.")
 @click.option("--explain", is_flag=True,
               help="Evaluate every arch guard with the source's own CMake function.")
-@click.option("--all-guards", is_flag=True, help="With --explain: also non-FP4 guards.")
+@click.option("--all-guards", is_flag=True, help="With --explain: also guards no rule covers.")
 @click.option("--cuda-version", default=DEFAULT_CUDA, show_default=True,
               help="CUDA toolkit the build uses: vLLM narrows the arch list per CUDA version.")
 def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explain: bool,
           all_guards: bool, cuda_version: str) -> None:
-    """Apply the patch sets in patches/ to a vLLM checkout (atomic, idempotent)."""
+    """Rewrite a vLLM checkout's arch guards by the rules in patches/ (atomic, idempotent)."""
     archs = cmake_arch_list(arch)
     version = vllm_version or read_source_version(source)
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
-    results: list[SetResult] = apply_all(source, version, archs, check=check or explain,
+    results: list[RuleResult] = apply_all(source, version, archs, check=check or explain,
                                          cuda_version=cuda_version)
     if explain:
         effective = effective_archs(source, archs, cuda_version)
@@ -53,17 +57,17 @@ def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explai
             effective != archs) else ""
         click.echo(f"vLLM {version}, CUDA_ARCHS={effective}{narrowed}: what each guard gives "
                    "nvcc")
+        shown: set[str] = set()
         for result in results:
-            after = {(g.file, g.line): g for g in result.after}
-            for guard in (result.before or evaluate(source, archs, cuda_version)):
-                if all_guards or guard.is_fp4:
-                    click.echo(_guard_line(guard, after.get((guard.file, guard.line))))
-        dropped = [g for r in results for g in r.before if g.breaks_ptxas
-                   and not any(a.startswith("12.") for a in _after(r, g).result)]
+            for guard in result.before:
+                if (all_guards or covered(guard)) and guard.location not in shown:
+                    shown.add(guard.location)
+                    click.echo(_guard_line(guard, result))
+        dropped = [r.guard for result in results for r in result.rewrites
+                   if not any(a.startswith("12.") for a in r.result)]
         if dropped:
-            click.echo(f"note: after the patch, {len(dropped)} FP4/QUTLASS guard(s) give no "
-                       f"SM12x target for {archs}: those kernels are left out of the build; "
-                       "--arch 12.1a keeps them where the source allows it")
+            click.echo(f"note: after the rewrite, {len(dropped)} guard(s) give no SM12x target "
+                       f"for {archs}: those kernels are left out of the build")
     for result in results:
         verb = "would apply" if (check or explain) and result.outcome == "applied" else None
         click.echo(f"{result.name}: {verb or result.outcome} ({result.detail})")

@@ -2,7 +2,7 @@
 
 vLLM's own arm64 images are built with `12.0` under CUDA 13, which sm_121 loads natively, so
 a 20-90 minute compile can gain nothing.  The argument, made with the pinned source's own
-CMake (`explain.evaluate`): the image's extensions were built from this very source and
+CMake (`guards.evaluate`): the image's extensions were built from this very source and
 CUDA toolkit, for an arch list whose 12.x part shows in their cubins (sm_120, sm_120a, ...).
 If, for the main arch list and for every arch guard of the source, each target the
 requested build would give that sm_121 loads natively is also what that stock arch list
@@ -20,7 +20,7 @@ from typing import Any
 
 from .audit import BinaryReport
 from .compat import Target, cubin_loads, dotted_arch
-from .explain import effective_archs, evaluate, unread_guard_calls
+from .guards import effective_archs, evaluate
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,14 @@ def decide(stock: dict[str, BinaryReport | None], original: Path, patched: Path,
                         family)
     stock_guards = evaluate(original, ";".join(family), cuda)
     build_guards = evaluate(patched, arch, cuda)
-    unread = unread_guard_calls(patched)
+    unread = [g.location for g in build_guards if g.result is None and g.call.may_give_sm12x]
     if unread or len(stock_guards) != len(build_guards):
         return Decision(True, "the source's arch guards cannot all be evaluated ("
-                        f"{len(build_guards) + len(unread)} guard calls, {len(build_guards)} "
+                        f"{len(build_guards)} guard calls, {len(build_guards) - len(unread)} "
                         f"read){': ' + ', '.join(unread) if unread else ''}", counts, family)
     pairs = [("CUDA_ARCHS", tuple(effective_archs(original, ";".join(family), cuda).split(";")),
               tuple(effective_archs(patched, arch, cuda).split(";")))]
-    pairs += [(f"{b.variable} ({b.file}:{b.line})", s.result, b.result)
+    pairs += [(f"{b.variable} ({b.location})", s.targets, b.targets)
               for s, b in zip(stock_guards, build_guards, strict=True)]
     targets: set[str] = set()
     for name, had, would in pairs:

@@ -18,7 +18,7 @@ import click
 
 from . import build_extensions
 from .errors import Sm121Error
-from .explain import DEFAULT_CUDA, cmake_arch_list
+from .guards import DEFAULT_CUDA, cmake_arch_list
 from .inspect import cuda_h_version
 from .patch import apply_all, read_source_version
 from .render import DEFAULT_EXTENSIONS, extension_target, source_targets

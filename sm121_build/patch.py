@@ -1,9 +1,12 @@
-"""Apply patch sets (YAML data under patches/) to a vLLM checkout: decided, atomic, idempotent.
+"""Rewrite vLLM's arch guards by rule (YAML data under patches/): decided, atomic, idempotent.
 
-A set is applied only when the explain evaluation says it is needed; every patch of the set
-that applies to the vLLM version must match the expected number of times (drift is an
-error, never a silent unpatched build); all files are written or none; the result is
-re-evaluated and must no longer hand a plain 12.x target to ptxas.
+A rule names a guard family by its output variable (`FP4_SM120_ARCHS`, `QUTLASS_ARCHS`, …),
+the files to scan, and what a 12.x entry of such a guard's list becomes when the guard would
+hand ptxas a plain 12.x target.  Every call of the guard functions in those files is found
+and evaluated with the source's own CMake (`guards.evaluate`); only calls whose result holds a
+plain 12.x target are rewritten, only in their list argument, with the first candidate form
+after which CMake gives no plain 12.x target.  All files are written or none; the result is
+re-evaluated.  Version-keyed literal patches (`exceptions`) remain for real exceptions.
 """
 
 from __future__ import annotations
@@ -25,15 +28,18 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import Sm121Error
-from .explain import DEFAULT_CUDA, Guard, evaluate
+from .guards import DEFAULT_CUDA, PLAIN_SM12X, SM12X_ENTRY, Guard, evaluate, intersect, scan_files
 from .inspect import read_version_file
 from .shipped import shipped_dir
 
-Outcome = Literal["applied", "already applied", "not needed", "not applicable"]
+Outcome = Literal["applied", "not needed", "not applicable"]
+REQUESTED_SM12X = re.compile(r"^(12\.\d+)[af]?$")
 
 
 @dataclass(frozen=True)
 class Patch:
+    """A literal, version-keyed exception to the rules."""
+
     file: str
     find: str
     replace: str
@@ -45,24 +51,32 @@ class Patch:
     def find_re(self) -> re.Pattern[str]:
         return _tolerant(self.find)
 
-    @property
-    def replace_re(self) -> re.Pattern[str]:
-        return _tolerant(self.replace)
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    family: re.Pattern[str]  # the guard variables it covers
+    files: tuple[str, ...]  # glob patterns, relative to the source tree
+    rewrite: tuple[str, ...]  # candidate forms of the 12.x entries, in order; {arch}: 12.x
+    exceptions: tuple[Patch, ...]
+    digest: str
+
+    def covers(self, guard: Guard) -> bool:
+        return bool(self.family.match(guard.variable))
+
+    def exceptions_for(self, version: Version) -> list[Patch]:
+        return [p for p in self.exceptions if p.versions.contains(version, prereleases=True)]
 
 
 @dataclass(frozen=True)
-class PatchSet:
-    name: str
-    guards: re.Pattern[str]
-    patches: tuple[Patch, ...]
-    digest: str
-
-    def for_version(self, version: Version) -> list[Patch]:
-        return [p for p in self.patches if p.versions.contains(version, prereleases=True)]
+class Rewrite:
+    guard: Guard
+    new_list: str
+    result: tuple[str, ...]
 
 
 @dataclass
-class SetResult:
+class RuleResult:
     name: str
     outcome: Outcome
     detail: str
@@ -70,6 +84,8 @@ class SetResult:
     diff: str = ""
     before: list[Guard] = field(default_factory=list)
     after: list[Guard] = field(default_factory=list)
+    rewrites: list[Rewrite] = field(default_factory=list)
+    rule: Rule | None = None
 
 
 def _tolerant(text: str) -> re.Pattern[str]:
@@ -91,29 +107,58 @@ def _counts(raw: Any) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _strings(raw: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, str) and v for v in raw):
+        raise ValueError(f"{what} must be a non-empty list of strings, got {raw!r}")
+    return tuple(raw)
+
+
+def _rule(raw: Any, text: str) -> Rule:
+    if not isinstance(raw, dict):
+        raise ValueError("expected a mapping")
+    unknown = set(raw) - {"name", "family", "files", "rewrite", "exceptions"}
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}")
+    rewrite = _strings(raw["rewrite"], "rewrite")
+    for form in rewrite:
+        entries = form.replace("{arch}", "12.1").split(";")
+        if not all(re.fullmatch(r"12\.\d+[af]", e) for e in entries):
+            raise ValueError(f"rewrite form {form!r} is not arch-specific 12.x entries "
+                             "(e.g. '{arch}a', '12.0a')")
+    exceptions = tuple(
+        Patch(file=p["file"], find=p["find"], replace=p["replace"], counts=_counts(p["count"]),
+              versions=SpecifierSet(p["versions"]), if_exists=bool(p.get("if_exists", False)))
+        for p in raw.get("exceptions") or [])
+    return Rule(str(raw["name"]), re.compile(raw["family"]), _strings(raw["files"], "files"),
+                rewrite, exceptions, hashlib.sha256(text.encode()).hexdigest())
+
+
 @cache
-def load_sets(directory: Path | None = None) -> tuple[PatchSet, ...]:
+def load_rules(directory: Path | None = None) -> tuple[Rule, ...]:
     folder = directory or patches_dir()
-    sets = []
+    rules = []
     for path in sorted(folder.glob("*.yaml")):
         text = path.read_text()
         try:
-            raw = yaml.safe_load(text)
-            patches = tuple(
-                Patch(file=p["file"], find=p["find"], replace=p["replace"],
-                      counts=_counts(p["count"]), versions=SpecifierSet(p.get("versions", "")),
-                      if_exists=bool(p.get("if_exists", False)))
-                for p in raw["patches"])
-            sets.append(PatchSet(raw["name"], re.compile(raw["guards"]), patches,
-                                 hashlib.sha256(text.encode()).hexdigest()))
+            rules.append(_rule(yaml.safe_load(text), text))
         except (KeyError, TypeError, ValueError, yaml.YAMLError, re.error) as exc:
-            raise Sm121Error(f"patch set {path} is malformed: {exc}") from None
-    return tuple(sets)
+            raise Sm121Error(f"patch rule {path} is malformed: {exc}") from None
+    return tuple(rules)
 
 
-def sets_digest() -> str:
-    """One hash over all patch sets: part of a build's content key."""
-    return hashlib.sha256("".join(s.digest for s in load_sets()).encode()).hexdigest()[:16]
+def rules_digest() -> str:
+    """One hash over all rules: part of a build's content key."""
+    return hashlib.sha256("".join(r.digest for r in load_rules()).encode()).hexdigest()[:16]
+
+
+def covered(guard: Guard) -> bool:
+    """Whether any rule covers the guard's family (FP4, QUTLASS, …)."""
+    return any(rule.covers(guard) for rule in load_rules())
+
+
+def breaks_ptxas(guard: Guard) -> bool:
+    """A covered guard handing a plain 12.x target to ptxas: `cvt … e2m1x2` fails."""
+    return covered(guard) and bool(guard.plain_sm12x)
 
 
 def parse_version(text: str) -> Version:
@@ -123,89 +168,167 @@ def parse_version(text: str) -> Version:
         raise Sm121Error(f"vLLM version {text!r} is not a PEP 440 version") from None
 
 
-def _breaking(guards: list[Guard], pattern: re.Pattern[str]) -> list[Guard]:
-    return [g for g in guards if pattern.match(g.variable) and g.plain_sm12x]
+def candidate_entries(form: str, archs: str) -> list[str]:
+    """A rewrite form's entries for the requested archs (`{arch}a` -> `12.1a`)."""
+    requested = list(dict.fromkeys(m.group(1) for a in archs.split(";")
+                                   if (m := REQUESTED_SM12X.match(a))))
+    entries: list[str] = []
+    for part in form.split(";"):
+        for value in ([part.replace("{arch}", r) for r in requested] if "{arch}" in part
+                      else [part]):
+            if value not in entries:
+                entries.append(value)
+    return entries
 
 
-def _relevant(guards: list[Guard], pattern: re.Pattern[str]) -> list[Guard]:
-    return [g for g in guards if pattern.match(g.variable) and "12." in g.arch_list]
+def rewritten_list(guard: Guard, entries: list[str]) -> str:
+    """The guard's list with its 12.x entries replaced by `entries` (at the first one's
+    place), every other entry kept as written.  Entries that come from a variable are
+    written out: the argument then becomes the literal list."""
+    call = guard.call
+    assert call.list_arg is not None and call.arch_list is not None
+    written = call.list_arg.value.split(";")
+    literal_sm12x = [e for e in written if SM12X_ENTRY.match(e)]
+    expanded_sm12x = [e for e in call.arch_list.split(";") if SM12X_ENTRY.match(e)]
+    source = written if len(literal_sm12x) == len(expanded_sm12x) else call.arch_list.split(";")
+    out: list[str] = []
+    placed = False
+    for entry in source:
+        if SM12X_ENTRY.match(entry):
+            if not placed:
+                out += [e for e in entries if e not in out]
+                placed = True
+        elif entry not in out:
+            out.append(entry)
+    return ";".join(out)
 
 
-def apply_set(patch_set: PatchSet, source: Path, version: str, archs: str,
-              check: bool = False, cuda_version: str = DEFAULT_CUDA) -> SetResult:
-    """Decide with the explain evaluation, then apply all of the set's patches or none."""
+def _argument_text(guard: Guard, new_list: str, text: str) -> str:
+    arg = guard.call.list_arg
+    assert arg is not None
+    if arg.kind == "quoted":
+        return f'"{new_list}"'
+    if arg.kind == "bracket":
+        raw = text[arg.start:arg.end]
+        opening = raw[:raw.index("[", 1) + 1]
+        return f"{opening}{new_list}{opening.replace('[', ']')}"
+    return new_list
+
+
+def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool = False,
+               cuda_version: str = DEFAULT_CUDA) -> RuleResult:
+    """Decide with the guards' evaluation, then rewrite every breaking call or none."""
     parsed = parse_version(version)
-    before = evaluate(source, archs, cuda_version)
-    result = SetResult(patch_set.name, "not applicable", "", before=before, after=before)
-    if not _relevant(before, patch_set.guards):
-        result.detail = "no FP4/QUTLASS guard for SM12x in this source"
+    files = scan_files(source, rule.files)
+    originals = {rel: (source / rel).read_text() for rel in files}
+    texts = _apply_exceptions(rule, source, version, parsed, dict(originals))
+    before = _evaluate(source, texts, originals, archs, cuda_version, rule.files)
+    result = RuleResult(rule.name, "not applicable", "", before=before, after=before, rule=rule)
+    mine = [g for g in before if rule.covers(g)]
+    unreadable = [g for g in mine if g.result is None and g.call.may_give_sm12x]
+    if unreadable:
+        g = unreadable[0]
+        raise Sm121Error(f"{g.location}: cannot evaluate {g.variable} ({g.call.unresolved}); "
+                         f"rule {rule.name} covers it, so not building blind")
+    relevant = [g for g in mine if g.taken and (
+        any(SM12X_ENTRY.match(e) for e in g.arch_list.split(";")) or g.targets)]
+    breaking = [g for g in mine if g.plain_sm12x]
+    for guard in breaking:
+        if guard.call.list_arg is None:
+            raise Sm121Error(f"{guard.location}: {guard.variable} gives plain "
+                             f"{';'.join(guard.plain_sm12x)} through {guard.call.function}, "
+                             f"whose list is inside that function: rule {rule.name} cannot "
+                             "rewrite it")
+        result.rewrites.append(_choose(rule, source, guard, archs, cuda_version))
+    for rewrite in result.rewrites:
+        rel = rewrite.guard.file
+        arg = rewrite.guard.call.list_arg
+        assert arg is not None
+        text = texts[rel]
+        texts[rel] = text[:arg.start] + _argument_text(rewrite.guard, rewrite.new_list, text) \
+            + text[arg.end:]
+    changed = {rel: text for rel, text in texts.items() if text != originals[rel]}
+    if not changed:
+        result.outcome = "not needed" if relevant else "not applicable"
+        result.detail = (f"no guard the rule covers gives a plain 12.x target for {archs} "
+                         f"with CUDA {cuda_version}" if relevant else
+                         "no guard the rule covers has an SM12x entry in this source")
         return result
-    breaking = _breaking(before, patch_set.guards)
-    patches = patch_set.for_version(parsed)
-    already = [p for p in patches if _exists_or_required(source, p)
-               and not p.find_re.search((source / p.file).read_text())
-               and p.replace_re.search((source / p.file).read_text())]
-    if not breaking:
-        if already and len(already) == len([p for p in patches
-                                            if _exists_or_required(source, p)]):
-            result.outcome, result.detail = "already applied", "guards already arch-specific"
-        else:
-            result.outcome = "not needed"
-            result.detail = (f"no FP4/QUTLASS guard yields a plain 12.x target for {archs}")
-        return result
-    originals: dict[str, str] = {}
-    patched: dict[str, str] = {}
-    for patch in patches:
-        path = source / patch.file
-        if not path.exists():
+    result.after = _evaluate(source, changed, originals, archs, cuda_version, rule.files)
+    _check_after(rule, result, version)
+    result.diff = "".join(
+        "".join(difflib.unified_diff(originals[rel].splitlines(True), new.splitlines(True),
+                                     f"a/{rel}", f"b/{rel}"))
+        for rel, new in changed.items())
+    if not check:
+        _write_all(source, changed)
+    result.outcome = "applied"
+    result.replacements = len(result.rewrites) + sum(
+        1 for p in rule.exceptions_for(parsed) if p.file in changed)
+    result.detail = f"{len(result.rewrites)} guard call(s) rewritten in {len(changed)} file(s)"
+    return result
+
+
+def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: str) -> Rewrite:
+    lists = [rewritten_list(guard, candidate_entries(form, archs)) for form in rule.rewrite]
+    results = intersect(source, archs, lists, cuda_version)
+    for new_list, got in zip(lists, results, strict=True):
+        if not any(PLAIN_SM12X.match(a) for a in got):
+            return Rewrite(guard, new_list, got)
+    raise Sm121Error(f"{guard.location}: no rewrite of rule {rule.name} stops {guard.variable} "
+                     f"giving a plain 12.x target (tried {', '.join(lists)})")
+
+
+def _check_after(rule: Rule, result: RuleResult, version: str) -> None:
+    still = [g for g in result.after if rule.covers(g) and g.plain_sm12x]
+    if still:
+        raise Sm121Error(
+            f"rule {rule.name} leaves {still[0].location} {still[0].variable} yielding "
+            f"{';'.join(still[0].targets)} for vLLM {version}")
+    others = [(g.file, g.variable, g.arch_list, g.result) for g in result.before
+              if not rule.covers(g)]
+    kept = [(g.file, g.variable, g.arch_list, g.result) for g in result.after
+            if not rule.covers(g)]
+    if others != kept:
+        raise Sm121Error(f"rule {rule.name} would change guards outside its family; not applied")
+
+
+def _apply_exceptions(rule: Rule, source: Path, version: str, parsed: Version,
+                      texts: dict[str, str]) -> dict[str, str]:
+    for patch in rule.exceptions_for(parsed):
+        if patch.file not in texts:
             if patch.if_exists:
                 continue
             raise Sm121Error(f"patch drift: {patch.file} missing in vLLM {version} source")
-        current = patched.get(patch.file) or originals.setdefault(patch.file, path.read_text())
-        found = len(patch.find_re.findall(current))
+        found = len(patch.find_re.findall(texts[patch.file]))
         if found not in patch.counts:
             expected = " or ".join(str(c) for c in patch.counts)
             raise Sm121Error(
                 f"patch drift in {patch.file} for vLLM {version}: expected {expected} "
                 f"match(es) of {patch.find!r}, found {found}; not building unpatched")
-        patched[patch.file] = patch.find_re.sub(patch.replace, current)
-        result.replacements += found
-    if not patched:
-        raise Sm121Error(
-            f"patch drift: {', '.join(f'{g.file}:{g.line} {g.variable}' for g in breaking)} "
-            f"yield a plain 12.x target for vLLM {version}, and no patch of set "
-            f"{patch_set.name} applies to that version")
-    result.diff = "".join(
-        "".join(difflib.unified_diff(originals[name].splitlines(True), new.splitlines(True),
-                                     f"a/{name}", f"b/{name}"))
-        for name, new in patched.items())
-    result.after = _evaluate_patched(source, archs, patched, cuda_version)
-    still = _breaking(result.after, patch_set.guards)
-    if still:
-        raise Sm121Error(
-            f"patch set {patch_set.name} leaves {still[0].file}:{still[0].line} "
-            f"{still[0].variable} yielding {';'.join(still[0].result)} for vLLM {version}")
-    if not check:
-        _write_all(source, patched)
-    result.outcome = "applied"
-    result.detail = f"{result.replacements} replacement(s) in {len(patched)} file(s)"
-    return result
+        texts[patch.file] = patch.find_re.sub(patch.replace.replace("\\", "\\\\"),
+                                              texts[patch.file])
+    return texts
 
 
-def _exists_or_required(source: Path, patch: Patch) -> bool:
-    return (source / patch.file).exists() or not patch.if_exists
-
-
-def _evaluate_patched(source: Path, archs: str, texts: dict[str, str],
-                      cuda_version: str) -> list[Guard]:
+def _evaluate(source: Path, texts: dict[str, str], originals: dict[str, str], archs: str,
+              cuda_version: str, patterns: tuple[str, ...]) -> list[Guard]:
+    changed = {rel: t for rel, t in texts.items() if t != originals.get(rel)}
+    if not changed:
+        return evaluate(source, archs, cuda_version, patterns)
     with tempfile.TemporaryDirectory(prefix="sm121-patched-") as tmp:
         copy = Path(tmp)
-        shutil.copytree(source / "cmake", copy / "cmake")
-        if (source / "CMakeLists.txt").exists():
-            shutil.copy2(source / "CMakeLists.txt", copy / "CMakeLists.txt")
-        for name, text in texts.items():
-            (copy / name).write_text(text)
-        return evaluate(copy, archs, cuda_version)
+        for rel in originals:
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / rel, copy / rel)
+        if not (copy / "cmake" / "utils.cmake").exists() and (
+                source / "cmake" / "utils.cmake").exists():
+            (copy / "cmake").mkdir(exist_ok=True)
+            shutil.copy2(source / "cmake" / "utils.cmake", copy / "cmake" / "utils.cmake")
+        for rel, text in changed.items():
+            (copy / rel).write_text(text)
+        guards = evaluate(copy, archs, cuda_version, patterns)
+    return guards
 
 
 def _write_all(source: Path, texts: dict[str, str]) -> None:
@@ -235,8 +358,8 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
 
 
 def apply_all(source: Path, version: str, archs: str, check: bool = False,
-              cuda_version: str = DEFAULT_CUDA) -> list[SetResult]:
-    return [apply_set(s, source, version, archs, check, cuda_version) for s in load_sets()]
+              cuda_version: str = DEFAULT_CUDA) -> list[RuleResult]:
+    return [apply_rule(r, source, version, archs, check, cuda_version) for r in load_rules()]
 
 
 def read_source_version(source: Path) -> str | None:

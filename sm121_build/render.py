@@ -13,7 +13,7 @@ from string import Template
 from . import __version__
 from .errors import Sm121Error
 from .inspect import ImageFacts, require_vllm
-from .patch import sets_digest
+from .patch import rules_digest
 from .shipped import shipped_dir
 from .toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable
 
@@ -203,7 +203,7 @@ def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int
     include = vllm.cuda_include or f"{vllm.cuda_home}/include"
     lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
     extensions = choose_extensions(vllm.extensions, extra_ext, source)
-    labels = provenance_labels(facts, commit or git_ref, arch, extensions, sets_digest())
+    labels = provenance_labels(facts, commit or git_ref, arch, extensions, rules_digest())
     return BuildPlan(
         base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,
         extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,

@@ -52,12 +52,15 @@ def test_unpatched_build_fails_with_ptxas_message(source: Path, tmp_path: Path) 
 
 def test_patched_build_has_sm121_cubins(source: Path, tmp_path: Path) -> None:
     (result,) = apply_all(source, "0.19.1", "12.1")
-    assert (result.outcome, result.replacements) == ("applied", 3)
+    # CUDA 13 takes the first FP4 branch; QUTLASS's guard is the other rewrite
+    assert (result.outcome, result.replacements) == ("applied", 2)
+    assert [r.new_list for r in result.rewrites] == ["12.1a", "10.0f;12.1a"]
     built = _build(source, tmp_path / "out", "12.1")
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr
     c = _kernels(tmp_path / "out" / "_C.abi3.so")
     assert c == {"_ZN4vllm15rms_norm_kernelEPfPKfi": "native",
-                 "_ZN4vllm19silu_and_mul_kernelEPfPKfS2_i": "native"}  # FP4 left out
+                 "_ZN4vllm19silu_and_mul_kernelEPfPKfS2_i": "native",
+                 "_Z8fp4_packPtPKfi": "native"}  # FP4 kept, as sm_121a
     moe = _kernels(tmp_path / "out" / "_moe_C.abi3.so")
     assert moe == {"_ZN4vllm3moe19topk_softmax_kernelEPfPKfi": "native"}
 

@@ -1,137 +1,175 @@
-"""The patch set and the explain evaluation on REAL vLLM sdists from PyPI (0.10.0 .. 0.33.0)."""
+"""The guard rules on REAL vLLM sources: every release sdist on PyPI from 0.10.0 to the newest.
+
+For CUDA 12.8, 12.9 and 13.0 and the profiles 12.1 and 12.1a, with each source's own CMake:
+after the rewrite no covered guard gives a plain 12.x target, every line that is not a
+rewritten guard's is byte-identical, and a second run changes nothing.  The table
+(release, CUDA, profile) -> calls rewritten is written to .cache/guard-survey.md.
+"""
 
 from __future__ import annotations
 
+import re
+import shutil
 import tarfile
+import urllib.request
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
-from sm121_build.errors import Sm121Error
-from sm121_build.explain import effective_archs, evaluate
-from sm121_build.patch import apply_all
+from sm121_build.guards import effective_archs, evaluate
+from sm121_build.patch import apply_all, breaks_ptxas, covered
 from tests.helpers import CACHE, cli, pypi_download
 
 pytestmark = [pytest.mark.vllm]
 
-# vLLM version -> outcome for TORCH_CUDA_ARCH_LIST=12.1 and 12.1a with CUDA 13.0:
-# (outcome, replacements).  Measured with cmake -P on each sdist's own cmake/utils.cmake,
-# after vLLM's own narrowing to CUDA_SUPPORTED_ARCHS: most releases list 12.0 but not 12.1
-# for CUDA 13, so 12.1 and 12.1a build as 12.0 and FP4's "12.0f" stays 12.0f (fine for
-# ptxas, loads on sm_121).  0.19.x lists 12.1: FP4 then gets plain 12.1 and needs the patch.
-EXPECTED = {
-    "0.10.0": {"12.1": ("not applicable", 0), "12.1a": ("not applicable", 0)},
-    "0.10.2": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.11.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.12.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.13.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.14.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.16.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.17.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.19.1": {"12.1": ("applied", 2), "12.1a": ("not needed", 0)},
-    "0.22.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.26.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.30.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-    "0.33.0": {"12.1": ("not needed", 0), "12.1a": ("not needed", 0)},
-}
+FIRST = Version("0.10.0")
+CUDAS = ("12.8", "12.9", "13.0")
+PROFILES = ("12.1", "12.1a")
+INDEX = "https://pypi.org/simple/vllm/"
 
 
-def _source(version: str, dest: Path) -> Path:
-    sdist = pypi_download(f"vllm=={version}", CACHE / "sdists", sdist=True)
+def releases() -> list[str]:
+    """Every final vLLM release with an sdist on PyPI, from 0.10.0 to the newest."""
+    with urllib.request.urlopen(INDEX, timeout=60) as response:
+        html = response.read().decode()
+    found = {Version(v) for v in re.findall(r"/vllm-([0-9][0-9.]*(?:\.post\d+)?)\.tar\.gz#", html)}
+    return [str(v) for v in sorted(found) if v >= FIRST and not v.is_prerelease]
+
+
+def cmake_tree(version: str) -> Path:
+    """CMakeLists.txt and cmake/ of a release, cached under .cache/vllm-cmake/ (CMake files
+    only: the sdist is not kept unless it was cached already)."""
+    tree = CACHE / "vllm-cmake" / version
+    if (tree / "cmake" / "utils.cmake").exists():
+        return tree
+    cached = CACHE / "sdists" / f"vllm-{version}.tar.gz"
+    folder = cached.parent if cached.exists() else CACHE / "vllm-cmake" / ".download"
+    sdist = pypi_download(f"vllm=={version}", folder, sdist=True)
     prefix = f"vllm-{version}/"
+    staging = tree.with_name(f".{version}.part")
+    shutil.rmtree(staging, ignore_errors=True)
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.isfile() and (
             m.name == prefix + "CMakeLists.txt" or m.name.startswith(prefix + "cmake/"))]
-        tar.extractall(dest, members=members, filter="data")
-    return dest / f"vllm-{version}"
+        tar.extractall(staging, members=members, filter="data")
+    (staging / prefix).rename(tree)
+    shutil.rmtree(staging)
+    if folder != cached.parent:
+        sdist.unlink()
+    return tree
 
 
-@pytest.mark.parametrize("version", sorted(EXPECTED))
-@pytest.mark.parametrize("arch", ["12.1", "12.1a"])
-def test_outcome_per_release(version: str, arch: str, tmp_path: Path) -> None:
-    source = _source(version, tmp_path)
-    before = (source / "CMakeLists.txt").read_text()
-    (result,) = apply_all(source, version, arch)
-    assert (result.outcome, result.replacements) == EXPECTED[version][arch]
-    after = evaluate(source, arch)
-    plain = [(g.file, g.line, g.result) for g in after if g.breaks_ptxas]
-    assert plain == [], "no FP4/QUTLASS guard may hand a plain 12.x target to ptxas"
-    assert ((source / "CMakeLists.txt").read_text() != before) == (result.outcome == "applied")
-    if result.outcome == "applied":
-        # Idempotent: a second run changes nothing and says so.
-        (again,) = apply_all(source, version, arch)
-        assert again.outcome == "already applied"
-        # Only FP4/QUTLASS guards were touched.
-        others_before = [g for g in result.before if not g.is_fp4]
-        others_after = [g for g in after if not g.is_fp4]
-        assert [(g.variable, g.arch_list) for g in others_before] == [
-            (g.variable, g.arch_list) for g in others_after]
+def _copy(version: str, dest: Path) -> Path:
+    return Path(shutil.copytree(cmake_tree(version), dest))
 
 
-def test_the_issue_measurement(tmp_path: Path) -> None:
-    """vLLM narrows 12.1 to its CUDA_SUPPORTED_ARCHS first: per release and CUDA version."""
+def _files(source: Path) -> dict[str, list[str]]:
+    return {p.relative_to(source).as_posix(): p.read_text().splitlines(True)
+            for p in sorted(source.rglob("*")) if p.is_file()}
+
+
+def survey_one(version: str, cuda: str, profile: str, work: Path) -> tuple[str, list[str]]:
+    source = _copy(version, work)
+    before = _files(source)
+    (result,) = apply_all(source, version, profile, cuda_version=cuda)
+    after = _files(source)
+    rewritten = {(r.guard.file, r.guard.line) for r in result.rewrites}
+    for name, lines in before.items():
+        assert len(after[name]) == len(lines), (version, cuda, profile, name)
+        for number, (old, new) in enumerate(zip(lines, after[name], strict=True), 1):
+            # only a rewritten call's lines change (its list may sit on a later line)
+            assert old == new or any(f == name and line <= number < line + 8
+                                     for f, line in rewritten), (version, name, number, new)
+    guards = evaluate(source, profile, cuda)
+    assert not [g.location for g in guards if breaks_ptxas(g)], (version, cuda, profile)
+    others = [(g.location, g.arch_list, g.result) for g in result.before if not covered(g)]
+    assert others == [(g.location, g.arch_list, g.result) for g in guards if not covered(g)]
+    (again,) = apply_all(source, version, profile, cuda_version=cuda)
+    assert again.outcome in ("not needed", "not applicable") and not again.rewrites
+    assert _files(source) == after
+    return result.outcome, [f"{r.guard.variable} \"{r.guard.arch_list}\" -> \"{r.new_list}\""
+                            for r in result.rewrites]
+
+
+def test_every_release_every_cuda_every_profile(tmp_path: Path) -> None:
+    rows = []
+    for version in releases():
+        for cuda in CUDAS:
+            for profile in PROFILES:
+                outcome, rewrites = survey_one(version, cuda, profile,
+                                               tmp_path / f"{version}-{cuda}-{profile}")
+                rows.append((version, cuda, profile, outcome, rewrites))
+    lines = ["| vLLM | CUDA | profile | outcome | calls rewritten |", "|---|---|---|---|---|"]
+    lines += [f"| {v} | {c} | {p} | {o} | {len(r)}{': ' + '; '.join(r) if r else ''} |"
+              for v, c, p, o, r in rows]
+    report = CACHE / "guard-survey.md"
+    report.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    applied = {(v, c, p) for v, c, p, o, _ in rows if o == "applied"}
+    assert len({v for v, *_ in rows}) >= 37
+    # What CMake says, checked by hand on the sdists: the releases whose CUDA 13 list keeps
+    # 12.1 (0.19.x) hand FP4's "12.0f" a plain 12.1; profile 12.1a never needs a rewrite.
+    assert ("0.19.1", "13.0", "12.1") in applied
+    assert not {p for _, _, p in applied} - {"12.1"}
+
+
+def test_the_narrowing_per_release_and_cuda_version(tmp_path: Path) -> None:
+    """vLLM narrows 12.1 to its CUDA_SUPPORTED_ARCHS first; the CUDA version picks the branch."""
     for version, cuda, effective, fp4 in (
         ("0.17.0", "13.0", "12.0", ("12.0f",)),
         ("0.19.1", "13.0", "12.1", ("12.1",)),
         ("0.33.0", "13.0", "12.0", ("12.0f",)),
-        ("0.33.0", "12.9", "12.1", ("12.1",)),
+        ("0.33.0", "12.9", "12.1", ("12.1a",)),  # the CUDA 12 branch lists "12.0a;12.1a"
     ):
-        source = _source(version, tmp_path / f"{version}-{cuda}")
+        source = _copy(version, tmp_path / f"{version}-{cuda}")
         assert effective_archs(source, "12.1", cuda) == effective, (version, cuda)
-        first = [g for g in evaluate(source, "12.1", cuda) if g.is_fp4 and g.arch_list == "12.0f"
-                 and g.variable.startswith("FP4")]
-        assert first and all(g.result == fp4 for g in first), (version, cuda)
-    # 12.1a survives the narrowing where 12.1 is listed and keeps FP4 arch-specific.
-    source = tmp_path / "0.19.1-13.0" / "vllm-0.19.1"
-    assert effective_archs(source, "12.1a") == "12.1a"
-    assert all(g.result == ("12.1a",) for g in evaluate(source, "12.1a")
-               if g.is_fp4 and g.arch_list == "12.0f")
+        first = [g for g in evaluate(source, "12.1", cuda)
+                 if g.taken and g.variable.startswith("FP4") and g.targets]
+        assert first and all(g.targets == fp4 for g in first), (version, cuda, first)
 
 
-def test_patch_follows_the_cuda_version(tmp_path: Path) -> None:
-    (at13,) = apply_all(_source("0.33.0", tmp_path / "a"), "0.33.0", "12.1", check=True)
-    (at129,) = apply_all(_source("0.33.0", tmp_path / "b"), "0.33.0", "12.1", check=True,
-                         cuda_version="12.9")
-    assert (at13.outcome, at129.outcome, at129.replacements) == ("not needed", "applied", 2)
-
-
-def test_drift_is_an_error_and_nothing_is_written(tmp_path: Path) -> None:
-    source = _source("0.33.0", tmp_path)
+def test_a_nightly_that_renames_splits_and_adds_a_family(tmp_path: Path) -> None:
+    """0.33.0 edited the way nightlies move: the FP4 guard renamed and split over lines, a new
+    MXFP4 family added, 12.1 added to the CUDA 13 list (as 0.19 had it)."""
+    source = _copy("0.33.0", tmp_path / "src")
     cmake = source / "CMakeLists.txt"
-    text = cmake.read_text().replace(
-        'cuda_archs_loose_intersection(FP4_SM120_ARCHS "12.0f" "${CUDA_ARCHS}")',
-        'cuda_archs_loose_intersection(FP4_SM120_ARCHS "12.0f" "${CUDA_ARCHS}")\n'
-        '    cuda_archs_loose_intersection(FP4_SM120_ARCHS "12.0f" "${CUDA_ARCHS}")\n'
-        '    cuda_archs_loose_intersection(FP4_SM120_ARCHS "12.0f" "${CUDA_ARCHS}")')
+    text = cmake.read_text()
+    old = 'cuda_archs_loose_intersection(FP4_SM120_ARCHS "12.0f" "${CUDA_ARCHS}")'
+    assert text.count(old) == 1
+    text = text.replace(old, 'cuda_archs_loose_intersection(NVFP4_SM12X_ARCHS  # renamed\n'
+                        '      "12.0f"\n      "${CUDA_ARCHS}")\n'
+                        '    cuda_archs_loose_intersection(MXFP4_ARCHS "10.0f;11.0f;12.0f" '
+                        '"${CUDA_ARCHS}")')
+    text, lists = re.subn(r'(set\(CUDA_SUPPORTED_ARCHS "[^"]*;12\.0)"\)', r'\1;12.1")', text)
+    assert lists >= 2, "0.33.0's CUDA 13 lists"
     cmake.write_text(text)
-    qutlass = (source / "cmake/external_projects/qutlass.cmake").read_text()
-    with pytest.raises(Sm121Error, match=r"patch drift in CMakeLists.txt for vLLM 0.33.0: "
-                                         r"expected 1 or 2 match\(es\) .* found 3"):
-        apply_all(source, "0.33.0", "12.1", cuda_version="12.9")
-    assert cmake.read_text() == text
-    assert (source / "cmake/external_projects/qutlass.cmake").read_text() == qutlass
+    (result,) = apply_all(source, "0.33.0", "12.1")
+    assert sorted((r.guard.variable, r.new_list) for r in result.rewrites) == [
+        ("MXFP4_ARCHS", "10.0f;11.0f;12.1a"), ("NVFP4_SM12X_ARCHS", "12.1a"),
+        ("QUTLASS_SM120_ARCHS", "12.1a")]
+    assert '      "12.1a"\n      "${CUDA_ARCHS}")' in cmake.read_text()
 
 
 def test_cli_explain_and_check(tmp_path: Path) -> None:
-    source = _source("0.19.1", tmp_path)
+    source = _copy("0.19.1", tmp_path / "src")
     explained = cli("patch", "--explain", "--version", "0.19.1", str(source))
     assert explained.returncode == 0, explained.stderr
     assert "CUDA_ARCHS=12.1: what each guard gives nvcc" in explained.stdout
-    assert 'FP4_ARCHS                    "12.0f" -> 12.1  << plain 12.x' in explained.stdout
-    # The recipe's "12.0a" keeps ptxas happy by leaving FP4 out of a 12.1 build...
-    assert "after patch -> (none)" in explained.stdout
-    assert "--arch 12.1a keeps them" in explained.stdout
+    assert re.search(r'CMakeLists.txt:\d+ +FP4_ARCHS +"12.0f" -> 12.1  << plain 12.x: ptxas '
+                     r'rejects e2m1x2, rewritten "12.1a" -> 12.1a', explained.stdout)
+    assert re.search(r'FP4_ARCHS +"12.0a;12.1a" -> \(branch not taken\)', explained.stdout)
     checked = cli("patch", "--check", "--version", "0.19.1", str(source))
-    assert "would apply (2 replacement(s) in 2 file(s))" in checked.stdout
-    assert "+    cuda_archs_loose_intersection(FP4_ARCHS \"12.0a\"" in checked.stdout
+    assert "would apply (2 guard call(s) rewritten in 2 file(s))" in checked.stdout
+    assert "+    cuda_archs_loose_intersection(FP4_ARCHS \"12.1a\"" in checked.stdout
     assert '"12.0f"' in (source / "CMakeLists.txt").read_text()  # --check wrote nothing
 
 
 def test_cli_explain_shows_the_narrowing(tmp_path: Path) -> None:
-    source = _source("0.17.0", tmp_path)
+    source = _copy("0.17.0", tmp_path / "src")
     explained = cli("patch", "--explain", "--version", "0.17.0", str(source))
     assert explained.returncode == 0, explained.stderr
     assert ("CUDA_ARCHS=12.0 (narrowed by vLLM's CUDA 13.0 list from 12.1)"
             in explained.stdout)
-    assert 'FP4_ARCHS                    "12.0f" -> 12.0f' in explained.stdout
+    assert re.search(r'FP4_ARCHS +"12.0f" -> 12.0f', explained.stdout)
     assert "fp4-sm12x-arch-specific: not needed" in explained.stdout

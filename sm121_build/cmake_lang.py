@@ -1,0 +1,154 @@
+"""Read CMake files as CMake does: command invocations with their arguments and positions.
+
+Only the language's lexical structure (CMake 3 "cmake-language(7)"): comments (`#` to the end
+of the line, `#[[ … ]]` bracket comments), command invocations `name(args)` split over any
+number of lines, quoted (`"…"` with `\\` escapes), bracket (`[=[ … ]=]`) and unquoted arguments,
+and nested parentheses.  Each argument keeps its offsets in the file text, so a caller can
+rewrite exactly one argument and leave every other byte as it was.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+ArgKind = Literal["quoted", "unquoted", "bracket", "paren"]
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+BRACKET_OPEN = re.compile(r"\[(=*)\[")
+VARIABLE_REF = re.compile(r"\$\{(\w+)\}")
+
+
+@dataclass(frozen=True)
+class Argument:
+    kind: ArgKind
+    value: str  # the text CMake sees (quotes and bracket delimiters removed)
+    start: int  # offsets of the whole argument, delimiters included
+    end: int
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # as written; CMake command names are case-insensitive
+    arguments: tuple[Argument, ...]
+    line: int
+    start: int
+    end: int
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
+
+    @property
+    def words(self) -> tuple[Argument, ...]:
+        """The arguments without the parentheses of nested groups."""
+        return tuple(a for a in self.arguments if a.kind != "paren")
+
+
+class CMakeSyntaxError(ValueError):
+    """Text that is not CMake: an unterminated argument, comment or invocation."""
+
+
+def commands(text: str) -> list[Command]:
+    return list(_Reader(text).read())
+
+
+class _Reader:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pos = 0
+
+    def line_of(self, offset: int) -> int:
+        return self.text.count("\n", 0, offset) + 1
+
+    def read(self) -> Iterator[Command]:
+        text = self.text
+        while self.pos < len(text):
+            char = text[self.pos]
+            if char == "#":
+                self._comment()
+            elif char.isalpha() or char == "_":
+                start = self.pos
+                name = IDENTIFIER.match(text, self.pos)
+                assert name is not None
+                self.pos = name.end()
+                while self.pos < len(text) and text[self.pos] in " \t":
+                    self.pos += 1
+                if self.pos < len(text) and text[self.pos] == "(":
+                    self.pos += 1
+                    arguments = self._arguments(start)
+                    yield Command(name.group(), arguments, self.line_of(start), start, self.pos)
+            else:
+                self.pos += 1
+
+    def _comment(self) -> None:
+        bracket = BRACKET_OPEN.match(self.text, self.pos + 1)
+        if bracket:
+            self.pos = self._bracket_end(bracket, self.pos)
+        else:
+            newline = self.text.find("\n", self.pos)
+            self.pos = len(self.text) if newline < 0 else newline
+
+    def _bracket_end(self, opening: re.Match[str], start: int) -> int:
+        close = f"]{opening.group(1)}]"
+        end = self.text.find(close, opening.end())
+        if end < 0:
+            raise CMakeSyntaxError(f"line {self.line_of(start)}: unterminated bracket")
+        return end + len(close)
+
+    def _arguments(self, command_start: int) -> tuple[Argument, ...]:
+        text = self.text
+        found: list[Argument] = []
+        depth = 0
+        while True:
+            if self.pos >= len(text):
+                raise CMakeSyntaxError(
+                    f"line {self.line_of(command_start)}: unterminated command invocation")
+            char = text[self.pos]
+            if char in " \t\r\n":
+                self.pos += 1
+            elif char == "#":
+                self._comment()
+            elif char == "(":
+                found.append(Argument("paren", "(", self.pos, self.pos + 1))
+                depth += 1
+                self.pos += 1
+            elif char == ")":
+                self.pos += 1
+                if depth == 0:
+                    return tuple(found)
+                depth -= 1
+                found.append(Argument("paren", ")", self.pos - 1, self.pos))
+            elif char == '"':
+                found.append(self._quoted())
+            elif (bracket := BRACKET_OPEN.match(text, self.pos)) is not None:
+                start = self.pos
+                self.pos = self._bracket_end(bracket, start)
+                body = text[bracket.end():self.pos - len(bracket.group(0))]
+                found.append(Argument("bracket", body.removeprefix("\n"), start, self.pos))
+            else:
+                found.append(self._unquoted())
+
+    def _quoted(self) -> Argument:
+        text = self.text
+        start = self.pos
+        self.pos += 1
+        while self.pos < len(text) and text[self.pos] != '"':
+            self.pos += 2 if text[self.pos] == "\\" else 1
+        if self.pos >= len(text):
+            raise CMakeSyntaxError(f"line {self.line_of(start)}: unterminated quoted argument")
+        self.pos += 1
+        return Argument("quoted", text[start + 1:self.pos - 1], start, self.pos)
+
+    def _unquoted(self) -> Argument:
+        text = self.text
+        start = self.pos
+        while self.pos < len(text) and text[self.pos] not in ' \t\r\n()#"':
+            self.pos += 2 if text[self.pos] == "\\" else 1
+        return Argument("unquoted", text[start:self.pos], start, self.pos)
+
+
+def variables_in(value: str) -> list[str]:
+    """The `${NAME}` references of an argument's value."""
+    return VARIABLE_REF.findall(value)
