@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from .decide import loads_natively
 from .guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
 from .patch import RuleResult, apply_all, breaks_ptxas, covered, read_source_version
+from .verify import SM121
 
 
 def _targets(guard: Guard) -> str:
@@ -21,6 +23,10 @@ def _targets(guard: Guard) -> str:
 
 def _guard_line(guard: Guard, result: RuleResult) -> str:
     mark = "  << plain 12.x: ptxas rejects e2m1x2" if breaks_ptxas(guard) else ""
+    unloadable = [a for a in guard.targets if a.startswith("12.") and a not in guard.plain_sm12x
+                  and not loads_natively(a, SM121.target)]
+    if unloadable and covered(guard):
+        mark += f"  << {', '.join(unloadable)}: {SM121.target} cannot load it"
     line = (f"  {guard.location:<42} {guard.variable:<28} \"{guard.arch_list}\" "
             f"-> {_targets(guard)}{mark}")
     rewrite = next((r for r in result.rewrites if r.guard.location == guard.location), None)

@@ -173,3 +173,13 @@ def test_cli_explain_shows_the_narrowing(tmp_path: Path) -> None:
             in explained.stdout)
     assert re.search(r'FP4_ARCHS +"12.0f" -> 12.0f', explained.stdout)
     assert "fp4-sm12x-arch-specific: not needed" in explained.stdout
+
+
+def test_cli_explain_flags_targets_gb10_cannot_load(tmp_path: Path) -> None:
+    source = _copy("0.17.0", tmp_path / "src")
+    explained = cli("patch", "--explain", "--cuda-version", "12.9", "--version", "0.17.0",
+                    str(source))
+    assert explained.returncode == 0, explained.stderr
+    assert re.search(r'FP4_ARCHS +"12.0a" -> 12.0a  << 12.0a: sm_121 cannot load it',
+                     explained.stdout)
+    assert re.search(r'FP4_ARCHS +"12.0f" -> \(branch not taken\)', explained.stdout)
