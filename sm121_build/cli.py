@@ -66,4 +66,18 @@ def main() -> None:
     # when a shell started this in the background with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminated)
-    cli(prog_name="sm121-build")
+    try:
+        code = cli.main(prog_name="sm121-build", standalone_mode=False)
+    except click.UsageError as exc:
+        # click would print usage and a hint over several lines: one `error:` line instead
+        where = exc.ctx.command_path if exc.ctx else "sm121-build"
+        message = " ".join(exc.format_message().split())
+        click.echo(f"error: {message} (see {where} --help)", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -11,14 +11,29 @@ import click
 from . import report
 from .audit import BinaryReport, Policy, audit_binary, host_only_report
 from .compat import parse_cuda_version, parse_target
+from .errors import CorruptBinaryError, Sm121Error
 from .sources import binaries
 
 
 def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[str, ...] = (),
-              platform: str | None = None, progress: bool = False) -> list[BinaryReport]:
+              platform: str | None = None,
+              progress: bool = False) -> tuple[list[BinaryReport], list[str]]:
+    """Reports of every ELF file the target holds, and `name: why` of each one that could not
+    be read: one corrupt file among many is reported, not fatal (a lone file still is)."""
+    reports: list[BinaryReport] = []
+    unreadable: list[str] = []
     with binaries(target, include, platform, show_progress=progress) as found:
-        return [audit_binary(b.path, b.name, policy, with_kernels) if b.host_only_size is None
-                else host_only_report(b.name, b.host_only_size, with_kernels) for b in found]
+        for binary in found:
+            if binary.host_only_size is not None:
+                reports.append(host_only_report(binary.name, binary.host_only_size, with_kernels))
+                continue
+            try:
+                reports.append(audit_binary(binary.path, binary.name, policy, with_kernels))
+            except CorruptBinaryError as exc:
+                if len(found) == 1 and Path(target).is_file() and binary.path == Path(target):
+                    raise
+                unreadable.append(f"{binary.name}: {exc}")
+    return reports, unreadable
 
 
 @click.command()
@@ -48,8 +63,10 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     fmt = "json" if as_json else fmt
     policy = Policy(parse_target(gpu), parse_cuda_version(driver))
     with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None
-    reports = run_audit(target, policy, with_kernels, include, platform,
-                        progress=sys.stderr.isatty())
+    reports, unreadable = run_audit(target, policy, with_kernels, include, platform,
+                                    progress=sys.stderr.isatty())
+    for line in unreadable:
+        click.echo(f"unreadable: {line}", err=True)
     if fmt == "cuobjdump":
         text = report.cuobjdump(reports)
         if text:
@@ -61,6 +78,14 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     if summary_md:
         with open(summary_md, "a", encoding="utf-8") as out:
             out.write(report.markdown(f"Audit of `{target}`", reports, policy))
+    if unreadable:
+        raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} ELF file(s) in "
+                         f"{target} could not be read (listed above)")
+    if require and not reports:
+        click.echo(f"error: --require {require}: no ELF file found in {target}"
+                   f"{' matching ' + ', '.join(include) if include else ''}: nothing was checked",
+                   err=True)
+        sys.exit(1)
     if require:
         floor = {"native": ("native",), "jit": ("native", "jit")}[require]
         bad = sum(1 for r in reports for v in (r.kernels or {}).values() if v not in floor)

@@ -8,6 +8,7 @@ import click
 
 from .build import Options, run_build
 from .errors import Sm121Error
+from .inputs import JOBS, arch_list, extension_names
 from .local import run_local
 from .pin import UPSTREAM
 from .refs import IMAGE_ID, default_tag, validate_image_ref
@@ -20,10 +21,11 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 @click.command()
 @click.option("--base", help="Stock vLLM image in the local engine.")
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
-@click.option("--arch", default="12.1", show_default=True,
+@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
               help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
-@click.option("--ext", "extra_ext", multiple=True, help="Another extension to rebuild.")
-@click.option("--jobs", type=int, help="MAX_JOBS (default: from cores and memory).")
+@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
+              help="Another extension to rebuild.")
+@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Existing vLLM checkout at the image's commit (else fetched).")
 @click.option("--repo", default=UPSTREAM, show_default=True, envvar="SM121_BUILD_REPO",

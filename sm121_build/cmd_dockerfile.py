@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from .engine import Engine
+from .errors import Sm121Error
 from .guards import cmake_arch_list
+from .inputs import JOBS, arch_list, extension_names
 from .inspect import inspect_image, require_vllm
 from .pin import version_to_ref
+from .refs import IMAGE_ID
 from .render import plan_for, render
 
 
 @click.command()
 @click.option("--base", required=True, help="Stock vLLM image in the local engine.")
-@click.option("--arch", default="12.1", show_default=True, help="TORCH_CUDA_ARCH_LIST.")
-@click.option("--ext", "extra_ext", multiple=True, help="Another extension to rebuild.")
-@click.option("--jobs", type=int, help="MAX_JOBS (default: from cores and memory).")
+@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
+              help="TORCH_CUDA_ARCH_LIST.")
+@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
+              help="Another extension to rebuild.")
+@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--no-buildkit", is_flag=True, help="No RUN --mount cache (legacy builder).")
 def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
                no_buildkit: bool) -> None:
@@ -28,4 +35,13 @@ def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | Non
     ref = version_to_ref(vllm.version, vllm.commit_id)
     plan = plan_for(facts, arch, extra_ext, jobs, None, str(ref), None, not no_buildkit,
                     copy_tools=False)
+    if plan.base == facts.id:
+        # No registry digest to pin: `FROM sha256:<id>` sends BuildKit to Docker Hub, so
+        # the Dockerfile names the image as the user did (a tag both builders resolve here).
+        if IMAGE_ID.match(base):
+            raise Sm121Error(f"{base} is an image ID and the image has no registry digest: a "
+                             "Dockerfile cannot name it offline; pass one of its tags")
+        plan = replace(plan, base=base)
+        click.echo(f"note: {base} has no registry digest; FROM names the tag, not pinned to "
+                   f"{facts.id[:19]}", err=True)
     click.echo(render(plan), nl=False)

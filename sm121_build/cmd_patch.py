@@ -9,6 +9,7 @@ import click
 
 from .decide import loads_natively
 from .guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
+from .inputs import arch_list
 from .patch import RuleResult, apply_all, breaks_ptxas, covered, read_source_version
 from .verify import SM121
 
@@ -39,7 +40,7 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 
 @click.command()
 @click.argument("source", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--arch", default="12.1", show_default=True,
+@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
               help="TORCH_CUDA_ARCH_LIST for the build, e.g. 12.1 or 12.1a.")
 @click.option("--version", "vllm_version", help="vLLM version of SOURCE (read from it if unset).")
 @click.option("--check", is_flag=True, help="Report only; write nothing.")

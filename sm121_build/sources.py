@@ -14,6 +14,7 @@ import fnmatch
 import os
 import posixpath
 import re
+import stat
 import sys
 import tarfile
 import tempfile
@@ -71,6 +72,9 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
     if path.is_dir():
         yield _walk(path, wanted)
         return
+    if path.exists() and not path.is_file():
+        raise Sm121Error(f"{path}: not a regular file (a FIFO, socket or device); audit reads "
+                         "files, directories, wheels, image tarballs and images")
     if path.is_file():
         if is_elf(path):
             yield [Binary(str(path), path)]
@@ -195,7 +199,11 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
         for name in sorted(filenames):
             full = Path(dirpath) / name
             rel = full.relative_to(root).as_posix()
-            if not full.is_symlink() and wanted(rel) and is_elf(full):
+            if full.is_symlink() or not wanted(rel):
+                continue
+            if not stat.S_ISREG(full.lstat().st_mode):  # a FIFO would block the read forever
+                print(f"skipped: {rel}: not a regular file", file=sys.stderr)
+            elif is_elf(full):
                 found.append(Binary(rel, full))
     return found
 

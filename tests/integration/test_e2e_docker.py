@@ -314,3 +314,27 @@ def test_image_already_native_is_not_rebuilt(e2e: E2E, patched: subprocess.
                      "--tag", f"{PREFIX}:not-needed", "--force")
     assert forced.returncode == 0, forced.stderr
     assert "==> build" in forced.stderr and e2e.exists(f"{PREFIX}:not-needed")
+
+
+@pytest.mark.parametrize("buildkit", ["0", "1"])
+def test_printed_dockerfile_names_a_base_both_builders_resolve(e2e: E2E, buildkit: str) -> None:
+    """The fixture image has no registry digest: `FROM sha256:<id>` would send BuildKit to
+    Docker Hub, so the printed Dockerfile names the tag.  Each of its FROM lines is built
+    here, offline, with the builder named (the rest of it needs a build context)."""
+    printed = e2e.run("dockerfile", "--base", e2e.stock.tag)
+    assert printed.returncode == 0, printed.stderr
+    assert "has no registry digest; FROM names the tag" in printed.stderr
+    froms = [line for line in printed.stdout.splitlines() if line.startswith("FROM ")]
+    assert froms and all(line.split()[1] == e2e.stock.tag for line in froms)
+    context = e2e.work / f"from-{buildkit}"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"{froms[0].split(' AS ')[0]}\nLABEL sm121.test=1\n")
+    tag = f"{PREFIX}:from-{buildkit}"
+    built = subprocess.run(["/usr/bin/docker", "build", "-q", "-t", tag, str(context)],
+                           capture_output=True, text=True, check=False,
+                           env={**e2e.env, "DOCKER_BUILDKIT": buildkit})
+    assert built.returncode == 0, built.stderr
+    assert e2e.exists(tag)
+    by_id = e2e.run("dockerfile", "--base", e2e.client.images.get(e2e.stock.tag).id)
+    assert by_id.returncode == 2
+    assert "is an image ID and the image has no registry digest" in by_id.stderr

