@@ -23,7 +23,7 @@ from .guards import DEFAULT_CUDA, cmake_arch_list
 from .inject import Finish, finish, tag_result, verify_and_export
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
 from .patch import apply_all, rules_digest
-from .pin import fetch_source, resolve_checkout, version_to_ref
+from .pin import check_checkout, fetch_source, version_to_ref
 from .refs import versioned_tag
 from .render import LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
 from .steps import Progress, Steps, end_status_line, status_line
@@ -47,6 +47,7 @@ class Options:
     no_patch: bool
     pull: str = "never"  # "always" (like docker build --pull), "missing" or "never"
     versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>
+    allow_other_commit: bool = False  # build a --source at another commit than the image's
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
@@ -75,15 +76,26 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
     with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
         context = Path(tmp)
         with steps.step("source"):
+            changes = ""
             if opts.source:
-                checkout, commit = opts.source, resolve_checkout(opts.source)
+                state = check_checkout(opts.source, ref, opts.allow_other_commit)
+                checkout, commit, changes = state.path, state.commit, state.changes
+                if state.other_commit:
+                    record.update(source_other_commit=state.other_commit)
+                    click.echo(f"    warning: {state.other_commit} (--allow-other-commit)",
+                               err=True)
+                if changes:
+                    record.update(source_changes=changes)
+                    click.echo(f"    uncommitted changes in {checkout}: built as they are "
+                               f"(sha256 {changes[:12]}, part of the content key)", err=True)
             else:
                 checkout, commit = fetch_source(ref, opts.repo)
             shutil.copytree(checkout, context / "src", ignore=shutil.ignore_patterns(".git"))
             click.echo(f"    {checkout} @ {commit}", err=True)
         plan = plan_for(facts, opts.arch, opts.extra_ext, opts.jobs, context / "src", str(ref),
                         commit, buildkit=engine.buildkit_client() is not None)
-        key = content_key(facts, commit, plan, opts.no_patch)
+        key = content_key(facts, commit + (f"+{changes}" if changes else ""), plan,
+                          opts.no_patch)
         record.update(vllm_commit=commit, arch_list=plan.arch_list, content_key=key,
                       extensions=list(plan.extensions))
         meta = {"base": facts.ref, "base_digest": facts.digest_ref,

@@ -30,6 +30,11 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted: temporary files and containers were removed", err=True)
             sys.exit(130)
+        except OSError as exc:
+            # the file system said no (permissions, a full disk, a loop of links): one line
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group)

@@ -8,9 +8,9 @@ import click
 
 from .build import Options, run_build
 from .errors import Sm121Error
-from .inputs import JOBS, arch_list, extension_names
+from .inputs import JOBS, arch_list, extension_names, require_outputs
 from .local import run_local
-from .pin import UPSTREAM
+from .pin import UPSTREAM, require_vllm_tree
 from .refs import IMAGE_ID, default_tag, validate_image_ref
 from .run_report import new_record, recorded
 
@@ -39,7 +39,9 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
                    "moving tag) or --pull=missing (only when it is not here).")
 @click.option("--versioned-tag", is_flag=True,
               help="Also tag <tag>-<vLLM version>-<commit>-b<base ID>: an immutable name to pin.")
-@click.option("--no-patch", is_flag=True, help="Build without the patch sets (diagnosis).")
+@click.option("--allow-other-commit", is_flag=True,
+              help="Build a --source checkout at another commit than the image's (recorded).")
+@click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
@@ -52,7 +54,8 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
-          offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool) -> None:
+          offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
+          allow_other_commit: bool) -> None:
     """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
     if local:
         if not source or not out:
@@ -68,10 +71,14 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
         raise click.UsageError("--offline and --cutlass go with --local (the image build "
                                "fetches what vLLM's CMake needs inside the builder)")
     validate_image_ref(base)
+    if source:
+        require_vllm_tree(source)  # before the engine, the pull and a 1 GB copy
     if pull != "never" and IMAGE_ID.match(base):
         raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
     result_tag = validate_image_ref(tag) if tag else default_tag(base)
+    require_outputs(out, report, summary_md)
     with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
         run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
-                          no_patch=no_patch, pull=pull, versioned_tag=versioned_tag), record)
+                          no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
+                          allow_other_commit=allow_other_commit), record)

@@ -8,11 +8,15 @@ hour are refused here.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from pathlib import Path
 
 import click
 
 from .compat import cubin_loads, dotted_arch, parse_target
+from .errors import Sm121Error
 
 SM121 = parse_target("sm_121")
 # CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
@@ -61,3 +65,31 @@ def extension_names(ctx: click.Context | None, param: click.Parameter | None,
 
 
 JOBS = click.IntRange(min=1, max=4096)
+
+
+def require_writable(path: Path | None, option: str, *, directory: bool = False) -> None:
+    """Fail now, not after an hour's build, when an output cannot be written."""
+    if path is None:
+        return
+    folder = path if directory else path.parent
+    try:
+        if path.exists() and path.is_dir() != directory:
+            kind = "a directory" if path.is_dir() else "a file"
+            raise Sm121Error(f"{option} {path}: is {kind}")
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".sm121-probe-"):
+            pass
+        if not directory and path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(13, "Permission denied", str(path))
+    except OSError as exc:
+        raise Sm121Error(f"{option} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
+def require_outputs(out: Path | None, report: Path | None, summary_md: Path | None) -> None:
+    """--out, --report, --summary-md and the cache dir, checked before any work."""
+    from .inspect import cache_dir
+
+    require_writable(out, "--out", directory=True)
+    require_writable(report, "--report")
+    require_writable(summary_md, "--summary-md")
+    require_writable(cache_dir(), "cache dir (XDG_CACHE_HOME)", directory=True)

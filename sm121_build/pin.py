@@ -9,6 +9,7 @@ Version to git ref:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -66,6 +67,63 @@ def resolve_checkout(path: Path) -> str:
     if result.returncode != 0:
         raise Sm121Error(f"{path} is not a git checkout: {result.stderr.strip()}")
     return result.stdout.strip()
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A --source tree as it will be built: its commit and any change git sees on top."""
+
+    path: Path
+    commit: str
+    changes: str  # sha256 of the uncommitted changes ("" for a clean tree)
+    other_commit: str  # why the commit is not the image's ("" when it is)
+
+
+def require_vllm_tree(path: Path) -> None:
+    missing = [n for n in ("CMakeLists.txt", "cmake/utils.cmake") if not (path / n).is_file()]
+    if missing:
+        raise Sm121Error(f"{path} is not a vLLM source tree (no {' or '.join(missing)})")
+
+
+def check_checkout(path: Path, ref: GitRef, allow_other_commit: bool = False) -> Checkout:
+    """Refuse a tree that is not vLLM, or at another commit than the image's (unless told);
+    hash what is uncommitted so the content key covers the source actually built."""
+    require_vllm_tree(path)
+    commit = resolve_checkout(path)
+    if ref.kind == "commit":
+        expected = commit if commit.startswith(ref.value) else ref.value
+    else:
+        found = _git("rev-parse", "--verify", "-q", f"{ref.value}^{{commit}}", cwd=path)
+        expected = found.stdout.strip() if found.returncode == 0 else f"tag {ref.value} (absent)"
+    other = ""
+    if expected != commit:
+        shown = expected[:12] if _HASH.match(expected) else expected
+        other = f"--source {path} is at {commit[:12]}; the image's vLLM is {shown}"
+        if not allow_other_commit:
+            raise Sm121Error(f"{other}: check that commit out, or pass --allow-other-commit "
+                             "(recorded in the report)")
+    return Checkout(path, commit, _changes(path), other)
+
+
+def _changes(path: Path) -> str:
+    """sha256 over `git diff HEAD` and every untracked, not ignored file (name and bytes)."""
+    diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=path, capture_output=True,
+                          check=False)
+    others = _git("ls-files", "--others", "--exclude-standard", "-z", cwd=path)
+    if diff.returncode != 0 or others.returncode != 0:
+        raise Sm121Error(f"{path}: git cannot list its changes: "
+                         f"{(diff.stderr.decode(errors='replace') or others.stderr).strip()}")
+    names = sorted(n for n in others.stdout.split("\0") if n)
+    if not diff.stdout and not names:
+        return ""
+    digest = hashlib.sha256(diff.stdout)
+    for name in names:
+        digest.update(b"\0" + name.encode() + b"\0")
+        try:
+            digest.update(hashlib.sha256((path / name).read_bytes()).digest())
+        except OSError as exc:
+            raise Sm121Error(f"{path / name}: cannot read it: {exc.strerror}") from None
+    return digest.hexdigest()
 
 
 def fetch_source(ref: GitRef, repo: str = UPSTREAM, dest_root: Path | None = None) -> tuple[Path,

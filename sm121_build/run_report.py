@@ -8,6 +8,7 @@ a later run that skips the build still reports the audit of the image it found.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,8 +60,14 @@ def recall(key: str) -> dict[str, Any] | None:
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:
+    """Atomically: a reader never sees half a report."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _counts(counts: dict[str, int]) -> str:

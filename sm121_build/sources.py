@@ -19,6 +19,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import layers
-from .errors import Sm121Error
+from .errors import CorruptBinaryError, Sm121Error
 from .fatbin import HostBinary, is_elf
 from .refs import looks_like_image_ref
 from .spill import write_stream
@@ -80,14 +81,18 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
             yield [Binary(str(path), path)]
             return
         with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
-            if zipfile.is_zipfile(path):
-                yield _unzip(path, Path(tmp), wanted)
-            elif tarfile.is_tarfile(path):
-                yield _untar(path, Path(tmp), wanted, platform, show_progress)
-            else:
-                raise Sm121Error(
-                    f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
-                    "those, a directory, or an image in the local Docker engine")
+            try:
+                if zipfile.is_zipfile(path):
+                    found = _unzip(path, Path(tmp), wanted)
+                elif tarfile.is_tarfile(path):
+                    found = _untar(path, Path(tmp), wanted, platform, show_progress)
+                else:
+                    raise Sm121Error(
+                        f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
+                        "those, a directory, or an image in the local Docker engine")
+            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+                raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
+            yield found
         return
     if target.startswith((".", "/", "~")) or FILE_LIKE.search(target):
         raise Sm121Error(f"{target}: no such file or directory")

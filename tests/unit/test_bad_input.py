@@ -204,3 +204,52 @@ def test_require_with_nothing_found_fails(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "--require native: no ELF file found" in result.stderr
     assert "matching */vlm/*: nothing was checked" in result.stderr
+
+
+@pytest.mark.parametrize("option", ["--out", "--report", "--summary-md"])
+def test_an_output_that_cannot_be_written_fails_before_any_work(tmp_path: Path,
+                                                                option: str) -> None:
+    """(Tests run as root, where permissions do not bite: a path under a file cannot be
+    written by anyone.)  The base `x` is never looked up."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    line = _one_line_error(cli("build", "--base", "x", option, str(blocker / "sub" / "o")))
+    assert line.startswith(f"error: {option} {blocker}/sub/o: cannot write there (")
+
+
+def test_a_damaged_wheel_and_a_truncated_tarball_are_one_line(plain_so: Path,
+                                                              tmp_path: Path) -> None:
+    import io
+    import tarfile
+    import zipfile
+
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as out:
+        out.writestr("vllm/_C.abi3.so", plain_so.read_bytes())
+    data = bytearray(wheel.read_bytes())
+    at = data.index(b"\x7fELF") + 200
+    data[at] ^= 0xFF  # the stored bytes no longer match their CRC-32
+    wheel.write_bytes(bytes(data))
+    assert "damaged archive (Bad CRC-32" in _one_line_error(cli("audit", str(wheel)))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("layer/_C.abi3.so")
+        payload = plain_so.read_bytes()
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    cut = tmp_path / "image.tar"
+    cut.write_bytes(buffer.getvalue()[: 512 + len(payload) // 2])
+    line = _one_line_error(cli("audit", str(cut)))
+    assert str(cut) in line
+
+
+def test_a_symlink_loop_in_the_source_is_one_line(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.helpers import DATA
+
+    source = Path(shutil.copytree(DATA / "vllm_like", tmp_path / "src"))
+    (source / "loop").symlink_to(source / "loop")
+    result = cli("build", "--local", "--source", str(source), "--out", str(tmp_path / "out"))
+    line = _one_line_error(result)
+    assert "loop" in line and "Too many levels of symbolic links" in line

@@ -82,3 +82,72 @@ def test_tag_not_found(upstream: tuple[str, dict[str, str]], tmp_path: Path) -> 
     url, _ = upstream
     with pytest.raises(Sm121Error, match=r"tag v9\.9\.9 not found"):
         fetch_source(GitRef("tag", "v9.9.9"), url, tmp_path)
+
+
+def _git_in(path: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True,
+                          text=True, env=env).stdout.strip()
+
+
+@pytest.fixture()
+def checkout(tmp_path: Path) -> tuple[Path, str, str]:
+    """A real git checkout of the vLLM-shaped fixture with two commits; the first is tagged."""
+    from tests.stockimage import fixture_checkout
+
+    path, first = fixture_checkout(tmp_path / "src")
+    _git_in(path, "tag", "v0.19.1")
+    (path / "csrc" / "ops.cu").write_text((path / "csrc" / "ops.cu").read_text() + "// next\n")
+    _git_in(path, "commit", "-qam", "next")
+    return path, first, _git_in(path, "rev-parse", "HEAD")
+
+
+def test_source_at_another_commit_is_refused_unless_allowed(
+        checkout: tuple[Path, str, str]) -> None:
+    from sm121_build.pin import check_checkout
+
+    path, first, head = checkout
+    with pytest.raises(Sm121Error, match=rf"--source {path} is at {head[:12]}; the image's vLLM "
+                                         rf"is {first[:12]}: check that commit out"):
+        check_checkout(path, GitRef("commit", first[:12]))
+    with pytest.raises(Sm121Error, match=rf"the image's vLLM is {first[:12]}"):
+        check_checkout(path, GitRef("tag", "v0.19.1"))  # the tag names the first commit
+    with pytest.raises(Sm121Error, match=r"the image's vLLM is tag v0.20.0 \(a"):
+        check_checkout(path, GitRef("tag", "v0.20.0"))
+    allowed = check_checkout(path, GitRef("commit", first), allow_other_commit=True)
+    assert (allowed.commit, allowed.other_commit.split(";")[0]) == (
+        head, f"--source {path} is at {head[:12]}")
+    assert check_checkout(path, GitRef("commit", head[:9])).other_commit == ""
+
+
+def test_uncommitted_changes_are_hashed(checkout: tuple[Path, str, str]) -> None:
+    from sm121_build.pin import check_checkout
+
+    path, _first, head = checkout
+    ref = GitRef("commit", head)
+    assert check_checkout(path, ref).changes == ""
+    (path / ".gitignore").write_text("build/\n")
+    _git_in(path, "add", ".gitignore")
+    _git_in(path, "commit", "-qm", "ignore")
+    ref = GitRef("commit", _git_in(path, "rev-parse", "HEAD"))
+    (path / "build").mkdir()
+    (path / "build" / "junk.o").write_bytes(b"ignored")
+    assert check_checkout(path, ref).changes == ""  # ignored files are not built from
+    ops = path / "csrc" / "ops.cu"
+    ops.write_text(ops.read_text() + "// edited\n")
+    edited = check_checkout(path, ref).changes
+    assert len(edited) == 64
+    (path / "csrc" / "new.cu").write_text("// untracked\n")
+    with_new = check_checkout(path, ref).changes
+    assert with_new not in ("", edited)
+    (path / "csrc" / "new.cu").write_text("// untracked, changed\n")
+    assert check_checkout(path, ref).changes not in ("", edited, with_new)
+
+
+def test_a_tree_that_is_not_vllm_is_refused_before_anything(tmp_path: Path) -> None:
+    from sm121_build.pin import check_checkout
+
+    with pytest.raises(Sm121Error, match=r"is not a vLLM source tree \(no CMakeLists.txt or "
+                                         r"cmake/utils.cmake\)"):
+        check_checkout(tmp_path, GitRef("tag", "v0.19.1"))
