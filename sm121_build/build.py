@@ -130,9 +130,8 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                                err=True)
         if not opts.force:
             with steps.step("decide"):
-                decision = decide(read_stock(engine, facts, plan.extensions), checkout,
-                                  context / "src", arch_cmake, vllm.cuda_version or DEFAULT_CUDA,
-                                  SM121.target)
+                decision = decide(read_stock(engine, facts, plan.extensions), context / "src",
+                                  arch_cmake, vllm.cuda_version or DEFAULT_CUDA, SM121.target)
                 for line in decision.lines():
                     click.echo(f"    {line}", err=True)
                 click.echo(f"    {'rebuild' if decision.rebuild else 'no rebuild'}: "

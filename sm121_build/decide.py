@@ -53,9 +53,13 @@ def stock_family_archs(reports: dict[str, BinaryReport], gpu: Target) -> tuple[s
     return tuple(sorted(archs))
 
 
-def decide(stock: dict[str, BinaryReport | None], original: Path, patched: Path, arch: str,
-           cuda: str, gpu: Target) -> Decision:
-    """Whether to compile: False only when it is shown that nothing would change."""
+def decide(stock: dict[str, BinaryReport | None], source: Path, arch: str, cuda: str,
+           gpu: Target) -> Decision:
+    """Whether to compile: False only when it is shown that nothing would change.
+
+    `source` is the tree as it will be built (the guard rules applied): the stock side is
+    evaluated on it too, since a rule only rewrites guards that would hand ptxas a plain
+    12.x target, which no stock build of the original source could have compiled."""
     counts = {name: {"native": r.kernel_counts()["native"], "total": len(r.kernels or {})}
               for name, r in stock.items() if r is not None}
     missing = [name for name, report in stock.items() if report is None]
@@ -69,15 +73,15 @@ def decide(stock: dict[str, BinaryReport | None], original: Path, patched: Path,
     if not_native:
         return Decision(True, f"{', '.join(not_native)}: no kernel native on {gpu}", counts,
                         family)
-    stock_guards = evaluate(original, ";".join(family), cuda)
-    build_guards = evaluate(patched, arch, cuda)
+    stock_guards = evaluate(source, ";".join(family), cuda)
+    build_guards = evaluate(source, arch, cuda)
     unread = [g.location for g in build_guards if g.result is None and g.call.may_give_sm12x]
     if unread or len(stock_guards) != len(build_guards):
         return Decision(True, "the source's arch guards cannot all be evaluated ("
                         f"{len(build_guards)} guard calls, {len(build_guards) - len(unread)} "
                         f"read){': ' + ', '.join(unread) if unread else ''}", counts, family)
-    pairs = [("CUDA_ARCHS", tuple(effective_archs(original, ";".join(family), cuda).split(";")),
-              tuple(effective_archs(patched, arch, cuda).split(";")))]
+    pairs = [("CUDA_ARCHS", tuple(effective_archs(source, ";".join(family), cuda).split(";")),
+              tuple(effective_archs(source, arch, cuda).split(";")))]
     pairs += [(f"{b.variable} ({b.location})", s.targets, b.targets)
               for s, b in zip(stock_guards, build_guards, strict=True)]
     targets: set[str] = set()

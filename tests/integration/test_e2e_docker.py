@@ -160,7 +160,9 @@ def test_exported_artifacts_match_the_image(e2e: E2E, patched: subprocess.
         assert manifest["files"][name]["sha256"] == image[f"{package}/{name}"][2]
         report = audit_binary(e2e.work / "artifacts" / name, name, policy, True)
         assert manifest["files"][name]["kernels_native_sm121"] == report.kernel_counts()["native"]
-        assert set(manifest["files"][name]["cubins"]) == {"sm_121"}
+        # _C carries the FP4 kernel as sm_121a (the rule rewrote its guard to 12.1a)
+        assert set(manifest["files"][name]["cubins"]) == (
+            {"sm_121", "sm_121a"} if name == "_C.abi3.so" else {"sm_121"})
 
 
 def test_second_run_skips(e2e: E2E, patched: subprocess.CompletedProcess[str]) -> None:
@@ -185,7 +187,7 @@ def test_inject_artifacts_gives_the_same_bytes(e2e: E2E, patched: subprocess.
     assert "==> build" not in result.stderr  # no compile step
     recorded = json.loads(report.read_text())
     assert (recorded["status"], recorded["vllm_commit"]) == ("injected", e2e.stock.commit)
-    assert set(recorded["after"]["_C.abi3.so"]["cubins"]) == {"sm_121"}
+    assert set(recorded["after"]["_C.abi3.so"]["cubins"]) == {"sm_121", "sm_121a"}
     built = _flat_files(e2e.client, f"{PREFIX}:patched")
     injected = _flat_files(e2e.client, f"{PREFIX}:injected")
     assert built == injected

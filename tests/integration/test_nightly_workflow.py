@@ -142,7 +142,9 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     for name in ("_C.abi3.so", "_moe_C.abi3.so"):
         assert set(report["before"][name]["cubins"]) == {"sm_90"}
         assert report["before"][name]["kernels"]["native"] == 0
-        assert set(report["after"][name]["cubins"]) == {"sm_121"}
+        # _C also carries the FP4 kernel as sm_121a (its guard rewritten to 12.1a)
+        assert set(report["after"][name]["cubins"]) == (
+            {"sm_121", "sm_121a"} if name == "_C.abi3.so" else {"sm_121"})
         assert report["after"][name]["kernels"]["native"] > 0
     out = runner.temp / "sm121-out"
     assert (out / "artifacts" / "manifest.json").exists()
@@ -166,12 +168,16 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
 
 
 def test_failed_build_reports_and_pushes_nothing(runner: Runner) -> None:
-    failed = runner.run_step("build", ARCH="9.0")  # no sm_121 cubin: verification fails
-    assert failed.returncode == 3
+    failed = runner.run_step("build", EXTENSIONS="_nope_C")  # a target the source lacks
+    assert failed.returncode == 2
     report = runner.report
     assert report["status"] == "failed"
-    assert report["error"].startswith("verification failed: _C.abi3.so carries no sm_121")
-    assert "**FAILED**: verification failed" in runner.summary.read_text()
+    assert report["error"].startswith("the pinned source defines no CMake target for "
+                                      "_nope_C.abi3.so")
+    assert "**FAILED**: the pinned source defines no CMake target" in runner.summary.read_text()
+    refused = runner.run_step("build", ARCH="9.0")  # refused before any work
+    assert refused.returncode == 2
+    assert "'9.0' gives sm_121 no native code" in refused.stdout + refused.stderr
     # The workflow's push step runs only after a successful build step.
     assert _step("push")["if"] == "steps.build.outcome == 'success' && env.PUSH == 'true'"
 

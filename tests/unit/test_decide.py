@@ -48,7 +48,7 @@ def test_loading_of_cmake_targets() -> None:
 def test_stock_built_for_the_same_targets_needs_no_rebuild(source: Path) -> None:
     stock = {"_C.abi3.so": _report("_C.abi3.so", ["sm_90", "sm_121"], 5, 5),
              "_moe_C.abi3.so": _report("_moe_C.abi3.so", ["sm_121"], 3, 4)}
-    decision = decide(stock, source, source, "12.1", "13.0", GPU)
+    decision = decide(stock, source, "12.1", "13.0", GPU)
     assert not decision.rebuild, decision.reason
     assert decision.stock_archs == ("12.1",)
     assert "12.1" in decision.build_targets
@@ -65,7 +65,7 @@ def test_a_build_that_could_add_native_code_goes_ahead(source: Path, stock_cubin
                                                        arch: str, why: str) -> None:
     stock = {"_C.abi3.so": _report("_C.abi3.so", stock_cubins, 1, 1),
              "_moe_C.abi3.so": _report("_moe_C.abi3.so", stock_cubins, 1, 1)}
-    decision = decide(stock, source, source, arch, "13.0", GPU)
+    decision = decide(stock, source, arch, "13.0", GPU)
     assert decision.rebuild
     assert why in decision.reason
 
@@ -73,11 +73,11 @@ def test_a_build_that_could_add_native_code_goes_ahead(source: Path, stock_cubin
 def test_missing_extension_or_no_native_kernel_rebuilds(source: Path) -> None:
     good = _report("_C.abi3.so", ["sm_121"], 2, 2)
     assert "has no _moe_C.abi3.so" in decide(
-        {"_C.abi3.so": good, "_moe_C.abi3.so": None}, source, source, "12.1", "13.0",
+        {"_C.abi3.so": good, "_moe_C.abi3.so": None}, source, "12.1", "13.0",
         GPU).reason
     dead = _report("_moe_C.abi3.so", ["sm_121"], 0, 2)
     assert "_moe_C.abi3.so: no kernel native" in decide(
-        {"_C.abi3.so": good, "_moe_C.abi3.so": dead}, source, source, "12.1", "13.0",
+        {"_C.abi3.so": good, "_moe_C.abi3.so": dead}, source, "12.1", "13.0",
         GPU).reason
 
 
@@ -86,7 +86,7 @@ def test_a_guard_the_evaluation_cannot_read_means_rebuild(source: Path) -> None:
     cmake.write_text(cmake.read_text() + '\ncuda_archs_loose_intersection(NEW_FP4_ARCHS '
                      '"12.0f" ${CUDA_ARCHS})\n')  # unquoted third argument
     stock = {n: _report(n, ["sm_121"], 1, 1) for n in ("_C.abi3.so", "_moe_C.abi3.so")}
-    decision = decide(stock, source, source, "12.1", "13.0", GPU)
+    decision = decide(stock, source, "12.1", "13.0", GPU)
     assert decision.rebuild
     found = re.search(r"cannot all be evaluated \((\d+) guard calls, (\d+) read\)",
                       decision.reason)
@@ -102,7 +102,7 @@ def test_a_guard_split_over_lines_is_read(source: Path) -> None:
     assert guards["MXFP4_ARCHS"].line == len(lines) - 2
     assert guards["MXFP4_ARCHS"].arch_list == "12.1a"
     stock = {n: _report(n, ["sm_121"], 1, 1) for n in ("_C.abi3.so", "_moe_C.abi3.so")}
-    decision = decide(stock, source, source, "12.1", "13.0", GPU)
+    decision = decide(stock, source, "12.1", "13.0", GPU)
     assert not decision.rebuild, decision.reason
 
 
