@@ -209,14 +209,22 @@ def test_inject_refuses_other_commit(e2e: E2E, patched: subprocess.CompletedProc
 
 
 def test_verification_failure_tags_nothing(e2e: E2E) -> None:
-    """A 9.0 build carries no sm_121 cubin: the image is built, fails verification, and is
-    removed; exit 3."""
+    """A build that loses a kernel the stock image had (an uncommitted edit of the checkout
+    deletes it) is built, fails verification by kernel name, and is removed; exit 3."""
+    checkout = e2e.work / "lossy-src"
+    subprocess.run(["git", "clone", "-q", str(e2e.stock.checkout), str(checkout)], check=True)
+    ops = checkout / "csrc" / "ops.cu"
+    text = ops.read_text()
+    start = text.index("__global__ void silu_and_mul_kernel")
+    ops.write_text(text[:start] + text[text.index("}\n}", start) + 2:])
     images_before = {i.id for i in e2e.client.images.list(all=True)}
-    result = e2e.build(f"{PREFIX}:sm90", "--arch", "9.0")
+    result = e2e.run("--base", e2e.stock.tag, "--source", str(checkout), "--tag",
+                     f"{PREFIX}:lossy")
     assert result.returncode == 3, result.stderr
+    assert "uncommitted changes in" in result.stderr  # hashed into the content key
     assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: verification failed: _C.abi3.so carries no sm_121-loadable cubin")
-    assert not e2e.exists(f"{PREFIX}:sm90")
+        "error: verification failed: _C.abi3.so: kernel _ZN4vllm19silu_and_mul_kernel")
+    assert not e2e.exists(f"{PREFIX}:lossy")
     assert {i.id for i in e2e.client.images.list(all=True)} - images_before == set()
 
 

@@ -155,8 +155,8 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     c_row = next(line for line in summary.splitlines() if line.startswith("| `_C.abi3.so`"))
     before, after = report["before"]["_C.abi3.so"], report["after"]["_C.abi3.so"]
     assert c_row.startswith(f"| `_C.abi3.so` | sm_90 ×{before['cubins']['sm_90']} | 0 native")
-    assert (f"sm_121 ×{after['cubins']['sm_121']} | {after['kernels']['native']} native"
-            in c_row)
+    assert (f"sm_121 ×{after['cubins']['sm_121']}, sm_121a ×{after['cubins']['sm_121a']} | "
+            f"{after['kernels']['native']} native" in c_row)
 
     again = runner.run_step("build")
     assert again.returncode == 0, again.stderr
