@@ -11,6 +11,7 @@ from .decide import loads_natively
 from .guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
 from .inputs import arch_list
 from .patch import RuleResult, apply_all, breaks_ptxas, covered, read_source_version
+from .pin import require_vllm_tree
 from .verify import SM121
 
 
@@ -52,6 +53,7 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explain: bool,
           all_guards: bool, cuda_version: str) -> None:
     """Rewrite a vLLM checkout's arch guards by the rules in patches/ (atomic, idempotent)."""
+    require_vllm_tree(source)
     archs = cmake_arch_list(arch)
     version = vllm_version or read_source_version(source)
     if version is None:

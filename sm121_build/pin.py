@@ -184,8 +184,11 @@ def _fetch_into(work: Path, ref: GitRef, repo: str) -> str:
 
 
 def _last(stderr: str) -> str:
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+    """git's own reason: its first `fatal:`/`error:` line (the lines after it are advice,
+    such as "and the repository exists.")."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    return (reasons or lines or ["no output"])[0]
 
 
 def _check(result: subprocess.CompletedProcess[str], what: str) -> None:

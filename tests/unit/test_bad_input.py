@@ -253,3 +253,9 @@ def test_a_symlink_loop_in_the_source_is_one_line(tmp_path: Path) -> None:
     result = cli("build", "--local", "--source", str(source), "--out", str(tmp_path / "out"))
     line = _one_line_error(result)
     assert "loop" in line and "Too many levels of symbolic links" in line
+
+
+def test_patch_of_a_folder_that_is_not_vllm(tmp_path: Path) -> None:
+    line = _one_line_error(cli("patch", "--version", "0.19.1", str(tmp_path)))
+    assert line == (f"error: {tmp_path} is not a vLLM source tree (no CMakeLists.txt or "
+                    "cmake/utils.cmake)")

@@ -84,6 +84,14 @@ def test_tag_not_found(upstream: tuple[str, dict[str, str]], tmp_path: Path) -> 
         fetch_source(GitRef("tag", "v9.9.9"), url, tmp_path)
 
 
+def test_an_unreachable_repository_is_named_with_gits_reason(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-repo"
+    with pytest.raises(Sm121Error) as caught:
+        fetch_source(GitRef("commit", "deadbeef1"), str(missing), tmp_path / "cache")
+    assert str(caught.value) == (f"cannot fetch {missing}: fatal: '{missing}' does not appear "
+                                 "to be a git repository")
+
+
 def _git_in(path: Path, *args: str) -> str:
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
