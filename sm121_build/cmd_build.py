@@ -11,7 +11,7 @@ from .errors import Sm121Error
 from .inputs import JOBS, arch_list, extension_names, require_outputs
 from .local import run_local
 from .pin import UPSTREAM, require_vllm_tree
-from .refs import IMAGE_ID, default_tag, validate_image_ref
+from .refs import IMAGE_ID, default_tag, validate_image_ref, validate_tag
 from .run_report import new_record, recorded
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
@@ -75,7 +75,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
         require_vllm_tree(source)  # before the engine, the pull and a 1 GB copy
     if pull != "never" and IMAGE_ID.match(base):
         raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
-    result_tag = validate_image_ref(tag) if tag else default_tag(base)
+    result_tag = validate_tag(tag) if tag else default_tag(base)
     require_outputs(out, report, summary_md)
     with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
         run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,

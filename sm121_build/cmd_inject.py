@@ -9,7 +9,7 @@ import click
 from .cmd_build import REPORT_HELP, SUMMARY_HELP
 from .inject import run_inject
 from .inputs import require_outputs
-from .refs import default_tag, validate_image_ref
+from .refs import default_tag, validate_image_ref, validate_tag
 from .run_report import new_record, recorded
 
 
@@ -31,7 +31,7 @@ def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: P
     Refuses artifacts built for another vLLM version or commit.
     """
     validate_image_ref(base)
-    result_tag = validate_image_ref(tag) if tag else default_tag(base)
+    result_tag = validate_tag(tag) if tag else default_tag(base)
     require_outputs(out, report, summary_md)
     with recorded(new_record("inject", base, result_tag, None), report, summary_md) as record:
         run_inject(folder, base, result_tag, out, record)

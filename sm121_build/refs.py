@@ -18,8 +18,6 @@ IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
 
 
 def looks_like_image_ref(text: str) -> bool:
-    if len(text) > 255:
-        return False
     if IMAGE_ID.match(text):
         return True
     match = IMAGE_REF.match(text)
@@ -27,9 +25,14 @@ def looks_like_image_ref(text: str) -> bool:
         return False
     # A first component is a registry only with a dot, a port or as `localhost`; otherwise it
     # is part of the repository name, which engines (Docker 20.10 to 28) require lower case.
-    first, _, rest = match.group("name").partition("/")
-    return not rest or "." in first or ":" in first or first == "localhost" or \
-        first == first.lower()
+    name = match.group("name")
+    first, _, rest = name.partition("/")
+    registry = bool(rest) and ("." in first or ":" in first or first == "localhost")
+    if rest and not registry and first != first.lower():
+        return False
+    # The engine measures the normalized name: docker.io/[library/]NAME, at most 255.
+    normalized = name if registry else f"docker.io/{'' if rest else 'library/'}{name}"
+    return len(normalized) <= 255
 
 
 def validate_image_ref(text: str) -> str:
@@ -37,6 +40,17 @@ def validate_image_ref(text: str) -> str:
         raise Sm121Error(
             f"{text!r} is not a valid image reference (expected NAME[:TAG][@DIGEST], "
             "e.g. vllm/vllm-openai:cu130-nightly)")
+    return text
+
+
+def validate_tag(text: str) -> str:
+    """A name the result can be tagged with: NAME[:TAG], no digest, not an image ID."""
+    if re.fullmatch(r"(?:sha256:)?[0-9a-f]{64}", text):
+        raise Sm121Error(f"{text!r} looks like an image ID: a tag needs a repository name "
+                         "(e.g. vllm-sm121:nightly)")
+    validate_image_ref(text)
+    if "@" in text:
+        raise Sm121Error(f"{text!r} has a digest: a tag is NAME[:TAG]")
     return text
 
 
