@@ -147,3 +147,15 @@ def test_no_vllm_and_unreadable_version(tmp_path: Path) -> None:
         "usr/local/lib/python3.12/dist-packages/vllm/_version.py": b"x = 1\n"})
     with pytest.raises(Sm121Error, match="version is unreadable"):
         facts_from_files(_info(["PATH=/usr/bin"]), DirectoryFiles(broken))
+
+
+@pytest.mark.parametrize("text", ['{"ref": "x", "id": "sha', "", '{"vllm": null}',
+                                  '{"ref": 1, "vllm": {"version": "0.1"}}', "[1, 2]"])
+def test_a_damaged_or_old_facts_cache_is_read_again(tmp_path: Path, text: str) -> None:
+    """A truncated or old-format cache file is not an error: the image is read again."""
+    from sm121_build.inspect import _load_facts
+
+    cached = tmp_path / "facts.json"
+    cached.write_text(text)
+    info = ImageInfo("img:1", "sha256:" + "a" * 64, (), "linux", "arm64", "", {}, ())
+    assert _load_facts(cached, info) is None
