@@ -35,6 +35,11 @@ CUDA13 = (13, 0)
     ("ptx", 90, "a", "none"),        # arch-specific PTX too
     ("ptx", 121, "a", "jit"),
     ("ptx", 122, "", "none"),
+    ("ptx", 120, "a", "none"),       # arch-specific PTX of a lower minor: exact arch only
+    ("elf", 122, "f", "none"),       # a family cubin of a newer minor does not load
+    ("ptx", 122, "f", "none"),       # nor does its PTX
+    ("elf", 121, "f", "native"),
+    ("ptx", 121, "f", "jit"),
 ])
 def test_sm121_rules(kind: str, arch: int, variant: str, expected: str) -> None:
     assert entry_verdict(kind, arch, variant, (9, 0), SM121, CUDA13) == expected
@@ -61,6 +66,16 @@ def test_parse_target(text: str) -> None:
 def test_parse_target_rejects(text: str) -> None:
     with pytest.raises(Sm121Error, match="unknown GPU target"):
         parse_target(text)
+
+
+def test_the_reverse_cases_on_sm120() -> None:
+    """Code for sm_121 on an sm_120 GPU: newer minors never load, in any form."""
+    sm120 = parse_target("sm_120")
+    for kind, variant in (("elf", ""), ("elf", "a"), ("elf", "f"), ("ptx", ""), ("ptx", "a"),
+                          ("ptx", "f")):
+        assert entry_verdict(kind, 121, variant, (9, 0), sm120, CUDA13) == "none", (kind,
+                                                                                     variant)
+    assert entry_verdict("elf", 120, "f", (9, 0), sm120, CUDA13) == "native"
 
 
 def test_other_targets() -> None:

@@ -1,0 +1,51 @@
+"""The content key: every input of a build changes it, an unrelated one does not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sm121_build import build
+from sm121_build.build import content_key
+from sm121_build.inspect import ImageFacts
+from sm121_build.render import BuildPlan
+
+FACTS = ImageFacts("vllm/vllm-openai:nightly", "sha256:" + "a" * 64,
+                   "vllm/vllm-openai@sha256:" + "f" * 64, "linux/arm64")
+PLAN = BuildPlan(base="pin", arch_list="12.1", vllm_version="0.19.1", git_ref="v0.19.1",
+                 extensions=("_C.abi3.so", "_moe_C.abi3.so"),
+                 package_dir="/usr/local/lib/python3.12/dist-packages/vllm",
+                 cuda_home="/usr/local/cuda", cuda_include="/inc", cuda_lib="/lib", jobs=4)
+COMMIT = "c" * 40
+
+
+def test_each_input_changes_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = content_key(FACTS, COMMIT, PLAN, False)
+    changed = {
+        "base image": content_key(replace(FACTS, id="sha256:" + "b" * 64), COMMIT, PLAN, False),
+        "commit": content_key(FACTS, "d" * 40, PLAN, False),
+        "source changes": content_key(FACTS, f"{COMMIT}+{'e' * 64}", PLAN, False),
+        "arch list": content_key(FACTS, COMMIT, replace(PLAN, arch_list="12.1a"), False),
+        "extensions": content_key(FACTS, COMMIT, replace(PLAN, extensions=("_C.abi3.so",)),
+                                  False),
+        "--no-patch": content_key(FACTS, COMMIT, PLAN, True),
+    }
+    monkeypatch.setattr(build, "rules_digest", lambda: "another-rule-set")
+    changed["guard rules"] = content_key(FACTS, COMMIT, PLAN, False)
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "template_digest", lambda: "other-templates")
+    changed["templates"] = content_key(FACTS, COMMIT, PLAN, False)
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "__version__", "99.0")
+    changed["tool version"] = content_key(FACTS, COMMIT, PLAN, False)
+    monkeypatch.undo()
+    assert [name for name, other in changed.items() if other == key] == []
+    assert len(set(changed.values())) == len(changed)
+
+
+def test_unrelated_inputs_keep_the_key() -> None:
+    key = content_key(FACTS, COMMIT, PLAN, False)
+    assert content_key(replace(FACTS, ref="my/alias:1"), COMMIT, PLAN, False) == key
+    assert content_key(FACTS, COMMIT, replace(PLAN, jobs=16, base="other-pin"), False) == key
+    assert content_key(FACTS, COMMIT, PLAN, False) == key  # deterministic
