@@ -32,7 +32,7 @@ def test_bad_image_reference() -> None:
 def test_bad_arch() -> None:
     client_or_skip()
     line = _one_line(cli("--base", "sm121-test/missing:1", "--arch", "sm121"))
-    assert "unknown arch 'sm121'" in line
+    assert "'sm121' is not a CUDA architecture" in line
 
 
 def test_engine_not_running() -> None:
