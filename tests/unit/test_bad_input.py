@@ -116,16 +116,18 @@ def fuzz_seed(matrix: dict[str, Path]) -> tuple[bytes, int, int, Path]:
 
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
+@given(edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
                       min_size=1, max_size=8),
        whole_file=st.booleans())
 def test_fuzz_reader_raises_only_corrupt_binary_error(
         fuzz_seed: tuple[bytes, int, int, Path], tmp_path_factory: pytest.TempPathFactory,
-        edits: list[tuple[int, int]], whole_file: bool) -> None:
+        edits: list[tuple[float, int]], whole_file: bool) -> None:
+    """Edit offsets are scaled to the file (its section header table at the end included)
+    or to the whole fatbin, so every part of either can be hit."""
     data, start, size, _ = fuzz_seed
     mutated = bytearray(data)
     for where, value in edits:
-        position = where % len(data) if whole_file else start + where % size
+        position = int(where * len(data)) if whole_file else start + int(where * size)
         mutated[position] = value
     target = tmp_path_factory.mktemp("fuzz") / "m.so"
     target.write_bytes(bytes(mutated))

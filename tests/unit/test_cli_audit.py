@@ -67,7 +67,16 @@ def test_summary_markdown(matrix: dict[str, Path], tmp_path: Path) -> None:
     assert "sm_90 x2 | - | none | 0 of 4 |" in text
 
 
-def test_help_lists_commands() -> None:
+COMMANDS = ("build", "inject", "audit", "pin", "patch", "dockerfile", "prune")
+
+
+def test_help_lists_every_command_and_each_has_its_own() -> None:
     result = cli("--help")
     assert result.returncode == 0
-    assert "audit" in result.stdout
+    listed = {line.split()[0] for line in result.stdout.split("Commands:")[1].splitlines()
+              if line.strip()}
+    assert listed == set(COMMANDS)
+    for command in COMMANDS:
+        own = cli(command, "--help")
+        assert own.returncode == 0, own.stderr
+        assert own.stdout.startswith(f"Usage: sm121-build {command} "), command

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import subprocess
 from pathlib import Path
 
@@ -237,9 +238,9 @@ def test_artifacts_round_trip_and_modes(tmp_path: Path, host_only_so: Path) -> N
      "missing vllm_version, vllm_commit, arch_list, files"),
 ])
 def test_damaged_artifacts_are_one_line_errors(tmp_path: Path, host_only_so: Path,
-                                                damage: object, message: str) -> None:
+                                                damage: Callable[[Path], object],
+                                                message: str) -> None:
     out = _exported(tmp_path, host_only_so)
-    assert callable(damage)
     damage(out)
     with pytest.raises(Sm121Error, match=message):
         artifacts.load(out)
