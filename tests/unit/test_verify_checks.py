@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
