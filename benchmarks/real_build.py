@@ -43,12 +43,13 @@ from sm121_build.audit import audit_binary  # noqa: E402
 from sm121_build.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.guards import cmake_arch_list, evaluate, find_cmake  # noqa: E402
 from sm121_build.patch import apply_all, breaks_ptxas, covered, read_source_version  # noqa: E402
-from sm121_build.verify import SM121, check_abi  # noqa: E402
+from sm121_build.verify import SM121, check_abi, torch_exports  # noqa: E402
 
 LOAD_SNIPPET = """
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
-names = [n for n in ("rms_norm", "silu_and_mul", "topk_softmax", "moe_align_block_size")
+names = [n for n in ("rms_norm", "silu_and_mul", "topk_softmax", "moe_align_block_size",
+                     "cutlass_scaled_mm", "cutlass_scaled_fp4_mm", "scaled_fp4_quant")
          if hasattr(getattr(torch.ops, sys.argv[2]), n)]
 print(json.dumps({"loaded": True, "torch": torch.__version__, "ops_found": names}))
 """
@@ -231,7 +232,8 @@ def main() -> int:
 
     libs = sorted(Path(torch.__file__).parent.joinpath("lib").glob("lib*.so*"))
     files = {p.name: p for p in sorted(out.glob("*.so"))}
-    report["abi"] = {"torch_symbols_checked": (abi := check_abi(files, libs)).checked,
+    abi = check_abi(files, torch_exports(libs), len(libs))
+    report["abi"] = {"torch_symbols_checked": abi.checked,
                      "problems": abi.problems()}
     report["binaries"] = {}
     for name, path in files.items():
@@ -239,7 +241,8 @@ def main() -> int:
         kernels = audit.kernels or {}
         (args.report / f"kernels-{name}.json").write_text(json.dumps(sorted(
             k for k, v in kernels.items() if v == "native")))
-        namespace = name.split(".")[0]
+        # 0.2x: _C_stable_libtorch registers torch.ops._C, _moe_C_stable_libtorch ._moe_C
+        namespace = name.split(".")[0].removesuffix("_stable_libtorch")
         loaded = subprocess.run([sys.executable, "-c", LOAD_SNIPPET, str(path), namespace],
                                 capture_output=True, text=True)
         report["binaries"][name] = {

@@ -55,7 +55,10 @@ def kernel_key(name: str) -> str:
     return _INTERNAL_HASH.sub("_INTERNAL_00000000_", name)
 # Itanium-mangled names in the namespaces torch's libraries define (c10, at, torch, caffe2),
 # including their vtables / typeinfo: `_ZN3c10...`, `_ZNK2at...`, `_ZTVN5torch...`.
-TORCH_SYMBOL = re.compile(r"^_Z(?:T[VIST])?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)")
+# Extensions on PyTorch's stable ABI (vLLM's `*_stable_libtorch`, 0.2x) need no C++ symbol
+# at all: they call torch's C shim (`aoti_torch_*`, `torch_*`), checked the same way.
+TORCH_SYMBOL = re.compile(r"^(?:_Z(?:T[VIST])?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)"
+                          r"|aoti_torch_\w|torch_\w)")
 TORCH_LIB = re.compile(r"/torch/lib/lib[^/]+\.so(\.\d+)*$")
 
 

@@ -187,6 +187,34 @@ def test_abi_check_catches_the_cuda_stream_mismatch(tmp_path: Path, consumer: Pa
         "_ZN3c104cuda20getCurrentCUDAStreamEa"]
 
 
+# A stable-ABI extension (vLLM's _C_stable_libtorch) calls only torch's C shim.
+_SHIM_CONSUMER = """
+extern "C" int aoti_torch_get_device_index(void* tensor, int* out);
+extern "C" int torch_call_dispatcher(const char* name, const char* overload, void* stack);
+extern "C" int launch(void* t) {
+  int d = 0; aoti_torch_get_device_index(t, &d); return torch_call_dispatcher("a", "", t) + d;
+}
+"""
+_SHIM_PROVIDER = """
+extern "C" int aoti_torch_get_device_index(void* tensor, int* out) { *out = 0; return 0; }
+%s
+"""
+
+
+def test_abi_check_covers_the_stable_c_shim(tmp_path: Path) -> None:
+    consumer = _gxx_so(tmp_path, "_C_stable_libtorch.abi3", _SHIM_CONSUMER)
+    full = _gxx_so(tmp_path, "libtorch_cpu", _SHIM_PROVIDER % (
+        'extern "C" int torch_call_dispatcher(const char*, const char*, void*) { return 0; }'))
+    result = check_abi({"_C_stable_libtorch.abi3.so": consumer}, torch_exports([full]), 1)
+    assert (result.checked, result.problems()) == (2, [])
+    (tmp_path / "old").mkdir()
+    old = _gxx_so(tmp_path / "old", "libtorch_cpu", _SHIM_PROVIDER % "")  # lacks the dispatcher
+    result = check_abi({"_C_stable_libtorch.abi3.so": consumer}, torch_exports([old]), 1)
+    assert result.problems() == [
+        "ABI: _C_stable_libtorch.abi3.so needs 1 torch symbol(s) the image's torch does not "
+        "export, e.g. torch_call_dispatcher"]
+
+
 def test_abi_check_without_torch_libraries(tmp_path: Path, consumer: Path,
                                            host_only_so: Path) -> None:
     assert check_abi({"host.so": host_only_so}, set(), 0).problems() == []  # needs no torch
