@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sm121_build.compat import (
+    _ptx_isa_table,
+    best,
+    dotted_arch,
     entry_verdict,
     max_ptx_isa,
     parse_cuda_version,
@@ -92,3 +95,32 @@ def test_driver_version_parse() -> None:
     assert parse_cuda_version("13.0") == (13, 0)
     with pytest.raises(Sm121Error):
         parse_cuda_version("thirteen")
+
+
+def test_the_oldest_target_and_below() -> None:
+    assert parse_target("sm_30").arch == 30
+    for text in ("sm_29", "sm_20", "2.9"):
+        with pytest.raises(Sm121Error, match="unknown GPU target"):
+            parse_target(text)
+
+
+def test_dotted_arch() -> None:
+    assert dotted_arch("12.0f") == (120, "f")
+    assert dotted_arch("9.0") == (90, "")
+    assert dotted_arch("12.1+PTX") is None and dotted_arch("sm_121") is None
+
+
+def test_the_newest_known_driver_and_an_older_one() -> None:
+    table = _ptx_isa_table()
+    newest = max(table)
+    assert max_ptx_isa(newest) == table[newest]
+    assert max_ptx_isa((newest[0], newest[1] + 1)) is None
+    with pytest.raises(Sm121Error, match=r"^CUDA driver 10\.2 is older than CUDA 11\.0$"):
+        max_ptx_isa((10, 2))
+
+
+def test_unknown_entry_kinds_and_the_best_verdict() -> None:
+    assert entry_verdict("nvvm", 121, "", (9, 0), SM121, CUDA13) == "none"
+    assert best(["jit", "native", "none"]) == "native"
+    assert best(["none", "jit"]) == "jit"
+    assert best(["none"]) == "none" and best([]) == "none"

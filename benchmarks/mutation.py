@@ -1,0 +1,92 @@
+"""Mutation score of the core modules against the unit tests (mutmut, from PyPI).
+
+    pip install -e '.[test,mutation]'
+    python benchmarks/mutation.py                      # every core module (tens of minutes)
+    python benchmarks/mutation.py sm121_build/compat.py --tests tests/unit/test_compat.py
+
+Each module is mutated in a scratch copy of the repository (nothing here is touched); the
+unit tests run against every mutant (mutmut runs only the tests that reach the mutated
+function).  Prints per module: mutants killed, survived, not reached by any test, timed out,
+and the score killed / (all - not reached); then the surviving mutants by name (read one
+with `mutmut show NAME` in the scratch copy, whose path is printed).  Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ("sm121_build/fatbin.py", "sm121_build/compat.py", "sm121_build/audit.py",
+        "sm121_build/verify.py", "sm121_build/patch.py", "sm121_build/guards.py",
+        "sm121_build/refs.py", "sm121_build/build.py")
+COPIED = ("sm121_build", "tests", "patches", "dockerfiles", "benchmarks", "pyproject.toml")
+RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
+
+
+def score(module: str, tests: str, keep: bool) -> tuple[Counter[str], list[str], Path]:
+    scratch = Path(tempfile.mkdtemp(prefix="sm121-mutation-"))
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, scratch / name, ignore=shutil.ignore_patterns(
+                "__pycache__", ".mypy_cache"))
+        else:
+            shutil.copy2(source, scratch / name)
+    (scratch / "setup.cfg").write_text(
+        "[mutmut]\n"
+        f"source_paths={module}\n"
+        "also_copy=\n" + "".join(f"    {n}\n" for n in COPIED[:-1]) +
+        f"pytest_add_cli_args_test_selection={tests}\n")
+    env = {**os.environ, "SM121_TEST_CACHE": str(ROOT / ".cache")}
+    mutmut = str(Path(sys.executable).parent / "mutmut")
+    subprocess.run([mutmut, "run"], cwd=scratch, env=env, check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    listed = subprocess.run([mutmut, "results", "--all", "true"], cwd=scratch, env=env,
+                            capture_output=True, text=True, check=False).stdout
+    counts: Counter[str] = Counter()
+    survivors = []
+    for line in listed.splitlines():
+        match = RESULT.match(line)
+        if match:
+            counts[match.group("status")] += 1
+            if match.group("status") == "survived":
+                survivors.append(match.group("name"))
+    if not keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return counts, survivors, scratch
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", default=list(CORE))
+    parser.add_argument("--tests", default="tests/unit")
+    parser.add_argument("--keep", action="store_true", help="Keep the scratch copies.")
+    args = parser.parse_args()
+    if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
+        print("error: mutmut not installed: pip install -e '.[test,mutation]'", file=sys.stderr)
+        return 2
+    print(f"{'module':<28} {'killed':>7} {'survived':>9} {'no tests':>9} {'timeout':>8} "
+          f"{'score':>7}")
+    for module in args.modules:
+        counts, survivors, scratch = score(module, args.tests, args.keep)
+        reached = sum(counts.values()) - counts["no tests"]
+        ratio = f"{counts['killed'] / reached:.1%}" if reached else "-"
+        print(f"{module:<28} {counts['killed']:>7} {counts['survived']:>9} "
+              f"{counts['no tests']:>9} {counts['timeout']:>8} {ratio:>7}")
+        for name in survivors:
+            print(f"    survived: {name}")
+        if args.keep:
+            print(f"    scratch copy: {scratch}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
