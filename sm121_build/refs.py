@@ -57,8 +57,8 @@ def validate_tag(text: str) -> str:
 def split_ref(text: str) -> tuple[str, str | None, str | None]:
     """(name, tag, digest) of a validated reference."""
     match = IMAGE_REF.match(validate_image_ref(text))
-    if match is None:  # a bare image ID with a sha256: prefix
-        return text, None, None
+    if match is None or (text.startswith("sha256:") and IMAGE_ID.match(text)):
+        return text, None, None  # an image ID (`sha256:<hex>` would parse as NAME:TAG)
     return match.group("name"), match.group("tag"), match.group("digest")
 
 
