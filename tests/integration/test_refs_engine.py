@@ -79,6 +79,12 @@ def _tool_accepts(name: str) -> bool:
 @example(name="a" * 64)
 @example(name="x@sha256:" + "0" * 64)
 @example(name="a__b/c:d")
+@example(name="a" * 237)
+@example(name="a" * 238)
+@example(name="localhost/" + "a" * 245)
+@example(name="localhost/" + "a" * 246)
+@example(name="Host:5000/x")
+@example(name="Host/x")
 def test_the_tool_and_the_engine_agree_on_tags(engine: tuple[docker.DockerClient, str],
                                                name: str) -> None:
     client, image_id = engine
