@@ -9,8 +9,8 @@ from .prune import prune
 
 
 @click.command(name="prune")
-@click.option("--keep", type=int, default=3, show_default=True,
-              help="Keep the newest N images this tool built on this machine.")
+@click.option("--keep", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Keep the newest N (>= 1) images this tool built on this machine.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 def prune_command(keep: int, dry_run: bool) -> None:
     """Remove images this tool built (beyond the newest --keep) and old bases its --pull

@@ -153,6 +153,7 @@ def test_fuzz_reader_raises_only_corrupt_binary_error(
     (["build", "--base", "x", "--ext", "_C abi3.so"], "is not an extension name"),
     (["build", "--fooo"], "No such option '--fooo'. Did you mean '--force'?"),
     (["patch"], "Missing argument 'SOURCE'."),
+    (["prune", "--keep", "0"], "0 is not in the range x>=1"),
 ])
 def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message: str) -> None:
     """Checked before the engine is contacted (the base `x` does not exist anywhere)."""
