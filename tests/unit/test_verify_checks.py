@@ -75,6 +75,30 @@ def test_drift_reports_every_other_change() -> None:
         "injected files"]
 
 
+METADATA = ("LABEL", "ENV", "CMD", "ENTRYPOINT", "WORKDIR", "USER", "EXPOSE", "STOPSIGNAL",
+            "HEALTHCHECK", "SHELL", "VOLUME", "ARG", "ONBUILD", "MAINTAINER")
+
+
+@pytest.mark.parametrize("word", METADATA)
+def test_metadata_only_steps_are_no_drift_in_both_builders_words(word: str) -> None:
+    built = _info(("sha256:a", "sha256:b", "sha256:c", "sha256:d"))
+    for created_by in (f"{word} x=1", f"/bin/sh -c #(nop)  {word} x=1"):
+        added = [HistoryStep(created_by, 0), *ADDED[1:]]
+        assert check_drift(STOCK, built, added, SIZES) == [], created_by
+        grew = [HistoryStep(created_by, 7), *ADDED[1:]]  # a "metadata" step that adds bytes
+        assert check_drift(STOCK, built, grew, SIZES)[0].startswith(
+            f"drift: added step {created_by!r} (7 bytes)"), created_by
+
+
+@pytest.mark.parametrize("created_by", ["RUN true", "/bin/sh -c #(nop)  COPYX a /b", "", "#(nop)",
+                                        "label x=1"])
+def test_other_empty_steps_are_drift(created_by: str) -> None:
+    built = _info(("sha256:a", "sha256:b", "sha256:c", "sha256:d"))
+    added = [HistoryStep(created_by, 0), *ADDED[1:]]
+    assert check_drift(STOCK, built, added, SIZES) == [
+        f"drift: added step {created_by.strip()!r} (0 bytes) is not a copy of one injected file"]
+
+
 def test_drift_counts_layers_the_history_does_not_explain() -> None:
     built = _info(("sha256:a", "sha256:b", "sha256:c", "sha256:d", "sha256:e"))
     assert check_drift(STOCK, built, ADDED, SIZES) == [
