@@ -30,7 +30,7 @@ def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[st
             try:
                 reports.append(audit_binary(binary.path, binary.name, policy, with_kernels))
             except CorruptBinaryError as exc:
-                if len(found) == 1 and Path(target).is_file() and binary.path == Path(target):
+                if binary.path == Path(target):  # the one file asked for: its own error
                     raise
                 unreadable.append(f"{binary.name}: {exc}")
     return reports, unreadable

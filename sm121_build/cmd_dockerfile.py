@@ -8,7 +8,6 @@ import click
 
 from .engine import Engine
 from .errors import Sm121Error
-from .guards import cmake_arch_list
 from .inputs import JOBS, arch_list, extension_names
 from .inspect import inspect_image, require_vllm
 from .pin import version_to_ref
@@ -29,7 +28,6 @@ def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | Non
     """Print the multi-stage Dockerfile; the build context needs src/ and build_extensions.py.
 
     cmake or ninja the image lacks are pip-installed in the builder stage (network)."""
-    cmake_arch_list(arch)
     facts = inspect_image(Engine.connect(), base)
     vllm = require_vllm(facts)
     ref = version_to_ref(vllm.version, vllm.commit_id)

@@ -63,6 +63,11 @@ def parse_target(text: str) -> Target:
     raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1")
 
 
+def arch_list_items(text: str) -> list[str]:
+    """The entries of a TORCH_CUDA_ARCH_LIST (`12.1`, `9.0 12.1a`, `8.0+PTX;12.1`)."""
+    return [a for a in re.split(r"[;\s,]+", text.strip()) if a]
+
+
 def dotted_arch(text: str) -> tuple[int, str] | None:
     """(arch, variant) of a CMake/TORCH_CUDA_ARCH_LIST entry: `12.0f` -> (120, "f")."""
     match = _DOTTED.match(text)

@@ -20,7 +20,7 @@ from typing import Any
 
 from .audit import BinaryReport
 from .compat import Target, cubin_loads, dotted_arch
-from .guards import effective_archs, evaluate
+from .guards import effective_archs, evaluate, find_calls
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,9 @@ def decide(stock: dict[str, BinaryReport | None], source: Path, arch: str, cuda:
     if not_native:
         return Decision(True, f"{', '.join(not_native)}: no kernel native on {gpu}", counts,
                         family)
-    stock_guards = evaluate(source, ";".join(family), cuda)
-    build_guards = evaluate(source, arch, cuda)
+    calls = find_calls(source)
+    stock_guards = evaluate(source, ";".join(family), cuda, calls=calls)
+    build_guards = evaluate(source, arch, cuda, calls=calls)
     unread = [g.location for g in build_guards if g.result is None and g.call.may_give_sm12x]
     if unread or len(stock_guards) != len(build_guards):
         return Decision(True, "the source's arch guards cannot all be evaluated ("

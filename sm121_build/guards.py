@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cmake_lang import Argument, CMakeSyntaxError, Command, commands, variables_in
+from .compat import arch_list_items
 from .errors import Sm121Error
 
 GUARD_FUNCTION = "cuda_archs_loose_intersection"
@@ -122,9 +123,11 @@ def scan_files(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
     return found
 
 
-def parse(path: Path, rel: str) -> list[Command]:
+def parse(path: Path, rel: str) -> tuple[str, list[Command]]:
+    """A CMake file's text and its commands."""
     try:
-        return commands(path.read_text())
+        text = path.read_text()
+        return text, commands(text)
     except CMakeSyntaxError as exc:
         raise Sm121Error(f"{rel}: cannot read it as CMake: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -223,9 +226,11 @@ def _branches(cmds: list[Command], text: str) -> list[tuple[str, tuple[Level, ..
     levels: list[tuple[list[str], str]] = []
     out = []
     for cmd in cmds:
-        condition = " ".join(text[cmd.arguments[0].start:cmd.arguments[-1].end].split()) \
-            if cmd.arguments else ""
-        known = _known(cmd)
+        condition = known = ""
+        if cmd.key in ("if", "elseif"):
+            condition = " ".join(text[cmd.arguments[0].start:cmd.arguments[-1].end].split()) \
+                if cmd.arguments else ""
+            known = _known(cmd) or ""
         if cmd.key == "if":
             shown.append(condition)
             levels.append(([], known or "TRUE"))
@@ -246,11 +251,11 @@ def _branches(cmds: list[Command], text: str) -> list[tuple[str, tuple[Level, ..
 
 def find_calls(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[Call]:
     """Every guard call of the scanned files, in file order (narrowing calls excluded)."""
-    parsed = {rel: parse(source / rel, rel) for rel in scan_files(source, patterns)}
+    read = {rel: parse(source / rel, rel) for rel in scan_files(source, patterns)}
+    parsed = {rel: cmds for rel, (_text, cmds) in read.items()}
     defs, functions = _collect(parsed)
     calls = []
-    for rel, cmds in parsed.items():
-        text = (source / rel).read_text()
+    for rel, (text, cmds) in read.items():
         depth = 0
         for cmd, (branch, levels) in zip(cmds, _branches(cmds, text), strict=True):
             if cmd.key in ("function", "macro"):
@@ -447,7 +452,7 @@ def _run(source: Path, archs: str, cuda_version: str,
 
 def cmake_arch_list(arch: str) -> str:
     """TORCH_CUDA_ARCH_LIST style (`12.1`, `12.1a`, `9.0 12.1`) to CMake's `12.1;9.0`."""
-    items = [a for a in re.split(r"[;\s,]+", arch.strip()) if a]
+    items = arch_list_items(arch)
     for item in items:
         if not re.fullmatch(r"\d{1,2}\.\d[af]?(\+PTX)?", item):
             raise Sm121Error(f"unknown arch {item!r} in {arch!r}: expected e.g. 12.1 or 12.1a")

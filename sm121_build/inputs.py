@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from .compat import cubin_loads, dotted_arch, parse_target
+from .compat import arch_list_items, cubin_loads, dotted_arch, parse_target
 from .errors import Sm121Error
 
 SM121 = parse_target("sm_121")
@@ -30,7 +30,7 @@ EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.abi3)?(?:\.[A-Za-z0-9_
 
 def arch_list(ctx: click.Context | None, param: click.Parameter | None, value: str) -> str:
     """A TORCH_CUDA_ARCH_LIST of real archs with at least one that sm_121 loads natively."""
-    items = [a for a in re.split(r"[;\s,]+", value.strip()) if a]
+    items = arch_list_items(value)
     if not items:
         raise click.BadParameter("the arch list is empty: expected e.g. 12.1 or 12.1a")
     for item in items:
