@@ -30,7 +30,6 @@ TARGET_REF = "${CUDA_ARCHS}"
 DEFAULT_FILES = ("CMakeLists.txt", "cmake/**/*.cmake")
 UTILS = "cmake/utils.cmake"
 MIN_CMAKE = (3, 26)
-SUPPORTED_SET = re.compile(r"^\s*set\(\s*CUDA_SUPPORTED_ARCHS\b")
 DEFAULT_CUDA = "13.0"
 LIST_MODIFIERS = {"append", "prepend", "insert", "remove_item", "remove_at", "filter",
                   "transform", "remove_duplicates", "pop_back", "pop_front", "sort", "reverse"}
@@ -342,22 +341,23 @@ def supported_archs_block(source: Path) -> list[str]:
     path = source / "CMakeLists.txt"
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
-    depth, start = 0, None
-    for index, line in enumerate(lines):
-        code = line.split("#", 1)[0].strip()
-        if re.match(r"if\s*\(", code):
+    text, cmds = parse(path, "CMakeLists.txt")
+    depth, start = 0, 0
+    sets_it = False
+    for cmd in cmds:
+        supported = cmd.key == "set" and bool(cmd.words) and \
+            cmd.words[0].value == "CUDA_SUPPORTED_ARCHS"
+        if cmd.key == "if":
             if depth == 0:
-                start = index
+                start, sets_it = cmd.start, False
             depth += 1
-        elif re.match(r"endif\s*\(", code) and depth:
+        elif cmd.key == "endif" and depth:
             depth -= 1
-            if depth == 0 and start is not None:
-                block = lines[start:index + 1]
-                if any(SUPPORTED_SET.match(b) for b in block):
-                    return block
-        elif depth == 0 and SUPPORTED_SET.match(code):
-            return [line]
+            if depth == 0 and sets_it:
+                return [text[start:cmd.end]]
+        elif supported and depth == 0:
+            return [text[cmd.start:cmd.end]]
+        sets_it = sets_it or supported
     return []
 
 

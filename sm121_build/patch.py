@@ -85,7 +85,6 @@ class RuleResult:
     before: list[Guard] = field(default_factory=list)
     after: list[Guard] = field(default_factory=list)
     rewrites: list[Rewrite] = field(default_factory=list)
-    rule: Rule | None = None
 
 
 def _tolerant(text: str) -> re.Pattern[str]:
@@ -223,7 +222,7 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     originals = {rel: (source / rel).read_text() for rel in files}
     texts = _apply_exceptions(rule, source, version, parsed, dict(originals))
     before = _evaluate(source, texts, originals, archs, cuda_version, rule.files)
-    result = RuleResult(rule.name, "not applicable", "", before=before, after=before, rule=rule)
+    result = RuleResult(rule.name, "not applicable", "", before=before, after=before)
     mine = [g for g in before if rule.covers(g)]
     unreadable = [g for g in mine if g.result is None and g.call.may_give_sm12x]
     if unreadable:
