@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.audit import audit_binary  # noqa: E402
 from sm121_build.build_extensions import PTXAS_FP4  # noqa: E402
-from sm121_build.guards import cmake_arch_list, evaluate, find_cmake  # noqa: E402
+from sm121_build.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.patch import apply_all, breaks_ptxas, covered, read_source_version  # noqa: E402
 from sm121_build.verify import SM121, check_abi, torch_exports  # noqa: E402
 
@@ -49,7 +49,8 @@ LOAD_SNIPPET = """
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
 names = [n for n in ("rms_norm", "silu_and_mul", "topk_softmax", "moe_align_block_size",
-                     "cutlass_scaled_mm", "cutlass_scaled_fp4_mm", "scaled_fp4_quant")
+                     "cutlass_scaled_mm", "cutlass_scaled_fp4_mm", "scaled_fp4_quant",
+                     "fwd", "varlen_fwd", "fwd_kvcache")
          if hasattr(getattr(torch.ops, sys.argv[2]), n)]
 print(json.dumps({"loaded": True, "torch": torch.__version__, "ops_found": names}))
 """
@@ -168,6 +169,10 @@ def main() -> int:
     parser.add_argument("--target", action="append", dest="targets")
     parser.add_argument("--probe-unpatched", action="store_true")
     parser.add_argument("--ccache-rebuild", action="store_true")
+    parser.add_argument("--flash-attn", type=Path, metavar="TAR",
+                        help="flash-attention sources (the commit the vLLM source pins, with "
+                        "csrc/cutlass) as a tarball: its rules are applied and it is built "
+                        "as VLLM_FLASH_ATTN_SRC_DIR (e.g. --target _vllm_fa2_C)")
     args = parser.parse_args()
     targets = args.targets or ["_C", "_moe_C"]
     reason = skip_reason()
@@ -210,6 +215,16 @@ def main() -> int:
     report["patch"] = [{"set": r.name, "outcome": r.outcome, "replacements": r.replacements}
                        for r in apply_all(source, version, arch)]
     report["guards_after"] = fp4_guards(source, arch)
+    if args.flash_attn:
+        flash = unpack(args.flash_attn, args.work / "flash-attn")
+        handed = effective_archs(source, arch)
+        results = apply_all(flash, version, handed, project="vllm-flash-attn",
+                            gpu=SM121.target)
+        report["flash_attn"] = {"cuda_archs_from_vllm": handed, "rules": [
+            {"set": r.name, "outcome": r.outcome, "detail": r.detail, "rewrites": [
+                {"at": w.guard.location, "list": w.new_list, "gives": list(w.result)}
+                for w in r.rewrites]} for r in results]}
+        env["VLLM_FLASH_ATTN_SRC_DIR"] = str(flash)
     save()
 
     out = args.work / "out"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .decide import loads_natively
+from .compat import loads_natively
 from .guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
 from .inputs import arch_list
 from .patch import RuleResult, apply_all, breaks_ptxas, covered, read_source_version

@@ -104,6 +104,12 @@ def cubin_loads(arch: int, variant: str, target: Target) -> bool:
     return arch // 10 == target.major and arch % 10 <= target.minor
 
 
+def loads_natively(target: str, gpu: Target) -> bool:
+    """Whether a CMake arch entry (`12.0f`, `12.0a`, `12.1`) gives cubins `gpu` loads."""
+    parsed = dotted_arch(target.replace("+PTX", ""))
+    return parsed is not None and cubin_loads(*parsed, gpu)
+
+
 def ptx_loads(arch: int, variant: str, isa: tuple[int, int], target: Target,
               driver: tuple[int, int]) -> bool:
     newest = max_ptx_isa(driver)

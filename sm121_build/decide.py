@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .audit import BinaryReport
-from .compat import Target, cubin_loads, dotted_arch
+from .compat import Target, loads_natively
 from .guards import effective_archs, evaluate, find_calls
 
 
@@ -38,12 +38,6 @@ class Decision:
     def lines(self) -> list[str]:
         return [f"{name}: {c['native']}/{c['total']} kernels already native on sm_121"
                 for name, c in self.extensions.items()]
-
-
-def loads_natively(target: str, gpu: Target) -> bool:
-    """Whether a CMake arch entry (`12.0f`, `12.0a`, `12.1`) gives cubins `gpu` loads."""
-    parsed = dotted_arch(target.replace("+PTX", ""))
-    return parsed is not None and cubin_loads(*parsed, gpu)
 
 
 def stock_family_archs(reports: dict[str, BinaryReport], gpu: Target) -> tuple[str, ...]:

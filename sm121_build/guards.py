@@ -333,32 +333,39 @@ def _call(rel: str, cmd: Command, branch: str, levels: tuple[Level, ...], functi
 
 
 def supported_archs_block(source: Path) -> list[str]:
-    """The top-level `if()` chain of CMakeLists.txt that sets CUDA_SUPPORTED_ARCHS.
+    """The top-level commands of CMakeLists.txt that set or extend CUDA_SUPPORTED_ARCHS
+    before the source narrows CUDA_ARCHS to it (whole `if()` chains, in order).
 
     vLLM narrows the requested archs to that list (by CUDA version) before any guard runs:
     with CUDA 13 some releases list `12.0` but not `12.1`, so `12.1` builds as `12.0`.
+    vLLM writes the list in one if() chain; flash-attention sets a base list and then
+    appends to it by CUDA version.
     """
     path = source / "CMakeLists.txt"
     if not path.exists():
         return []
     text, cmds = parse(path, "CMakeLists.txt")
+    blocks: list[str] = []
     depth, start = 0, 0
-    sets_it = False
+    touches = False
     for cmd in cmds:
-        supported = cmd.key == "set" and bool(cmd.words) and \
-            cmd.words[0].value == "CUDA_SUPPORTED_ARCHS"
+        words = [w.value for w in cmd.words]
+        if cmd.key == GUARD_FUNCTION and words[:1] == ["CUDA_ARCHS"]:
+            break  # the narrowing itself: what follows it does not change it
+        edits = (cmd.key == "set" and words[:1] == ["CUDA_SUPPORTED_ARCHS"]) or (
+            cmd.key == "list" and words[1:2] == ["CUDA_SUPPORTED_ARCHS"])
         if cmd.key == "if":
             if depth == 0:
-                start, sets_it = cmd.start, False
+                start, touches = cmd.start, False
             depth += 1
         elif cmd.key == "endif" and depth:
             depth -= 1
-            if depth == 0 and sets_it:
-                return [text[start:cmd.end]]
-        elif supported and depth == 0:
-            return [text[cmd.start:cmd.end]]
-        sets_it = sets_it or supported
-    return []
+            if depth == 0 and touches:
+                blocks.append(text[start:cmd.end])
+        elif edits and depth == 0:
+            blocks.append(text[cmd.start:cmd.end])
+        touches = touches or edits
+    return blocks
 
 
 def effective_archs(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA) -> str:

@@ -27,13 +27,25 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .compat import Target, loads_natively, parse_target
 from .errors import Sm121Error
-from .guards import DEFAULT_CUDA, PLAIN_SM12X, SM12X_ENTRY, Guard, evaluate, intersect, scan_files
+from .guards import (
+    DEFAULT_CUDA,
+    SM12X_ENTRY,
+    Guard,
+    effective_archs,
+    evaluate,
+    intersect,
+    scan_files,
+)
 from .inspect import read_version_file
 from .shipped import shipped_dir
 
 Outcome = Literal["applied", "not needed", "not applicable"]
+Action = Literal["rewrite", "add"]
 REQUESTED_SM12X = re.compile(r"^(12\.\d+)[af]?$")
+# The source trees a rule may apply to: vLLM itself, or an external project it builds.
+PROJECTS = ("vllm", "vllm-flash-attn")
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,18 @@ class Rule:
     rewrite: tuple[str, ...]  # candidate forms of the 12.x entries, in order; {arch}: 12.x
     exceptions: tuple[Patch, ...]
     digest: str
+    # "rewrite": a call giving a plain 12.x target has its 12.x entries replaced;
+    # "add": a call giving the GPU no native code has the first form that does appended
+    action: Action = "rewrite"
+    project: str = "vllm"  # the tree it applies to (PROJECTS)
+    targets: tuple[str, ...] = ()  # the extension targets its guards feed
+
+    def needs(self, guard: Guard, gpu: Target) -> bool:
+        """Whether the rule must change this (evaluated) call."""
+        if self.action == "rewrite":
+            return bool(guard.plain_sm12x)
+        return guard.taken and guard.result is not None and \
+            not any(loads_natively(t, gpu) for t in guard.targets)
 
     def covers(self, guard: Guard) -> bool:
         return bool(self.family.match(guard.variable))
@@ -115,21 +139,34 @@ def _strings(raw: Any, what: str) -> tuple[str, ...]:
 def _rule(raw: Any, text: str) -> Rule:
     if not isinstance(raw, dict):
         raise ValueError("expected a mapping")
-    unknown = set(raw) - {"name", "family", "files", "rewrite", "exceptions"}
+    unknown = set(raw) - {"name", "family", "files", "rewrite", "add", "exceptions",
+                          "project", "targets"}
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}")
-    rewrite = _strings(raw["rewrite"], "rewrite")
+    actions = [a for a in ("rewrite", "add") if a in raw]
+    if len(actions) != 1:
+        raise ValueError("give exactly one of rewrite: (replace 12.x entries) or add: "
+                         "(append a 12.x entry)")
+    action: Action = "add" if actions == ["add"] else "rewrite"
+    rewrite = _strings(raw[action], action)
+    suffix = r"[af]" if action == "rewrite" else r"[af]?"
     for form in rewrite:
         entries = form.replace("{arch}", "12.1").split(";")
-        if not all(re.fullmatch(r"12\.\d+[af]", e) for e in entries):
-            raise ValueError(f"rewrite form {form!r} is not arch-specific 12.x entries "
-                             "(e.g. '{arch}a', '12.0a')")
+        if not all(re.fullmatch(rf"12\.\d+{suffix}", e) for e in entries):
+            raise ValueError(f"{action} form {form!r} is not " + (
+                "arch-specific 12.x entries (e.g. '{arch}a', '12.0a')" if action == "rewrite"
+                else "12.x entries (e.g. '{arch}', '12.0')"))
+    project = str(raw.get("project", "vllm"))
+    if project not in PROJECTS:
+        raise ValueError(f"project {project!r} is not one of {', '.join(PROJECTS)}")
+    targets = _strings(raw["targets"], "targets") if "targets" in raw else ()
     exceptions = tuple(
         Patch(file=p["file"], find=p["find"], replace=p["replace"], counts=_counts(p["count"]),
               versions=SpecifierSet(p["versions"]), if_exists=bool(p.get("if_exists", False)))
         for p in raw.get("exceptions") or [])
     return Rule(str(raw["name"]), re.compile(raw["family"]), _strings(raw["files"], "files"),
-                rewrite, exceptions, hashlib.sha256(text.encode()).hexdigest())
+                rewrite, exceptions, hashlib.sha256(text.encode()).hexdigest(), action,
+                project, targets)
 
 
 @cache
@@ -150,14 +187,32 @@ def rules_digest() -> str:
     return hashlib.sha256("".join(r.digest for r in load_rules()).encode()).hexdigest()[:16]
 
 
-def covered(guard: Guard) -> bool:
-    """Whether any rule covers the guard's family (FP4, QUTLASS, …)."""
-    return any(rule.covers(guard) for rule in load_rules())
+def rules_for(project: str = "vllm") -> tuple[Rule, ...]:
+    return tuple(rule for rule in load_rules() if rule.project == project)
+
+
+def covered(guard: Guard, project: str = "vllm") -> bool:
+    """Whether any rule of the project covers the guard's family (FP4, QUTLASS, FA2, …)."""
+    return any(rule.covers(guard) for rule in rules_for(project))
 
 
 def breaks_ptxas(guard: Guard) -> bool:
-    """A covered guard handing a plain 12.x target to ptxas: `cvt … e2m1x2` fails."""
-    return covered(guard) and bool(guard.plain_sm12x)
+    """A guard a rewrite rule covers handing a plain 12.x target to ptxas: `cvt … e2m1x2`
+    fails."""
+    return bool(guard.plain_sm12x) and any(
+        rule.covers(guard) for rule in rules_for() if rule.action == "rewrite")
+
+
+def fixable_targets() -> dict[str, str]:
+    """Extension target -> the rule that builds it natively for sm_12x (`_vllm_fa2_C`)."""
+    return {target: rule.name for rule in load_rules() for target in rule.targets}
+
+
+def target_gpu(archs: str) -> Target:
+    """The GPU a requested arch list is for: its first 12.x entry (`12.1a` -> sm_121)."""
+    found = next((m.group(1) for a in archs.split(";") if (m := REQUESTED_SM12X.match(a))),
+                 "12.1")
+    return parse_target(found)
 
 
 def parse_version(text: str) -> Version:
@@ -215,7 +270,7 @@ def _argument_text(guard: Guard, new_list: str, text: str) -> str:
 
 
 def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool = False,
-               cuda_version: str = DEFAULT_CUDA) -> RuleResult:
+               cuda_version: str = DEFAULT_CUDA, gpu: Target | None = None) -> RuleResult:
     """Decide with the guards' evaluation, then rewrite every breaking call or none."""
     parsed = parse_version(version)
     files = scan_files(source, rule.files)
@@ -229,16 +284,24 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
         g = unreadable[0]
         raise Sm121Error(f"{g.location}: cannot evaluate {g.variable} ({g.call.unresolved}); "
                          f"rule {rule.name} covers it, so not building blind")
-    relevant = [g for g in mine if g.taken and (
-        any(SM12X_ENTRY.match(e) for e in g.arch_list.split(";")) or g.targets)]
-    breaking = [g for g in mine if g.plain_sm12x]
+    gpu = gpu or target_gpu(archs)
+    if rule.action == "add":
+        built = effective_archs(source, archs, cuda_version).split(";")
+        relevant = [g for g in mine if g.taken] if any(
+            REQUESTED_SM12X.match(a) for a in built) else []
+    else:
+        relevant = [g for g in mine if g.taken and (
+            any(SM12X_ENTRY.match(e) for e in g.arch_list.split(";")) or g.targets)]
+    breaking = [g for g in relevant if rule.needs(g, gpu)]
     for guard in breaking:
         if guard.call.list_arg is None:
-            raise Sm121Error(f"{guard.location}: {guard.variable} gives plain "
-                             f"{';'.join(guard.plain_sm12x)} through {guard.call.function}, "
-                             f"whose list is inside that function: rule {rule.name} cannot "
-                             "rewrite it")
-        result.rewrites.append(_choose(rule, source, guard, archs, cuda_version))
+            gives = f"plain {';'.join(guard.plain_sm12x)}" if rule.action == "rewrite" \
+                else ";".join(guard.targets) or "nothing"
+            raise Sm121Error(f"{guard.location}: {guard.variable} gives {gives} through "
+                             f"{guard.call.function}, whose list is inside that function: "
+                             f"rule {rule.name} cannot {rule.action} "
+                             f"{'it' if rule.action == 'rewrite' else 'to it'}")
+        result.rewrites.append(_choose(rule, source, guard, archs, cuda_version, gpu))
     for rewrite in result.rewrites:
         rel = rewrite.guard.file
         arg = rewrite.guard.call.list_arg
@@ -249,12 +312,14 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     changed = {rel: text for rel, text in texts.items() if text != originals[rel]}
     if not changed:
         result.outcome = "not needed" if relevant else "not applicable"
-        result.detail = (f"no guard the rule covers gives a plain 12.x target for {archs} "
-                         f"with CUDA {cuda_version}" if relevant else
-                         "no guard the rule covers has an SM12x entry in this source")
+        result.detail = (
+            f"no guard the rule covers {_need_text(rule, gpu)} for {archs} with CUDA "
+            f"{cuda_version}" if relevant else
+            "no guard the rule covers has an SM12x entry in this source" if rule.action ==
+            "rewrite" else f"no guard the rule covers is built for a {archs} build here")
         return result
     result.after = _evaluate(source, changed, originals, archs, cuda_version, rule.files)
-    _check_after(rule, result, version)
+    _check_after(rule, result, version, gpu)
     result.diff = "".join(
         "".join(difflib.unified_diff(originals[rel].splitlines(True), new.splitlines(True),
                                      f"a/{rel}", f"b/{rel}"))
@@ -268,22 +333,38 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     return result
 
 
-def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: str) -> Rewrite:
-    lists = [rewritten_list(guard, candidate_entries(form, archs)) for form in rule.rewrite]
+def _need_text(rule: Rule, gpu: Target) -> str:
+    return "gives a plain 12.x target" if rule.action == "rewrite" else \
+        f"gives {gpu} no native code"
+
+
+def added_list(guard: Guard, entries: list[str]) -> str:
+    """The guard's list with `entries` appended (those it does not hold yet)."""
+    call = guard.call
+    assert call.list_arg is not None and call.arch_list is not None
+    written = [e for e in call.list_arg.value.split(";") if e] if call.list_arg.value == \
+        call.arch_list else [e for e in call.arch_list.split(";") if e]
+    return ";".join(written + [e for e in entries if e not in written])
+
+
+def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: str,
+            gpu: Target) -> Rewrite:
+    make = rewritten_list if rule.action == "rewrite" else added_list
+    lists = [make(guard, candidate_entries(form, archs)) for form in rule.rewrite]
     results = intersect(source, archs, lists, cuda_version)
     for new_list, got in zip(lists, results, strict=True):
-        if not any(PLAIN_SM12X.match(a) for a in got):
+        if not rule.needs(Guard(guard.call, got), gpu):
             return Rewrite(guard, new_list, got)
-    raise Sm121Error(f"{guard.location}: no rewrite of rule {rule.name} stops {guard.variable} "
-                     f"giving a plain 12.x target (tried {', '.join(lists)})")
+    raise Sm121Error(f"{guard.location}: no form of rule {rule.name} stops {guard.variable} "
+                     f"that {_need_text(rule, gpu)[6:]} (tried {', '.join(lists)})")
 
 
-def _check_after(rule: Rule, result: RuleResult, version: str) -> None:
-    still = [g for g in result.after if rule.covers(g) and g.plain_sm12x]
+def _check_after(rule: Rule, result: RuleResult, version: str, gpu: Target) -> None:
+    still = [g for g in result.after if rule.covers(g) and g.taken and rule.needs(g, gpu)]
     if still:
         raise Sm121Error(
             f"rule {rule.name} leaves {still[0].location} {still[0].variable} yielding "
-            f"{';'.join(still[0].targets)} for vLLM {version}")
+            f"{';'.join(still[0].targets) or 'nothing'} for {version}")
     others = [(g.file, g.variable, g.arch_list, g.result) for g in result.before
               if not rule.covers(g)]
     kept = [(g.file, g.variable, g.arch_list, g.result) for g in result.after
@@ -357,8 +438,14 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
 
 
 def apply_all(source: Path, version: str, archs: str, check: bool = False,
-              cuda_version: str = DEFAULT_CUDA) -> list[RuleResult]:
-    return [apply_rule(r, source, version, archs, check, cuda_version) for r in load_rules()]
+              cuda_version: str = DEFAULT_CUDA, project: str = "vllm",
+              gpu: Target | None = None) -> list[RuleResult]:
+    """Every rule of `project` on the tree.  For an external project, `archs` is the
+    CUDA_ARCHS vLLM hands it (`guards.effective_archs` of the vLLM tree) and `version`
+    vLLM's, for the version-keyed exceptions; `gpu` the GPU the build is for (by default
+    that of the first 12.x arch)."""
+    return [apply_rule(r, source, version, archs, check, cuda_version, gpu)
+            for r in rules_for(project)]
 
 
 def read_source_version(source: Path) -> str | None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sm121_build.audit import BinaryReport
-from sm121_build.compat import parse_target
-from sm121_build.decide import decide, loads_natively, stock_family_archs
+from sm121_build.compat import loads_natively, parse_target
+from sm121_build.decide import decide, stock_family_archs
 from sm121_build.fatbin import Entry
 from sm121_build.guards import evaluate
 from tests.helpers import DATA
