@@ -20,7 +20,8 @@ from .errors import Sm121Error
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so$")
+# A file name, or one under an external project's folder (vllm_flash_attn/_vllm_fa2_C.abi3.so)
+_FILE_NAME = re.compile(r"^(?:vllm_flash_attn/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so$")
 _REQUIRED = ("vllm_version", "vllm_commit", "arch_list", "files")
 
 
@@ -48,6 +49,7 @@ class Artifacts:
         such as GitHub's drop permission bits)."""
         dest.mkdir(parents=True, exist_ok=True)
         for name, path in self.files.items():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest / name)
             mode = str(self.manifest["files"][name].get("mode", "755"))
             (dest / name).chmod(int(mode, 8) & 0o777 if re.fullmatch(r"[0-7]{3,4}", mode)
@@ -69,6 +71,7 @@ def export(out: Path, files: dict[str, Path], meta: dict[str, Any],
     (out / MANIFEST).unlink(missing_ok=True)
     listed = {}
     for name, path in sorted(files.items()):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, out / name)
         listed[name] = {"sha256": sha256_of(out / name), "mode": f"{path.stat().st_mode & 0o777:o}",
                         **details.get(name, {})}
@@ -97,7 +100,8 @@ def load(folder: Path) -> Artifacts:
         raise Sm121Error(f"{path}: files must be an object of name -> details")
     for name, entry in files.items():
         if not _FILE_NAME.match(name):
-            raise Sm121Error(f"{path}: {name!r} is not a plain .so file name")
+            raise Sm121Error(f"{path}: {name!r} is not a .so file name (plain, or under "
+                             "vllm_flash_attn/)")
         if not (folder / name).is_file():
             raise Sm121Error(f"{folder / name}: listed in the manifest but missing")
         expected = entry.get("sha256") if isinstance(entry, dict) else None

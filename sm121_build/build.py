@@ -19,13 +19,16 @@ from . import __version__, ledger, run_report
 from .audit import BinaryReport, audit_binary
 from .decide import decide
 from .engine import Engine
-from .guards import DEFAULT_CUDA, cmake_arch_list
+from .errors import Sm121Error
+from .external import Project, bring, project_of_target, read_pin
+from .fixable import rebuild_verdict
+from .guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
 from .inject import Finish, finish, tag_result, verify_and_export
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
-from .patch import apply_all, rules_digest
+from .patch import apply_all, fixable_targets, rules_digest
 from .pin import check_checkout, fetch_source, version_to_ref
 from .refs import versioned_tag
-from .render import LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
+from .render import DEFAULT_EXTENSIONS, LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
 from .steps import Progress, Steps, end_status_line, status_line
 from .toolchain import host_tools, place_host_tools, require_buildable
 from .verify import SM121
@@ -48,6 +51,7 @@ class Options:
     pull: str = "never"  # "always" (like docker build --pull), "missing" or "never"
     versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>
     allow_other_commit: bool = False  # build a --source at another commit than the image's
+    fa_source: Path | None = None  # a local flash-attention checkout
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
@@ -92,10 +96,41 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                 checkout, commit = fetch_source(ref, opts.repo)
             shutil.copytree(checkout, context / "src", ignore=shutil.ignore_patterns(".git"))
             click.echo(f"    {checkout} @ {commit}", err=True)
-        plan = plan_for(facts, opts.arch, opts.extra_ext, opts.jobs, context / "src", str(ref),
+        stock: dict[str, BinaryReport | None] = {}
+        extra = opts.extra_ext
+        if "auto" in extra:
+            with steps.step("choose extensions (--ext auto)"):
+                stock = read_stock(engine, facts, vllm.extensions)
+                picked = fixable_extensions(stock)
+                for name, rebuild in ((n, rebuild_verdict(r, SM121.target)) for n, r in
+                                      stock.items() if r is not None):
+                    if rebuild is not None:
+                        click.echo(f"    {name}: {rebuild.verdict}", err=True)
+                extra = tuple(e for e in extra if e != "auto") + picked
+        plan = plan_for(facts, opts.arch, extra, opts.jobs, context / "src", str(ref),
                         commit, buildkit=engine.buildkit_client() is not None)
-        key = content_key(facts, commit + (f"+{changes}" if changes else ""), plan,
-                          opts.no_patch)
+        projects = external_projects(plan, opts.fa_source)
+        provenance = commit + (f"+{changes}" if changes else "")
+        if projects:
+            with steps.step("external sources"):
+                for project in projects:
+                    declared = read_pin(context / "src", project)
+                    got = bring(declared, opts.fa_source, opts.allow_other_commit)
+                    shutil.copytree(got.path, context / project.name,
+                                    ignore=shutil.ignore_patterns(".git"))
+                    plan = BuildPlan(**{**plan.__dict__, "external": (
+                        *plan.external, (project.env, project.name))})
+                    record.setdefault("external", {})[project.name] = {
+                        "commit": got.commit, "repository": declared.repository,
+                        **({"changes": got.changes} if got.changes else {}),
+                        **({"other_commit": got.other_commit} if got.other_commit else {})}
+                    provenance += f"\0{project.name}@{got.commit}+{got.changes}"
+                    if got.other_commit:
+                        click.echo(f"    warning: {got.other_commit} (--allow-other-commit)",
+                                   err=True)
+                    click.echo(f"    {project.name} {got.commit[:12]} (pinned in "
+                               f"{declared.declared_in}): {got.path}", err=True)
+        key = content_key(facts, provenance, plan, opts.no_patch)
         record.update(vllm_commit=commit, arch_list=plan.arch_list, content_key=key,
                       extensions=list(plan.extensions))
         meta = {"base": facts.ref, "base_digest": facts.digest_ref,
@@ -128,9 +163,19 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                                         cuda_version=cuda):
                     click.echo(f"    {result.name}: {result.outcome} ({result.detail})",
                                err=True)
+                handed = effective_archs(context / "src", arch_cmake, cuda)
+                for _env, folder in plan.external:
+                    for result in apply_all(context / folder, vllm.version, handed,
+                                            cuda_version=cuda, project=folder,
+                                            gpu=SM121.target):
+                        click.echo(f"    {result.name} ({folder}, CUDA_ARCHS {handed}): "
+                                   f"{result.outcome} ({result.detail})", err=True)
         if not opts.force:
             with steps.step("decide"):
-                decision = decide(read_stock(engine, facts, plan.extensions), context / "src",
+                wanted = {n: stock.get(n) for n in plan.extensions} \
+                    if all(n in stock for n in plan.extensions) else \
+                    read_stock(engine, facts, plan.extensions)
+                decision = decide(wanted, context / "src",
                                   arch_cmake, vllm.cuda_version or DEFAULT_CUDA, SM121.target)
                 for line in decision.lines():
                     click.echo(f"    {line}", err=True)
@@ -168,6 +213,36 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
     run_report.remember(record)
     click.echo(f"tagged {', '.join(target.tags)}  (log: {log})")
     return opts.tag
+
+
+def fixable_extensions(stock: dict[str, BinaryReport | None]) -> tuple[str, ...]:
+    """--ext auto: the image's extensions the audit calls fixable (the default ones are
+    always built)."""
+    return tuple(name for name, report in stock.items() if report is not None
+                 and not DEFAULT_EXTENSIONS.match(name)
+                 and (verdict := rebuild_verdict(report, SM121.target)) is not None
+                 and verdict.verdict == "fixable")
+
+
+def external_projects(plan: BuildPlan, fa_source: Path | None) -> list[Project]:
+    """The external projects whose extensions the plan builds; each must have a rule that
+    builds it for sm_12x (flash-attention 3 has none: sm_90a code)."""
+    found: list[Project] = []
+    fixable = fixable_targets()
+    for target in plan.targets:
+        project = project_of_target(target)
+        if project is None:
+            continue
+        if target not in fixable:
+            raise Sm121Error(f"{target} ({project.name}) has no sm_12x implementation this tool "
+                             f"can build: no rule in patches/ extends its guard (rebuildable "
+                             f"here: {', '.join(sorted(fixable)) or 'none'})")
+        if project not in found:
+            found.append(project)
+    if fa_source is not None and not any(p.name == "vllm-flash-attn" for p in found):
+        raise Sm121Error("--fa-source is given but no flash-attention extension is built "
+                         "(add --ext _vllm_fa2_C or --ext auto)")
+    return found
 
 
 def read_stock(engine: Engine, facts: ImageFacts,

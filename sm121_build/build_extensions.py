@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 # vLLM's CMake fetches these from GitHub at configure time unless pointed at a folder.
@@ -141,10 +142,10 @@ def external_projects(source: Path | None) -> tuple[str, ...]:
     return tuple(name for name in dict.fromkeys(found) if name not in NEEDS_REAL)
 
 
-def offline_settings(build: Path, source: Path | None = None) -> tuple[dict[str, str], list[str]]:
-    """Nothing fetched: unset external projects become empty folders."""
+def stand_ins(build: Path, names: Iterable[str]) -> dict[str, str]:
+    """Empty folders for the external projects named, unless their *_SRC_DIR is set."""
     env = {}
-    for name in external_projects(source):
+    for name in names:
         if not os.environ.get(name):
             empty = build / "offline-empty" / name.lower()
             empty.mkdir(parents=True, exist_ok=True)
@@ -152,6 +153,12 @@ def offline_settings(build: Path, source: Path | None = None) -> tuple[dict[str,
                 (empty / relative).parent.mkdir(parents=True, exist_ok=True)
                 (empty / relative).touch()
             env[name] = str(empty)
+    return env
+
+
+def offline_settings(build: Path, source: Path | None = None) -> tuple[dict[str, str], list[str]]:
+    """Nothing fetched: unset external projects become empty folders."""
+    env = stand_ins(build, external_projects(source))
     if "QUTLASS_SRC_DIR" in env:
         print("sm121-build: --offline without QUTLASS_SRC_DIR: QuTLASS kernels are left out "
               "of _C (empty stand-in sources)", file=sys.stderr, flush=True)
@@ -173,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Fetch nothing: FETCHCONTENT_FULLY_DISCONNECTED, and the external "
                         "projects (FlashMLA, QuTLASS, triton_kernels, flash-attn) point at "
                         "empty folders unless their *_SRC_DIR is set")
+    parser.add_argument("--stand-in", action="append", default=[], metavar="NAME_SRC_DIR",
+                        help="An external project none of the targets needs: unless set, "
+                        "point it at an empty folder instead of fetching it at configure")
     parser.add_argument("--configure-only", action="store_true",
                         help="Stop after CMake configure (then e.g. `ninja -C BUILD <object>`)")
     parser.add_argument("--cmake", default=os.environ.get("CMAKE", "cmake"))
@@ -202,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         configure += ["-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
                       "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     defines = list(args.define)
+    os.environ.update(stand_ins(build, args.stand_in))
     if args.offline:
         env, extra = offline_settings(build, args.source)
         os.environ.update(env)

@@ -8,6 +8,7 @@ import click
 
 from .build import Options, run_build
 from .errors import Sm121Error
+from .external import require_project_tree
 from .inputs import JOBS, arch_list, extension_names, require_outputs
 from .local import run_local
 from .pin import UPSTREAM, require_vllm_tree
@@ -24,7 +25,8 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 @click.option("--arch", default="12.1", show_default=True, callback=arch_list,
               help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
 @click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
-              help="Another extension to rebuild.")
+              help="Another extension to rebuild (e.g. _vllm_fa2_C); `auto`: every one the "
+                   "audit calls fixable.")
 @click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Existing vLLM checkout at the image's commit (else fetched).")
@@ -39,6 +41,9 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
                    "moving tag) or --pull=missing (only when it is not here).")
 @click.option("--versioned-tag", is_flag=True,
               help="Also tag <tag>-<vLLM version>-<commit>-b<base ID>: an immutable name to pin.")
+@click.option("--fa-source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Existing flash-attention checkout at the commit vLLM pins (else fetched "
+                   "from the GIT_REPOSITORY vLLM's CMake names).")
 @click.option("--allow-other-commit", is_flag=True,
               help="Build a --source checkout at another commit than the image's (recorded).")
 @click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
@@ -55,7 +60,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
-          allow_other_commit: bool) -> None:
+          allow_other_commit: bool, fa_source: Path | None) -> None:
     """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
     if local:
         if not source or not out:
@@ -73,6 +78,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     validate_image_ref(base)
     if source:
         require_vllm_tree(source)  # before the engine, the pull and a 1 GB copy
+    if fa_source:
+        require_project_tree(fa_source, "vllm-flash-attn")
     if pull != "never" and IMAGE_ID.match(base):
         raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
     result_tag = validate_tag(tag) if tag else default_tag(base)
@@ -81,4 +88,5 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
         run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
-                          allow_other_commit=allow_other_commit), record)
+                          allow_other_commit=allow_other_commit, fa_source=fa_source),
+                  record)

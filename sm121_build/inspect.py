@@ -21,6 +21,7 @@ import os
 import posixpath
 import re
 import tarfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -46,7 +47,7 @@ COMMON_PREFIXES = ("/usr/local", "/usr", "/opt/conda", "/opt/venv", "/venv", "/o
 CUDA_TARGETS = ("sbsa-linux", "aarch64-linux", "x86_64-linux")
 CUDA_HOMES = ("/usr/local/cuda", *(f"/usr/local/cuda-{major}.{minor}"
                                    for major in (13, 12) for minor in range(9, -1, -1)))
-CACHE_FORMAT = 6
+CACHE_FORMAT = 7
 
 
 class ImageFiles(Protocol):
@@ -298,9 +299,7 @@ def facts_from_files(info: ImageInfo, files: ImageFiles) -> ImageFacts:
                          "(no __version__ in vllm/_version.py)")
     record = _record_files(files, site, version)
     listed = record if record is not None else _listed_files(files, f"{site}/vllm")
-    extensions = tuple(sorted({
-        posixpath.basename(p) for p in listed
-        if posixpath.dirname(posixpath.normpath(p)) == "vllm" and p.endswith(".so")}))
+    extensions = extension_files(listed)
     python = _PYTHON.search(site + "/")
     cu = f"{site}/nvidia/cu13"
     has_include = files.resolve(f"{cu}/include") is not None
@@ -322,6 +321,21 @@ def facts_from_files(info: ImageInfo, files: ImageFiles) -> ImageFacts:
         tools=find_build_tools(files, _path_dirs(_env(info)), home, [site]),
     )
     return ImageFacts(info.ref, info.id, info.digest_ref, info.platform, info.labels, install)
+
+
+def extension_files(listed: Iterable[str]) -> tuple[str, ...]:
+    """The package's extension modules, relative to vllm/: its own (`_C.abi3.so`) and those
+    its external projects install (`vllm_flash_attn/_vllm_fa2_C.abi3.so`)."""
+    from .external import projects
+
+    folders = {""} | {p.install_dir for p in projects()}
+    found = set()
+    for path in listed:
+        norm = posixpath.normpath(path)
+        if norm.startswith("vllm/") and norm.endswith(".so") and \
+                posixpath.dirname(norm[len("vllm/"):]) in folders:
+            found.add(norm[len("vllm/"):])
+    return tuple(sorted(found))
 
 
 def inspect_image(engine: Engine, ref: str, use_cache: bool = True) -> ImageFacts:

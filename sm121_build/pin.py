@@ -89,6 +89,12 @@ def check_checkout(path: Path, ref: GitRef, allow_other_commit: bool = False) ->
     """Refuse a tree that is not vLLM, or at another commit than the image's (unless told);
     hash what is uncommitted so the content key covers the source actually built."""
     require_vllm_tree(path)
+    return check_git_tree(path, ref, allow_other_commit, "the image's vLLM", "--source")
+
+
+def check_git_tree(path: Path, ref: GitRef, allow_other_commit: bool, what: str,
+                   option: str) -> Checkout:
+    """A local checkout at `ref` (or told to build it anyway), with its changes hashed."""
     commit = resolve_checkout(path)
     if ref.kind == "commit":
         expected = commit if commit.startswith(ref.value) else ref.value
@@ -98,7 +104,7 @@ def check_checkout(path: Path, ref: GitRef, allow_other_commit: bool = False) ->
     other = ""
     if expected != commit:
         shown = expected[:12] if _HASH.match(expected) else expected
-        other = f"--source {path} is at {commit[:12]}; the image's vLLM is {shown}"
+        other = f"{option} {path} is at {commit[:12]}; {what} is {shown}"
         if not allow_other_commit:
             raise Sm121Error(f"{other}: check that commit out, or pass --allow-other-commit "
                              "(recorded in the report)")
@@ -126,13 +132,14 @@ def _changes(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_source(ref: GitRef, repo: str = UPSTREAM, dest_root: Path | None = None) -> tuple[Path,
-                                                                                            str]:
+def fetch_source(ref: GitRef, repo: str = UPSTREAM, dest_root: Path | None = None,
+                 name: str = "vllm") -> tuple[Path, str]:
     """Check the ref out under the cache (shallow where git allows); returns (dir, commit)."""
     if shutil.which("git") is None:
-        raise Sm121Error("git not found: install git to fetch vLLM source, or pass --source DIR")
+        raise Sm121Error(f"git not found: install git to fetch {name} source, or pass a "
+                         "local checkout")
     root = dest_root or cache_dir() / "src"
-    key = re.sub(r"[^A-Za-z0-9._-]", "_", f"vllm-{ref.value}")
+    key = re.sub(r"[^A-Za-z0-9._-]", "_", f"{name}-{ref.value}")
     dest = root / key
     if dest.exists() and (dest / ".git").exists():
         commit = resolve_checkout(dest)
@@ -181,6 +188,20 @@ def _fetch_into(work: Path, ref: GitRef, repo: str) -> str:
     if ref.kind == "commit" and not commit.startswith(ref.value):
         raise Sm121Error(f"checked out {commit} but {ref.value} was asked for from {repo}")
     return commit
+
+
+def update_submodules(path: Path, wanted: tuple[str, ...]) -> None:
+    """Check out the named submodules a build needs (shallow), if the tree declares them."""
+    modules = path / ".gitmodules"
+    if not wanted or not modules.is_file():
+        return
+    listed = _git("config", "-f", str(modules), "--get-regexp", r"submodule\..*\.path",
+                  cwd=path).stdout.split()[1::2]
+    for sub in (w for w in wanted if w in listed):
+        if (path / sub).is_dir() and any((path / sub).iterdir()):
+            continue
+        _check(_git("submodule", "update", "--init", "--depth", "1", "--", sub, cwd=path),
+               f"git submodule update {sub}")
 
 
 def _last(stderr: str) -> str:

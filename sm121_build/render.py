@@ -12,6 +12,7 @@ from string import Template
 
 from . import __version__
 from .errors import Sm121Error
+from .external import declared_targets, project_of_target, projects
 from .inspect import ImageFacts, require_vllm
 from .patch import rules_digest
 from .shipped import shipped_dir
@@ -42,6 +43,8 @@ class BuildPlan:
     bring: tuple[str, ...] = ()  # build tools the image lacks: cmake, ninja
     bring_from: str = ""  # "context" (this machine's copies) or "pip" (in the builder)
     labels: dict[str, str] = field(default_factory=dict)
+    # external project sources in the context: (environment variable, context folder)
+    external: tuple[tuple[str, str], ...] = ()
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -64,17 +67,27 @@ def template_digest() -> str:
 
 
 def extension_target(filename: str) -> str:
-    """`_C.abi3.so` -> `_C`; `_moe_C_stable_libtorch.abi3.so` -> `_moe_C_stable_libtorch`."""
-    return re.sub(r"(\.cpython-[^.]+)?(\.abi3)?\.so$", "", filename)
+    """`_C.abi3.so` -> `_C`; `_moe_C_stable_libtorch.abi3.so` -> `_moe_C_stable_libtorch`;
+    `vllm_flash_attn/_vllm_fa2_C.abi3.so` -> `_vllm_fa2_C`."""
+    return re.sub(r"(\.cpython-[^.]+)?(\.abi3)?\.so$", "", filename.rsplit("/", 1)[-1])
+
+
+def _default_file(target: str) -> str:
+    project = project_of_target(target)
+    return f"{project.install_dir}/{target}.abi3.so" if project else f"{target}.abi3.so"
 
 
 def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
                       source: Path | None) -> tuple[str, ...]:
-    """The default set (the image's _C/_moe_C files) plus --ext, checked against the source."""
+    """The default set (the image's _C/_moe_C files) plus --ext, checked against the source.
+    A name is a CMake target or a file name; the image's own path for it wins."""
     chosen = [e for e in image_extensions if DEFAULT_EXTENSIONS.match(e)]
     for name in extra:
-        filename = name if name.endswith(".so") else next(
-            (e for e in image_extensions if extension_target(e) == name), f"{name}.abi3.so")
+        target = extension_target(name)
+        filename = next((e for e in image_extensions if e == name or e.endswith("/" + name)
+                         or (not name.endswith(".so") and extension_target(e) == target)),
+                        name if name.endswith(".so") and project_of_target(target) is None
+                        else _default_file(target))
         if filename not in chosen:
             chosen.append(filename)
     if not chosen:
@@ -90,8 +103,10 @@ def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
 
 
 def source_targets(source: Path) -> set[str]:
+    """The extension targets the tree defines, its external projects' included."""
     cmake = source / "CMakeLists.txt"
-    return set(_TARGET.findall(cmake.read_text())) if cmake.exists() else set()
+    own = set(_TARGET.findall(cmake.read_text())) if cmake.exists() else set()
+    return own | declared_targets(source)
 
 
 def default_jobs() -> int:
@@ -108,11 +123,29 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
-def _copy_lines(plan: BuildPlan, copy_from: str) -> str:
+def _copy_lines(plan: BuildPlan, copy_from: str, flat: bool) -> str:
+    """One COPY per extension to its place in the package; the builder's out folder is flat
+    (`flat`), an artifacts folder keeps the package's sub-folders."""
     return "\n".join(
         _template("copy-extension.Dockerfile.in").substitute(
-            copy_from=copy_from, extension=extension, package_dir=plan.package_dir)
+            copy_from=copy_from, built=extension.rsplit("/", 1)[-1] if flat else extension,
+            extension=extension, package_dir=plan.package_dir)
         .strip() for extension in plan.extensions)
+
+
+def stand_in_envs(plan: BuildPlan) -> list[str]:
+    """External projects the build has no source for: empty folders, nothing fetched."""
+    given = {env for env, _ in plan.external}
+    return [p.env for p in projects() if p.env not in given]
+
+
+def _external(plan: BuildPlan) -> str:
+    if not plan.external:
+        return "# (no external project sources: vLLM's CMake gets empty stand-ins for them)"
+    lines = [f"COPY {folder}/ /sm121/{folder}/" for _, folder in plan.external]
+    lines.append("ENV " + " \\\n    ".join(f"{env}=/sm121/{folder}"
+                                            for env, folder in plan.external))
+    return "\n".join(lines)
 
 
 def _labels(plan: BuildPlan) -> str:
@@ -158,8 +191,10 @@ def render(plan: BuildPlan) -> str:
         nvrtc_fix=nvrtc,
         toolchain=_toolchain(plan),
         cache_mount=cache,
-        target_args=" ".join(f"--target {t}" for t in plan.targets),
-        copy_lines=_copy_lines(plan, "--from=builder /sm121/out"),
+        target_args=" ".join([*(f"--target {t}" for t in plan.targets),
+                              *(f"--stand-in {env}" for env in stand_in_envs(plan))]),
+        external_sources=_external(plan),
+        copy_lines=_copy_lines(plan, "--from=builder /sm121/out", flat=True),
         labels=_labels(plan),
     )
     return _no_syntax_directive(text)
@@ -171,7 +206,7 @@ def render_inject(plan: BuildPlan, artifacts: str = "artifacts") -> str:
         tool_version=__version__, base=plan.base, arch_list=plan.arch_list,
         vllm_version=plan.vllm_version, git_ref=plan.git_ref,
         extensions=", ".join(plan.extensions),
-        copy_lines=_copy_lines(plan, artifacts), labels=_labels(plan)))
+        copy_lines=_copy_lines(plan, artifacts, flat=False), labels=_labels(plan)))
 
 
 def provenance_labels(facts: ImageFacts, commit: str, arch: str,

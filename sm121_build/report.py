@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .audit import BinaryReport, FileVerdict, Policy
+from .fixable import rebuild_verdict
 
 VERDICT_WORDS: dict[FileVerdict, str] = {
     "native": "native",
@@ -48,6 +49,9 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool) -> st
             if show_kernels:
                 for kernel, verdict in report.kernels.items():
                     lines.append(f"    {verdict:<6} {kernel}")
+        rebuild = rebuild_verdict(report, policy.target)
+        if rebuild is not None and rebuild.verdict != "native":
+            lines.append(f"  rebuild  {rebuild.verdict}: {rebuild.reason}")
     skipped = len(reports) - len(with_code)
     if skipped:
         lines.append("")
@@ -87,6 +91,8 @@ def as_json(reports: list[BinaryReport], policy: Policy) -> dict[str, Any]:
                 ],
                 "kernels": r.kernels,
                 "kernel_counts": r.kernel_counts() if r.kernels is not None else None,
+                "rebuild": rebuild.__dict__ if (rebuild := rebuild_verdict(r, policy.target))
+                else None,
             }
             for r in reports
         ],

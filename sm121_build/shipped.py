@@ -12,3 +12,8 @@ def shipped_dir(name: str) -> Path:
     if shipped.is_dir():
         return Path(str(shipped))
     return Path(__file__).resolve().parent.parent / name
+
+
+def package_data(name: str) -> str:
+    """A data file shipped in the package (sm121_build/data/NAME)."""
+    return resources.files("sm121_build").joinpath("data", name).read_text()

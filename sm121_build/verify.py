@@ -298,6 +298,8 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
         stock_reports: dict[str, BinaryReport] = {}
         for name in extensions:
             path = f"{package}/{name}"
+            for side in ("built", "stock"):  # vllm_flash_attn/_vllm_fa2_C.abi3.so
+                (root / side / name).parent.mkdir(parents=True, exist_ok=True)
             found = built_files.copy_file(path, root / "built" / name)
             if found is None:
                 problems.append(f"the built image lacks {path}")

@@ -15,11 +15,12 @@ ENV TORCH_CUDA_ARCH_LIST="12.1" \
     CCACHE_DIR=/root/.cache/ccache
 COPY src/ /sm121/src/
 COPY build_extensions.py /sm121/build_extensions.py
+# (no external project sources: vLLM's CMake gets empty stand-ins for them)
 # the image lacks cmake: this machine's copies, in the builder stage only
 COPY tools/ /sm121/tools/
 ENV PATH=/sm121/tools/bin:/sm121/tools/cmake/bin:$PATH
 # (libnvrtc.so present: no link fix needed)
-RUN python3 /sm121/build_extensions.py --source /sm121/src --out /sm121/out --build-dir /sm121/build --target _C_stable_libtorch --target _moe_C_stable_libtorch
+RUN python3 /sm121/build_extensions.py --source /sm121/src --out /sm121/out --build-dir /sm121/build --target _C_stable_libtorch --target _moe_C_stable_libtorch --stand-in VLLM_FLASH_ATTN_SRC_DIR
 
 # --- final: the pristine stock image, with ONLY the rebuilt extensions copied in ---
 FROM vllm/vllm-openai@sha256:abababababababababababababababababababababababababababababababab

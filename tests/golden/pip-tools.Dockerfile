@@ -15,13 +15,14 @@ ENV TORCH_CUDA_ARCH_LIST="12.1" \
     CCACHE_DIR=/root/.cache/ccache
 COPY src/ /sm121/src/
 COPY build_extensions.py /sm121/build_extensions.py
+# (no external project sources: vLLM's CMake gets empty stand-ins for them)
 # the image lacks cmake and ninja: installed from PyPI into the builder stage only (needs network);
 # not pinned on purpose: any cmake >= 3.26 and any ninja build vLLM
 # hadolint ignore=DL3013
 RUN python3 -m pip install --no-cache-dir --disable-pip-version-check --target /sm121/tools/py "cmake>=3.26" ninja
 ENV PATH=/sm121/tools/py/cmake/data/bin:/sm121/tools/py/ninja/data/bin:/sm121/tools/py/bin:$PATH
 RUN ln -sf /usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib/libnvrtc.so.13 /usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib/libnvrtc.so
-RUN --mount=type=cache,target=/root/.cache/ccache python3 /sm121/build_extensions.py --source /sm121/src --out /sm121/out --build-dir /sm121/build --target _C --target _moe_C
+RUN --mount=type=cache,target=/root/.cache/ccache python3 /sm121/build_extensions.py --source /sm121/src --out /sm121/out --build-dir /sm121/build --target _C --target _moe_C --stand-in VLLM_FLASH_ATTN_SRC_DIR
 
 # --- final: the pristine stock image, with ONLY the rebuilt extensions copied in ---
 FROM vllm/vllm-openai@sha256:abababababababababababababababababababababababababababababababab

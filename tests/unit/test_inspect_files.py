@@ -44,7 +44,7 @@ def test_venv_found_through_the_entrypoint_shebang(tmp_path: Path) -> None:
         f"{site}/vllm/_C.abi3.so": b"\x7fELF",
         f"{site}/vllm-0.17.0.dist-info/RECORD": _record(
             "vllm/_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
-            "vllm/__init__.py", "../../../bin/vllm"),
+            "vllm/third_party/other/_x.so", "vllm/__init__.py", "../../../bin/vllm"),
         f"{site}/torch/version.py": b"__version__ = '2.9.0+cu130'\ngit_version = 'x'\n",
         f"{site}/nvidia/cu13/include/cublas_v2.h": b"",
         f"{site}/nvidia/cu13/lib/libnvrtc.so.13": b"\x7fELF",
@@ -59,7 +59,9 @@ def test_venv_found_through_the_entrypoint_shebang(tmp_path: Path) -> None:
     assert vllm is not None
     assert (vllm.version, vllm.commit_id) == ("0.17.0", "gb31e9326a")
     assert (vllm.site_packages, vllm.python) == (f"/{site}", "3.12")
-    assert vllm.extensions == ("_C.abi3.so", "_moe_C.abi3.so")  # top level only, from RECORD
+    # from RECORD: the package's own and those external projects install in their folder
+    assert vllm.extensions == ("_C.abi3.so", "_moe_C.abi3.so",
+                               "vllm_flash_attn/_vllm_fa2_C.abi3.so")
     assert vllm.torch_version == "2.9.0+cu130"
     assert vllm.cuda_include == f"/{site}/nvidia/cu13/include"
     assert vllm.cuda_lib == f"/{site}/nvidia/cu13/lib"

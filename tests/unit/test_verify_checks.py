@@ -285,7 +285,7 @@ def test_artifacts_round_trip_and_modes(tmp_path: Path, host_only_so: Path) -> N
     (lambda d: (d / "_C.abi3.so").unlink(), "listed in the manifest but missing"),
     (lambda d: (d / "manifest.json").write_text(json.dumps(
         {"format": 1, "vllm_version": "1", "vllm_commit": "a", "arch_list": "12.1",
-         "files": {"../evil.so": {}}})), "is not a plain .so file name"),
+         "files": {"../evil.so": {}}})), "is not a .so file name"),
     (lambda d: (d / "manifest.json").write_text(json.dumps({"format": 1})),
      "missing vllm_version, vllm_commit, arch_list, files"),
 ])
