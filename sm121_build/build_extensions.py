@@ -149,6 +149,8 @@ def stand_ins(build: Path, names: Iterable[str]) -> dict[str, str]:
         if not os.environ.get(name):
             empty = build / "offline-empty" / name.lower()
             empty.mkdir(parents=True, exist_ok=True)
+            # non-empty: FetchContent refuses an empty SOURCE_DIR unless fully disconnected
+            (empty / "SM121_STAND_IN").write_text("an empty stand-in: not built\n")
             for relative in STAND_IN_FILES.get(name, ()):
                 (empty / relative).parent.mkdir(parents=True, exist_ok=True)
                 (empty / relative).touch()

@@ -11,6 +11,7 @@ from .compat import loads_natively
 from .guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
 from .inputs import arch_list
 from .patch import RuleResult, apply_all, breaks_ptxas, covered, read_source_version
+from .external import tree_project
 from .pin import require_vllm_tree
 from .verify import SM121
 
@@ -33,7 +34,8 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
             f"-> {_targets(guard)}{mark}")
     rewrite = next((r for r in result.rewrites if r.guard.location == guard.location), None)
     if rewrite is not None:
-        line += f", rewritten \"{rewrite.new_list}\" -> {';'.join(rewrite.result) or '(none)'}"
+        verb = "rewritten" if result.action == "rewrite" else "target added"
+        line += f", {verb} \"{rewrite.new_list}\" -> {';'.join(rewrite.result) or '(none)'}"
     if guard.branch:
         line += f"   [{guard.branch}]"
     return line
@@ -53,25 +55,35 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explain: bool,
           all_guards: bool, cuda_version: str) -> None:
     """Rewrite a vLLM checkout's arch guards by the rules in patches/ (atomic, idempotent)."""
-    require_vllm_tree(source)
+    project = tree_project(source)
+    if project is None:
+        require_vllm_tree(source)
     archs = cmake_arch_list(arch)
-    version = vllm_version or read_source_version(source)
+    version = vllm_version or (read_source_version(source) if project is None else "0")
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
+    name = project.name if project else "vllm"
     results: list[RuleResult] = apply_all(source, version, archs, check=check or explain,
-                                         cuda_version=cuda_version)
+                                         cuda_version=cuda_version, project=name,
+                                         gpu=SM121.target)
     if explain:
         effective = effective_archs(source, archs, cuda_version)
-        narrowed = f" (narrowed by vLLM's CUDA {cuda_version} list from {archs})" if (
+        what = f"{name} {version}" if project is None else f"{name} (as vLLM builds it)"
+        narrowed = f" (narrowed by its CUDA {cuda_version} list from {archs})" if (
             effective != archs) else ""
-        click.echo(f"vLLM {version}, CUDA_ARCHS={effective}{narrowed}: what each guard gives "
-                   "nvcc")
+        click.echo(f"{what}, CUDA_ARCHS={effective}{narrowed}: what each guard gives nvcc")
         shown: set[str] = set()
         for result in results:
             for guard in result.before:
-                if (all_guards or covered(guard)) and guard.location not in shown:
+                if (all_guards or covered(guard, name)) and guard.location not in shown:
                     shown.add(guard.location)
                     click.echo(_guard_line(guard, result))
+        no_native = [g for r in results for g in r.before if g.taken and covered(g, name)
+                     and g.result is not None and not any(loads_natively(t, SM121.target)
+                                                          for t in g.targets)]
+        if no_native and project is not None:
+            click.echo(f"note: {len(no_native)} guard(s) give {SM121.target} no native code "
+                       "(PTX at best: JIT at first use); the rule adds a target")
         dropped = [r.guard for result in results for r in result.rewrites
                    if not any(a.startswith("12.") for a in r.result)]
         if dropped:

@@ -109,6 +109,7 @@ class RuleResult:
     before: list[Guard] = field(default_factory=list)
     after: list[Guard] = field(default_factory=list)
     rewrites: list[Rewrite] = field(default_factory=list)
+    action: Action = "rewrite"
 
 
 def _tolerant(text: str) -> re.Pattern[str]:
@@ -277,7 +278,8 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     originals = {rel: (source / rel).read_text() for rel in files}
     texts = _apply_exceptions(rule, source, version, parsed, dict(originals))
     before = _evaluate(source, texts, originals, archs, cuda_version, rule.files)
-    result = RuleResult(rule.name, "not applicable", "", before=before, after=before)
+    result = RuleResult(rule.name, "not applicable", "", before=before, after=before,
+                        action=rule.action)
     mine = [g for g in before if rule.covers(g)]
     unreadable = [g for g in mine if g.result is None and g.call.may_give_sm12x]
     if unreadable:
@@ -329,7 +331,9 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     result.outcome = "applied"
     result.replacements = len(result.rewrites) + sum(
         1 for p in rule.exceptions_for(parsed) if p.file in changed)
-    result.detail = f"{len(result.rewrites)} guard call(s) rewritten in {len(changed)} file(s)"
+    result.detail = (f"{len(result.rewrites)} guard call(s) "
+                     f"{'rewritten' if rule.action == 'rewrite' else 'given a target'} in "
+                     f"{len(changed)} file(s)")
     return result
 
 
@@ -355,8 +359,9 @@ def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: st
     for new_list, got in zip(lists, results, strict=True):
         if not rule.needs(Guard(guard.call, got), gpu):
             return Rewrite(guard, new_list, got)
+    giving = _need_text(rule, gpu).replace("gives", "giving", 1)
     raise Sm121Error(f"{guard.location}: no form of rule {rule.name} stops {guard.variable} "
-                     f"that {_need_text(rule, gpu)[6:]} (tried {', '.join(lists)})")
+                     f"{giving} (tried {', '.join(lists)})")
 
 
 def _check_after(rule: Rule, result: RuleResult, version: str, gpu: Target) -> None:

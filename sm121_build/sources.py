@@ -128,10 +128,11 @@ def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) ->
         rest = _literal_prefix(parts[1:]) if parts and parts[0] == "*" else []
         if not rest:
             return ["/"]
-        for site in python_sites(info, files):
-            candidate = posixpath.join(site, *rest)
-            if files.stat(candidate) is not None:
-                roots.append(candidate)
+        found = [c for site in python_sites(info, files)
+                 if files.stat(c := posixpath.join(site, *rest)) is not None]
+        if not found:  # `*/vllm_flash_attn/*.so`: not at a site's top; read everything
+            return ["/"]
+        roots += found
     roots = sorted(set(roots))
     return [r for r in roots if not any(r != o and r.startswith(o.rstrip("/") + "/")
                                         for o in roots)]

@@ -2,8 +2,11 @@
 
 Debian (debootstrap) + python3 + g++, nvcc 13.0 copied from the host, cmake and ninja from
 the test venv's PyPI wheels, and a vLLM-shaped package (tests/data/vllm_like) whose
-`_C.abi3.so` / `_moe_C.abi3.so` were built for sm_90 only.  `_version.py` carries the commit
-of a local git checkout of the same fixture, so `--source CHECKOUT` pins exactly.
+`_C.abi3.so` / `_moe_C.abi3.so` were built for sm_90 only, with the flash-attention-shaped
+project (tests/data/fa_like) as `vllm_flash_attn/_vllm_fa2_C.abi3.so` (its guard "8.0+PTX":
+sm_80 cubins and PTX, JIT-only on sm_121, as vLLM ships it).  `_version.py` carries the
+commit of a local git checkout of the same fixture, so `--source CHECKOUT` pins exactly; that
+checkout's vllm_flash_attn.cmake names a local git repository of fa_like and its commit.
 The image is tagged by a hash of its inputs and reused while they are unchanged.
 """
 
@@ -50,22 +53,43 @@ def _tree_hash(*roots: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def fixture_checkout(dest: Path) -> tuple[Path, str]:
-    """A git repository of the fixture with a reproducible commit."""
-    shutil.copytree(DATA / "vllm_like", dest)
+FA_CMAKE = "cmake/external_projects/vllm_flash_attn.cmake"
+FA2 = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
+
+
+def _git_repo(source: Path, dest: Path, message: str) -> str:
+    """A git repository of a fixture folder with a reproducible commit."""
+    if source != dest:
+        shutil.copytree(source, dest)
     env = {**os.environ, **_GIT_ENV}
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
-                 ["commit", "-q", "-m", "vllm-like fixture"]):
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", message]):
         subprocess.run(["git", "-C", str(dest), *args], check=True, env=env)
-    commit = subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"], check=True,
-                            capture_output=True, text=True, env=env).stdout.strip()
-    return dest, commit
+    return subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True, env=env).stdout.strip()
+
+
+def fa_repository(dest: Path) -> tuple[Path, str]:
+    """The flash-attention-shaped fixture as a git repository (the stand-in for GitHub's
+    vllm-project/flash-attention: a true boundary)."""
+    return dest, _git_repo(DATA / "fa_like", dest, "fa-like fixture")
+
+
+def fixture_checkout(dest: Path) -> tuple[Path, str]:
+    """A git repository of the fixture with a reproducible commit; its flash-attention
+    declaration points at a local repository of fa_like (made next to it)."""
+    fa_repo, fa_commit = fa_repository(dest.parent / f"{dest.name}-flash-attention")
+    shutil.copytree(DATA / "vllm_like", dest)
+    declared = dest / FA_CMAKE
+    declared.write_text(declared.read_text().replace("@FA_GIT_REPOSITORY@", str(fa_repo))
+                        .replace("@FA_GIT_TAG@", fa_commit))
+    return dest, _git_repo(dest, dest, "vllm-like fixture")
 
 
 def stock_extensions() -> Path:
-    """_C.abi3.so and _moe_C.abi3.so of the fixture built for sm_90 (cached)."""
-    out = CACHE / "fixtures" / f"stock-sm90-{_tree_hash(DATA / 'vllm_like')}"
-    if (out / "_moe_C.abi3.so").exists():
+    """_C.abi3.so, _moe_C.abi3.so and _vllm_fa2_C.abi3.so of the fixture built for sm_90
+    (cached)."""
+    out = CACHE / "fixtures" / f"stock-sm90-{_tree_hash(DATA / 'vllm_like', DATA / 'fa_like')}"
+    if (out / "_vllm_fa2_C.abi3.so").exists():
         return out
     home = cuda_home()
     bindir = Path(sys.executable).parent
@@ -73,10 +97,12 @@ def stock_extensions() -> Path:
         src = Path(shutil.copytree(DATA / "vllm_like", Path(tmp) / "src"))
         env = {**os.environ, "TORCH_CUDA_ARCH_LIST": "9.0", "CUDA_HOME": str(home),
                "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc"), "MAX_JOBS": "2",
+               "VLLM_FLASH_ATTN_SRC_DIR": str(DATA / "fa_like"),
                "PATH": f"{home / 'bin'}:{bindir}:{os.environ['PATH']}"}
         subprocess.run([sys.executable, "-m", "sm121_build.build_extensions", "--source",
                         str(src), "--out", str(Path(tmp) / "out"), "--target", "_C",
-                        "--target", "_moe_C", "--cmake", str(bindir / "cmake")],
+                        "--target", "_moe_C", "--target", "_vllm_fa2_C",
+                        "--cmake", str(bindir / "cmake")],
                        check=True, env=env, stdout=subprocess.DEVNULL)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(Path(tmp) / "out", out, ignore=shutil.ignore_patterns("*.log"))
@@ -121,6 +147,8 @@ def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
             f"__version__ = version = {VERSION!r}\n__commit_id__ = commit_id = {commit!r}\n")
         for so in ("_C.abi3.so", "_moe_C.abi3.so"):
             shutil.copy2(sos / so, package / so)
+        (package / FA2).parent.mkdir()
+        shutil.copy2(sos / FA2.rsplit("/", 1)[-1], package / FA2)
         meta = ctx / "site-packages" / f"vllm-{VERSION}.dist-info"
         meta.mkdir()
         (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}\n")

@@ -348,3 +348,61 @@ def test_printed_dockerfile_names_a_base_both_builders_resolve(e2e: E2E, buildki
     by_id = e2e.run("dockerfile", "--base", e2e.client.images.get(e2e.stock.tag).id)
     assert by_id.returncode == 2
     assert "is an image ID and the image has no registry digest" in by_id.stderr
+
+
+FA2 = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
+
+
+@pytest.fixture(scope="module")
+def with_fa2(e2e: E2E) -> subprocess.CompletedProcess[str]:
+    return e2e.build(f"{PREFIX}:fa2", "--ext", "auto", "--out", str(e2e.work / "fa2-artifacts"),
+                     "--report", str(e2e.work / "fa2-report.json"))
+
+
+def test_ext_auto_rebuilds_flash_attention_natively(e2e: E2E, with_fa2: subprocess.
+                                                    CompletedProcess[str]) -> None:
+    """The stock FA2 is sm_80 cubins + PTX (JIT-only on sm_121); --ext auto picks it as
+    fixable, fetches the flash-attention commit the source pins (a local repository standing
+    in for GitHub), adds 12.0 to its guard, and the image gets native sm_120 cubins."""
+    assert with_fa2.returncode == 0, with_fa2.stderr
+    assert f"{FA2}: fixable" in with_fa2.stderr
+    assert "fa2-sm12x-native (vllm-flash-attn, CUDA_ARCHS 12.1): applied" in with_fa2.stderr
+    labels = e2e.client.images.get(f"{PREFIX}:fa2").labels
+    assert labels["io.github.sm121-build.extensions"] == ",".join((*INJECTED, FA2))
+    audit = json.loads(e2e.run("audit", "--json", "--include", "*/vllm_flash_attn/*.so",
+                               f"{PREFIX}:fa2").stdout)["binaries"]
+    stock = json.loads(e2e.run("audit", "--json", "--include", "*/vllm_flash_attn/*.so",
+                               e2e.stock.tag).stdout)["binaries"]
+    assert [(b["verdict"], b["cubins"], b["ptx"], b["rebuild"]["verdict"]) for b in stock] == [
+        ("jit", {"sm_80": 2}, {"sm_80": 2}, "fixable")]
+    assert [(b["verdict"], b["cubins"], b["kernel_counts"]) for b in audit] == [
+        ("native", {"sm_120": 2}, {"native": 2, "jit": 0, "none": 0})]
+    manifest = json.loads((e2e.work / "fa2-artifacts" / "manifest.json").read_text())
+    assert manifest["files"][FA2]["cubins"] == {"sm_120": 2}
+    assert (e2e.work / "fa2-artifacts" / FA2).is_file()
+    record = json.loads((e2e.work / "fa2-report.json").read_text())
+    fa_repo = e2e.stock.checkout.parent / f"{e2e.stock.checkout.name}-flash-attention"
+    head = subprocess.run(["git", "-C", str(fa_repo), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    assert record["external"]["vllm-flash-attn"] == {"commit": head,
+                                                     "repository": str(fa_repo)}
+
+
+def test_flash_attention_injection_changes_only_the_three_files(
+        e2e: E2E, with_fa2: subprocess.CompletedProcess[str]) -> None:
+    assert with_fa2.returncode == 0, with_fa2.stderr
+    before = _flat_files(e2e.client, e2e.stock.tag)
+    after = _flat_files(e2e.client, f"{PREFIX}:fa2")
+    changed = {path for path in before.keys() | after.keys()
+               if before.get(path) != after.get(path)}
+    package = e2e.stock.package_dir.lstrip("/")
+    assert changed == {f"{package}/{name}" for name in (*INJECTED, FA2)}
+
+
+def test_ext_without_an_sm12x_implementation_is_refused(e2e: E2E) -> None:
+    result = e2e.build(f"{PREFIX}:fa3", "--ext", "_vllm_fa3_C")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: _vllm_fa3_C (vllm-flash-attn) has no sm_12x implementation this tool can "
+        "build: no rule in patches/ extends its guard (rebuildable here: _vllm_fa2_C)")
+    assert not e2e.exists(f"{PREFIX}:fa3")

@@ -39,6 +39,9 @@ PLAN = BuildPlan(
         "bring": ("cmake",), "bring_from": "context"})),
     ("pip-tools.Dockerfile", BuildPlan(**{**PLAN.__dict__, "bring": ("cmake", "ninja"),
                                           "bring_from": "pip"})),
+    ("flash-attn.Dockerfile", BuildPlan(**{
+        **PLAN.__dict__, "extensions": (*PLAN.extensions, "vllm_flash_attn/_vllm_fa2_C.abi3.so"),
+        "external": (("VLLM_FLASH_ATTN_SRC_DIR", "vllm-flash-attn"),)})),
 ])
 def test_golden(name: str, plan: BuildPlan) -> None:
     text = render(plan).replace(__version__, "<VERSION>")
@@ -93,3 +96,14 @@ def test_inject_golden() -> None:
     _compare_golden(GOLDEN / "inject-artifacts.Dockerfile", text)
     assert [line for line in text.splitlines() if line.startswith(("FROM", "RUN"))] == [
         f"FROM {PLAN.base}"]  # one stage, nothing compiled
+
+
+def test_flash_attention_names_resolve_to_the_images_path() -> None:
+    image = ("_C.abi3.so", "_moe_C.abi3.so", "vllm_flash_attn/_vllm_fa2_C.abi3.so",
+             "vllm_flash_attn/_vllm_fa3_C.abi3.so")
+    fa2 = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
+    for name in ("_vllm_fa2_C", "_vllm_fa2_C.abi3.so"):
+        assert choose_extensions(image, (name,), None) == ("_C.abi3.so", "_moe_C.abi3.so", fa2)
+    # an image without it: the place vLLM installs it
+    assert choose_extensions(image[:2], ("_vllm_fa2_C",), None)[-1] == fa2
+    assert extension_target(fa2) == "_vllm_fa2_C"

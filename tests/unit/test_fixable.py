@@ -1,0 +1,69 @@
+"""The audit's rebuild verdict per .so, on real ELF files built by nvcc for the shapes real
+wheels have: FA2 (sm_80 cubins + PTX), FA3/FlashMLA (sm_90a / sm_100f only), _C partly
+native, a native build, and an unknown extension."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sm121_build.audit import BinaryReport, audit_binary
+from sm121_build.fixable import rebuild_verdict
+from sm121_build.verify import SM121
+from tests.helpers import DATA, compile_cached, gencode
+
+KERNELS = DATA / "kernels.cu"
+
+
+def _report(tmp_path: Path, name: str, *pairs: str) -> BinaryReport:
+    built = compile_cached(f"fixable-{'-'.join(p.split(':')[1] for p in pairs)}", KERNELS,
+                           gencode(*pairs))
+    path = tmp_path / name.rsplit("/", 1)[-1]
+    shutil.copy(built, path)
+    return audit_binary(path, name, SM121, with_kernels=True)
+
+
+@pytest.mark.parametrize("name, pairs, verdict, says", [
+    ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"),
+     "fixable", "rule fa2-sm12x-native builds _vllm_fa2_C natively (sm121-build --base IMAGE "
+     "--ext _vllm_fa2_C)"),
+    ("vllm_flash_attn/_vllm_fa3_C.abi3.so", ("compute_90a:sm_90a",),
+     "no sm_12x implementation", "its code is only for sm_90a (arch/family-specific "
+     "instructions): a rebuild cannot help"),
+    ("_flashmla_C.abi3.so", ("compute_90a:sm_90a", "compute_100f:sm_100f"),
+     "no sm_12x implementation", "only for sm_100f, sm_90a"),
+    ("_C.abi3.so", ("compute_90:sm_90",), "fixable", "the main job rebuilds _C"),
+    ("_custom_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"), "no rule",
+     "no rule here rebuilds _custom_C"),
+    ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_120:sm_120",), "native",
+     "every kernel is native on sm_121"),
+])
+def test_rebuild_verdicts(tmp_path: Path, name: str, pairs: tuple[str, ...], verdict: str,
+                          says: str) -> None:
+    found = rebuild_verdict(_report(tmp_path, name, *pairs), SM121.target)
+    assert found is not None
+    assert found.verdict == verdict
+    assert says in found.reason
+
+
+def test_partly_native_c_is_left_to_the_main_jobs_decision(tmp_path: Path) -> None:
+    a = compile_cached("tu_a", DATA / "two_tus" / "a.cu", gencode("compute_121:sm_121"),
+                       shared=False)
+    b = compile_cached("tu_b", DATA / "two_tus" / "b.cu", gencode("compute_90:sm_90"),
+                       shared=False)
+    import subprocess
+
+    from tests.helpers import nvcc
+
+    so = tmp_path / "_C.abi3.so"
+    subprocess.run([nvcc(), "-shared", "-o", str(so), str(a), str(b)], check=True)
+    found = rebuild_verdict(audit_binary(so, "_C.abi3.so", SM121, with_kernels=True),
+                            SM121.target)
+    assert found is not None and found.verdict == "partly native"
+
+
+def test_no_device_code_has_no_verdict(tmp_path: Path) -> None:
+    report = BinaryReport("x.so", 1, [], [], {"native": 0, "jit": 0, "none": 0}, {})
+    assert rebuild_verdict(report, SM121.target) is None

@@ -1,0 +1,113 @@
+"""The flash-attention rule (patches/fa2-sm12x-native.yaml) on the flash-attention-shaped
+fixture (tests/data/fa_like: the guard "8.0+PTX", its supported-arch list appended per CUDA
+version, the +PTX semantics of the real function), evaluated with real cmake -P."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sm121_build.compat import parse_target
+from sm121_build.errors import Sm121Error
+from sm121_build.guards import effective_archs, evaluate
+from sm121_build.patch import apply_all, load_rules
+from tests.helpers import DATA
+
+SM121 = parse_target("sm_121")
+
+
+def _fa(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(DATA / "fa_like", tmp_path / "fa"))
+
+
+@pytest.mark.parametrize("cuda", ["12.9", "13.0"])
+def test_fa2_gets_a_native_target_and_nothing_else_changes(tmp_path: Path, cuda: str) -> None:
+    source = _fa(tmp_path)
+    before = (source / "CMakeLists.txt").read_text()
+    assert effective_archs(source, "12.1", cuda) == "12.0"  # flash-attention's own narrowing
+    assert [(g.variable, g.targets) for g in evaluate(source, "12.1", cuda)] == [
+        ("FA2_ARCHS", ("8.0+PTX",)), ("FA3_ARCHS", ())]
+    (result,) = apply_all(source, "0.19.1", "12.1", cuda_version=cuda,
+                          project="vllm-flash-attn", gpu=SM121)
+    assert (result.name, result.outcome) == ("fa2-sm12x-native", "applied")
+    # {arch} (12.1) is tried first: "8.0+PTX;12.1" still gives 8.0+PTX for CUDA_ARCHS 12.0
+    assert [(w.new_list, w.result) for w in result.rewrites] == [("8.0+PTX;12.0", ("12.0",))]
+    after = (source / "CMakeLists.txt").read_text()
+    assert after == before.replace('(FA2_ARCHS "8.0+PTX"', '(FA2_ARCHS "8.0+PTX;12.0"')
+    (again,) = apply_all(source, "0.19.1", "12.1", cuda_version=cuda,
+                         project="vllm-flash-attn", gpu=SM121)
+    assert again.outcome == "not needed"
+    assert (source / "CMakeLists.txt").read_text() == after
+
+
+def test_a_build_without_sm12x_leaves_fa2_alone(tmp_path: Path) -> None:
+    source = _fa(tmp_path)
+    (result,) = apply_all(source, "0.19.1", "9.0", project="vllm-flash-attn", gpu=SM121)
+    assert result.outcome == "not applicable"
+    assert (source / "CMakeLists.txt").read_text() == (DATA / "fa_like" /
+                                                       "CMakeLists.txt").read_text()
+
+
+def test_a_guard_already_native_is_not_touched(tmp_path: Path) -> None:
+    source = _fa(tmp_path)
+    text = (source / "CMakeLists.txt").read_text().replace('"8.0+PTX"', '"8.0+PTX;12.0"')
+    (source / "CMakeLists.txt").write_text(text)
+    (result,) = apply_all(source, "0.19.1", "12.1", project="vllm-flash-attn", gpu=SM121)
+    assert result.outcome == "not needed"
+
+
+def test_vllm_rules_do_not_touch_flash_attention_and_back(tmp_path: Path) -> None:
+    source = _fa(tmp_path)
+    assert [r.name for r in apply_all(source, "0.19.1", "12.1", check=True)] == [
+        "fp4-sm12x-arch-specific"]
+    assert [r.project for r in load_rules()] == ["vllm-flash-attn", "vllm"]
+
+
+def _rules(tmp_path: Path, body: str) -> Path:
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "r.yaml").write_text("name: r\nfamily: '^FA2_ARCHS$'\nfiles: [CMakeLists.txt]\n"
+                                   + body)
+    return folder
+
+
+@pytest.mark.parametrize("body, message", [
+    ("add: ['12.0']\nrewrite: ['12.0a']\n", "give exactly one of"),
+    ("targets: [_x]\n", "give exactly one of"),
+    ("add: ['9.0']\n", "add form '9.0' is not 12.x entries"),
+    ("add: ['12.0']\nproject: flashinfer\n", "project 'flashinfer' is not one of"),
+    ("add: ['12.0']\ntargets: []\n", "targets must be a non-empty list"),
+])
+def test_a_malformed_add_rule_is_one_error(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(Sm121Error, match=f"patch rule .* is malformed: {message}"):
+        load_rules(_rules(tmp_path, body))
+
+
+def test_an_add_that_cannot_reach_the_gpu_is_an_error(tmp_path: Path) -> None:
+    (rule,) = load_rules(_rules(tmp_path, "add: ['{arch}']\nproject: vllm-flash-attn\n"))
+    from sm121_build.patch import apply_rule
+
+    with pytest.raises(Sm121Error, match=r"CMakeLists.txt:\d+: no form of rule r stops "
+                                         r"FA2_ARCHS giving sm_121 no native code "
+                                         r"\(tried 8.0\+PTX;12.1\)"):
+        apply_rule(rule, _fa(tmp_path), "0.19.1", "12.1", gpu=SM121)
+
+
+def test_patch_explain_lists_the_flash_attention_guard(tmp_path: Path) -> None:
+    from tests.helpers import cli
+
+    source = _fa(tmp_path)
+    result = cli("patch", "--explain", str(source))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == ("vllm-flash-attn (as vLLM builds it), CUDA_ARCHS=12.0 (narrowed by its "
+                        "CUDA 13.0 list from 12.1): what each guard gives nvcc")
+    assert '"8.0+PTX" -> 8.0+PTX, target added "8.0+PTX;12.0" -> 12.0' in lines[1]
+    assert lines[-1] == "fa2-sm12x-native: would apply (1 guard call(s) given a target in 1 " \
+        "file(s))"
+    assert (source / "CMakeLists.txt").read_text() == (DATA / "fa_like" /
+                                                       "CMakeLists.txt").read_text()
+    applied = cli("patch", str(source))
+    assert applied.returncode == 0 and "fa2-sm12x-native: applied" in applied.stdout
