@@ -19,13 +19,12 @@ from . import __version__, ledger, run_report
 from .audit import BinaryReport, audit_binary
 from .decide import decide
 from .engine import Engine
-from .errors import Sm121Error
-from .external import Project, bring, project_of_target, read_pin
+from .external import bring, projects_for, read_pin
 from .fixable import rebuild_verdict
 from .guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
 from .inject import Finish, finish, tag_result, verify_and_export
 from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
-from .patch import apply_all, fixable_targets, rules_digest
+from .patch import apply_all, rules_digest
 from .pin import check_checkout, fetch_source, version_to_ref
 from .refs import versioned_tag
 from .render import DEFAULT_EXTENSIONS, LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
@@ -109,7 +108,7 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                 extra = tuple(e for e in extra if e != "auto") + picked
         plan = plan_for(facts, opts.arch, extra, opts.jobs, context / "src", str(ref),
                         commit, buildkit=engine.buildkit_client() is not None)
-        projects = external_projects(plan, opts.fa_source)
+        projects = projects_for(plan.targets, opts.fa_source)
         provenance = commit + (f"+{changes}" if changes else "")
         if projects:
             with steps.step("external sources"):
@@ -222,27 +221,6 @@ def fixable_extensions(stock: dict[str, BinaryReport | None]) -> tuple[str, ...]
                  and not DEFAULT_EXTENSIONS.match(name)
                  and (verdict := rebuild_verdict(report, SM121.target)) is not None
                  and verdict.verdict == "fixable")
-
-
-def external_projects(plan: BuildPlan, fa_source: Path | None) -> list[Project]:
-    """The external projects whose extensions the plan builds; each must have a rule that
-    builds it for sm_12x (flash-attention 3 has none: sm_90a code)."""
-    found: list[Project] = []
-    fixable = fixable_targets()
-    for target in plan.targets:
-        project = project_of_target(target)
-        if project is None:
-            continue
-        if target not in fixable:
-            raise Sm121Error(f"{target} ({project.name}) has no sm_12x implementation this tool "
-                             f"can build: no rule in patches/ extends its guard (rebuildable "
-                             f"here: {', '.join(sorted(fixable)) or 'none'})")
-        if project not in found:
-            found.append(project)
-    if fa_source is not None and not any(p.name == "vllm-flash-attn" for p in found):
-        raise Sm121Error("--fa-source is given but no flash-attention extension is built "
-                         "(add --ext _vllm_fa2_C or --ext auto)")
-    return found
 
 
 def read_stock(engine: Engine, facts: ImageFacts,

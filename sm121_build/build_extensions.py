@@ -142,11 +142,13 @@ def external_projects(source: Path | None) -> tuple[str, ...]:
     return tuple(name for name in dict.fromkeys(found) if name not in NEEDS_REAL)
 
 
-def stand_ins(build: Path, names: Iterable[str]) -> dict[str, str]:
-    """Empty folders for the external projects named, unless their *_SRC_DIR is set."""
+def stand_ins(build: Path, names: Iterable[str],
+              defined: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Empty folders for the external projects named, unless their *_SRC_DIR is set (in the
+    environment, or as a CMake definition: `defined`)."""
     env = {}
     for name in names:
-        if not os.environ.get(name):
+        if not os.environ.get(name) and name not in defined:
             empty = build / "offline-empty" / name.lower()
             empty.mkdir(parents=True, exist_ok=True)
             # non-empty: FetchContent refuses an empty SOURCE_DIR unless fully disconnected
@@ -158,9 +160,10 @@ def stand_ins(build: Path, names: Iterable[str]) -> dict[str, str]:
     return env
 
 
-def offline_settings(build: Path, source: Path | None = None) -> tuple[dict[str, str], list[str]]:
+def offline_settings(build: Path, source: Path | None = None,
+                     defined: frozenset[str] = frozenset()) -> tuple[dict[str, str], list[str]]:
     """Nothing fetched: unset external projects become empty folders."""
-    env = stand_ins(build, external_projects(source))
+    env = stand_ins(build, external_projects(source), defined)
     if "QUTLASS_SRC_DIR" in env:
         print("sm121-build: --offline without QUTLASS_SRC_DIR: QuTLASS kernels are left out "
               "of _C (empty stand-in sources)", file=sys.stderr, flush=True)
@@ -214,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         configure += ["-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
                       "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     defines = list(args.define)
-    os.environ.update(stand_ins(build, args.stand_in))
+    defined = frozenset(d.split("=", 1)[0] for d in defines)
+    os.environ.update(stand_ins(build, args.stand_in, defined))
     if args.offline:
-        env, extra = offline_settings(build, args.source)
+        env, extra = offline_settings(build, args.source, defined)
         os.environ.update(env)
         defines = extra + defines
     if args.cutlass:

@@ -67,7 +67,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
             raise click.UsageError("--local builds --source into --out: name both")
         script_args = (["--offline"] if offline else []) + (
             ["--cutlass", str(cutlass)] if cutlass else [])
-        for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args)):
+        for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args),
+                              fa_source):
             click.echo(f"built {path}")
         return
     if not base:

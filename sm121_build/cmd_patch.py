@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from .compat import loads_natively
+from .external import tree_project
 from .guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
 from .inputs import arch_list
 from .patch import RuleResult, apply_all, breaks_ptxas, covered, read_source_version
-from .external import tree_project
 from .pin import require_vllm_tree
 from .verify import SM121
 

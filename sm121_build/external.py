@@ -11,6 +11,7 @@ builder as `VLLM_FLASH_ATTN_SRC_DIR`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -100,6 +101,29 @@ def read_pin(vllm_source: Path, project: Project) -> ProjectPin:
 def _ref(pin: ProjectPin) -> GitRef:
     return GitRef("commit" if re.fullmatch(r"[0-9a-f]{7,40}", pin.commit) else "tag",
                   pin.commit)
+
+
+def projects_for(targets: Iterable[str], fa_source: Path | None) -> list[Project]:
+    """The external projects whose extensions are built; each must have a rule that builds it
+    for sm_12x (flash-attention 3 has none: sm_90a code)."""
+    from .patch import fixable_targets
+
+    found: list[Project] = []
+    fixable = fixable_targets()
+    for target in targets:
+        project = project_of_target(target)
+        if project is None:
+            continue
+        if target not in fixable:
+            raise Sm121Error(f"{target} ({project.name}) has no sm_12x implementation this tool "
+                             f"can build: no rule in patches/ extends its guard (rebuildable "
+                             f"here: {', '.join(sorted(fixable)) or 'none'})")
+        if project not in found:
+            found.append(project)
+    if fa_source is not None and not any(p.name == "vllm-flash-attn" for p in found):
+        raise Sm121Error("--fa-source is given but no flash-attention extension is built "
+                         "(add --ext _vllm_fa2_C or --ext auto)")
+    return found
 
 
 def require_project_tree(path: Path, name: str) -> None:

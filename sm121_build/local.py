@@ -18,10 +18,13 @@ import click
 
 from . import build_extensions
 from .errors import Sm121Error
-from .guards import DEFAULT_CUDA, cmake_arch_list
+from .external import bring, projects_for, read_pin
+from .external import projects as all_projects
+from .guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
 from .inspect import cuda_h_version
 from .patch import apply_all, read_source_version
 from .render import DEFAULT_EXTENSIONS, extension_target, source_targets
+from .verify import SM121
 
 
 def host_cuda_version(home: Path) -> str:
@@ -47,7 +50,8 @@ def local_targets(source: Path, extra: tuple[str, ...]) -> list[str]:
 
 
 def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: int | None,
-              no_patch: bool, build_args: tuple[str, ...]) -> list[Path]:
+              no_patch: bool, build_args: tuple[str, ...],
+              fa_source: Path | None = None) -> list[Path]:
     version = read_source_version(source)
     if version is None:
         raise Sm121Error(f"cannot read the vLLM version of {source} (no vllm/_version.py)")
@@ -56,13 +60,27 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
     if not (home / "bin" / "nvcc").exists():
         raise Sm121Error(f"no nvcc under {home}: set CUDA_HOME to a CUDA 13 toolkit")
     targets = local_targets(source, extra)
+    projects = projects_for(targets, fa_source)
+    cuda = host_cuda_version(home)
     with tempfile.TemporaryDirectory(prefix="sm121-local-") as tmp:
         copy = Path(tmp) / "src"
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns(".git", "build*"))
         if not no_patch:
-            for result in apply_all(copy, version, archs,
-                                    cuda_version=host_cuda_version(home)):
+            for result in apply_all(copy, version, archs, cuda_version=cuda):
                 click.echo(f"    {result.name}: {result.outcome} ({result.detail})", err=True)
+        sources: list[str] = []
+        for project in projects:  # flash-attention at the commit the source pins, its rule
+            got = bring(read_pin(copy, project), fa_source)
+            tree = Path(shutil.copytree(got.path, Path(tmp) / project.name,
+                                        ignore=shutil.ignore_patterns(".git")))
+            click.echo(f"    {project.name} {got.commit[:12]}: {got.path}", err=True)
+            if not no_patch:
+                handed = effective_archs(copy, archs, cuda)
+                for result in apply_all(tree, version, handed, cuda_version=cuda,
+                                        project=project.name, gpu=SM121.target):
+                    click.echo(f"    {result.name} ({project.name}, CUDA_ARCHS {handed}): "
+                               f"{result.outcome} ({result.detail})", err=True)
+            sources += ["--define", f"{project.env}={tree}"]
         os.environ.update({"TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
                            "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")})
         if jobs:
@@ -70,6 +88,8 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
         argv = ["--source", str(copy), "--out", str(out), "--build-dir", str(Path(tmp) / "b")]
         for target in targets:
             argv += ["--target", target]
+        argv += sources
+        argv += [a for p in all_projects() if p not in projects for a in ("--stand-in", p.env)]
         cmake = Path(sys.executable).parent / "cmake"
         if cmake.exists():
             argv += ["--cmake", str(cmake)]

@@ -27,6 +27,7 @@ def _build(source: Path, out: Path, arch: str) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [sys.executable, "-m", "sm121_build.build_extensions", "--source", str(source),
          "--out", str(out), "--target", "_C", "--target", "_moe_C",
+         "--stand-in", "VLLM_FLASH_ATTN_SRC_DIR",  # not built here: nothing fetched
          "--cmake", str(bindir / "cmake") if (bindir / "cmake").exists() else "cmake"],
         capture_output=True, text=True, env=env, check=False)
 
@@ -95,3 +96,29 @@ def test_cli_local_patches_a_copy_and_builds(source: Path, tmp_path: Path) -> No
         capture_output=True, text=True, env=env, check=False)
     assert missing.returncode == 2
     assert "--local builds --source into --out" in missing.stderr
+
+
+def test_cli_local_builds_flash_attention_from_the_pinned_commit(tmp_path: Path) -> None:
+    """--ext _vllm_fa2_C: flash-attention fetched at the commit the checkout pins (a local
+    repository stands in for GitHub), its guard given a native target, built next to _C."""
+    from tests.stockimage import fixture_checkout
+
+    checkout, _ = fixture_checkout(tmp_path / "vllm")
+    home = cuda_home()
+    env = {**os.environ, "CUDA_HOME": str(home), "MAX_JOBS": "2",
+           "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "PATH": f"{home / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(checkout),
+         "--out", str(tmp_path / "out"), "--ext", "_vllm_fa2_C"],
+        capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "fa2-sm12x-native (vllm-flash-attn, CUDA_ARCHS 12.1): applied" in result.stderr
+    fa2 = tmp_path / "out" / "_vllm_fa2_C.abi3.so"
+    assert set(_kernels(fa2).values()) == {"native"}
+    fa3 = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(checkout),
+         "--out", str(tmp_path / "out3"), "--ext", "_vllm_fa3_C"],
+        capture_output=True, text=True, env=env, check=False)
+    assert fa3.returncode == 2
+    assert "_vllm_fa3_C (vllm-flash-attn) has no sm_12x implementation" in fa3.stderr

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from sm121_build.errors import Sm121Error
-from sm121_build.external import (bring, declared_targets, project_named, read_pin,
-                                  tree_project)
+from sm121_build.external import bring, declared_targets, project_named, read_pin, tree_project
 from tests.helpers import DATA
 from tests.stockimage import FA_CMAKE, fa_repository, fixture_checkout
 
@@ -66,7 +65,7 @@ def test_a_declaration_it_cannot_use_is_one_error(tmp_path: Path, text: str,
 
 def test_no_declaration_means_the_source_does_not_build_it(tmp_path: Path) -> None:
     assert FA is not None
-    with pytest.raises(Sm121Error, match="has no cmake/external_projects/vllm_flash_attn.cmake"):
+    with pytest.raises(Sm121Error, match=r"has no cmake/external_projects/vllm_flash_attn\.cmake"):
         read_pin(tmp_path, FA)
 
 
