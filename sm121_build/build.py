@@ -22,8 +22,8 @@ from .engine import Engine
 from .external import bring, projects_for, read_pin
 from .fixable import rebuild_verdict
 from .guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
+from .image_facts import ImageFacts, cache_dir, inspect_image, require_vllm
 from .inject import Finish, finish, tag_result, verify_and_export
-from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
 from .patch import apply_all, rules_digest
 from .pin import check_checkout, fetch_source, version_to_ref
 from .refs import versioned_tag

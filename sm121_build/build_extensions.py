@@ -51,13 +51,17 @@ CAUSES = (
 NVCC_FILE = re.compile(r'errors? detected in the compilation of "([^"]+)"')
 
 
-def _run(args: list[str], log: Path) -> int:
+class ScriptError(Exception):
+    """A build input this script cannot use; main() prints it and returns 1."""
+
+
+def _run(args: list[str], log: Path, env: dict[str, str]) -> int:
     """Run one step, streaming its output and appending it to the log."""
     print("+ " + " ".join(args), flush=True)
     with open(log, "a", encoding="utf-8") as out:
         out.write("+ " + " ".join(args) + "\n")
         process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, errors="replace")
+                                   text=True, errors="replace", env=env)
         assert process.stdout is not None
         for line in process.stdout:
             out.write(line)
@@ -90,17 +94,18 @@ def _explain_failure(log: Path) -> str:
     return "the build failed; see the log above"
 
 
-def missing_tools(cmake: str) -> list[str]:
+def missing_tools(cmake: str, path: str | None = None) -> list[str]:
     """Build tools this environment lacks (each with how the recipe gets it)."""
     missing = []
-    if not shutil.which(cmake):
+    if not shutil.which(cmake, path=path):
         missing.append(f"{cmake} (pip install cmake)")
-    if not shutil.which("ninja"):
+    if not shutil.which("ninja", path=path):
         missing.append("ninja (pip install ninja)")
     return missing
 
 
-def cutlass_settings(path: Path, unpack_to: Path) -> tuple[dict[str, str], list[str]]:
+def cutlass_settings(path: Path, unpack_to: Path,
+                     python_path: str | None = None) -> tuple[dict[str, str], list[str]]:
     """(environment, CMake definitions) that make vLLM use a local CUTLASS.
 
     Takes a CUTLASS source tree, or PyPI's `nvidia-cutlass` wheel (file or unpacked), which
@@ -117,10 +122,10 @@ def cutlass_settings(path: Path, unpack_to: Path) -> tuple[dict[str, str], list[
         return {"VLLM_CUTLASS_SRC_DIR": str(path)}, []
     source = path / "cutlass_library" / "source"
     if not (source / CUTLASS_HEADER).exists():
-        raise SystemExit(f"sm121-build: {path} is neither a CUTLASS checkout nor an "
-                         "nvidia-cutlass wheel (no include/cutlass/cutlass.h)")
-    python_path = os.pathsep.join(p for p in (str(path), os.environ.get("PYTHONPATH")) if p)
-    return ({"VLLM_CUTLASS_SRC_DIR": str(source), "PYTHONPATH": python_path},
+        raise ScriptError(f"{path} is neither a CUTLASS checkout nor an nvidia-cutlass wheel "
+                          "(no include/cutlass/cutlass.h)")
+    joined = os.pathsep.join(p for p in (str(path), python_path) if p)
+    return ({"VLLM_CUTLASS_SRC_DIR": str(source), "PYTHONPATH": joined},
             [f"CUTLASS_DIR={source}", f"CUTLASS_INCLUDE_DIR={source / 'include'}",
              f"CUTLASS_TOOLS_UTIL_INCLUDE_DIR={source / 'tools' / 'util' / 'include'}"])
 
@@ -142,13 +147,14 @@ def external_projects(source: Path | None) -> tuple[str, ...]:
     return tuple(name for name in dict.fromkeys(found) if name not in NEEDS_REAL)
 
 
-def stand_ins(build: Path, names: Iterable[str],
-              defined: frozenset[str] = frozenset()) -> dict[str, str]:
+def stand_ins(build: Path, names: Iterable[str], defined: frozenset[str] = frozenset(),
+              environ: dict[str, str] | None = None) -> dict[str, str]:
     """Empty folders for the external projects named, unless their *_SRC_DIR is set (in the
     environment, or as a CMake definition: `defined`)."""
+    environ = dict(os.environ) if environ is None else environ
     env = {}
     for name in names:
-        if not os.environ.get(name) and name not in defined:
+        if not environ.get(name) and name not in defined:
             empty = build / "offline-empty" / name.lower()
             empty.mkdir(parents=True, exist_ok=True)
             # non-empty: FetchContent refuses an empty SOURCE_DIR unless fully disconnected
@@ -161,16 +167,28 @@ def stand_ins(build: Path, names: Iterable[str],
 
 
 def offline_settings(build: Path, source: Path | None = None,
-                     defined: frozenset[str] = frozenset()) -> tuple[dict[str, str], list[str]]:
+                     defined: frozenset[str] = frozenset(),
+                     environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """Nothing fetched: unset external projects become empty folders."""
-    env = stand_ins(build, external_projects(source), defined)
+    env = stand_ins(build, external_projects(source), defined, environ)
     if "QUTLASS_SRC_DIR" in env:
         print("sm121-build: --offline without QUTLASS_SRC_DIR: QuTLASS kernels are left out "
               "of _C (empty stand-in sources)", file=sys.stderr, flush=True)
     return env, ["FETCHCONTENT_FULLY_DISCONNECTED=ON"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
+    """The build; `environ` (default: this process's) is read, never changed: the compile
+    steps get a copy with the script's additions."""
+    env = dict(os.environ if environ is None else environ)
+    try:
+        return _main(argv, env)
+    except ScriptError as exc:
+        print(f"sm121-build: build failed: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _main(argv: list[str] | None, env: dict[str, str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -190,13 +208,13 @@ def main(argv: list[str] | None = None) -> int:
                         "point it at an empty folder instead of fetching it at configure")
     parser.add_argument("--configure-only", action="store_true",
                         help="Stop after CMake configure (then e.g. `ninja -C BUILD <object>`)")
-    parser.add_argument("--cmake", default=os.environ.get("CMAKE", "cmake"))
-    parser.add_argument("--jobs", type=int, default=int(os.environ.get("MAX_JOBS", "0") or 0))
+    parser.add_argument("--cmake", default=env.get("CMAKE", "cmake"))
+    parser.add_argument("--jobs", type=int, default=int(env.get("MAX_JOBS", "0") or 0))
     args = parser.parse_args(argv)
     if not args.targets and not args.configure_only:
         parser.error("name at least one --target (e.g. --target _C --target _moe_C)")
 
-    missing = missing_tools(args.cmake)
+    missing = missing_tools(args.cmake, env.get("PATH"))
     if missing:
         print(f"sm121-build: build failed: not found on PATH: {', '.join(missing)}",
               file=sys.stderr, flush=True)
@@ -211,25 +229,26 @@ def main(argv: list[str] | None = None) -> int:
     configure = [args.cmake, "-G", "Ninja", "-S", str(args.source), "-B", str(build),
                  "-DCMAKE_BUILD_TYPE=Release", "-DVLLM_TARGET_DEVICE=cuda",
                  f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}"]
-    if os.environ.get("CMAKE_CUDA_COMPILER"):
-        configure.append(f"-DCMAKE_CUDA_COMPILER={os.environ['CMAKE_CUDA_COMPILER']}")
-    if shutil.which("ccache"):
+    if env.get("CMAKE_CUDA_COMPILER"):
+        configure.append(f"-DCMAKE_CUDA_COMPILER={env['CMAKE_CUDA_COMPILER']}")
+    if shutil.which("ccache", path=env.get("PATH")):
         configure += ["-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache",
                       "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     defines = list(args.define)
     defined = frozenset(d.split("=", 1)[0] for d in defines)
-    os.environ.update(stand_ins(build, args.stand_in, defined))
+    env.update(stand_ins(build, args.stand_in, defined, env))
     if args.offline:
-        env, extra = offline_settings(build, args.source, defined)
-        os.environ.update(env)
+        added, extra = offline_settings(build, args.source, defined, env)
+        env.update(added)
         defines = extra + defines
     if args.cutlass:
-        env, extra = cutlass_settings(args.cutlass.resolve(), build / "cutlass")
-        os.environ.update(env)
+        added, extra = cutlass_settings(args.cutlass.resolve(), build / "cutlass",
+                                        env.get("PYTHONPATH"))
+        env.update(added)
         defines = extra + defines
     configure += [f"-D{item}" for item in defines]
     started = time.monotonic()
-    if _run(configure, log) != 0:
+    if _run(configure, log, env) != 0:
         print(f"sm121-build: cmake configure failed: {_explain_failure(log)}", file=sys.stderr)
         return 1
     if args.configure_only:
@@ -240,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_step += ["--target", target]
     if args.jobs:
         compile_step += ["-j", str(args.jobs)]
-    if _run(compile_step, log) != 0:
+    if _run(compile_step, log, env) != 0:
         print(f"sm121-build: build failed: {_explain_failure(log)}", file=sys.stderr)
         return 1
     copied = []

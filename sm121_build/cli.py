@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import Sm121Error
+from .errors import INTERRUPTED, Sm121Error
+from .steps import report_error
 
 
 class _Group(click.Group):
@@ -25,16 +26,16 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except Sm121Error as exc:
-            click.echo(f"error: {exc}", err=True)
+            report_error(str(exc))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted: temporary files and containers were removed", err=True)
-            sys.exit(130)
+            sys.exit(INTERRUPTED)
         except OSError as exc:
             # the file system said no (permissions, a full disk, a loop of links): one line
             where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
-            sys.exit(2)
+            report_error(f"{where}{exc.strerror or exc}")
+            sys.exit(Sm121Error.exit_code)
 
 
 @click.group(cls=_Group)
@@ -77,12 +78,12 @@ def main() -> None:
         # click would print usage and a hint over several lines: one `error:` line instead
         where = exc.ctx.command_path if exc.ctx else "sm121-build"
         message = " ".join(exc.format_message().split())
-        click.echo(f"error: {message} (see {where} --help)", err=True)
+        report_error(f"{message} (see {where} --help)")
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        report_error(" ".join(exc.format_message().split()))
         sys.exit(exc.exit_code)
     except click.Abort:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)

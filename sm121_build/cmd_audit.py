@@ -10,9 +10,9 @@ import click
 
 from . import report
 from .audit import BinaryReport, Policy, audit_binary, host_only_report
+from .audit_inputs import binaries
 from .compat import parse_cuda_version, parse_target
-from .errors import CorruptBinaryError, Sm121Error
-from .sources import binaries
+from .errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 
 
 def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[str, ...] = (),
@@ -82,14 +82,12 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
         raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} ELF file(s) in "
                          f"{target} could not be read (listed above)")
     if require and not reports:
-        click.echo(f"error: --require {require}: no ELF file found in {target}"
-                   f"{' matching ' + ', '.join(include) if include else ''}: nothing was checked",
-                   err=True)
-        sys.exit(1)
+        raise RequirementNotMet(
+            f"--require {require}: no ELF file found in {target}"
+            f"{' matching ' + ', '.join(include) if include else ''}: nothing was checked")
     if require:
         floor = {"native": ("native",), "jit": ("native", "jit")}[require]
         bad = sum(1 for r in reports for v in (r.kernels or {}).values() if v not in floor)
         if bad:
-            click.echo(f"error: {bad} kernel(s) would not load as {require} on {policy.target}",
-                       err=True)
-            sys.exit(1)
+            raise RequirementNotMet(
+                f"{bad} kernel(s) would not load as {require} on {policy.target}")

@@ -8,8 +8,8 @@ import click
 
 from .engine import Engine
 from .errors import Sm121Error
+from .image_facts import inspect_image, require_vllm
 from .inputs import JOBS, arch_list, extension_names
-from .inspect import inspect_image, require_vllm
 from .pin import version_to_ref
 from .refs import IMAGE_ID
 from .render import plan_for, render

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .engine import Engine
-from .inspect import inspect_image, require_vllm
+from .image_facts import inspect_image, require_vllm
 from .pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
 
 

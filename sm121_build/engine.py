@@ -36,7 +36,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .errors import Sm121Error
+from .errors import BuildFailed, EngineUnavailable, Sm121Error
 from .refs import split_ref, validate_image_ref
 from .spill import write_stream
 
@@ -82,7 +82,7 @@ class Engine:
             client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-            raise Sm121Error(
+            raise EngineUnavailable(
                 f"cannot reach the Docker engine at {host}: start it (e.g. `dockerd &` or "
                 f"`systemctl start docker`) or set DOCKER_HOST ({type(exc).__name__})") from None
         return cls(client)
@@ -133,7 +133,7 @@ class Engine:
             raise Sm121Error(f"cannot pull {ref}: "
                              f"{exc.explanation or exc}") from None
         except requests.exceptions.RequestException as exc:
-            raise Sm121Error(f"cannot pull {ref}: engine connection lost ({exc})") from None
+            raise EngineUnavailable(f"cannot pull {ref}: engine connection lost ({exc})") from None
         return self.image(ref).id
 
     def image_id(self, ref: str) -> str | None:
@@ -349,7 +349,7 @@ class ImageReader(PathLookups):
         try:
             response = self.api.head(self._url(), params={"path": path})
         except requests.exceptions.RequestException as exc:
-            raise Sm121Error(f"engine connection lost while reading {path}: {exc}") from None
+            raise EngineUnavailable(f"engine connection lost while reading {path}: {exc}") from None
         if response.status_code == 404:
             return None
         if response.status_code != 200:
@@ -368,7 +368,7 @@ class ImageReader(PathLookups):
             response = self.api._get(self._url(), params={"path": path}, stream=True,
                                      headers={"Accept-Encoding": "identity"})
         except requests.exceptions.RequestException as exc:
-            raise Sm121Error(f"engine connection lost while reading {path}: {exc}") from None
+            raise EngineUnavailable(f"engine connection lost while reading {path}: {exc}") from None
         try:
             if response.status_code == 404:
                 raise FileNotFoundError(path)
@@ -379,7 +379,7 @@ class ImageReader(PathLookups):
             with tarfile.open(fileobj=stream, mode="r|") as archive:
                 yield archive
         except (tarfile.TarError, requests.exceptions.RequestException) as exc:
-            raise Sm121Error(f"engine stream of {path} broke off: {exc}") from None
+            raise EngineUnavailable(f"engine stream of {path} broke off: {exc}") from None
         finally:
             response.close()
 
@@ -435,10 +435,6 @@ def _stream_to(log: Path, line: str, status: Callable[[str], None] | None) -> No
         out.write(line if line.endswith("\n") else line + "\n")
     if status and line.strip():
         status(line.strip())
-
-
-class BuildFailed(Sm121Error):
-    """The image build failed; the log file says why."""
 
 
 _DIAGNOSIS = re.compile(r"sm121-build: (.*(?:failed|produced no).*)$")

@@ -1,6 +1,19 @@
-"""The one exception type the CLI turns into a one-line error and a non-zero exit."""
+"""The exception types the CLI turns into one `error: …` line and an exit code per class.
+
+| exit | class                 | when                                                         |
+|------|-----------------------|--------------------------------------------------------------|
+| 1    | RequirementNotMet     | `audit --require` found kernels below the floor, or nothing  |
+| 2    | Sm121Error            | bad input: a reference, tag, path, arch, name, file, source  |
+| 3    | VerificationError     | a built image failed verification (nothing was tagged)       |
+| 4    | EngineUnavailable     | the Docker engine cannot be reached or lost the connection   |
+| 5    | BuildFailed           | the compile (docker build or --local) failed                 |
+| 6    | PatchDrift            | a guard rule cannot be applied to this source                |
+| 130  | (KeyboardInterrupt)   | Ctrl-C / SIGTERM: temporary files and containers removed     |
+"""
 
 from __future__ import annotations
+
+INTERRUPTED = 130
 
 
 class Sm121Error(Exception):
@@ -16,7 +29,36 @@ class CorruptBinaryError(Sm121Error):
     """An ELF or fatbin that cannot be read as such."""
 
 
+class RequirementNotMet(Sm121Error):
+    """`audit --require`: a kernel would not load as required (a check result, like grep's)."""
+
+    exit_code = 1
+
+
 class VerificationError(Sm121Error):
     """A built image failed a verification check."""
 
     exit_code = 3
+
+
+class EngineUnavailable(Sm121Error):
+    """The Docker engine is not reachable."""
+
+    exit_code = 4
+
+
+class BuildFailed(Sm121Error):
+    """The compile failed; the log file says why."""
+
+    exit_code = 5
+
+
+class PatchDrift(Sm121Error):
+    """A guard rule cannot be applied: the source moved past what the rule understands."""
+
+    exit_code = 6
+
+
+EXIT_CODES: dict[str, int] = {cls.__name__: cls.exit_code for cls in (
+    RequirementNotMet, Sm121Error, VerificationError, EngineUnavailable, BuildFailed,
+    PatchDrift)}

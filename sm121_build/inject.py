@@ -20,7 +20,7 @@ from . import artifacts as artifacts_mod
 from . import ledger, run_report
 from .engine import Engine, build_image
 from .errors import Sm121Error
-from .inspect import ImageFacts, cache_dir, inspect_image, require_vllm
+from .image_facts import ImageFacts, cache_dir, inspect_image, require_vllm
 from .render import BuildPlan, provenance_labels, render_inject
 from .steps import Steps, status_line
 from .verify import Verified, verify_image

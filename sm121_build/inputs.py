@@ -87,7 +87,7 @@ def require_writable(path: Path | None, option: str, *, directory: bool = False)
 
 def require_outputs(out: Path | None, report: Path | None, summary_md: Path | None) -> None:
     """--out, --report, --summary-md and the cache dir, checked before any work."""
-    from .inspect import cache_dir
+    from .image_facts import cache_dir
 
     require_writable(out, "--out", directory=True)
     require_writable(report, "--report")

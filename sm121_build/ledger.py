@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .inspect import cache_dir, store_cache
+from .image_facts import cache_dir, store_cache
 
 FORMAT = 1
 

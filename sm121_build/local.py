@@ -17,11 +17,11 @@ from pathlib import Path
 import click
 
 from . import build_extensions
-from .errors import Sm121Error
+from .errors import BuildFailed, Sm121Error
 from .external import bring, projects_for, read_pin
 from .external import projects as all_projects
 from .guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
-from .inspect import cuda_h_version
+from .image_facts import cuda_h_version
 from .patch import apply_all, read_source_version
 from .render import DEFAULT_EXTENSIONS, extension_target, source_targets
 from .verify import SM121
@@ -81,10 +81,10 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
                     click.echo(f"    {result.name} ({project.name}, CUDA_ARCHS {handed}): "
                                f"{result.outcome} ({result.detail})", err=True)
             sources += ["--define", f"{project.env}={tree}"]
-        os.environ.update({"TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
-                           "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")})
+        environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
+                   "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")}
         if jobs:
-            os.environ["MAX_JOBS"] = str(jobs)
+            environ["MAX_JOBS"] = str(jobs)
         argv = ["--source", str(copy), "--out", str(out), "--build-dir", str(Path(tmp) / "b")]
         for target in targets:
             argv += ["--target", target]
@@ -93,6 +93,6 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
         cmake = Path(sys.executable).parent / "cmake"
         if cmake.exists():
             argv += ["--cmake", str(cmake)]
-        if build_extensions.main([*argv, *build_args]) != 0:
-            raise Sm121Error(f"local build failed; full log: {out / 'build.log'}")
+        if build_extensions.main([*argv, *build_args], environ) != 0:
+            raise BuildFailed(f"local build failed; full log: {out / 'build.log'}")
     return sorted(out.glob("*.so"))

@@ -28,7 +28,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .compat import Target, loads_natively, parse_target
-from .errors import Sm121Error
+from .errors import PatchDrift, Sm121Error
 from .guards import (
     DEFAULT_CUDA,
     SM12X_ENTRY,
@@ -38,7 +38,7 @@ from .guards import (
     intersect,
     scan_files,
 )
-from .inspect import read_version_file
+from .image_facts import read_version_file
 from .shipped import shipped_dir
 
 Outcome = Literal["applied", "not needed", "not applicable"]
@@ -284,7 +284,7 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     unreadable = [g for g in mine if g.result is None and g.call.may_give_sm12x]
     if unreadable:
         g = unreadable[0]
-        raise Sm121Error(f"{g.location}: cannot evaluate {g.variable} ({g.call.unresolved}); "
+        raise PatchDrift(f"{g.location}: cannot evaluate {g.variable} ({g.call.unresolved}); "
                          f"rule {rule.name} covers it, so not building blind")
     gpu = gpu or target_gpu(archs)
     if rule.action == "add":
@@ -299,7 +299,7 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
         if guard.call.list_arg is None:
             gives = f"plain {';'.join(guard.plain_sm12x)}" if rule.action == "rewrite" \
                 else ";".join(guard.targets) or "nothing"
-            raise Sm121Error(f"{guard.location}: {guard.variable} gives {gives} through "
+            raise PatchDrift(f"{guard.location}: {guard.variable} gives {gives} through "
                              f"{guard.call.function}, whose list is inside that function: "
                              f"rule {rule.name} cannot {rule.action} "
                              f"{'it' if rule.action == 'rewrite' else 'to it'}")
@@ -360,14 +360,14 @@ def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: st
         if not rule.needs(Guard(guard.call, got), gpu):
             return Rewrite(guard, new_list, got)
     giving = _need_text(rule, gpu).replace("gives", "giving", 1)
-    raise Sm121Error(f"{guard.location}: no form of rule {rule.name} stops {guard.variable} "
+    raise PatchDrift(f"{guard.location}: no form of rule {rule.name} stops {guard.variable} "
                      f"{giving} (tried {', '.join(lists)})")
 
 
 def _check_after(rule: Rule, result: RuleResult, version: str, gpu: Target) -> None:
     still = [g for g in result.after if rule.covers(g) and g.taken and rule.needs(g, gpu)]
     if still:
-        raise Sm121Error(
+        raise PatchDrift(
             f"rule {rule.name} leaves {still[0].location} {still[0].variable} yielding "
             f"{';'.join(still[0].targets) or 'nothing'} for {version}")
     others = [(g.file, g.variable, g.arch_list, g.result) for g in result.before
@@ -375,7 +375,7 @@ def _check_after(rule: Rule, result: RuleResult, version: str, gpu: Target) -> N
     kept = [(g.file, g.variable, g.arch_list, g.result) for g in result.after
             if not rule.covers(g)]
     if others != kept:
-        raise Sm121Error(f"rule {rule.name} would change guards outside its family; not applied")
+        raise PatchDrift(f"rule {rule.name} would change guards outside its family; not applied")
 
 
 def _apply_exceptions(rule: Rule, source: Path, version: str, parsed: Version,
@@ -384,11 +384,11 @@ def _apply_exceptions(rule: Rule, source: Path, version: str, parsed: Version,
         if patch.file not in texts:
             if patch.if_exists:
                 continue
-            raise Sm121Error(f"patch drift: {patch.file} missing in vLLM {version} source")
+            raise PatchDrift(f"patch drift: {patch.file} missing in vLLM {version} source")
         found = len(patch.find_re.findall(texts[patch.file]))
         if found not in patch.counts:
             expected = " or ".join(str(c) for c in patch.counts)
-            raise Sm121Error(
+            raise PatchDrift(
                 f"patch drift in {patch.file} for vLLM {version}: expected {expected} "
                 f"match(es) of {patch.find!r}, found {found}; not building unpatched")
         texts[patch.file] = patch.find_re.sub(patch.replace.replace("\\", "\\\\"),

@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from .errors import Sm121Error
-from .inspect import cache_dir
+from .image_facts import cache_dir
 
 UPSTREAM = "https://github.com/vllm-project/vllm.git"
 _HASH = re.compile(r"^g?([0-9a-f]{7,40})$")

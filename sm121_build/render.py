@@ -13,7 +13,7 @@ from string import Template
 from . import __version__
 from .errors import Sm121Error
 from .external import declared_targets, project_of_target, projects
-from .inspect import ImageFacts, require_vllm
+from .image_facts import ImageFacts, require_vllm
 from .patch import rules_digest
 from .shipped import shipped_dir
 from .toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable

@@ -16,7 +16,7 @@ from typing import Any
 
 from .audit import BinaryReport
 from .errors import Sm121Error
-from .inspect import cache_dir
+from .image_facts import cache_dir
 
 FORMAT = 1
 STATUS_WORDS = {

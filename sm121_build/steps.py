@@ -12,21 +12,38 @@ from contextlib import contextmanager
 import click
 
 
+def on_github_actions() -> bool:
+    return os.environ.get("GITHUB_ACTIONS") == "true"
+
+
 class Steps:
     def __init__(self) -> None:
-        self.actions = os.environ.get("GITHUB_ACTIONS") == "true"
+        self.actions = on_github_actions()
 
     @contextmanager
     def step(self, title: str) -> Iterator[None]:
+        """`==> title`, then `✓ title (1.2s)` or `✕ title (1.2s)` when it raised."""
         start = time.monotonic()
         click.echo(f"::group::{title}" if self.actions else f"==> {title}", err=True)
+        mark = "✕"
         try:
             yield
+            mark = "✓"
         finally:
             end_status_line()
             if self.actions:
                 click.echo("::endgroup::", err=True)
-            click.echo(f"    {title}: {time.monotonic() - start:.1f}s", err=True)
+            click.echo(f"    {mark} {title} ({time.monotonic() - start:.1f}s)", err=True)
+
+
+def report_error(message: str) -> None:
+    """The one way a failure is printed: `error: …` on stderr; on GitHub Actions also an
+    `::error::` annotation (stdout, where the runner reads workflow commands)."""
+    end_status_line()
+    click.echo(f"error: {message}", err=True)
+    if on_github_actions():
+        text = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        click.echo(f"::error title=sm121-build::{text}")
 
 
 _live = {"shown": False}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from .errors import Sm121Error
 
 if TYPE_CHECKING:
-    from .inspect import ImageFiles
+    from .image_facts import ImageFiles
 
 MIN_CMAKE = (3, 26)
 CXX_NAMES = ("c++", "g++")

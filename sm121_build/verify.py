@@ -27,7 +27,7 @@ from .audit import BinaryReport, Policy, audit_binary
 from .compat import parse_target
 from .errors import VerificationError
 from .fatbin import HostBinary, dynamic_symbols
-from .inspect import (
+from .image_facts import (
     ImageFacts,
     ImageFiles,
     VllmInstall,

@@ -50,6 +50,6 @@ def test_image_not_found_is_one_line() -> None:
 
 def test_engine_not_running_is_one_line() -> None:
     result = cli("audit", "some/image:tag", env={"DOCKER_HOST": "unix:///nonexistent.sock"})
-    assert result.returncode == 2
+    assert result.returncode == 4  # EngineUnavailable
     assert result.stderr.startswith("error: cannot reach the Docker engine at unix:///nonexist")
     assert len(result.stderr.strip().splitlines()) == 1

@@ -12,9 +12,9 @@ from tests.helpers import cli
 from tests.imagetar import docker_save
 
 
-def _one_line(result: object) -> str:
+def _one_line(result: object, code: int = 2) -> str:
     stderr: str = result.stderr  # type: ignore[attr-defined]
-    assert result.returncode == 2, stderr  # type: ignore[attr-defined]
+    assert result.returncode == code, stderr  # type: ignore[attr-defined]
     lines = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
     return lines[0]
@@ -37,7 +37,7 @@ def test_bad_arch() -> None:
 
 def test_engine_not_running() -> None:
     line = _one_line(cli("--base", "vllm/vllm-openai:cu130-nightly",
-                         env={"DOCKER_HOST": "unix:///nonexistent.sock"}))
+                         env={"DOCKER_HOST": "unix:///nonexistent.sock"}), 4)
     assert "cannot reach the Docker engine" in line
 
 

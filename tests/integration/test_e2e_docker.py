@@ -103,7 +103,7 @@ def _flat_files(client: docker.DockerClient, image: str) -> dict[str, tuple[str,
 
 def test_unpatched_build_fails_with_ptxas_message_and_tags_nothing(e2e: E2E) -> None:
     result = e2e.build(f"{PREFIX}:unpatched", "--no-patch")
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 5, result.stderr  # BuildFailed
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: docker build failed: build failed: ptxas rejected an FP4 "
                             "instruction for the plain target sm_121")
@@ -406,3 +406,14 @@ def test_ext_without_an_sm12x_implementation_is_refused(e2e: E2E) -> None:
         "error: _vllm_fa3_C (vllm-flash-attn) has no sm_12x implementation this tool can "
         "build: no rule in patches/ extends its guard (rebuildable here: _vllm_fa2_C)")
     assert not e2e.exists(f"{PREFIX}:fa3")
+
+
+def test_flash_attention_artifacts_inject_to_the_same_image(
+        e2e: E2E, with_fa2: subprocess.CompletedProcess[str]) -> None:
+    assert with_fa2.returncode == 0, with_fa2.stderr
+    result = e2e.run("inject", "--artifacts", str(e2e.work / "fa2-artifacts"), "--base",
+                     e2e.stock.tag, "--tag", f"{PREFIX}:fa2-injected")
+    assert result.returncode == 0, result.stderr
+    built = _flat_files(e2e.client, f"{PREFIX}:fa2")
+    injected = _flat_files(e2e.client, f"{PREFIX}:fa2-injected")
+    assert built == injected

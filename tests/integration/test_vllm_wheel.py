@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from sm121_build.audit import Policy, audit_binary
+from sm121_build.audit_inputs import binaries
 from sm121_build.compat import parse_target
 from sm121_build.fatbin import HostBinary, cuobjdump_listing
-from sm121_build.sources import binaries
 from tests.helpers import CACHE, pypi_download, run_cuobjdump
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -64,8 +64,24 @@ def test_cutlass_from_the_pypi_wheel_layout(tmp_path: Path) -> None:
     source = tmp_path / "unpacked" / "cutlass_library" / "source"
     assert env["VLLM_CUTLASS_SRC_DIR"] == str(source)
     assert f"CUTLASS_INCLUDE_DIR={source}/include" in defines
-    with pytest.raises(SystemExit, match="nvidia-cutlass wheel"):
+    with pytest.raises(build_extensions.ScriptError, match="nvidia-cutlass wheel"):
         build_extensions.cutlass_settings(tmp_path, tmp_path / "x")
+
+
+def test_in_process_the_script_returns_and_leaves_the_environment_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`build --local` calls main() in-process: a bad input is a return code, not SystemExit,
+    and the caller's os.environ is not changed (the compile steps get a copy)."""
+    import os
+
+    before = dict(os.environ)
+    environ = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    code = build_extensions.main(["--source", str(tmp_path), "--out", str(tmp_path / "out"),
+                                  "--target", "_C", "--offline", "--stand-in", "X_SRC_DIR",
+                                  "--cutlass", str(tmp_path)], environ)
+    assert code == 1
+    assert "is neither a CUTLASS checkout nor an nvidia-cutlass wheel" in capsys.readouterr().err
+    assert dict(os.environ) == before
 
 
 def test_kernel_key_blanks_nvccs_per_build_hash() -> None:

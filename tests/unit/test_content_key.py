@@ -8,7 +8,7 @@ import pytest
 
 from sm121_build import build
 from sm121_build.build import content_key
-from sm121_build.inspect import ImageFacts
+from sm121_build.image_facts import ImageFacts
 from sm121_build.render import BuildPlan
 
 FACTS = ImageFacts("vllm/vllm-openai:nightly", "sha256:" + "a" * 64,

@@ -13,7 +13,7 @@ from sm121_build import artifacts
 from sm121_build.engine import HistoryStep, ImageInfo, failure_cause
 from sm121_build.errors import Sm121Error
 from sm121_build.fatbin import dynamic_symbols
-from sm121_build.inspect import VllmInstall
+from sm121_build.image_facts import VllmInstall
 from sm121_build.verify import (
     KernelComparison,
     check_abi,

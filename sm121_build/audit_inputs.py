@@ -114,7 +114,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
 
 def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) -> list[str]:
     """The directories (or files) of an image that can hold a path the patterns match."""
-    from .inspect import python_sites
+    from .image_facts import python_sites
 
     if not include:
         return ["/"]
