@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.audit import audit_binary  # noqa: E402
-from sm121_build.audit_inputs import binaries  # noqa: E402
-from sm121_build.fatbin import HostBinary  # noqa: E402
-from sm121_build.verify import FP4_KERNEL, SM121, kernel_key  # noqa: E402
+from sm121_build.verify.audit import audit_binary  # noqa: E402
+from sm121_build.verify.audit_inputs import binaries  # noqa: E402
+from sm121_build.verify.checks import FP4_KERNEL, SM121, kernel_key  # noqa: E402
+from sm121_build.verify.fatbin import HostBinary  # noqa: E402
 
 
 def kernels_by_family(path: Path) -> dict[str, set[str]]:

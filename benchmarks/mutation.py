@@ -2,7 +2,7 @@
 
     pip install -e '.[test,mutation]'
     python benchmarks/mutation.py                      # every core module (tens of minutes)
-    python benchmarks/mutation.py sm121_build/compat.py --tests tests/unit/test_compat.py
+    python benchmarks/mutation.py sm121_build/verify/compat.py --tests tests/unit/test_compat.py
 
 Each module is mutated in a scratch copy of the repository (nothing here is touched); the
 unit tests run against every mutant (mutmut runs only the tests that reach the mutated
@@ -24,9 +24,11 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ("sm121_build/fatbin.py", "sm121_build/compat.py", "sm121_build/audit.py",
-        "sm121_build/verify.py", "sm121_build/patch.py", "sm121_build/guards.py",
-        "sm121_build/refs.py", "sm121_build/build.py")
+CORE = ("sm121_build/verify/fatbin.py", "sm121_build/verify/compat.py",
+        "sm121_build/verify/audit.py",
+        "sm121_build/verify/checks.py", "sm121_build/source/patch.py",
+        "sm121_build/source/guards.py",
+        "sm121_build/image/refs.py", "sm121_build/build/pipeline.py")
 COPIED = ("sm121_build", "tests", "patches", "dockerfiles", "benchmarks", "pyproject.toml")
 RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
 

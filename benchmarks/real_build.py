@@ -39,11 +39,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.audit import audit_binary  # noqa: E402
-from sm121_build.build_extensions import PTXAS_FP4  # noqa: E402
-from sm121_build.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
-from sm121_build.patch import apply_all, breaks_ptxas, covered, read_source_version  # noqa: E402
-from sm121_build.verify import SM121, check_abi, torch_exports  # noqa: E402
+from sm121_build.build.build_extensions import PTXAS_FP4  # noqa: E402
+from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
+from sm121_build.source.patch import apply_all, breaks_ptxas, covered, read_source_version  # noqa: E402
+from sm121_build.verify.audit import audit_binary  # noqa: E402
+from sm121_build.verify.checks import SM121, check_abi, torch_exports  # noqa: E402
 
 LOAD_SNIPPET = """
 import json, sys, torch
@@ -123,7 +123,7 @@ def build_env(arch: str, jobs: int) -> dict[str, str]:
 
 def script(source: Path, build: Path, out: Path, targets: list[str], cutlass: Path,
            extra: list[str]) -> list[str]:
-    args = [sys.executable, "-m", "sm121_build.build_extensions", "--source", str(source),
+    args = [sys.executable, "-m", "sm121_build.build.build_extensions", "--source", str(source),
             "--out", str(out), "--build-dir", str(build), "--offline", "--cutlass",
             str(cutlass), "--cmake", find_cmake()]
     for target in targets:

@@ -1,3 +1,3 @@
-from .cli import main
+from sm121_build.cli import main
 
 main()

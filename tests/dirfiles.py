@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sm121_build.engine import PathLookups, PathStat
+from sm121_build.image.engine import PathLookups, PathStat
 
 GO_DIR, GO_SYMLINK = 1 << 31, 1 << 27
 

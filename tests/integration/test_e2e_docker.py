@@ -23,8 +23,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from sm121_build.audit import Policy, audit_binary
-from sm121_build.compat import parse_target
+from sm121_build.verify.audit import Policy, audit_binary
+from sm121_build.verify.compat import parse_target
 from tests.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -14,9 +14,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from sm121_build.engine import READER_LABEL, Engine
 from sm121_build.errors import Sm121Error
-from sm121_build.image_facts import facts_from_files
+from sm121_build.image.engine import READER_LABEL, Engine
+from sm121_build.image.facts import facts_from_files
 from tests.dirfiles import DirectoryFiles, make_tree
 from tests.dockerenv import client_or_skip
 from tests.helpers import cli

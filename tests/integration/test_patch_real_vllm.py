@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from sm121_build.guards import effective_archs, evaluate
-from sm121_build.patch import apply_all, breaks_ptxas, covered
+from sm121_build.source.guards import effective_archs, evaluate
+from sm121_build.source.patch import apply_all, breaks_ptxas, covered
 from tests.helpers import CACHE, cli, pypi_download
 
 pytestmark = [pytest.mark.vllm]

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sm121_build.errors import Sm121Error
-from sm121_build.refs import default_tag, validate_tag
+from sm121_build.image.refs import default_tag, validate_tag
 from tests.dockerenv import client_or_skip, load
 from tests.imagetar import docker_save
 

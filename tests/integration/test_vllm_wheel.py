@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.audit import Policy, audit_binary
-from sm121_build.audit_inputs import binaries
-from sm121_build.compat import parse_target
-from sm121_build.fatbin import HostBinary, cuobjdump_listing
+from sm121_build.verify.audit import Policy, audit_binary
+from sm121_build.verify.audit_inputs import binaries
+from sm121_build.verify.compat import parse_target
+from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
 from tests.helpers import CACHE, pypi_download, run_cuobjdump
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

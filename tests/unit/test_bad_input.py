@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sm121_build.errors import CorruptBinaryError
-from sm121_build.fatbin import HostBinary
+from sm121_build.verify.fatbin import HostBinary
 from tests.helpers import cli
 
 
@@ -163,7 +163,7 @@ def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message
 
 @pytest.mark.parametrize("arch", ["12.1", "12.1a", "9.0 12.1", "12.0f", "8.0+PTX;12.1"])
 def test_arch_lists_that_give_sm121_native_code_pass(arch: str) -> None:
-    from sm121_build.inputs import arch_list
+    from sm121_build.cli.inputs import arch_list
 
     assert arch_list(None, None, arch) == arch
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sm121_build.cmake_lang import CMakeSyntaxError, commands, variables_in
+from sm121_build.source.cmake_lang import CMakeSyntaxError, commands, variables_in
 
 
 def test_arguments_of_a_call_split_over_lines_with_comments() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sm121_build.compat import (
+from sm121_build.errors import Sm121Error
+from sm121_build.verify.compat import (
     _ptx_isa_table,
     best,
     dotted_arch,
@@ -13,7 +14,6 @@ from sm121_build.compat import (
     parse_cuda_version,
     parse_target,
 )
-from sm121_build.errors import Sm121Error
 
 SM121 = parse_target("sm_121")
 CUDA13 = (13, 0)

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from sm121_build import build
-from sm121_build.build import content_key
-from sm121_build.image_facts import ImageFacts
-from sm121_build.render import BuildPlan
+from sm121_build.build import pipeline as build
+from sm121_build.build.pipeline import content_key
+from sm121_build.build.render import BuildPlan
+from sm121_build.image.facts import ImageFacts
 
 FACTS = ImageFacts("vllm/vllm-openai:nightly", "sha256:" + "a" * 64,
                    "vllm/vllm-openai@sha256:" + "f" * 64, "linux/arm64")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.audit import BinaryReport
-from sm121_build.compat import loads_natively, parse_target
-from sm121_build.decide import decide, stock_family_archs
-from sm121_build.fatbin import Entry
-from sm121_build.guards import evaluate
+from sm121_build.build.decide import decide, stock_family_archs
+from sm121_build.source.guards import evaluate
+from sm121_build.verify.audit import BinaryReport
+from sm121_build.verify.compat import loads_natively, parse_target
+from sm121_build.verify.fatbin import Entry
 from tests.helpers import DATA
 
 GPU = parse_target("sm_121")

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from sm121_build.errors import Sm121Error
-from sm121_build.external import bring, declared_targets, project_named, read_pin, tree_project
+from sm121_build.source.external import (
+    bring,
+    declared_targets,
+    project_named,
+    read_pin,
+    tree_project,
+)
 from tests.helpers import DATA
 from tests.stockimage import FA_CMAKE, fa_repository, fixture_checkout
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.fatbin import HostBinary, cuobjdump_listing
+from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
 from tests.conftest import MATRIX
 from tests.helpers import run_cuobjdump
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.audit import BinaryReport, audit_binary
-from sm121_build.fixable import rebuild_verdict
-from sm121_build.verify import SM121
+from sm121_build.verify.audit import BinaryReport, audit_binary
+from sm121_build.verify.checks import SM121
+from sm121_build.verify.fixable import rebuild_verdict
 from tests.helpers import DATA, compile_cached, gencode
 
 KERNELS = DATA / "kernels.cu"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.compat import parse_target
 from sm121_build.errors import Sm121Error
-from sm121_build.guards import effective_archs, evaluate
-from sm121_build.patch import apply_all, load_rules
+from sm121_build.source.guards import effective_archs, evaluate
+from sm121_build.source.patch import apply_all, load_rules
+from sm121_build.verify.compat import parse_target
 from tests.helpers import DATA
 
 SM121 = parse_target("sm_121")
@@ -87,7 +87,7 @@ def test_a_malformed_add_rule_is_one_error(tmp_path: Path, body: str, message: s
 
 def test_an_add_that_cannot_reach_the_gpu_is_an_error(tmp_path: Path) -> None:
     (rule,) = load_rules(_rules(tmp_path, "add: ['{arch}']\nproject: vllm-flash-attn\n"))
-    from sm121_build.patch import apply_rule
+    from sm121_build.source.patch import apply_rule
 
     with pytest.raises(Sm121Error, match=r"CMakeLists.txt:\d+: no form of rule r stops "
                                          r"FA2_ARCHS giving sm_121 no native code "

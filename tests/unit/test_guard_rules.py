@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sm121_build.errors import Sm121Error
-from sm121_build.guards import evaluate, find_calls
-from sm121_build.patch import apply_all, apply_rule, load_rules
+from sm121_build.source.guards import evaluate, find_calls
+from sm121_build.source.patch import apply_all, apply_rule, load_rules
 from tests.helpers import DATA, ROOT
 
 NEW13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.engine import ImageInfo
 from sm121_build.errors import Sm121Error
-from sm121_build.image_facts import facts_from_files, python_sites
+from sm121_build.image.engine import ImageInfo
+from sm121_build.image.facts import facts_from_files, python_sites
 from tests.dirfiles import DirectoryFiles, make_tree
 
 VERSION_PY = b"__version__ = version = '0.17.0'\n__commit_id__ = commit_id = 'gb31e9326a'\n"
@@ -155,7 +155,7 @@ def test_no_vllm_and_unreadable_version(tmp_path: Path) -> None:
                                   '{"ref": 1, "vllm": {"version": "0.1"}}', "[1, 2]"])
 def test_a_damaged_or_old_facts_cache_is_read_again(tmp_path: Path, text: str) -> None:
     """A truncated or old-format cache file is not an error: the image is read again."""
-    from sm121_build.image_facts import _load_facts
+    from sm121_build.image.facts import _load_facts
 
     cached = tmp_path / "facts.json"
     cached.write_text(text)

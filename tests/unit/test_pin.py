@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sm121_build.errors import Sm121Error
-from sm121_build.pin import GitRef, fetch_source, version_to_ref
+from sm121_build.source.pin import GitRef, fetch_source, version_to_ref
 
 
 @pytest.mark.parametrize(("version", "commit_id", "expected"), [
@@ -113,7 +113,7 @@ def checkout(tmp_path: Path) -> tuple[Path, str, str]:
 
 def test_source_at_another_commit_is_refused_unless_allowed(
         checkout: tuple[Path, str, str]) -> None:
-    from sm121_build.pin import check_checkout
+    from sm121_build.source.pin import check_checkout
 
     path, first, head = checkout
     with pytest.raises(Sm121Error, match=rf"--source {path} is at {head[:12]}; the image's vLLM "
@@ -130,7 +130,7 @@ def test_source_at_another_commit_is_refused_unless_allowed(
 
 
 def test_uncommitted_changes_are_hashed(checkout: tuple[Path, str, str]) -> None:
-    from sm121_build.pin import check_checkout
+    from sm121_build.source.pin import check_checkout
 
     path, _first, head = checkout
     ref = GitRef("commit", head)
@@ -154,7 +154,7 @@ def test_uncommitted_changes_are_hashed(checkout: tuple[Path, str, str]) -> None
 
 
 def test_a_tree_that_is_not_vllm_is_refused_before_anything(tmp_path: Path) -> None:
-    from sm121_build.pin import check_checkout
+    from sm121_build.source.pin import check_checkout
 
     with pytest.raises(Sm121Error, match=r"is not a vLLM source tree \(no CMakeLists.txt or "
                                          r"cmake/utils.cmake\)"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sm121_build.errors import Sm121Error
-from sm121_build.refs import (
+from sm121_build.image.refs import (
     default_tag,
     looks_like_image_ref,
     split_ref,

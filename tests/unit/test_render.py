@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sm121_build import __version__
+from sm121_build.build.render import BuildPlan, choose_extensions, extension_target, render
 from sm121_build.errors import Sm121Error
-from sm121_build.render import BuildPlan, choose_extensions, extension_target, render
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -90,7 +90,7 @@ def test_default_extensions_follow_the_image(tmp_path: Path) -> None:
 
 
 def test_inject_golden() -> None:
-    from sm121_build.render import render_inject
+    from sm121_build.build.render import render_inject
 
     text = render_inject(PLAN).replace(__version__, "<VERSION>")
     _compare_golden(GOLDEN / "inject-artifacts.Dockerfile", text)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build import run_report
 from sm121_build.errors import VerificationError
+from sm121_build.verify import run_report
 
 
 def _record(**extra: object) -> dict[str, object]:

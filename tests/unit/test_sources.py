@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.audit_inputs import binaries
 from sm121_build.errors import Sm121Error
+from sm121_build.verify.audit_inputs import binaries
 from tests.helpers import cli
 from tests.imagetar import docker_save, oci_layout
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.build_extensions import _explain_failure
+from sm121_build.build.build_extensions import _explain_failure
 from sm121_build.errors import Sm121Error
-from sm121_build.toolchain import BuildTools, find_build_tools, require_buildable, runs_here
+from sm121_build.image.toolchain import BuildTools, find_build_tools, require_buildable, runs_here
 from tests.dirfiles import DirectoryFiles, make_tree
 
 SITE = "/usr/local/lib/python3.12/dist-packages"

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build import artifacts
-from sm121_build.engine import HistoryStep, ImageInfo, failure_cause
+from sm121_build.build import artifacts
 from sm121_build.errors import Sm121Error
-from sm121_build.fatbin import dynamic_symbols
-from sm121_build.image_facts import VllmInstall
-from sm121_build.verify import (
+from sm121_build.image.engine import HistoryStep, ImageInfo, failure_cause
+from sm121_build.image.facts import VllmInstall
+from sm121_build.verify.checks import (
     KernelComparison,
     check_abi,
     check_drift,
@@ -23,6 +22,7 @@ from sm121_build.verify import (
     newest_arch_kernels,
     torch_exports,
 )
+from sm121_build.verify.fatbin import dynamic_symbols
 
 PKG = "usr/lib/python3/dist-packages/vllm"
 

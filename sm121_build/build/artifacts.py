@@ -1,0 +1,111 @@
+"""Injectable artifacts: the built .so files plus a manifest.json saying what they fit.
+
+    {"format": 1, "vllm_version": ..., "vllm_commit": ..., "base": ..., "base_digest": ...,
+     "arch_list": ..., "tool_version": ..., "package_dir": ...,
+     "files": {"_C.abi3.so": {"sha256": ..., "mode": "755", "cubins": {...},
+                              "kernels_native_sm121": N}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sm121_build.errors import Sm121Error
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+# A file name, or one under an external project's folder (vllm_flash_attn/_vllm_fa2_C.abi3.so)
+_FILE_NAME = re.compile(r"^(?:vllm_flash_attn/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so$")
+_REQUIRED = ("vllm_version", "vllm_commit", "arch_list", "files")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """A checked artifacts folder: every listed file present with the listed sha256."""
+
+    folder: Path
+    manifest: dict[str, Any]
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return {name: self.folder / name for name in self.manifest["files"]}
+
+    def place(self, dest: Path) -> None:
+        """Copy the files into a folder with the modes the manifest records (artifact stores
+        such as GitHub's drop permission bits)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, path in self.files.items():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest / name)
+            mode = str(self.manifest["files"][name].get("mode", "755"))
+            (dest / name).chmod(int(mode, 8) & 0o777 if re.fullmatch(r"[0-7]{3,4}", mode)
+                                else 0o755)
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["vllm_version"])
+
+    @property
+    def commit(self) -> str:
+        return str(self.manifest["vllm_commit"])
+
+
+def export(out: Path, files: dict[str, Path], meta: dict[str, Any],
+           details: dict[str, dict[str, Any]]) -> Path:
+    """Copy the files to `out` and write the manifest last (a folder without one is partial)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    listed = {}
+    for name, path in sorted(files.items()):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, out / name)
+        listed[name] = {"sha256": sha256_of(out / name), "mode": f"{path.stat().st_mode & 0o777:o}",
+                        **details.get(name, {})}
+    manifest = {"format": FORMAT, **meta, "files": listed}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out / MANIFEST
+
+
+def load(folder: Path) -> Artifacts:
+    """Read and check an artifacts folder; any problem is a one-line Sm121Error."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise Sm121Error(f"{folder}: no {MANIFEST}; export artifacts with "
+                         "`sm121-build --base IMAGE --out DIR`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Sm121Error(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise Sm121Error(f"{path}: not an sm121-build manifest of format {FORMAT}")
+    absent = [key for key in _REQUIRED if not manifest.get(key)]
+    if absent:
+        raise Sm121Error(f"{path}: missing {', '.join(absent)}")
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise Sm121Error(f"{path}: files must be an object of name -> details")
+    for name, entry in files.items():
+        if not _FILE_NAME.match(name):
+            raise Sm121Error(f"{path}: {name!r} is not a .so file name (plain, or under "
+                             "vllm_flash_attn/)")
+        if not (folder / name).is_file():
+            raise Sm121Error(f"{folder / name}: listed in the manifest but missing")
+        expected = entry.get("sha256") if isinstance(entry, dict) else None
+        if sha256_of(folder / name) != expected:
+            raise Sm121Error(f"{folder / name}: sha256 differs from the manifest; "
+                             "the artifacts were changed after export")
+    return Artifacts(folder, manifest)

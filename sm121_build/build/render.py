@@ -1,0 +1,249 @@
+"""Render the multi-stage Dockerfile from the templates in dockerfiles/ (string.Template data)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+from sm121_build import __version__
+from sm121_build.errors import Sm121Error
+from sm121_build.source.external import declared_targets, project_of_target, projects
+from sm121_build.image.facts import ImageFacts, require_vllm
+from sm121_build.source.patch import rules_digest
+from sm121_build.shipped import shipped_dir
+from sm121_build.image.toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable
+
+LABEL_PREFIX = "io.github.sm121-build"
+DEFAULT_EXTENSIONS = re.compile(r"^(_C|_moe_C)(_stable_libtorch)?\.(abi3\.)?so$")
+_TARGET = re.compile(r"define_\w*extension_target\(\s*(\w+)")
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything the Dockerfile needs; all of it derived from the image and the source."""
+
+    base: str
+    arch_list: str
+    vllm_version: str
+    git_ref: str
+    extensions: tuple[str, ...]
+    package_dir: str
+    cuda_home: str
+    cuda_include: str
+    cuda_lib: str
+    jobs: int
+    nvcc_threads: int = 2
+    nvrtc_fix: bool = False
+    buildkit: bool = True
+    bring: tuple[str, ...] = ()  # build tools the image lacks: cmake, ninja
+    bring_from: str = ""  # "context" (this machine's copies) or "pip" (in the builder)
+    labels: dict[str, str] = field(default_factory=dict)
+    # external project sources in the context: (environment variable, context folder)
+    external: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(extension_target(e) for e in self.extensions)
+
+
+def templates_dir() -> Path:
+    return shipped_dir("dockerfiles")
+
+
+def _template(name: str) -> Template:
+    return Template((templates_dir() / name).read_text())
+
+
+def template_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(templates_dir().glob("*.in")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def extension_target(filename: str) -> str:
+    """`_C.abi3.so` -> `_C`; `_moe_C_stable_libtorch.abi3.so` -> `_moe_C_stable_libtorch`;
+    `vllm_flash_attn/_vllm_fa2_C.abi3.so` -> `_vllm_fa2_C`."""
+    return re.sub(r"(\.cpython-[^.]+)?(\.abi3)?\.so$", "", filename.rsplit("/", 1)[-1])
+
+
+def _default_file(target: str) -> str:
+    project = project_of_target(target)
+    return f"{project.install_dir}/{target}.abi3.so" if project else f"{target}.abi3.so"
+
+
+def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
+                      source: Path | None) -> tuple[str, ...]:
+    """The default set (the image's _C/_moe_C files) plus --ext, checked against the source.
+    A name is a CMake target or a file name; the image's own path for it wins."""
+    chosen = [e for e in image_extensions if DEFAULT_EXTENSIONS.match(e)]
+    for name in extra:
+        target = extension_target(name)
+        filename = next((e for e in image_extensions if e == name or e.endswith("/" + name)
+                         or (not name.endswith(".so") and extension_target(e) == target)),
+                        name if name.endswith(".so") and project_of_target(target) is None
+                        else _default_file(target))
+        if filename not in chosen:
+            chosen.append(filename)
+    if not chosen:
+        raise Sm121Error("the image's vLLM has no _C / _moe_C extension files; "
+                         "name the ones to rebuild with --ext")
+    if source is not None:
+        defined = source_targets(source)
+        missing = [e for e in chosen if extension_target(e) not in defined]
+        if missing:
+            raise Sm121Error(f"the pinned source defines no CMake target for {', '.join(missing)}"
+                             f" (it defines: {', '.join(sorted(defined)) or 'none'})")
+    return tuple(chosen)
+
+
+def source_targets(source: Path) -> set[str]:
+    """The extension targets the tree defines, its external projects' included."""
+    cmake = source / "CMakeLists.txt"
+    own = set(_TARGET.findall(cmake.read_text())) if cmake.exists() else set()
+    return own | declared_targets(source)
+
+
+def default_jobs() -> int:
+    """One compile job per core, at most one per 8 GiB of memory (nvcc peaks high)."""
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return max(1, cores // 2)
+    return max(1, min(cores, memory // (8 << 30)))
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)
+
+
+def _copy_lines(plan: BuildPlan, copy_from: str, flat: bool) -> str:
+    """One COPY per extension to its place in the package; the builder's out folder is flat
+    (`flat`), an artifacts folder keeps the package's sub-folders."""
+    return "\n".join(
+        _template("copy-extension.Dockerfile.in").substitute(
+            copy_from=copy_from, built=extension.rsplit("/", 1)[-1] if flat else extension,
+            extension=extension, package_dir=plan.package_dir)
+        .strip() for extension in plan.extensions)
+
+
+def stand_in_envs(plan: BuildPlan) -> list[str]:
+    """External projects the build has no source for: empty folders, nothing fetched."""
+    given = {env for env, _ in plan.external}
+    return [p.env for p in projects() if p.env not in given]
+
+
+def _external(plan: BuildPlan) -> str:
+    if not plan.external:
+        return "# (no external project sources: vLLM's CMake gets empty stand-ins for them)"
+    lines = [f"COPY {folder}/ /sm121/{folder}/" for _, folder in plan.external]
+    lines.append("ENV " + " \\\n    ".join(f"{env}=/sm121/{folder}"
+                                            for env, folder in plan.external))
+    return "\n".join(lines)
+
+
+def _labels(plan: BuildPlan) -> str:
+    return " \\\n      ".join(
+        f"{_quote(k)}={_quote(v)}" for k, v in sorted(plan.labels.items())) or \
+        f'"{LABEL_PREFIX}.tool"="sm121-build"'
+
+
+def _no_syntax_directive(text: str) -> str:
+    if re.search(r"^#\s*syntax\s*=", text, re.M | re.I):
+        raise Sm121Error("a template carries a syntax directive; it would pull an image")
+    return text
+
+
+def _toolchain(plan: BuildPlan) -> str:
+    if not plan.bring:
+        return "# (cmake and ninja: the image's own)"
+    packages = " ".join(_quote(f"cmake>={MIN_CMAKE[0]}.{MIN_CMAKE[1]}") if name == "cmake"
+                        else name for name in plan.bring)
+    name = "tools-context.Dockerfile.in" if plan.bring_from == "context" else \
+        "tools-pip.Dockerfile.in"
+    return _template(name).substitute(tools=" and ".join(plan.bring), prefix=TOOLS_PREFIX,
+                                      packages=packages).strip()
+
+
+def render(plan: BuildPlan) -> str:
+    """The multi-stage build: compile in a builder FROM the base, copy into the pristine base."""
+    nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
+             if plan.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
+    cache = ("--mount=type=cache,target=/root/.cache/ccache " if plan.buildkit else "")
+    text = _template("inject.Dockerfile.in").substitute(
+        tool_version=__version__,
+        base=plan.base,
+        arch_list=plan.arch_list,
+        vllm_version=plan.vllm_version,
+        git_ref=plan.git_ref,
+        extensions=", ".join(plan.extensions),
+        cuda_home=plan.cuda_home,
+        cpath=plan.cuda_include,
+        library_path=plan.cuda_lib,
+        jobs=plan.jobs,
+        nvcc_threads=plan.nvcc_threads,
+        nvrtc_fix=nvrtc,
+        toolchain=_toolchain(plan),
+        cache_mount=cache,
+        target_args=" ".join([*(f"--target {t}" for t in plan.targets),
+                              *(f"--stand-in {env}" for env in stand_in_envs(plan))]),
+        external_sources=_external(plan),
+        copy_lines=_copy_lines(plan, "--from=builder /sm121/out", flat=True),
+        labels=_labels(plan),
+    )
+    return _no_syntax_directive(text)
+
+
+def render_inject(plan: BuildPlan, artifacts: str = "artifacts") -> str:
+    """One stage: prebuilt files from the context folder `artifacts` into the pristine base."""
+    return _no_syntax_directive(_template("inject-artifacts.Dockerfile.in").substitute(
+        tool_version=__version__, base=plan.base, arch_list=plan.arch_list,
+        vllm_version=plan.vllm_version, git_ref=plan.git_ref,
+        extensions=", ".join(plan.extensions),
+        copy_lines=_copy_lines(plan, artifacts, flat=False), labels=_labels(plan)))
+
+
+def provenance_labels(facts: ImageFacts, commit: str, arch: str,
+                      extensions: tuple[str, ...], patches: str) -> dict[str, str]:
+    """OCI labels saying what the image was made from, and by what."""
+    vllm = require_vllm(facts)
+    return {
+        "org.opencontainers.image.base.name": facts.ref,
+        "org.opencontainers.image.base.digest": facts.digest_ref,
+        f"{LABEL_PREFIX}.vllm.version": vllm.version,
+        f"{LABEL_PREFIX}.vllm.commit": commit,
+        f"{LABEL_PREFIX}.patches": patches,
+        f"{LABEL_PREFIX}.arch-list": arch,
+        f"{LABEL_PREFIX}.extensions": ",".join(extensions),
+        f"{LABEL_PREFIX}.tool-version": __version__,
+    }
+
+
+def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+             source: Path | None, git_ref: str, commit: str | None, buildkit: bool,
+             copy_tools: bool = True) -> BuildPlan:
+    """A build plan from what the image says (paths are detected, never hard-coded).
+    `copy_tools`: cmake/ninja the image lacks may come from this machine via the context."""
+    vllm = require_vllm(facts)
+    require_buildable(vllm.tools, facts.ref)
+    if not vllm.cuda_home:
+        raise Sm121Error(f"image {facts.ref} has no nvcc under /usr/local/cuda*: the builder "
+                         "stage needs the CUDA toolkit of a -devel style image")
+    include = vllm.cuda_include or f"{vllm.cuda_home}/include"
+    lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
+    extensions = choose_extensions(vllm.extensions, extra_ext, source)
+    labels = provenance_labels(facts, commit or git_ref, arch, extensions, rules_digest())
+    return BuildPlan(
+        base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,
+        extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,
+        cuda_include=include, cuda_lib=lib, jobs=jobs or default_jobs(),
+        nvrtc_fix=vllm.nvrtc_needs_link, buildkit=buildkit, labels=labels,
+        bring=vllm.tools.to_bring if vllm.tools else (),
+        bring_from=(how_to_bring(vllm.tools, facts.platform) if copy_tools else "pip")
+        if vllm.tools and vllm.tools.to_bring else "")

@@ -1,0 +1,93 @@
+"""`sm121-build audit TARGET`: will the kernels in it load on the target GPU?"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from sm121_build.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
+from sm121_build.verify import report
+from sm121_build.verify.audit import BinaryReport, Policy, audit_binary, host_only_report
+from sm121_build.verify.audit_inputs import binaries
+from sm121_build.verify.compat import parse_cuda_version, parse_target
+
+
+def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[str, ...] = (),
+              platform: str | None = None,
+              progress: bool = False) -> tuple[list[BinaryReport], list[str]]:
+    """Reports of every ELF file the target holds, and `name: why` of each one that could not
+    be read: one corrupt file among many is reported, not fatal (a lone file still is)."""
+    reports: list[BinaryReport] = []
+    unreadable: list[str] = []
+    with binaries(target, include, platform, show_progress=progress) as found:
+        for binary in found:
+            if binary.host_only_size is not None:
+                reports.append(host_only_report(binary.name, binary.host_only_size, with_kernels))
+                continue
+            try:
+                reports.append(audit_binary(binary.path, binary.name, policy, with_kernels))
+            except CorruptBinaryError as exc:
+                if binary.path == Path(target):  # the one file asked for: its own error
+                    raise
+                unreadable.append(f"{binary.name}: {exc}")
+    return reports, unreadable
+
+
+@click.command()
+@click.argument("target")
+@click.option("--target", "gpu", default="sm_121", show_default=True,
+              help="GPU to judge for: sm_121, sm_120, sm_100, sm_90...")
+@click.option("--driver", default="13.0", show_default=True,
+              help="CUDA driver version (limits which PTX can be JIT-compiled).")
+@click.option("--format", "fmt", type=click.Choice(["table", "cuobjdump", "json"]),
+              default="table", show_default=True,
+              help="cuobjdump: exactly the lines of `cuobjdump -lelf -lptx FILE`.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--kernels", is_flag=True, help="List every kernel with its verdict.")
+@click.option("--no-kernels", is_flag=True,
+              help="Headers only: skip reading kernel names (fast on huge files).")
+@click.option("--require", type=click.Choice(["native", "jit"]),
+              help="Exit 1 when any kernel would load worse than this.")
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Only .so paths matching GLOB (repeatable), e.g. '*/vllm/*'.")
+@click.option("--platform", help="Platform to read from a multi-platform OCI tarball.")
+@click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also append a Markdown table to this file (e.g. $GITHUB_STEP_SUMMARY).")
+def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: bool,
+          no_kernels: bool, require: str | None, include: tuple[str, ...],
+          platform: str | None, summary_md: Path | None) -> None:
+    """Audit a .so, directory, wheel, image tarball or local image for a GPU target."""
+    fmt = "json" if as_json else fmt
+    policy = Policy(parse_target(gpu), parse_cuda_version(driver))
+    with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None
+    reports, unreadable = run_audit(target, policy, with_kernels, include, platform,
+                                    progress=sys.stderr.isatty())
+    for line in unreadable:
+        click.echo(f"unreadable: {line}", err=True)
+    if fmt == "cuobjdump":
+        text = report.cuobjdump(reports)
+        if text:
+            click.echo(text)
+    elif fmt == "json":
+        click.echo(json.dumps(report.as_json(reports, policy), indent=2))
+    else:
+        click.echo(report.table(reports, policy, show_kernels=kernels))
+    if summary_md:
+        with open(summary_md, "a", encoding="utf-8") as out:
+            out.write(report.markdown(f"Audit of `{target}`", reports, policy))
+    if unreadable:
+        raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} ELF file(s) in "
+                         f"{target} could not be read (listed above)")
+    if require and not reports:
+        raise RequirementNotMet(
+            f"--require {require}: no ELF file found in {target}"
+            f"{' matching ' + ', '.join(include) if include else ''}: nothing was checked")
+    if require:
+        floor = {"native": ("native",), "jit": ("native", "jit")}[require]
+        bad = sum(1 for r in reports for v in (r.kernels or {}).values() if v not in floor)
+        if bad:
+            raise RequirementNotMet(
+                f"{bad} kernel(s) would not load as {require} on {policy.target}")

@@ -1,0 +1,93 @@
+"""`sm121-build --base IMAGE` (= `sm121-build build --base IMAGE`): the main job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from sm121_build.build.local import run_local
+from sm121_build.build.pipeline import Options, run_build
+from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
+from sm121_build.errors import Sm121Error
+from sm121_build.image.refs import IMAGE_ID, default_tag, validate_image_ref, validate_tag
+from sm121_build.source.external import require_project_tree
+from sm121_build.source.pin import UPSTREAM, require_vllm_tree
+from sm121_build.verify.run_report import new_record, recorded
+
+REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
+SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
+
+
+@click.command()
+@click.option("--base", help="Stock vLLM image in the local engine.")
+@click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
+@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
+              help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
+@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
+              help="Another extension to rebuild (e.g. _vllm_fa2_C); `auto`: every one the "
+                   "audit calls fixable.")
+@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
+@click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Existing vLLM checkout at the image's commit (else fetched).")
+@click.option("--repo", default=UPSTREAM, show_default=True, envvar="SM121_BUILD_REPO",
+              help="Upstream git URL or path (a mirror; env SM121_BUILD_REPO).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Export the built .so files and manifest.json here.")
+@click.option("--force", is_flag=True, help="Rebuild even when the content key is unchanged.")
+@click.option("--pull", type=click.Choice(["always", "missing", "never"]), is_flag=False,
+              flag_value="always", default="never", show_default=True,
+              help="Pull the base first: --pull (always, like `docker build --pull`, for a "
+                   "moving tag) or --pull=missing (only when it is not here).")
+@click.option("--versioned-tag", is_flag=True,
+              help="Also tag <tag>-<vLLM version>-<commit>-b<base ID>: an immutable name to pin.")
+@click.option("--fa-source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Existing flash-attention checkout at the commit vLLM pins (else fetched "
+                   "from the GIT_REPOSITORY vLLM's CMake names).")
+@click.option("--allow-other-commit", is_flag=True,
+              help="Build a --source checkout at another commit than the image's (recorded).")
+@click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
+@click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
+              help=SUMMARY_HELP)
+@click.option("--local", is_flag=True,
+              help="No Docker: patch a copy of --source and build it on this machine (its "
+                   "torch and nvcc) into --out.")
+@click.option("--offline", is_flag=True, help="With --local: fetch nothing at configure time.")
+@click.option("--cutlass", type=click.Path(exists=True, path_type=Path),
+              help="With --local: CUTLASS checkout or the nvidia-cutlass wheel.")
+def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ...],
+          jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
+          no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
+          offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
+          allow_other_commit: bool, fa_source: Path | None) -> None:
+    """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
+    if local:
+        if not source or not out:
+            raise click.UsageError("--local builds --source into --out: name both")
+        script_args = (["--offline"] if offline else []) + (
+            ["--cutlass", str(cutlass)] if cutlass else [])
+        for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args),
+                              fa_source):
+            click.echo(f"built {path}")
+        return
+    if not base:
+        raise click.UsageError("name the stock image: --base IMAGE (or --local --source DIR)")
+    if offline or cutlass:
+        raise click.UsageError("--offline and --cutlass go with --local (the image build "
+                               "fetches what vLLM's CMake needs inside the builder)")
+    validate_image_ref(base)
+    if source:
+        require_vllm_tree(source)  # before the engine, the pull and a 1 GB copy
+    if fa_source:
+        require_project_tree(fa_source, "vllm-flash-attn")
+    if pull != "never" and IMAGE_ID.match(base):
+        raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
+    result_tag = validate_tag(tag) if tag else default_tag(base)
+    require_outputs(out, report, summary_md)
+    with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
+        run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
+                          jobs=jobs, source=source, repo=repo, out=out, force=force,
+                          no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
+                          allow_other_commit=allow_other_commit, fa_source=fa_source),
+                  record)

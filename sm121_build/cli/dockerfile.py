@@ -1,0 +1,45 @@
+"""`sm121-build dockerfile --base IMAGE`: print the rendered Dockerfile for plain docker build."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import click
+
+from sm121_build.build.render import plan_for, render
+from sm121_build.cli.inputs import JOBS, arch_list, extension_names
+from sm121_build.errors import Sm121Error
+from sm121_build.image.engine import Engine
+from sm121_build.image.facts import inspect_image, require_vllm
+from sm121_build.image.refs import IMAGE_ID
+from sm121_build.source.pin import version_to_ref
+
+
+@click.command()
+@click.option("--base", required=True, help="Stock vLLM image in the local engine.")
+@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
+              help="TORCH_CUDA_ARCH_LIST.")
+@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
+              help="Another extension to rebuild.")
+@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
+@click.option("--no-buildkit", is_flag=True, help="No RUN --mount cache (legacy builder).")
+def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+               no_buildkit: bool) -> None:
+    """Print the multi-stage Dockerfile; the build context needs src/ and build_extensions.py.
+
+    cmake or ninja the image lacks are pip-installed in the builder stage (network)."""
+    facts = inspect_image(Engine.connect(), base)
+    vllm = require_vllm(facts)
+    ref = version_to_ref(vllm.version, vllm.commit_id)
+    plan = plan_for(facts, arch, extra_ext, jobs, None, str(ref), None, not no_buildkit,
+                    copy_tools=False)
+    if plan.base == facts.id:
+        # No registry digest to pin: `FROM sha256:<id>` sends BuildKit to Docker Hub, so
+        # the Dockerfile names the image as the user did (a tag both builders resolve here).
+        if IMAGE_ID.match(base):
+            raise Sm121Error(f"{base} is an image ID and the image has no registry digest: a "
+                             "Dockerfile cannot name it offline; pass one of its tags")
+        plan = replace(plan, base=base)
+        click.echo(f"note: {base} has no registry digest; FROM names the tag, not pinned to "
+                   f"{facts.id[:19]}", err=True)
+    click.echo(render(plan), nl=False)

@@ -1,0 +1,95 @@
+"""Command-line inputs checked before any work: arch lists, extension names, job counts.
+
+Each check is a click callback raising `click.BadParameter`, which the CLI prints as one
+`error:` line (exit 2).  What cannot give sm_121 loadable code, what would escape the build
+context or inject a Dockerfile instruction, and what a compiler would reject only after an
+hour are refused here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import click
+
+from sm121_build.errors import Sm121Error
+from sm121_build.verify.compat import arch_list_items, cubin_loads, dotted_arch, parse_target
+
+SM121 = parse_target("sm_121")
+# CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
+# spells them.
+KNOWN_ARCHS = frozenset({
+    "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.8",
+    "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"})
+ARCH_ENTRY = re.compile(r"^(\d{1,2}\.\d)([af]?)(\+PTX)?$")
+EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.abi3)?(?:\.[A-Za-z0-9_-]+)?(?:\.so)?$")
+
+
+def arch_list(ctx: click.Context | None, param: click.Parameter | None, value: str) -> str:
+    """A TORCH_CUDA_ARCH_LIST of real archs with at least one that sm_121 loads natively."""
+    items = arch_list_items(value)
+    if not items:
+        raise click.BadParameter("the arch list is empty: expected e.g. 12.1 or 12.1a")
+    for item in items:
+        match = ARCH_ENTRY.match(item)
+        if match is None or match.group(1) not in KNOWN_ARCHS:
+            known = ", ".join(sorted(KNOWN_ARCHS, key=_order))
+            raise click.BadParameter(f"{item!r} is not a CUDA architecture (known: {known}; "
+                                     "suffix a or f, or +PTX)")
+    native = [i for i in items if (parsed := dotted_arch(i.replace("+PTX", ""))) is not None
+              and cubin_loads(*parsed, SM121)]
+    if not native:
+        raise click.BadParameter(
+            f"{value!r} gives {SM121} no native code (its cubins cannot load there): "
+            "include 12.1, 12.1a or 12.0f")
+    return value
+
+
+def _order(arch: str) -> tuple[int, int]:
+    major, minor = arch.split(".")
+    return int(major), int(minor)
+
+
+def extension_names(ctx: click.Context | None, param: click.Parameter | None,
+                    value: tuple[str, ...]) -> tuple[str, ...]:
+    """Extension names are plain file or CMake target names: no path, no whitespace."""
+    for name in value:
+        if not EXTENSION_NAME.match(name) or ".." in name:
+            raise click.BadParameter(
+                f"{name!r} is not an extension name (a CMake target such as _moe_C or a file "
+                "name such as _moe_C.abi3.so; no path, no spaces)")
+    return value
+
+
+JOBS = click.IntRange(min=1, max=4096)
+
+
+def require_writable(path: Path | None, option: str, *, directory: bool = False) -> None:
+    """Fail now, not after an hour's build, when an output cannot be written."""
+    if path is None:
+        return
+    folder = path if directory else path.parent
+    try:
+        if path.exists() and path.is_dir() != directory:
+            kind = "a directory" if path.is_dir() else "a file"
+            raise Sm121Error(f"{option} {path}: is {kind}")
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".sm121-probe-"):
+            pass
+        if not directory and path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(13, "Permission denied", str(path))
+    except OSError as exc:
+        raise Sm121Error(f"{option} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
+def require_outputs(out: Path | None, report: Path | None, summary_md: Path | None) -> None:
+    """--out, --report, --summary-md and the cache dir, checked before any work."""
+    from sm121_build.image.facts import cache_dir
+
+    require_writable(out, "--out", directory=True)
+    require_writable(report, "--report")
+    require_writable(summary_md, "--summary-md")
+    require_writable(cache_dir(), "cache dir (XDG_CACHE_HOME)", directory=True)

@@ -1,0 +1,102 @@
+"""`sm121-build patch SRC_DIR`: rewrite guards by rule; `--explain` shows every guard call."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from sm121_build.cli.inputs import arch_list
+from sm121_build.source.external import tree_project
+from sm121_build.source.guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
+from sm121_build.source.patch import (
+    RuleResult,
+    apply_all,
+    breaks_ptxas,
+    covered,
+    read_source_version,
+)
+from sm121_build.source.pin import require_vllm_tree
+from sm121_build.verify.checks import SM121
+from sm121_build.verify.compat import loads_natively
+
+
+def _targets(guard: Guard) -> str:
+    if guard.result is None:
+        return f"cannot evaluate: {guard.call.unresolved}"
+    if not guard.taken:
+        return "(branch not taken)"
+    return ";".join(guard.targets) or "(none)"
+
+
+def _guard_line(guard: Guard, result: RuleResult) -> str:
+    mark = "  << plain 12.x: ptxas rejects e2m1x2" if breaks_ptxas(guard) else ""
+    unloadable = [a for a in guard.targets if a.startswith("12.") and a not in guard.plain_sm12x
+                  and not loads_natively(a, SM121.target)]
+    if unloadable and covered(guard):
+        mark += f"  << {', '.join(unloadable)}: {SM121.target} cannot load it"
+    line = (f"  {guard.location:<42} {guard.variable:<28} \"{guard.arch_list}\" "
+            f"-> {_targets(guard)}{mark}")
+    rewrite = next((r for r in result.rewrites if r.guard.location == guard.location), None)
+    if rewrite is not None:
+        verb = "rewritten" if result.action == "rewrite" else "target added"
+        line += f", {verb} \"{rewrite.new_list}\" -> {';'.join(rewrite.result) or '(none)'}"
+    if guard.branch:
+        line += f"   [{guard.branch}]"
+    return line
+
+
+@click.command()
+@click.argument("source", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
+              help="TORCH_CUDA_ARCH_LIST for the build, e.g. 12.1 or 12.1a.")
+@click.option("--version", "vllm_version", help="vLLM version of SOURCE (read from it if unset).")
+@click.option("--check", is_flag=True, help="Report only; write nothing.")
+@click.option("--explain", is_flag=True,
+              help="Evaluate every arch guard with the source's own CMake function.")
+@click.option("--all-guards", is_flag=True, help="With --explain: also guards no rule covers.")
+@click.option("--cuda-version", default=DEFAULT_CUDA, show_default=True,
+              help="CUDA toolkit the build uses: vLLM narrows the arch list per CUDA version.")
+def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explain: bool,
+          all_guards: bool, cuda_version: str) -> None:
+    """Rewrite a vLLM checkout's arch guards by the rules in patches/ (atomic, idempotent)."""
+    project = tree_project(source)
+    if project is None:
+        require_vllm_tree(source)
+    archs = cmake_arch_list(arch)
+    version = vllm_version or (read_source_version(source) if project is None else "0")
+    if version is None:
+        raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
+    name = project.name if project else "vllm"
+    results: list[RuleResult] = apply_all(source, version, archs, check=check or explain,
+                                         cuda_version=cuda_version, project=name,
+                                         gpu=SM121.target)
+    if explain:
+        effective = effective_archs(source, archs, cuda_version)
+        what = f"{name} {version}" if project is None else f"{name} (as vLLM builds it)"
+        narrowed = f" (narrowed by its CUDA {cuda_version} list from {archs})" if (
+            effective != archs) else ""
+        click.echo(f"{what}, CUDA_ARCHS={effective}{narrowed}: what each guard gives nvcc")
+        shown: set[str] = set()
+        for result in results:
+            for guard in result.before:
+                if (all_guards or covered(guard, name)) and guard.location not in shown:
+                    shown.add(guard.location)
+                    click.echo(_guard_line(guard, result))
+        no_native = [g for r in results for g in r.before if g.taken and covered(g, name)
+                     and g.result is not None and not any(loads_natively(t, SM121.target)
+                                                          for t in g.targets)]
+        if no_native and project is not None:
+            click.echo(f"note: {len(no_native)} guard(s) give {SM121.target} no native code "
+                       "(PTX at best: JIT at first use); the rule adds a target")
+        dropped = [r.guard for result in results for r in result.rewrites
+                   if not any(a.startswith("12.") for a in r.result)]
+        if dropped:
+            click.echo(f"note: after the rewrite, {len(dropped)} guard(s) give no SM12x target "
+                       f"for {archs}: those kernels are left out of the build")
+    for result in results:
+        verb = "would apply" if (check or explain) and result.outcome == "applied" else None
+        click.echo(f"{result.name}: {verb or result.outcome} ({result.detail})")
+        if result.diff and not explain:
+            sys.stdout.write(result.diff)

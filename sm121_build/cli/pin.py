@@ -1,0 +1,50 @@
+"""`sm121-build pin IMAGE`: the image's vLLM version, commit and build paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from sm121_build.image.engine import Engine
+from sm121_build.image.facts import inspect_image, require_vllm
+from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
+
+
+@click.command()
+@click.argument("image")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--fetch", is_flag=True, help="Also fetch the source at that commit.")
+@click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Use this existing checkout instead of fetching.")
+@click.option("--repo", default=UPSTREAM, show_default=True, help="Upstream git URL.")
+def pin(image: str, as_json: bool, fetch: bool, source: Path | None, repo: str) -> None:
+    """Read IMAGE's vLLM version and commit (no container is run) and map them to git."""
+    facts = inspect_image(Engine.connect(), image)
+    vllm = require_vllm(facts)
+    ref = version_to_ref(vllm.version, vllm.commit_id)
+    checkout = commit = None
+    if source:
+        checkout, commit = source, resolve_checkout(source)
+    elif fetch:
+        checkout, commit = fetch_source(ref, repo)
+    data = {"image": facts.ref, "id": facts.id, "digest": facts.digest_ref,
+            "platform": facts.platform, "vllm": facts.to_json()["vllm"],
+            "git_ref": {"kind": ref.kind, "value": ref.value},
+            "source": str(checkout) if checkout else None, "commit": commit}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(f"image      {facts.ref}  ({facts.platform})")
+    click.echo(f"digest     {facts.digest_ref}")
+    click.echo(f"vllm       {vllm.version}  commit_id={vllm.commit_id or '-'}")
+    click.echo(f"git ref    {ref}")
+    click.echo(f"python     {vllm.python}  {vllm.site_packages}")
+    click.echo(f"extensions {', '.join(vllm.extensions) or '-'}")
+    click.echo(f"cuda       include={vllm.cuda_include or '-'}  lib={vllm.cuda_lib or '-'}  "
+               f"home={vllm.cuda_home or '-'}")
+    if vllm.tools:
+        click.echo(f"tools      {vllm.tools.describe()}")
+    if checkout:
+        click.echo(f"source     {checkout} @ {commit}")

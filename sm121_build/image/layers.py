@@ -1,0 +1,191 @@
+"""Read an image's final filesystem from its saved layers, without running a container.
+
+Both tarball shapes are handled: `docker save` (manifest.json listing layer paths) and an
+OCI image layout (index.json -> manifest -> layer blobs).  Layers are applied in order with
+OCI whiteout rules: `.wh.NAME` deletes NAME, `.wh..wh..opq` hides the directory's lower
+layers.  https://github.com/opencontainers/image-spec/blob/main/layer.md#whiteouts
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import zstandard
+
+from sm121_build.errors import Sm121Error
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _bad(archive: Path, why: str) -> Sm121Error:
+    return Sm121Error(f"{archive}: not a docker-save or OCI image tarball ({why})")
+
+
+def _read_json(outer: tarfile.TarFile, name: str, archive: Path) -> Any:
+    try:
+        handle = outer.extractfile(name)
+    except KeyError:
+        raise _bad(archive, f"{name} missing") from None
+    if handle is None:
+        raise _bad(archive, f"{name} is not a file")
+    try:
+        return json.load(handle)
+    except ValueError as exc:
+        raise _bad(archive, f"{name} is not JSON: {exc}") from None
+
+
+def _names(outer: tarfile.TarFile) -> set[str]:
+    return {posixpath.normpath(n) for n in outer.getnames()}
+
+
+def _blob(digest: str) -> str:
+    algorithm, _, value = digest.partition(":")
+    return f"blobs/{algorithm}/{value}"
+
+
+def layer_paths(outer: tarfile.TarFile, archive: Path, platform: str | None = None) -> list[str]:
+    """Member names of the layer tars, bottom first."""
+    names = _names(outer)
+    if "manifest.json" in names:
+        manifest = _read_json(outer, "manifest.json", archive)
+        if not isinstance(manifest, list) or not manifest or "Layers" not in manifest[0]:
+            raise _bad(archive, "manifest.json has no Layers")
+        if len(manifest) > 1:
+            raise Sm121Error(f"{archive}: holds {len(manifest)} images; save one image per tarball")
+        return [str(p) for p in manifest[0]["Layers"]]
+    if "index.json" in names:
+        document = _read_json(outer, "index.json", archive)
+        while "layers" not in document:
+            manifests = document.get("manifests") or []
+            chosen = _choose_manifest(manifests, platform, archive)
+            document = _read_json(outer, _blob(chosen["digest"]), archive)
+        return [_blob(layer["digest"]) for layer in document["layers"]]
+    raise _bad(archive, "neither manifest.json nor index.json found")
+
+
+def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
+                     archive: Path) -> dict[str, Any]:
+    if not manifests:
+        raise _bad(archive, "index.json lists no manifests")
+    if len(manifests) == 1:
+        return manifests[0]
+    found = {}
+    for entry in manifests:
+        plat = entry.get("platform") or {}
+        name = f"{plat.get('os', '?')}/{plat.get('architecture', '?')}"
+        if name != "unknown/unknown":  # attestation manifests
+            found[name] = entry
+    if platform in found:
+        return found[platform]
+    if len(found) == 1:
+        return next(iter(found.values()))
+    raise Sm121Error(
+        f"{archive}: holds several platforms ({', '.join(sorted(found))}); "
+        "pick one with --platform")
+
+
+def _open_layer(handle: IO[bytes]) -> tarfile.TarFile:
+    head = handle.read(4)
+    handle.seek(0)
+    if head == ZSTD_MAGIC:
+        stream = zstandard.ZstdDecompressor().stream_reader(handle)
+        return tarfile.open(fileobj=stream, mode="r|")
+    return tarfile.open(fileobj=handle, mode="r|*")
+
+
+def _safe_relpath(name: str) -> str | None:
+    path = posixpath.normpath("/" + name).lstrip("/")
+    return path or None
+
+
+@dataclass
+class Filesystem:
+    """An image's final file list, and where the wanted files were written."""
+
+    root: Path
+    files: set[str] = field(default_factory=set)
+    extracted: set[str] = field(default_factory=set)
+
+    def remove(self, path: str, keep_dir: bool = False) -> None:
+        prefix = path.rstrip("/") + "/" if path else ""
+        for name in [n for n in self.files if n.startswith(prefix) or (n == path and
+                                                                       not keep_dir)]:
+            self.files.discard(name)
+            if name in self.extracted:
+                (self.root / name).unlink(missing_ok=True)
+                self.extracted.discard(name)
+
+
+def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
+                  platform: str | None = None,
+                  progress: Callable[[int], None] | None = None) -> Filesystem:
+    """Apply the layers: list every final file, write those `wanted(path)` accepts to dest.
+
+    Paths are relative, without a leading slash.
+    """
+    fs = Filesystem(dest)
+    try:
+        outer = tarfile.open(archive, mode="r:*")  # noqa: SIM115 - closed by the with below
+    except (tarfile.TarError, OSError) as exc:
+        raise _bad(archive, str(exc)) from None
+    with outer:
+        for layer_name in layer_paths(outer, archive, platform):
+            try:
+                handle = outer.extractfile(layer_name)
+            except KeyError:
+                raise _bad(archive, f"layer {layer_name} missing") from None
+            if handle is None:
+                raise _bad(archive, f"layer {layer_name} is not a file")
+            try:
+                with handle, _open_layer(handle) as layer:
+                    _apply_layer(layer, fs, wanted)
+            except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError) as exc:
+                raise _bad(archive, f"layer {layer_name} is unreadable: {exc}") from None
+            if progress:
+                progress(1)
+    return fs
+
+
+def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
+                 wanted: Callable[[str], bool]) -> None:
+    for member in layer:
+        path = _safe_relpath(member.name)
+        if path is None:
+            continue
+        parent, base = posixpath.split(path)
+        if base == OPAQUE:
+            fs.remove(parent, keep_dir=True)
+            continue
+        if base.startswith(WHITEOUT):
+            fs.remove(posixpath.join(parent, base[len(WHITEOUT):]))
+            continue
+        if member.isdir():
+            continue
+        fs.remove(path)  # an upper layer's entry replaces whatever was at that path
+        fs.files.add(path)
+        if not (member.isfile() or member.islnk()) or not wanted(path):
+            continue
+        target = fs.root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if member.islnk():  # a stream cannot seek back: copy the file the link names
+            linked = _safe_relpath(member.linkname)
+            if linked in fs.extracted:
+                shutil.copy(fs.root / linked, target)
+                fs.extracted.add(path)
+            continue
+        source = layer.extractfile(member)
+        if source is None:
+            continue
+        with source, open(target, "wb") as out:
+            shutil.copyfileobj(source, out, 1 << 20)
+        target.chmod(member.mode & 0o755 | 0o600)  # the image's mode, readable by us
+        fs.extracted.add(path)

@@ -1,0 +1,472 @@
+"""Know the build's outcome before compiling: find vLLM's arch guards and evaluate them with CMake.
+
+A guard is a call of `cuda_archs_loose_intersection(VAR "LIST" "${CUDA_ARCHS}")`, or of a
+function the source defines around it (`cuda_archs_sm90plus(VAR "${CUDA_ARCHS}")`), in any of the
+scanned CMake files: found with a reader of the CMake language (any spacing, calls split over
+lines, comments between arguments, any branch), with `${VAR}` arguments resolved where the files
+set them once to a literal list.  Each is evaluated with the pinned source's own function
+(`cmake/utils.cmake`) through `cmake -P`, for the arch list the build will use.  Its semantics
+changed between releases, so no re-implementation is attempted: CMake answers.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm121_build.errors import Sm121Error
+from sm121_build.source.cmake_lang import (
+    Argument,
+    CMakeSyntaxError,
+    Command,
+    commands,
+    variables_in,
+)
+from sm121_build.verify.compat import arch_list_items
+
+GUARD_FUNCTION = "cuda_archs_loose_intersection"
+PLAIN_SM12X = re.compile(r"^12\.\d+$")
+SM12X_ENTRY = re.compile(r"^12\.\d+")
+NARROWING = "CUDA_ARCHS"
+TARGET_REF = "${CUDA_ARCHS}"
+DEFAULT_FILES = ("CMakeLists.txt", "cmake/**/*.cmake")
+UTILS = "cmake/utils.cmake"
+MIN_CMAKE = (3, 26)
+DEFAULT_CUDA = "13.0"
+LIST_MODIFIERS = {"append", "prepend", "insert", "remove_item", "remove_at", "filter",
+                  "transform", "remove_duplicates", "pop_back", "pop_front", "sort", "reverse"}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One guard call as written in the source, its arguments resolved where possible."""
+
+    file: str
+    line: int
+    function: str
+    variable: str
+    arch_list: str | None  # the list argument as CMake sees it; None: inside a wrapper
+    list_arg: Argument | None  # where that argument is written (None for a wrapper)
+    evaluated_args: tuple[str, ...] | None  # what the evaluation passes; None: cannot
+    branch: str
+    levels: tuple[Level, ...]  # the enclosing branches, as the evaluation replays them
+    unresolved: str  # why it cannot be evaluated ("" when it can)
+    may_give_sm12x: bool  # some entry the list can hold is a 12.x arch (True when unknown)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A guard call and what it yields for the requested archs (None: not evaluable)."""
+
+    call: Call
+    result: tuple[str, ...] | None
+    taken: bool = True  # False: the CUDA version rules its branch out; result is ()
+
+    @property
+    def file(self) -> str:
+        return self.call.file
+
+    @property
+    def line(self) -> int:
+        return self.call.line
+
+    @property
+    def variable(self) -> str:
+        return self.call.variable
+
+    @property
+    def arch_list(self) -> str:
+        if self.call.arch_list is not None:
+            return self.call.arch_list
+        return f"(in {self.call.function})"
+
+    @property
+    def branch(self) -> str:
+        return self.call.branch
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.result or ()
+
+    @property
+    def plain_sm12x(self) -> tuple[str, ...]:
+        return tuple(a for a in self.targets if PLAIN_SM12X.match(a))
+
+    @property
+    def location(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def find_cmake() -> str:
+    """cmake from this environment (the `cmake` PyPI package) when the system one is older."""
+    candidates = [str(Path(sys.executable).parent / "cmake"), "cmake"]
+    for candidate in candidates:
+        try:
+            out = subprocess.run([candidate, "--version"], capture_output=True, text=True,
+                                 check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        match = re.search(r"version (\d+)\.(\d+)", out)
+        if match and (int(match.group(1)), int(match.group(2))) >= MIN_CMAKE:
+            return candidate
+    raise Sm121Error(
+        f"cmake >= {MIN_CMAKE[0]}.{MIN_CMAKE[1]} not found: `pip install cmake` (vLLM needs it)")
+
+
+def scan_files(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[str]:
+    """The files (relative, sorted, each once) the patterns name in a source tree."""
+    found: list[str] = []
+    for pattern in patterns:
+        for path in sorted(source.glob(pattern)):
+            rel = path.relative_to(source).as_posix()
+            if path.is_file() and rel not in found:
+                found.append(rel)
+    return found
+
+
+def parse(path: Path, rel: str) -> tuple[str, list[Command]]:
+    """A CMake file's text and its commands."""
+    try:
+        text = path.read_text()
+        return text, commands(text)
+    except CMakeSyntaxError as exc:
+        raise Sm121Error(f"{rel}: cannot read it as CMake: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Sm121Error(f"{rel}: cannot read it: {exc}") from None
+
+
+@dataclass
+class _Definitions:
+    """What the scanned files assign to each variable, outside function bodies."""
+
+    sets: dict[str, list[str | None]]  # each set(): its literal value, None if not literal
+    extra: dict[str, list[str | None]]  # list(APPEND/PREPEND/INSERT …) values
+    modified: set[str]  # changed by another list() operation
+
+    def value(self, name: str) -> str | None:
+        """The one literal value of a variable set once and never changed."""
+        values = self.sets.get(name, [])
+        if len(values) == 1 and name not in self.modified and name not in self.extra:
+            return values[0]
+        return None
+
+    def possible(self, name: str) -> list[str] | None:
+        """Every entry the variable can hold; None when something is not literal."""
+        values = self.sets.get(name, []) + self.extra.get(name, [])
+        if name in self.modified or not values or any(v is None for v in values):
+            return None
+        return [e for v in values if v for e in v.split(";") if e]
+
+
+def _literal(arguments: tuple[Argument, ...]) -> str | None:
+    if any(variables_in(a.value) or a.kind == "paren" for a in arguments):
+        return None
+    return ";".join(a.value for a in arguments)
+
+
+def _collect(parsed: dict[str, list[Command]]) -> tuple[_Definitions, dict[str, str]]:
+    """Variable assignments outside functions, and the guard functions: the base one plus
+    every function whose body calls a guard function (name -> defining file)."""
+    defs = _Definitions({}, {}, set())
+    bodies: dict[str, tuple[str, list[Command]]] = {}
+    for rel, cmds in parsed.items():
+        current: list[Command] | None = None
+        for cmd in cmds:
+            if cmd.key in ("function", "macro") and cmd.words:
+                current = []
+                bodies[cmd.words[0].value.lower()] = (rel, current)
+            elif cmd.key in ("endfunction", "endmacro"):
+                current = None
+            elif current is not None:
+                current.append(cmd)
+            elif cmd.key == "set" and cmd.words:
+                rest = cmd.words[1:]
+                scoped = any(a.value in ("PARENT_SCOPE", "CACHE") for a in rest)
+                defs.sets.setdefault(cmd.words[0].value, []).append(
+                    None if scoped else _literal(rest))
+            elif cmd.key == "list" and len(cmd.words) >= 2:
+                op, name = cmd.words[0].value.lower(), cmd.words[1].value
+                if op in ("append", "prepend"):
+                    defs.extra.setdefault(name, []).append(_literal(cmd.words[2:]))
+                elif op == "insert":
+                    defs.extra.setdefault(name, []).append(_literal(cmd.words[3:]))
+                elif op in LIST_MODIFIERS:
+                    defs.modified.add(name)
+    functions = {GUARD_FUNCTION: ""}
+    changed = True
+    while changed:
+        changed = False
+        for name, (rel, body) in bodies.items():
+            if name not in functions and any(c.key in functions for c in body):
+                functions[name] = rel
+                changed = True
+    return defs, functions
+
+
+Level = tuple[tuple[str, ...], str]  # (sibling conditions before, own condition)
+KNOWN_WORDS = re.compile(r"^(?:\$\{CMAKE_CUDA_COMPILER_VERSION\}|CMAKE_CUDA_COMPILER_VERSION|"
+                         r"VERSION_(?:LESS|GREATER|EQUAL|LESS_EQUAL|GREATER_EQUAL)|"
+                         r"AND|OR|NOT|DEFINED|\d+(?:\.\d+)*|[()])$")
+
+
+def _known(cmd: Command) -> str | None:
+    """A condition the evaluation can decide (it tests only the CUDA version), else None."""
+    words = [a.value for a in cmd.arguments]
+    if words and all(KNOWN_WORDS.match(w) for w in words) and any(
+            "CMAKE_CUDA_COMPILER_VERSION" in w for w in words):
+        return " ".join(words)
+    return None
+
+
+def _branches(cmds: list[Command], text: str) -> list[tuple[str, tuple[Level, ...]]]:
+    """Per command: its innermost enclosing if()/elseif()/else() as written, and the chain of
+    enclosing branches as the evaluation replays it.  A condition on anything but the CUDA
+    version is taken as possibly true (and a sibling before it as possibly false), so a call
+    is skipped only where the CUDA version rules its branch out."""
+    shown: list[str] = []
+    levels: list[tuple[list[str], str]] = []
+    out = []
+    for cmd in cmds:
+        condition = known = ""
+        if cmd.key in ("if", "elseif"):
+            condition = " ".join(text[cmd.arguments[0].start:cmd.arguments[-1].end].split()) \
+                if cmd.arguments else ""
+            known = _known(cmd) or ""
+        if cmd.key == "if":
+            shown.append(condition)
+            levels.append(([], known or "TRUE"))
+        elif cmd.key == "elseif" and shown:
+            shown[-1] = f"elseif {condition}"
+            priors, own = levels[-1]
+            levels[-1] = ([*priors, own] if own != "TRUE" else priors, known or "TRUE")
+        elif cmd.key == "else" and shown:
+            shown[-1] = f"else of {shown[-1]}"
+            priors, own = levels[-1]
+            levels[-1] = ([*priors, own] if own != "TRUE" else priors, "TRUE")
+        elif cmd.key == "endif" and shown:
+            shown.pop()
+            levels.pop()
+        out.append((shown[-1] if shown else "", tuple((tuple(p), o) for p, o in levels)))
+    return out
+
+
+def find_calls(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[Call]:
+    """Every guard call of the scanned files, in file order (narrowing calls excluded)."""
+    read = {rel: parse(source / rel, rel) for rel in scan_files(source, patterns)}
+    parsed = {rel: cmds for rel, (_text, cmds) in read.items()}
+    defs, functions = _collect(parsed)
+    calls = []
+    for rel, (text, cmds) in read.items():
+        depth = 0
+        for cmd, (branch, levels) in zip(cmds, _branches(cmds, text), strict=True):
+            if cmd.key in ("function", "macro"):
+                depth += 1
+            elif cmd.key in ("endfunction", "endmacro"):
+                depth = max(depth - 1, 0)
+            elif depth == 0 and cmd.key in functions:
+                call = _call(rel, cmd, branch, levels, cmd.key, functions[cmd.key], defs)
+                if call is not None:
+                    calls.append(call)
+    return calls
+
+
+def _expand(value: str, defs: _Definitions) -> tuple[str | None, str]:
+    """A value with every `${VAR}` but the target list replaced; or why it cannot be."""
+    for name in variables_in(value):
+        if name == NARROWING:
+            continue
+        resolved = defs.value(name)
+        if resolved is None:
+            return None, f"${{{name}}} is not set once to a literal list in the scanned files"
+        value = value.replace(f"${{{name}}}", resolved)
+    return value, ""
+
+
+def _possible_sm12x(value: str, defs: _Definitions) -> bool:
+    entries = [e for e in value.split(";") if e and not variables_in(e)]
+    for name in variables_in(value):
+        if name == NARROWING:
+            continue
+        possible = defs.possible(name)
+        if possible is None:
+            return True
+        entries += possible
+    return any(SM12X_ENTRY.match(e) for e in entries)
+
+
+def _call(rel: str, cmd: Command, branch: str, levels: tuple[Level, ...], function: str,
+          defined_in: str, defs: _Definitions) -> Call | None:
+    words = cmd.words
+    if not words:
+        return None
+    variable = words[0].value
+    if variable == NARROWING:
+        return None  # vLLM's own narrowing of the requested archs: see effective_archs
+    unresolved = ""
+    if not re.fullmatch(r"\w+", variable):
+        unresolved = f"its output variable {variable!r} is not a plain name"
+    is_base = function == GUARD_FUNCTION
+    list_arg = words[1] if is_base and len(words) == 3 else None
+    if is_base and list_arg is None:
+        unresolved = unresolved or f"expected 3 arguments, found {len(words)}"
+    if not is_base and defined_in != UTILS:
+        unresolved = unresolved or f"{function} is defined in {defined_in}, not {UTILS}"
+    args: list[str] = []
+    for arg in words[1:]:
+        expanded, why = _expand(arg.value, defs)
+        unresolved = unresolved or why
+        args.append(expanded or "")
+    split = [a.value for a in words[1:] if a.kind == "unquoted" and ("${" in a.value
+                                                                      or ";" in a.value)]
+    if split:
+        unresolved = unresolved or f"its argument {split[0]} is unquoted: CMake splits it"
+    target_ok = TARGET_REF in [a.value for a in words[1:]] and (
+        list_arg is None or words[2].value == TARGET_REF)
+    if not target_ok:
+        unresolved = unresolved or f"its target list is not \"{TARGET_REF}\""
+    arch_list = None
+    may = True
+    if list_arg is not None:
+        expanded, _ = _expand(list_arg.value, defs)
+        arch_list = expanded if expanded is not None else list_arg.value
+        may = _possible_sm12x(list_arg.value, defs)
+    return Call(rel, cmd.line, function, variable, arch_list, list_arg,
+                None if unresolved else tuple(args), branch, levels, unresolved, may)
+
+
+def supported_archs_block(source: Path) -> list[str]:
+    """The top-level commands of CMakeLists.txt that set or extend CUDA_SUPPORTED_ARCHS
+    before the source narrows CUDA_ARCHS to it (whole `if()` chains, in order).
+
+    vLLM narrows the requested archs to that list (by CUDA version) before any guard runs:
+    with CUDA 13 some releases list `12.0` but not `12.1`, so `12.1` builds as `12.0`.
+    vLLM writes the list in one if() chain; flash-attention sets a base list and then
+    appends to it by CUDA version.
+    """
+    path = source / "CMakeLists.txt"
+    if not path.exists():
+        return []
+    text, cmds = parse(path, "CMakeLists.txt")
+    blocks: list[str] = []
+    depth, start = 0, 0
+    touches = False
+    for cmd in cmds:
+        words = [w.value for w in cmd.words]
+        if cmd.key == GUARD_FUNCTION and words[:1] == ["CUDA_ARCHS"]:
+            break  # the narrowing itself: what follows it does not change it
+        edits = (cmd.key == "set" and words[:1] == ["CUDA_SUPPORTED_ARCHS"]) or (
+            cmd.key == "list" and words[1:2] == ["CUDA_SUPPORTED_ARCHS"])
+        if cmd.key == "if":
+            if depth == 0:
+                start, touches = cmd.start, False
+            depth += 1
+        elif cmd.key == "endif" and depth:
+            depth -= 1
+            if depth == 0 and touches:
+                blocks.append(text[start:cmd.end])
+        elif edits and depth == 0:
+            blocks.append(text[cmd.start:cmd.end])
+        touches = touches or edits
+    return blocks
+
+
+def effective_archs(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA) -> str:
+    """The CUDA_ARCHS vLLM's CMake derives from the requested archs (`;`-joined)."""
+    return _run(source, archs, cuda_version, [])[1]
+
+
+def evaluate(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA,
+             patterns: tuple[str, ...] = DEFAULT_FILES,
+             calls: list[Call] | None = None) -> list[Guard]:
+    """Run each guard call through the source's own functions.
+
+    The requested archs are first narrowed as vLLM's CMakeLists.txt does (the
+    CUDA_SUPPORTED_ARCHS list for `cuda_version`), so every guard sees the CUDA_ARCHS a
+    real configure would give it.  Calls that cannot be evaluated get the result None.
+    """
+    found = find_calls(source, patterns) if calls is None else calls
+    invocations = [(c.function, c.evaluated_args, c.levels) for c in found
+                   if c.evaluated_args is not None]
+    if not invocations:
+        return [Guard(c, None) for c in found]
+    results = _run(source, archs, cuda_version, invocations)[0]
+    guards = []
+    index = 0
+    for call in found:
+        if call.evaluated_args is None:
+            guards.append(Guard(call, None))
+        else:
+            guards.append(Guard(call, results.get(index, ()), index in results))
+            index += 1
+    return guards
+
+
+def intersect(source: Path, archs: str, lists: list[str],
+              cuda_version: str = DEFAULT_CUDA) -> list[tuple[str, ...]]:
+    """What the source's cuda_archs_loose_intersection gives each list for the archs."""
+    if not lists:
+        return []
+    results = _run(source, archs, cuda_version,
+                   [(GUARD_FUNCTION, (arch_list, TARGET_REF), ()) for arch_list in lists])[0]
+    return [results.get(i, ()) for i in range(len(lists))]
+
+
+Invocation = tuple[str, tuple[str, ...], tuple[Level, ...]]
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _run(source: Path, archs: str, cuda_version: str,
+         invocations: list[Invocation]) -> tuple[dict[int, tuple[str, ...]], str]:
+    utils = source.resolve() / UTILS
+    if not utils.exists():
+        raise Sm121Error(f"{source}: no {UTILS}; is this a vLLM source tree?")
+    if not re.fullmatch(r"\d+\.\d+", cuda_version):
+        raise Sm121Error(f"unknown CUDA version {cuda_version!r}: expected e.g. 13.0")
+    script = [f'include("{utils.as_posix()}")', f'set(CUDA_ARCHS "{archs}")',
+              f'set(CMAKE_CUDA_COMPILER_VERSION "{cuda_version}")']
+    supported = supported_archs_block(source)
+    if supported:
+        script += [*supported,
+                   'cuda_archs_loose_intersection(CUDA_ARCHS "${CUDA_SUPPORTED_ARCHS}" '
+                   '"${CUDA_ARCHS}")']
+    script.append('message(STATUS "SM121ARCHS|${CUDA_ARCHS}")')
+    for index, (function, args, levels) in enumerate(invocations):
+        body = (f"set(SM121OUT)\n{function}(SM121OUT {' '.join(map(_quote, args))})\n"
+                f'message(STATUS "SM121GUARD|{index}|${{SM121OUT}}")')
+        for priors, own in reversed(levels):
+            chain = "".join(f"{'else' if i else ''}if({c})\n" for i, c in enumerate(priors))
+            body = f"{chain}{'else' if priors else ''}if({own})\n{body}\nendif()"
+        script.append(body)
+    with tempfile.TemporaryDirectory(prefix="sm121-explain-") as tmp:
+        path = Path(tmp) / "explain.cmake"
+        path.write_text("\n".join(script) + "\n")
+        result = subprocess.run([find_cmake(), "-P", str(path)], capture_output=True, text=True,
+                                check=False, cwd=tmp)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Sm121Error(f"cmake -P could not evaluate {utils}: {last}")
+    results: dict[int, tuple[str, ...]] = {}
+    effective = ""
+    for out_line in result.stdout.splitlines():
+        if "SM121GUARD|" in out_line:
+            key, _, value = out_line.split("SM121GUARD|", 1)[1].partition("|")
+            results[int(key)] = tuple(a for a in value.split(";") if a)
+        elif "SM121ARCHS|" in out_line:
+            effective = out_line.split("SM121ARCHS|", 1)[1].strip()
+    return results, effective
+
+
+def cmake_arch_list(arch: str) -> str:
+    """TORCH_CUDA_ARCH_LIST style (`12.1`, `12.1a`, `9.0 12.1`) to CMake's `12.1;9.0`."""
+    items = arch_list_items(arch)
+    for item in items:
+        if not re.fullmatch(r"\d{1,2}\.\d[af]?(\+PTX)?", item):
+            raise Sm121Error(f"unknown arch {item!r} in {arch!r}: expected e.g. 12.1 or 12.1a")
+    return ";".join(i.replace("+PTX", "") for i in items)

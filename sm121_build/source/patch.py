@@ -1,0 +1,465 @@
+"""Rewrite vLLM's arch guards by rule (YAML data under patches/): decided, atomic, idempotent.
+
+A rule names a guard family by its output variable (`FP4_SM120_ARCHS`, `QUTLASS_ARCHS`, …),
+the files to scan, and what a 12.x entry of such a guard's list becomes when the guard would
+hand ptxas a plain 12.x target.  Every call of the guard functions in those files is found
+and evaluated with the source's own CMake (`guards.evaluate`); only calls whose result holds a
+plain 12.x target are rewritten, only in their list argument, with the first candidate form
+after which CMake gives no plain 12.x target.  All files are written or none; the result is
+re-evaluated.  Version-keyed literal patches (`exceptions`) remain for real exceptions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from sm121_build.errors import PatchDrift, Sm121Error
+from sm121_build.image.facts import read_version_file
+from sm121_build.shipped import shipped_dir
+from sm121_build.source.guards import (
+    DEFAULT_CUDA,
+    SM12X_ENTRY,
+    Guard,
+    effective_archs,
+    evaluate,
+    intersect,
+    scan_files,
+)
+from sm121_build.verify.compat import Target, loads_natively, parse_target
+
+Outcome = Literal["applied", "not needed", "not applicable"]
+Action = Literal["rewrite", "add"]
+REQUESTED_SM12X = re.compile(r"^(12\.\d+)[af]?$")
+# The source trees a rule may apply to: vLLM itself, or an external project it builds.
+PROJECTS = ("vllm", "vllm-flash-attn")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A literal, version-keyed exception to the rules."""
+
+    file: str
+    find: str
+    replace: str
+    counts: tuple[int, ...]
+    versions: SpecifierSet
+    if_exists: bool
+
+    @property
+    def find_re(self) -> re.Pattern[str]:
+        return _tolerant(self.find)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    family: re.Pattern[str]  # the guard variables it covers
+    files: tuple[str, ...]  # glob patterns, relative to the source tree
+    rewrite: tuple[str, ...]  # candidate forms of the 12.x entries, in order; {arch}: 12.x
+    exceptions: tuple[Patch, ...]
+    digest: str
+    # "rewrite": a call giving a plain 12.x target has its 12.x entries replaced;
+    # "add": a call giving the GPU no native code has the first form that does appended
+    action: Action = "rewrite"
+    project: str = "vllm"  # the tree it applies to (PROJECTS)
+    targets: tuple[str, ...] = ()  # the extension targets its guards feed
+
+    def needs(self, guard: Guard, gpu: Target) -> bool:
+        """Whether the rule must change this (evaluated) call."""
+        if self.action == "rewrite":
+            return bool(guard.plain_sm12x)
+        return guard.taken and guard.result is not None and \
+            not any(loads_natively(t, gpu) for t in guard.targets)
+
+    def covers(self, guard: Guard) -> bool:
+        return bool(self.family.match(guard.variable))
+
+    def exceptions_for(self, version: Version) -> list[Patch]:
+        return [p for p in self.exceptions if p.versions.contains(version, prereleases=True)]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    guard: Guard
+    new_list: str
+    result: tuple[str, ...]
+
+
+@dataclass
+class RuleResult:
+    name: str
+    outcome: Outcome
+    detail: str
+    replacements: int = 0
+    diff: str = ""
+    before: list[Guard] = field(default_factory=list)
+    after: list[Guard] = field(default_factory=list)
+    rewrites: list[Rewrite] = field(default_factory=list)
+    action: Action = "rewrite"
+
+
+def _tolerant(text: str) -> re.Pattern[str]:
+    """Whitespace-tolerant literal: runs of blanks match any whitespace, also around ( )."""
+    parts = [re.escape(token) for token in text.split()]
+    pattern = r"\s+".join(parts)
+    pattern = pattern.replace(r"\(", r"\(\s*").replace(r"\)", r"\s*\)")
+    return re.compile(pattern)
+
+
+def patches_dir() -> Path:
+    return shipped_dir("patches")
+
+
+def _counts(raw: Any) -> tuple[int, ...]:
+    values = raw if isinstance(raw, list) else [raw]
+    if not values or not all(isinstance(v, int) and v >= 1 for v in values):
+        raise ValueError(f"count must be a positive integer or a list of them, got {raw!r}")
+    return tuple(values)
+
+
+def _strings(raw: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, str) and v for v in raw):
+        raise ValueError(f"{what} must be a non-empty list of strings, got {raw!r}")
+    return tuple(raw)
+
+
+def _rule(raw: Any, text: str) -> Rule:
+    if not isinstance(raw, dict):
+        raise ValueError("expected a mapping")
+    unknown = set(raw) - {"name", "family", "files", "rewrite", "add", "exceptions",
+                          "project", "targets"}
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}")
+    actions = [a for a in ("rewrite", "add") if a in raw]
+    if len(actions) != 1:
+        raise ValueError("give exactly one of rewrite: (replace 12.x entries) or add: "
+                         "(append a 12.x entry)")
+    action: Action = "add" if actions == ["add"] else "rewrite"
+    rewrite = _strings(raw[action], action)
+    suffix = r"[af]" if action == "rewrite" else r"[af]?"
+    for form in rewrite:
+        entries = form.replace("{arch}", "12.1").split(";")
+        if not all(re.fullmatch(rf"12\.\d+{suffix}", e) for e in entries):
+            raise ValueError(f"{action} form {form!r} is not " + (
+                "arch-specific 12.x entries (e.g. '{arch}a', '12.0a')" if action == "rewrite"
+                else "12.x entries (e.g. '{arch}', '12.0')"))
+    project = str(raw.get("project", "vllm"))
+    if project not in PROJECTS:
+        raise ValueError(f"project {project!r} is not one of {', '.join(PROJECTS)}")
+    targets = _strings(raw["targets"], "targets") if "targets" in raw else ()
+    exceptions = tuple(
+        Patch(file=p["file"], find=p["find"], replace=p["replace"], counts=_counts(p["count"]),
+              versions=SpecifierSet(p["versions"]), if_exists=bool(p.get("if_exists", False)))
+        for p in raw.get("exceptions") or [])
+    return Rule(str(raw["name"]), re.compile(raw["family"]), _strings(raw["files"], "files"),
+                rewrite, exceptions, hashlib.sha256(text.encode()).hexdigest(), action,
+                project, targets)
+
+
+@cache
+def load_rules(directory: Path | None = None) -> tuple[Rule, ...]:
+    folder = directory or patches_dir()
+    rules = []
+    for path in sorted(folder.glob("*.yaml")):
+        text = path.read_text()
+        try:
+            rules.append(_rule(yaml.safe_load(text), text))
+        except (KeyError, TypeError, ValueError, yaml.YAMLError, re.error) as exc:
+            raise Sm121Error(f"patch rule {path} is malformed: {exc}") from None
+    return tuple(rules)
+
+
+def rules_digest() -> str:
+    """One hash over all rules: part of a build's content key."""
+    return hashlib.sha256("".join(r.digest for r in load_rules()).encode()).hexdigest()[:16]
+
+
+def rules_for(project: str = "vllm") -> tuple[Rule, ...]:
+    return tuple(rule for rule in load_rules() if rule.project == project)
+
+
+def covered(guard: Guard, project: str = "vllm") -> bool:
+    """Whether any rule of the project covers the guard's family (FP4, QUTLASS, FA2, …)."""
+    return any(rule.covers(guard) for rule in rules_for(project))
+
+
+def breaks_ptxas(guard: Guard) -> bool:
+    """A guard a rewrite rule covers handing a plain 12.x target to ptxas: `cvt … e2m1x2`
+    fails."""
+    return bool(guard.plain_sm12x) and any(
+        rule.covers(guard) for rule in rules_for() if rule.action == "rewrite")
+
+
+def fixable_targets() -> dict[str, str]:
+    """Extension target -> the rule that builds it natively for sm_12x (`_vllm_fa2_C`)."""
+    return {target: rule.name for rule in load_rules() for target in rule.targets}
+
+
+def target_gpu(archs: str) -> Target:
+    """The GPU a requested arch list is for: its first 12.x entry (`12.1a` -> sm_121)."""
+    found = next((m.group(1) for a in archs.split(";") if (m := REQUESTED_SM12X.match(a))),
+                 "12.1")
+    return parse_target(found)
+
+
+def parse_version(text: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise Sm121Error(f"vLLM version {text!r} is not a PEP 440 version") from None
+
+
+def candidate_entries(form: str, archs: str) -> list[str]:
+    """A rewrite form's entries for the requested archs (`{arch}a` -> `12.1a`)."""
+    requested = list(dict.fromkeys(m.group(1) for a in archs.split(";")
+                                   if (m := REQUESTED_SM12X.match(a))))
+    entries: list[str] = []
+    for part in form.split(";"):
+        for value in ([part.replace("{arch}", r) for r in requested] if "{arch}" in part
+                      else [part]):
+            if value not in entries:
+                entries.append(value)
+    return entries
+
+
+def rewritten_list(guard: Guard, entries: list[str]) -> str:
+    """The guard's list with its 12.x entries replaced by `entries` (at the first one's
+    place), every other entry kept as written.  Entries that come from a variable are
+    written out: the argument then becomes the literal list."""
+    call = guard.call
+    assert call.list_arg is not None and call.arch_list is not None
+    written = call.list_arg.value.split(";")
+    literal_sm12x = [e for e in written if SM12X_ENTRY.match(e)]
+    expanded_sm12x = [e for e in call.arch_list.split(";") if SM12X_ENTRY.match(e)]
+    source = written if len(literal_sm12x) == len(expanded_sm12x) else call.arch_list.split(";")
+    out: list[str] = []
+    placed = False
+    for entry in source:
+        if SM12X_ENTRY.match(entry):
+            if not placed:
+                out += [e for e in entries if e not in out]
+                placed = True
+        elif entry not in out:
+            out.append(entry)
+    return ";".join(out)
+
+
+def _argument_text(guard: Guard, new_list: str, text: str) -> str:
+    arg = guard.call.list_arg
+    assert arg is not None
+    if arg.kind == "quoted":
+        return f'"{new_list}"'
+    if arg.kind == "bracket":
+        raw = text[arg.start:arg.end]
+        opening = raw[:raw.index("[", 1) + 1]
+        return f"{opening}{new_list}{opening.replace('[', ']')}"
+    return new_list
+
+
+def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool = False,
+               cuda_version: str = DEFAULT_CUDA, gpu: Target | None = None) -> RuleResult:
+    """Decide with the guards' evaluation, then rewrite every breaking call or none."""
+    parsed = parse_version(version)
+    files = scan_files(source, rule.files)
+    originals = {rel: (source / rel).read_text() for rel in files}
+    texts = _apply_exceptions(rule, source, version, parsed, dict(originals))
+    before = _evaluate(source, texts, originals, archs, cuda_version, rule.files)
+    result = RuleResult(rule.name, "not applicable", "", before=before, after=before,
+                        action=rule.action)
+    mine = [g for g in before if rule.covers(g)]
+    unreadable = [g for g in mine if g.result is None and g.call.may_give_sm12x]
+    if unreadable:
+        g = unreadable[0]
+        raise PatchDrift(f"{g.location}: cannot evaluate {g.variable} ({g.call.unresolved}); "
+                         f"rule {rule.name} covers it, so not building blind")
+    gpu = gpu or target_gpu(archs)
+    if rule.action == "add":
+        built = effective_archs(source, archs, cuda_version).split(";")
+        relevant = [g for g in mine if g.taken] if any(
+            REQUESTED_SM12X.match(a) for a in built) else []
+    else:
+        relevant = [g for g in mine if g.taken and (
+            any(SM12X_ENTRY.match(e) for e in g.arch_list.split(";")) or g.targets)]
+    breaking = [g for g in relevant if rule.needs(g, gpu)]
+    for guard in breaking:
+        if guard.call.list_arg is None:
+            gives = f"plain {';'.join(guard.plain_sm12x)}" if rule.action == "rewrite" \
+                else ";".join(guard.targets) or "nothing"
+            raise PatchDrift(f"{guard.location}: {guard.variable} gives {gives} through "
+                             f"{guard.call.function}, whose list is inside that function: "
+                             f"rule {rule.name} cannot {rule.action} "
+                             f"{'it' if rule.action == 'rewrite' else 'to it'}")
+        result.rewrites.append(_choose(rule, source, guard, archs, cuda_version, gpu))
+    for rewrite in result.rewrites:
+        rel = rewrite.guard.file
+        arg = rewrite.guard.call.list_arg
+        assert arg is not None
+        text = texts[rel]
+        texts[rel] = text[:arg.start] + _argument_text(rewrite.guard, rewrite.new_list, text) \
+            + text[arg.end:]
+    changed = {rel: text for rel, text in texts.items() if text != originals[rel]}
+    if not changed:
+        result.outcome = "not needed" if relevant else "not applicable"
+        result.detail = (
+            f"no guard the rule covers {_need_text(rule, gpu)} for {archs} with CUDA "
+            f"{cuda_version}" if relevant else
+            "no guard the rule covers has an SM12x entry in this source" if rule.action ==
+            "rewrite" else f"no guard the rule covers is built for a {archs} build here")
+        return result
+    result.after = _evaluate(source, changed, originals, archs, cuda_version, rule.files)
+    _check_after(rule, result, version, gpu)
+    result.diff = "".join(
+        "".join(difflib.unified_diff(originals[rel].splitlines(True), new.splitlines(True),
+                                     f"a/{rel}", f"b/{rel}"))
+        for rel, new in changed.items())
+    if not check:
+        _write_all(source, changed)
+    result.outcome = "applied"
+    result.replacements = len(result.rewrites) + sum(
+        1 for p in rule.exceptions_for(parsed) if p.file in changed)
+    result.detail = (f"{len(result.rewrites)} guard call(s) "
+                     f"{'rewritten' if rule.action == 'rewrite' else 'given a target'} in "
+                     f"{len(changed)} file(s)")
+    return result
+
+
+def _need_text(rule: Rule, gpu: Target) -> str:
+    return "gives a plain 12.x target" if rule.action == "rewrite" else \
+        f"gives {gpu} no native code"
+
+
+def added_list(guard: Guard, entries: list[str]) -> str:
+    """The guard's list with `entries` appended (those it does not hold yet)."""
+    call = guard.call
+    assert call.list_arg is not None and call.arch_list is not None
+    written = [e for e in call.list_arg.value.split(";") if e] if call.list_arg.value == \
+        call.arch_list else [e for e in call.arch_list.split(";") if e]
+    return ";".join(written + [e for e in entries if e not in written])
+
+
+def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: str,
+            gpu: Target) -> Rewrite:
+    make = rewritten_list if rule.action == "rewrite" else added_list
+    lists = [make(guard, candidate_entries(form, archs)) for form in rule.rewrite]
+    results = intersect(source, archs, lists, cuda_version)
+    for new_list, got in zip(lists, results, strict=True):
+        if not rule.needs(Guard(guard.call, got), gpu):
+            return Rewrite(guard, new_list, got)
+    giving = _need_text(rule, gpu).replace("gives", "giving", 1)
+    raise PatchDrift(f"{guard.location}: no form of rule {rule.name} stops {guard.variable} "
+                     f"{giving} (tried {', '.join(lists)})")
+
+
+def _check_after(rule: Rule, result: RuleResult, version: str, gpu: Target) -> None:
+    still = [g for g in result.after if rule.covers(g) and g.taken and rule.needs(g, gpu)]
+    if still:
+        raise PatchDrift(
+            f"rule {rule.name} leaves {still[0].location} {still[0].variable} yielding "
+            f"{';'.join(still[0].targets) or 'nothing'} for {version}")
+    others = [(g.file, g.variable, g.arch_list, g.result) for g in result.before
+              if not rule.covers(g)]
+    kept = [(g.file, g.variable, g.arch_list, g.result) for g in result.after
+            if not rule.covers(g)]
+    if others != kept:
+        raise PatchDrift(f"rule {rule.name} would change guards outside its family; not applied")
+
+
+def _apply_exceptions(rule: Rule, source: Path, version: str, parsed: Version,
+                      texts: dict[str, str]) -> dict[str, str]:
+    for patch in rule.exceptions_for(parsed):
+        if patch.file not in texts:
+            if patch.if_exists:
+                continue
+            raise PatchDrift(f"patch drift: {patch.file} missing in vLLM {version} source")
+        found = len(patch.find_re.findall(texts[patch.file]))
+        if found not in patch.counts:
+            expected = " or ".join(str(c) for c in patch.counts)
+            raise PatchDrift(
+                f"patch drift in {patch.file} for vLLM {version}: expected {expected} "
+                f"match(es) of {patch.find!r}, found {found}; not building unpatched")
+        texts[patch.file] = patch.find_re.sub(patch.replace.replace("\\", "\\\\"),
+                                              texts[patch.file])
+    return texts
+
+
+def _evaluate(source: Path, texts: dict[str, str], originals: dict[str, str], archs: str,
+              cuda_version: str, patterns: tuple[str, ...]) -> list[Guard]:
+    changed = {rel: t for rel, t in texts.items() if t != originals.get(rel)}
+    if not changed:
+        return evaluate(source, archs, cuda_version, patterns)
+    with tempfile.TemporaryDirectory(prefix="sm121-patched-") as tmp:
+        copy = Path(tmp)
+        for rel in originals:
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / rel, copy / rel)
+        if not (copy / "cmake" / "utils.cmake").exists() and (
+                source / "cmake" / "utils.cmake").exists():
+            (copy / "cmake").mkdir(exist_ok=True)
+            shutil.copy2(source / "cmake" / "utils.cmake", copy / "cmake" / "utils.cmake")
+        for rel, text in changed.items():
+            (copy / rel).write_text(text)
+        guards = evaluate(copy, archs, cuda_version, patterns)
+    return guards
+
+
+def _write_all(source: Path, texts: dict[str, str]) -> None:
+    """All files or none: stage every file next to its target, then rename each into place."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, text in texts.items():
+            target = source / name
+            handle, tmp = tempfile.mkstemp(prefix=".sm121-", dir=target.parent)
+            with os.fdopen(handle, "w") as out:
+                out.write(text)
+            shutil.copymode(target, tmp)
+            staged.append((Path(tmp), target))
+        originals = {target: target.read_text() for _, target in staged}
+        done: list[Path] = []
+        try:
+            for tmp_path, target in staged:
+                os.replace(tmp_path, target)
+                done.append(target)
+        except OSError:
+            for target in done:
+                target.write_text(originals[target])
+            raise
+    finally:
+        for tmp_path, _ in staged:
+            tmp_path.unlink(missing_ok=True)
+
+
+def apply_all(source: Path, version: str, archs: str, check: bool = False,
+              cuda_version: str = DEFAULT_CUDA, project: str = "vllm",
+              gpu: Target | None = None) -> list[RuleResult]:
+    """Every rule of `project` on the tree.  For an external project, `archs` is the
+    CUDA_ARCHS vLLM hands it (`guards.effective_archs` of the vLLM tree) and `version`
+    vLLM's, for the version-keyed exceptions; `gpu` the GPU the build is for (by default
+    that of the first 12.x arch)."""
+    return [apply_rule(r, source, version, archs, check, cuda_version, gpu)
+            for r in rules_for(project)]
+
+
+def read_source_version(source: Path) -> str | None:
+    """The vLLM version of a source tree (`vllm/_version.py` or an sdist's PKG-INFO)."""
+    version_py = source / "vllm" / "_version.py"
+    if version_py.exists() and (version := read_version_file(version_py.read_text())[0]):
+        return version
+    pkg_info = source / "PKG-INFO"
+    if pkg_info.exists():
+        found: str | None = HeaderParser().parsestr(pkg_info.read_text())["Version"]
+        return found
+    return None

@@ -1,0 +1,217 @@
+"""Pin vLLM source to the exact commit an image was built from, and fetch it.
+
+Version to git ref:
+- `__commit_id__` from `_version.py` when present (setuptools-scm writes `g<hash>`);
+- a dev or local build carrying `+g<hash>` (e.g. `0.19.2rc1.dev154+g1c2c1eb8b.d20260101`)
+  pins that commit;
+- a release (`0.17.0`, also `0.17.0+cu130`) pins the tag `v0.17.0`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from sm121_build.errors import Sm121Error
+from sm121_build.image.facts import cache_dir
+
+UPSTREAM = "https://github.com/vllm-project/vllm.git"
+_HASH = re.compile(r"^g?([0-9a-f]{7,40})$")
+_LOCAL_HASH = re.compile(r"(?:^|\.)g([0-9a-f]{7,40})(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class GitRef:
+    kind: str  # "tag" or "commit"
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.value}"
+
+
+def version_to_ref(version: str, commit_id: str | None = None) -> GitRef:
+    if commit_id:
+        match = _HASH.match(commit_id.strip())
+        if match:
+            return GitRef("commit", match.group(1))
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        raise Sm121Error(f"cannot map vLLM version {version!r} to a git ref: "
+                         "not a PEP 440 version; pass --source DIR with a checkout") from None
+    if parsed.local:
+        match = _LOCAL_HASH.search(parsed.local)
+        if match:
+            return GitRef("commit", match.group(1))
+    if parsed.is_devrelease:
+        raise Sm121Error(f"cannot map vLLM version {version!r} to a git ref: a dev build with "
+                         "no +g<commit> label; pass --source DIR with a checkout")
+    return GitRef("tag", f"v{parsed.public}")
+
+
+def _git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False,
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+
+
+def resolve_checkout(path: Path) -> str:
+    result = _git("rev-parse", "HEAD", cwd=path)
+    if result.returncode != 0:
+        raise Sm121Error(f"{path} is not a git checkout: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A --source tree as it will be built: its commit and any change git sees on top."""
+
+    path: Path
+    commit: str
+    changes: str  # sha256 of the uncommitted changes ("" for a clean tree)
+    other_commit: str  # why the commit is not the image's ("" when it is)
+
+
+def require_vllm_tree(path: Path) -> None:
+    missing = [n for n in ("CMakeLists.txt", "cmake/utils.cmake") if not (path / n).is_file()]
+    if missing:
+        raise Sm121Error(f"{path} is not a vLLM source tree (no {' or '.join(missing)})")
+
+
+def check_checkout(path: Path, ref: GitRef, allow_other_commit: bool = False) -> Checkout:
+    """Refuse a tree that is not vLLM, or at another commit than the image's (unless told);
+    hash what is uncommitted so the content key covers the source actually built."""
+    require_vllm_tree(path)
+    return check_git_tree(path, ref, allow_other_commit, "the image's vLLM", "--source")
+
+
+def check_git_tree(path: Path, ref: GitRef, allow_other_commit: bool, what: str,
+                   option: str) -> Checkout:
+    """A local checkout at `ref` (or told to build it anyway), with its changes hashed."""
+    commit = resolve_checkout(path)
+    if ref.kind == "commit":
+        expected = commit if commit.startswith(ref.value) else ref.value
+    else:
+        found = _git("rev-parse", "--verify", "-q", f"{ref.value}^{{commit}}", cwd=path)
+        expected = found.stdout.strip() if found.returncode == 0 else f"tag {ref.value} (absent)"
+    other = ""
+    if expected != commit:
+        shown = expected[:12] if _HASH.match(expected) else expected
+        other = f"{option} {path} is at {commit[:12]}; {what} is {shown}"
+        if not allow_other_commit:
+            raise Sm121Error(f"{other}: check that commit out, or pass --allow-other-commit "
+                             "(recorded in the report)")
+    return Checkout(path, commit, _changes(path), other)
+
+
+def _changes(path: Path) -> str:
+    """sha256 over `git diff HEAD` and every untracked, not ignored file (name and bytes)."""
+    diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=path, capture_output=True,
+                          check=False)
+    others = _git("ls-files", "--others", "--exclude-standard", "-z", cwd=path)
+    if diff.returncode != 0 or others.returncode != 0:
+        raise Sm121Error(f"{path}: git cannot list its changes: "
+                         f"{(diff.stderr.decode(errors='replace') or others.stderr).strip()}")
+    names = sorted(n for n in others.stdout.split("\0") if n)
+    if not diff.stdout and not names:
+        return ""
+    digest = hashlib.sha256(diff.stdout)
+    for name in names:
+        digest.update(b"\0" + name.encode() + b"\0")
+        try:
+            digest.update(hashlib.sha256((path / name).read_bytes()).digest())
+        except OSError as exc:
+            raise Sm121Error(f"{path / name}: cannot read it: {exc.strerror}") from None
+    return digest.hexdigest()
+
+
+def fetch_source(ref: GitRef, repo: str = UPSTREAM, dest_root: Path | None = None,
+                 name: str = "vllm") -> tuple[Path, str]:
+    """Check the ref out under the cache (shallow where git allows); returns (dir, commit)."""
+    if shutil.which("git") is None:
+        raise Sm121Error(f"git not found: install git to fetch {name} source, or pass a "
+                         "local checkout")
+    root = dest_root or cache_dir() / "src"
+    key = re.sub(r"[^A-Za-z0-9._-]", "_", f"{name}-{ref.value}")
+    dest = root / key
+    if dest.exists() and (dest / ".git").exists():
+        commit = resolve_checkout(dest)
+        if ref.kind == "tag" or commit.startswith(ref.value):
+            return dest, commit
+        shutil.rmtree(dest)
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    try:
+        commit = _fetch_into(work, ref, repo)
+        if dest.exists():
+            shutil.rmtree(dest)
+        work.rename(dest)
+        return dest, commit
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _fetch_into(work: Path, ref: GitRef, repo: str) -> str:
+    _check(_git("init", "-q", str(work)), "git init")
+    _check(_git("remote", "add", "origin", repo, cwd=work), "git remote add")
+    if ref.kind == "tag":
+        spec = f"+refs/tags/{ref.value}:refs/tags/{ref.value}"
+        fetched = _git("fetch", "-q", "--depth", "1", "origin", spec, cwd=work)
+        if fetched.returncode != 0:
+            raise Sm121Error(f"tag {ref.value} not found in {repo}: "
+                             f"{_last(fetched.stderr)}")
+        target = ref.value
+    else:
+        fetched = _git("fetch", "-q", "--depth", "1", "origin", ref.value, cwd=work)
+        if fetched.returncode != 0:  # abbreviated hash, or a server that refuses SHA wants
+            full = _git("fetch", "-q", "origin", "+refs/heads/*:refs/remotes/origin/*",
+                        "+refs/tags/*:refs/tags/*", cwd=work)
+            if full.returncode != 0:
+                raise Sm121Error(f"cannot fetch {repo}: {_last(full.stderr)}")
+        resolved = _git("rev-parse", "--verify", "-q", f"{ref.value}^{{commit}}", cwd=work)
+        if resolved.returncode != 0:
+            resolved = _git("rev-parse", "--verify", "-q", "FETCH_HEAD^{commit}", cwd=work)
+            if resolved.returncode != 0 or not resolved.stdout.startswith(ref.value):
+                raise Sm121Error(f"commit {ref.value} not found in {repo}")
+        target = resolved.stdout.strip()
+    _check(_git("-c", "advice.detachedHead=false", "checkout", "-q", target, cwd=work),
+           f"git checkout {target}")
+    commit = resolve_checkout(work)
+    if ref.kind == "commit" and not commit.startswith(ref.value):
+        raise Sm121Error(f"checked out {commit} but {ref.value} was asked for from {repo}")
+    return commit
+
+
+def update_submodules(path: Path, wanted: tuple[str, ...]) -> None:
+    """Check out the named submodules a build needs (shallow), if the tree declares them."""
+    modules = path / ".gitmodules"
+    if not wanted or not modules.is_file():
+        return
+    listed = _git("config", "-f", str(modules), "--get-regexp", r"submodule\..*\.path",
+                  cwd=path).stdout.split()[1::2]
+    for sub in (w for w in wanted if w in listed):
+        if (path / sub).is_dir() and any((path / sub).iterdir()):
+            continue
+        _check(_git("submodule", "update", "--init", "--depth", "1", "--", sub, cwd=path),
+               f"git submodule update {sub}")
+
+
+def _last(stderr: str) -> str:
+    """git's own reason: its first `fatal:`/`error:` line (the lines after it are advice,
+    such as "and the repository exists.")."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    return (reasons or lines or ["no output"])[0]
+
+
+def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
+    if result.returncode != 0:
+        raise Sm121Error(f"{what} failed: {_last(result.stderr)}")

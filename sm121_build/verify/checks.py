@@ -1,0 +1,341 @@
+"""Verify a built image before it is tagged: cubins, kernel counts, version, drift, ABI.
+
+Each check is a function of plain inputs that returns the problems it found (empty when
+the check passes), so each can be tested on crafted files.  `verify_image` never exports an
+image: drift is proven from the layer lists (diff IDs are content hashes, so a built image
+whose list starts with the stock image's list carries the stock bytes unchanged) and from
+the history of the added layers (each a copy of one injected file, of exactly its size).
+The injected files, the stock image's copies of them, `_version.py` and the torch libraries
+the ABI check needs are the only files read, each through the engine's per-path reads; what
+the torch libraries export is cached per stock image ID.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from sm121_build.errors import VerificationError
+from sm121_build.image.facts import (
+    ImageFacts,
+    ImageFiles,
+    VllmInstall,
+    cache_dir,
+    facts_from_files,
+    require_vllm,
+    store_cache,
+)
+from sm121_build.image.spill import write_stream
+from sm121_build.steps import Progress, end_status_line
+from sm121_build.verify.audit import BinaryReport, Policy, audit_binary
+from sm121_build.verify.compat import parse_target
+from sm121_build.verify.fatbin import HostBinary, dynamic_symbols
+
+if TYPE_CHECKING:  # the Docker SDK is not needed to run the checks themselves
+    from sm121_build.image.engine import Engine, HistoryStep, ImageInfo
+
+SM121 = Policy(parse_target("sm_121"), (13, 0))
+# Kernels left out on purpose when the FP4 guards exclude a plain 12.x build.
+FP4_KERNEL = re.compile(r"fp4|e2m1|qutlass", re.IGNORECASE)
+# nvcc names internal-linkage symbols `_INTERNAL_<hash>_<len>_<file>_<hash>`; the first hash
+# changes from build to build, so names are compared with it blanked (same length).
+_INTERNAL_HASH = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
+
+
+def kernel_key(name: str) -> str:
+    """A kernel's name with nvcc's per-build internal-linkage hash blanked."""
+    return _INTERNAL_HASH.sub("_INTERNAL_00000000_", name)
+# Itanium-mangled names in the namespaces torch's libraries define (c10, at, torch, caffe2),
+# including their vtables / typeinfo: `_ZN3c10...`, `_ZNK2at...`, `_ZTVN5torch...`.
+# Extensions on PyTorch's stable ABI (vLLM's `*_stable_libtorch`, 0.2x) need no C++ symbol
+# at all: they call torch's C shim (`aoti_torch_*`, `torch_*`), checked the same way.
+TORCH_SYMBOL = re.compile(r"^(?:_Z(?:T[VIST])?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)"
+                          r"|aoti_torch_\w|torch_\w)")
+TORCH_LIB = re.compile(r"/torch/lib/lib[^/]+\.so(\.\d+)*$")
+
+
+@dataclass(frozen=True)
+class KernelComparison:
+    """Kernels native on sm_121 in a built .so against the stock .so's newest arch."""
+
+    name: str
+    stock_arch: str | None
+    stock_kernels: frozenset[str]
+    built_native: frozenset[str]
+
+    @property
+    def lost(self) -> frozenset[str]:
+        return self.stock_kernels - self.built_native
+
+    @property
+    def fp4_excluded(self) -> tuple[str, ...]:
+        return tuple(sorted(k for k in self.lost if FP4_KERNEL.search(k)))
+
+    @property
+    def required(self) -> int:
+        return len(self.stock_kernels) - len(self.fp4_excluded)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """Stock kernels (by name, nvcc's internal hash blanked) the build does not carry
+        natively, FP4 kernels left out on purpose aside."""
+        return tuple(sorted(self.lost - set(self.fp4_excluded)))
+
+    def problems(self) -> list[str]:
+        """One line per lost kernel: the same number of kernels is not enough, each stock
+        kernel must be there by name."""
+        return [f"{self.name}: kernel {kernel} has native {self.stock_arch} code in the stock "
+                f"image but none for sm_121 in the build" for kernel in self.missing]
+
+
+def newest_arch_kernels(path: Path) -> tuple[str | None, frozenset[str]]:
+    """The newest SM a .so has cubins for, and the kernels those cubins define."""
+    with HostBinary.open(path) as binary:
+        cubins = [e for e in binary.entries if e.kind == "elf"]
+        if not cubins:
+            return None, frozenset()
+        newest = max(e.arch for e in cubins)
+        names: set[str] = set()
+        for entry in cubins:
+            if entry.arch == newest:
+                names.update(kernel_key(k) for k in binary.kernels(entry))
+    return f"sm_{newest}", frozenset(names)
+
+
+def compare_kernels(name: str, stock: Path | None, built: BinaryReport) -> KernelComparison:
+    arch, kernels = newest_arch_kernels(stock) if stock else (None, frozenset[str]())
+    native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
+    return KernelComparison(name, arch, kernels, native)
+
+
+def check_cubins(report: BinaryReport) -> list[str]:
+    counts = report.kernel_counts()
+    if counts["native"] == 0:
+        return [f"{report.name} carries no sm_121-loadable cubin "
+                f"(cubins: {report.arch_counts('elf') or 'none'})"]
+    return []
+
+
+def check_version(stock: VllmInstall, built: VllmInstall) -> list[str]:
+    if (built.version, built.commit_id) != (stock.version, stock.commit_id):
+        return [f"vLLM in the built image is {built.version} ({built.commit_id}), the stock "
+                f"image has {stock.version} ({stock.commit_id})"]
+    return []
+
+
+def copy_destination(created_by: str) -> str | None:
+    """Where a history step's COPY wrote, for BuildKit (`COPY SRC DEST # buildkit`) and the
+    legacy builder (`/bin/sh -c #(nop) COPY file:<hash> in DEST `); None for other steps."""
+    text = created_by.strip()
+    text = text.removesuffix("# buildkit").strip()
+    if "#(nop)" in text:
+        text = text.split("#(nop)", 1)[1].strip()
+    words = text.split()
+    if len(words) < 3 or words[0] not in ("COPY", "ADD"):
+        return None
+    return words[-1]
+
+
+def _metadata_only(step: HistoryStep) -> bool:
+    text = step.created_by.split("#(nop)", 1)[-1].strip()
+    word = text.split(maxsplit=1)[0] if text else ""
+    return step.size == 0 and word in ("LABEL", "ENV", "CMD", "ENTRYPOINT", "WORKDIR", "USER",
+                                       "EXPOSE", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "VOLUME",
+                                       "ARG", "ONBUILD", "MAINTAINER")
+
+
+def check_drift(stock: ImageInfo, built: ImageInfo, added: list[HistoryStep],
+                injected: dict[str, int]) -> list[str]:
+    """The built image must be the stock image's layers plus one copy of each injected file.
+
+    Layers are content-addressed (a diff ID is the sha256 of the layer tar), so a built
+    image whose layer list starts with the stock list holds the stock bytes unchanged.  Each
+    added layer must then be accounted for by an added history step that copies one injected
+    file (`injected`: path without the leading slash -> size) and adds exactly its size;
+    other added steps may only set metadata.
+    """
+    problems = []
+    kept = built.layers[:len(stock.layers)]
+    if kept != stock.layers:
+        first = next((i for i, (a, b) in enumerate(zip(kept, stock.layers, strict=False))
+                      if a != b), len(kept))
+        problems.append(f"the built image does not keep the stock image's {len(stock.layers)} "
+                        f"layers (first difference at layer {first})")
+    copied: list[str] = []
+    for step in reversed(added):  # oldest first
+        destination = copy_destination(step.created_by)
+        path = destination.lstrip("/") if destination else None
+        if path in injected and step.size == injected[path] and path not in copied:
+            copied.append(path)
+        elif not _metadata_only(step):
+            problems.append(f"drift: added step {step.created_by.strip()[:120]!r} "
+                            f"({step.size} bytes) is not a copy of one injected file")
+    for path in sorted(set(injected) - set(copied)):
+        problems.append(f"drift: no added layer holds /{path} as built")
+    layers_added = len(built.layers) - len(stock.layers)
+    if kept == stock.layers and layers_added != len(copied):
+        problems.append(f"drift: {layers_added} layer(s) added on top of the stock image, "
+                        f"{len(copied)} accounted for by copies of the injected files")
+    if (built.env, built.runtime) != (stock.env, stock.runtime):
+        problems.append("drift: the image config (env, entrypoint, cmd, workdir, user, ports) "
+                        "differs from the stock image")
+    return problems
+
+
+@dataclass(frozen=True)
+class AbiResult:
+    checked: int
+    missing: dict[str, tuple[str, ...]]  # .so name -> torch symbols no provider exports
+
+    def problems(self) -> list[str]:
+        return [f"ABI: {name} needs {len(symbols)} torch symbol(s) the image's torch does not "
+                f"export, e.g. {symbols[0]}" for name, symbols in sorted(self.missing.items())]
+
+
+def torch_exports(providers: list[Path]) -> set[str]:
+    """The c10/at/torch symbols torch's libraries export."""
+    exported: set[str] = set()
+    for library in providers:
+        exported |= {s for s in dynamic_symbols(library).exported if TORCH_SYMBOL.match(s)}
+    return exported
+
+
+def check_abi(injected: dict[str, Path], exported: set[str], providers: int) -> AbiResult:
+    """Undefined c10/at/torch symbols of the injected files vs what torch's libraries export
+    (`providers`: how many libraries were read for `exported`)."""
+    missing: dict[str, tuple[str, ...]] = {}
+    checked = 0
+    for name, path in injected.items():
+        needed = {s for s in dynamic_symbols(path).undefined if TORCH_SYMBOL.match(s)}
+        checked += len(needed)
+        absent = tuple(sorted(needed - exported))
+        if absent:
+            missing[name] = absent
+    if checked and not providers:
+        missing = {name: ("(no torch/lib/*.so found in the image)",) for name in injected}
+    return AbiResult(checked, missing)
+
+
+def image_torch_exports(files: ImageFiles, image_id: str, site: str,
+                        tmp: Path) -> tuple[set[str], int]:
+    """(exported torch symbols, libraries read) of an image's `torch/lib`, streamed one
+    library at a time (temp: the largest one), cached per image ID."""
+    cached = cache_dir() / "abi" / f"{image_id.replace(':', '-')}.json"
+    with suppress(OSError, ValueError, TypeError, KeyError):
+        raw = json.loads(cached.read_text())
+        return set(raw["exported"]), int(raw["libraries"])
+    exported: set[str] = set()
+    libraries = 0
+    lib_dir = f"{site}/torch/lib"
+    if files.resolve(lib_dir) is not None:
+        with files.tar(lib_dir) as archive:
+            for member in archive:
+                if not member.isfile() or not TORCH_LIB.search("/" + member.name):
+                    continue
+                handle = archive.extractfile(member)
+                if handle is None:
+                    continue
+                part = tmp / "torch-lib.so"
+                write_stream(handle, part, f"{lib_dir}/{member.name}")
+                exported |= torch_exports([part])
+                libraries += 1
+                part.unlink()
+    store_cache(cached, json.dumps({"exported": sorted(exported), "libraries": libraries}))
+    return exported, libraries
+
+
+@dataclass
+class Verified:
+    """What verification found; `files` are the built .so files (valid inside the context)."""
+
+    facts: ImageFacts
+    files: dict[str, Path]
+    reports: dict[str, BinaryReport]
+    comparisons: dict[str, KernelComparison]
+    abi: AbiResult
+    stock_reports: dict[str, BinaryReport] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def _echo(text: str) -> None:
+    end_status_line()
+    click.echo(f"    {text}", err=True)
+
+
+@contextmanager
+def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
+                 extensions: tuple[str, ...], log: Path | None = None) -> Iterator[Verified]:
+    """Run every check on a built image; raises VerificationError listing what failed."""
+    stock_vllm = require_vllm(stock)
+    package = stock_vllm.package_dir
+    stock_info, built_info = engine.image(stock.id), engine.image(image_id)
+    base_count = len(stock_info.layers)
+    stock_steps = len(engine.history(stock.id))
+    built_history = engine.history(image_id)
+    added = built_history[:max(0, len(built_history) - stock_steps)]
+
+    progress = Progress("reading the injected files, their stock copies and torch's libraries")
+    with tempfile.TemporaryDirectory(prefix="sm121-verify-") as tmp, \
+            engine.reader(image_id, progress.add) as built_files, \
+            engine.reader(stock.id, progress.add) as stock_files:
+        root = Path(tmp)
+        (root / "built").mkdir()
+        (root / "stock").mkdir()
+        built = facts_from_files(built_info, built_files)
+        problems = check_version(stock_vllm, require_vllm(built))
+        files: dict[str, Path] = {}
+        sizes: dict[str, int] = {}
+        reports: dict[str, BinaryReport] = {}
+        comparisons: dict[str, KernelComparison] = {}
+        stock_reports: dict[str, BinaryReport] = {}
+        for name in extensions:
+            path = f"{package}/{name}"
+            for side in ("built", "stock"):  # vllm_flash_attn/_vllm_fa2_C.abi3.so
+                (root / side / name).parent.mkdir(parents=True, exist_ok=True)
+            found = built_files.copy_file(path, root / "built" / name)
+            if found is None:
+                problems.append(f"the built image lacks {path}")
+                continue
+            files[name], sizes[path.lstrip("/")] = root / "built" / name, found.size
+            report = audit_binary(files[name], name, SM121, with_kernels=True)
+            reports[name] = report
+            stock_copy = root / "stock" / name
+            if stock_files.copy_file(path, stock_copy) is None:
+                stock_copy.unlink(missing_ok=True)
+            if stock_copy.exists():
+                stock_reports[name] = audit_binary(stock_copy, name, SM121, with_kernels=True)
+            comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
+            comparisons[name] = comparison
+            problems += check_cubins(report) + comparison.problems()
+            _echo(f"{name}: cubins {report.arch_counts('elf')}; {len(comparison.built_native)} "
+                  f"kernels native on sm_121 (stock {comparison.stock_arch or 'no cubins'}: "
+                  f"{len(comparison.stock_kernels)})")
+            if comparison.fp4_excluded:
+                _echo(f"{name}: {len(comparison.fp4_excluded)} FP4 kernel(s) excluded on purpose,"
+                      f" e.g. {comparison.fp4_excluded[0]}")
+        exported, providers = image_torch_exports(stock_files, stock.id,
+                                                  stock_vllm.site_packages, root)
+        progress.done()
+        abi = check_abi(files, exported, providers)
+        _echo(f"ABI: {abi.checked} torch symbol(s) needed, checked against "
+              f"{providers} torch librar{'y' if providers == 1 else 'ies'}")
+        drift = check_drift(stock_info, built_info, added, sizes)
+        _echo(f"drift: {base_count} stock layers kept, {len(built_info.layers) - base_count} "
+              f"layer(s) added on top, {len(drift)} problem(s)")
+        problems += abi.problems() + drift
+        if problems:
+            if log:
+                with open(log, "a", encoding="utf-8") as out:
+                    out.write("verification failed:\n" + "".join(f"  {p}\n" for p in problems))
+            more = f" (+{len(problems) - 1} more{f', see {log}' if log else ''})" \
+                if len(problems) > 1 else ""
+            raise VerificationError(f"verification failed: {problems[0]}{more}; not tagged")
+        yield Verified(built, files, reports, comparisons, abi, stock_reports, problems)

@@ -1,0 +1,347 @@
+"""Everything that reads ELF files and the CUDA fatbins inside them.
+
+A host ELF (.so, executable, relocatable .o) carries device code in `.nv_fatbin` (linked
+objects) or `__nv_relfatbin` (relocatable objects).  That section holds one or more fatbin
+*containers*, one per translation unit or device link, each a 16-byte header followed by
+*entries*: a cubin (ELF for one SM) or PTX text, each with its own header.
+
+Layout (little endian), as produced by nvcc's `fatbinary` since CUDA 9:
+
+    container: u32 magic 0xBA55ED50, u16 version, u16 header size, u64 payload size
+    entry:     u16 kind (1 PTX, 2 ELF), u16 version, u32 header size, u64 payload size,
+               u32 compressed size, u32 -, u16 minor, u16 major, u32 arch,
+               u32 name offset, u32 name length, u64 flags, u64 -, u64 uncompressed size
+
+Entry flags: 0x1 64-bit, 0x10 Linux, 0x2000 LZ4-compressed, 0x8000 zstd-compressed,
+0x100000 arch-specific (`sm_90a`), 0x200000 family-specific (`sm_120f`).
+
+Only headers are read (through mmap) unless a payload is asked for, so listing a 381 MB
+`_C.abi3.so` touches a few pages per entry.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import lz4.block
+import zstandard
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import StringTableSection, SymbolTableSection
+
+from sm121_build.errors import CorruptBinaryError
+
+FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+CONTAINER_MAGIC = 0xBA55ED50
+_CONTAINER = struct.Struct("<IHHQ")
+_ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
+ENTRY_MIN_HEADER = _ENTRY.size  # 64
+
+FLAG_LZ4 = 0x2000
+FLAG_ZSTD = 0x8000
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY_SPECIFIC = 0x200000
+
+KIND_PTX = 1
+KIND_ELF = 2
+_KIND_NAMES = {KIND_PTX: "ptx", KIND_ELF: "elf"}
+
+# An ELF symbol's st_other bit that marks a kernel (cuobjdump prints it as ENTRY).
+# pyelftools decodes st_other into visibility/local fields and drops this bit, so the
+# symbol table is read raw below.
+STO_CUDA_ENTRY = 0x10
+_ELF64_SYM = struct.Struct("<IBBHQQ")
+_STT_FUNC = 2
+_PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
+
+# What pyelftools raises on a damaged ELF (offsets past the end overflow its seeks).
+# What pyelftools raises on damaged headers; OSError too: it seeks wherever a header says,
+# and a file's seek to a negative offset fails with EINVAL.
+_ELF_PARSE_ERRORS = (ELFError, struct.error, ValueError, OverflowError, IndexError, KeyError,
+                     OSError)
+MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged header
+
+Kind = Literal["elf", "ptx", "other"]
+Variant = Literal["", "a", "f"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cubin or PTX entry of a fatbin, as its header describes it."""
+
+    container: int
+    index: int
+    kind: Kind
+    arch: int
+    variant: Variant
+    flags: int
+    version: tuple[int, int]
+    offset: int
+    stored_size: int
+    size: int
+    compression: Literal["lz4", "zstd"] | None
+
+    @property
+    def sm(self) -> str:
+        """The full target name, family variant included: `sm_120f`."""
+        return f"sm_{self.arch}{self.variant}"
+
+    @property
+    def cuobjdump_arch(self) -> str:
+        """The name cuobjdump prints: it shows `a` always, `f` only on PTX."""
+        if self.kind == "elf" and self.variant == "f":
+            return f"sm_{self.arch}"
+        return self.sm
+
+
+@dataclass
+class HostBinary:
+    """A host ELF opened for reading its fatbin entries.  Use as a context manager."""
+
+    path: Path
+    entries: list[Entry] = field(default_factory=list)
+    _file: BinaryIO | None = None
+    _map: mmap.mmap | None = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> HostBinary:
+        binary = cls(Path(path))
+        try:
+            binary._file = open(binary.path, "rb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+        try:
+            binary._load()
+        except BaseException:
+            binary.close()
+            raise
+        return binary
+
+    def __enter__(self) -> HostBinary:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _load(self) -> None:
+        assert self._file is not None
+        size = os.fstat(self._file.fileno()).st_size
+        if size < 64:
+            raise CorruptBinaryError(f"{self.path}: not an ELF file ({size} bytes)")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        if self._map[:4] != b"\x7fELF":
+            raise CorruptBinaryError(f"{self.path}: not an ELF file (bad magic)")
+        for start, length in _fatbin_sections(self.path, self._file, size):
+            self.entries.extend(_walk_section(self.path, self._map, start, length,
+                                              first_container=self._next_container()))
+
+    def _next_container(self) -> int:
+        return self.entries[-1].container + 1 if self.entries else 0
+
+    def payload(self, entry: Entry) -> bytes:
+        """The entry's bytes, decompressed."""
+        assert self._map is not None, "binary is closed"
+        raw = self._map[entry.offset:entry.offset + entry.stored_size]
+        try:
+            if entry.compression == "lz4":
+                return bytes(lz4.block.decompress(raw, uncompressed_size=entry.size))
+            if entry.compression == "zstd":
+                return bytes(zstandard.ZstdDecompressor().decompress(
+                    raw, max_output_size=entry.size))
+        except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError) as exc:
+            raise CorruptBinaryError(
+                f"{self.path}: entry {entry.index} ({entry.sm}) does not decompress: {exc}"
+            ) from None
+        return raw
+
+    def kernels(self, entry: Entry) -> tuple[str, ...]:
+        """Names of the kernels (global functions) an entry defines, in symbol-table order."""
+        data = self.payload(entry)
+        if entry.kind == "ptx":
+            return tuple(m.group(1).decode() for m in _PTX_ENTRY.finditer(data))
+        if entry.kind == "elf":
+            return cubin_kernels(data, f"{self.path}: entry {entry.index} ({entry.sm})")
+        return ()
+
+
+def cubin_kernels(cubin: bytes, where: str) -> tuple[str, ...]:
+    """Kernel names in a cubin: function symbols that carry STO_CUDA_ENTRY."""
+    try:
+        elf = ELFFile(io.BytesIO(cubin))
+        symtab = elf.get_section_by_name(".symtab")
+        if symtab is None:
+            return ()
+        strtab = elf.get_section(symtab["sh_link"])
+        if not isinstance(strtab, StringTableSection):
+            raise ValueError("symbol table links to no string table")
+        names = []
+        for _name, info, other, _shndx, _value, _size in _ELF64_SYM.iter_unpack(symtab.data()):
+            if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY:
+                names.append(strtab.get_string(_name))
+        return tuple(names)
+    except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
+        raise CorruptBinaryError(f"{where}: cubin is not a readable ELF: {exc}") from None
+
+
+def _fatbin_sections(path: Path, stream: BinaryIO, size: int) -> Iterator[tuple[int, int]]:
+    try:
+        elf = ELFFile(stream)  # reads the ELF and section headers only
+        found = [s for s in (elf.get_section_by_name(name) for name in FATBIN_SECTIONS)
+                 if s is not None and s["sh_type"] != "SHT_NOBITS"]
+        # Like cuobjdump without -all: the executable fatbin, else the relocatable one.
+        spans = [(s["sh_offset"], s["sh_size"]) for s in found[:1]]
+    except _ELF_PARSE_ERRORS as exc:
+        raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
+    for start, length in spans:
+        if start + length > size:
+            raise CorruptBinaryError(
+                f"{path}: fatbin section runs past the end of the file (truncated?)")
+        yield start, length
+
+
+def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
+                  first_container: int) -> Iterator[Entry]:
+    end = start + length
+    pos = start
+    container = first_container
+    index = 0
+    while pos + _CONTAINER.size <= end:
+        magic, _version, header_size, fat_size = _CONTAINER.unpack_from(data, pos)
+        if magic != CONTAINER_MAGIC:
+            if not any(data[pos:pos + 8]):
+                pos += 8  # alignment padding between containers
+                continue
+            raise CorruptBinaryError(
+                f"{path}: bad fatbin container magic {magic:#x} at file offset {pos:#x}")
+        body = pos + header_size
+        body_end = body + fat_size
+        if header_size < _CONTAINER.size or body_end > end:
+            raise CorruptBinaryError(
+                f"{path}: fatbin container at {pos:#x} claims {fat_size} bytes, "
+                f"section has {end - body} left")
+        while body + ENTRY_MIN_HEADER <= body_end:
+            entry, body = _read_entry(path, data, body, body_end, container, index)
+            if entry is None:
+                break
+            index += 1
+            yield entry
+        pos = body_end
+        container += 1
+
+
+def _read_entry(path: Path, data: mmap.mmap, pos: int, end: int, container: int,
+                index: int) -> tuple[Entry | None, int]:
+    (kind, _version, header_size, payload_size, compressed, _unknown, minor, major, arch,
+     _name_off, _name_len, flags, _zero_field, uncompressed) = _ENTRY.unpack_from(data, pos)
+    if kind == 0 and header_size == 0:
+        return None, end  # zero padding closes the container
+    payload = pos + header_size
+    if header_size < ENTRY_MIN_HEADER or payload + payload_size > end:
+        raise CorruptBinaryError(
+            f"{path}: fatbin entry at {pos:#x} has a nonsense size "
+            f"(header {header_size}, payload {payload_size}, {end - pos} bytes left)")
+    compression: Literal["lz4", "zstd"] | None = None
+    if flags & FLAG_LZ4:
+        compression = "lz4"
+    elif flags & FLAG_ZSTD:
+        compression = "zstd"
+    if compression and not (0 < compressed <= payload_size and 0 < uncompressed < MAX_ENTRY_SIZE):
+        raise CorruptBinaryError(
+            f"{path}: compressed fatbin entry at {pos:#x} has nonsense sizes "
+            f"(compressed {compressed}, uncompressed {uncompressed}, payload {payload_size})")
+    variant: Variant = ""
+    if flags & FLAG_ARCH_SPECIFIC:
+        variant = "a"
+    elif flags & FLAG_FAMILY_SPECIFIC:
+        variant = "f"
+    entry = Entry(
+        container=container,
+        index=index,
+        kind=_KIND_NAMES.get(kind, "other"),  # type: ignore[arg-type]
+        arch=arch,
+        variant=variant,
+        flags=flags,
+        version=(major, minor),
+        offset=payload,
+        stored_size=compressed if compression else payload_size,
+        size=uncompressed if compression else payload_size,
+        compression=compression,
+    )
+    return entry, payload + payload_size
+
+
+def is_elf(path: Path) -> bool:
+    """True when the file starts with the ELF magic (cheap: reads 4 bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def cuobjdump_listing(path: Path, entries: list[Entry]) -> list[str]:
+    """The lines `cuobjdump -lelf -lptx FILE` prints to stdout for these entries."""
+    stem = path.name.rsplit(".", 1)[0] if "." in path.name else path.name
+    lines = []
+    counters = {"elf": 0, "ptx": 0}
+    for entry in entries:
+        if entry.kind == "other":
+            continue
+        counters[entry.kind] += 1
+        number = counters[entry.kind]
+        if entry.kind == "elf":
+            lines.append(f"ELF file {number:4d}: {stem}.{number}.{entry.cuobjdump_arch}.cubin")
+        else:
+            lines.append(f"PTX file {number:4d}: {stem}.{number}.{entry.cuobjdump_arch}.ptx")
+    return lines
+
+
+@dataclass(frozen=True)
+class DynamicSymbols:
+    """A shared object's dynamic symbol table: what it needs and what it exports."""
+
+    undefined: frozenset[str]  # STB_GLOBAL undefined (weak ones may stay unresolved)
+    exported: frozenset[str]  # defined, global or weak, default or protected visibility
+
+
+def dynamic_symbols(path: Path) -> DynamicSymbols:
+    """Read `.dynsym` with pyelftools (what `nm -D` shows)."""
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        with handle:
+            elf = ELFFile(handle)
+            table = elf.get_section_by_name(".dynsym")
+            undefined: set[str] = set()
+            exported: set[str] = set()
+            symbols = table.iter_symbols() if isinstance(table, SymbolTableSection) else ()
+            for symbol in symbols:
+                bind = symbol["st_info"]["bind"]
+                if not symbol.name or bind not in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE"):
+                    continue
+                if symbol["st_shndx"] == "SHN_UNDEF":
+                    if bind == "STB_GLOBAL":
+                        undefined.add(symbol.name)
+                elif symbol["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
+                    exported.add(symbol.name)
+    except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
+        raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
+    return DynamicSymbols(frozenset(undefined), frozenset(exported))

@@ -1,0 +1,63 @@
+"""Would rebuilding an extension help the target GPU?  The audit's last word per .so.
+
+- "native": every kernel already loads natively; nothing to gain.
+- "fixable": kernels only JIT-compile (or do not load) and sm121-build can rebuild the
+  extension natively: a target a rule extends (`targets:` of a rule in patches/, e.g.
+  `_vllm_fa2_C`), or vLLM's own `_C`/`_moe_C` with no native kernel at all (the main job).
+- "partly native": `_C`/`_moe_C` with some kernels native; the rest are left out of sm_12x
+  by vLLM's own guards (Marlin, Machete, sm_90/sm_100 GEMMs), and the main job decides with
+  the source's guards whether a rebuild gains anything.
+- "no sm_12x implementation": every cubin and PTX is arch- or family-specific to another GPU
+  (`sm_90a`, `sm_100f`: wgmma, tcgen05, ...); its kernels are written for those
+  instructions, so no arch guard can make them build for sm_12x (`_vllm_fa3_C`, `_flashmla_C`).
+- "no rule": code sm_12x cannot run natively, and no rule here to rebuild it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sm121_build.build.render import DEFAULT_EXTENSIONS, extension_target
+from sm121_build.source.patch import fixable_targets
+from sm121_build.verify.audit import BinaryReport
+from sm121_build.verify.compat import Target
+
+RebuildVerdict = Literal["native", "fixable", "partly native", "no sm_12x implementation",
+                         "no rule"]
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    verdict: RebuildVerdict
+    reason: str
+
+
+def rebuild_verdict(report: BinaryReport, gpu: Target) -> Rebuild | None:
+    """None for a file without device code."""
+    if not report.has_device_code:
+        return None
+    counts = report.kernel_counts() if report.kernels is not None else report.containers
+    lacking = counts["jit"] + counts["none"]
+    if not lacking:
+        return Rebuild("native", f"every kernel is native on {gpu}")
+    what = "kernels" if report.kernels is not None else "fatbins"
+    short = f"{lacking} of {sum(counts.values())} {what} not native on {gpu}"
+    target = extension_target(report.name)
+    rule = fixable_targets().get(target)
+    if rule is not None:
+        return Rebuild("fixable", f"{short}; rule {rule} builds {target} natively "
+                       f"(sm121-build --base IMAGE --ext {target})")
+    if DEFAULT_EXTENSIONS.match(report.name.rsplit("/", 1)[-1]):
+        if counts["native"]:
+            return Rebuild("partly native", f"{short}; vLLM's guards build those for other "
+                           "GPUs only; `sm121-build --base IMAGE` decides with the source's "
+                           "guards whether a rebuild gains anything")
+        return Rebuild("fixable", f"{short}; the main job rebuilds {target} "
+                       "(sm121-build --base IMAGE)")
+    foreign = {e.sm for e in report.entries if e.variant and e.arch // 10 != gpu.major}
+    if foreign and all(e.variant and e.arch // 10 != gpu.major for e in report.entries):
+        return Rebuild("no sm_12x implementation",
+                       f"{short}; its code is only for {', '.join(sorted(foreign))} "
+                       "(arch/family-specific instructions): a rebuild cannot help")
+    return Rebuild("no rule", f"{short}; no rule here rebuilds {target}")
