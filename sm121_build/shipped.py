@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 
 def shipped_dir(name: str) -> Path:
@@ -17,3 +19,10 @@ def shipped_dir(name: str) -> Path:
 def package_data(name: str) -> str:
     """A data file shipped in the package (sm121_build/data/NAME)."""
     return resources.files("sm121_build").joinpath("data", name).read_text()
+
+
+def schema(name: str) -> dict[str, Any]:
+    """A JSON Schema of the tool's outputs (sm121_build/data/schemas/NAME.schema.json):
+    `audit` (audit --json), `report` (--report), `manifest` (--out's manifest.json)."""
+    loaded: dict[str, Any] = json.loads(package_data(f"schemas/{name}.schema.json"))
+    return loaded

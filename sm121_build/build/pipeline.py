@@ -140,7 +140,9 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                 "vllm_version": vllm.version, "vllm_commit": commit,
                 "vllm_commit_id": vllm.commit_id, "arch_list": plan.arch_list,
                 "patches": "none" if opts.no_patch else rules_digest(),
-                "package_dir": plan.package_dir, "tool_version": __version__}
+                "package_dir": plan.package_dir, "tool_version": __version__,
+                **({"external": {name: entry["commit"] for name, entry in
+                                 record["external"].items()}} if "external" in record else {})}
         also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
             if opts.versioned_tag else ()
         target = Finish(opts.tag, opts.out, meta, record, also)

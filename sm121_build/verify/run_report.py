@@ -18,7 +18,7 @@ from sm121_build.errors import Sm121Error
 from sm121_build.image.facts import cache_dir
 from sm121_build.verify.audit import BinaryReport
 
-FORMAT = 1
+FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
 STATUS_WORDS = {
     "built": "built and verified",
     "injected": "injected and verified",

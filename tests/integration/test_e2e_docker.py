@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
+import jsonschema
 import pytest
 
+from sm121_build.shipped import schema
 from sm121_build.verify.audit import Policy, audit_binary
 from sm121_build.verify.compat import parse_target
 from tests.stockimage import StockImage, stock_workspace
@@ -381,6 +383,10 @@ def test_ext_auto_rebuilds_flash_attention_natively(e2e: E2E, with_fa2: subproce
     assert manifest["files"][FA2]["cubins"] == {"sm_120": 2}
     assert (e2e.work / "fa2-artifacts" / FA2).is_file()
     record = json.loads((e2e.work / "fa2-report.json").read_text())
+    jsonschema.Draft202012Validator(schema("report")).validate(record)
+    jsonschema.Draft202012Validator(schema("manifest")).validate(manifest)
+    assert manifest["external"] == {"vllm-flash-attn": record["external"]["vllm-flash-attn"][
+        "commit"]}
     fa_repo = e2e.stock.checkout.parent / f"{e2e.stock.checkout.name}-flash-attention"
     head = subprocess.run(["git", "-C", str(fa_repo), "rev-parse", "HEAD"], check=True,
                           capture_output=True, text=True).stdout.strip()

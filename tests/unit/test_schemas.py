@@ -1,0 +1,102 @@
+"""The JSON outputs against the schemas shipped in the package (sm121_build/data/schemas):
+`audit --json` of real nvcc output, the manifest `--out` writes and `inject` reads, and the
+run report.  A field added without its schema (or a schema loosened to anything) fails here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from sm121_build.build import artifacts
+from sm121_build.shipped import schema
+from sm121_build.verify import run_report
+from sm121_build.verify.audit import audit_binary
+from sm121_build.verify.checks import SM121
+from tests.helpers import DATA, compile_cached, gencode
+
+
+def _check(name: str, data: Any) -> None:
+    jsonschema.Draft202012Validator(schema(name)).validate(data)
+
+
+@pytest.mark.parametrize("name", ["audit", "report", "manifest"])
+def test_each_schema_is_a_valid_schema_and_closed(name: str) -> None:
+    loaded = schema(name)
+    jsonschema.Draft202012Validator.check_schema(loaded)
+    assert loaded["additionalProperties"] is False  # an unknown top-level field fails
+
+
+def test_audit_json_of_real_files(tmp_path: Path) -> None:
+    folder = tmp_path / "vllm"
+    (folder / "vllm_flash_attn").mkdir(parents=True)
+    shutil.copy(compile_cached("schema-fa2", DATA / "kernels.cu",
+                               gencode("compute_80:sm_80", "compute_80:compute_80")),
+                folder / "vllm_flash_attn" / "_vllm_fa2_C.abi3.so")
+    shutil.copy(compile_cached("schema-121", DATA / "kernels.cu",
+                               gencode("compute_121:sm_121", "compute_120f:sm_120f")),
+                folder / "_C.abi3.so")
+    subprocess.run(["cc", "-shared", "-o", str(folder / "host_only.so"), "-x", "c", "/dev/null"],
+                   check=True)
+    for extra in ([], ["--kernels"]):
+        result = subprocess.run([sys.executable, "-m", "sm121_build", "audit", "--json",
+                                 str(folder), *extra], capture_output=True, text=True,
+                                check=False)
+        assert result.returncode == 0, result.stderr
+        data = json.loads(result.stdout)
+        _check("audit", data)
+        assert {Path(b["name"]).name for b in data["binaries"]} >= {"_C.abi3.so",
+                                                                    "_vllm_fa2_C.abi3.so"}
+    broken = dict(data, binaries=[{**data["binaries"][0], "rebuild": {"verdict": "maybe"}}])
+    with pytest.raises(jsonschema.ValidationError):
+        _check("audit", broken)
+
+
+def test_the_manifest_export_writes_and_inject_reads(tmp_path: Path) -> None:
+    so = compile_cached("schema-121", DATA / "kernels.cu",
+                        gencode("compute_121:sm_121", "compute_120f:sm_120f"))
+    report = audit_binary(so, "_C.abi3.so", SM121, with_kernels=True)
+    meta = {"base": "vllm/vllm-openai:nightly", "base_digest": "sha256:" + "a" * 64,
+            "vllm_version": "0.26.0", "vllm_commit": "c" * 40, "vllm_commit_id": None,
+            "arch_list": "12.1", "patches": "0123456789abcdef",
+            "package_dir": "/usr/local/lib/python3.12/dist-packages/vllm",
+            "tool_version": "0.1.0", "external": {"vllm-flash-attn": "f" * 40}}
+    files = {"_C.abi3.so": so, "vllm_flash_attn/_vllm_fa2_C.abi3.so": so}
+    details = {name: {"cubins": report.arch_counts("elf"),
+                      "kernels_native_sm121": report.kernel_counts()["native"]}
+               for name in files}
+    path = artifacts.export(tmp_path / "out", files, meta, details)
+    data = json.loads(path.read_text())
+    _check("manifest", data)
+    assert artifacts.load(tmp_path / "out").files.keys() == files.keys()
+    with pytest.raises(jsonschema.ValidationError):
+        _check("manifest", {**data, "files": {"../x.so": data["files"]["_C.abi3.so"]}})
+
+
+def test_run_reports_of_each_outcome() -> None:
+    base = run_report.new_record("build", "vllm/vllm-openai:nightly",
+                                 "vllm/vllm-openai:nightly-sm121", "12.1")
+    _check("report", base)  # a run that failed before anything was known
+    counts = {"cubins": {"sm_121": 2}, "ptx": {}, "kernels": {"native": 4, "jit": 0, "none": 0}}
+    built = {**base, "status": "built", "vllm_version": "0.26.0", "vllm_commit": "c" * 40,
+             "base_digest": "vllm/vllm-openai@sha256:" + "a" * 64, "content_key": "0" * 24,
+             "extensions": ["_C.abi3.so"], "before": {"_C.abi3.so": counts},
+             "after": {"_C.abi3.so": counts}, "fp4_excluded": {"_C.abi3.so": 0},
+             "abi_symbols_checked": 88, "artifacts": "/out", "log": "/log",
+             "image_id": "sha256:" + "b" * 64, "tags": ["x:y"],
+             "external": {"vllm-flash-attn": {"commit": "f" * 40, "repository": "/repo"}},
+             "decision": {"rebuild": True, "reason": "r", "extensions": {
+                 "_C.abi3.so": {"native": 0, "total": 4}}, "stock_archs": [],
+                 "build_targets": ["12.0"]},
+             "pulled": {"before": None, "after": "sha256:" + "a" * 64}}
+    _check("report", built)
+    with pytest.raises(jsonschema.ValidationError):
+        _check("report", {**built, "unexpected": 1})
+    with pytest.raises(jsonschema.ValidationError):
+        _check("report", {**built, "status": "done"})
