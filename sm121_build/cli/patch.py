@@ -74,8 +74,9 @@ def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explai
                                          gpu=SM121.target)
     if explain:
         effective = effective_archs(source, archs, cuda_version)
-        what = f"{name} {version}" if project is None else f"{name} (as vLLM builds it)"
-        narrowed = f" (narrowed by its CUDA {cuda_version} list from {archs})" if (
+        what = f"vLLM {version}" if project is None else f"{name} (as vLLM builds it)"
+        whose = "vLLM's" if project is None else "its"
+        narrowed = f" (narrowed by {whose} CUDA {cuda_version} list from {archs})" if (
             effective != archs) else ""
         click.echo(f"{what}, CUDA_ARCHS={effective}{narrowed}: what each guard gives nvcc")
         shown: set[str] = set()
