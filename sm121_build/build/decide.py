@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm121_build.source.guards import effective_archs, evaluate, find_calls
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.compat import Target, loads_natively
-from sm121_build.source.guards import effective_archs, evaluate, find_calls
 
 
 @dataclass(frozen=True)

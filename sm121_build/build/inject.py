@@ -17,13 +17,13 @@ from typing import Any
 import click
 
 from sm121_build.build import artifacts as artifacts_mod
-from sm121_build.image import ledger
-from sm121_build.verify import run_report
-from sm121_build.image.engine import Engine, build_image
-from sm121_build.errors import Sm121Error
-from sm121_build.image.facts import ImageFacts, cache_dir, inspect_image, require_vllm
 from sm121_build.build.render import BuildPlan, provenance_labels, render_inject
+from sm121_build.errors import Sm121Error
+from sm121_build.image import ledger
+from sm121_build.image.engine import Engine, build_image
+from sm121_build.image.facts import ImageFacts, cache_dir, inspect_image, require_vllm
 from sm121_build.steps import Steps, status_line
+from sm121_build.verify import run_report
 from sm121_build.verify.checks import Verified, verify_image
 
 

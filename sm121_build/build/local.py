@@ -17,13 +17,13 @@ from pathlib import Path
 import click
 
 from sm121_build.build import build_extensions
+from sm121_build.build.render import DEFAULT_EXTENSIONS, extension_target, source_targets
 from sm121_build.errors import BuildFailed, Sm121Error
+from sm121_build.image.facts import cuda_h_version
 from sm121_build.source.external import bring, projects_for, read_pin
 from sm121_build.source.external import projects as all_projects
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
-from sm121_build.image.facts import cuda_h_version
 from sm121_build.source.patch import apply_all, read_source_version
-from sm121_build.build.render import DEFAULT_EXTENSIONS, extension_target, source_targets
 from sm121_build.verify.checks import SM121
 
 

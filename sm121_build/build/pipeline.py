@@ -16,25 +16,30 @@ from typing import Any
 import click
 
 from sm121_build import __version__
-
-from sm121_build.image import ledger
-
-from sm121_build.verify import run_report
-from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.build.decide import decide
-from sm121_build.image.engine import Engine
-from sm121_build.source.external import bring, projects_for, read_pin
-from sm121_build.verify.fixable import rebuild_verdict
-from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
-from sm121_build.image.facts import ImageFacts, cache_dir, inspect_image, require_vllm
 from sm121_build.build.inject import Finish, finish, tag_result, verify_and_export
+from sm121_build.build.render import (
+    DEFAULT_EXTENSIONS,
+    LABEL_PREFIX,
+    BuildPlan,
+    plan_for,
+    render,
+    template_digest,
+)
+from sm121_build.image import ledger
+from sm121_build.image.engine import Engine
+from sm121_build.image.facts import ImageFacts, cache_dir, inspect_image, require_vllm
+from sm121_build.image.refs import versioned_tag
+from sm121_build.image.toolchain import host_tools, place_host_tools, require_buildable
+from sm121_build.source.external import bring, projects_for, read_pin
+from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
 from sm121_build.source.patch import apply_all, rules_digest
 from sm121_build.source.pin import check_checkout, fetch_source, version_to_ref
-from sm121_build.image.refs import versioned_tag
-from sm121_build.build.render import DEFAULT_EXTENSIONS, LABEL_PREFIX, BuildPlan, plan_for, render, template_digest
 from sm121_build.steps import Progress, Steps, end_status_line, status_line
-from sm121_build.image.toolchain import host_tools, place_host_tools, require_buildable
+from sm121_build.verify import run_report
+from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.verify.checks import SM121
+from sm121_build.verify.fixable import rebuild_verdict
 
 CONTENT_KEY_LABEL = f"{LABEL_PREFIX}.content-key"
 
