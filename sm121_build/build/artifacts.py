@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from sm121_build.errors import Sm121Error
+from sm121_build.source.external import projects
 
 MANIFEST = "manifest.json"
 FORMAT = 1
 # A file name, or one under an external project's folder (vllm_flash_attn/_vllm_fa2_C.abi3.so)
-_FILE_NAME = re.compile(r"^(?:vllm_flash_attn/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so$")
+_FILE_NAME = re.compile(
+    r"^(?:(?:" + "|".join(re.escape(p.install_dir) for p in projects()) +
+    r")/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so$")
 _REQUIRED = ("vllm_version", "vllm_commit", "arch_list", "files")
 
 

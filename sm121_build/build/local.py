@@ -20,10 +20,9 @@ from sm121_build.build import build_extensions
 from sm121_build.build.render import DEFAULT_EXTENSIONS, extension_target, source_targets
 from sm121_build.errors import BuildFailed, Sm121Error
 from sm121_build.image.facts import cuda_h_version
-from sm121_build.source.external import bring, projects_for, read_pin
-from sm121_build.source.external import projects as all_projects
-from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
-from sm121_build.source.patch import apply_all, read_source_version
+from sm121_build.source.external import copy_into, projects_for, read_pin, stand_in_envs
+from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
+from sm121_build.source.patch import apply_all, apply_external, read_source_version
 from sm121_build.verify.checks import SM121
 
 
@@ -70,14 +69,13 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
                 click.echo(f"    {result.name}: {result.outcome} ({result.detail})", err=True)
         sources: list[str] = []
         for project in projects:  # flash-attention at the commit the source pins, its rule
-            got = bring(read_pin(copy, project), fa_source)
-            tree = Path(shutil.copytree(got.path, Path(tmp) / project.name,
-                                        ignore=shutil.ignore_patterns(".git")))
+            tree = Path(tmp) / project.name
+            got = copy_into(read_pin(copy, project), fa_source, tree)
             click.echo(f"    {project.name} {got.commit[:12]}: {got.path}", err=True)
             if not no_patch:
-                handed = effective_archs(copy, archs, cuda)
-                for result in apply_all(tree, version, handed, cuda_version=cuda,
-                                        project=project.name, gpu=SM121.target):
+                handed, results = apply_external(copy, tree, project.name, version, archs,
+                                                 cuda, SM121.target)
+                for result in results:
                     click.echo(f"    {result.name} ({project.name}, CUDA_ARCHS {handed}): "
                                f"{result.outcome} ({result.detail})", err=True)
             sources += ["--define", f"{project.env}={tree}"]
@@ -89,7 +87,8 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
         for target in targets:
             argv += ["--target", target]
         argv += sources
-        argv += [a for p in all_projects() if p not in projects for a in ("--stand-in", p.env)]
+        for env in stand_in_envs(p.env for p in projects):
+            argv += ["--stand-in", env]
         cmake = Path(sys.executable).parent / "cmake"
         if cmake.exists():
             argv += ["--cmake", str(cmake)]

@@ -31,9 +31,9 @@ from sm121_build.image.engine import Engine
 from sm121_build.image.facts import ImageFacts, cache_dir, inspect_image, require_vllm
 from sm121_build.image.refs import versioned_tag
 from sm121_build.image.toolchain import host_tools, place_host_tools, require_buildable
-from sm121_build.source.external import bring, projects_for, read_pin
-from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, effective_archs
-from sm121_build.source.patch import apply_all, rules_digest
+from sm121_build.source.external import copy_into, projects_for, read_pin
+from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
+from sm121_build.source.patch import apply_all, apply_external, rules_digest
 from sm121_build.source.pin import check_checkout, fetch_source, version_to_ref
 from sm121_build.steps import Progress, Steps, end_status_line, status_line
 from sm121_build.verify import run_report
@@ -109,12 +109,10 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
         if "auto" in extra:
             with steps.step("choose extensions (--ext auto)"):
                 stock = read_stock(engine, facts, vllm.extensions)
-                picked = fixable_extensions(stock)
-                for name, rebuild in ((n, rebuild_verdict(r, SM121.target)) for n, r in
-                                      stock.items() if r is not None):
-                    if rebuild is not None:
-                        click.echo(f"    {name}: {rebuild.verdict}", err=True)
-                extra = tuple(e for e in extra if e != "auto") + picked
+                verdicts = rebuild_verdicts(stock)
+                for name, verdict in verdicts.items():
+                    click.echo(f"    {name}: {verdict}", err=True)
+                extra = tuple(e for e in extra if e != "auto") + fixable_extensions(verdicts)
         plan = plan_for(facts, opts.arch, extra, opts.jobs, context / "src", str(ref),
                         commit, buildkit=engine.buildkit_client() is not None)
         projects = projects_for(plan.targets, opts.fa_source)
@@ -123,9 +121,8 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
             with steps.step("external sources"):
                 for project in projects:
                     declared = read_pin(context / "src", project)
-                    got = bring(declared, opts.fa_source, opts.allow_other_commit)
-                    shutil.copytree(got.path, context / project.name,
-                                    ignore=shutil.ignore_patterns(".git"))
+                    got = copy_into(declared, opts.fa_source, context / project.name,
+                                    opts.allow_other_commit)
                     plan = BuildPlan(**{**plan.__dict__, "external": (
                         *plan.external, (project.env, project.name))})
                     record.setdefault("external", {})[project.name] = {
@@ -173,11 +170,11 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
                                         cuda_version=cuda):
                     click.echo(f"    {result.name}: {result.outcome} ({result.detail})",
                                err=True)
-                handed = effective_archs(context / "src", arch_cmake, cuda)
                 for _env, folder in plan.external:
-                    for result in apply_all(context / folder, vllm.version, handed,
-                                            cuda_version=cuda, project=folder,
-                                            gpu=SM121.target):
+                    handed, results = apply_external(context / "src", context / folder, folder,
+                                                     vllm.version, arch_cmake, cuda,
+                                                     SM121.target)
+                    for result in results:
                         click.echo(f"    {result.name} ({folder}, CUDA_ARCHS {handed}): "
                                    f"{result.outcome} ({result.detail})", err=True)
         if not opts.force:
@@ -225,13 +222,17 @@ def run_build(opts: Options, record: dict[str, Any] | None = None) -> str:
     return opts.tag
 
 
-def fixable_extensions(stock: dict[str, BinaryReport | None]) -> tuple[str, ...]:
+def rebuild_verdicts(stock: dict[str, BinaryReport | None]) -> dict[str, str]:
+    """The audit's rebuild verdict of each stock extension that carries device code."""
+    return {name: verdict.verdict for name, report in stock.items() if report is not None
+            and (verdict := rebuild_verdict(report, SM121.target)) is not None}
+
+
+def fixable_extensions(verdicts: dict[str, str]) -> tuple[str, ...]:
     """--ext auto: the image's extensions the audit calls fixable (the default ones are
     always built)."""
-    return tuple(name for name, report in stock.items() if report is not None
-                 and not DEFAULT_EXTENSIONS.match(name)
-                 and (verdict := rebuild_verdict(report, SM121.target)) is not None
-                 and verdict.verdict == "fixable")
+    return tuple(name for name, verdict in verdicts.items()
+                 if verdict == "fixable" and not DEFAULT_EXTENSIONS.match(name))
 
 
 def read_stock(engine: Engine, facts: ImageFacts,

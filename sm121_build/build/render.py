@@ -15,7 +15,7 @@ from sm121_build.errors import Sm121Error
 from sm121_build.image.facts import ImageFacts, require_vllm
 from sm121_build.image.toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable
 from sm121_build.shipped import shipped_dir
-from sm121_build.source.external import declared_targets, project_of_target, projects
+from sm121_build.source.external import declared_targets, project_of_target, stand_in_envs
 from sm121_build.source.patch import rules_digest
 
 LABEL_PREFIX = "io.github.sm121-build"
@@ -133,12 +133,6 @@ def _copy_lines(plan: BuildPlan, copy_from: str, flat: bool) -> str:
         .strip() for extension in plan.extensions)
 
 
-def stand_in_envs(plan: BuildPlan) -> list[str]:
-    """External projects the build has no source for: empty folders, nothing fetched."""
-    given = {env for env, _ in plan.external}
-    return [p.env for p in projects() if p.env not in given]
-
-
 def _external(plan: BuildPlan) -> str:
     if not plan.external:
         return "# (no external project sources: vLLM's CMake gets empty stand-ins for them)"
@@ -192,7 +186,8 @@ def render(plan: BuildPlan) -> str:
         toolchain=_toolchain(plan),
         cache_mount=cache,
         target_args=" ".join([*(f"--target {t}" for t in plan.targets),
-                              *(f"--stand-in {env}" for env in stand_in_envs(plan))]),
+                              *(f"--stand-in {env}" for env in
+                                stand_in_envs(env for env, _ in plan.external))]),
         external_sources=_external(plan),
         copy_lines=_copy_lines(plan, "--from=builder /sm121/out", flat=True),
         labels=_labels(plan),

@@ -16,6 +16,7 @@ from sm121_build.source.patch import (
     breaks_ptxas,
     covered,
     read_source_version,
+    rules_for,
 )
 from sm121_build.source.pin import require_vllm_tree
 from sm121_build.verify.checks import SM121
@@ -85,9 +86,9 @@ def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explai
                 if (all_guards or covered(guard, name)) and guard.location not in shown:
                     shown.add(guard.location)
                     click.echo(_guard_line(guard, result))
-        no_native = [g for r in results for g in r.before if g.taken and covered(g, name)
-                     and g.result is not None and not any(loads_natively(t, SM121.target)
-                                                          for t in g.targets)]
+        no_native = [g for rule in rules_for(name) if rule.action == "add"
+                     for r in results if r.name == rule.name
+                     for g in r.before if rule.covers(g) and rule.needs(g, SM121.target)]
         if no_native and project is not None:
             click.echo(f"note: {len(no_native)} guard(s) give {SM121.target} no native code "
                        "(PTX at best: JIT at first use); the rule adds a target")

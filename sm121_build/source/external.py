@@ -11,6 +11,7 @@ builder as `VLLM_FLASH_ATTN_SRC_DIR`.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -61,9 +62,14 @@ def project_named(name: str) -> Project | None:
     return next((p for p in projects() if p.name == name), None)
 
 
+def _missing(project: Project, path: Path) -> list[str]:
+    """The files a tree lacks to be this project."""
+    return [c for c in project.check if not (path / c).exists()]
+
+
 def tree_project(path: Path) -> Project | None:
     """The external project a source tree is (None: not one of them, e.g. vLLM itself)."""
-    return next((p for p in projects() if all((path / c).exists() for c in p.check)
+    return next((p for p in projects() if not _missing(p, path)
                  and not (path / "vllm" / "__init__.py").exists()
                  and not (path / "csrc" / "ops.h").exists()), None)
 
@@ -129,9 +135,24 @@ def projects_for(targets: Iterable[str], fa_source: Path | None) -> list[Project
 def require_project_tree(path: Path, name: str) -> None:
     project = project_named(name)
     assert project is not None
-    missing = [c for c in project.check if not (path / c).exists()]
+    missing = _missing(project, path)
     if missing:
         raise Sm121Error(f"{path} is not a {name} tree (no {' or '.join(missing)})")
+
+
+def stand_in_envs(built: Iterable[str]) -> list[str]:
+    """The `*_SRC_DIR` of every project whose variable is not in `built`: the build points
+    those at empty stand-ins instead of fetching them at configure time."""
+    given = set(built)
+    return [p.env for p in projects() if p.env not in given]
+
+
+def copy_into(pin: ProjectPin, local: Path | None, dest: Path,
+              allow_other_commit: bool = False) -> Checkout:
+    """`bring` the project, then copy its tree (without .git) to `dest` for the build."""
+    got = bring(pin, local, allow_other_commit)
+    shutil.copytree(got.path, dest, ignore=shutil.ignore_patterns(".git"))
+    return got
 
 
 def bring(pin: ProjectPin, local: Path | None, allow_other_commit: bool = False) -> Checkout:

@@ -442,6 +442,16 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
             tmp_path.unlink(missing_ok=True)
 
 
+def apply_external(vllm_tree: Path, tree: Path, project: str, version: str, archs: str,
+                   cuda_version: str, gpu: Target) -> tuple[str, list[RuleResult]]:
+    """An external project's rules on its tree, for the CUDA_ARCHS the vLLM tree hands it
+    (vLLM narrows the requested archs before including the project).  Returns those archs
+    and the results."""
+    handed = effective_archs(vllm_tree, archs, cuda_version)
+    return handed, apply_all(tree, version, handed, cuda_version=cuda_version, project=project,
+                             gpu=gpu)
+
+
 def apply_all(source: Path, version: str, archs: str, check: bool = False,
               cuda_version: str = DEFAULT_CUDA, project: str = "vllm",
               gpu: Target | None = None) -> list[RuleResult]:
