@@ -8,10 +8,11 @@ import click
 
 from sm121_build.build.local import run_local
 from sm121_build.build.pipeline import Options, run_build
+from sm121_build.build.render import extension_target
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
 from sm121_build.errors import Sm121Error
 from sm121_build.image.refs import IMAGE_ID, default_tag, validate_image_ref, validate_tag
-from sm121_build.source.external import require_project_tree
+from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.pin import UPSTREAM, require_vllm_tree
 from sm121_build.verify.run_report import new_record, recorded
 
@@ -81,6 +82,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
         require_vllm_tree(source)  # before the engine, the pull and a 1 GB copy
     if fa_source:
         require_project_tree(fa_source, "vllm-flash-attn")
+    # an extension no rule can build for sm_12x (flash-attention 3): refused before any work
+    projects_for([extension_target(e) for e in extra_ext if e != "auto"], None)
     if pull != "never" and IMAGE_ID.match(base):
         raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
     result_tag = validate_tag(tag) if tag else default_tag(base)

@@ -262,3 +262,13 @@ def test_patch_of_a_folder_that_is_not_vllm(tmp_path: Path) -> None:
     line = _one_line_error(cli("patch", "--version", "0.19.1", str(tmp_path)))
     assert line == (f"error: {tmp_path} is not a vLLM source tree (no CMakeLists.txt or "
                     "cmake/utils.cmake)")
+
+
+def test_an_extension_no_rule_can_build_is_refused_before_the_engine() -> None:
+    """No engine is reachable here: the refusal must come first (exit 2, not 4)."""
+    line = _one_line_error(cli("--base", "vllm/vllm-openai:cu130-nightly", "--ext",
+                               "_vllm_fa3_C",
+                               env={"DOCKER_HOST": "unix:///nonexistent.sock"}))
+    assert line == ("error: _vllm_fa3_C (vllm-flash-attn) has no sm_12x implementation this "
+                    "tool can build: no rule in patches/ extends its guard (rebuildable here: "
+                    "_vllm_fa2_C)")
