@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 import docker  # noqa: E402
 
-from tests.helpers import CACHE, pypi_download  # noqa: E402
-from tests.stockimage import VERSION, ensure_stock_image  # noqa: E402
+from devkit.helpers import CACHE, pypi_download  # noqa: E402
+from devkit.stockimage import VERSION, ensure_stock_image  # noqa: E402
 
 WHEEL = "vllm==0.17.0"
 EXTENSIONS = ("_C.abi3.so", "_moe_C.abi3.so")

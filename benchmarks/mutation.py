@@ -29,7 +29,7 @@ CORE = ("sm121_build/verify/fatbin.py", "sm121_build/verify/compat.py",
         "sm121_build/verify/checks.py", "sm121_build/source/patch.py",
         "sm121_build/source/guards.py",
         "sm121_build/image/refs.py", "sm121_build/build/pipeline.py")
-COPIED = ("sm121_build", "tests", "patches", "dockerfiles", "benchmarks", "README.md",
+COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmarks", "README.md",
           "pyproject.toml")
 RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
 

@@ -1,5 +1,7 @@
-"""Timed, titled steps on stderr; folded into groups on GitHub Actions (as cibuildwheel's
-logger does), plus a live one-line status for long builds on a terminal."""
+"""Everything the tool tells a person on stderr goes through here: timed, titled steps (✓/✕,
+folded into groups on GitHub Actions, as cibuildwheel's logger does), their detail lines,
+the one-line `error: …` (plus an `::error::` annotation on Actions), and a live one-line
+status for long builds and reads on a terminal.  Results go to stdout."""
 
 from __future__ import annotations
 
@@ -34,6 +36,18 @@ class Steps:
             if self.actions:
                 click.echo("::endgroup::", err=True)
             click.echo(f"    {mark} {title} ({time.monotonic() - start:.1f}s)", err=True)
+
+
+def note(text: str) -> None:
+    """A detail of the step under way: `    text` on stderr (stdout keeps the results)."""
+    end_status_line()
+    click.echo(f"    {text}", err=True)
+
+
+def notice(text: str) -> None:
+    """A line of its own on stderr, outside any step (`note: …`, `interrupted …`)."""
+    end_status_line()
+    click.echo(text, err=True)
 
 
 def report_error(message: str) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DATA, compile_cached, gencode
+from devkit.helpers import DATA, compile_cached, gencode
 
 # Each build is one .so; nvcc refuses sm_120 and sm_120f in one fatbin, hence several.
 MATRIX: dict[str, list[str]] = {

@@ -14,15 +14,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import click
-
 from sm121_build.build import build_extensions
-from sm121_build.build.render import DEFAULT_EXTENSIONS, extension_target, source_targets
+from sm121_build.build.render import (
+    choose_extensions,
+    default_file,
+    extension_target,
+    source_targets,
+)
 from sm121_build.errors import BuildFailed, Sm121Error
 from sm121_build.image.facts import cuda_h_version
 from sm121_build.source.external import copy_into, projects_for, read_pin, stand_in_envs
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
-from sm121_build.source.patch import apply_all, apply_external, read_source_version
+from sm121_build.source.patch import apply_for_build, read_source_version
+from sm121_build.steps import note
 from sm121_build.verify.checks import SM121
 
 
@@ -34,18 +38,13 @@ def host_cuda_version(home: Path) -> str:
 
 
 def local_targets(source: Path, extra: tuple[str, ...]) -> list[str]:
-    """_C / _moe_C (or the source's *_stable_libtorch names) plus --ext, as CMake targets."""
-    defined = source_targets(source)
-    targets = sorted(t for t in defined if DEFAULT_EXTENSIONS.match(f"{t}.abi3.so"))
-    for name in extra:
-        target = extension_target(name) if name.endswith(".so") else name
-        if target not in defined:
-            raise Sm121Error(f"{source} defines no CMake target {target} "
-                             f"(it defines: {', '.join(sorted(defined)) or 'none'})")
-        targets.append(target)
-    if not targets:
-        raise Sm121Error(f"{source} defines no _C / _moe_C target; is it a vLLM checkout?")
-    return list(dict.fromkeys(targets))
+    """_C / _moe_C (or the source's *_stable_libtorch names) plus --ext, as CMake targets:
+    the image build's choice (`render.choose_extensions`), as if an image carried every
+    extension the source defines."""
+    if not (source / "CMakeLists.txt").exists():
+        raise Sm121Error(f"{source} has no CMakeLists.txt; is it a vLLM checkout?")
+    every = tuple(default_file(t) for t in sorted(source_targets(source)))
+    return [extension_target(e) for e in choose_extensions(every, extra, source)]
 
 
 def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: int | None,
@@ -64,21 +63,16 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
     with tempfile.TemporaryDirectory(prefix="sm121-local-") as tmp:
         copy = Path(tmp) / "src"
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns(".git", "build*"))
-        if not no_patch:
-            for result in apply_all(copy, version, archs, cuda_version=cuda):
-                click.echo(f"    {result.name}: {result.outcome} ({result.detail})", err=True)
         sources: list[str] = []
-        for project in projects:  # flash-attention at the commit the source pins, its rule
-            tree = Path(tmp) / project.name
-            got = copy_into(read_pin(copy, project), fa_source, tree)
-            click.echo(f"    {project.name} {got.commit[:12]}: {got.path}", err=True)
-            if not no_patch:
-                handed, results = apply_external(copy, tree, project.name, version, archs,
-                                                 cuda, SM121.target)
-                for result in results:
-                    click.echo(f"    {result.name} ({project.name}, CUDA_ARCHS {handed}): "
-                               f"{result.outcome} ({result.detail})", err=True)
-            sources += ["--define", f"{project.env}={tree}"]
+        trees: dict[str, Path] = {}
+        for project in projects:  # flash-attention at the commit the source pins
+            trees[project.name] = Path(tmp) / project.name
+            got = copy_into(read_pin(copy, project), fa_source, trees[project.name])
+            note(f"{project.name} {got.commit[:12]}: {got.path}")
+            sources += ["--define", f"{project.env}={trees[project.name]}"]
+        if not no_patch:
+            for line in apply_for_build(copy, trees, version, archs, cuda, SM121.target):
+                note(line)
         environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
                    "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")}
         if jobs:

@@ -72,7 +72,7 @@ def extension_target(filename: str) -> str:
     return re.sub(r"(\.cpython-[^.]+)?(\.abi3)?\.so$", "", filename.rsplit("/", 1)[-1])
 
 
-def _default_file(target: str) -> str:
+def default_file(target: str) -> str:
     project = project_of_target(target)
     return f"{project.install_dir}/{target}.abi3.so" if project else f"{target}.abi3.so"
 
@@ -87,12 +87,12 @@ def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
         filename = next((e for e in image_extensions if e == name or e.endswith("/" + name)
                          or (not name.endswith(".so") and extension_target(e) == target)),
                         name if name.endswith(".so") and project_of_target(target) is None
-                        else _default_file(target))
+                        else default_file(target))
         if filename not in chosen:
             chosen.append(filename)
     if not chosen:
-        raise Sm121Error("the image's vLLM has no _C / _moe_C extension files; "
-                         "name the ones to rebuild with --ext")
+        raise Sm121Error("no _C / _moe_C extension files to rebuild (neither the image's vLLM "
+                         "nor the source has them); name the ones to rebuild with --ext")
     if source is not None:
         defined = source_targets(source)
         missing = [e for e in chosen if extension_target(e) not in defined]

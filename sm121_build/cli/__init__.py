@@ -11,7 +11,7 @@ import click
 
 from sm121_build import __version__
 from sm121_build.errors import INTERRUPTED, Sm121Error
-from sm121_build.steps import report_error
+from sm121_build.steps import notice, report_error
 
 
 class _Group(click.Group):
@@ -29,7 +29,7 @@ class _Group(click.Group):
             report_error(str(exc))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("interrupted: temporary files and containers were removed", err=True)
+            notice("interrupted: temporary files and containers were removed")
             sys.exit(INTERRUPTED)
         except OSError as exc:
             # the file system said no (permissions, a full disk, a loop of links): one line
@@ -84,6 +84,6 @@ def main() -> None:
         report_error(" ".join(exc.format_message().split()))
         sys.exit(exc.exit_code)
     except click.Abort:
-        click.echo("interrupted", err=True)
+        notice("interrupted")
         sys.exit(INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)

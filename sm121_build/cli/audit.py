@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from sm121_build.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
+from sm121_build.steps import notice
 from sm121_build.verify import report
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary, host_only_report
 from sm121_build.verify.audit_inputs import binaries
@@ -66,7 +67,7 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     reports, unreadable = run_audit(target, policy, with_kernels, include, platform,
                                     progress=sys.stderr.isatty())
     for line in unreadable:
-        click.echo(f"unreadable: {line}", err=True)
+        notice(f"unreadable: {line}")
     if fmt == "cuobjdump":
         text = report.cuobjdump(reports)
         if text:

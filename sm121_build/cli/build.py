@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from sm121_build.build.local import run_local
-from sm121_build.build.pipeline import Options, run_build
+from sm121_build.build.main_job import Options, run_build
+from sm121_build.build.pipeline import Pipeline
 from sm121_build.build.render import extension_target
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
 from sm121_build.errors import Sm121Error
@@ -89,8 +90,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_outputs(out, report, summary_md)
     with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
-        run_build(Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
+        run_build(Pipeline.connect(record),
+                  Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
-                          allow_other_commit=allow_other_commit, fa_source=fa_source),
-                  record)
+                          allow_other_commit=allow_other_commit, fa_source=fa_source))

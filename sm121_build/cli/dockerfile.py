@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import click
 
+from sm121_build.build.pipeline import Pipeline
 from sm121_build.build.render import plan_for, render
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names
 from sm121_build.errors import Sm121Error
-from sm121_build.image.engine import Engine
-from sm121_build.image.facts import inspect_image, require_vllm
 from sm121_build.image.refs import IMAGE_ID
 from sm121_build.source.pin import version_to_ref
+from sm121_build.steps import notice
 
 
 @click.command()
@@ -28,8 +28,7 @@ def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | Non
     """Print the multi-stage Dockerfile; the build context needs src/ and build_extensions.py.
 
     cmake or ninja the image lacks are pip-installed in the builder stage (network)."""
-    facts = inspect_image(Engine.connect(), base)
-    vllm = require_vllm(facts)
+    facts, vllm = Pipeline.connect().resolve_image(base)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     plan = plan_for(facts, arch, extra_ext, jobs, None, str(ref), None, not no_buildkit,
                     copy_tools=False)
@@ -40,6 +39,6 @@ def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | Non
             raise Sm121Error(f"{base} is an image ID and the image has no registry digest: a "
                              "Dockerfile cannot name it offline; pass one of its tags")
         plan = replace(plan, base=base)
-        click.echo(f"note: {base} has no registry digest; FROM names the tag, not pinned to "
-                   f"{facts.id[:19]}", err=True)
+        notice(f"note: {base} has no registry digest; FROM names the tag, not pinned to "
+               f"{facts.id[:19]}")
     click.echo(render(plan), nl=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from sm121_build.build.inject import run_inject
+from sm121_build.build.pipeline import Pipeline
 from sm121_build.cli.build import REPORT_HELP, SUMMARY_HELP
 from sm121_build.cli.inputs import require_outputs
 from sm121_build.image.refs import default_tag, validate_image_ref, validate_tag
@@ -34,4 +35,4 @@ def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: P
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_outputs(out, report, summary_md)
     with recorded(new_record("inject", base, result_tag, None), report, summary_md) as record:
-        run_inject(folder, base, result_tag, out, record)
+        run_inject(Pipeline.connect(record), folder, base, result_tag, out)

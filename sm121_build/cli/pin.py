@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.image.engine import Engine
-from sm121_build.image.facts import inspect_image, require_vllm
+from sm121_build.build.pipeline import Pipeline
 from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
 
 
@@ -21,8 +20,7 @@ from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, ver
 @click.option("--repo", default=UPSTREAM, show_default=True, help="Upstream git URL.")
 def pin(image: str, as_json: bool, fetch: bool, source: Path | None, repo: str) -> None:
     """Read IMAGE's vLLM version and commit (no container is run) and map them to git."""
-    facts = inspect_image(Engine.connect(), image)
-    vllm = require_vllm(facts)
+    facts, vllm = Pipeline.connect().resolve_image(image)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     checkout = commit = None
     if source:

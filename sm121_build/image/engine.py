@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import posixpath
 import re
 import secrets
 import shutil
@@ -28,7 +27,6 @@ import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -37,36 +35,13 @@ import docker.errors
 import requests.exceptions
 
 from sm121_build.errors import BuildFailed, EngineUnavailable, Sm121Error
+from sm121_build.image.api import HistoryStep, ImageInfo, PathLookups, PathStat, Status
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    """What the engine knows about an image, without running it."""
-
-    ref: str
-    id: str
-    repo_digests: tuple[str, ...]
-    os: str
-    architecture: str
-    variant: str
-    labels: dict[str, str]
-    layers: tuple[str, ...]
-    env: tuple[str, ...] = field(default=())
-    runtime: tuple[str, ...] = field(default=())  # entrypoint, cmd, workdir, user (as JSON)
-
-    @property
-    def platform(self) -> str:
-        suffix = f"/{self.variant}" if self.variant else ""
-        return f"{self.os}/{self.architecture}{suffix}"
-
-    @property
-    def digest_ref(self) -> str:
-        """A reference that pins the exact image: repo@sha256 when known, else the ID."""
-        return self.repo_digests[0] if self.repo_digests else self.id
+READER_LABEL = "io.github.sm121-build.reader"
+__all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "failure_cause"]
 
 
 class Engine:
@@ -113,7 +88,7 @@ class Engine:
                           ("Entrypoint", "Cmd", "WorkingDir", "User", "ExposedPorts")),
         )
 
-    def pull(self, ref: str, status: Callable[[str], None] | None = None) -> str:
+    def pull(self, ref: str, status: Status | None = None) -> str:
         """Pull `ref` (a repository reference: cmd_build refuses image IDs up front) from its
         registry, as `docker pull`; returns the local image ID."""
         name, tag, digest = split_ref(ref)
@@ -244,6 +219,48 @@ class Engine:
         with suppress(docker.errors.APIError):
             self.client.images.remove(image_id, force=False, noprune=False)
 
+    def build(self, context: Path, dockerfile: Path, log: Path,
+                  status: Status | None = None) -> str:
+        """Build an untagged image; returns its ID.  BuildKit (CLI) when available, else the
+        legacy builder through the API (no cache mounts then)."""
+        client_path = self.buildkit_client()
+        if client_path:
+            iidfile = context / ".sm121-iid"
+            env = {**os.environ, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
+            args = [client_path, "build", "--progress", "plain", "-f", str(dockerfile),
+                    "--iidfile", str(iidfile), str(context)]
+            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True, errors="replace", env=env)
+            assert process.stdout is not None
+            try:
+                for line in process.stdout:
+                    _stream_to(log, line, status)
+            except KeyboardInterrupt:
+                process.terminate()
+                process.wait()
+                raise
+            if process.wait() != 0 or not iidfile.exists():
+                raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
+            return iidfile.read_text().strip()
+        image_id = ""
+        try:
+            for chunk in self.client.api.build(path=str(context), dockerfile=str(dockerfile),
+                                               rm=True, forcerm=True, decode=True):
+                if "stream" in chunk:
+                    _stream_to(log, chunk["stream"], status)
+                if "error" in chunk:
+                    _stream_to(log, chunk["error"], status)
+                    raise BuildFailed(f"docker build failed: {failure_cause(log)}; "
+                                      f"full log: {log}")
+                if "aux" in chunk and "ID" in chunk["aux"]:
+                    image_id = chunk["aux"]["ID"]
+        except docker.errors.APIError as exc:
+            raise BuildFailed(f"docker build failed: {exc.explanation}; "
+                              f"full log: {log}") from None
+        if not image_id:
+            raise BuildFailed(f"docker build produced no image; full log: {log}")
+        return image_id
+
     def buildkit_client(self) -> str | None:
         """A docker CLI that can run BuildKit builds (`DOCKER_BUILDKIT=1`), if one exists."""
         for candidate in BUILDKIT_CLIENT_CANDIDATES:
@@ -256,79 +273,6 @@ class Engine:
             if result.returncode == 0 and "--secret" in result.stdout:
                 return path
         return None
-
-
-READER_LABEL = "io.github.sm121-build.reader"
-# Go's os.FileMode type bits, as the archive endpoint reports them.
-_MODE_DIR, _MODE_SYMLINK = 1 << 31, 1 << 27
-_MODE_TYPE = _MODE_DIR | _MODE_SYMLINK | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
-MAX_LINKS = 16
-
-
-@dataclass(frozen=True)
-class HistoryStep:
-    """One step of an image's history: what made it and how many bytes its layer adds."""
-
-    created_by: str
-    size: int
-
-
-@dataclass(frozen=True)
-class PathStat:
-    """One path inside an image: the archive endpoint's stat."""
-
-    path: str
-    size: int
-    mode: int
-    link_target: str
-
-    @property
-    def is_dir(self) -> bool:
-        return bool(self.mode & _MODE_DIR)
-
-    @property
-    def is_symlink(self) -> bool:
-        return bool(self.mode & _MODE_SYMLINK)
-
-    @property
-    def is_file(self) -> bool:
-        return not self.mode & _MODE_TYPE
-
-
-def _link_path(link: str, target: str) -> str:
-    """Where a symlink at `link` pointing to `target` leads (absolute, normalised)."""
-    return posixpath.normpath(target if target.startswith("/") else
-                              posixpath.join(posixpath.dirname(link), target))
-
-
-class PathLookups:
-    """Symlink-following lookups on top of a `stat` that does not follow them, as the
-    engine's archive endpoint does (its stand-in in tests shares these)."""
-
-    def stat(self, path: str) -> PathStat | None:
-        raise NotImplementedError
-
-    def resolve(self, path: str) -> PathStat | None:
-        """The stat of what `path` names, following symlinks (as the image would)."""
-        for _ in range(MAX_LINKS):
-            found = self.stat(path)
-            if found is None or not found.is_symlink:
-                return found
-            path = _link_path(path, found.link_target)
-        return None
-
-    def canonical(self, path: str) -> str:
-        """The path with every symlinked folder on the way replaced by its target."""
-        done = "/"
-        for part in [p for p in path.split("/") if p]:
-            current = posixpath.join(done, part)
-            for _ in range(MAX_LINKS):
-                found = self.stat(current)
-                if found is None or not found.is_symlink:
-                    break
-                current = _link_path(current, found.link_target)
-            done = current
-        return done
 
 
 class ImageReader(PathLookups):
@@ -430,7 +374,7 @@ class _CountingReader:
         return data
 
 
-def _stream_to(log: Path, line: str, status: Callable[[str], None] | None) -> None:
+def _stream_to(log: Path, line: str, status: Status | None) -> None:
     with open(log, "a", encoding="utf-8") as out:
         out.write(line if line.endswith("\n") else line + "\n")
     if status and line.strip():
@@ -458,44 +402,3 @@ def failure_cause(log: Path) -> str:
     if not parts:
         parts = [first(_ERROR, reverse=True) or "see the log"]
     return "; ".join(parts)[:400]
-
-
-def build_image(engine: Engine, context: Path, dockerfile: Path, log: Path,
-                status: Callable[[str], None] | None = None) -> str:
-    """Build an untagged image; returns its ID.  BuildKit (CLI) when available, else the
-    legacy builder through the API (no cache mounts then)."""
-    client_path = engine.buildkit_client()
-    if client_path:
-        iidfile = context / ".sm121-iid"
-        env = {**os.environ, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
-        args = [client_path, "build", "--progress", "plain", "-f", str(dockerfile),
-                "--iidfile", str(iidfile), str(context)]
-        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, errors="replace", env=env)
-        assert process.stdout is not None
-        try:
-            for line in process.stdout:
-                _stream_to(log, line, status)
-        except KeyboardInterrupt:
-            process.terminate()
-            process.wait()
-            raise
-        if process.wait() != 0 or not iidfile.exists():
-            raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
-        return iidfile.read_text().strip()
-    image_id = ""
-    try:
-        for chunk in engine.client.api.build(path=str(context), dockerfile=str(dockerfile),
-                                             rm=True, forcerm=True, decode=True):
-            if "stream" in chunk:
-                _stream_to(log, chunk["stream"], status)
-            if "error" in chunk:
-                _stream_to(log, chunk["error"], status)
-                raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
-            if "aux" in chunk and "ID" in chunk["aux"]:
-                image_id = chunk["aux"]["ID"]
-    except docker.errors.APIError as exc:
-        raise BuildFailed(f"docker build failed: {exc.explanation}; full log: {log}") from None
-    if not image_id:
-        raise BuildFailed(f"docker build produced no image; full log: {log}")
-    return image_id

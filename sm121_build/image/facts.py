@@ -20,20 +20,16 @@ import json
 import os
 import posixpath
 import re
-import tarfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from packaging.version import InvalidVersion, Version
 
 from sm121_build.errors import Sm121Error
+from sm121_build.image.api import ImageEngine, ImageFiles, ImageInfo
 from sm121_build.image.toolchain import BuildTools, find_build_tools
 from sm121_build.steps import Progress
-
-if TYPE_CHECKING:  # the Docker SDK is imported only where an engine is used
-    from sm121_build.image.engine import Engine, ImageInfo, PathStat
 
 _PYTHON = re.compile(r"/python(\d+\.\d+)/")
 _PYTHON_NAME = re.compile(r"(?:^|/)python(\d+\.\d+)$")
@@ -48,21 +44,6 @@ CUDA_TARGETS = ("sbsa-linux", "aarch64-linux", "x86_64-linux")
 CUDA_HOMES = ("/usr/local/cuda", *(f"/usr/local/cuda-{major}.{minor}"
                                    for major in (13, 12) for minor in range(9, -1, -1)))
 CACHE_FORMAT = 7
-
-
-class ImageFiles(Protocol):
-    """What inspect needs of an image's files (engine.ImageReader; in unit tests, the
-    folder stand-in tests/dirfiles.py)."""
-
-    def stat(self, path: str) -> PathStat | None: ...
-
-    def resolve(self, path: str) -> PathStat | None: ...
-
-    def canonical(self, path: str) -> str: ...
-
-    def read_bytes(self, path: str, limit: int = ...) -> bytes | None: ...
-
-    def tar(self, path: str) -> contextlib.AbstractContextManager[tarfile.TarFile]: ...
 
 
 def cache_dir() -> Path:
@@ -338,7 +319,7 @@ def extension_files(listed: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def inspect_image(engine: Engine, ref: str, use_cache: bool = True) -> ImageFacts:
+def inspect_image(engine: ImageEngine, ref: str, use_cache: bool = True) -> ImageFacts:
     info = engine.image(ref)
     cached = cache_dir() / "facts" / f"{info.id.replace(':', '-')}.v{CACHE_FORMAT}.json"
     if use_cache and cached.exists():

@@ -22,12 +22,9 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sm121_build.errors import Sm121Error
-
-if TYPE_CHECKING:
-    from sm121_build.image.facts import ImageFiles
+from sm121_build.image.api import ImageFiles
 
 MIN_CMAKE = (3, 26)
 CXX_NAMES = ("c++", "g++")

@@ -473,3 +473,16 @@ def read_source_version(source: Path) -> str | None:
         found: str | None = HeaderParser().parsestr(pkg_info.read_text())["Version"]
         return found
     return None
+
+
+def apply_for_build(source: Path, external: dict[str, Path], version: str, archs: str,
+                    cuda_version: str, gpu: Target) -> list[str]:
+    """The build's patch step: vLLM's rules on `source`, then each external project's
+    (`external`: project name -> its tree) for the archs vLLM hands it.  One line per rule."""
+    lines = [f"{r.name}: {r.outcome} ({r.detail})"
+             for r in apply_all(source, version, archs, cuda_version=cuda_version)]
+    for name, tree in external.items():
+        handed, results = apply_external(source, tree, name, version, archs, cuda_version, gpu)
+        lines += [f"{r.name} ({name}, CUDA_ARCHS {handed}): {r.outcome} ({r.detail})"
+                  for r in results]
+    return lines

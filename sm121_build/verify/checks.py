@@ -19,14 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import click
 
 from sm121_build.errors import VerificationError
+from sm121_build.image.api import HistoryStep, ImageEngine, ImageFiles, ImageInfo
 from sm121_build.image.facts import (
     ImageFacts,
-    ImageFiles,
     VllmInstall,
     cache_dir,
     facts_from_files,
@@ -34,13 +31,10 @@ from sm121_build.image.facts import (
     store_cache,
 )
 from sm121_build.image.spill import write_stream
-from sm121_build.steps import Progress, end_status_line
+from sm121_build.steps import Progress, note
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary
 from sm121_build.verify.compat import parse_target
 from sm121_build.verify.fatbin import HostBinary, dynamic_symbols
-
-if TYPE_CHECKING:  # the Docker SDK is not needed to run the checks themselves
-    from sm121_build.image.engine import Engine, HistoryStep, ImageInfo
 
 SM121 = Policy(parse_target("sm_121"), (13, 0))
 # Kernels left out on purpose when the FP4 guards exclude a plain 12.x build.
@@ -228,7 +222,7 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
                         tmp: Path) -> tuple[set[str], int]:
     """(exported torch symbols, libraries read) of an image's `torch/lib`, streamed one
     library at a time (temp: the largest one), cached per image ID."""
-    cached = cache_dir() / "abi" / f"{image_id.replace(':', '-')}.json"
+    cached = cache_dir() / "abi" / f"{image_id.replace(':', '-')}.v2.json"  # v2: GNU_UNIQUE
     with suppress(OSError, ValueError, TypeError, KeyError):
         raw = json.loads(cached.read_text())
         return set(raw["exported"]), int(raw["libraries"])
@@ -265,13 +259,8 @@ class Verified:
     problems: list[str] = field(default_factory=list)
 
 
-def _echo(text: str) -> None:
-    end_status_line()
-    click.echo(f"    {text}", err=True)
-
-
 @contextmanager
-def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
+def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
                  extensions: tuple[str, ...], log: Path | None = None) -> Iterator[Verified]:
     """Run every check on a built image; raises VerificationError listing what failed."""
     stock_vllm = require_vllm(stock)
@@ -315,20 +304,20 @@ def verify_image(engine: Engine, stock: ImageFacts, image_id: str,
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems()
-            _echo(f"{name}: cubins {report.arch_counts('elf')}; {len(comparison.built_native)} "
+            note(f"{name}: cubins {report.arch_counts('elf')}; {len(comparison.built_native)} "
                   f"kernels native on sm_121 (stock {comparison.stock_arch or 'no cubins'}: "
                   f"{len(comparison.stock_kernels)})")
             if comparison.fp4_excluded:
-                _echo(f"{name}: {len(comparison.fp4_excluded)} FP4 kernel(s) excluded on purpose,"
+                note(f"{name}: {len(comparison.fp4_excluded)} FP4 kernel(s) excluded on purpose,"
                       f" e.g. {comparison.fp4_excluded[0]}")
         exported, providers = image_torch_exports(stock_files, stock.id,
                                                   stock_vllm.site_packages, root)
         progress.done()
         abi = check_abi(files, exported, providers)
-        _echo(f"ABI: {abi.checked} torch symbol(s) needed, checked against "
+        note(f"ABI: {abi.checked} torch symbol(s) needed, checked against "
               f"{providers} torch librar{'y' if providers == 1 else 'ies'}")
         drift = check_drift(stock_info, built_info, added, sizes)
-        _echo(f"drift: {base_count} stock layers kept, {len(built_info.layers) - base_count} "
+        note(f"drift: {base_count} stock layers kept, {len(built_info.layers) - base_count} "
               f"layer(s) added on top, {len(drift)} problem(s)")
         problems += abi.problems() + drift
         if problems:

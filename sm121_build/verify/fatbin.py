@@ -312,6 +312,11 @@ def cuobjdump_listing(path: Path, entries: list[Entry]) -> list[str]:
     return lines
 
 
+# STB_GNU_UNIQUE (10: template static data, as in torch's libraries) is what pyelftools
+# calls STB_LOOS, the first OS-specific binding.
+_EXPORTING_BINDS = ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE", "STB_LOOS")
+
+
 @dataclass(frozen=True)
 class DynamicSymbols:
     """A shared object's dynamic symbol table: what it needs and what it exports."""
@@ -335,7 +340,7 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
             symbols = table.iter_symbols() if isinstance(table, SymbolTableSection) else ()
             for symbol in symbols:
                 bind = symbol["st_info"]["bind"]
-                if not symbol.name or bind not in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE"):
+                if not symbol.name or bind not in _EXPORTING_BINDS:
                     continue
                 if symbol["st_shndx"] == "SHN_UNDEF":
                     if bind == "STB_GLOBAL":

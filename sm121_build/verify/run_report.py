@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sm121_build.errors import Sm121Error
 from sm121_build.image.facts import cache_dir
@@ -28,26 +29,115 @@ STATUS_WORDS = {
 }
 
 
-def binaries(reports: dict[str, BinaryReport]) -> dict[str, dict[str, Any]]:
-    """Per .so: cubins and PTX per arch, kernels native / JIT / none on sm_121."""
-    return {name: {"cubins": r.arch_counts("elf"), "ptx": r.arch_counts("ptx"),
-                   "kernels": dict(r.kernel_counts())}
-            for name, r in sorted(reports.items())}
+@dataclass(frozen=True)
+class Binary:
+    """One .so as the report shows it: cubins and PTX per arch, kernels native / JIT / none
+    on sm_121."""
+
+    cubins: dict[str, int]
+    ptx: dict[str, int]
+    kernels: dict[str, int]
+
+    @classmethod
+    def of(cls, report: BinaryReport) -> Binary:
+        return cls(report.arch_counts("elf"), report.arch_counts("ptx"),
+                   {str(k): v for k, v in report.kernel_counts().items()})
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Binary:
+        return cls(dict(data["cubins"]), dict(data["ptx"]), dict(data["kernels"]))
 
 
-def new_record(command: str, base: str, tag: str, arch: str | None) -> dict[str, Any]:
-    return {"format": FORMAT, "command": command, "status": "failed", "base": base,
-            "tag": tag, "arch_list": arch, "error": None}
+def binaries(reports: dict[str, BinaryReport]) -> dict[str, Binary]:
+    return {name: Binary.of(r) for name, r in sorted(reports.items())}
+
+
+@dataclass(frozen=True)
+class ExternalSource:
+    """An external project's tree the build used (flash-attention)."""
+
+    commit: str
+    repository: str
+    changes: str = ""  # sha256 of uncommitted changes in a --fa-source checkout
+    other_commit: str = ""  # why a checkout at another commit than the pin was accepted
+
+
+@dataclass(frozen=True)
+class Pulled:
+    before: str | None  # the local image ID the reference named before the pull
+    after: str
+
+
+@dataclass
+class RunRecord:
+    """What one build or inject run did; filled in as the run goes, written however it ends.
+    `as_json` is its one serializer (report.schema.json); unset fields are left out."""
+
+    command: str
+    base: str
+    tag: str
+    arch_list: str | None
+    status: str = "failed"
+    error: str | None = None
+    vllm_version: str | None = None
+    vllm_commit: str | None = None
+    base_digest: str | None = None
+    pulled: Pulled | None = None
+    source_other_commit: str | None = None
+    source_changes: str | None = None
+    external: dict[str, ExternalSource] = field(default_factory=dict)
+    content_key: str | None = None
+    extensions: list[str] | None = None
+    decision: dict[str, Any] | None = None  # decide.Decision.as_record()
+    log: str | None = None
+    before: dict[str, Binary] | None = None
+    after: dict[str, Binary] | None = None
+    fp4_excluded: dict[str, int] | None = None
+    abi_symbols_checked: int | None = None
+    artifacts: str | None = None
+    image_id: str | None = None
+    tags: list[str] | None = None
+
+    REQUIRED: ClassVar[tuple[str, ...]] = ("command", "status", "base", "tag", "arch_list",
+                                           "error")
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"format": FORMAT}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name in self.REQUIRED or value not in (None, {}):
+                data[item.name] = _plain(value)
+        return data
+
+    def keep_audit_of(self, kept: dict[str, Any]) -> None:
+        """The audit a verified run of the same content key recorded (its `as_json`)."""
+        with suppress(KeyError, TypeError, ValueError, AttributeError):
+            self.before = {n: Binary.from_json(b) for n, b in kept["before"].items()}
+            self.after = {n: Binary.from_json(b) for n, b in kept["after"].items()}
+            self.fp4_excluded = {str(n): int(c) for n, c in kept["fp4_excluded"].items()}
+            self.log = str(kept["log"])
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: v for k, v in asdict(value).items() if v != ""}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def new_record(command: str, base: str, tag: str, arch: str | None) -> RunRecord:
+    return RunRecord(command, base, tag, arch)
 
 
 def cached_path(key: str) -> Path:
     return cache_dir() / "reports" / f"{key}.json"
 
 
-def remember(record: dict[str, Any]) -> None:
+def remember(record: RunRecord) -> None:
     """Keep a verified record under its content key (read back when the build is skipped)."""
-    if record.get("content_key"):
-        write_json(cached_path(record["content_key"]), record)
+    if record.content_key:
+        write_json(cached_path(record.content_key), record)
 
 
 def recall(key: str) -> dict[str, Any] | None:
@@ -59,12 +149,12 @@ def recall(key: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_json(path: Path, record: dict[str, Any]) -> None:
+def write_json(path: Path, record: RunRecord) -> None:
     """Atomically: a reader never sees half a report."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.write_text(json.dumps(record.as_json(), indent=2) + "\n")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -74,49 +164,49 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{sm} ×{n}" for sm, n in counts.items()) or "—"
 
 
-def _kernels(entry: dict[str, Any] | None) -> str:
+def _kernels(entry: Binary | None) -> str:
     if not entry:
         return "—"
-    k = entry["kernels"]
+    k = entry.kernels
     return f"{k['native']} native, {k['jit']} JIT, {k['none']} none"
 
 
-def markdown(record: dict[str, Any]) -> str:
+def markdown(record: RunRecord) -> str:
     """The run as GitHub-flavoured Markdown: status, provenance, the audit before/after."""
-    status = STATUS_WORDS.get(record["status"], record["status"])
-    lines = [f"## sm121-build: `{record['base']}` → `{record['tag']}`", "",
-             f"**{status}**" + (f": {record['error']}" if record.get("error") else ""), ""]
-    facts = [("vLLM", record.get("vllm_version")), ("commit", record.get("vllm_commit")),
-             ("arch list", record.get("arch_list")), ("base digest", record.get("base_digest")),
-             ("content key", record.get("content_key")), ("build log", record.get("log")),
-             ("artifacts", record.get("artifacts"))]
+    status = STATUS_WORDS.get(record.status, record.status)
+    lines = [f"## sm121-build: `{record.base}` → `{record.tag}`", "",
+             f"**{status}**" + (f": {record.error}" if record.error else ""), ""]
+    facts = [("vLLM", record.vllm_version), ("commit", record.vllm_commit),
+             ("arch list", record.arch_list), ("base digest", record.base_digest),
+             ("content key", record.content_key), ("build log", record.log),
+             ("artifacts", record.artifacts)]
     lines += [f"- {name}: `{value}`" for name, value in facts if value]
-    decision = record.get("decision")
+    decision = record.decision
     if decision:
         lines += ["", f"Rebuild decision: **{'rebuild' if decision['rebuild'] else 'no rebuild'}"
                   f"**: {decision['reason']}"]
         lines += [f"- `{name}`: {c['native']}/{c['total']} kernels native on sm_121 in the "
                   "stock image" for name, c in sorted(decision["extensions"].items())]
-    before: dict[str, Any] = record.get("before") or {}
-    after: dict[str, Any] = record.get("after") or {}
+    before = record.before or {}
+    after = record.after or {}
     if after:
         lines += ["", "| .so | stock cubins | stock kernels on sm_121 | rebuilt cubins | "
                   "rebuilt kernels on sm_121 |", "| --- | --- | --- | --- | --- |"]
         for name in sorted(set(before) | set(after)):
             old, new = before.get(name), after.get(name)
-            lines.append(f"| `{name}` | {_counts(old['cubins']) if old else '—'} | "
-                         f"{_kernels(old)} | {_counts(new['cubins']) if new else '—'} | "
+            lines.append(f"| `{name}` | {_counts(old.cubins) if old else '—'} | "
+                         f"{_kernels(old)} | {_counts(new.cubins) if new else '—'} | "
                          f"{_kernels(new)} |")
-    elif record["status"] == "up-to-date":
+    elif record.status == "up-to-date":
         lines += ["", "_No audit kept for the existing image; `--force` rebuilds._"]
-    excluded = record.get("fp4_excluded") or {}
+    excluded = record.fp4_excluded or {}
     for name, count in sorted(excluded.items()):
         if count:
             lines.append(f"\n{name}: {count} FP4 kernel(s) left out on purpose.")
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(path: Path, record: dict[str, Any]) -> None:
+def write_markdown(path: Path, record: RunRecord) -> None:
     """Appends, as `$GITHUB_STEP_SUMMARY` expects."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as out:
@@ -124,16 +214,16 @@ def write_markdown(path: Path, record: dict[str, Any]) -> None:
 
 
 @contextmanager
-def recorded(record: dict[str, Any], report: Path | None,
-             summary_md: Path | None) -> Iterator[dict[str, Any]]:
+def recorded(record: RunRecord, report: Path | None,
+             summary_md: Path | None) -> Iterator[RunRecord]:
     """Write the record (`--report`) and its Markdown (`--summary-md`) however the run ends."""
     try:
         yield record
     except Sm121Error as exc:
-        record["error"] = str(exc)
+        record.error = str(exc)
         raise
     except KeyboardInterrupt:
-        record["error"] = "interrupted"
+        record.error = "interrupted"
         raise
     finally:
         if report:

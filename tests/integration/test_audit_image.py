@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.dockerenv import client_or_skip, load
-from tests.helpers import cli
-from tests.imagetar import docker_save
+from devkit.dockerenv import client_or_skip, load
+from devkit.helpers import cli
+from devkit.imagetar import docker_save
 
 pytestmark = pytest.mark.docker
 

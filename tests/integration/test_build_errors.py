@@ -7,17 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.dockerenv import client_or_skip, load
-from tests.helpers import cli
-from tests.imagetar import docker_save
-
-
-def _one_line(result: object, code: int = 2) -> str:
-    stderr: str = result.stderr  # type: ignore[attr-defined]
-    assert result.returncode == code, stderr  # type: ignore[attr-defined]
-    lines = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    return lines[0]
+from devkit.dockerenv import client_or_skip, load
+from devkit.helpers import cli, one_line_error
+from devkit.imagetar import docker_save
 
 
 def _temp_dirs() -> set[str]:
@@ -25,18 +17,18 @@ def _temp_dirs() -> set[str]:
 
 
 def test_bad_image_reference() -> None:
-    line = _one_line(cli("--base", "Not A Ref!"))
+    line = one_line_error(cli("--base", "Not A Ref!"))
     assert "is not a valid image reference" in line
 
 
 def test_bad_arch() -> None:
     client_or_skip()
-    line = _one_line(cli("--base", "sm121-test/missing:1", "--arch", "sm121"))
+    line = one_line_error(cli("--base", "sm121-test/missing:1", "--arch", "sm121"))
     assert "'sm121' is not a CUDA architecture" in line
 
 
 def test_engine_not_running() -> None:
-    line = _one_line(cli("--base", "vllm/vllm-openai:cu130-nightly",
+    line = one_line_error(cli("--base", "vllm/vllm-openai:cu130-nightly",
                          env={"DOCKER_HOST": "unix:///nonexistent.sock"}), 4)
     assert "cannot reach the Docker engine" in line
 
@@ -44,7 +36,7 @@ def test_engine_not_running() -> None:
 @pytest.mark.docker
 def test_image_not_found() -> None:
     client_or_skip()
-    line = _one_line(cli("--base", "sm121-test/missing:1"))
+    line = one_line_error(cli("--base", "sm121-test/missing:1"))
     assert "image sm121-test/missing:1 not found in the local Docker engine" in line
 
 
@@ -55,7 +47,7 @@ def test_image_without_vllm(tmp_path: Path) -> None:
     load(client, docker_save(tmp_path / "img.tar", [{"etc/os-release": b"x"}], tag=tag))
     before = _temp_dirs()
     try:
-        line = _one_line(cli("--base", tag, env={"XDG_CACHE_HOME": str(tmp_path / "c")}))
+        line = one_line_error(cli("--base", tag, env={"XDG_CACHE_HOME": str(tmp_path / "c")}))
         assert f"image {tag} has no vLLM installed" in line
         assert not any(t.tags and t.tags[0].endswith("-sm121") for t in client.images.list())
         assert _temp_dirs() <= before

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA, cuda_home
 from sm121_build.source.patch import apply_all
 from sm121_build.verify.audit import Policy, audit_binary
 from sm121_build.verify.compat import parse_target
-from tests.helpers import DATA, cuda_home
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +101,7 @@ def test_cli_local_patches_a_copy_and_builds(source: Path, tmp_path: Path) -> No
 def test_cli_local_builds_flash_attention_from_the_pinned_commit(tmp_path: Path) -> None:
     """--ext _vllm_fa2_C: flash-attention fetched at the commit the checkout pins (a local
     repository stands in for GitHub), its guard given a native target, built next to _C."""
-    from tests.stockimage import fixture_checkout
+    from devkit.stockimage import fixture_checkout
 
     checkout, _ = fixture_checkout(tmp_path / "vllm")
     home = cuda_home()

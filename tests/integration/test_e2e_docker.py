@@ -1,6 +1,6 @@
 """End to end with a real engine: stock-like image -> sm121-build -> tagged, verified image.
 
-The stock image (tests/stockimage.py) is made locally: Debian, nvcc 13.0, a vLLM-shaped
+The stock image (devkit/stockimage.py) is made locally: Debian, nvcc 13.0, a vLLM-shaped
 package with sm_90-only extensions.  Every build below is real: BuildKit (or the legacy
 builder), nvcc and ptxas inside the builder stage.
 """
@@ -24,10 +24,10 @@ import docker
 import jsonschema
 import pytest
 
+from devkit.stockimage import StockImage, stock_workspace
 from sm121_build.shipped import schema
 from sm121_build.verify.audit import Policy, audit_binary
 from sm121_build.verify.compat import parse_target
-from tests.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -206,7 +206,9 @@ def test_inject_refuses_other_commit(e2e: E2E, patched: subprocess.CompletedProc
                      "--tag", f"{PREFIX}:refused")
     assert result.returncode == 2
     assert result.stderr.strip().endswith("refusing to inject")
-    assert len(result.stderr.strip().splitlines()) == 3  # the inspect step, then the error
+    lines = result.stderr.strip().splitlines()  # the inspect step (the pipeline's prelude)
+    assert lines[0].startswith("==> inspect ") and lines[-2].startswith("    ✓ inspect ")
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:]
     assert not e2e.exists(f"{PREFIX}:refused")
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import docker
 import pytest
 
+from devkit.dirfiles import DirectoryFiles, make_tree
+from devkit.dockerenv import client_or_skip
+from devkit.helpers import cli
 from sm121_build.errors import Sm121Error
 from sm121_build.image.engine import READER_LABEL, Engine
 from sm121_build.image.facts import facts_from_files
-from tests.dirfiles import DirectoryFiles, make_tree
-from tests.dockerenv import client_or_skip
-from tests.helpers import cli
 
 pytestmark = pytest.mark.docker
 VERSION_PY = b"__version__ = version = '0.17.0'\n__commit_id__ = commit_id = 'gb31e9326a'\n"

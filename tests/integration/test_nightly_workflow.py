@@ -3,7 +3,7 @@ against the end-to-end fixture image (real engine, real nvcc; the vLLM source co
 fixture's git repository through SM121_BUILD_REPO instead of GitHub).
 
 The base is pulled from, and the result pushed to, a real registry on loopback (Debian's
-docker-registry, tests/registry.py) standing in for Docker Hub and GHCR.  GitHub itself is
+docker-registry, devkit/registry.py) standing in for Docker Hub and GHCR.  GitHub itself is
 the boundary we cannot reach: the `${{ }}` expressions of the job's `env:` are given the
 values GitHub would compute for a scheduled run.
 """
@@ -25,9 +25,9 @@ import docker
 import pytest
 import yaml
 
-from tests.helpers import ROOT
-from tests.registry import local_registry, push_copy
-from tests.stockimage import StockImage, stock_workspace
+from devkit.helpers import ROOT
+from devkit.registry import local_registry, push_copy
+from devkit.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

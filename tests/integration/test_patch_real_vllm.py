@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from devkit.helpers import CACHE, cli, pypi_download
 from sm121_build.source.guards import effective_archs, evaluate
 from sm121_build.source.patch import apply_all, breaks_ptxas, covered
-from tests.helpers import CACHE, cli, pypi_download
 
 pytestmark = [pytest.mark.vllm]
 

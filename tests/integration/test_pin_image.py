@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.dockerenv import client_or_skip, load
-from tests.helpers import CACHE, cli, cuda_home, pypi_download
-from tests.imagetar import docker_save
+from devkit.dockerenv import client_or_skip, load
+from devkit.helpers import CACHE, cli, cuda_home, pypi_download
+from devkit.imagetar import docker_save
 
 pytestmark = [pytest.mark.docker, pytest.mark.vllm]
 SITE = "usr/local/lib/python3.12/dist-packages"

@@ -17,8 +17,8 @@ import docker
 import docker.errors
 import pytest
 
-from tests.registry import local_registry, push, push_copy
-from tests.stockimage import StockImage, stock_workspace
+from devkit.registry import local_registry, push, push_copy
+from devkit.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

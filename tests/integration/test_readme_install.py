@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.dockerenv import client_or_skip, ensure_debian
-from tests.helpers import ROOT
-from tests.stockimage import stock_extensions
+from devkit.dockerenv import client_or_skip, ensure_debian
+from devkit.helpers import ROOT
+from devkit.stockimage import stock_extensions
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from devkit.dockerenv import client_or_skip, load
+from devkit.imagetar import docker_save
 from sm121_build.errors import Sm121Error
 from sm121_build.image.refs import default_tag, validate_tag
-from tests.dockerenv import client_or_skip, load
-from tests.imagetar import docker_save
 
 pytestmark = [pytest.mark.docker]
 

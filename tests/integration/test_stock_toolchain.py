@@ -1,6 +1,6 @@
 """Stock images as they really are: no cmake, no nvcc, and builds that fail inside the builder.
 
-Each image here is the stock-like fixture (tests/stockimage.py) with something removed by a
+Each image here is the stock-like fixture (devkit/stockimage.py) with something removed by a
 real `docker build` (`RUN rm …`); every build below is real (nvcc, ptxas, cmake in the
 builder stage).
 """
@@ -18,7 +18,7 @@ import docker
 import docker.errors
 import pytest
 
-from tests.stockimage import StockImage, stock_workspace
+from devkit.stockimage import StockImage, stock_workspace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import CACHE, pypi_download, run_cuobjdump
 from sm121_build.verify.audit import Policy, audit_binary
 from sm121_build.verify.audit_inputs import binaries
 from sm121_build.verify.compat import parse_target
 from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
-from tests.helpers import CACHE, pypi_download, run_cuobjdump
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devkit.helpers import cli, one_line_error
 from sm121_build.errors import CorruptBinaryError
 from sm121_build.verify.fatbin import HostBinary
-from tests.helpers import cli
 
 
 def _fatbin_span(path: Path) -> tuple[int, int]:
@@ -22,23 +22,16 @@ def _fatbin_span(path: Path) -> tuple[int, int]:
         return section["sh_offset"], section["sh_size"]
 
 
-def _one_line_error(result: object) -> str:
-    stderr = result.stderr  # type: ignore[attr-defined]
-    assert result.returncode == 2, stderr  # type: ignore[attr-defined]
-    assert "Traceback" not in stderr
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    return lines[0]
-
 
 def test_not_elf(tmp_path: Path) -> None:
     junk = tmp_path / "junk.so"
     junk.write_bytes(b"hello, not an ELF at all\n" * 10)
-    assert "not an ELF file, wheel, or image tarball" in _one_line_error(cli("audit", str(junk)))
+    line = one_line_error(cli("audit", str(junk)), alone=True)
+    assert "not an ELF file, wheel, or image tarball" in line
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    assert "no such file" in _one_line_error(cli("audit", str(tmp_path / "nope.so")))
+    assert "no such file" in one_line_error(cli("audit", str(tmp_path / "nope.so")), alone=True)
 
 
 def test_truncated(plain_so: Path, tmp_path: Path) -> None:
@@ -46,14 +39,14 @@ def test_truncated(plain_so: Path, tmp_path: Path) -> None:
     cut = tmp_path / "cut.so"
     start, _size = _fatbin_span(plain_so)
     cut.write_bytes(data[: start + 100])
-    line = _one_line_error(cli("audit", str(cut)))
+    line = one_line_error(cli("audit", str(cut)), alone=True)
     assert "cut.so" in line
 
 
 def test_truncated_to_header(plain_so: Path, tmp_path: Path) -> None:
     cut = tmp_path / "head.so"
     cut.write_bytes(plain_so.read_bytes()[:40])
-    assert "not an ELF file" in _one_line_error(cli("audit", str(cut)))
+    assert "not an ELF file" in one_line_error(cli("audit", str(cut)), alone=True)
 
 
 def test_elf_without_fatbin_has_no_device_code(host_only_so: Path) -> None:
@@ -71,7 +64,7 @@ def test_nonsense_entry_size(plain_so: Path, tmp_path: Path) -> None:
     struct.pack_into("<Q", data, first_entry + 8, 1 << 60)  # payload size
     bad = tmp_path / "bad.so"
     bad.write_bytes(bytes(data))
-    line = _one_line_error(cli("audit", str(bad)))
+    line = one_line_error(cli("audit", str(bad)), alone=True)
     assert "nonsense size" in line
 
 
@@ -81,7 +74,7 @@ def test_bad_container_magic(plain_so: Path, tmp_path: Path) -> None:
     struct.pack_into("<I", data, start, 0xDEADBEEF)
     bad = tmp_path / "magic.so"
     bad.write_bytes(bytes(data))
-    assert "bad fatbin container magic" in _one_line_error(cli("audit", str(bad)))
+    assert "bad fatbin container magic" in one_line_error(cli("audit", str(bad)), alone=True)
 
 
 def test_corrupt_compressed_payload(matrix: dict[str, Path], tmp_path: Path) -> None:
@@ -92,7 +85,7 @@ def test_corrupt_compressed_payload(matrix: dict[str, Path], tmp_path: Path) -> 
     data[entry.offset:entry.offset + 16] = b"\xff" * 16
     bad = tmp_path / "zbad.so"
     bad.write_bytes(bytes(data))
-    assert "does not decompress" in _one_line_error(cli("audit", str(bad)))
+    assert "does not decompress" in one_line_error(cli("audit", str(bad)), alone=True)
 
 
 def test_section_headers_at_a_negative_offset(matrix: dict[str, Path], tmp_path: Path) -> None:
@@ -104,7 +97,7 @@ def test_section_headers_at_a_negative_offset(matrix: dict[str, Path], tmp_path:
     bad.write_bytes(bytes(data))
     with pytest.raises(CorruptBinaryError, match="not a readable ELF file"):
         HostBinary.open(bad)
-    assert "not a readable ELF file" in _one_line_error(cli("audit", str(bad)))
+    assert "not a readable ELF file" in one_line_error(cli("audit", str(bad)), alone=True)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +150,7 @@ def test_fuzz_reader_raises_only_corrupt_binary_error(
 ])
 def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message: str) -> None:
     """Checked before the engine is contacted (the base `x` does not exist anywhere)."""
-    line = _one_line_error(cli(*args))
+    line = one_line_error(cli(*args), alone=True)
     assert message in line and line.endswith("--help)")
 
 
@@ -180,7 +173,8 @@ def test_a_fifo_is_skipped_in_a_directory_and_refused_alone(plain_so: Path,
     result = cli("audit", "--json", str(folder))  # would block forever reading the FIFO
     assert result.returncode == 0, result.stderr
     assert "skipped: pipe.so: not a regular file" in result.stderr
-    assert "not a regular file (a FIFO" in _one_line_error(cli("audit", str(folder / "pipe.so")))
+    line = one_line_error(cli("audit", str(folder / "pipe.so")), alone=True)
+    assert "not a regular file (a FIFO" in line
 
 
 def test_one_corrupt_file_among_many_is_reported_and_the_rest_audited(
@@ -216,7 +210,8 @@ def test_an_output_that_cannot_be_written_fails_before_any_work(tmp_path: Path,
     written by anyone.)  The base `x` is never looked up."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    line = _one_line_error(cli("build", "--base", "x", option, str(blocker / "sub" / "o")))
+    line = one_line_error(cli("build", "--base", "x", option, str(blocker / "sub" / "o")),
+                          alone=True)
     assert line.startswith(f"error: {option} {blocker}/sub/o: cannot write there (")
 
 
@@ -233,7 +228,7 @@ def test_a_damaged_wheel_and_a_truncated_tarball_are_one_line(plain_so: Path,
     at = data.index(b"\x7fELF") + 200
     data[at] ^= 0xFF  # the stored bytes no longer match their CRC-32
     wheel.write_bytes(bytes(data))
-    assert "damaged archive (Bad CRC-32" in _one_line_error(cli("audit", str(wheel)))
+    assert "damaged archive (Bad CRC-32" in one_line_error(cli("audit", str(wheel)), alone=True)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         info = tarfile.TarInfo("layer/_C.abi3.so")
@@ -242,33 +237,33 @@ def test_a_damaged_wheel_and_a_truncated_tarball_are_one_line(plain_so: Path,
         tar.addfile(info, io.BytesIO(payload))
     cut = tmp_path / "image.tar"
     cut.write_bytes(buffer.getvalue()[: 512 + len(payload) // 2])
-    line = _one_line_error(cli("audit", str(cut)))
+    line = one_line_error(cli("audit", str(cut)), alone=True)
     assert str(cut) in line
 
 
 def test_a_symlink_loop_in_the_source_is_one_line(tmp_path: Path) -> None:
     import shutil
 
-    from tests.helpers import DATA
+    from devkit.helpers import DATA
 
     source = Path(shutil.copytree(DATA / "vllm_like", tmp_path / "src"))
     (source / "loop").symlink_to(source / "loop")
     result = cli("build", "--local", "--source", str(source), "--out", str(tmp_path / "out"))
-    line = _one_line_error(result)
+    line = one_line_error(result, alone=True)
     assert "loop" in line and "Too many levels of symbolic links" in line
 
 
 def test_patch_of_a_folder_that_is_not_vllm(tmp_path: Path) -> None:
-    line = _one_line_error(cli("patch", "--version", "0.19.1", str(tmp_path)))
+    line = one_line_error(cli("patch", "--version", "0.19.1", str(tmp_path)), alone=True)
     assert line == (f"error: {tmp_path} is not a vLLM source tree (no CMakeLists.txt or "
                     "cmake/utils.cmake)")
 
 
 def test_an_extension_no_rule_can_build_is_refused_before_the_engine() -> None:
     """No engine is reachable here: the refusal must come first (exit 2, not 4)."""
-    line = _one_line_error(cli("--base", "vllm/vllm-openai:cu130-nightly", "--ext",
+    line = one_line_error(cli("--base", "vllm/vllm-openai:cu130-nightly", "--ext",
                                "_vllm_fa3_C",
-                               env={"DOCKER_HOST": "unix:///nonexistent.sock"}))
+                               env={"DOCKER_HOST": "unix:///nonexistent.sock"}), alone=True)
     assert line == ("error: _vllm_fa3_C (vllm-flash-attn) has no sm_12x implementation this "
                     "tool can build: no rule in patches/ extends its guard (rebuildable here: "
                     "_vllm_fa2_C)")

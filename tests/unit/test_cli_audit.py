@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import cli, run_cuobjdump
+from devkit.helpers import cli, run_cuobjdump
 
 
 def test_table(plain_so: Path) -> None:

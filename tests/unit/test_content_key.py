@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from sm121_build.build import pipeline as build
-from sm121_build.build.pipeline import content_key
+from sm121_build.build import main_job as build
+from sm121_build.build.main_job import content_key
 from sm121_build.build.render import BuildPlan
 from sm121_build.image.facts import ImageFacts
 

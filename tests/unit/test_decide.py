@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA
 from sm121_build.build.decide import decide, stock_family_archs
 from sm121_build.source.guards import evaluate
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.compat import loads_natively, parse_target
 from sm121_build.verify.fatbin import Entry
-from tests.helpers import DATA
 
 GPU = parse_target("sm_121")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA, ROOT, compile_cached, gencode
 from sm121_build.errors import EXIT_CODES
-from tests.helpers import DATA, ROOT, compile_cached, gencode
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -71,7 +71,7 @@ def test_build_failure_is_5(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(DATA / "vllm_like", source)
     (source / "csrc" / "ops.cu").write_text("this is not CUDA\n")
-    from tests.helpers import cuda_home
+    from devkit.helpers import cuda_home
 
     home = cuda_home()
     result = _run("build", "--local", "--source", str(source), "--out", str(tmp_path / "out"),

@@ -5,11 +5,12 @@ only the submodules the build needs."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA, git
+from devkit.stockimage import FA_CMAKE, fa_repository, fixture_checkout
 from sm121_build.errors import Sm121Error
 from sm121_build.source.external import (
     bring,
@@ -18,8 +19,6 @@ from sm121_build.source.external import (
     read_pin,
     tree_project,
 )
-from tests.helpers import DATA
-from tests.stockimage import FA_CMAKE, fa_repository, fixture_checkout
 
 FA = project_named("vllm-flash-attn")
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
@@ -37,17 +36,13 @@ def git_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
-def _git(path: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
-
 
 def test_the_pin_is_read_from_the_vllm_tree(tmp_path: Path) -> None:
     assert FA is not None
     source, _ = fixture_checkout(tmp_path / "vllm")
     pin = read_pin(source, FA)
     fa_repo = tmp_path / "vllm-flash-attention"
-    assert (pin.repository, pin.commit) == (str(fa_repo), _git(fa_repo, "rev-parse", "HEAD"))
+    assert (pin.repository, pin.commit) == (str(fa_repo), git(fa_repo, "rev-parse", "HEAD"))
     assert pin.declared_in.startswith(f"{FA_CMAKE}:")
     assert declared_targets(source) == {"_vllm_fa2_C", "_vllm_fa3_C"}
     assert tree_project(fa_repo) == FA and tree_project(source) is None
@@ -84,7 +79,7 @@ def test_a_local_checkout_must_be_at_the_pinned_commit(tmp_path: Path, git_env: 
     assert (got.commit, got.changes, got.other_commit) == (pin.commit, "", "")
     (fa_repo / "CMakeLists.txt").write_text("# edited\n")
     assert bring(pin, fa_repo).changes  # hashed into the content key
-    _git(fa_repo, "commit", "-qam", "moved on")
+    git(fa_repo, "commit", "-qam", "moved on")
     with pytest.raises(Sm121Error, match=rf"--fa-source {fa_repo} is at [0-9a-f]{{12}}; the "
                                          rf"vllm-flash-attn commit {FA_CMAKE}:\d+ pins is "
                                          rf"{pin.commit[:12]}: check that commit out"):
@@ -102,15 +97,15 @@ def test_a_fetch_brings_the_pinned_commit_and_only_the_needed_submodules(
         subs[name] = tmp_path / name
         subs[name].mkdir()
         (subs[name] / "README").write_text(name)
-        _git(subs[name], "init", "-q", "-b", "main")
-        _git(subs[name], "add", "-A")
-        _git(subs[name], "commit", "-qm", name)
+        git(subs[name], "init", "-q", "-b", "main")
+        git(subs[name], "add", "-A")
+        git(subs[name], "commit", "-qm", name)
     fa_repo, _ = fa_repository(tmp_path / "fa")
-    _git(fa_repo, "submodule", "add", "-q", str(subs["cutlass"]), "csrc/cutlass")
-    _git(fa_repo, "submodule", "add", "-q", str(subs["ck"]), "csrc/composable_kernel")
-    _git(fa_repo, "commit", "-qm", "submodules")
-    pinned = _git(fa_repo, "rev-parse", "HEAD")
-    _git(fa_repo, "commit", "-q", "--allow-empty", "-m", "later")
+    git(fa_repo, "submodule", "add", "-q", str(subs["cutlass"]), "csrc/cutlass")
+    git(fa_repo, "submodule", "add", "-q", str(subs["ck"]), "csrc/composable_kernel")
+    git(fa_repo, "commit", "-qm", "submodules")
+    pinned = git(fa_repo, "rev-parse", "HEAD")
+    git(fa_repo, "commit", "-q", "--allow-empty", "-m", "later")
     vllm = tmp_path / "vllm"
     (vllm / FA_CMAKE).parent.mkdir(parents=True)
     (vllm / FA_CMAKE).write_text((DATA / "vllm_like" / FA_CMAKE).read_text()

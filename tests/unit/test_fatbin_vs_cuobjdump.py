@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import run_cuobjdump
 from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
 from tests.conftest import MATRIX
-from tests.helpers import run_cuobjdump
 
 VARIANTS = [*MATRIX, "reloc"]
 

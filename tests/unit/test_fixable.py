@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.verify.checks import SM121
 from sm121_build.verify.fixable import rebuild_verdict
-from tests.helpers import DATA, compile_cached, gencode
 
 KERNELS = DATA / "kernels.cu"
 
@@ -55,7 +55,7 @@ def test_partly_native_c_is_left_to_the_main_jobs_decision(tmp_path: Path) -> No
                        shared=False)
     import subprocess
 
-    from tests.helpers import nvcc
+    from devkit.helpers import nvcc
 
     so = tmp_path / "_C.abi3.so"
     subprocess.run([nvcc(), "-shared", "-o", str(so), str(a), str(b)], check=True)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA
 from sm121_build.errors import Sm121Error
 from sm121_build.source.guards import effective_archs, evaluate
 from sm121_build.source.patch import apply_all, load_rules
 from sm121_build.verify.compat import parse_target
-from tests.helpers import DATA
 
 SM121 = parse_target("sm_121")
 
@@ -96,7 +96,7 @@ def test_an_add_that_cannot_reach_the_gpu_is_an_error(tmp_path: Path) -> None:
 
 
 def test_patch_explain_lists_the_flash_attention_guard(tmp_path: Path) -> None:
-    from tests.helpers import cli
+    from devkit.helpers import cli
 
     source = _fa(tmp_path)
     result = cli("patch", "--explain", str(source))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA, ROOT
 from sm121_build.errors import Sm121Error
 from sm121_build.source.guards import evaluate, find_calls
 from sm121_build.source.patch import apply_all, apply_rule, load_rules
-from tests.helpers import DATA, ROOT
 
 NEW13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 

@@ -1,6 +1,6 @@
 """inspect finds vLLM from the image config, whatever the Python version or prefix.
 
-The engine's per-path reads are replaced by `tests.dirfiles.DirectoryFiles` over a real
+The engine's per-path reads are replaced by `devkit.dirfiles.DirectoryFiles` over a real
 folder (real symlinks and tar streams); the same code runs against a real engine in
 tests/integration/test_image_reader.py.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit.dirfiles import DirectoryFiles, make_tree
 from sm121_build.errors import Sm121Error
-from sm121_build.image.engine import ImageInfo
+from sm121_build.image.api import ImageInfo
 from sm121_build.image.facts import facts_from_files, python_sites
-from tests.dirfiles import DirectoryFiles, make_tree
 
 VERSION_PY = b"__version__ = version = '0.17.0'\n__commit_id__ = commit_id = 'gb31e9326a'\n"
 CUDA_H = b"#pragma once\n#define CUDA_VERSION 12090\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.helpers import ROOT
+from devkit.helpers import ROOT
 
 
 def test_no_package_file_is_ignored() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import git
 from sm121_build.errors import Sm121Error
 from sm121_build.source.pin import GitRef, fetch_source, version_to_ref
 
@@ -31,24 +32,20 @@ def test_unmappable_versions_show_the_string(version: str) -> None:
     assert repr(version) in str(info.value)
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout.strip()
-
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
     repo = tmp_path_factory.mktemp("upstream")
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "config", "uploadpack.allowAnySHA1InWant", "true")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "uploadpack.allowAnySHA1InWant", "true")
     commits = {}
     for number in range(3):
         (repo / "CMakeLists.txt").write_text(f"# revision {number}\n")
-        _git(repo, "add", ".")
-        _git(repo, "commit", "-q", "-m", f"r{number}")
-        commits[f"r{number}"] = _git(repo, "rev-parse", "HEAD")
+        git(repo, "add", ".")
+        git(repo, "commit", "-q", "-m", f"r{number}")
+        commits[f"r{number}"] = git(repo, "rev-parse", "HEAD")
         if number == 1:
-            _git(repo, "tag", "v0.17.0")
+            git(repo, "tag", "v0.17.0")
     return f"file://{repo}", commits
 
 
@@ -102,7 +99,7 @@ def _git_in(path: Path, *args: str) -> str:
 @pytest.fixture()
 def checkout(tmp_path: Path) -> tuple[Path, str, str]:
     """A real git checkout of the vLLM-shaped fixture with two commits; the first is tagged."""
-    from tests.stockimage import fixture_checkout
+    from devkit.stockimage import fixture_checkout
 
     path, first = fixture_checkout(tmp_path / "src")
     _git_in(path, "tag", "v0.19.1")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,14 +12,14 @@ from sm121_build.errors import VerificationError
 from sm121_build.verify import run_report
 
 
-def _record(**extra: object) -> dict[str, object]:
-    return {**run_report.new_record("build", "vllm/vllm-openai:nightly",
-                                    "vllm/vllm-openai:nightly-sm121", "12.1"), **extra}
+def _record(**extra: Any) -> run_report.RunRecord:
+    return replace(run_report.new_record("build", "vllm/vllm-openai:nightly",
+                                         "vllm/vllm-openai:nightly-sm121", "12.1"), **extra)
 
 
 def test_built_run_has_the_before_after_table() -> None:
-    entry = {"cubins": {"sm_90": 2}, "ptx": {}, "kernels": {"native": 0, "jit": 0, "none": 9}}
-    after = {"cubins": {"sm_121": 3}, "ptx": {}, "kernels": {"native": 9, "jit": 0, "none": 0}}
+    entry = run_report.Binary({"sm_90": 2}, {}, {"native": 0, "jit": 0, "none": 9})
+    after = run_report.Binary({"sm_121": 3}, {}, {"native": 9, "jit": 0, "none": 0})
     text = run_report.markdown(_record(status="built", vllm_version="0.19.1",
                                        before={"_C.abi3.so": entry},
                                        after={"_C.abi3.so": after, "_moe_C.abi3.so": after},

@@ -8,18 +8,19 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
+from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.build import artifacts
 from sm121_build.shipped import schema
 from sm121_build.verify import run_report
 from sm121_build.verify.audit import audit_binary
 from sm121_build.verify.checks import SM121
-from tests.helpers import DATA, compile_cached, gencode
 
 
 def _check(name: str, data: Any) -> None:
@@ -82,20 +83,31 @@ def test_the_manifest_export_writes_and_inject_reads(tmp_path: Path) -> None:
 def test_run_reports_of_each_outcome() -> None:
     base = run_report.new_record("build", "vllm/vllm-openai:nightly",
                                  "vllm/vllm-openai:nightly-sm121", "12.1")
-    _check("report", base)  # a run that failed before anything was known
-    counts = {"cubins": {"sm_121": 2}, "ptx": {}, "kernels": {"native": 4, "jit": 0, "none": 0}}
-    built = {**base, "status": "built", "vllm_version": "0.26.0", "vllm_commit": "c" * 40,
-             "base_digest": "vllm/vllm-openai@sha256:" + "a" * 64, "content_key": "0" * 24,
-             "extensions": ["_C.abi3.so"], "before": {"_C.abi3.so": counts},
-             "after": {"_C.abi3.so": counts}, "fp4_excluded": {"_C.abi3.so": 0},
-             "abi_symbols_checked": 88, "artifacts": "/out", "log": "/log",
-             "image_id": "sha256:" + "b" * 64, "tags": ["x:y"],
-             "external": {"vllm-flash-attn": {"commit": "f" * 40, "repository": "/repo"}},
-             "decision": {"rebuild": True, "reason": "r", "extensions": {
-                 "_C.abi3.so": {"native": 0, "total": 4}}, "stock_archs": [],
-                 "build_targets": ["12.0"]},
-             "pulled": {"before": None, "after": "sha256:" + "a" * 64}}
+    _check("report", base.as_json())  # a run that failed before anything was known
+    assert set(base.as_json()) == {"format", *run_report.RunRecord.REQUIRED}
+    counts = run_report.Binary({"sm_121": 2}, {}, {"native": 4, "jit": 0, "none": 0})
+    record = replace(
+        base, status="built", vllm_version="0.26.0", vllm_commit="c" * 40,
+        base_digest="vllm/vllm-openai@sha256:" + "a" * 64, content_key="0" * 24,
+        extensions=["_C.abi3.so"], before={"_C.abi3.so": counts},
+        after={"_C.abi3.so": counts}, fp4_excluded={"_C.abi3.so": 0},
+        abi_symbols_checked=88, artifacts="/out", log="/log",
+        image_id="sha256:" + "b" * 64, tags=["x:y"],
+        external={"vllm-flash-attn": run_report.ExternalSource("f" * 40, "/repo")},
+        decision={"rebuild": True, "reason": "r", "extensions": {
+            "_C.abi3.so": {"native": 0, "total": 4}}, "stock_archs": [],
+            "build_targets": ["12.0"]},
+        pulled=run_report.Pulled(None, "sha256:" + "a" * 64))
+    built = record.as_json()
     _check("report", built)
+    assert built["external"] == {"vllm-flash-attn": {"commit": "f" * 40, "repository": "/repo"}}
+    assert built["after"]["_C.abi3.so"]["cubins"] == {"sm_121": 2}
+    # the audit kept under the content key is read back as it was written
+    skipped = replace(base, status="up-to-date")
+    skipped.keep_audit_of(built)
+    assert (skipped.before, skipped.after, skipped.fp4_excluded, skipped.log) == (
+        record.before, record.after, record.fp4_excluded, record.log)
+    _check("report", skipped.as_json())
     with pytest.raises(jsonschema.ValidationError):
         _check("report", {**built, "unexpected": 1})
     with pytest.raises(jsonschema.ValidationError):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import cli
+from devkit.imagetar import docker_save, oci_layout
 from sm121_build.errors import Sm121Error
 from sm121_build.verify.audit_inputs import binaries
-from tests.helpers import cli
-from tests.imagetar import docker_save, oci_layout
 
 
 def _layers(matrix: dict[str, Path]) -> list[dict[str, bytes | None]]:

@@ -1,7 +1,7 @@
 """Which build tools an image has, read from its files (no container runs), and what the
 builder stage must bring.
 
-Image files come from `tests.dirfiles.DirectoryFiles` over a real folder (the engine's
+Image files come from `devkit.dirfiles.DirectoryFiles` over a real folder (the engine's
 per-path reads are the boundary replaced); the e2e tests run the same on real images.
 """
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from devkit.dirfiles import DirectoryFiles, make_tree
 from sm121_build.build.build_extensions import _explain_failure
 from sm121_build.errors import Sm121Error
 from sm121_build.image.toolchain import BuildTools, find_build_tools, require_buildable, runs_here
-from tests.dirfiles import DirectoryFiles, make_tree
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
 PATH = ["/usr/local/bin", "/usr/bin", "/bin"]

@@ -11,7 +11,8 @@ import pytest
 
 from sm121_build.build import artifacts
 from sm121_build.errors import Sm121Error
-from sm121_build.image.engine import HistoryStep, ImageInfo, failure_cause
+from sm121_build.image.api import HistoryStep, ImageInfo
+from sm121_build.image.engine import failure_cause
 from sm121_build.image.facts import VllmInstall
 from sm121_build.verify.checks import (
     KernelComparison,

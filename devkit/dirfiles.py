@@ -12,13 +12,14 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sm121_build.image.engine import PathLookups, PathStat
+from sm121_build.image.api import PathLookups, PathStat
 
 GO_DIR, GO_SYMLINK = 1 << 31, 1 << 27
 
@@ -64,6 +65,13 @@ class DirectoryFiles(PathLookups):
         if found is None or not found.is_file or found.size > limit:
             return None
         return self._local(found.path).read_bytes()
+
+    def copy_file(self, path: str, dest: Path) -> PathStat | None:
+        found = self.resolve(path)
+        if found is None or not found.is_file:
+            return None
+        shutil.copyfile(self._local(found.path), dest)
+        return found
 
     @contextmanager
     def tar(self, path: str) -> Iterator[tarfile.TarFile]:

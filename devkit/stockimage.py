@@ -25,8 +25,8 @@ import docker
 import docker.errors
 import pytest
 
-from tests.dockerenv import ensure_debian_gxx
-from tests.helpers import CACHE, DATA, cuda_home
+from devkit.dockerenv import ensure_debian_gxx
+from devkit.helpers import CACHE, DATA, cuda_home
 
 VERSION = "0.19.1"
 REPO = "sm121-test/vllm-stock"
@@ -160,7 +160,7 @@ def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
 def stock_workspace(factory: pytest.TempPathFactory,
                     name: str) -> tuple[docker.DockerClient, Path, StockImage]:
     """A module's engine, work folder (with `tmp/` for TMPDIR) and the stock-like image."""
-    from tests.dockerenv import client_or_skip
+    from devkit.dockerenv import client_or_skip
 
     client = client_or_skip()
     work = factory.mktemp(name)

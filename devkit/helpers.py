@@ -1,4 +1,5 @@
-"""Shared test helpers: the real toolchain (nvcc, cuobjdump from PyPI) and cached builds."""
+"""The real toolchain (nvcc, cuobjdump from PyPI), cached builds, PyPI downloads, the CLI
+runner with its one-line-error check, and git with a fixed identity."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data"
+DATA = ROOT / "tests" / "data"
 CACHE = Path(os.environ.get("SM121_TEST_CACHE", ROOT / ".cache"))
 
 
@@ -122,3 +123,25 @@ def _simple_index_download(name: str, filename: str, dest: Path) -> Path:
         tmp.unlink()
         raise RuntimeError(f"{filename}: sha256 mismatch")
     return tmp.rename(dest / filename)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int = 2,
+                   alone: bool = False) -> str:
+    """The run failed with `code`, said exactly one `error: …` line and no traceback
+    (`alone`: and nothing else on stderr).  Returns that line."""
+    stderr = result.stderr
+    assert result.returncode == code, stderr
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and (not alone or lines == errors), stderr
+    return errors[0]
+
+
+GIT_IDENTITY = ("-c", "user.email=fixture@example.invalid", "-c", "user.name=fixture")
+
+
+def git(cwd: Path, *args: str) -> str:
+    """`git -C cwd ARGS` with a fixed identity; its stdout, stripped."""
+    return subprocess.run(["git", "-C", str(cwd), *GIT_IDENTITY, *args], check=True,
+                          capture_output=True, text=True).stdout.strip()

@@ -1,0 +1,204 @@
+"""The main job: pull -> inspect -> pin -> patch -> decide -> render -> build -> verify -> tag.
+
+The pipeline's prelude (`Pipeline.resolve_image`), then what only a build does: the source
+at the image's commit (and the external projects it pins), the content key and its skip, the
+guard rules, the rebuild decision and the rendered Dockerfile; then the pipeline's tail
+(`Pipeline.finish`).  The temporary build context and the pin tag are removed on any exit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import click
+
+from sm121_build import __version__
+from sm121_build.build.decide import decide
+from sm121_build.build.pipeline import CONTENT_KEY_LABEL, Finish, Pipeline
+from sm121_build.build.render import (
+    DEFAULT_EXTENSIONS,
+    LABEL_PREFIX,
+    BuildPlan,
+    plan_for,
+    render,
+    template_digest,
+)
+from sm121_build.image.facts import ImageFacts
+from sm121_build.image.refs import versioned_tag
+from sm121_build.image.toolchain import host_tools, place_host_tools, require_buildable
+from sm121_build.source.external import copy_into, projects_for, read_pin
+from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
+from sm121_build.source.patch import apply_for_build, rules_digest
+from sm121_build.source.pin import check_checkout, fetch_source, version_to_ref
+from sm121_build.steps import note
+from sm121_build.verify import run_report
+from sm121_build.verify.audit import BinaryReport
+from sm121_build.verify.checks import SM121
+from sm121_build.verify.fixable import rebuild_verdict
+
+
+@dataclass(frozen=True)
+class Options:
+    base: str
+    tag: str
+    arch: str
+    extra_ext: tuple[str, ...]
+    jobs: int | None
+    source: Path | None
+    repo: str
+    out: Path | None
+    force: bool
+    no_patch: bool
+    pull: str = "never"  # "always" (like docker build --pull), "missing" or "never"
+    versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>
+    allow_other_commit: bool = False  # build a --source at another commit than the image's
+    fa_source: Path | None = None  # a local flash-attention checkout
+
+
+def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
+    parts = [facts.id, commit, "nopatch" if no_patch else rules_digest(), plan.arch_list,
+             template_digest(), ",".join(plan.extensions), __version__]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def rebuild_verdicts(stock: dict[str, BinaryReport | None]) -> dict[str, str]:
+    """The audit's rebuild verdict of each stock extension that carries device code."""
+    return {name: verdict.verdict for name, report in stock.items() if report is not None
+            and (verdict := rebuild_verdict(report, SM121.target)) is not None}
+
+
+def fixable_extensions(verdicts: dict[str, str]) -> tuple[str, ...]:
+    """--ext auto: the image's extensions the audit calls fixable (the default ones are
+    always built)."""
+    return tuple(name for name, verdict in verdicts.items()
+                 if verdict == "fixable" and not DEFAULT_EXTENSIONS.match(name))
+
+
+def run_build(pipeline: Pipeline, opts: Options) -> str:
+    """Returns the tag; the pipeline's record is filled in as the run goes."""
+    record, engine, steps = pipeline.record, pipeline.engine, pipeline.steps
+    arch_cmake = cmake_arch_list(opts.arch)
+    facts, vllm = pipeline.resolve_image(opts.base, opts.pull)
+    ref = version_to_ref(vllm.version, vllm.commit_id)
+    require_buildable(vllm.tools, facts.ref)
+    cuda = vllm.cuda_version or DEFAULT_CUDA
+    with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
+        context = Path(tmp)
+        with steps.step(f"source ({ref})"):
+            changes = ""
+            if opts.source:
+                state = check_checkout(opts.source, ref, opts.allow_other_commit)
+                checkout, commit, changes = state.path, state.commit, state.changes
+                if state.other_commit:
+                    record.source_other_commit = state.other_commit
+                    note(f"warning: {state.other_commit} (--allow-other-commit)")
+                if changes:
+                    record.source_changes = changes
+                    note(f"uncommitted changes in {checkout}: built as they are "
+                         f"(sha256 {changes[:12]}, part of the content key)")
+            else:
+                checkout, commit = fetch_source(ref, opts.repo)
+            shutil.copytree(checkout, context / "src", ignore=shutil.ignore_patterns(".git"))
+            note(f"{checkout} @ {commit}")
+        stock: dict[str, BinaryReport | None] = {}
+        extra = opts.extra_ext
+        if "auto" in extra:
+            with steps.step("choose extensions (--ext auto)"):
+                stock = pipeline.read_stock(facts, vllm.extensions)
+                verdicts = rebuild_verdicts(stock)
+                for name, verdict in verdicts.items():
+                    note(f"{name}: {verdict}")
+                extra = tuple(e for e in extra if e != "auto") + fixable_extensions(verdicts)
+        plan = plan_for(facts, opts.arch, extra, opts.jobs, context / "src", str(ref),
+                        commit, buildkit=engine.buildkit_client() is not None)
+        projects = projects_for(plan.targets, opts.fa_source)
+        provenance = commit + (f"+{changes}" if changes else "")
+        if projects:
+            with steps.step("external sources"):
+                for project in projects:
+                    declared = read_pin(context / "src", project)
+                    got = copy_into(declared, opts.fa_source, context / project.name,
+                                    opts.allow_other_commit)
+                    plan = replace(plan, external=(*plan.external,
+                                                   (project.env, project.name)))
+                    record.external[project.name] = run_report.ExternalSource(
+                        got.commit, declared.repository, got.changes, got.other_commit)
+                    provenance += f"\0{project.name}@{got.commit}+{got.changes}"
+                    if got.other_commit:
+                        note(f"warning: {got.other_commit} (--allow-other-commit)")
+                    note(f"{project.name} {got.commit[:12]} (pinned in "
+                         f"{declared.declared_in}): {got.path}")
+        key = content_key(facts, provenance, plan, opts.no_patch)
+        record.vllm_commit, record.arch_list, record.content_key = commit, plan.arch_list, key
+        record.extensions = list(plan.extensions)
+        patches = "none" if opts.no_patch else rules_digest()
+        meta = {"base": facts.ref, "base_digest": facts.digest_ref,
+                "vllm_version": vllm.version, "vllm_commit": commit,
+                "vllm_commit_id": vllm.commit_id, "arch_list": plan.arch_list,
+                "patches": patches,
+                "package_dir": plan.package_dir, "tool_version": __version__,
+                **({"external": {name: entry.commit for name, entry in
+                                 record.external.items()}} if record.external else {})}
+        also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
+            if opts.versioned_tag else ()
+        target = Finish(opts.tag, opts.out, meta, also)
+        existing = engine.find_by_label(CONTENT_KEY_LABEL, key)
+        if existing and not opts.force:
+            record.keep_audit_of(run_report.recall(key) or {})
+            record.status = "up-to-date"
+            if opts.out:  # as after a build: the verified files and their manifest
+                with steps.step("verify"):
+                    pipeline.verify_and_export(facts, existing[0].id, plan.extensions, None,
+                                               target)
+            pipeline.tag_result(facts, existing[0].id, target)
+            click.echo(f"up to date: {', '.join(target.tags)} (content key {key}); "
+                       "--force rebuilds")
+            return opts.tag
+        with steps.step("patch"):
+            if opts.no_patch:
+                note("patches skipped (--no-patch)")
+            else:
+                trees = {folder: context / folder for _env, folder in plan.external}
+                for line in apply_for_build(context / "src", trees, vllm.version, arch_cmake,
+                                            cuda, SM121.target):
+                    note(line)
+        if not opts.force:
+            with steps.step("decide"):
+                wanted = {n: stock.get(n) for n in plan.extensions} \
+                    if all(n in stock for n in plan.extensions) else \
+                    pipeline.read_stock(facts, plan.extensions)
+                decision = decide(wanted, context / "src", arch_cmake, cuda, SM121.target)
+                for line in decision.lines():
+                    note(line)
+                note(f"{'rebuild' if decision.rebuild else 'no rebuild'}: {decision.reason}")
+            record.decision = decision.as_record()
+            if not decision.rebuild:
+                record.status = "not-needed"
+                click.echo(f"no rebuild needed: {opts.base} already runs natively on sm_121 "
+                           f"({'; '.join(decision.lines())}); nothing tagged; --force builds "
+                           "anyway")
+                return opts.tag
+        log = pipeline.new_log(f"build-{key}")
+        with engine.pinned(facts.id) as pin:
+            plan = replace(plan, base=pin, labels={**plan.labels, CONTENT_KEY_LABEL: key,
+                                                   f"{LABEL_PREFIX}.patches": patches})
+            dockerfile = context / "Dockerfile"
+            dockerfile.write_text(render(plan))
+            if plan.bring:
+                note(f"the builder brings {' and '.join(plan.bring)} ("
+                     f"{'this machine' if plan.bring_from == 'context' else 'pip'})")
+            found = host_tools() if plan.bring_from == "context" else None
+            if found:
+                place_host_tools(found, plan.bring, context)
+            shutil.copy2(Path(__file__).with_name("build_extensions.py"),
+                         context / "build_extensions.py")
+            pipeline.finish(facts, context, dockerfile, plan.extensions, log,
+                            f"build {', '.join(plan.extensions)} for {opts.arch}", target)
+    record.status = "built"
+    run_report.remember(record)
+    click.echo(f"tagged {', '.join(target.tags)}  (log: {log})")
+    return opts.tag

@@ -1,0 +1,217 @@
+"""The fatbin walker on crafted sections, byte for byte at every bound it checks.
+
+Real nvcc output (test_fatbin_vs_cuobjdump.py) is always well formed, so it never reaches
+the damaged-input checks; these sections are built field by field from the layout in
+fatbin.py's docstring, one byte on each side of each limit.  Also the dynamic symbol table
+(a gcc-built .so with every binding and visibility) and the cuobjdump-style listing."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sm121_build.errors import CorruptBinaryError
+from sm121_build.verify import fatbin
+from sm121_build.verify.fatbin import (
+    CONTAINER_MAGIC,
+    FLAG_ARCH_SPECIFIC,
+    FLAG_FAMILY_SPECIFIC,
+    FLAG_LZ4,
+    FLAG_ZSTD,
+    MAX_ENTRY_SIZE,
+    Entry,
+    _read_entry,
+    _walk_section,
+    cuobjdump_listing,
+    dynamic_symbols,
+)
+
+P = Path("x.so")
+
+
+def entry(kind: int = 2, payload: bytes = b"", header: int = 64, arch: int = 121,
+          flags: int = 0x11, compressed: int = 0, uncompressed: int = 0,
+          size: int | None = None, version: tuple[int, int] = (8, 9)) -> bytes:
+    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, header,
+                       len(payload) if size is None else size, compressed, 0, version[1],
+                       version[0], arch, 0, 0, flags, 0, uncompressed)
+    return head + b"\0" * (header - 64) + payload
+
+
+def container(body: bytes, header: int = 16, size: int | None = None) -> bytes:
+    return struct.pack("<IHHQ", CONTAINER_MAGIC, 1, header,
+                       len(body) if size is None else size) + b"\0" * (header - 16) + body
+
+
+def walk(section: bytes, first: int = 0) -> list[Entry]:
+    return list(_walk_section(P, section, 0, len(section), first))  # type: ignore[arg-type]
+
+
+def test_entries_of_two_containers_with_padding_between() -> None:
+    one = container(entry(payload=b"A" * 8, arch=90) + entry(kind=1, payload=b"ptx", arch=90))
+    two = container(entry(payload=b"B" * 4, arch=120, flags=FLAG_FAMILY_SPECIFIC))
+    section = b"\0" * 8 + one + b"\0" * 16 + two
+    found = walk(section, first=5)
+    assert [(e.container, e.index, e.kind, e.sm) for e in found] == [
+        (5, 0, "elf", "sm_90"), (5, 1, "ptx", "sm_90"), (6, 2, "elf", "sm_120f")]
+    assert found[0].offset == 8 + 16 + 64 and found[0].size == found[0].stored_size == 8
+    assert found[1].offset == 8 + 16 + 64 + 8 + 64
+    assert found[2].offset == len(section) - 4
+    assert found[0].version == (8, 9) and found[0].flags == 0x11
+
+
+def test_a_container_exactly_one_entry_header_long_holds_that_entry() -> None:
+    assert [e.size for e in walk(container(entry()))] == [0]
+
+
+def test_zero_padding_closes_a_container_and_the_next_one_is_read() -> None:
+    padded = container(entry(payload=b"A") + b"\0" * 64 + entry(payload=b"never read"))
+    found = walk(padded + container(entry(arch=100)))
+    assert [(e.container, e.arch) for e in found] == [(0, 121), (1, 100)]
+
+
+def test_an_entry_of_unknown_kind_is_kept_as_other() -> None:
+    assert [e.kind for e in walk(container(entry(kind=0, payload=b"?")))] == ["other"]
+    assert [e.kind for e in walk(container(entry(kind=3)))] == ["other"]
+
+
+def test_trailing_bytes_that_are_not_a_container() -> None:
+    good = container(entry())
+    assert len(walk(good + b"\x01" * 15)) == 1  # too short to hold a container header
+    with pytest.raises(CorruptBinaryError,
+                       match=rf"^x.so: bad fatbin container magic 0x1010101 at file offset "
+                             rf"{len(good):#x}$"):
+        walk(good + b"\x01" * 16)
+    with pytest.raises(CorruptBinaryError, match="bad fatbin container magic 0x0 at"):
+        walk(good + b"\0" * 7 + b"\x01" + b"\0" * 8)  # not all-zero padding
+
+
+def test_container_sizes_at_their_bounds() -> None:
+    body = entry()
+    assert len(walk(container(body, size=len(body)))) == 1
+    with pytest.raises(CorruptBinaryError,
+                       match=r"^x.so: fatbin container at 0x0 claims 65 bytes, section has 64 "
+                             r"left$"):
+        walk(container(body, size=len(body) + 1))
+    assert len(walk(container(body, header=24))) == 1
+    with pytest.raises(CorruptBinaryError, match="claims 64 bytes, section has 65 left"):
+        walk(struct.pack("<IHHQ", CONTAINER_MAGIC, 1, 15, 64) + body)
+
+
+def test_entry_header_and_payload_at_their_bounds() -> None:
+    data = entry(payload=b"abc", header=72)
+    found, after = _read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+    assert found is not None and (found.offset, found.size, after) == (72, 3, 75)
+    with pytest.raises(CorruptBinaryError,
+                       match=r"^x.so: fatbin entry at 0x0 has a nonsense size \(header 72, "
+                             r"payload 4, 75 bytes left\)$"):
+        _read_entry(P, entry(payload=b"abc", header=72, size=4), 0, 75, 0, 0)  # type: ignore[arg-type]
+    short = entry(payload=b"abc")[:4] + struct.pack("<I", 63) + entry(payload=b"abc")[8:]
+    with pytest.raises(CorruptBinaryError, match=r"\(header 63, payload 3, 67 bytes left\)"):
+        _read_entry(P, short, 0, len(short), 0, 0)  # type: ignore[arg-type]
+    end, nothing = _read_entry(P, b"\0" * 64, 0, 100, 0, 0)  # type: ignore[arg-type]
+    assert (end, nothing) == (None, 100)
+    with pytest.raises(CorruptBinaryError, match="header 0"):
+        _read_entry(P, entry(kind=2, header=64)[:4] + b"\0" * 60, 0, 64, 0, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("flags", "codec"), [(FLAG_LZ4, "lz4"), (FLAG_ZSTD, "zstd"),
+                                              (FLAG_LZ4 | FLAG_ZSTD, "lz4"), (0, None)])
+def test_compression_flags(flags: int, codec: str | None) -> None:
+    data = entry(payload=b"x" * 10, flags=flags, compressed=10, uncompressed=99)
+    found, _ = _read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+    assert found is not None and found.compression == codec
+    assert (found.stored_size, found.size) == ((10, 99) if codec else (10, 10))
+
+
+@pytest.mark.parametrize(("compressed", "uncompressed", "ok"), [
+    (10, 1, True), (1, MAX_ENTRY_SIZE - 1, True), (11, 1, False), (0, 1, False),
+    (10, 0, False), (10, MAX_ENTRY_SIZE, False)])
+def test_compressed_sizes_at_their_bounds(compressed: int, uncompressed: int, ok: bool) -> None:
+    data = entry(payload=b"x" * 10, flags=FLAG_ZSTD, compressed=compressed,
+                 uncompressed=uncompressed)
+    if ok:
+        assert _read_entry(P, data, 0, len(data), 0, 0)[0] is not None  # type: ignore[arg-type]
+        return
+    with pytest.raises(CorruptBinaryError,
+                       match=rf"^x.so: compressed fatbin entry at 0x0 has nonsense sizes "
+                             rf"\(compressed {compressed}, uncompressed {uncompressed}, "
+                             rf"payload 10\)$"):
+        _read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("flags", "variant"), [
+    (FLAG_ARCH_SPECIFIC, "a"), (FLAG_FAMILY_SPECIFIC, "f"),
+    (FLAG_ARCH_SPECIFIC | FLAG_FAMILY_SPECIFIC, "a"), (0, "")])
+def test_variant_flags(flags: int, variant: str) -> None:
+    data = entry(flags=flags)
+    found, _ = _read_entry(P, data, 0, len(data), 3, 7)  # type: ignore[arg-type]
+    assert found is not None and (found.variant, found.container, found.index) == (variant, 3, 7)
+
+
+def _entry(kind: str, arch: int, variant: str = "") -> Entry:
+    return Entry(0, 0, kind, arch, variant, 0, (0, 0), 0, 0, 0, None)  # type: ignore[arg-type]
+
+
+def test_listing_numbers_each_kind_on_its_own_and_skips_other() -> None:
+    entries = [_entry("ptx", 90), _entry("elf", 90), _entry("other", 1), _entry("elf", 120, "f"),
+               _entry("ptx", 120, "f"), _entry("elf", 90, "a")]
+    assert cuobjdump_listing(Path("/lib/libx.so.1"), entries) == [
+        "PTX file    1: libx.so.1.sm_90.ptx", "ELF file    1: libx.so.1.sm_90.cubin",
+        "ELF file    2: libx.so.2.sm_120.cubin", "PTX file    2: libx.so.2.sm_120f.ptx",
+        "ELF file    3: libx.so.3.sm_90a.cubin"]
+    assert cuobjdump_listing(Path("plain"), [_entry("elf", 80)]) == [
+        "ELF file    1: plain.1.sm_80.cubin"]
+
+
+@pytest.fixture(scope="module")
+def symbols_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A .so with every kind of dynamic symbol (gcc)."""
+    src = tmp_path_factory.mktemp("dynsym") / "s.cpp"
+    src.write_text("""
+extern int needed_global(void);
+extern int needed_weak(void) __attribute__((weak));
+extern "C" int exported_default(void) {
+    return needed_global() + (needed_weak ? needed_weak() : 0);
+}
+extern "C" __attribute__((weak)) int exported_weak(void) { return 1; }
+extern "C" __attribute__((visibility("protected"))) int exported_protected(void) { return 2; }
+extern "C" __attribute__((visibility("hidden"))) int hidden_fn(void) { return 3; }
+template <typename T> struct Holder { static int value; };
+template <typename T> int Holder<T>::value = 4;
+extern "C" int use_unique(void) { return Holder<int>::value; }
+static int local_fn(void) { return 5; }
+extern "C" int call_local(void) { return local_fn(); }
+""")
+    out = src.with_suffix(".so")
+    subprocess.run(["g++", "-shared", "-fPIC", "-O0", "-o", str(out), str(src)], check=True)
+    return out
+
+
+def test_dynamic_symbols_by_binding_and_visibility(symbols_so: Path) -> None:
+    found = dynamic_symbols(symbols_so)
+    assert {"_Z13needed_globalv"} <= found.undefined
+    assert "_Z11needed_weakv" not in found.undefined | found.exported  # weak undefined
+    assert {"exported_default", "exported_weak", "exported_protected", "use_unique",
+            "call_local"} <= found.exported
+    assert "_ZN6HolderIiE5valueE" in found.exported  # STB_GNU_UNIQUE (template static)
+    assert not {"hidden_fn", "local_fn"} & (found.exported | found.undefined)
+    assert "" not in found.exported
+
+
+def test_dynamic_symbols_of_files_without_a_table_or_unreadable(tmp_path: Path,
+                                                                host_only_so: Path) -> None:
+    obj = tmp_path / "o.o"
+    (tmp_path / "o.c").write_text("int f(void) { return 1; }\n")
+    subprocess.run(["gcc", "-c", "-o", str(obj), str(tmp_path / "o.c")], check=True)
+    assert dynamic_symbols(obj) == fatbin.DynamicSymbols(frozenset(), frozenset())
+    assert "answer" in dynamic_symbols(host_only_so).exported
+    with pytest.raises(CorruptBinaryError, match=r"^/nonexistent.so: cannot open: No such file"):
+        dynamic_symbols(Path("/nonexistent.so"))
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"\x7fELF" + b"\xff" * 60)
+    with pytest.raises(CorruptBinaryError, match=r"junk.so: not a readable ELF file: "):
+        dynamic_symbols(junk)

@@ -1,0 +1,186 @@
+"""The whole pipeline (build and inject) against the FAKE engine of devkit/fakeengine.py: no
+Docker.  Everything else is real: the vLLM-shaped source in a real git repository, the guard
+rules and CMake, the rendered Dockerfile (the fake carries out its final stage), the
+verification reading nvcc-built .so files, the run record and its schema.  The same runs
+against a real engine are tests/integration/test_e2e_docker.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from devkit.fakeengine import FakeEngine, stock_image
+from devkit.stockimage import VERSION, fixture_checkout
+from sm121_build.build.inject import run_inject
+from sm121_build.build.main_job import Options, run_build
+from sm121_build.build.pipeline import CONTENT_KEY_LABEL, Pipeline
+from sm121_build.errors import BuildFailed, Sm121Error, VerificationError
+from sm121_build.shipped import schema
+from sm121_build.verify import run_report
+
+BASE = "vllm/vllm-openai:fixture"
+TAG = "vllm/vllm-openai:fixture-sm121"
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    return fixture_checkout(tmp_path_factory.mktemp("src") / "vllm")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str, stock: str = "sm90",
+            built: str = "sm121") -> FakeEngine:
+    engine = FakeEngine(tmp_path / "engine", compiled={
+        name: matrix[built] for name in ("_C.abi3.so", "_moe_C.abi3.so")})
+    engine.work.mkdir()
+    stock_image(engine, BASE, {name: matrix[stock] for name in ("_C.abi3.so", "_moe_C.abi3.so")},
+                VERSION, commit)
+    return engine
+
+
+def _options(source: Path, out: Path | None = None, force: bool = False,
+             no_patch: bool = False) -> Options:
+    return Options(base=BASE, tag=TAG, arch="12.1", extra_ext=(), jobs=2, source=source,
+                   repo="/nonexistent", out=out, force=force, no_patch=no_patch)
+
+
+def _quick(source: Path) -> Options:
+    """No guard rules and no rebuild decision (each runs CMake): for the tests of what
+    happens after the build starts."""
+    return _options(source, force=True, no_patch=True)
+
+
+def _run(engine: FakeEngine, opts: Options) -> run_report.RunRecord:
+    record = run_report.new_record("build", opts.base, opts.tag, opts.arch)
+    with run_report.recorded(record, None, None):
+        run_build(Pipeline(engine, record), opts)
+    jsonschema.validate(record.as_json(), schema("report"))
+    return record
+
+
+def test_build_fills_the_record_and_tags_only_after_verification(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    stock_id = engine.tags[BASE]
+    record = _run(engine, _options(checkout[0], out=tmp_path / "out"))
+    assert record.status == "built"
+    assert (record.vllm_version, record.vllm_commit, record.arch_list) == (
+        VERSION, checkout[1], "12.1")
+    assert record.extensions == ["_C.abi3.so", "_moe_C.abi3.so"]
+    assert record.decision is not None and record.decision["rebuild"]
+    assert record.before and set(record.before["_C.abi3.so"].cubins) == {"sm_90"}
+    assert record.after and set(record.after["_C.abi3.so"].cubins) == {"sm_121"}
+    assert record.after["_C.abi3.so"].kernels["native"] > 0
+    built = engine.tags[TAG]
+    assert record.image_id == built != stock_id and record.tags == [TAG]
+    assert engine.images[built].info.labels[CONTENT_KEY_LABEL] == record.content_key
+    # order: pin the base, build, tag, drop the pin; the stock image is left as it was
+    assert [c.split()[0] for c in engine.calls] == ["pin", "build", "tag", "unpin"]
+    assert not any(t.startswith("sm121-build-pin/") for t in engine.tags)
+    assert engine.tags[BASE] == stock_id
+    site = engine.images[stock_id].root / "usr/local/lib/python3.12/dist-packages/vllm"
+    assert (site / "_C.abi3.so").read_bytes() == matrix["sm90"].read_bytes()
+    assert (tmp_path / "out" / "_C.abi3.so").read_bytes() == matrix["sm121"].read_bytes()
+    assert record.log and Path(record.log).read_text().startswith("fake build")
+
+
+def test_unchanged_inputs_skip_the_build_and_keep_the_audit(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    first = _run(engine, _options(checkout[0], no_patch=True))
+    engine.calls.clear()
+    engine.untag(TAG)  # the user removed the tag; the image (and its content key) remain
+    engine.calls.clear()
+    again = _run(engine, _options(checkout[0], no_patch=True))
+    assert again.status == "up-to-date"
+    assert again.content_key == first.content_key
+    assert (again.before, again.after, again.log) == (first.before, first.after, first.log)
+    assert engine.calls == [f"tag {TAG}"]  # no pin, no build: tagged again, nothing else
+    assert engine.tags[TAG] == first.image_id
+    forced = _run(engine, _options(checkout[0], force=True, no_patch=True))
+    assert forced.status == "built" and any(c.startswith("build ") for c in engine.calls)
+
+
+@pytest.mark.parametrize("where", ["build", "verify", "tag"])
+def test_a_failure_tags_nothing_and_removes_what_the_run_made(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str],
+        where: str) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    before = set(engine.images)
+    engine.fail_at = where
+    record = run_report.new_record("build", BASE, TAG, "12.1")
+    with pytest.raises(BuildFailed), run_report.recorded(record, None, None):
+        run_build(Pipeline(engine, record), _quick(checkout[0]))
+    assert record.status == "failed"
+    assert record.error == f"docker build failed: injected failure at {where}"
+    assert set(engine.images) == before  # the built image (if any) was removed
+    assert TAG not in engine.tags
+    assert not any(t.startswith("sm121-build-pin/") for t in engine.tags)
+    jsonschema.validate(record.as_json(), schema("report"))
+
+
+@pytest.mark.parametrize("where", ["build", "verify", "tag"])
+def test_ctrl_c_cleans_up_the_same_way(tmp_path: Path, matrix: dict[str, Path],
+                                       checkout: tuple[Path, str], where: str) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    before = set(engine.images)
+    engine.interrupt_at = where
+    record = run_report.new_record("build", BASE, TAG, "12.1")
+    with pytest.raises(KeyboardInterrupt), run_report.recorded(record, None, None):
+        run_build(Pipeline(engine, record), _quick(checkout[0]))
+    assert record.error == "interrupted" and record.status == "failed"
+    assert set(engine.images) == before
+    assert TAG not in engine.tags and engine.calls[-1].startswith("unpin ")
+
+
+def test_an_image_whose_kernels_are_lost_is_not_tagged(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1], built="sm90")  # the compile yields no 12.x
+    before = set(engine.images)
+    with pytest.raises(VerificationError, match="no sm_121-loadable cubin"):
+        _run(engine, _quick(checkout[0]))
+    assert set(engine.images) == before and TAG not in engine.tags
+
+
+def test_a_stock_image_that_already_runs_natively_is_not_rebuilt(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1], stock="sm121")
+    record = _run(engine, _options(checkout[0], no_patch=True))
+    assert record.status == "not-needed"
+    assert record.decision is not None and not record.decision["rebuild"]
+    assert engine.calls == [] and TAG not in engine.tags
+
+
+def test_inject_puts_exported_artifacts_into_a_matching_base(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))
+    record = run_report.new_record("inject", BASE, "fixture:injected", None)
+    run_inject(Pipeline(engine, record), tmp_path / "out", BASE, "fixture:injected")
+    assert record.status == "injected" and record.vllm_commit == checkout[1]
+    assert record.tags == ["fixture:injected"] and record.after
+    jsonschema.validate(record.as_json(), schema("report"))
+    other = stock_image(engine, "vllm/vllm-openai:other", {}, "0.20.0", "e" * 40)
+    with pytest.raises(Sm121Error, match="refusing to inject"):
+        run_inject(Pipeline(engine), tmp_path / "out", "vllm/vllm-openai:other", "x:y")
+    assert other in engine.images and "x:y" not in engine.tags
+
+
+def test_resolve_image_is_the_prelude_of_every_command(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    record = run_report.new_record("build", BASE, TAG, "12.1")
+    facts, vllm = Pipeline(engine, record).resolve_image(BASE)
+    assert (vllm.version, vllm.extensions) == (VERSION, ("_C.abi3.so", "_moe_C.abi3.so"))
+    assert (vllm.cuda_version, vllm.python) == ("13.0", "3.12")
+    assert record.base_digest == facts.digest_ref == engine.tags[BASE]
+    with pytest.raises(Sm121Error, match="cannot pull"):  # --pull goes to the registry
+        Pipeline(engine).resolve_image(BASE, pull="always")
+    with pytest.raises(Sm121Error, match="not found"):
+        Pipeline(engine).resolve_image("vllm/vllm-openai:absent")
