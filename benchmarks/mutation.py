@@ -34,7 +34,7 @@ COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmark
 RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
 
 
-def score(module: str, tests: str, keep: bool) -> tuple[Counter[str], list[str], Path]:
+def score(module: str, tests: list[str], keep: bool) -> tuple[Counter[str], list[str], Path]:
     scratch = Path(tempfile.mkdtemp(prefix="sm121-mutation-"))
     for name in COPIED:
         source = ROOT / name
@@ -47,7 +47,7 @@ def score(module: str, tests: str, keep: bool) -> tuple[Counter[str], list[str],
         "[mutmut]\n"
         f"source_paths={module}\n"
         "also_copy=\n" + "".join(f"    {n}\n" for n in COPIED[:-1]) +
-        f"pytest_add_cli_args_test_selection={tests}\n")
+        "pytest_add_cli_args_test_selection=\n" + "".join(f"    {t}\n" for t in tests))
     env = {**os.environ, "SM121_TEST_CACHE": str(ROOT / ".cache")}
     mutmut = str(Path(sys.executable).parent / "mutmut")
     subprocess.run([mutmut, "run"], cwd=scratch, env=env, check=False,
@@ -70,7 +70,8 @@ def score(module: str, tests: str, keep: bool) -> tuple[Counter[str], list[str],
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", default=list(CORE))
-    parser.add_argument("--tests", default="tests/unit")
+    parser.add_argument("--tests", nargs="+", default=["tests/unit"],
+                        help="Test files or folders to run against each mutant.")
     parser.add_argument("--keep", action="store_true", help="Keep the scratch copies.")
     args = parser.parse_args()
     if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,57 @@ def sha256_of(path: Path) -> str:
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """What the files were built from and for: the manifest's fields besides `files`."""
+
+    base: str
+    base_digest: str
+    vllm_version: str
+    vllm_commit: str
+    arch_list: str
+    patches: str
+    package_dir: str
+    tool_version: str
+    vllm_commit_id: str | None = None
+    external: dict[str, str] = field(default_factory=dict)  # project -> commit
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Provenance:
+        external = data.get("external") or {}
+        commit_id = data.get("vllm_commit_id")
+        return cls(**{f.name: str(data.get(f.name) or "") for f in fields(cls)
+                      if f.name not in ("vllm_commit_id", "external")},
+                   vllm_commit_id=str(commit_id) if commit_id else None,
+                   external={str(k): str(v) for k, v in external.items()}
+                   if isinstance(external, dict) else {})
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not self.external:
+            del data["external"]
+        return data
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One exported file: its hash and mode, and what verification counted in it."""
+
+    sha256: str
+    mode: str
+    cubins: dict[str, int]
+    kernels_native_sm121: int
+
+
+@dataclass(frozen=True)
 class Artifacts:
     """A checked artifacts folder: every listed file present with the listed sha256."""
 
     folder: Path
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]  # as read (checked)
+
+    @property
+    def provenance(self) -> Provenance:
+        return Provenance.from_json(self.manifest)
 
     @property
     def files(self) -> dict[str, Path]:
@@ -67,18 +113,20 @@ class Artifacts:
         return str(self.manifest["vllm_commit"])
 
 
-def export(out: Path, files: dict[str, Path], meta: dict[str, Any],
-           details: dict[str, dict[str, Any]]) -> Path:
-    """Copy the files to `out` and write the manifest last (a folder without one is partial)."""
+def export(out: Path, files: dict[str, Path], provenance: Provenance,
+           counts: dict[str, tuple[dict[str, int], int]]) -> Path:
+    """Copy the files to `out` and write the manifest last (a folder without one is partial).
+    `counts`: per file, its cubins per arch and its kernels native on sm_121."""
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
     listed = {}
     for name, path in sorted(files.items()):
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, out / name)
-        listed[name] = {"sha256": sha256_of(out / name), "mode": f"{path.stat().st_mode & 0o777:o}",
-                        **details.get(name, {})}
-    manifest = {"format": FORMAT, **meta, "files": listed}
+        cubins, native = counts.get(name, ({}, 0))
+        listed[name] = asdict(FileRecord(sha256_of(out / name),
+                                         f"{path.stat().st_mode & 0o777:o}", cubins, native))
+    manifest = {"format": FORMAT, **provenance.as_json(), "files": listed}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return out / MANIFEST
 

@@ -7,6 +7,7 @@ built for another vLLM version or commit.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -22,27 +23,25 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
     """Inject prebuilt artifacts into a base whose vLLM version and commit match them."""
     record = pipeline.record
     found = artifacts_mod.load(folder)
-    arch_list = str(found.manifest["arch_list"])
+    built = found.provenance
+    arch_list = built.arch_list
     record.vllm_version, record.vllm_commit, record.arch_list = \
-        found.version, found.commit, arch_list
+        built.vllm_version, built.vllm_commit, arch_list
     facts, vllm = pipeline.resolve_image(base)
-    if (vllm.version, vllm.commit_id or "") != (found.version, found.manifest.get(
-            "vllm_commit_id") or ""):
+    if (vllm.version, vllm.commit_id or "") != (built.vllm_version, built.vllm_commit_id or ""):
         raise Sm121Error(
-            f"artifacts in {folder} were built for vLLM {found.version} "
-            f"({found.manifest.get('vllm_commit_id') or 'no commit id'}); {base} has "
+            f"artifacts in {folder} were built for vLLM {built.vllm_version} "
+            f"({built.vllm_commit_id or 'no commit id'}); {base} has "
             f"{vllm.version} ({vllm.commit_id or 'no commit id'}): refusing to inject")
     extensions = tuple(sorted(found.files))
-    meta = {key: value for key, value in found.manifest.items() if key not in ("files",
-                                                                               "format")}
     with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
             pipeline.engine.pinned(facts.id) as pin:
         context = Path(tmp)
         found.place(context / "artifacts")
-        labels = provenance_labels(facts, found.commit, arch_list, extensions,
-                                   str(found.manifest.get("patches", "")))
+        labels = provenance_labels(facts, built.vllm_commit, arch_list, extensions,
+                                   built.patches)
         plan = BuildPlan(base=pin, arch_list=arch_list, vllm_version=vllm.version,
-                         git_ref=found.commit, extensions=extensions,
+                         git_ref=built.vllm_commit, extensions=extensions,
                          package_dir=vllm.package_dir, cuda_home="", cuda_include="",
                          cuda_lib="", jobs=1, labels=labels)
         dockerfile = context / "Dockerfile"
@@ -50,8 +49,8 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
         log = pipeline.new_log(f"inject-{facts.id.split(':')[-1][:12]}")
         pipeline.finish(facts, context, dockerfile, extensions, log,
                         f"inject {', '.join(extensions)}",
-                        Finish(tag, out, {**meta, "base": facts.ref,
-                                          "base_digest": facts.digest_ref}))
+                        Finish(tag, out, replace(built, base=facts.ref,
+                                                 base_digest=facts.digest_ref)))
     record.status = "injected"
     click.echo(f"tagged {tag}  (log: {log})")
     return tag

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from sm121_build import __version__
+from sm121_build.build.artifacts import Provenance
 from sm121_build.build.decide import decide
 from sm121_build.build.pipeline import CONTENT_KEY_LABEL, Finish, Pipeline
 from sm121_build.build.render import (
@@ -136,16 +137,14 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         record.vllm_commit, record.arch_list, record.content_key = commit, plan.arch_list, key
         record.extensions = list(plan.extensions)
         patches = "none" if opts.no_patch else rules_digest()
-        meta = {"base": facts.ref, "base_digest": facts.digest_ref,
-                "vllm_version": vllm.version, "vllm_commit": commit,
-                "vllm_commit_id": vllm.commit_id, "arch_list": plan.arch_list,
-                "patches": patches,
-                "package_dir": plan.package_dir, "tool_version": __version__,
-                **({"external": {name: entry.commit for name, entry in
-                                 record.external.items()}} if record.external else {})}
+        provenance_of_files = Provenance(
+            base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
+            vllm_commit=commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
+            patches=patches, package_dir=plan.package_dir, tool_version=__version__,
+            external={name: entry.commit for name, entry in record.external.items()})
         also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
             if opts.versioned_tag else ()
-        target = Finish(opts.tag, opts.out, meta, also)
+        target = Finish(opts.tag, opts.out, provenance_of_files, also)
         existing = engine.find_by_label(CONTENT_KEY_LABEL, key)
         if existing and not opts.force:
             record.keep_audit_of(run_report.recall(key) or {})

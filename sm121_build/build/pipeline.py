@@ -14,7 +14,6 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sm121_build.build import artifacts as artifacts_mod
 from sm121_build.build.render import LABEL_PREFIX
@@ -31,12 +30,12 @@ CONTENT_KEY_LABEL = f"{LABEL_PREFIX}.content-key"
 
 @dataclass(frozen=True)
 class Finish:
-    """Where a verified image goes: its tags, the artifacts folder and the manifest fields
-    besides the files."""
+    """Where a verified image goes: its tags, and the artifacts folder with what its
+    manifest says the files were built from."""
 
     tag: str
     out: Path | None
-    meta: dict[str, Any]
+    provenance: artifacts_mod.Provenance
     also: tuple[str, ...] = ()  # more tags for the same image (e.g. the immutable one)
 
     @property
@@ -44,10 +43,9 @@ class Finish:
         return list(dict.fromkeys((self.tag, *self.also)))
 
 
-def manifest_details(verified: Verified) -> dict[str, dict[str, Any]]:
+def manifest_counts(verified: Verified) -> dict[str, tuple[dict[str, int], int]]:
     """What the manifest says of each file besides its hash and mode."""
-    return {name: {"cubins": report.arch_counts("elf"),
-                   "kernels_native_sm121": report.kernel_counts()["native"]}
+    return {name: (report.arch_counts("elf"), report.kernel_counts()["native"])
             for name, report in verified.reports.items()}
 
 
@@ -158,8 +156,8 @@ class Pipeline:
                                         for n, c in verified.comparisons.items()}
             self.record.abi_symbols_checked = verified.abi.checked
             if target.out:
-                manifest = artifacts_mod.export(target.out, verified.files, target.meta,
-                                                manifest_details(verified))
+                manifest = artifacts_mod.export(target.out, verified.files, target.provenance,
+                                                manifest_counts(verified))
                 self.record.artifacts = str(target.out)
                 note(f"artifacts: {manifest}")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devkit.dockerenv import client_or_skip, load
-from devkit.helpers import CACHE, cli, cuda_home, pypi_download
+from devkit.helpers import CACHE, cli, cuda_home, one_line_error, pypi_download
 from devkit.imagetar import docker_save
 
 pytestmark = [pytest.mark.docker, pytest.mark.vllm]
@@ -62,7 +62,8 @@ def test_image_without_vllm(tmp_path: Path) -> None:
     load(client, docker_save(tmp_path / "img.tar", [{"etc/hostname": b"x"}], tag=tag))
     try:
         result = cli("pin", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
-        assert result.returncode == 2
-        assert result.stderr.startswith(f"error: image {tag} has no vLLM installed")
+        line = one_line_error(result)  # after the inspect step's lines
+        assert line.startswith(f"error: image {tag} has no vLLM installed")
+        assert result.stderr.startswith(f"==> inspect {tag}\n    ✕ inspect {tag} (")
     finally:
         client.images.remove(tag, force=True)

@@ -108,35 +108,23 @@ def test_unchanged_inputs_skip_the_build_and_keep_the_audit(
 
 
 @pytest.mark.parametrize("where", ["build", "verify", "tag"])
-def test_a_failure_tags_nothing_and_removes_what_the_run_made(
-        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str],
-        where: str) -> None:
+@pytest.mark.parametrize(("how", "raised", "said"), [
+    ("fail_at", BuildFailed, "docker build failed: injected failure at {where}"),
+    ("interrupt_at", KeyboardInterrupt, "interrupted")])
+def test_a_failure_or_ctrl_c_tags_nothing_and_removes_what_the_run_made(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str], where: str,
+        how: str, raised: type[BaseException], said: str) -> None:
     engine = _engine(tmp_path, matrix, checkout[1])
     before = set(engine.images)
-    engine.fail_at = where
+    setattr(engine, how, where)
     record = run_report.new_record("build", BASE, TAG, "12.1")
-    with pytest.raises(BuildFailed), run_report.recorded(record, None, None):
+    with pytest.raises(raised), run_report.recorded(record, None, None):
         run_build(Pipeline(engine, record), _quick(checkout[0]))
-    assert record.status == "failed"
-    assert record.error == f"docker build failed: injected failure at {where}"
+    assert (record.status, record.error) == ("failed", said.format(where=where))
     assert set(engine.images) == before  # the built image (if any) was removed
-    assert TAG not in engine.tags
+    assert TAG not in engine.tags and engine.calls[-1].startswith("unpin ")
     assert not any(t.startswith("sm121-build-pin/") for t in engine.tags)
     jsonschema.validate(record.as_json(), schema("report"))
-
-
-@pytest.mark.parametrize("where", ["build", "verify", "tag"])
-def test_ctrl_c_cleans_up_the_same_way(tmp_path: Path, matrix: dict[str, Path],
-                                       checkout: tuple[Path, str], where: str) -> None:
-    engine = _engine(tmp_path, matrix, checkout[1])
-    before = set(engine.images)
-    engine.interrupt_at = where
-    record = run_report.new_record("build", BASE, TAG, "12.1")
-    with pytest.raises(KeyboardInterrupt), run_report.recorded(record, None, None):
-        run_build(Pipeline(engine, record), _quick(checkout[0]))
-    assert record.error == "interrupted" and record.status == "failed"
-    assert set(engine.images) == before
-    assert TAG not in engine.tags and engine.calls[-1].startswith("unpin ")
 
 
 def test_an_image_whose_kernels_are_lost_is_not_tagged(

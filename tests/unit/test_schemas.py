@@ -63,17 +63,17 @@ def test_the_manifest_export_writes_and_inject_reads(tmp_path: Path) -> None:
     so = compile_cached("schema-121", DATA / "kernels.cu",
                         gencode("compute_121:sm_121", "compute_120f:sm_120f"))
     report = audit_binary(so, "_C.abi3.so", SM121, with_kernels=True)
-    meta = {"base": "vllm/vllm-openai:nightly", "base_digest": "sha256:" + "a" * 64,
-            "vllm_version": "0.26.0", "vllm_commit": "c" * 40, "vllm_commit_id": None,
-            "arch_list": "12.1", "patches": "0123456789abcdef",
-            "package_dir": "/usr/local/lib/python3.12/dist-packages/vllm",
-            "tool_version": "0.1.0", "external": {"vllm-flash-attn": "f" * 40}}
+    provenance = artifacts.Provenance(
+        base="vllm/vllm-openai:nightly", base_digest="sha256:" + "a" * 64,
+        vllm_version="0.26.0", vllm_commit="c" * 40, vllm_commit_id=None, arch_list="12.1",
+        patches="0123456789abcdef", package_dir="/usr/local/lib/python3.12/dist-packages/vllm",
+        tool_version="0.1.0", external={"vllm-flash-attn": "f" * 40})
     files = {"_C.abi3.so": so, "vllm_flash_attn/_vllm_fa2_C.abi3.so": so}
-    details = {name: {"cubins": report.arch_counts("elf"),
-                      "kernels_native_sm121": report.kernel_counts()["native"]}
-               for name in files}
-    path = artifacts.export(tmp_path / "out", files, meta, details)
+    counts = {name: (report.arch_counts("elf"), report.kernel_counts()["native"])
+              for name in files}
+    path = artifacts.export(tmp_path / "out", files, provenance, counts)
     data = json.loads(path.read_text())
+    assert artifacts.load(tmp_path / "out").provenance == provenance  # read back as written
     _check("manifest", data)
     assert artifacts.load(tmp_path / "out").files.keys() == files.keys()
     with pytest.raises(jsonschema.ValidationError):

@@ -264,8 +264,9 @@ def test_failure_cause_prefers_the_diagnosis_and_quotes_ptxas(tmp_path: Path) ->
 
 def _exported(tmp_path: Path, so: Path) -> Path:
     out = tmp_path / "artifacts"
-    artifacts.export(out, {"_C.abi3.so": so}, {"vllm_version": "0.19.1", "vllm_commit": "abc",
-                                                "arch_list": "12.1"}, {})
+    artifacts.export(out, {"_C.abi3.so": so}, artifacts.Provenance(
+        base="b", base_digest="b", vllm_version="0.19.1", vllm_commit="abc", arch_list="12.1",
+        patches="", package_dir="/site/vllm", tool_version="0"), {})
     return out
 
 
