@@ -149,10 +149,7 @@ class HostBinary:
             raise CorruptBinaryError(f"{self.path}: not an ELF file (bad magic)")
         for start, length in _fatbin_sections(self.path, self._file, size):
             self.entries.extend(_walk_section(self.path, self._map, start, length,
-                                              first_container=self._next_container()))
-
-    def _next_container(self) -> int:
-        return self.entries[-1].container + 1 if self.entries else 0
+                                              first_container=0))
 
     def payload(self, entry: Entry) -> bytes:
         """The entry's bytes, decompressed."""
@@ -297,7 +294,7 @@ def is_elf(path: Path) -> bool:
 
 def cuobjdump_listing(path: Path, entries: list[Entry]) -> list[str]:
     """The lines `cuobjdump -lelf -lptx FILE` prints to stdout for these entries."""
-    stem = path.name.rsplit(".", 1)[0] if "." in path.name else path.name
+    stem = path.name.rsplit(".", 1)[0]  # the whole name when it has no dot
     lines = []
     counters = {"elf": 0, "ptx": 0}
     for entry in entries:

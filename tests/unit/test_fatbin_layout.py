@@ -215,3 +215,89 @@ def test_dynamic_symbols_of_files_without_a_table_or_unreadable(tmp_path: Path,
     junk.write_bytes(b"\x7fELF" + b"\xff" * 60)
     with pytest.raises(CorruptBinaryError, match=r"junk.so: not a readable ELF file: "):
         dynamic_symbols(junk)
+
+
+def test_a_bad_entry_deep_in_a_section_is_named_with_its_file_and_offset() -> None:
+    good = container(entry(payload=b"A" * 8))
+    bad_entry = bytearray(entry(payload=b"abc"))
+    bad_entry[4:8] = struct.pack("<I", 63)
+    section = good + container(bytes(bad_entry))
+    start = len(good) + 16
+    with pytest.raises(CorruptBinaryError,
+                       match=rf"^x.so: fatbin entry at {start:#x} has a nonsense size "
+                             rf"\(header 63, payload 3, 67 bytes left\)$"):
+        walk(section)
+
+
+def _elf_copy(source: Path, dest: Path) -> Path:
+    dest.write_bytes(source.read_bytes())
+    return dest
+
+
+def _fatbin_header(path: Path) -> tuple[int, int, int]:
+    """(file offset of .nv_fatbin's section header, its sh_offset, its sh_size)."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as handle:
+        elf = ELFFile(handle)
+        for index, section in enumerate(elf.iter_sections()):
+            if section.name == ".nv_fatbin":
+                where = elf["e_shoff"] + index * elf["e_shentsize"]
+                return where, section["sh_offset"], section["sh_size"]
+    raise AssertionError("no .nv_fatbin")
+
+
+def test_host_files_too_small_missing_or_damaged(tmp_path: Path,
+                                                 matrix: dict[str, Path]) -> None:
+    with pytest.raises(CorruptBinaryError, match=r"^/nonexistent.so: cannot open: No such"):
+        fatbin.HostBinary.open("/nonexistent.so")
+    tiny = tmp_path / "tiny.so"
+    tiny.write_bytes(b"\x7fELF" + b"\0" * 59)
+    with pytest.raises(CorruptBinaryError, match=r"tiny.so: not an ELF file \(63 bytes\)$"):
+        fatbin.HostBinary.open(tiny)
+    tiny.write_bytes(b"\x7fELF" + b"\xff" * 60)  # 64 bytes: read as an ELF header, damaged
+    with pytest.raises(CorruptBinaryError, match=r"tiny.so: not a readable ELF file: "):
+        fatbin.HostBinary.open(tiny)
+    so = _elf_copy(matrix["plain"], tmp_path / "magic.so")
+    _, start, _ = _fatbin_header(so)
+    data = bytearray(so.read_bytes())
+    data[start:start + 4] = b"\xde\xad\xbe\xef"
+    so.write_bytes(bytes(data))
+    with pytest.raises(CorruptBinaryError,
+                       match=rf"^{so}: bad fatbin container magic 0xefbeadde at file offset "
+                             rf"{start:#x}$"):
+        fatbin.HostBinary.open(so)
+
+
+def test_a_fatbin_section_past_the_end_of_the_file(tmp_path: Path,
+                                                   matrix: dict[str, Path]) -> None:
+    so = _elf_copy(matrix["plain"], tmp_path / "long.so")
+    where, start, _ = _fatbin_header(so)
+    size = so.stat().st_size
+    data = bytearray(so.read_bytes())
+    data[where + 32:where + 40] = struct.pack("<Q", size - start + 1)  # sh_size, one too many
+    so.write_bytes(bytes(data))
+    with pytest.raises(CorruptBinaryError, match=rf"^{so}: fatbin section runs past the end"):
+        fatbin.HostBinary.open(so)
+    data[where + 32:where + 40] = struct.pack("<Q", size - start)  # up to the last byte: read
+    so.write_bytes(bytes(data))
+    with pytest.raises(CorruptBinaryError, match="bad fatbin container magic"):
+        fatbin.HostBinary.open(so)  # the bytes after the fatbin are not a container
+
+
+def test_kernel_names_of_ptx_entries_and_a_damaged_cubin(tmp_path: Path,
+                                                         matrix: dict[str, Path]) -> None:
+    with fatbin.HostBinary.open(matrix["plain"]) as binary:
+        cubin = next(e for e in binary.entries if e.kind == "elf" and binary.kernels(e))
+        ptx = next(e for e in binary.entries if e.kind == "ptx")
+        names = binary.kernels(cubin)
+        assert names and set(binary.kernels(ptx)) == set(names)
+    so = _elf_copy(matrix["plain"], tmp_path / "cubin.so")
+    data = bytearray(so.read_bytes())
+    data[cubin.offset:cubin.offset + 64] = b"\xff" * 64  # the cubin's ELF header
+    so.write_bytes(bytes(data))
+    with fatbin.HostBinary.open(so) as binary:
+        with pytest.raises(CorruptBinaryError,
+                           match=rf"^{so}: entry {cubin.index} \({cubin.sm}\): cubin is not a "
+                                 "readable ELF"):
+            binary.kernels(binary.entries[cubin.index])
