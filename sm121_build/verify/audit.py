@@ -64,8 +64,8 @@ class BinaryReport:
 
 
 def _arch_key(sm: str) -> tuple[int, str]:
-    digits = "".join(ch for ch in sm[3:] if ch.isdigit())
-    return int(digits or 0), sm
+    """`sm_100a` -> (100, "sm_100a"): numeric order, then plain before `a`/`f`."""
+    return int("".join(ch for ch in sm[3:] if ch.isdigit())), sm
 
 
 def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> BinaryReport:

@@ -35,7 +35,7 @@ import lz4.block
 import zstandard
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import StringTableSection, SymbolTableSection
+from elftools.elf.sections import SymbolTableSection
 
 from sm121_build.errors import CorruptBinaryError
 
@@ -184,9 +184,9 @@ def cubin_kernels(cubin: bytes, where: str) -> tuple[str, ...]:
         symtab = elf.get_section_by_name(".symtab")
         if symtab is None:
             return ()
-        strtab = elf.get_section(symtab["sh_link"])
-        if not isinstance(strtab, StringTableSection):
-            raise ValueError("symbol table links to no string table")
+        if not isinstance(symtab, SymbolTableSection):
+            raise ValueError(".symtab is not a symbol table")
+        strtab = symtab.stringtable  # pyelftools checks that sh_link names a string table
         names = []
         for _name, info, other, _shndx, _value, _size in _ELF64_SYM.iter_unpack(symtab.data()):
             if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY:

@@ -7,12 +7,14 @@ fatbin.py's docstring, one byte on each side of each limit.  Also the dynamic sy
 
 from __future__ import annotations
 
+import io
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.errors import CorruptBinaryError
 from sm121_build.verify import fatbin
 from sm121_build.verify.fatbin import (
@@ -296,8 +298,71 @@ def test_kernel_names_of_ptx_entries_and_a_damaged_cubin(tmp_path: Path,
     data = bytearray(so.read_bytes())
     data[cubin.offset:cubin.offset + 64] = b"\xff" * 64  # the cubin's ELF header
     so.write_bytes(bytes(data))
+    with fatbin.HostBinary.open(so) as binary, pytest.raises(CorruptBinaryError,
+                       match=rf"^{so}: entry {cubin.index} \({cubin.sm}\): cubin is not a "
+                             "readable ELF"):
+        binary.kernels(binary.entries[cubin.index])
+
+
+def test_a_device_function_is_not_a_kernel() -> None:
+    so = compile_cached("device-fn", DATA / "device_fn.cu", gencode("compute_90:sm_90"))
     with fatbin.HostBinary.open(so) as binary:
-        with pytest.raises(CorruptBinaryError,
-                           match=rf"^{so}: entry {cubin.index} \({cubin.sm}\): cubin is not a "
-                                 "readable ELF"):
-            binary.kernels(binary.entries[cubin.index])
+        cubin = next(e for e in binary.entries if e.kind == "elf" and binary.kernels(e))
+        assert binary.kernels(cubin) == ("_Z10uses_twicePfi",)  # not its `twice` helper
+        assert [e.container for e in binary.entries] == [0, 1]  # numbered from 0
+
+
+def test_a_closed_binary_reads_nothing(matrix: dict[str, Path]) -> None:
+    with fatbin.HostBinary.open(matrix["plain"]) as binary:
+        first = binary.entries[0]
+        handle = binary._file
+    assert handle is not None and handle.closed
+    assert binary._file is None and binary._map is None
+    with pytest.raises(AssertionError, match=r"^binary is closed$"):
+        binary.payload(first)
+    binary.close()  # twice is harmless
+
+
+def _patch_section_header(path: Path, name: str, offset: int, fmt: str, value: int,
+                          payload: tuple[int, int] | None = None) -> None:
+    """Overwrite one field of a section header: of the host ELF, or (`payload`: the
+    cubin's file offset and size) of a cubin stored uncompressed inside it."""
+    from elftools.elf.elffile import ELFFile
+
+    data = bytearray(path.read_bytes())
+    base, size = payload or (0, len(data))
+    elf = ELFFile(io.BytesIO(bytes(data[base:base + size])))
+    for index, section in enumerate(elf.iter_sections()):
+        if section.name == name:
+            where = base + elf["e_shoff"] + index * elf["e_shentsize"] + offset
+            struct.pack_into(fmt, data, where, value)
+            path.write_bytes(bytes(data))
+            return
+    raise AssertionError(f"no {name}")
+
+
+def test_a_nobits_fatbin_section_holds_no_entries(tmp_path: Path,
+                                                  matrix: dict[str, Path]) -> None:
+    so = _elf_copy(matrix["plain"], tmp_path / "nobits.so")
+    _patch_section_header(so, ".nv_fatbin", 4, "<I", 8)  # sh_type = SHT_NOBITS
+    with fatbin.HostBinary.open(so) as binary:
+        assert binary.entries == []
+
+
+def test_a_cubin_whose_symbols_name_no_string_table(tmp_path: Path,
+                                                    matrix: dict[str, Path]) -> None:
+    so = _elf_copy(matrix["plain"], tmp_path / "strtab.so")
+    with fatbin.HostBinary.open(so) as binary:
+        cubin = next(e for e in binary.entries if e.kind == "elf" and binary.kernels(e))
+    original = so.read_bytes()
+    _patch_section_header(so, ".symtab", 40, "<I", 0, (cubin.offset, cubin.size))  # sh_link
+    with fatbin.HostBinary.open(so) as binary, pytest.raises(
+            CorruptBinaryError, match=r"cubin is not a readable ELF: SHT_SYMTAB section points "
+                                      r"at section 0"):
+        binary.kernels(binary.entries[cubin.index])
+    so.write_bytes(original)
+    _patch_section_header(so, ".symtab", 4, "<I", 1, (cubin.offset, cubin.size))  # PROGBITS
+    with fatbin.HostBinary.open(so) as binary, pytest.raises(
+            CorruptBinaryError, match=r"^.*strtab.so: entry \d+ \(sm_80\): cubin is not a "
+                                      r"readable ELF: .symtab is not a symbol table$"):
+        binary.kernels(binary.entries[cubin.index])

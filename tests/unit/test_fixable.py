@@ -17,14 +17,6 @@ from sm121_build.verify.fixable import rebuild_verdict
 KERNELS = DATA / "kernels.cu"
 
 
-def _report(tmp_path: Path, name: str, *pairs: str) -> BinaryReport:
-    built = compile_cached(f"fixable-{'-'.join(p.split(':')[1] for p in pairs)}", KERNELS,
-                           gencode(*pairs))
-    path = tmp_path / name.rsplit("/", 1)[-1]
-    shutil.copy(built, path)
-    return audit_binary(path, name, SM121, with_kernels=True)
-
-
 @pytest.mark.parametrize("name, pairs, verdict, says", [
     ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"),
      "fixable", "rule fa2-sm12x-native builds _vllm_fa2_C natively (sm121-build --base IMAGE "
@@ -33,19 +25,37 @@ def _report(tmp_path: Path, name: str, *pairs: str) -> BinaryReport:
      "no sm_12x implementation", "its code is only for sm_90a (arch/family-specific "
      "instructions): a rebuild cannot help"),
     ("_flashmla_C.abi3.so", ("compute_90a:sm_90a", "compute_100f:sm_100f"),
-     "no sm_12x implementation", "only for sm_100f, sm_90a"),
-    ("_C.abi3.so", ("compute_90:sm_90",), "fixable", "the main job rebuilds _C"),
+     "no sm_12x implementation", "its code is only for sm_100f, sm_90a (arch/family-specific "
+     "instructions): a rebuild cannot help"),
+    ("_C.abi3.so", ("compute_90:sm_90",), "fixable",
+     "the main job rebuilds _C (sm121-build --base IMAGE)"),
     ("_custom_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"), "no rule",
      "no rule here rebuilds _custom_C"),
-    ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_120:sm_120",), "native",
-     "every kernel is native on sm_121"),
+    # arch-specific code of another GPU beside portable code: a rebuild might help
+    ("_custom_C.abi3.so", ("compute_90a:sm_90a", "compute_80:sm_80"), "no rule",
+     "no rule here rebuilds _custom_C"),
+    # arch-specific code of the GPU's own major (sm_120a does not load on sm_121)
+    ("_custom_C.abi3.so", ("compute_120a:sm_120a",), "no rule",
+     "no rule here rebuilds _custom_C"),
+    ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_120:sm_120",), "native", ""),
 ])
+@pytest.mark.parametrize("kernels", [True, False])
 def test_rebuild_verdicts(tmp_path: Path, name: str, pairs: tuple[str, ...], verdict: str,
-                          says: str) -> None:
-    found = rebuild_verdict(_report(tmp_path, name, *pairs), SM121.target)
-    assert found is not None
-    assert found.verdict == verdict
-    assert says in found.reason
+                          says: str, kernels: bool) -> None:
+    built = compile_cached(f"fixable-{'-'.join(p.split(':')[1] for p in pairs)}", KERNELS,
+                           gencode(*pairs))
+    path = tmp_path / name.rsplit("/", 1)[-1]
+    shutil.copy(built, path)
+    report = audit_binary(path, name, SM121, with_kernels=kernels)
+    found = rebuild_verdict(report, SM121.target)
+    assert found is not None and found.verdict == verdict
+    if verdict == "native":
+        assert found.reason == "every kernel is native on sm_121"
+        return
+    # nothing here is native: every kernel (or every fatbin, without kernel names) lacks
+    total, what = (len(report.kernels), "kernels") if report.kernels is not None else (
+        len({e.container for e in report.entries}), "fatbins")
+    assert found.reason == f"{total} of {total} {what} not native on sm_121; {says}"
 
 
 def test_partly_native_c_is_left_to_the_main_jobs_decision(tmp_path: Path) -> None:
@@ -59,9 +69,15 @@ def test_partly_native_c_is_left_to_the_main_jobs_decision(tmp_path: Path) -> No
 
     so = tmp_path / "_C.abi3.so"
     subprocess.run([nvcc(), "-shared", "-o", str(so), str(a), str(b)], check=True)
-    found = rebuild_verdict(audit_binary(so, "_C.abi3.so", SM121, with_kernels=True),
-                            SM121.target)
+    report = audit_binary(so, "_C.abi3.so", SM121, with_kernels=True)
+    found = rebuild_verdict(report, SM121.target)
     assert found is not None and found.verdict == "partly native"
+    lacking = sum(1 for v in (report.kernels or {}).values() if v != "native")
+    assert 0 < lacking < len(report.kernels or {})
+    assert found.reason == (
+        f"{lacking} of {len(report.kernels or {})} kernels not native on sm_121; vLLM's guards "
+        "build those for other GPUs only; `sm121-build --base IMAGE` decides with the "
+        "source's guards whether a rebuild gains anything")
 
 
 def test_no_device_code_has_no_verdict(tmp_path: Path) -> None:
