@@ -3,6 +3,8 @@
     pip install -e '.[test,mutation]'
     python benchmarks/mutation.py                      # every core module (tens of minutes)
     python benchmarks/mutation.py sm121_build/verify/compat.py --tests tests/unit/test_compat.py
+    python benchmarks/mutation.py sm121_build/build/main_job.py --only content_key \
+        --tests tests/unit/test_content_key.py
 
 Each module is mutated in a scratch copy of the repository (nothing here is touched); the
 unit tests run against every mutant (mutmut runs only the tests that reach the mutated
@@ -34,7 +36,8 @@ COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmark
 RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
 
 
-def score(module: str, tests: list[str], keep: bool) -> tuple[Counter[str], list[str], Path]:
+def score(module: str, tests: list[str], keep: bool,
+          only: str | None = None) -> tuple[Counter[str], list[str], Path]:
     scratch = Path(tempfile.mkdtemp(prefix="sm121-mutation-"))
     for name in COPIED:
         source = ROOT / name
@@ -50,7 +53,9 @@ def score(module: str, tests: list[str], keep: bool) -> tuple[Counter[str], list
         "pytest_add_cli_args_test_selection=\n" + "".join(f"    {t}\n" for t in tests))
     env = {**os.environ, "SM121_TEST_CACHE": str(ROOT / ".cache")}
     mutmut = str(Path(sys.executable).parent / "mutmut")
-    subprocess.run([mutmut, "run"], cwd=scratch, env=env, check=False,
+    dotted = module.removesuffix(".py").replace("/", ".")
+    names = [f"{dotted}.x_{only}__mutmut_*"] if only else []
+    subprocess.run([mutmut, "run", *names], cwd=scratch, env=env, check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     listed = subprocess.run([mutmut, "results", "--all", "true"], cwd=scratch, env=env,
                             capture_output=True, text=True, check=False).stdout
@@ -58,7 +63,7 @@ def score(module: str, tests: list[str], keep: bool) -> tuple[Counter[str], list
     survivors = []
     for line in listed.splitlines():
         match = RESULT.match(line)
-        if match:
+        if match and (not only or f".x_{only}__mutmut_" in match.group("name")):
             counts[match.group("status")] += 1
             if match.group("status") == "survived":
                 survivors.append(match.group("name"))
@@ -73,6 +78,8 @@ def main() -> int:
     parser.add_argument("--tests", nargs="+", default=["tests/unit"],
                         help="Test files or folders to run against each mutant.")
     parser.add_argument("--keep", action="store_true", help="Keep the scratch copies.")
+    parser.add_argument("--only", metavar="FUNCTION",
+                        help="Mutate one module-level function only (e.g. content_key).")
     args = parser.parse_args()
     if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
         print("error: mutmut not installed: pip install -e '.[test,mutation]'", file=sys.stderr)
@@ -80,7 +87,7 @@ def main() -> int:
     print(f"{'module':<28} {'killed':>7} {'survived':>9} {'no tests':>9} {'timeout':>8} "
           f"{'score':>7}")
     for module in args.modules:
-        counts, survivors, scratch = score(module, args.tests, args.keep)
+        counts, survivors, scratch = score(module, args.tests, args.keep, args.only)
         reached = sum(counts.values()) - counts["no tests"]
         ratio = f"{counts['killed'] / reached:.1%}" if reached else "-"
         print(f"{module:<28} {counts['killed']:>7} {counts['survived']:>9} "

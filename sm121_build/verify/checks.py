@@ -13,6 +13,7 @@ the torch libraries export is cached per stock image ID.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import tempfile
 from collections.abc import Iterator
@@ -232,7 +233,9 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
     if files.resolve(lib_dir) is not None:
         with files.tar(lib_dir) as archive:
             for member in archive:
-                if not member.isfile() or not TORCH_LIB.search("/" + member.name):
+                # the engine names members after the folder's own name (`lib/libc10.so`)
+                path = posixpath.join(posixpath.dirname(lib_dir), member.name)
+                if not member.isfile() or not TORCH_LIB.search(path):
                     continue
                 handle = archive.extractfile(member)
                 if handle is None:

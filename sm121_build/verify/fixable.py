@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Literal
 
 from sm121_build.build.render import DEFAULT_EXTENSIONS, extension_target
@@ -48,16 +49,18 @@ def rebuild_verdict(report: BinaryReport, gpu: Target) -> Rebuild | None:
     if rule is not None:
         return Rebuild("fixable", f"{short}; rule {rule} builds {target} natively "
                        f"(sm121-build --base IMAGE --ext {target})")
-    if DEFAULT_EXTENSIONS.match(report.name.rsplit("/", 1)[-1]):
+    if DEFAULT_EXTENSIONS.match(PurePosixPath(report.name).name):
         if counts["native"]:
             return Rebuild("partly native", f"{short}; vLLM's guards build those for other "
                            "GPUs only; `sm121-build --base IMAGE` decides with the source's "
                            "guards whether a rebuild gains anything")
         return Rebuild("fixable", f"{short}; the main job rebuilds {target} "
                        "(sm121-build --base IMAGE)")
-    foreign = {e.sm for e in report.entries if e.variant and e.arch // 10 != gpu.major}
-    if foreign and all(e.variant and e.arch // 10 != gpu.major for e in report.entries):
+    # arch- or family-specific code of another major: only that GPU's instructions
+    foreign = [e for e in report.entries if e.variant and e.arch // 10 != gpu.major]
+    if foreign and len(foreign) == len(report.entries):
+        only = ", ".join(sorted({e.sm for e in foreign}))
         return Rebuild("no sm_12x implementation",
-                       f"{short}; its code is only for {', '.join(sorted(foreign))} "
+                       f"{short}; its code is only for {only} "
                        "(arch/family-specific instructions): a rebuild cannot help")
     return Rebuild("no rule", f"{short}; no rule here rebuilds {target}")

@@ -20,6 +20,7 @@ from devkit.helpers import cli
 from sm121_build.errors import Sm121Error
 from sm121_build.image.engine import READER_LABEL, Engine
 from sm121_build.image.facts import facts_from_files
+from sm121_build.verify.checks import image_torch_exports
 
 pytestmark = pytest.mark.docker
 VERSION_PY = b"__version__ = version = '0.17.0'\n__commit_id__ = commit_id = 'gb31e9326a'\n"
@@ -186,3 +187,26 @@ def test_audit_reads_only_the_included_folders(matrix: dict[str, Path], host_onl
         assert {b["name"] for b in json.loads(absolute.stdout)["binaries"]} == {
             "/srv/filler/other.abi3.so"}
         assert _readers(client) == []
+
+
+def test_torch_exports_are_read_through_the_engine(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine names tar members after the folder (`lib/libc10.so`), not by full path: the
+    ABI check found no torch library in any real image until this was read that way."""
+    client = client_or_skip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = make_tree(tmp_path / "root", TREE)
+    lib = root / SITE / "torch" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "c10.cpp").write_text("namespace c10 { int answer(int x) { return x + 1; } }\n")
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", str(lib / "libc10.so"),
+                    str(lib / "c10.cpp")], check=True)
+    (lib / "c10.cpp").unlink()
+    with imported(client, root, "sm121-test/reader-torch:1") as tag:
+        engine = Engine.connect()
+        image_id = engine.image(tag).id
+        with engine.reader(image_id) as files:
+            exported, libraries = image_torch_exports(files, image_id, f"/{SITE}", tmp_path)
+    assert (exported, libraries) == ({"_ZN3c106answerEi"}, 1)
+    assert (exported, libraries) == image_torch_exports(
+        DirectoryFiles(root), "sha256:folder", f"/{SITE}", tmp_path)  # the stand-in agrees

@@ -37,6 +37,12 @@ KERNELS = DATA / "kernels.cu"
     # arch-specific code of the GPU's own major (sm_120a does not load on sm_121)
     ("_custom_C.abi3.so", ("compute_120a:sm_120a",), "no rule",
      "no rule here rebuilds _custom_C"),
+    # the GPU's own `a` PTX JIT-compiles; it is not another GPU's code
+    ("_custom_C.abi3.so", ("compute_121a:compute_121a",), "no rule",
+     "no rule here rebuilds _custom_C"),
+    # a default extension's name decides by its file name, wherever it lies
+    ("lib/sub/_C.abi3.so", ("compute_90:sm_90",), "fixable",
+     "the main job rebuilds _C (sm121-build --base IMAGE)"),
     ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_120:sm_120",), "native", ""),
 ])
 @pytest.mark.parametrize("kernels", [True, False])

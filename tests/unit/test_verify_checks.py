@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from devkit.dirfiles import DirectoryFiles
 from sm121_build.build import artifacts
 from sm121_build.errors import Sm121Error
 from sm121_build.image.api import HistoryStep, ImageInfo
@@ -20,6 +22,7 @@ from sm121_build.verify.checks import (
     check_drift,
     check_version,
     copy_destination,
+    image_torch_exports,
     newest_arch_kernels,
     torch_exports,
 )
@@ -298,3 +301,30 @@ def test_damaged_artifacts_are_one_line_errors(tmp_path: Path, host_only_so: Pat
     damage(out)
     with pytest.raises(Sm121Error, match=message):
         artifacts.load(out)
+
+
+def test_torch_exports_of_an_image_are_read_from_torch_lib_and_cached(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    site = "/usr/local/lib/python3.12/dist-packages"
+    libs = tmp_path / "image" / site.lstrip("/") / "torch" / "lib"
+    libs.mkdir(parents=True)
+    _gxx_so(libs, "libc10_cuda", _PROVIDER % "signed char")
+    _gxx_so(libs, "libtorch_cpu", _SHIM_PROVIDER % "")
+    (libs / "libc10_cuda.so.2").symlink_to("libc10_cuda.so")  # a link is not read twice
+    _gxx_so(libs.parent, "libnot_torch", _PROVIDER % "short")  # not under torch/lib
+    (libs / "README.txt").write_text("not a library")
+    for stray in libs.glob("*.cpp"):
+        stray.unlink()
+    files = DirectoryFiles(tmp_path / "image")
+    exported, libraries = image_torch_exports(files, "sha256:abc", site, tmp_path)
+    assert libraries == 2
+    assert exported == {"_ZN3c104cuda20getCurrentCUDAStreamEa", "aoti_torch_get_device_index"}
+    assert not list(tmp_path.glob("*.so"))  # each library streamed to temp and dropped
+    cached = tmp_path / "cache" / "sm121-build" / "abi" / "sha256-abc.v2.json"
+    assert json.loads(cached.read_text()) == {"exported": sorted(exported), "libraries": 2}
+    shutil.rmtree(libs)  # read back from the cache, per image ID
+    assert image_torch_exports(files, "sha256:abc", site, tmp_path) == (exported, 2)
+    assert image_torch_exports(files, "sha256:other", site, tmp_path) == (set(), 0)
+    cached.write_text("{not json")  # a damaged cache entry is read again
+    assert image_torch_exports(files, "sha256:abc", site, tmp_path) == (set(), 0)
