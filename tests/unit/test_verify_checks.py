@@ -16,13 +16,18 @@ from sm121_build.errors import Sm121Error
 from sm121_build.image.api import HistoryStep, ImageInfo
 from sm121_build.image.engine import failure_cause
 from sm121_build.image.facts import VllmInstall
+from sm121_build.verify.audit import audit_binary
 from sm121_build.verify.checks import (
+    SM121,
     KernelComparison,
     check_abi,
+    check_cubins,
     check_drift,
     check_version,
+    compare_kernels,
     copy_destination,
     image_torch_exports,
+    kernel_key,
     newest_arch_kernels,
     torch_exports,
 )
@@ -115,7 +120,43 @@ def test_drift_reports_replaced_base_layers_and_config() -> None:
     problems = check_drift(STOCK, squashed, [], {})
     assert problems[0] == ("the built image does not keep the stock image's 2 layers "
                            "(first difference at layer 1)")
-    assert problems[1].startswith("drift: the image config")
+    assert problems[1] == ("drift: the image config (env, entrypoint, cmd, workdir, user, "
+                           "ports) differs from the stock image")
+    shorter = _info(("sha256:a",))  # fewer layers than the stock image: no pair differs
+    assert check_drift(STOCK, shorter, [], {})[0] == (
+        "the built image does not keep the stock image's 2 layers (first difference at layer "
+        "1)")
+
+
+def test_a_long_unexplained_step_is_quoted_to_120_characters() -> None:
+    long = "RUN " + "x" * 200
+    built = _info(("sha256:a", "sha256:b", "sha256:c", "sha256:d"))
+    problems = check_drift(STOCK, built, [HistoryStep(long, 7), *ADDED[1:]], SIZES)
+    assert problems[0] == f"drift: added step {long[:120]!r} (7 bytes) is not a copy of one " \
+                          "injected file"
+
+
+def test_legacy_add_steps_and_kernel_keys() -> None:
+    assert copy_destination(f"/bin/sh -c #(nop) ADD file:0a1b in /{PKG}/x.so ") == f"/{PKG}/x.so"
+    assert copy_destination("COPY a b") == "b" and copy_destination("ADD a") is None
+    assert kernel_key("_ZN12_GLOBAL__N_1_INTERNAL_1a2b3c4d_5_x_cu_f00d5kernelEv") == \
+        "_ZN12_GLOBAL__N_1_INTERNAL_00000000_5_x_cu_f00d5kernelEv"
+    assert kernel_key("_Z7add_onePfi") == "_Z7add_onePfi"
+
+
+def test_compare_kernels_and_check_cubins_on_real_files(matrix: dict[str, Path]) -> None:
+    built = audit_binary(matrix["sm121"], "_C.abi3.so", SM121, with_kernels=True)
+    found = compare_kernels("_C.abi3.so", matrix["sm90"], built)
+    assert (found.name, found.stock_arch) == ("_C.abi3.so", "sm_90")
+    assert found.stock_kernels == found.built_native and len(found.stock_kernels) == 4
+    assert compare_kernels("_C.abi3.so", None, built) == KernelComparison(
+        "_C.abi3.so", None, frozenset(), found.built_native)
+    assert check_cubins(built) == []
+    old = audit_binary(matrix["sm90"], "_C.abi3.so", SM121, with_kernels=True)
+    assert check_cubins(old) == [
+        "_C.abi3.so carries no sm_121-loadable cubin (cubins: {'sm_90': 2})"]
+    ptx = audit_binary(matrix["ptx_only"], "p.so", SM121, with_kernels=True)
+    assert check_cubins(ptx) == ["p.so carries no sm_121-loadable cubin (cubins: none)"]
 
 
 def _vllm(version: str, commit: str | None) -> VllmInstall:
@@ -326,5 +367,17 @@ def test_torch_exports_of_an_image_are_read_from_torch_lib_and_cached(
     shutil.rmtree(libs)  # read back from the cache, per image ID
     assert image_torch_exports(files, "sha256:abc", site, tmp_path) == (exported, 2)
     assert image_torch_exports(files, "sha256:other", site, tmp_path) == (set(), 0)
-    cached.write_text("{not json")  # a damaged cache entry is read again
-    assert image_torch_exports(files, "sha256:abc", site, tmp_path) == (set(), 0)
+    for damaged in ("{not json", '{"exported": 5, "libraries": 1}', "{}"):
+        cached.write_text(damaged)  # a damaged cache entry: the image is read again
+        assert image_torch_exports(files, "sha256:abc", site, tmp_path) == (set(), 0)
+
+
+def test_abi_counts_every_file_and_every_provider(tmp_path: Path, consumer: Path) -> None:
+    first = _gxx_so(tmp_path, "libc10_cuda", _PROVIDER % "signed char")
+    second = _gxx_so(tmp_path, "libtorch_cpu", _SHIM_PROVIDER % "")
+    both = torch_exports([first, second])
+    assert both == {"_ZN3c104cuda20getCurrentCUDAStreamEa", "aoti_torch_get_device_index"}
+    shim = _gxx_so(tmp_path, "_C_stable_libtorch.abi3", _SHIM_CONSUMER)
+    result = check_abi({"_C.abi3.so": consumer, "_C_stable_libtorch.abi3.so": shim}, both, 2)
+    assert result.checked == 3  # 1 + 2 needed symbols
+    assert list(result.missing) == ["_C_stable_libtorch.abi3.so"]
