@@ -18,6 +18,10 @@ PLAN = BuildPlan(base="pin", arch_list="12.1", vllm_version="0.19.1", git_ref="v
                  package_dir="/usr/local/lib/python3.12/dist-packages/vllm",
                  cuda_home="/usr/local/cuda", cuda_include="/inc", cuda_lib="/lib", jobs=4)
 COMMIT = "c" * 40
+# sha256 of the NUL-joined inputs (base ID, commit, rules, arch list, templates, extensions,
+# tool version), first 24 hex digits; "nopatch" in place of the rules with --no-patch
+GOLDEN_KEY = "227b8b907c858ebb40e314a1"
+GOLDEN_KEY_NO_PATCH = "5717cd1ae39b156542560374"
 
 
 def test_each_input_changes_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,3 +53,16 @@ def test_unrelated_inputs_keep_the_key() -> None:
     assert content_key(replace(FACTS, ref="my/alias:1"), COMMIT, PLAN, False) == key
     assert content_key(FACTS, COMMIT, replace(PLAN, jobs=16, base="other-pin"), False) == key
     assert content_key(FACTS, COMMIT, PLAN, False) == key  # deterministic
+
+
+def test_the_key_format_is_stable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key names images users already have (their content-key label) and the kept audit;
+    a change of its format silently turns every later run into a rebuild.  Pinned here, for
+    fixed rule, template and tool digests; change it only on purpose."""
+    monkeypatch.setattr(build, "rules_digest", lambda: "rules")
+    monkeypatch.setattr(build, "template_digest", lambda: "templates")
+    monkeypatch.setattr(build, "__version__", "1.0")
+    key = content_key(FACTS, COMMIT, PLAN, False)
+    assert len(key) == 24 and int(key, 16) >= 0
+    assert key == GOLDEN_KEY
+    assert content_key(FACTS, COMMIT, PLAN, True) == GOLDEN_KEY_NO_PATCH
