@@ -366,3 +366,17 @@ def test_a_cubin_whose_symbols_name_no_string_table(tmp_path: Path,
             CorruptBinaryError, match=r"^.*strtab.so: entry \d+ \(sm_80\): cubin is not a "
                                       r"readable ELF: .symtab is not a symbol table$"):
         binary.kernels(binary.entries[cubin.index])
+
+
+def test_a_compressed_entry_that_does_not_decompress(tmp_path: Path,
+                                                     matrix: dict[str, Path]) -> None:
+    so = _elf_copy(matrix["zstd"], tmp_path / "zstd.so")
+    with fatbin.HostBinary.open(so) as binary:
+        packed = next(e for e in binary.entries if e.compression == "zstd")
+    data = bytearray(so.read_bytes())
+    data[packed.offset:packed.offset + 8] = b"\xff" * 8  # the zstd frame's magic and header
+    so.write_bytes(bytes(data))
+    with fatbin.HostBinary.open(so) as binary, pytest.raises(
+            CorruptBinaryError, match=rf"^{so}: entry {packed.index} \({packed.sm}\) does not "
+                                      r"decompress: "):
+        binary.payload(binary.entries[packed.index])
