@@ -19,6 +19,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,9 +52,9 @@ COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmark
 RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
 
 
-def score(module: str, tests: list[str], keep: bool,
-          only: str | None = None) -> tuple[Counter[str], list[str], Path]:
-    scratch = Path(tempfile.mkdtemp(prefix="sm121-mutation-"))
+def score(module: str, tests: list[str], keep: bool, only: str | None = None,
+          seconds: float | None = None) -> tuple[Counter[str], list[str], Path]:
+    scratch = Path(tempfile.mkdtemp(prefix="mutation-sm121-"))
     for name in COPIED:
         source = ROOT / name
         if source.is_dir():
@@ -70,8 +71,14 @@ def score(module: str, tests: list[str], keep: bool,
     mutmut = str(Path(sys.executable).parent / "mutmut")
     dotted = module.removesuffix(".py").replace("/", ".")
     names = [f"{dotted}.x_{only}__mutmut_*"] if only else []
-    subprocess.run([mutmut, "run", *names], cwd=scratch, env=env, check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([mutmut, "run", *names], cwd=scratch, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:  # stop it and its workers; finished mutants keep results
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait()
     listed = subprocess.run([mutmut, "results", "--all", "true"], cwd=scratch, env=env,
                             capture_output=True, text=True, check=False).stdout
     counts: Counter[str] = Counter()
@@ -94,6 +101,9 @@ def main() -> int:
                         help="Test files to run against each mutant (default: the module's "
                              "suite in SUITES).")
     parser.add_argument("--keep", action="store_true", help="Keep the scratch copies.")
+    parser.add_argument("--seconds", type=float,
+                        help="Stop mutmut after this long; the score covers the mutants run "
+                             "(the rest count as `not checked`).")
     parser.add_argument("--only", metavar="FUNCTION",
                         help="Mutate one module-level function only (e.g. content_key).")
     args = parser.parse_args()
@@ -104,8 +114,8 @@ def main() -> int:
           f"{'score':>7}")
     for module in args.modules:
         tests = args.tests or SUITES.get(module, ["tests/unit"])
-        counts, survivors, scratch = score(module, tests, args.keep, args.only)
-        reached = sum(counts.values()) - counts["no tests"]
+        counts, survivors, scratch = score(module, tests, args.keep, args.only, args.seconds)
+        reached = sum(counts.values()) - counts["no tests"] - counts["not checked"]
         ratio = f"{counts['killed'] / reached:.1%}" if reached else "-"
         print(f"{module:<28} {counts['killed']:>7} {counts['survived']:>9} "
               f"{counts['no tests']:>9} {counts['timeout']:>8} {ratio:>7}")
