@@ -160,7 +160,7 @@ def main() -> int:
         _, temp, log = timed([*cli, "--base", tag, "--source", str(checkout), "--tag",
                               "sm121-bench/vllm-big:verify", "--force"], tmpdir,
                              {"XDG_CACHE_HOME": str(out)})
-        match = re.search(r"^\s+verify: ([\d.]+)s$", log, re.MULTILINE)
+        match = re.search(r"^\s+[✓✕] verify \(([\d.]+)s\)$", log, re.MULTILINE)
         if not match:
             raise SystemExit(f"no verify step in the main job's log:\n{log}")
         rows.append(("main job: verify step", "verify", float(match.group(1)), temp))
