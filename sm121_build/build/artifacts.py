@@ -104,14 +104,6 @@ class Artifacts:
             (dest / name).chmod(int(mode, 8) & 0o777 if re.fullmatch(r"[0-7]{3,4}", mode)
                                 else 0o755)
 
-    @property
-    def version(self) -> str:
-        return str(self.manifest["vllm_version"])
-
-    @property
-    def commit(self) -> str:
-        return str(self.manifest["vllm_commit"])
-
 
 def export(out: Path, files: dict[str, Path], provenance: Provenance,
            counts: dict[str, tuple[dict[str, int], int]]) -> Path:

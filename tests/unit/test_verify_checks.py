@@ -319,7 +319,7 @@ def test_artifacts_round_trip_and_modes(tmp_path: Path, host_only_so: Path) -> N
     out = _exported(tmp_path, host_only_so)
     (out / "_C.abi3.so").chmod(0o600)  # as after a download that drops permission bits
     loaded = artifacts.load(out)
-    assert (loaded.version, loaded.commit) == ("0.19.1", "abc")
+    assert (loaded.provenance.vllm_version, loaded.provenance.vllm_commit) == ("0.19.1", "abc")
     loaded.place(tmp_path / "ctx")
     assert (tmp_path / "ctx" / "_C.abi3.so").stat().st_mode & 0o777 == 0o755
 
