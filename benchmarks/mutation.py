@@ -42,9 +42,10 @@ SUITES: dict[str, list[str]] = {
     "sm121_build/verify/checks.py": [f"{U}test_verify_checks.py", f"{U}test_pipeline.py"],
     "sm121_build/image/refs.py": [f"{U}test_refs.py"],
     "sm121_build/build/main_job.py": [f"{U}test_content_key.py"],  # with --only content_key
-    "sm121_build/source/patch.py": [f"{U}test_guard_rules.py", f"{U}test_flash_attn_rule.py"],
-    "sm121_build/source/guards.py": [f"{U}test_guard_rules.py", f"{U}test_flash_attn_rule.py",
-                                     f"{U}test_cmake_lang.py"],
+    "sm121_build/source/patch.py": [f"{U}test_patch.py", f"{U}test_guard_rules.py",
+                                    f"{U}test_flash_attn_rule.py"],
+    "sm121_build/source/guards.py": [f"{U}test_guards.py", f"{U}test_guard_rules.py",
+                                     f"{U}test_flash_attn_rule.py", f"{U}test_cmake_lang.py"],
 }
 CORE = tuple(SUITES)
 COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmarks", "README.md",

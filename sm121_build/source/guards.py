@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from sm121_build.errors import Sm121Error
@@ -37,8 +38,9 @@ DEFAULT_FILES = ("CMakeLists.txt", "cmake/**/*.cmake")
 UTILS = "cmake/utils.cmake"
 MIN_CMAKE = (3, 26)
 DEFAULT_CUDA = "13.0"
-LIST_MODIFIERS = {"append", "prepend", "insert", "remove_item", "remove_at", "filter",
-                  "transform", "remove_duplicates", "pop_back", "pop_front", "sort", "reverse"}
+# list() operations that change a variable in ways not followed (APPEND/PREPEND/INSERT are)
+LIST_MODIFIERS = {"remove_item", "remove_at", "filter", "transform", "remove_duplicates",
+                  "pop_back", "pop_front", "sort", "reverse"}
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,22 @@ class Guard:
         return f"{self.file}:{self.line}"
 
 
-def find_cmake() -> str:
-    """cmake from this environment (the `cmake` PyPI package) when the system one is older."""
-    candidates = [str(Path(sys.executable).parent / "cmake"), "cmake"]
-    for candidate in candidates:
+def cmake_candidates() -> list[str]:
+    """Where cmake may be, best first: the `cmake` PyPI package's own binary (no Python
+    launcher: ~7 ms a call instead of ~150 ms), this environment's launcher, then PATH."""
+    found = []
+    try:
+        import cmake as cmake_package
+        found.append(str(Path(cmake_package.CMAKE_BIN_DIR) / "cmake"))
+    except (ImportError, AttributeError):
+        pass
+    return [*found, str(Path(sys.executable).parent / "cmake"), "cmake"]
+
+
+@cache
+def find_cmake(candidates: tuple[str, ...] | None = None) -> str:
+    """The first cmake >= MIN_CMAKE (a system one may be older); found once per process."""
+    for candidate in candidates or cmake_candidates():
         try:
             out = subprocess.run([candidate, "--version"], capture_output=True, text=True,
                                  check=True).stdout
@@ -222,6 +236,14 @@ def _known(cmd: Command) -> str | None:
     return None
 
 
+def _condition(cmd: Command, text: str) -> tuple[str, str]:
+    """An if()/elseif() condition as written (blanks folded), and as replayed: the condition
+    itself when it tests only the CUDA version, else TRUE."""
+    shown = " ".join(text[cmd.arguments[0].start:cmd.arguments[-1].end].split()) \
+        if cmd.arguments else ""
+    return shown, _known(cmd) or "TRUE"
+
+
 def _branches(cmds: list[Command], text: str) -> list[tuple[str, tuple[Level, ...]]]:
     """Per command: its innermost enclosing if()/elseif()/else() as written, and the chain of
     enclosing branches as the evaluation replays it.  A condition on anything but the CUDA
@@ -231,18 +253,15 @@ def _branches(cmds: list[Command], text: str) -> list[tuple[str, tuple[Level, ..
     levels: list[tuple[list[str], str]] = []
     out = []
     for cmd in cmds:
-        condition = known = ""
-        if cmd.key in ("if", "elseif"):
-            condition = " ".join(text[cmd.arguments[0].start:cmd.arguments[-1].end].split()) \
-                if cmd.arguments else ""
-            known = _known(cmd) or ""
         if cmd.key == "if":
+            condition, known = _condition(cmd, text)
             shown.append(condition)
-            levels.append(([], known or "TRUE"))
+            levels.append(([], known))
         elif cmd.key == "elseif" and shown:
+            condition, known = _condition(cmd, text)
             shown[-1] = f"elseif {condition}"
             priors, own = levels[-1]
-            levels[-1] = ([*priors, own] if own != "TRUE" else priors, known or "TRUE")
+            levels[-1] = ([*priors, own] if own != "TRUE" else priors, known)
         elif cmd.key == "else" and shown:
             shown[-1] = f"else of {shown[-1]}"
             priors, own = levels[-1]
@@ -287,7 +306,9 @@ def _expand(value: str, defs: _Definitions) -> tuple[str | None, str]:
 
 
 def _possible_sm12x(value: str, defs: _Definitions) -> bool:
-    entries = [e for e in value.split(";") if e and not variables_in(e)]
+    """Whether an entry of the list can be a 12.x arch: a literal one (`12.0${SUFFIX}` too),
+    or one a variable in it can hold."""
+    entries = [e for e in value.split(";") if e]
     for name in variables_in(value):
         if name == NARROWING:
             continue
@@ -412,7 +433,7 @@ def intersect(source: Path, archs: str, lists: list[str],
         return []
     results = _run(source, archs, cuda_version,
                    [(GUARD_FUNCTION, (arch_list, TARGET_REF), ()) for arch_list in lists])[0]
-    return [results.get(i, ()) for i in range(len(lists))]
+    return [results[i] for i in range(len(lists))]  # no branches: each list gives a line
 
 
 Invocation = tuple[str, tuple[str, ...], tuple[Level, ...]]
@@ -450,8 +471,7 @@ def _run(source: Path, archs: str, cuda_version: str,
         result = subprocess.run([find_cmake(), "-P", str(path)], capture_output=True, text=True,
                                 check=False, cwd=tmp)
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise Sm121Error(f"cmake -P could not evaluate {utils}: {last}")
+        raise Sm121Error(f"cmake -P could not evaluate {utils}: {cmake_error(result.stderr)}")
     results: dict[int, tuple[str, ...]] = {}
     effective = ""
     for out_line in result.stdout.splitlines():
@@ -461,6 +481,21 @@ def _run(source: Path, archs: str, cuda_version: str,
         elif "SM121ARCHS|" in out_line:
             effective = out_line.split("SM121ARCHS|", 1)[1].strip()
     return results, effective
+
+
+def cmake_error(stderr: str) -> str:
+    """CMake's first error on one line: its place and its message, not the call stack
+    (`CMake Error at utils.cmake:3 (message): broken`); else the last line of output."""
+    lines = stderr.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("CMake Error"):
+            message = []
+            for more in lines[index + 1:]:
+                if not more.startswith(" "):
+                    break
+                message.append(more.strip())
+            return " ".join([line.strip(), *message])
+    return next((line.strip() for line in reversed(lines) if line.strip()), "no output")
 
 
 def cmake_arch_list(arch: str) -> str:

@@ -117,7 +117,7 @@ def _tolerant(text: str) -> re.Pattern[str]:
     parts = [re.escape(token) for token in text.split()]
     pattern = r"\s+".join(parts)
     pattern = pattern.replace(r"\(", r"\(\s*").replace(r"\)", r"\s*\)")
-    return re.compile(pattern)
+    return re.compile(pattern.replace(r"\s*\s+", r"\s*").replace(r"\s+\s*", r"\s*"))
 
 
 def patches_dir() -> Path:
@@ -304,7 +304,8 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
                              f"rule {rule.name} cannot {rule.action} "
                              f"{'it' if rule.action == 'rewrite' else 'to it'}")
         result.rewrites.append(_choose(rule, source, guard, archs, cuda_version, gpu))
-    for rewrite in result.rewrites:
+    # last first: a rewrite that changes a list's length moves every later offset in its file
+    for rewrite in sorted(result.rewrites, key=_list_start, reverse=True):
         rel = rewrite.guard.file
         arg = rewrite.guard.call.list_arg
         assert arg is not None
@@ -335,6 +336,11 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
                      f"{'rewritten' if rule.action == 'rewrite' else 'given a target'} in "
                      f"{len(changed)} file(s)")
     return result
+
+
+def _list_start(rewrite: Rewrite) -> tuple[str, int]:
+    arg = rewrite.guard.call.list_arg
+    return rewrite.guard.file, arg.start if arg is not None else 0
 
 
 def _need_text(rule: Rule, gpu: Target) -> str:
