@@ -277,6 +277,8 @@ def find_calls(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
     """Every guard call of the scanned files, in file order (narrowing calls excluded)."""
     read = {rel: parse(source / rel, rel) for rel in scan_files(source, patterns)}
     parsed = {rel: cmds for rel, (_text, cmds) in read.items()}
+    if UTILS not in parsed and (source / UTILS).is_file():  # its wrappers, whatever is scanned
+        parsed[UTILS] = parse(source / UTILS, UTILS)[1]
     defs, functions = _collect(parsed)
     calls = []
     for rel, (text, cmds) in read.items():

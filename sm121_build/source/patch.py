@@ -30,9 +30,11 @@ from packaging.version import InvalidVersion, Version
 from sm121_build.errors import PatchDrift, Sm121Error
 from sm121_build.image.facts import read_version_file
 from sm121_build.shipped import shipped_dir
+from sm121_build.source.cmake_lang import Argument
 from sm121_build.source.guards import (
     DEFAULT_CUDA,
     SM12X_ENTRY,
+    UTILS,
     Guard,
     effective_archs,
     evaluate,
@@ -97,6 +99,12 @@ class Rewrite:
     guard: Guard
     new_list: str
     result: tuple[str, ...]
+
+    @property
+    def list_arg(self) -> Argument:
+        arg = self.guard.call.list_arg
+        assert arg is not None  # rewrites are made only for calls whose list is written out
+        return arg
 
 
 @dataclass
@@ -163,7 +171,7 @@ def _rule(raw: Any, text: str) -> Rule:
     targets = _strings(raw["targets"], "targets") if "targets" in raw else ()
     exceptions = tuple(
         Patch(file=p["file"], find=p["find"], replace=p["replace"], counts=_counts(p["count"]),
-              versions=SpecifierSet(p["versions"]), if_exists=bool(p.get("if_exists", False)))
+              versions=SpecifierSet(p["versions"]), if_exists=bool(p.get("if_exists")))
         for p in raw.get("exceptions") or [])
     return Rule(str(raw["name"]), re.compile(raw["family"]), _strings(raw["files"], "files"),
                 rewrite, exceptions, hashlib.sha256(text.encode()).hexdigest(), action,
@@ -247,14 +255,10 @@ def rewritten_list(guard: Guard, entries: list[str]) -> str:
     expanded_sm12x = [e for e in call.arch_list.split(";") if SM12X_ENTRY.match(e)]
     source = written if len(literal_sm12x) == len(expanded_sm12x) else call.arch_list.split(";")
     out: list[str] = []
-    placed = False
-    for entry in source:
-        if SM12X_ENTRY.match(entry):
-            if not placed:
-                out += [e for e in entries if e not in out]
-                placed = True
-        elif entry not in out:
-            out.append(entry)
+    for entry in source:  # the new entries go where the first 12.x one was
+        for kept in entries if SM12X_ENTRY.match(entry) else [entry]:
+            if kept not in out:
+                out.append(kept)
     return ";".join(out)
 
 
@@ -276,10 +280,9 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     parsed = parse_version(version)
     files = scan_files(source, rule.files)
     originals = {rel: (source / rel).read_text() for rel in files}
-    texts = _apply_exceptions(rule, source, version, parsed, dict(originals))
-    before = _evaluate(source, texts, originals, archs, cuda_version, rule.files)
-    result = RuleResult(rule.name, "not applicable", "", before=before, after=before,
-                        action=rule.action)
+    texts = _apply_exceptions(rule, version, parsed, dict(originals))
+    before = _evaluate(source, _changed(texts, originals), files, archs, cuda_version,
+                       rule.files)
     mine = [g for g in before if rule.covers(g)]
     unreadable = [g for g in mine if g.result is None and g.call.may_give_sm12x]
     if unreadable:
@@ -294,8 +297,8 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     else:
         relevant = [g for g in mine if g.taken and (
             any(SM12X_ENTRY.match(e) for e in g.arch_list.split(";")) or g.targets)]
-    breaking = [g for g in relevant if rule.needs(g, gpu)]
-    for guard in breaking:
+    rewrites = []
+    for guard in (g for g in relevant if rule.needs(g, gpu)):
         if guard.call.list_arg is None:
             gives = f"plain {';'.join(guard.plain_sm12x)}" if rule.action == "rewrite" \
                 else ";".join(guard.targets) or "nothing"
@@ -303,57 +306,53 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
                              f"{guard.call.function}, whose list is inside that function: "
                              f"rule {rule.name} cannot {rule.action} "
                              f"{'it' if rule.action == 'rewrite' else 'to it'}")
-        result.rewrites.append(_choose(rule, source, guard, archs, cuda_version, gpu))
+        rewrites.append(_choose(rule, source, guard, archs, cuda_version, gpu))
     # last first: a rewrite that changes a list's length moves every later offset in its file
-    for rewrite in sorted(result.rewrites, key=_list_start, reverse=True):
-        rel = rewrite.guard.file
-        arg = rewrite.guard.call.list_arg
-        assert arg is not None
-        text = texts[rel]
-        texts[rel] = text[:arg.start] + _argument_text(rewrite.guard, rewrite.new_list, text) \
-            + text[arg.end:]
-    changed = {rel: text for rel, text in texts.items() if text != originals[rel]}
+    for rewrite in sorted(rewrites, key=lambda r: (r.guard.file, r.list_arg.start),
+                          reverse=True):
+        text = texts[rewrite.guard.file]
+        texts[rewrite.guard.file] = text[:rewrite.list_arg.start] + _argument_text(
+            rewrite.guard, rewrite.new_list, text) + text[rewrite.list_arg.end:]
+    changed = _changed(texts, originals)
     if not changed:
-        result.outcome = "not needed" if relevant else "not applicable"
-        result.detail = (
-            f"no guard the rule covers {_need_text(rule, gpu)} for {archs} with CUDA "
+        detail = (
+            f"no guard the rule covers {_need_text(rule, gpu, 'gives')} for {archs} with CUDA "
             f"{cuda_version}" if relevant else
             "no guard the rule covers has an SM12x entry in this source" if rule.action ==
             "rewrite" else f"no guard the rule covers is built for a {archs} build here")
-        return result
-    result.after = _evaluate(source, changed, originals, archs, cuda_version, rule.files)
-    _check_after(rule, result, version, gpu)
-    result.diff = "".join(
+        return RuleResult(rule.name, "not needed" if relevant else "not applicable", detail,
+                          before=before, after=before, action=rule.action)
+    after = _evaluate(source, changed, files, archs, cuda_version, rule.files)
+    _check_after(rule, before, after, version, gpu)
+    diff = "".join(
         "".join(difflib.unified_diff(originals[rel].splitlines(True), new.splitlines(True),
                                      f"a/{rel}", f"b/{rel}"))
         for rel, new in changed.items())
     if not check:
         _write_all(source, changed)
-    result.outcome = "applied"
-    result.replacements = len(result.rewrites) + sum(
+    replacements = len(rewrites) + sum(
         1 for p in rule.exceptions_for(parsed) if p.file in changed)
-    result.detail = (f"{len(result.rewrites)} guard call(s) "
-                     f"{'rewritten' if rule.action == 'rewrite' else 'given a target'} in "
-                     f"{len(changed)} file(s)")
-    return result
+    detail = (f"{len(rewrites)} guard call(s) "
+              f"{'rewritten' if rule.action == 'rewrite' else 'given a target'} in "
+              f"{len(changed)} file(s)")
+    return RuleResult(rule.name, "applied", detail, replacements, diff, before, after, rewrites,
+                      rule.action)
 
 
-def _list_start(rewrite: Rewrite) -> tuple[str, int]:
-    arg = rewrite.guard.call.list_arg
-    return rewrite.guard.file, arg.start if arg is not None else 0
+def _changed(texts: dict[str, str], originals: dict[str, str]) -> dict[str, str]:
+    return {rel: text for rel, text in texts.items() if text != originals[rel]}
 
 
-def _need_text(rule: Rule, gpu: Target) -> str:
-    return "gives a plain 12.x target" if rule.action == "rewrite" else \
-        f"gives {gpu} no native code"
+def _need_text(rule: Rule, gpu: Target, verb: str) -> str:
+    return f"{verb} a plain 12.x target" if rule.action == "rewrite" else \
+        f"{verb} {gpu} no native code"
 
 
 def added_list(guard: Guard, entries: list[str]) -> str:
     """The guard's list with `entries` appended (those it does not hold yet)."""
     call = guard.call
-    assert call.list_arg is not None and call.arch_list is not None
-    written = [e for e in call.list_arg.value.split(";") if e] if call.list_arg.value == \
-        call.arch_list else [e for e in call.arch_list.split(";") if e]
+    assert call.arch_list is not None
+    written = [e for e in call.arch_list.split(";") if e]  # a variable's value written out
     return ";".join(written + [e for e in entries if e not in written])
 
 
@@ -365,26 +364,26 @@ def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: st
     for new_list, got in zip(lists, results, strict=True):
         if not rule.needs(Guard(guard.call, got), gpu):
             return Rewrite(guard, new_list, got)
-    giving = _need_text(rule, gpu).replace("gives", "giving", 1)
     raise PatchDrift(f"{guard.location}: no form of rule {rule.name} stops {guard.variable} "
-                     f"{giving} (tried {', '.join(lists)})")
+                     f"{_need_text(rule, gpu, 'giving')} (tried {', '.join(lists)})")
 
 
-def _check_after(rule: Rule, result: RuleResult, version: str, gpu: Target) -> None:
-    still = [g for g in result.after if rule.covers(g) and g.taken and rule.needs(g, gpu)]
+def _check_after(rule: Rule, before: list[Guard], after: list[Guard], version: str,
+                 gpu: Target) -> None:
+    """The patched source re-evaluated: nothing the rule covers still needs it, and every
+    guard outside its family gives what it gave."""
+    still = [g for g in after if rule.covers(g) and g.taken and rule.needs(g, gpu)]
     if still:
         raise PatchDrift(
             f"rule {rule.name} leaves {still[0].location} {still[0].variable} yielding "
             f"{';'.join(still[0].targets) or 'nothing'} for {version}")
-    others = [(g.file, g.variable, g.arch_list, g.result) for g in result.before
-              if not rule.covers(g)]
-    kept = [(g.file, g.variable, g.arch_list, g.result) for g in result.after
-            if not rule.covers(g)]
+    others = [(g.file, g.variable, g.arch_list, g.result) for g in before if not rule.covers(g)]
+    kept = [(g.file, g.variable, g.arch_list, g.result) for g in after if not rule.covers(g)]
     if others != kept:
         raise PatchDrift(f"rule {rule.name} would change guards outside its family; not applied")
 
 
-def _apply_exceptions(rule: Rule, source: Path, version: str, parsed: Version,
+def _apply_exceptions(rule: Rule, version: str, parsed: Version,
                       texts: dict[str, str]) -> dict[str, str]:
     for patch in rule.exceptions_for(parsed):
         if patch.file not in texts:
@@ -402,24 +401,21 @@ def _apply_exceptions(rule: Rule, source: Path, version: str, parsed: Version,
     return texts
 
 
-def _evaluate(source: Path, texts: dict[str, str], originals: dict[str, str], archs: str,
+def _evaluate(source: Path, changed: dict[str, str], files: list[str], archs: str,
               cuda_version: str, patterns: tuple[str, ...]) -> list[Guard]:
-    changed = {rel: t for rel, t in texts.items() if t != originals.get(rel)}
+    """The guards of `source`, or of a scratch copy of its scanned `files` (and
+    cmake/utils.cmake) with the `changed` texts, when there are any."""
     if not changed:
         return evaluate(source, archs, cuda_version, patterns)
     with tempfile.TemporaryDirectory(prefix="sm121-patched-") as tmp:
         copy = Path(tmp)
-        for rel in originals:
-            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source / rel, copy / rel)
-        if not (copy / "cmake" / "utils.cmake").exists() and (
-                source / "cmake" / "utils.cmake").exists():
-            (copy / "cmake").mkdir(exist_ok=True)
-            shutil.copy2(source / "cmake" / "utils.cmake", copy / "cmake" / "utils.cmake")
+        for rel in [*files, UTILS]:
+            if (source / rel).exists():
+                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source / rel, copy / rel)
         for rel, text in changed.items():
             (copy / rel).write_text(text)
-        guards = evaluate(copy, archs, cuda_version, patterns)
-    return guards
+        return evaluate(copy, archs, cuda_version, patterns)
 
 
 def _write_all(source: Path, texts: dict[str, str]) -> None:

@@ -430,6 +430,17 @@ def test_a_wrapper_call_from_utils(tmp_path: Path) -> None:
         ("${CUDA_ARCHS}",), "", True)
 
 
+def test_wrappers_in_utils_are_known_when_only_other_files_are_scanned(tmp_path: Path) -> None:
+    source = _tree(tmp_path, 'cuda_archs_sm120(FP4_ARCHS "${CUDA_ARCHS}")\n', WRAPPER)
+    (call,) = find_calls(source, ("CMakeLists.txt",))
+    assert (call.function, call.unresolved) == ("cuda_archs_sm120", "")
+    (source / "cmake" / "utils.cmake").write_text("")
+    assert find_calls(source, ("CMakeLists.txt",)) == []
+    (source / "cmake" / "utils.cmake").unlink()
+    (source / "cmake" / "utils.cmake").mkdir()
+    assert find_calls(source, ("CMakeLists.txt",)) == []
+
+
 def test_a_wrapper_needs_the_target_list_and_to_live_in_utils(tmp_path: Path) -> None:
     call = _call(tmp_path, 'cuda_archs_sm120(FP4_ARCHS "9.0")\n', WRAPPER)
     assert call.unresolved == 'its target list is not "${CUDA_ARCHS}"'

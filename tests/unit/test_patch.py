@@ -22,7 +22,7 @@ from devkit.helpers import DATA
 from sm121_build.errors import PatchDrift, Sm121Error
 from sm121_build.source import patch
 from sm121_build.source.cmake_lang import Argument
-from sm121_build.source.guards import Call, Guard, evaluate, find_calls
+from sm121_build.source.guards import Call, Guard, evaluate
 from sm121_build.source.patch import (
     _tolerant,
     _write_all,
@@ -160,8 +160,9 @@ def test_a_malformed_rule_is_one_error_naming_the_file(tmp_path: Path, body: str
     folder = _rule_file(tmp_path / "rules", body)
     with pytest.raises(Sm121Error) as error:
         load_rules(folder)
-    assert str(error.value).startswith(f"patch rule {folder / 'r.yaml'} is malformed: ")
-    assert message in str(error.value)
+    prefix = f"patch rule {folder / 'r.yaml'} is malformed: "
+    assert str(error.value).startswith(prefix)
+    assert str(error.value)[len(prefix):].lstrip("\"'").startswith(message.lstrip("'"))
 
 
 def test_the_shipped_rules_and_their_digest() -> None:
@@ -211,6 +212,8 @@ def test_tolerant_matches_any_whitespace_also_around_parentheses() -> None:
     for text in ('set(FP4 "12.0f")', 'set(  FP4\n   "12.0f"\t)', 'set(\nFP4 "12.0f"\n)'):
         assert pattern.fullmatch(text), text
     assert not pattern.fullmatch('set(FP4"12.0f")')
+    spaced = _tolerant('set( FP4 )')
+    assert spaced.fullmatch("set(FP4)") and spaced.fullmatch("set(\n  FP4\n)")
     assert not pattern.fullmatch('set(FP4 "12.0a")')
     assert _tolerant("a.b").fullmatch("a.b") and not _tolerant("a.b").fullmatch("axb")
 
@@ -237,6 +240,7 @@ def test_parse_version() -> None:
     ("12.0a;{arch}a;12.0a", "12.1", ["12.0a", "12.1a"]),
     ("{arch}a", "9.0", []),
     ("{arch}", "12.1b;x12.0;12.0", ["12.0"]),
+    ("12.0a", "9.0", ["12.0a"]),
 ])
 def test_candidate_entries(form: str, archs: str, entries: list[str]) -> None:
     assert candidate_entries(form, archs) == entries
@@ -257,7 +261,7 @@ def test_rewritten_list(written: str, expanded: str, entries: list[str], new: st
 @pytest.mark.parametrize(("written", "expanded", "entries", "new"), [
     ("8.0+PTX", "8.0+PTX", ["12.1"], "8.0+PTX;12.1"),
     ("8.0+PTX;12.0", "8.0+PTX;12.0", ["12.0", "12.1"], "8.0+PTX;12.0;12.1"),
-    ("${FA2}", "8.0+PTX", ["12.0"], "8.0+PTX;12.0"),
+    ("${FA2}", "8.0+PTX;9.0", ["12.0"], "8.0+PTX;9.0;12.0"),
     (";8.0;", ";8.0;", ["12.0"], "8.0;12.0"),
 ])
 def test_added_list(written: str, expanded: str, entries: list[str], new: str) -> None:
@@ -381,7 +385,11 @@ def test_two_files_are_written_together(tmp_path: Path) -> None:
     assert result.detail == "2 guard call(s) rewritten in 2 file(s)"
     assert (source / "cmake" / "q.cmake").read_text() == FP4.replace("FP4_", "QUTLASS_").format(
         "12.1a;10.0f")
-    assert result.diff.count("--- a/") == 2 and "--- a/cmake/q.cmake\n" in result.diff
+    assert result.diff == (
+        "--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n@@ -1 +1 @@\n-" + FP4.format("12.0f") +
+        "+" + FP4.format("12.1a") + "--- a/cmake/q.cmake\n+++ b/cmake/q.cmake\n@@ -1 +1 @@\n-"
+        + FP4.replace("FP4_", "QUTLASS_").format("12.0f;10.0f") + "+"
+        + FP4.replace("FP4_", "QUTLASS_").format("12.1a;10.0f"))
 
 
 def test_a_wrapper_that_gives_12x_cannot_be_rewritten(tmp_path: Path) -> None:
@@ -498,6 +506,11 @@ def test_an_exception_for_a_missing_file(tmp_path: Path) -> None:
     optional = _exception_rule(tmp_path / "b", file="cmake/gone.cmake",
                                extra="    if_exists: true\n")
     assert apply_rule(optional, source, "0.5.0", "12.1").outcome == "not applicable"
+    then = _exception_rule(tmp_path / "c", file="cmake/gone.cmake", extra=(
+        "    if_exists: true\n  - {file: CMakeLists.txt, find: 'set(FP4_LIST \"9.0a\")', "
+        "replace: 'set(FP4_LIST \"12.0f\")', count: 1, versions: '>0'}\n"))
+    result = apply_rule(then, source, "0.5.0", "12.1")  # the next exception still applies
+    assert (result.outcome, result.replacements) == ("applied", 2)
 
 
 # --- writing all files or none --------------------------------------------------------------------
@@ -510,6 +523,25 @@ def test_write_all_keeps_modes_and_leaves_no_temporary_files(tmp_path: Path) -> 
     assert (tmp_path / "a.txt").read_text() == "A" and (tmp_path / "b.sh").read_text() == "B"
     assert stat.S_IMODE((tmp_path / "b.sh").stat().st_mode) == 0o750
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.sh"]
+
+
+def test_write_all_stages_each_file_beside_its_target(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.replace is atomic only within a filesystem: the staged file sits next to its target."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a").write_text("a")
+    (tmp_path / "sub" / "b").write_text("b")
+    renames: list[tuple[Path, Path]] = []
+    real = os.replace
+
+    def record(src: str, dst: str) -> None:
+        renames.append((Path(src), Path(dst)))
+        real(src, dst)
+
+    monkeypatch.setattr(patch.os, "replace", record)
+    _write_all(tmp_path, {"a": "A", "sub/b": "B"})
+    assert [(s.parent, s.name.startswith(".sm121-"), d) for s, d in renames] == [
+        (tmp_path, True, tmp_path / "a"), (tmp_path / "sub", True, tmp_path / "sub" / "b")]
 
 
 def test_write_all_rolls_back_after_an_oserror(tmp_path: Path,
@@ -616,11 +648,152 @@ def test_an_add_rule_reports_the_gpu(tmp_path: Path) -> None:
     assert result.detail == "no guard the rule covers is built for a 9.0 build here"
 
 
-def test_the_patched_copy_brings_utils_when_the_rule_does_not_scan_it(tmp_path: Path) -> None:
+def test_a_rule_sees_only_its_files_and_the_copy_brings_utils(tmp_path: Path) -> None:
     rule = _one_rule(tmp_path, REWRITE + "rewrite: ['{arch}a']\n")
     assert rule.files == ("CMakeLists.txt",)
-    source = _tree(tmp_path, FP4.format("12.0f"))
+    outside = FP4.replace("FP4_", "FP4_OUTSIDE_").format("12.0f")
+    source = _tree(tmp_path, FP4.format("12.0f"), other=outside)
     result = apply_rule(rule, source, "0.99.0", "12.1")
+    assert [(g.variable, g.targets) for g in result.before] == [("FP4_ARCHS", ("12.1",))]
     assert [g.targets for g in result.after] == [("12.1a",)]
-    assert [g.targets for g in evaluate(source, "12.1")] == [("12.1a",)]
-    assert [c.variable for c in find_calls(source)] == ["FP4_ARCHS"]
+    assert (source / "cmake" / "other.cmake").read_text() == outside
+    assert [(g.variable, g.targets) for g in evaluate(source, "12.1")] == [
+        ("FP4_ARCHS", ("12.1a",)), ("FP4_OUTSIDE_ARCHS", ("12.1",))]
+
+
+def test_a_rule_scanning_only_a_file_under_cmake(tmp_path: Path) -> None:
+    """The scratch copy already has cmake/ (the scanned file) and gets utils.cmake beside it."""
+    rule = _one_rule(tmp_path, REWRITE.replace("[CMakeLists.txt]", "[cmake/q.cmake]") +
+                     "rewrite: ['{arch}a']\n")
+    source = _tree(tmp_path, FP4.format("12.0f"), q=FP4.format("10.0f;12.0f"))
+    result = apply_rule(rule, source, "0.99.0", "12.1")
+    assert [r.guard.location for r in result.rewrites] == ["cmake/q.cmake:1"]
+    assert (source / "CMakeLists.txt").read_text() == FP4.format("12.0f")
+    assert (source / "cmake" / "q.cmake").read_text() == FP4.format("10.0f;12.1a")
+
+
+# --- add rules, the CUDA version and the GPU --------------------------------------------------
+
+NARROWING = (f'{GE13}\n  set(CUDA_SUPPORTED_ARCHS "9.0;12.0")\nelse()\n'
+             '  set(CUDA_SUPPORTED_ARCHS "9.0;12.0;12.1")\nendif()\n'
+             'cuda_archs_loose_intersection(CUDA_ARCHS "${CUDA_SUPPORTED_ARCHS}" '
+             '"${CUDA_ARCHS}")\n')
+ADD = REWRITE + "add: ['{arch}', '12.0']\n"
+
+
+def test_an_add_rule_follows_what_the_cuda_version_builds(tmp_path: Path) -> None:
+    rule = _one_rule(tmp_path, ADD)
+    source = _tree(tmp_path, NARROWING + FP4.format("9.0"))
+    at13 = apply_rule(rule, source, "0.99.0", "9.0;12.1", cuda_version="13.0")
+    assert (at13.outcome, at13.detail) == (
+        "not applicable", "no guard the rule covers is built for a 9.0;12.1 build here")
+    at129 = apply_rule(rule, source, "0.99.0", "9.0;12.1", cuda_version="12.9")
+    assert (at129.outcome, at129.detail) == (
+        "applied", "1 guard call(s) given a target in 1 file(s)")
+    assert [(r.new_list, r.result) for r in at129.rewrites] == [("9.0;12.1", ("9.0", "12.1"))]
+    again = apply_rule(rule, source, "0.99.0", "9.0;12.1", cuda_version="12.9")
+    assert (again.outcome, again.detail) == (
+        "not needed", "no guard the rule covers gives sm_121 no native code for 9.0;12.1 with "
+                      "CUDA 12.9")
+
+
+def test_the_forms_are_tried_for_the_build_s_cuda_version(tmp_path: Path) -> None:
+    """With CUDA 12.9 this tree keeps 12.1; "12.0f" then still gives plain 12.1."""
+    rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.0f', '{arch}a']\n")
+    source = _tree(tmp_path, NARROWING + FP4.format("12.0f"))
+    result = apply_rule(rule, source, "0.99.0", "12.1", cuda_version="12.9")
+    assert [(r.new_list, r.result) for r in result.rewrites] == [("12.1a", ("12.1a",))]
+
+
+WRAPPED = ('function(fp4_w OUT TGT)\n  cuda_archs_loose_intersection(${OUT} "9.0" "${TGT}")\n'
+           '  set(${OUT} ${${OUT}} PARENT_SCOPE)\nendfunction()\n')
+
+
+@pytest.mark.parametrize(("archs", "gives"), [("9.0;12.1", "9.0"), ("12.1", "nothing")])
+def test_an_add_rule_cannot_reach_into_a_wrapper(tmp_path: Path, archs: str, gives: str) -> None:
+    source = _tree(tmp_path, NARROWING + 'fp4_w(FP4_ARCHS "${CUDA_ARCHS}")\n')
+    with (source / "cmake" / "utils.cmake").open("a") as utils:
+        utils.write(WRAPPED)
+    with pytest.raises(PatchDrift) as error:
+        apply_rule(_one_rule(tmp_path, ADD), source, "0.99.0", archs, cuda_version="12.9")
+    assert str(error.value) == (
+        f"CMakeLists.txt:7: FP4_ARCHS gives {gives} through fp4_w, whose list is inside that "
+        "function: rule r cannot add to it")
+
+
+def test_external_projects_get_the_archs_vllm_hands_them_and_the_gpu(tmp_path: Path) -> None:
+    source = _tree(tmp_path, NARROWING)
+    fa = Path(shutil.copytree(DATA / "fa_like", tmp_path / "fa"))
+    text = (fa / "CMakeLists.txt").read_text().replace('"8.0+PTX"', '"8.0+PTX;12.0"')
+    (fa / "CMakeLists.txt").write_text(text)
+    for cuda, handed in (("12.9", "9.0;12.0;12.1"), ("13.0", "9.0;12.0")):
+        got, (result,) = patch.apply_external(source, fa, "vllm-flash-attn", "0.99.0",
+                                              "9.0;12.0;12.1", cuda, SM121)
+        assert got == handed
+        assert (result.outcome, result.detail) == (
+            "not needed", f"no guard the rule covers gives sm_121 no native code for {handed} "
+                          f"with CUDA {cuda}")
+    (result,) = apply_all(fa, "0.99.0", "12.0", project="vllm-flash-attn", gpu=SM121)
+    assert "gives sm_121 no native code" in result.detail  # not the sm_120 of 12.0
+    assert apply_for_build(source, {"vllm-flash-attn": fa}, "0.99.0", "12.0", "12.9", SM121) == [
+        "fp4-sm12x-arch-specific: not applicable (no guard the rule covers has an SM12x entry in "
+        "this source)",
+        "fa2-sm12x-native (vllm-flash-attn, CUDA_ARCHS 12.0): not needed (no guard the rule "
+        "covers gives sm_121 no native code for 12.0 with CUDA 12.9)"]
+
+
+def test_the_build_patch_step_uses_the_build_s_cuda_version(tmp_path: Path) -> None:
+    source = _tree(tmp_path, f"{GE13}\nelse()\n  " + FP4.format("12.0f") + "endif()\n")
+    assert apply_for_build(source, {}, "0.99.0", "12.1", "12.9", SM121) == [
+        "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))"]
+
+
+# --- the re-evaluation's safety nets (CMake stood in where it would have to disagree) ---------
+
+def test_a_form_that_still_breaks_after_the_rewrite_is_drift(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STAND-IN: `intersect` says the form works; the real re-evaluation says it does not."""
+    monkeypatch.setattr(patch, "intersect",
+                        lambda source, archs, lists, cuda: [("12.1a",)] * len(lists))
+    text = FP4.format("12.0f") + FP4.replace("FP4_", "FP4_B_").format("12.0f")
+    source = _tree(tmp_path, text)
+    rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.1f']\n")
+    with pytest.raises(PatchDrift) as error:
+        apply_rule(rule, source, "0.99.0", "12.1")
+    assert str(error.value) == "rule r leaves CMakeLists.txt:1 FP4_ARCHS yielding 12.1 for 0.99.0"
+    assert (source / "CMakeLists.txt").read_text() == text
+
+
+def test_an_add_that_still_gives_nothing_is_drift(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """STAND-IN: `intersect` says the added entry gives 12.1; CMake gives nothing."""
+    monkeypatch.setattr(patch, "intersect",
+                        lambda source, archs, lists, cuda: [("12.1",)] * len(lists))
+    source = _tree(tmp_path, FP4.format("8.0a"))
+    rule = _one_rule(tmp_path, REWRITE + "add: ['12.5']\n")
+    with pytest.raises(PatchDrift) as error:
+        apply_rule(rule, source, "0.99.0", "9.0;12.1")
+    assert str(error.value) == "rule r leaves CMakeLists.txt:1 FP4_ARCHS yielding nothing for " \
+                               "0.99.0"
+
+
+def test_a_rewrite_that_would_move_another_family_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STAND-IN: the re-evaluation reports a guard outside the family giving something new."""
+    real = patch._evaluate
+
+    def second_differs(*args: object) -> list[Guard]:
+        guards = real(*args)  # type: ignore[arg-type]
+        if args[1]:  # the patched copy
+            return [Guard(g.call, ("9.0",)) if not g.variable.startswith("FP4") else g
+                    for g in guards]
+        return guards
+
+    monkeypatch.setattr(patch, "_evaluate", second_differs)
+    text = FP4.format("12.0f") + 'cuda_archs_loose_intersection(MM_ARCHS "12.0f" "${CUDA_ARCHS}")\n'
+    source = _tree(tmp_path, text)
+    with pytest.raises(PatchDrift) as error:
+        apply_all(source, "0.99.0", "12.1")
+    assert str(error.value) == ("rule fp4-sm12x-arch-specific would change guards outside its "
+                                "family; not applied")
+    assert (source / "CMakeLists.txt").read_text() == text
