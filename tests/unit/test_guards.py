@@ -434,6 +434,9 @@ def test_wrappers_in_utils_are_known_when_only_other_files_are_scanned(tmp_path:
     source = _tree(tmp_path, 'cuda_archs_sm120(FP4_ARCHS "${CUDA_ARCHS}")\n', WRAPPER)
     (call,) = find_calls(source, ("CMakeLists.txt",))
     assert (call.function, call.unresolved) == ("cuda_archs_sm120", "")
+    (source / "cmake" / "utils.cmake").write_text("function(x\n")
+    with pytest.raises(Sm121Error, match=r"^cmake/utils\.cmake: cannot read it as CMake"):
+        find_calls(source, ("CMakeLists.txt",))
     (source / "cmake" / "utils.cmake").write_text("")
     assert find_calls(source, ("CMakeLists.txt",)) == []
     (source / "cmake" / "utils.cmake").unlink()

@@ -399,9 +399,9 @@ def test_a_wrapper_that_gives_12x_cannot_be_rewritten(tmp_path: Path) -> None:
                     '  cuda_archs_loose_intersection(${OUT} "12.0f;9.0" "${TGT}")\n'
                     '  set(${OUT} ${${OUT}} PARENT_SCOPE)\nendfunction()\n')
     with pytest.raises(PatchDrift) as error:
-        apply_all(source, "0.99.0", "12.1;9.0")
+        apply_all(source, "0.99.0", "12.1;12.0;9.0")
     assert str(error.value) == (
-        "CMakeLists.txt:1: FP4_ARCHS gives plain 12.1 through fp4_archs, whose list is inside "
+        "CMakeLists.txt:1: FP4_ARCHS gives plain 12.1;12.0 through fp4_archs, whose list is inside "
         "that function: rule fp4-sm12x-arch-specific cannot rewrite it")
 
 
@@ -688,8 +688,8 @@ def test_an_add_rule_follows_what_the_cuda_version_builds(tmp_path: Path) -> Non
     assert (at13.outcome, at13.detail) == (
         "not applicable", "no guard the rule covers is built for a 9.0;12.1 build here")
     at129 = apply_rule(rule, source, "0.99.0", "9.0;12.1", cuda_version="12.9")
-    assert (at129.outcome, at129.detail) == (
-        "applied", "1 guard call(s) given a target in 1 file(s)")
+    assert (at129.outcome, at129.detail, at129.action) == (
+        "applied", "1 guard call(s) given a target in 1 file(s)", "add")
     assert [(r.new_list, r.result) for r in at129.rewrites] == [("9.0;12.1", ("9.0", "12.1"))]
     again = apply_rule(rule, source, "0.99.0", "9.0;12.1", cuda_version="12.9")
     assert (again.outcome, again.detail) == (
@@ -705,11 +705,11 @@ def test_the_forms_are_tried_for_the_build_s_cuda_version(tmp_path: Path) -> Non
     assert [(r.new_list, r.result) for r in result.rewrites] == [("12.1a", ("12.1a",))]
 
 
-WRAPPED = ('function(fp4_w OUT TGT)\n  cuda_archs_loose_intersection(${OUT} "9.0" "${TGT}")\n'
+WRAPPED = ('function(fp4_w OUT TGT)\n  cuda_archs_loose_intersection(${OUT} "9.0;12.0a" "${TGT}")\n'
            '  set(${OUT} ${${OUT}} PARENT_SCOPE)\nendfunction()\n')
 
 
-@pytest.mark.parametrize(("archs", "gives"), [("9.0;12.1", "9.0"), ("12.1", "nothing")])
+@pytest.mark.parametrize(("archs", "gives"), [("9.0;12.1;12.0", "9.0;12.0a"), ("12.1", "nothing")])
 def test_an_add_rule_cannot_reach_into_a_wrapper(tmp_path: Path, archs: str, gives: str) -> None:
     source = _tree(tmp_path, NARROWING + 'fp4_w(FP4_ARCHS "${CUDA_ARCHS}")\n')
     with (source / "cmake" / "utils.cmake").open("a") as utils:
@@ -757,10 +757,11 @@ def test_a_form_that_still_breaks_after_the_rewrite_is_drift(
                         lambda source, archs, lists, cuda: [("12.1a",)] * len(lists))
     text = FP4.format("12.0f") + FP4.replace("FP4_", "FP4_B_").format("12.0f")
     source = _tree(tmp_path, text)
-    rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.1f']\n")
+    rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.0f;12.1f']\n")
     with pytest.raises(PatchDrift) as error:
-        apply_rule(rule, source, "0.99.0", "12.1")
-    assert str(error.value) == "rule r leaves CMakeLists.txt:1 FP4_ARCHS yielding 12.1 for 0.99.0"
+        apply_rule(rule, source, "0.99.0", "12.1;12.0")
+    assert str(error.value) == ("rule r leaves CMakeLists.txt:1 FP4_ARCHS yielding 12.1;12.0 for "
+                                "0.99.0")
     assert (source / "CMakeLists.txt").read_text() == text
 
 
