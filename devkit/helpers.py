@@ -145,3 +145,21 @@ def git(cwd: Path, *args: str) -> str:
     """`git -C cwd ARGS` with a fixed identity; its stdout, stripped."""
     return subprocess.run(["git", "-C", str(cwd), *GIT_IDENTITY, *args], check=True,
                           capture_output=True, text=True).stdout.strip()
+
+
+def vllm_like_tree(tmp_path: Path, cmakelists: str | None = "", utils_extra: str = "",
+                   **cmake_files: str) -> Path:
+    """A vLLM-shaped CMake tree under tmp_path/src: the fixture's cmake/utils.cmake (vLLM's
+    guard semantics, plus `utils_extra`), CMakeLists.txt (none when None) and
+    cmake/NAME.cmake for each keyword (NAME may hold folders: `external/q`)."""
+    source = tmp_path / "src"
+    (source / "cmake").mkdir(parents=True)
+    utils = (DATA / "vllm_like" / "cmake" / "utils.cmake").read_text()
+    (source / "cmake" / "utils.cmake").write_text(utils + utils_extra)
+    if cmakelists is not None:
+        (source / "CMakeLists.txt").write_text(cmakelists)
+    for name, text in cmake_files.items():
+        path = source / "cmake" / f"{name}.cmake"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return source

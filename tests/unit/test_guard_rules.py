@@ -7,29 +7,17 @@ semantics for `f`, `a` and plain entries); the rule is the shipped one.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from devkit.helpers import DATA, ROOT
+from devkit.helpers import ROOT
+from devkit.helpers import vllm_like_tree as _source
 from sm121_build.errors import Sm121Error
 from sm121_build.source.guards import evaluate, find_calls
 from sm121_build.source.patch import apply_all, apply_rule, load_rules
 
 NEW13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
-
-
-def _source(tmp_path: Path, cmakelists: str, **cmake_files: str) -> Path:
-    source = tmp_path / "src"
-    (source / "cmake").mkdir(parents=True)
-    shutil.copy(DATA / "vllm_like" / "cmake" / "utils.cmake", source / "cmake" / "utils.cmake")
-    (source / "CMakeLists.txt").write_text(cmakelists)
-    for name, text in cmake_files.items():
-        path = source / "cmake" / f"{name}.cmake"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return source
 
 
 def _snapshot(source: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import DATA
+from devkit.helpers import vllm_like_tree as _tree
 from sm121_build.errors import Sm121Error
 from sm121_build.source import guards
 from sm121_build.source.cmake_lang import commands
@@ -52,21 +52,6 @@ function(sm121_stray)
   file(WRITE "stray.txt" "x")
 endfunction()
 """
-
-
-def _tree(tmp_path: Path, cmakelists: str | None = "", utils_extra: str = "",
-          **cmake_files: str) -> Path:
-    source = tmp_path / "src"
-    (source / "cmake").mkdir(parents=True)
-    utils = (DATA / "vllm_like" / "cmake" / "utils.cmake").read_text()
-    (source / "cmake" / "utils.cmake").write_text(utils + utils_extra)
-    if cmakelists is not None:
-        (source / "CMakeLists.txt").write_text(cmakelists)
-    for name, text in cmake_files.items():
-        path = source / "cmake" / f"{name}.cmake"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return source
 
 
 def _call(tmp_path: Path, cmakelists: str, utils_extra: str = "") -> Call:

@@ -19,6 +19,7 @@ import pytest
 from packaging.version import Version
 
 from devkit.helpers import DATA
+from devkit.helpers import vllm_like_tree as _tree
 from sm121_build.errors import PatchDrift, Sm121Error
 from sm121_build.source import patch
 from sm121_build.source.cmake_lang import Argument
@@ -47,16 +48,6 @@ from sm121_build.verify.compat import parse_target
 GE13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 FP4 = 'cuda_archs_loose_intersection(FP4_ARCHS "{}" "${{CUDA_ARCHS}}")\n'
 SM121 = parse_target("sm_121")
-
-
-def _tree(tmp_path: Path, cmakelists: str, **cmake_files: str) -> Path:
-    source = tmp_path / "src"
-    (source / "cmake").mkdir(parents=True)
-    shutil.copy(DATA / "vllm_like" / "cmake" / "utils.cmake", source / "cmake" / "utils.cmake")
-    (source / "CMakeLists.txt").write_text(cmakelists)
-    for name, text in cmake_files.items():
-        (source / "cmake" / f"{name}.cmake").write_text(text)
-    return source
 
 
 def _rule_file(folder: Path, body: str, name: str = "r.yaml") -> Path:
