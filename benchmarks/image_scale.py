@@ -10,7 +10,9 @@ The image is built once and kept (tag sm121-bench/vllm-big:<key>): the end-to-en
 stock-like image (Debian, nvcc 13.0, cmake, the vLLM-shaped fixture package), FILLER GB of
 ordinary layers (random bytes, 4 GB a layer, written by RUN so no build context is copied),
 and on top the real `_C.abi3.so` / `_moe_C.abi3.so` of PyPI's vLLM 0.17.0 aarch64 wheel
-(~580 MB, downloaded once under .cache/vllm), with the RECORD pip writes for a package.
+(~580 MB, downloaded once under .cache/vllm), with the RECORD pip writes for a package, and
+the real `torch/lib` of PyPI's torch 2.11.0 aarch64 wheel (the libraries verification reads
+for the ABI check; downloaded once under .cache/torch).
 The main job rebuilds the fixture's sources for 12.1 and verifies them against those real
 stock files: verification then reports (exit 3) that the small fixture build lacks the real
 wheel's kernels, which is true and expected here; every check still runs in full, and the
@@ -42,6 +44,7 @@ from devkit.helpers import CACHE, pypi_download  # noqa: E402
 from devkit.stockimage import VERSION, ensure_stock_image  # noqa: E402
 
 WHEEL = "vllm==0.17.0"
+TORCH = "torch==2.11.0"
 EXTENSIONS = ("_C.abi3.so", "_moe_C.abi3.so")
 TARGETS = {"pin": 0.05, "audit": 0.20, "verify": 0.10}
 
@@ -81,8 +84,9 @@ class TempPeak:
 def big_image(client: docker.DockerClient, work: Path, filler_gb: int) -> tuple[str, Path]:
     stock = ensure_stock_image(client, work)
     wheel = pypi_download(WHEEL, CACHE / "vllm")
-    key = hashlib.sha256(f"{stock.tag}\0{wheel.name}\0{filler_gb}\0record".encode()
-                         ).hexdigest()[:12]
+    torch = pypi_download(TORCH, CACHE / "torch", platform="manylinux_2_28_aarch64")
+    key = hashlib.sha256(f"{stock.tag}\0{wheel.name}\0{filler_gb}\0record\0{torch.name}"
+                         .encode()).hexdigest()[:12]
     tag = f"sm121-bench/vllm-big:{key}"
     try:
         client.images.get(tag)
@@ -101,6 +105,12 @@ def big_image(client: docker.DockerClient, work: Path, filler_gb: int) -> tuple[
             lines.append(f"RUN mkdir -p /srv/filler && head -c {size}G /dev/urandom "
                          f"> /srv/filler/part{number // 4}")
         lines += [f"COPY {name} {package}/{name}" for name in EXTENSIONS]
+        with zipfile.ZipFile(torch) as zf:
+            for member in zf.namelist():
+                if member.startswith("torch/lib/lib") and ".so" in member:
+                    (ctx / "torch" / "lib").mkdir(parents=True, exist_ok=True)
+                    (ctx / member).write_bytes(zf.read(member))
+        lines.append(f"COPY torch/lib {package.rsplit('/', 1)[0]}/torch/lib")
         # pip writes a RECORD for every install; the fixture package predates that here
         site = package.rsplit("/", 1)[0]
         (ctx / "RECORD").write_text("".join(
@@ -164,6 +174,8 @@ def main() -> int:
         if not match:
             raise SystemExit(f"no verify step in the main job's log:\n{log}")
         rows.append(("main job: verify step", "verify", float(match.group(1)), temp))
+        abi = re.search(r"ABI: .*", log)
+        print(abi.group(0) if abi else "(no ABI line in the main job's log)")
         print(f"{'step':<36} {'seconds':>8} {'of save':>8} {'target':>7}  temp peak")
         for label, key, seconds, temp in rows:
             ratio = seconds / save
