@@ -350,7 +350,7 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
             entries = table.data()
         fmt, (name_at, info_at, other_at, shndx_at) = _SYM_LAYOUTS[elf.elfclass]
         layout = struct.Struct("<" + fmt)
-        for row in layout.iter_unpack(entries[:len(entries) - len(entries) % layout.size]):
+        for row in layout.iter_unpack(entries):  # struct.error: not whole entries
             bind = row[info_at] >> 4
             if bind not in (_STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE) or not row[name_at]:
                 continue

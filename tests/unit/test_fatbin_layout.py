@@ -269,6 +269,44 @@ def test_dynamic_symbols_refuse_what_is_not_a_little_endian_table(tmp_path: Path
         dynamic_symbols(bad)
 
 
+def _dynsym_edit(source: Path, dest: Path, symbol: str | None, byte: int, value: int) -> Path:
+    """A copy of an ELF64 .so with one byte changed: of `symbol`'s Elf64_Sym entry, or of the
+    .dynsym section header when `symbol` is None."""
+    data = bytearray(source.read_bytes())
+    with open(source, "rb") as handle:
+        elf = ELFFile(handle)
+        table = elf.get_section_by_name(".dynsym")
+        assert table is not None
+        if symbol is None:
+            index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == ".dynsym")
+            at = elf["e_shoff"] + index * elf["e_shentsize"]
+        else:
+            number = next(i for i, s in enumerate(table.iter_symbols()) if s.name == symbol)
+            at = table["sh_offset"] + number * table["sh_entsize"]
+    data[at + byte] = value
+    dest.write_bytes(bytes(data))
+    return dest
+
+
+def test_a_hidden_or_internal_symbol_in_dynsym_is_not_exported(tmp_path: Path,
+                                                               symbols_so: Path) -> None:
+    for visibility in (1, 2):  # STV_INTERNAL, STV_HIDDEN (the linker puts none there)
+        edited = _dynsym_edit(symbols_so, tmp_path / f"v{visibility}.so", "exported_default", 5,
+                              visibility)
+        assert "exported_default" not in dynamic_symbols(edited).exported
+    protected = _dynsym_edit(symbols_so, tmp_path / "p.so", "exported_default", 5, 3)
+    assert "exported_default" in dynamic_symbols(protected).exported
+
+
+def test_a_dynsym_of_partial_entries_is_unreadable(tmp_path: Path, symbols_so: Path) -> None:
+    with open(symbols_so, "rb") as handle:
+        size = ELFFile(handle).get_section_by_name(".dynsym")["sh_size"]
+    assert size % 24 == 0 and size % 256 != 255
+    cut = _dynsym_edit(symbols_so, tmp_path / "cut.so", None, 32, (size % 256) + 1)  # sh_size
+    with pytest.raises(CorruptBinaryError, match=r"cut\.so: not a readable ELF file: "):
+        dynamic_symbols(cut)
+
+
 def test_dynamic_symbols_of_files_without_a_table_or_unreadable(tmp_path: Path,
                                                                 host_only_so: Path) -> None:
     obj = tmp_path / "o.o"
