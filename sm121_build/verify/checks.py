@@ -35,7 +35,7 @@ from sm121_build.image.spill import write_stream
 from sm121_build.steps import Progress, note
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary
 from sm121_build.verify.compat import parse_target
-from sm121_build.verify.fatbin import HostBinary, dynamic_symbols
+from sm121_build.verify.fatbin import HostBinary, demangle, dynamic_symbols
 
 SM121 = Policy(parse_target("sm_121"), (13, 0))
 # Kernels left out on purpose when the FP4 guards exclude a plain 12.x build.
@@ -189,10 +189,23 @@ def check_drift(stock: ImageInfo, built: ImageInfo, added: list[HistoryStep],
 class AbiResult:
     checked: int
     missing: dict[str, tuple[str, ...]]  # .so name -> torch symbols no provider exports
+    providers: int = 1  # torch libraries read
+    torch: str | None = None  # their version, when known
 
     def problems(self) -> list[str]:
-        return [f"ABI: {name} needs {len(symbols)} torch symbol(s) the image's torch does not "
-                f"export, e.g. {symbols[0]}" for name, symbols in sorted(self.missing.items())]
+        missing = sorted(self.missing.items())
+        if not self.providers:
+            return [f"ABI: {name} needs {len(symbols)} torch symbol(s), but the image has no "
+                    f"torch/lib/*.so to export them" for name, symbols in missing]
+        torch = f"torch {self.torch}" if self.torch else "torch"
+        return [f"ABI: {name} needs {len(symbols)} torch symbol(s) the image's {torch} does "
+                f"not export, e.g. {_shown(symbols[0])}: built against another torch?"
+                for name, symbols in missing]
+
+
+def _shown(symbol: str) -> str:
+    readable = demangle(symbol)
+    return symbol if readable == symbol else f"{readable} ({symbol})"
 
 
 def torch_exports(providers: list[Path]) -> set[str]:
@@ -203,9 +216,10 @@ def torch_exports(providers: list[Path]) -> set[str]:
     return exported
 
 
-def check_abi(injected: dict[str, Path], exported: set[str], providers: int) -> AbiResult:
+def check_abi(injected: dict[str, Path], exported: set[str], providers: int,
+              torch: str | None = None) -> AbiResult:
     """Undefined c10/at/torch symbols of the injected files vs what torch's libraries export
-    (`providers`: how many libraries were read for `exported`)."""
+    (`providers`: how many libraries were read for `exported`; `torch`: their version)."""
     missing: dict[str, tuple[str, ...]] = {}
     checked = 0
     for name, path in injected.items():
@@ -214,9 +228,7 @@ def check_abi(injected: dict[str, Path], exported: set[str], providers: int) -> 
         absent = tuple(sorted(needed - exported))
         if absent:
             missing[name] = absent
-    if checked and not providers:
-        missing = {name: ("(no torch/lib/*.so found in the image)",) for name in injected}
-    return AbiResult(checked, missing)
+    return AbiResult(checked, missing, providers, torch)
 
 
 def image_torch_exports(files: ImageFiles, image_id: str, site: str,
@@ -316,9 +328,10 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
         exported, providers = image_torch_exports(stock_files, stock.id,
                                                   stock_vllm.site_packages, root)
         progress.done()
-        abi = check_abi(files, exported, providers)
+        abi = check_abi(files, exported, providers, stock_vllm.torch_version)
         note(f"ABI: {abi.checked} torch symbol(s) needed, checked against "
-              f"{providers} torch librar{'y' if providers == 1 else 'ies'}")
+              f"{providers} torch librar{'y' if providers == 1 else 'ies'}"
+              + (f" (torch {abi.torch})" if abi.torch else ""))
         drift = check_drift(stock_info, built_info, added, sizes)
         note(f"drift: {base_count} stock layers kept, {len(built_info.layers) - base_count} "
               f"layer(s) added on top, {len(drift)} problem(s)")

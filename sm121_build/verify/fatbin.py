@@ -21,13 +21,16 @@ Only headers are read (through mmap) unless a payload is asked for, so listing a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import mmap
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -363,3 +366,40 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
     except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
         raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
     return DynamicSymbols(frozenset(undefined), frozenset(exported))
+
+
+@cache
+def _cxa_demangle() -> tuple[Callable[..., int | None], ctypes.CDLL] | None:
+    """libstdc++'s `__cxa_demangle` and libc (whose `free` releases its result), or None
+    where the C++ runtime cannot be loaded."""
+    try:
+        cxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        function = cxx.__cxa_demangle
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_void_p
+    function.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.POINTER(ctypes.c_int)]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free.restype = None
+    return function, libc
+
+
+def demangle(symbol: str) -> str:
+    """A C++ symbol as `c++filt` shows it (`_ZN3c104cuda12device_countEv` ->
+    `c10::cuda::device_count()`); a C name, a name the C++ runtime cannot demangle, or any
+    name where no C++ runtime can be loaded, unchanged."""
+    found = _cxa_demangle() if symbol.startswith("_Z") else None
+    if found is None:
+        return symbol
+    function, libc = found
+    status = ctypes.c_int(-1)
+    result = function(symbol.encode(), None, None, ctypes.byref(status))
+    if not result:
+        return symbol
+    try:
+        text = ctypes.string_at(result).decode(errors="replace")
+    finally:
+        libc.free(result)
+    return text if status.value == 0 else symbol

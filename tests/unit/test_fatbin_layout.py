@@ -249,6 +249,42 @@ def test_dynamic_symbols_agree_with_pyelftools(symbols_so: Path, host_only_so: P
     assert len(dynamic_symbols(Path(libstdcxx).resolve()).exported) > 1000
 
 
+_TRAITS = "std::char_traits<char>"
+_STANDARD_ABBREVIATIONS = {  # Ss, Si, So, Sd: c++filt spells them out, libstdc++ need not
+    f"std::basic_string<char, {_TRAITS}, std::allocator<char> >": "std::string",
+    f"std::basic_istream<char, {_TRAITS} >": "std::istream",
+    f"std::basic_ostream<char, {_TRAITS} >": "std::ostream",
+    f"std::basic_iostream<char, {_TRAITS} >": "std::iostream"}
+
+
+def _abbreviated(name: str) -> str:
+    for full, short in _STANDARD_ABBREVIATIONS.items():
+        name = name.replace(full, short)
+    return name.replace(" >", ">")
+
+
+def test_demangle_agrees_with_cxxfilt_on_a_real_library() -> None:
+    """Every exported name of the system libstdc++ (C++ and C names, vtables, typeinfo,
+    templates), demangled in-process, against binutils' c++filt (the oracle)."""
+    libstdcxx = subprocess.run(["g++", "-print-file-name=libstdc++.so"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    names = sorted(dynamic_symbols(Path(libstdcxx).resolve()).exported)
+    names += ["_ZN3c1013MessageLoggerC1EPKciib", "_Z", "_Zfoo", "_ZN3c10", "aoti_torch_x", ""]
+    oracle = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True,
+                            text=True, check=True).stdout.split("\n")[:len(names)]
+    ours = [fatbin.demangle(name) for name in names]
+    assert [_abbreviated(name) for name in ours] == [_abbreviated(name) for name in oracle]
+    assert sum(a != b for a, b in zip(names, ours, strict=True)) > 1000  # really demangled
+    assert fatbin.demangle("_ZN3c1013MessageLoggerC1EPKciib") == \
+        "c10::MessageLogger::MessageLogger(char const*, int, int, bool)"
+
+
+def test_demangle_without_a_cxx_runtime_keeps_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    # STAND-IN: a host where libstdc++ cannot be loaded (every machine here has one).
+    monkeypatch.setattr(fatbin, "_cxa_demangle", lambda: None)
+    assert fatbin.demangle("_ZN3c104cuda12device_countEv") == "_ZN3c104cuda12device_countEv"
+
+
 def test_dynamic_symbols_refuse_what_is_not_a_little_endian_table(tmp_path: Path,
                                                                   symbols_so: Path) -> None:
     data = bytearray(symbols_so.read_bytes())

@@ -251,9 +251,14 @@ def test_abi_check_catches_the_cuda_stream_mismatch(tmp_path: Path, consumer: Pa
     provider = _gxx_so(tmp_path, "libc10_cuda", _PROVIDER % "short")
     assert "_ZN3c104cuda20getCurrentCUDAStreamEs" in dynamic_symbols(provider).exported
     result = check_abi({"_C.abi3.so": consumer}, torch_exports([provider]), 1)
+    assert result.missing == {"_C.abi3.so": ("_ZN3c104cuda20getCurrentCUDAStreamEa",)}
     assert result.problems() == [
         "ABI: _C.abi3.so needs 1 torch symbol(s) the image's torch does not export, e.g. "
-        "_ZN3c104cuda20getCurrentCUDAStreamEa"]
+        "c10::cuda::getCurrentCUDAStream(signed char) (_ZN3c104cuda20getCurrentCUDAStreamEa): "
+        "built against another torch?"]
+    versioned = check_abi({"_C.abi3.so": consumer}, torch_exports([provider]), 1, "2.11.0+cu130")
+    assert versioned.problems()[0].startswith(
+        "ABI: _C.abi3.so needs 1 torch symbol(s) the image's torch 2.11.0+cu130 does not export")
 
 
 # A stable-ABI extension (vLLM's _C_stable_libtorch) calls only torch's C shim.
@@ -279,17 +284,18 @@ def test_abi_check_covers_the_stable_c_shim(tmp_path: Path) -> None:
     (tmp_path / "old").mkdir()
     old = _gxx_so(tmp_path / "old", "libtorch_cpu", _SHIM_PROVIDER % "")  # lacks the dispatcher
     result = check_abi({"_C_stable_libtorch.abi3.so": consumer}, torch_exports([old]), 1)
-    assert result.problems() == [
+    assert result.problems() == [  # a C name is shown as it is
         "ABI: _C_stable_libtorch.abi3.so needs 1 torch symbol(s) the image's torch does not "
-        "export, e.g. torch_call_dispatcher"]
+        "export, e.g. torch_call_dispatcher: built against another torch?"]
 
 
 def test_abi_check_without_torch_libraries(tmp_path: Path, consumer: Path,
                                            host_only_so: Path) -> None:
     assert check_abi({"host.so": host_only_so}, set(), 0).problems() == []  # needs no torch
-    assert check_abi({"_C.abi3.so": consumer}, set(), 0).problems() == [
-        "ABI: _C.abi3.so needs 1 torch symbol(s) the image's torch does not export, e.g. "
-        "(no torch/lib/*.so found in the image)"]
+    result = check_abi({"_C.abi3.so": consumer, "host.so": host_only_so}, set(), 0, "2.11.0")
+    assert (result.checked, result.problems()) == (1, [  # the file needing none is not blamed
+        "ABI: _C.abi3.so needs 1 torch symbol(s), but the image has no torch/lib/*.so to "
+        "export them"])
 
 
 def test_failure_cause_prefers_the_diagnosis_and_quotes_ptxas(tmp_path: Path) -> None:
