@@ -205,10 +205,10 @@ CONFIG = ImageInfo(ref="", id="", repo_digests=(), os="linux", architecture="amd
 
 
 def stock_image(engine: FakeEngine, tag: str, extensions: dict[str, Path], version: str,
-                commit: str) -> str:
+                commit: str, torch: str = "2.11.0+cu130") -> str:
     """A vLLM image as the stock ones are laid out (Python 3.12 dist-packages, a CUDA 13
-    toolkit with nvcc, cmake 3.28, ninja, g++ 12, `vllm serve`), as a folder; `extensions`:
-    file under vllm/ -> a real .so to put there."""
+    toolkit with nvcc, cmake 3.28, ninja, g++ 12, `vllm serve`, torch's `version.py`), as a
+    folder; `extensions`: file under vllm/ -> a real .so to put there."""
     root = engine.work / f"stock-{len(engine.images)}"
     files: dict[str, bytes | str] = {
         "/usr/bin/python3.12": b"\x7fELF",
@@ -226,6 +226,7 @@ def stock_image(engine: FakeEngine, tag: str, extensions: dict[str, Path], versi
             f"__version__ = version = {version!r}\n__commit_id__ = {commit!r}\n".encode(),
         f"{SITE}/vllm-{version}.dist-info/METADATA":
             f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n".encode(),
+        f"{SITE}/torch/version.py": f"__version__ = {torch!r}\n".encode(),
     }
     files.update({f"{SITE}/vllm/{name}": path.read_bytes() for name, path in extensions.items()})
     make_tree(root, files)

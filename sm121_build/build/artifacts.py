@@ -1,7 +1,7 @@
 """Injectable artifacts: the built .so files plus a manifest.json saying what they fit.
 
     {"format": 1, "vllm_version": ..., "vllm_commit": ..., "base": ..., "base_digest": ...,
-     "arch_list": ..., "tool_version": ..., "package_dir": ...,
+     "arch_list": ..., "tool_version": ..., "package_dir": ..., "torch_version": ...,
      "files": {"_C.abi3.so": {"sha256": ..., "mode": "755", "cubins": {...},
                               "kernels_native_sm121": N}}}
 """
@@ -50,16 +50,18 @@ class Provenance:
     tool_version: str
     vllm_commit_id: str | None = None
     external: dict[str, str] = field(default_factory=dict)  # project -> commit
+    torch_version: str | None = None  # the base's torch, which the files link against
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Provenance:
         external = data.get("external") or {}
-        commit_id = data.get("vllm_commit_id")
+        commit_id, torch = data.get("vllm_commit_id"), data.get("torch_version")
         return cls(**{f.name: str(data.get(f.name) or "") for f in fields(cls)
-                      if f.name not in ("vllm_commit_id", "external")},
+                      if f.name not in ("vllm_commit_id", "external", "torch_version")},
                    vllm_commit_id=str(commit_id) if commit_id else None,
                    external={str(k): str(v) for k, v in external.items()}
-                   if isinstance(external, dict) else {})
+                   if isinstance(external, dict) else {},
+                   torch_version=str(torch) if torch else None)
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -20,7 +20,8 @@ from sm121_build.errors import Sm121Error
 
 def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
                out: Path | None = None) -> str:
-    """Inject prebuilt artifacts into a base whose vLLM version and commit match them."""
+    """Inject prebuilt artifacts into a base whose vLLM version and commit match them, and
+    whose torch does (where the manifest names the torch they were built against)."""
     record = pipeline.record
     found = artifacts_mod.load(folder)
     built = found.provenance
@@ -33,6 +34,11 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
             f"artifacts in {folder} were built for vLLM {built.vllm_version} "
             f"({built.vllm_commit_id or 'no commit id'}); {base} has "
             f"{vllm.version} ({vllm.commit_id or 'no commit id'}): refusing to inject")
+    if built.torch_version and vllm.torch_version and built.torch_version != vllm.torch_version:
+        raise Sm121Error(
+            f"artifacts in {folder} were built against torch {built.torch_version}; {base} has "
+            f"torch {vllm.torch_version}: refusing to inject (torch's C++ ABI changes between "
+            "versions: build for this image instead)")
     extensions = tuple(sorted(found.files))
     with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
             pipeline.engine.pinned(facts.id) as pin:

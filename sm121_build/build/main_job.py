@@ -141,7 +141,8 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
             base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
             vllm_commit=commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
             patches=patches, package_dir=plan.package_dir, tool_version=__version__,
-            external={name: entry.commit for name, entry in record.external.items()})
+            external={name: entry.commit for name, entry in record.external.items()},
+            torch_version=vllm.torch_version)
         also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
             if opts.versioned_tag else ()
         target = Finish(opts.tag, opts.out, provenance_of_files, also)

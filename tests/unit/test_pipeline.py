@@ -6,6 +6,7 @@ against a real engine are tests/integration/test_e2e_docker.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jsonschema
@@ -154,10 +155,37 @@ def test_inject_puts_exported_artifacts_into_a_matching_base(
     assert record.status == "injected" and record.vllm_commit == checkout[1]
     assert record.tags == ["fixture:injected"] and record.after
     jsonschema.validate(record.as_json(), schema("report"))
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["torch_version"] == "2.11.0+cu130"  # the base's, which the files link to
     other = stock_image(engine, "vllm/vllm-openai:other", {}, "0.20.0", "e" * 40)
     with pytest.raises(Sm121Error, match="refusing to inject"):
         run_inject(Pipeline(engine), tmp_path / "out", "vllm/vllm-openai:other", "x:y")
     assert other in engine.images and "x:y" not in engine.tags
+
+
+def test_inject_refuses_a_base_with_another_torch_before_any_work(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """The same vLLM commit on a newer torch: the files would not load there."""
+    engine = _engine(tmp_path, matrix, checkout[1])
+    _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))
+    newer = stock_image(engine, "vllm/vllm-openai:newer-torch",
+                        {name: matrix["sm90"] for name in ("_C.abi3.so", "_moe_C.abi3.so")},
+                        VERSION, checkout[1], torch="2.12.0+cu130")
+    engine.calls.clear()
+    with pytest.raises(Sm121Error) as refused:
+        run_inject(Pipeline(engine), tmp_path / "out", "vllm/vllm-openai:newer-torch", "x:y")
+    assert str(refused.value) == (
+        f"artifacts in {tmp_path / 'out'} were built against torch 2.11.0+cu130; "
+        "vllm/vllm-openai:newer-torch has torch 2.12.0+cu130: refusing to inject (torch's C++ "
+        "ABI changes between versions: build for this image instead)")
+    assert engine.calls == [] and "x:y" not in engine.tags and newer in engine.images
+    manifest = tmp_path / "out" / "manifest.json"  # a manifest from before torch_version
+    data = json.loads(manifest.read_text())
+    del data["torch_version"]
+    manifest.write_text(json.dumps(data))
+    record = run_report.new_record("inject", BASE, "x:y", None)
+    run_inject(Pipeline(engine, record), tmp_path / "out", "vllm/vllm-openai:newer-torch", "x:y")
+    assert record.status == "injected"  # the ABI check is the judge (the fixture needs none)
 
 
 def test_resolve_image_is_the_prelude_of_every_command(
