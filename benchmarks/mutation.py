@@ -87,7 +87,10 @@ def score(module: str, tests: list[str], keep: bool, only: str | None = None,
     for line in listed.splitlines():
         match = RESULT.match(line)
         if match and (not only or f".x_{only}__mutmut_" in match.group("name")):
-            counts[match.group("status")] += 1
+            # a mutant that crashes the test process (a bad pointer into the C++ runtime)
+            # is caught as surely as a failed assertion
+            status = match.group("status")
+            counts["killed" if status == "segfault" else status] += 1
             if match.group("status") == "survived":
                 survivors.append(match.group("name"))
     if not keep:

@@ -394,12 +394,10 @@ def demangle(symbol: str) -> str:
     if found is None:
         return symbol
     function, libc = found
-    status = ctypes.c_int(-1)
-    result = function(symbol.encode(), None, None, ctypes.byref(status))
+    result = function(symbol.encode(), None, None, None)  # NULL: not demangled
     if not result:
         return symbol
     try:
-        text = ctypes.string_at(result).decode(errors="replace")
+        return ctypes.string_at(result).decode()
     finally:
         libc.free(result)
-    return text if status.value == 0 else symbol
