@@ -29,6 +29,7 @@ from devkit.dockerenv import ensure_debian_gxx
 from devkit.helpers import CACHE, DATA, cuda_home
 
 VERSION = "0.19.1"
+TORCH_VERSION = "2.11.0+cu130"  # torch/version.py only: the fixture .so files need none
 REPO = "sm121-test/vllm-stock"
 _GIT_ENV = {"GIT_AUTHOR_NAME": "fixture", "GIT_AUTHOR_EMAIL": "fixture@example.invalid",
             "GIT_COMMITTER_NAME": "fixture", "GIT_COMMITTER_EMAIL": "fixture@example.invalid",
@@ -122,8 +123,8 @@ def _link_tree(source: Path, dest: Path) -> None:
 def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
     checkout, commit = fixture_checkout(work / "vllm-src")
     sos = stock_extensions()
-    key = hashlib.sha256(f"{commit}\0{_tree_hash(sos)}\0{_tree_hash(DATA / 'stock')}".encode()
-                         ).hexdigest()[:12]
+    key = hashlib.sha256(f"{commit}\0{_tree_hash(sos)}\0{_tree_hash(DATA / 'stock')}\0"
+                         f"{TORCH_VERSION}".encode()).hexdigest()[:12]
     tag = f"{REPO}:{VERSION}-{key}"
     try:  # by tag, not by label: images built from it inherit its labels
         client.images.get(tag)
@@ -149,6 +150,9 @@ def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
             shutil.copy2(sos / so, package / so)
         (package / FA2).parent.mkdir()
         shutil.copy2(sos / FA2.rsplit("/", 1)[-1], package / FA2)
+        torch = ctx / "site-packages" / "torch"
+        torch.mkdir()
+        (torch / "version.py").write_text(f"__version__ = {TORCH_VERSION!r}\n")
         meta = ctx / "site-packages" / f"vllm-{VERSION}.dist-info"
         meta.mkdir()
         (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}\n")

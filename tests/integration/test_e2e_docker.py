@@ -24,7 +24,7 @@ import docker
 import jsonschema
 import pytest
 
-from devkit.stockimage import StockImage, stock_workspace
+from devkit.stockimage import TORCH_VERSION, StockImage, stock_workspace
 from sm121_build.shipped import schema
 from sm121_build.verify.audit import Policy, audit_binary
 from sm121_build.verify.compat import parse_target
@@ -155,6 +155,7 @@ def test_exported_artifacts_match_the_image(e2e: E2E, patched: subprocess.
     manifest = json.loads((e2e.work / "artifacts" / "manifest.json").read_text())
     assert manifest["vllm_commit"] == e2e.stock.commit
     assert manifest["base_digest"] == e2e.client.images.get(e2e.stock.tag).id
+    assert manifest["torch_version"] == TORCH_VERSION  # read from the image's torch/version.py
     image = _flat_files(e2e.client, f"{PREFIX}:patched")
     package = e2e.stock.package_dir.lstrip("/")
     policy = Policy(parse_target("sm_121"), (13, 0))
@@ -209,6 +210,17 @@ def test_inject_refuses_other_commit(e2e: E2E, patched: subprocess.CompletedProc
     lines = result.stderr.strip().splitlines()  # the inspect step (the pipeline's prelude)
     assert lines[0].startswith("==> inspect ") and lines[-2].startswith("    ✓ inspect ")
     assert [line for line in lines if line.startswith("error: ")] == lines[-1:]
+    assert not e2e.exists(f"{PREFIX}:refused")
+    manifest["vllm_commit_id"] = e2e.stock.commit  # the right vLLM, built against another torch
+    manifest["torch_version"] = "2.10.0+cu130"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    result = e2e.run("inject", "--artifacts", str(other), "--base", e2e.stock.tag,
+                     "--tag", f"{PREFIX}:refused")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: artifacts in {other} were built against torch 2.10.0+cu130; {e2e.stock.tag} "
+        f"has torch {TORCH_VERSION}: refusing to inject (torch's C++ ABI changes between "
+        "versions: build for this image instead)")
     assert not e2e.exists(f"{PREFIX}:refused")
 
 
