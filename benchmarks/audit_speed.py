@@ -7,29 +7,19 @@ Prints, per file, median wall times and the ratio, and checks the listings are i
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devkit.helpers import CACHE, cuobjdump, pypi_download  # noqa: E402
+from devkit.helpers import CACHE, cuobjdump, median_timed, pypi_download  # noqa: E402
 from sm121_build.verify.audit_inputs import binaries  # noqa: E402
 from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing  # noqa: E402
 
 FILES = ("vllm/_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so")
-
-
-def _median(fn: object, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()  # type: ignore[operator]
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -54,13 +44,14 @@ def main() -> int:
                     return cuobjdump_listing(path, opened.entries)
 
             same = read() == ref
-            t_ref = _median(lambda path=path: subprocess.run(
-                [tool, "-lelf", "-lptx", str(path)], capture_output=True, check=True),
-                args.repeat)
-            t_ours = _median(read, args.repeat)
-            t_cli = _median(lambda path=path: subprocess.run(
-                [sys.executable, "-m", "sm121_build", "audit", "--format", "cuobjdump",
-                 str(path)], capture_output=True, check=True, cwd=ROOT), args.repeat)
+            t_ref = median_timed(partial(
+                subprocess.run, [tool, "-lelf", "-lptx", str(path)], capture_output=True,
+                check=True), args.repeat)[0]
+            t_ours = median_timed(read, args.repeat)[0]
+            t_cli = median_timed(partial(
+                subprocess.run, [sys.executable, "-m", "sm121_build", "audit", "--format",
+                                 "cuobjdump", str(path)], capture_output=True, check=True,
+                cwd=ROOT), args.repeat)[0]
             worst = min(worst, t_ref / t_ours)
             print(f"{binary.name:<44}{path.stat().st_size / 1e6:>7.0f}MB{t_ref * 1e3:>10.1f}ms"
                   f"{t_ours * 1e3:>8.1f}ms{t_cli * 1e3:>8.1f}ms{t_ref / t_ours:>9.0f}x"

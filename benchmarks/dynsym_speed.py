@@ -8,54 +8,24 @@ Run: python benchmarks/dynsym_speed.py [--torch 2.11.0] [--repeat 3]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 import zipfile
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from elftools.elf.elffile import ELFFile  # noqa: E402
-
-from devkit.helpers import CACHE, pypi_download  # noqa: E402
+from devkit.helpers import CACHE, median_timed, pyelftools_dynsym, pypi_download  # noqa: E402
 from sm121_build.verify.fatbin import dynamic_symbols  # noqa: E402
 
 LIBRARIES = ("libc10.so", "libtorch_cpu.so", "libtorch_cuda.so", "libtorch_python.so")
 
 
-def pyelftools_reader(path: Path) -> tuple[set[str], set[str]]:
-    """The reference: pyelftools' symbol objects, one at a time."""
-    undefined, exported = set(), set()
-    with open(path, "rb") as handle:
-        table = ELFFile(handle).get_section_by_name(".dynsym")
-        for symbol in table.iter_symbols():  # type: ignore[union-attr]
-            bind = symbol["st_info"]["bind"]
-            if not symbol.name or bind not in ("STB_GLOBAL", "STB_WEAK", "STB_LOOS"):
-                continue
-            if symbol["st_shndx"] == "SHN_UNDEF":
-                if bind == "STB_GLOBAL":
-                    undefined.add(symbol.name)
-            elif symbol["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
-                exported.add(symbol.name)
-    return undefined, exported
-
-
 def new_reader(path: Path) -> tuple[set[str], set[str]]:
     found = dynamic_symbols(path)
     return set(found.undefined), set(found.exported)
-
-
-def _median(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -70,12 +40,12 @@ def main() -> int:
         print(f"{'library':<22} {'symbols':>8} {'pyelftools':>11} {'new':>8} {'ratio':>7}")
         for name in LIBRARIES:
             path = Path(zf.extract(f"torch/lib/{name}", tmp))
-            if new_reader(path) != pyelftools_reader(path):
+            if new_reader(path) != pyelftools_dynsym(path):
                 print(f"error: {name}: the readers disagree", file=sys.stderr)
                 return 1
             count = sum(map(len, new_reader(path)))
-            ref = _median(lambda p=path: pyelftools_reader(p), args.repeat)
-            new = _median(lambda p=path: new_reader(p), args.repeat)
+            ref = median_timed(partial(pyelftools_dynsym, path), args.repeat)[0]
+            new = median_timed(partial(new_reader, path), args.repeat)[0]
             total_ref, total_new = total_ref + ref, total_new + new
             print(f"{name:<22} {count:>8} {ref:>10.3f}s {new:>7.3f}s {ref / new:>6.1f}x")
     print(f"{'all four':<22} {'':>8} {total_ref:>10.3f}s {total_new:>7.3f}s "

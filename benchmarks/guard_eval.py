@@ -10,19 +10,16 @@ Prints median wall times, the ratio, and checks that both give the same rule res
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devkit.helpers import CACHE, pypi_download  # noqa: E402
+from devkit.helpers import CACHE, median_timed, pypi_download  # noqa: E402
 from sm121_build.source import guards  # noqa: E402
 from sm121_build.source.patch import RuleResult, apply_all  # noqa: E402
 
@@ -43,15 +40,6 @@ def _cmake_tree(version: str, dest: Path) -> Path:
             and m.name.count("/") <= 3]
         tar.extractall(dest, members=members, filter="data")
     return next(dest.iterdir())
-
-
-def _timed(fn: Callable[[], list[RuleResult]], repeat: int) -> tuple[float, list[RuleResult]]:
-    times, result = [], []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
 
 
 def _summary(results: list[RuleResult]) -> list[tuple[str, str, str]]:
@@ -75,10 +63,10 @@ def main() -> int:
 
         binary = guards.find_cmake
         guards.find_cmake = _launcher_each_time  # type: ignore[assignment]
-        reference, ref_results = _timed(decide, args.repeat)
+        reference, ref_results = median_timed(decide, args.repeat)
         guards.find_cmake = binary
         print(f"cmake: {binary()}")
-        new, new_results = _timed(decide, args.repeat)
+        new, new_results = median_timed(decide, args.repeat)
     if _summary(ref_results) != _summary(new_results):
         print("error: the two ways gave different results", file=sys.stderr)
         return 1

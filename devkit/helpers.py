@@ -1,18 +1,24 @@
 """The real toolchain (nvcc, cuobjdump from PyPI), cached builds, PyPI downloads, the CLI
-runner with its one-line-error check, and git with a fixed identity."""
+runner with its one-line-error check, git with a fixed identity, pyelftools' reading of
+`.dynsym` (an oracle) and the benchmarks' median timing."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 CACHE = Path(os.environ.get("SM121_TEST_CACHE", ROOT / ".cache"))
+T = TypeVar("T")
 
 
 def cuda_home() -> Path:
@@ -163,3 +169,36 @@ def vllm_like_tree(tmp_path: Path, cmakelists: str | None = "", utils_extra: str
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return source
+
+
+def pyelftools_dynsym(path: Path) -> tuple[set[str], set[str]]:
+    """(undefined, exported) of `.dynsym` through pyelftools' own symbol objects, one at a
+    time: the reader `fatbin.dynamic_symbols` replaced (~20x slower), kept as its oracle."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    undefined, exported = set(), set()
+    with open(path, "rb") as handle:
+        table = ELFFile(handle).get_section_by_name(".dynsym")
+        assert isinstance(table, SymbolTableSection), path
+        for symbol in table.iter_symbols():
+            bind = symbol["st_info"]["bind"]
+            if not symbol.name or bind not in ("STB_GLOBAL", "STB_WEAK", "STB_LOOS"):
+                continue
+            if symbol["st_shndx"] == "SHN_UNDEF":
+                if bind == "STB_GLOBAL":
+                    undefined.add(symbol.name)
+            elif symbol["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
+                exported.add(symbol.name)
+    return undefined, exported
+
+
+def median_timed(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
+    """The median wall time of `repeat` (>= 1) calls of `fn` (benchmarks), and the last
+    call's result."""
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        runs.append((time.perf_counter() - start, result))
+    return statistics.median(seconds for seconds, _ in runs), runs[-1][1]

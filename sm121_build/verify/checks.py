@@ -189,8 +189,8 @@ def check_drift(stock: ImageInfo, built: ImageInfo, added: list[HistoryStep],
 class AbiResult:
     checked: int
     missing: dict[str, tuple[str, ...]]  # .so name -> torch symbols no provider exports
-    providers: int = 1  # torch libraries read
-    torch: str | None = None  # their version, when known
+    providers: int  # torch libraries read
+    torch: str | None  # their version, when known
 
     def problems(self) -> list[str]:
         missing = sorted(self.missing.items())

@@ -312,10 +312,9 @@ def cuobjdump_listing(path: Path, entries: list[Entry]) -> list[str]:
     return lines
 
 
-# STB_GNU_UNIQUE (10: template static data, as in torch's libraries) is what pyelftools
-# calls STB_LOOS, the first OS-specific binding.
 # ELF symbol fields (the gABI): bindings that take part in dynamic linking, and the
-# visibilities that export.  STB_GNU_UNIQUE is what pyelftools calls STB_LOOS.
+# visibilities that export.  STB_GNU_UNIQUE (template static data, as in torch's libraries)
+# is what pyelftools calls STB_LOOS, the first OS-specific binding.
 _STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE = 1, 2, 10
 _SHN_UNDEF = 0
 _STV_EXPORTING = (0, 3)  # STV_DEFAULT, STV_PROTECTED

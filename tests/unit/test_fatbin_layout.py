@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from devkit.helpers import DATA, compile_cached, gencode
+from devkit.helpers import DATA, compile_cached, gencode, pyelftools_dynsym
 from sm121_build.errors import CorruptBinaryError
 from sm121_build.verify import fatbin
 from sm121_build.verify.fatbin import (
@@ -206,24 +206,6 @@ def test_dynamic_symbols_by_binding_and_visibility(symbols_so: Path) -> None:
     assert "" not in found.exported
 
 
-def _pyelftools_dynsym(path: Path) -> tuple[set[str], set[str]]:
-    """The oracle: pyelftools' own symbol objects, one at a time (the reader before it was
-    made ~20x faster by unpacking the raw section)."""
-    undefined, exported = set(), set()
-    with open(path, "rb") as handle:
-        table = ELFFile(handle).get_section_by_name(".dynsym")
-        for symbol in table.iter_symbols():
-            bind = symbol["st_info"]["bind"]
-            if not symbol.name or bind not in ("STB_GLOBAL", "STB_WEAK", "STB_LOOS"):
-                continue
-            if symbol["st_shndx"] == "SHN_UNDEF":
-                if bind == "STB_GLOBAL":
-                    undefined.add(symbol.name)
-            elif symbol["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED"):
-                exported.add(symbol.name)
-    return undefined, exported
-
-
 @pytest.fixture(scope="module")
 def elf32_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 32-bit shared object (binutils: `as --32`, `ld -m elf_i386`)."""
@@ -244,7 +226,7 @@ def test_dynamic_symbols_agree_with_pyelftools(symbols_so: Path, host_only_so: P
                                text=True, check=True).stdout.strip()
     for path in (symbols_so, host_only_so, elf32_so, Path(libstdcxx).resolve()):
         found = dynamic_symbols(path)
-        assert (set(found.undefined), set(found.exported)) == _pyelftools_dynsym(path), path
+        assert (set(found.undefined), set(found.exported)) == pyelftools_dynsym(path), path
     assert dynamic_symbols(elf32_so) == fatbin.DynamicSymbols(frozenset({"undef32"}),
                                                               frozenset({"f32", "w32"}))
     assert len(dynamic_symbols(Path(libstdcxx).resolve()).exported) > 1000
