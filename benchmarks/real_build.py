@@ -41,9 +41,16 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.build.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
-from sm121_build.source.patch import apply_all, breaks_ptxas, covered, read_source_version  # noqa: E402
-from sm121_build.verify.audit import audit_binary  # noqa: E402
+from sm121_build.source.patch import (  # noqa: E402
+    apply_all,
+    apply_macros,
+    breaks_ptxas,
+    covered,
+    read_source_version,
+)
+from sm121_build.verify.audit import Policy, audit_binary  # noqa: E402
 from sm121_build.verify.checks import SM121, check_abi, torch_exports  # noqa: E402
+from sm121_build.verify.compat import parse_target  # noqa: E402
 
 LOAD_SNIPPET = """
 import json, sys, torch
@@ -165,6 +172,9 @@ def main() -> int:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--report", type=Path, required=True)
     parser.add_argument("--arch", default="12.1")
+    parser.add_argument("--gpu", default="sm_121",
+                        help="the GPU the same-PTX SASS rule and the audit are for (sm_90 on a "
+                        "Hopper stand-in for the JIT equivalence check)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     parser.add_argument("--target", action="append", dest="targets")
     parser.add_argument("--probe-unpatched", action="store_true")
@@ -212,8 +222,14 @@ def main() -> int:
                                      "ptxas_message": match.group(0) if match else None}
         save()
 
+    gpu = parse_target(args.gpu)
+    policy = Policy(gpu, SM121.driver)
+    report["gpu"] = str(gpu)
     report["patch"] = [{"set": r.name, "outcome": r.outcome, "replacements": r.replacements}
                        for r in apply_all(source, version, arch)]
+    report["patch"] += [{"set": r.name, "outcome": r.outcome, "detail": r.detail}
+                        for r in apply_macros(source, "vllm", effective_archs(source, arch),
+                                              gpu)]
     report["guards_after"] = fp4_guards(source, arch)
     if args.flash_attn:
         flash = unpack(args.flash_attn, args.work / "flash-attn")
@@ -224,6 +240,9 @@ def main() -> int:
             {"set": r.name, "outcome": r.outcome, "detail": r.detail, "rewrites": [
                 {"at": w.guard.location, "list": w.new_list, "gives": list(w.result)}
                 for w in r.rewrites]} for r in results]}
+        report["flash_attn"]["rules"] += [
+            {"set": r.name, "outcome": r.outcome, "detail": r.detail}
+            for r in apply_macros(flash, "vllm-flash-attn", handed, gpu)]
         env["VLLM_FLASH_ATTN_SRC_DIR"] = str(flash)
     save()
 
@@ -252,7 +271,7 @@ def main() -> int:
                      "problems": abi.problems()}
     report["binaries"] = {}
     for name, path in files.items():
-        audit = audit_binary(path, name, SM121, with_kernels=True)
+        audit = audit_binary(path, name, policy, with_kernels=True)
         kernels = audit.kernels or {}
         (args.report / f"kernels-{name}.json").write_text(json.dumps(sorted(
             k for k, v in kernels.items() if v == "native")))

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm121_build.source.guards import effective_archs, evaluate, find_calls
+from sm121_build.source.guards import Guard, effective_archs, evaluate, find_calls
 from sm121_build.verify.audit import BinaryReport
-from sm121_build.verify.compat import Target, loads_natively
+from sm121_build.verify.compat import Target, entry_verdict, loads_natively
+
+NEWEST_DRIVER = (99, 9)  # "could any driver JIT it": only the code's kind and arch matter
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,177 @@ def decide(stock: dict[str, BinaryReport | None], source: Path, arch: str, cuda:
     return Decision(False, f"every target a {arch} build of this source gives {gpu} "
                     f"({', '.join(sorted(targets)) or 'none'}) is already in the stock build "
                     f"({';'.join(family)})", counts, family, tuple(sorted(targets)))
+
+
+# --- per extension: what the default run builds -------------------------------------------
+
+# A rebuild whose only gain is a handful of JIT-only kernels (0.33.0's _moe_C: 1 of 2,456,
+# marlin_moe_wna16::MarlinDefault) costs a full compile of the extension (10-20 min on 16
+# cores) for code the driver JIT-compiles only if it is ever launched: below this share of
+# the extension's kernels it is offered (`--ext NAME`), not built by default.
+MIN_JIT_SHARE = 0.01
+
+@dataclass(frozen=True)
+class ExtensionPlan:
+    """One stock extension: its kernels before, the build's expected result, and why."""
+
+    name: str  # the file, relative to the vLLM package
+    target: str
+    before: dict[str, int]  # native / jit / none kernels of the stock file
+    after: dict[str, int]  # expected after the build (the stock counts when not built)
+    build: bool
+    reason: str  # why it is built, or why not
+    remains: tuple[str, ...] = ()  # why what stays non-native stays so
+
+    def as_record(self) -> dict[str, Any]:
+        return {"name": self.name, "target": self.target, "before": self.before,
+                "after": self.after, "build": self.build, "reason": self.reason,
+                "remains": list(self.remains)}
+
+    def line(self) -> str:
+        b, a = self.before, self.after
+        counts = (f"native {b['native']}→{a['native']}, JIT {b['jit']}→{a['jit']}, "
+                  f"none {b['none']}→{a['none']} of {sum(b.values())}")
+        return f"{self.name}: {'build' if self.build else 'keep'} ({counts}): {self.reason}"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the per-extension decision reads besides the stock files."""
+
+    source: Path  # the vLLM tree as it will be built (its rules applied)
+    arch: str  # CMake form
+    cuda: str
+    gpu: Target
+    defined: frozenset[str]  # the targets the source can build
+    same_ptx: frozenset[str]  # projects whose trees get SASS from the same PTX
+    rebuildable: frozenset[str]  # external-project targets a rule builds (fixable_targets)
+
+
+def _stock_has(report: BinaryReport, target: str) -> bool:
+    """Whether the stock file has cubins of a guard target (`12.0f` -> sm_120f)."""
+    wanted = "sm_" + target.replace(".", "").replace("+PTX", "")
+    return any(e.kind == "elf" and e.sm == wanted for e in report.entries)
+
+
+def _foreign(report: BinaryReport, gpu: Target) -> list[str]:
+    """The archs of the translation units nothing of which loads on the GPU, when each is
+    arch- or family-specific code of another major (wgmma, tcgen05, ...)."""
+    by_container: dict[int, list[Any]] = {}
+    for entry in report.entries:
+        by_container.setdefault(entry.container, []).append(entry)
+    unloadable = [es for es in by_container.values() if all(
+        entry_verdict(e.kind, e.arch, e.variant, e.version, gpu, NEWEST_DRIVER) == "none"
+        for e in es)]
+    entries = [e for es in unloadable for e in es]
+    if entries and all(e.variant and e.arch // 10 != gpu.major for e in entries):
+        return sorted({e.sm for e in entries}, key=lambda sm: (len(sm), sm))
+    return []
+
+
+def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
+                    project_of: dict[str, str]) -> list[ExtensionPlan]:
+    """Per stock extension with device code: build it when the build gives the GPU native
+    code the stock file lacks.  `project_of`: target -> the tree that builds it ("vllm" or
+    an external project's name).
+
+    Gains: JIT-only kernels (PTX only) in a tree the sass-from-ptx rule applies to (SASS
+    from the same PTX); a guard feeding the extension that gives a target the GPU loads
+    which neither the stock arch list's evaluation nor the stock file's cubins have; a guard
+    feeding it that cannot be read (rebuilt to be safe).  A guard counts only for the
+    extensions it feeds (`owners.guard_owners`)."""
+    from sm121_build.source.owners import feeds, guard_owners
+
+    reports = {n: r for n, r in stock.items() if r is not None and r.has_device_code}
+    family = stock_family_archs(reports, inputs.gpu)
+    calls = find_calls(inputs.source)
+    owners = guard_owners(inputs.source, calls)
+    build_guards = evaluate(inputs.source, inputs.arch, inputs.cuda, calls=calls)
+    stock_guards = evaluate(inputs.source, ";".join(family), inputs.cuda, calls=calls) \
+        if family else [None] * len(build_guards)
+    plans = []
+    for name, report in reports.items():
+        target = extension_target(name)
+        mine = [(b, s) for b, s in zip(build_guards, stock_guards, strict=True)
+                if feeds(owners, b.location, target)]
+        plans.append(_plan_one(name, target, report, mine, inputs,
+                               project_of.get(target, "vllm")))
+    return plans
+
+
+def extension_target(filename: str) -> str:
+    """`vllm_flash_attn/_vllm_fa2_C.abi3.so` -> `_vllm_fa2_C` (as render.extension_target)."""
+    import re
+
+    return re.sub(r"(\.cpython-[^.]+)?(\.abi3)?\.so$", "", filename.rsplit("/", 1)[-1])
+
+
+def _plan_one(name: str, target: str, report: BinaryReport,
+              guards: list[tuple[Guard, Guard | None]], inputs: Inputs,
+              project: str) -> ExtensionPlan:
+    before = report.kernel_counts() if report.kernels is not None else dict(report.containers)
+    before = {k: before.get(k, 0) for k in ("native", "jit", "none")}
+    gpu = inputs.gpu
+    if not before["jit"] and not before["none"]:
+        return ExtensionPlan(name, target, before, before, False,
+                             f"every kernel is already native on {gpu}")
+    foreign = _foreign(report, gpu)
+    buildable = target in inputs.defined and (project == "vllm"
+                                              or target in inputs.rebuildable)
+    if not buildable:
+        why = (f"the pinned source defines no {target}" if target not in inputs.defined else
+               f"no rule here builds {target} ({project}) for {gpu}")
+        return ExtensionPlan(name, target, before, before, False, why,
+                             _remains(before, foreign, gpu, jit_stays=True))
+    gains: list[str] = []
+    after = dict(before)
+    if before["jit"] and project in inputs.same_ptx:
+        gains.append(f"{before['jit']} JIT-only kernel(s) get sm_{gpu.major}x SASS from "
+                     "the same PTX (rule sass-from-ptx)")
+        after = {"native": before["native"] + before["jit"], "jit": 0, "none": before["none"]}
+    new_targets: list[str] = []
+    for built, stock in guards:
+        if built.result is None and built.call.may_give_sm12x:
+            gains.append(f"the guard {built.variable} ({built.location}) cannot be read "
+                         f"({built.call.unresolved}): rebuilt to be safe")
+            continue
+        had = stock.targets if stock is not None else ()
+        for t in built.targets:
+            if loads_natively(t, gpu) and (t not in had or not _stock_has(report, t)) \
+                    and not _stock_has(report, t):
+                new_targets.append(f"{built.variable} ({built.location}) gives {t}")
+    if new_targets:
+        gains.append(f"{'; '.join(dict.fromkeys(new_targets))}, which the stock file has no "
+                     "cubins for")
+        if not before["native"]:
+            after = {"native": sum(before.values()), "jit": 0, "none": 0}
+    total = sum(before.values())
+    if gains and not new_targets and len(gains) == 1 and before["jit"] \
+            and project in inputs.same_ptx and before["jit"] < MIN_JIT_SHARE * total:
+        named = [k for k, v in (report.kernels or {}).items() if v == "jit"][:3]
+        return ExtensionPlan(
+            name, target, before, before, False,
+            f"only {before['jit']} of {total} kernels are JIT-only"
+            f"{' (' + ', '.join(named) + ')' if named else ''}, under "
+            f"{MIN_JIT_SHARE:.0%}: not worth a full compile by default; --ext {target} "
+            "builds it", _remains(before, foreign, gpu, jit_stays=True))
+    if not gains:
+        why = ("no guard of the pinned source gives it code that loads on " f"{gpu}")
+        return ExtensionPlan(name, target, before, before, False, why,
+                             _remains(before, foreign, gpu, jit_stays=True))
+    return ExtensionPlan(name, target, before, after, True, "; ".join(gains),
+                         _remains(after, foreign, gpu, jit_stays=False))
+
+
+def _remains(counts: dict[str, int], foreign: list[str], gpu: Target,
+             jit_stays: bool) -> tuple[str, ...]:
+    out = []
+    if counts["jit"] and jit_stays:
+        out.append(f"{counts['jit']} kernel(s) stay JIT-only (PTX compiled by the driver at "
+                   "first use)")
+    if counts["none"]:
+        out.append(f"{counts['none']} kernel(s) have no code {gpu} loads: " + (
+            f"only {', '.join(foreign)} (arch/family-specific instructions of other GPUs: "
+            "no sm_12x implementation)" if foreign else
+            "no guard of the source builds them for it"))
+    return tuple(out)

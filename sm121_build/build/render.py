@@ -104,8 +104,10 @@ def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
 
 def source_targets(source: Path) -> set[str]:
     """The extension targets the tree defines, its external projects' included."""
-    cmake = source / "CMakeLists.txt"
-    own = set(_TARGET.findall(cmake.read_text())) if cmake.exists() else set()
+    own: set[str] = set()
+    for path in [source / "CMakeLists.txt", *sorted(source.glob("cmake/external_projects/*.cmake"))]:
+        if path.is_file():
+            own |= set(_TARGET.findall(path.read_text(errors="replace")))
     return own | declared_targets(source)
 
 

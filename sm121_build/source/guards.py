@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -58,6 +58,9 @@ class Call:
     levels: tuple[Level, ...]  # the enclosing branches, as the evaluation replays them
     unresolved: str  # why it cannot be evaluated ("" when it can)
     may_give_sm12x: bool  # some entry the list can hold is a 12.x arch (True when unknown)
+    # set()/list(APPEND …) commands replayed before the call, each inside its branches, for
+    # a list variable built up by CUDA version (0.33.0's DEEPGEMM_SUPPORT_ARCHS)
+    prelude: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,17 @@ class _Definitions:
     sets: dict[str, list[str | None]]  # each set(): its literal value, None if not literal
     extra: dict[str, list[str | None]]  # list(APPEND/PREPEND/INSERT …) values
     modified: set[str]  # changed by another list() operation
+    steps: dict[str, list[tuple[str, int, Step]]] = field(default_factory=dict)
+
+    def replay(self, name: str, rel: str, line: int) -> tuple[Step, ...] | None:
+        """The commands that build a variable, to run before a call at rel:line: only when
+        each is a literal set()/list(APPEND|PREPEND|INSERT) in that file before the call."""
+        steps = self.steps.get(name, [])
+        values = self.sets.get(name, []) + self.extra.get(name, [])
+        if name in self.modified or not steps or any(v is None for v in values) or any(
+                f != rel or at >= line for f, at, _ in steps):
+            return None
+        return tuple(step for _, _, step in steps)
 
     def value(self, name: str) -> str | None:
         """The one literal value of a variable set once and never changed."""
@@ -182,14 +196,22 @@ def _literal(arguments: tuple[Argument, ...]) -> str | None:
     return ";".join(a.value for a in arguments)
 
 
-def _collect(parsed: dict[str, list[Command]]) -> tuple[_Definitions, dict[str, str]]:
+def _collect(parsed: dict[str, list[Command]], texts: dict[str, str]
+             ) -> tuple[_Definitions, dict[str, str]]:
     """Variable assignments outside functions, and the guard functions: the base one plus
     every function whose body calls a guard function (name -> defining file)."""
     defs = _Definitions({}, {}, set())
     bodies: dict[str, tuple[str, list[Command]]] = {}
     for rel, cmds in parsed.items():
         current: list[Command] | None = None
-        for cmd in cmds:
+        text = texts.get(rel)
+        branches = _branches(cmds, text) if text is not None else [("", ())] * len(cmds)
+        for cmd, (_shown, levels) in zip(cmds, branches, strict=True):
+            if current is None and text is not None and cmd.words and (
+                    cmd.key == "set" or (cmd.key == "list" and len(cmd.words) >= 2)):
+                name = cmd.words[0].value if cmd.key == "set" else cmd.words[1].value
+                defs.steps.setdefault(name, []).append(
+                    (rel, cmd.line, (text[cmd.start:cmd.end], levels)))
             if cmd.key in ("function", "macro") and cmd.words:
                 current = []
                 bodies[cmd.words[0].value.lower()] = (rel, current)
@@ -222,6 +244,7 @@ def _collect(parsed: dict[str, list[Command]]) -> tuple[_Definitions, dict[str, 
 
 
 Level = tuple[tuple[str, ...], str]  # (sibling conditions before, own condition)
+Step = tuple[str, tuple[Level, ...]]  # a command as written, and its enclosing branches
 KNOWN_WORDS = re.compile(r"^(?:\$\{CMAKE_CUDA_COMPILER_VERSION\}|CMAKE_CUDA_COMPILER_VERSION|"
                          r"VERSION_(?:LESS|GREATER|EQUAL|LESS_EQUAL|GREATER_EQUAL)|"
                          r"AND|OR|NOT|DEFINED|\d+(?:\.\d+)*|[()])$")
@@ -279,7 +302,7 @@ def find_calls(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
     parsed = {rel: cmds for rel, (_text, cmds) in read.items()}
     if UTILS not in parsed and (source / UTILS).is_file():  # its wrappers, whatever is scanned
         parsed[UTILS] = parse(source / UTILS, UTILS)[1]
-    defs, functions = _collect(parsed)
+    defs, functions = _collect(parsed, {rel: text for rel, (text, _c) in read.items()})
     calls = []
     for rel, (text, cmds) in read.items():
         depth = 0
@@ -295,16 +318,25 @@ def find_calls(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
     return calls
 
 
-def _expand(value: str, defs: _Definitions) -> tuple[str | None, str]:
-    """A value with every `${VAR}` but the target list replaced; or why it cannot be."""
+def _expand(value: str, defs: _Definitions, at: tuple[str, int] | None = None
+            ) -> tuple[str | None, str, tuple[Step, ...]]:
+    """A value with every `${VAR}` but the target list replaced; or why it cannot be.  With
+    `at` (file, line), a variable built up by literal set()/list(APPEND …) before the call is
+    left in place, and the commands that build it are returned to be replayed."""
+    prelude: list[Step] = []
     for name in variables_in(value):
         if name == NARROWING:
             continue
         resolved = defs.value(name)
         if resolved is None:
-            return None, f"${{{name}}} is not set once to a literal list in the scanned files"
+            steps = defs.replay(name, *at) if at is not None else None
+            if steps is None:
+                return None, f"${{{name}}} is not set once to a literal list in the scanned " \
+                    "files", ()
+            prelude += steps
+            continue
         value = value.replace(f"${{{name}}}", resolved)
-    return value, ""
+    return value, "", tuple(prelude)
 
 
 def _possible_sm12x(value: str, defs: _Definitions) -> bool:
@@ -339,10 +371,12 @@ def _call(rel: str, cmd: Command, branch: str, levels: tuple[Level, ...], functi
     if not is_base and defined_in != UTILS:
         unresolved = unresolved or f"{function} is defined in {defined_in}, not {UTILS}"
     args: list[str] = []
+    prelude: list[Step] = []
     for arg in words[1:]:
-        expanded, why = _expand(arg.value, defs)
+        expanded, why, steps = _expand(arg.value, defs, (rel, cmd.line))
         unresolved = unresolved or why
         args.append(expanded or "")
+        prelude += steps
     split = [a.value for a in words[1:] if a.kind == "unquoted" and ("${" in a.value
                                                                       or ";" in a.value)]
     if split:
@@ -354,11 +388,12 @@ def _call(rel: str, cmd: Command, branch: str, levels: tuple[Level, ...], functi
     arch_list = None
     may = True
     if list_arg is not None:
-        expanded, _ = _expand(list_arg.value, defs)
+        expanded, _, _steps = _expand(list_arg.value, defs)
         arch_list = expanded if expanded is not None else list_arg.value
         may = _possible_sm12x(list_arg.value, defs)
     return Call(rel, cmd.line, function, variable, arch_list, list_arg,
-                None if unresolved else tuple(args), branch, levels, unresolved, may)
+                None if unresolved else tuple(args), branch, levels, unresolved, may,
+                tuple(prelude))
 
 
 def supported_archs_block(source: Path) -> list[str]:
@@ -412,7 +447,7 @@ def evaluate(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA,
     real configure would give it.  Calls that cannot be evaluated get the result None.
     """
     found = find_calls(source, patterns) if calls is None else calls
-    invocations = [(c.function, c.evaluated_args, c.levels) for c in found
+    invocations = [(c.function, c.evaluated_args, c.levels, c.prelude) for c in found
                    if c.evaluated_args is not None]
     if not invocations:
         return [Guard(c, None) for c in found]
@@ -434,11 +469,19 @@ def intersect(source: Path, archs: str, lists: list[str],
     if not lists:
         return []
     results = _run(source, archs, cuda_version,
-                   [(GUARD_FUNCTION, (arch_list, TARGET_REF), ()) for arch_list in lists])[0]
+                   [(GUARD_FUNCTION, (arch_list, TARGET_REF), (), ()) for arch_list in lists])[0]
     return [results[i] for i in range(len(lists))]  # no branches: each list gives a line
 
 
-Invocation = tuple[str, tuple[str, ...], tuple[Level, ...]]
+Invocation = tuple[str, tuple[str, ...], tuple[Level, ...], tuple[Step, ...]]
+
+
+def _within(body: str, levels: tuple[Level, ...]) -> str:
+    """CMake text run only where its enclosing branches (as replayed) are taken."""
+    for priors, own in reversed(levels):
+        chain = "".join(f"{'else' if i else ''}if({c})\n" for i, c in enumerate(priors))
+        body = f"{chain}{'else' if priors else ''}if({own})\n{body}\nendif()"
+    return body
 
 
 def _quote(value: str) -> str:
@@ -460,13 +503,11 @@ def _run(source: Path, archs: str, cuda_version: str,
                    'cuda_archs_loose_intersection(CUDA_ARCHS "${CUDA_SUPPORTED_ARCHS}" '
                    '"${CUDA_ARCHS}")']
     script.append('message(STATUS "SM121ARCHS|${CUDA_ARCHS}")')
-    for index, (function, args, levels) in enumerate(invocations):
-        body = (f"set(SM121OUT)\n{function}(SM121OUT {' '.join(map(_quote, args))})\n"
-                f'message(STATUS "SM121GUARD|{index}|${{SM121OUT}}")')
-        for priors, own in reversed(levels):
-            chain = "".join(f"{'else' if i else ''}if({c})\n" for i, c in enumerate(priors))
-            body = f"{chain}{'else' if priors else ''}if({own})\n{body}\nendif()"
-        script.append(body)
+    for index, (function, args, levels, prelude) in enumerate(invocations):
+        script += [_within(command, step_levels) for command, step_levels in prelude]
+        script.append(_within(
+            f"set(SM121OUT)\n{function}(SM121OUT {' '.join(map(_quote, args))})\n"
+            f'message(STATUS "SM121GUARD|{index}|${{SM121OUT}}")', levels))
     with tempfile.TemporaryDirectory(prefix="sm121-explain-") as tmp:
         path = Path(tmp) / "explain.cmake"
         path.write_text("\n".join(script) + "\n")

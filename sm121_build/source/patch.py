@@ -31,6 +31,13 @@ from sm121_build.errors import PatchDrift, Sm121Error
 from sm121_build.image.facts import read_version_file
 from sm121_build.shipped import shipped_dir
 from sm121_build.source.cmake_lang import Argument
+from sm121_build.source.ptx_sass import (
+    MacroResult,
+    MacroRule,
+    apply_macro_rule,
+    is_macro_rule,
+    parse_rule,
+)
 from sm121_build.source.guards import (
     DEFAULT_CUDA,
     SM12X_ENTRY,
@@ -179,21 +186,38 @@ def _rule(raw: Any, text: str) -> Rule:
 
 
 @cache
-def load_rules(directory: Path | None = None) -> tuple[Rule, ...]:
+def _load_all(directory: Path | None = None) -> tuple[tuple[Rule, ...], tuple[MacroRule, ...]]:
     folder = directory or patches_dir()
-    rules = []
+    rules: list[Rule] = []
+    macros: list[MacroRule] = []
     for path in sorted(folder.glob("*.yaml")):
         text = path.read_text()
         try:
-            rules.append(_rule(yaml.safe_load(text), text))
+            raw = yaml.safe_load(text)
+            if is_macro_rule(raw):
+                macros.append(parse_rule(raw, text))
+            else:
+                rules.append(_rule(raw, text))
         except (KeyError, TypeError, ValueError, yaml.YAMLError, re.error) as exc:
             raise Sm121Error(f"patch rule {path} is malformed: {exc}") from None
-    return tuple(rules)
+    return tuple(rules), tuple(macros)
+
+
+def load_rules(directory: Path | None = None) -> tuple[Rule, ...]:
+    """The guard rules (rewrite / add)."""
+    return _load_all(directory)[0]
+
+
+def load_macro_rules(directory: Path | None = None) -> tuple[MacroRule, ...]:
+    """The macro-insert rules (sass-from-ptx)."""
+    return _load_all(directory)[1]
 
 
 def rules_digest() -> str:
     """One hash over all rules: part of a build's content key."""
-    return hashlib.sha256("".join(r.digest for r in load_rules()).encode()).hexdigest()[:16]
+    rules, macros = _load_all()
+    return hashlib.sha256("".join(r.digest for r in (*rules, *macros)).encode()
+                          ).hexdigest()[:16]
 
 
 def rules_for(project: str = "vllm") -> tuple[Rule, ...]:
@@ -214,7 +238,8 @@ def breaks_ptxas(guard: Guard) -> bool:
 
 def fixable_targets() -> dict[str, str]:
     """Extension target -> the rule that builds it natively for sm_12x (`_vllm_fa2_C`)."""
-    return {target: rule.name for rule in load_rules() for target in rule.targets}
+    rules, macros = _load_all()
+    return {target: rule.name for rule in (*rules, *macros) for target in rule.targets}
 
 
 def target_gpu(archs: str) -> Target:
@@ -483,8 +508,20 @@ def apply_for_build(source: Path, external: dict[str, Path], version: str, archs
     (`external`: project name -> its tree) for the archs vLLM hands it.  One line per rule."""
     lines = [f"{r.name}: {r.outcome} ({r.detail})"
              for r in apply_all(source, version, archs, cuda_version=cuda_version)]
+    effective = effective_archs(source, archs, cuda_version)
+    lines += [f"{r.name}: {r.outcome} ({r.detail})"
+              for r in apply_macros(source, "vllm", effective, gpu)]
     for name, tree in external.items():
         handed, results = apply_external(source, tree, name, version, archs, cuda_version, gpu)
         lines += [f"{r.name} ({name}, CUDA_ARCHS {handed}): {r.outcome} ({r.detail})"
                   for r in results]
+        lines += [f"{r.name} ({name}, CUDA_ARCHS {handed}): {r.outcome} ({r.detail})"
+                  for r in apply_macros(tree, name, handed, gpu)]
     return lines
+
+
+def apply_macros(tree: Path, project: str, effective: str, gpu: Target,
+                 check: bool = False) -> list[MacroResult]:
+    """The project's macro-insert rules (sass-from-ptx) on a tree, for the archs it builds."""
+    return [apply_macro_rule(rule, tree, effective, gpu, check) for rule in load_macro_rules()
+            if project in rule.projects]
