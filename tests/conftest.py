@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,21 @@ def host_only_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = src.with_suffix(".so")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
     return out
+
+
+@pytest.fixture()
+def fa2_add_rule(tmp_path_factory: pytest.TempPathFactory,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The rule set with FA2's former add rule (tests/data/rules) in place of sass-from-ptx:
+    the add-rule machinery keeps its tests.  The rule cache is cleared on both sides."""
+    import shutil
+
+    from sm121_build.source import patch
+
+    folder = tmp_path_factory.mktemp("rules")
+    shutil.copy2(patch.patches_dir() / "fp4-sm12x-arch-specific.yaml", folder)
+    shutil.copy2(DATA / "rules" / "fa2-sm12x-native.yaml", folder)
+    patch._load_all.cache_clear()
+    monkeypatch.setattr(patch, "patches_dir", lambda: folder)
+    yield folder
+    patch._load_all.cache_clear()

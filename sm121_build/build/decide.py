@@ -171,7 +171,7 @@ def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
     which neither the stock arch list's evaluation nor the stock file's cubins have; a guard
     feeding it that cannot be read (rebuilt to be safe).  A guard counts only for the
     extensions it feeds (`owners.guard_owners`)."""
-    from sm121_build.source.owners import feeds, guard_owners
+    from sm121_build.source.owners import defined_targets, feeds, guard_owners
 
     reports = {n: r for n, r in stock.items() if r is not None and r.has_device_code}
     family = stock_family_archs(reports, inputs.gpu)
@@ -180,14 +180,34 @@ def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
     build_guards = evaluate(inputs.source, inputs.arch, inputs.cuda, calls=calls)
     stock_guards = evaluate(inputs.source, ";".join(family), inputs.cuda, calls=calls) \
         if family else [None] * len(build_guards)
+    # the targets CMakeLists.txt defines compile their unguarded sources for CUDA_ARCHS
+    # itself: vLLM's narrowing of the requested list, a guard of its own
+    main = _main_archs(inputs, family)
+    top = {name for _, name in defined_targets((inputs.source / "CMakeLists.txt").read_text())} \
+        if (inputs.source / "CMakeLists.txt").is_file() else set()
     plans = []
     for name, report in reports.items():
         target = extension_target(name)
         mine = [(b, s) for b, s in zip(build_guards, stock_guards, strict=True)
                 if feeds(owners, b.location, target)]
+        if target in top and main is not None:
+            mine.insert(0, main)
         plans.append(_plan_one(name, target, report, mine, inputs,
                                project_of.get(target, "vllm")))
     return plans
+
+
+def _main_archs(inputs: Inputs, family: tuple[str, ...]) -> tuple[Guard, Guard | None] | None:
+    """CUDA_ARCHS as a guard: what the build's and the stock list's narrowing give."""
+    from sm121_build.source.guards import Call
+
+    call = Call("CMakeLists.txt", 0, "(narrowing)", "CUDA_ARCHS", None, None, (), "", (), "",
+                True)
+    built = tuple(a for a in effective_archs(inputs.source, inputs.arch, inputs.cuda)
+                  .split(";") if a)
+    stock = tuple(a for a in effective_archs(inputs.source, ";".join(family), inputs.cuda)
+                  .split(";") if a) if family else ()
+    return Guard(call, built), Guard(call, stock)
 
 
 def extension_target(filename: str) -> str:
@@ -200,8 +220,8 @@ def extension_target(filename: str) -> str:
 def _plan_one(name: str, target: str, report: BinaryReport,
               guards: list[tuple[Guard, Guard | None]], inputs: Inputs,
               project: str) -> ExtensionPlan:
-    before = report.kernel_counts() if report.kernels is not None else dict(report.containers)
-    before = {k: before.get(k, 0) for k in ("native", "jit", "none")}
+    counted = report.kernel_counts() if report.kernels is not None else report.containers
+    before: dict[str, int] = {k: counted.get(k, 0) for k in ("native", "jit", "none")}
     gpu = inputs.gpu
     if not before["jit"] and not before["none"]:
         return ExtensionPlan(name, target, before, before, False,

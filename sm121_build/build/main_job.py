@@ -18,20 +18,22 @@ import click
 
 from sm121_build import __version__
 from sm121_build.build.artifacts import Provenance
-from sm121_build.build.decide import decide
+from sm121_build.build.decide import ExtensionPlan, Inputs, plan_extensions
 from sm121_build.build.pipeline import CONTENT_KEY_LABEL, Finish, Pipeline
 from sm121_build.build.render import (
     DEFAULT_EXTENSIONS,
     LABEL_PREFIX,
     BuildPlan,
+    extension_target,
     plan_for,
     render,
     template_digest,
 )
+from sm121_build.build.warnings import ptx_warning
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import versioned_tag
 from sm121_build.image.toolchain import host_tools, place_host_tools, require_buildable
-from sm121_build.source.external import copy_into, projects_for, read_pin
+from sm121_build.source.external import copy_into, projects, projects_for, read_pin
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
 from sm121_build.source.patch import apply_for_build, rules_digest
 from sm121_build.source.pin import check_checkout, fetch_source, version_to_ref
@@ -58,12 +60,66 @@ class Options:
     versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>
     allow_other_commit: bool = False  # build a --source at another commit than the image's
     fa_source: Path | None = None  # a local flash-attention checkout
+    only: tuple[str, ...] = ()  # --only: build no other extension than these
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
     parts = [facts.id, commit, "nopatch" if no_patch else rules_digest(), plan.arch_list,
              template_digest(), ",".join(plan.extensions), __version__]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryReport | None],
+                    source: Path, arch_cmake: str, cuda: str) -> tuple[str, ...]:
+    """The decide step: per stock extension, whether the build gives sm_121 native code it
+    lacks (`decide.plan_extensions`); then --ext adds and --only restricts.  Empty: nothing
+    to build (said, and recorded as not-needed)."""
+    record, steps = pipeline.record, pipeline.steps
+    names = {extension_target(n): n for n in stock}
+    extra = tuple(e for e in opts.extra_ext if e != "auto")
+    if opts.force:
+        chosen = [n for n in stock if DEFAULT_EXTENSIONS.match(n.rsplit("/", 1)[-1])]
+        plans: list[ExtensionPlan] = []
+    else:
+        with steps.step("decide"):
+            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda),
+                                    {t: p.name for p in projects() for t in p.targets})
+            for item in plans:
+                note(item.line())
+                for why in item.remains:
+                    note(f"  {why}")
+            chosen = [p.name for p in plans if p.build]
+    for name in extra:
+        file = names.get(extension_target(name), name)
+        if file not in chosen:
+            chosen.append(file)
+    if opts.only:
+        wanted = {extension_target(o) for o in opts.only}
+        chosen = [n for n in chosen if extension_target(n) in wanted]
+    built = [p for p in plans if p.name in chosen]
+    reason = "forced (--force)" if opts.force else "; ".join(
+        f"{p.target}: {p.reason}" for p in built) or "no extension gains"
+    record.decision = {"rebuild": bool(chosen), "reason": reason, "chosen": list(chosen),
+                       "extensions": {p.name: p.as_record() for p in plans}}
+    if not chosen:
+        record.status = "not-needed"
+        jit = sum(p.after["jit"] for p in plans)
+        kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
+                         or p.before["jit"] or p.before["none"])
+        click.echo(f"no rebuild needed: no extension of {opts.base} gains native sm_121 code "
+                   f"from a rebuild ({kept or 'every kernel is already native'})"
+                   f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
+                   "--force builds _C/_moe_C anyway, --ext NAME builds NAME")
+    return tuple(chosen)
+
+
+def decide_inputs(source: Path, arch_cmake: str, cuda: str) -> Inputs:
+    from sm121_build.build.render import source_targets
+    from sm121_build.source.patch import fixable_targets, load_macro_rules
+
+    same_ptx = frozenset(p for rule in load_macro_rules() for p in rule.projects)
+    return Inputs(source, arch_cmake, cuda, SM121.target, frozenset(source_targets(source)),
+                  same_ptx, frozenset(fixable_targets()))
 
 
 def rebuild_verdicts(stock: dict[str, BinaryReport | None]) -> dict[str, str]:
@@ -105,17 +161,24 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
                 checkout, commit = fetch_source(ref, opts.repo)
             shutil.copytree(checkout, context / "src", ignore=shutil.ignore_patterns(".git"))
             note(f"{checkout} @ {commit}")
-        stock: dict[str, BinaryReport | None] = {}
-        extra = opts.extra_ext
-        if "auto" in extra:
-            with steps.step("choose extensions (--ext auto)"):
-                stock = pipeline.read_stock(facts, vllm.extensions)
-                verdicts = rebuild_verdicts(stock)
-                for name, verdict in verdicts.items():
-                    note(f"{name}: {verdict}")
-                extra = tuple(e for e in extra if e != "auto") + fixable_extensions(verdicts)
-        plan = plan_for(facts, opts.arch, extra, opts.jobs, context / "src", str(ref),
-                        commit, buildkit=engine.buildkit_client() is not None)
+        with steps.step("audit the stock extensions"):
+            stock = pipeline.read_stock(facts, vllm.extensions)
+            too_new = ptx_warning(stock, SM121.target, SM121.driver)
+            if too_new:
+                note(too_new)
+        with steps.step("patch"):
+            if opts.no_patch:
+                note("patches skipped (--no-patch)")
+            else:
+                for line in apply_for_build(context / "src", {}, vllm.version, arch_cmake,
+                                            cuda, SM121.target):
+                    note(line)
+        chosen = choose_to_build(pipeline, opts, stock, context / "src", arch_cmake, cuda)
+        if not chosen:
+            return opts.tag
+        plan = plan_for(facts, opts.arch, chosen, opts.jobs, context / "src", str(ref),
+                        commit, buildkit=engine.buildkit_client() is not None,
+                        defaults=False)
         projects = projects_for(plan.targets, opts.fa_source)
         provenance = commit + (f"+{changes}" if changes else "")
         if projects:
@@ -133,6 +196,11 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
                         note(f"warning: {got.other_commit} (--allow-other-commit)")
                     note(f"{project.name} {got.commit[:12]} (pinned in "
                          f"{declared.declared_in}): {got.path}")
+                if not opts.no_patch:
+                    trees = {folder: context / folder for _env, folder in plan.external}
+                    for line in apply_for_build(context / "src", trees, vllm.version,
+                                                arch_cmake, cuda, SM121.target, vllm=False):
+                        note(line)
         key = content_key(facts, provenance, plan, opts.no_patch)
         record.vllm_commit, record.arch_list, record.content_key = commit, plan.arch_list, key
         record.extensions = list(plan.extensions)
@@ -158,30 +226,6 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
             click.echo(f"up to date: {', '.join(target.tags)} (content key {key}); "
                        "--force rebuilds")
             return opts.tag
-        with steps.step("patch"):
-            if opts.no_patch:
-                note("patches skipped (--no-patch)")
-            else:
-                trees = {folder: context / folder for _env, folder in plan.external}
-                for line in apply_for_build(context / "src", trees, vllm.version, arch_cmake,
-                                            cuda, SM121.target):
-                    note(line)
-        if not opts.force:
-            with steps.step("decide"):
-                wanted = {n: stock.get(n) for n in plan.extensions} \
-                    if all(n in stock for n in plan.extensions) else \
-                    pipeline.read_stock(facts, plan.extensions)
-                decision = decide(wanted, context / "src", arch_cmake, cuda, SM121.target)
-                for line in decision.lines():
-                    note(line)
-                note(f"{'rebuild' if decision.rebuild else 'no rebuild'}: {decision.reason}")
-            record.decision = decision.as_record()
-            if not decision.rebuild:
-                record.status = "not-needed"
-                click.echo(f"no rebuild needed: {opts.base} already runs natively on sm_121 "
-                           f"({'; '.join(decision.lines())}); nothing tagged; --force builds "
-                           "anyway")
-                return opts.tag
         log = pipeline.new_log(f"build-{key}")
         with engine.pinned(facts.id) as pin:
             plan = replace(plan, base=pin, labels={**plan.labels, CONTENT_KEY_LABEL: key,

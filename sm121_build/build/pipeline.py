@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sm121_build.build import artifacts as artifacts_mod
 from sm121_build.build.render import LABEL_PREFIX
+from sm121_build.build.warnings import age_warning
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.facts import ImageFacts, VllmInstall, cache_dir, inspect_image, require_vllm
@@ -79,6 +80,9 @@ class Pipeline:
             note(f"vLLM {vllm.version}; {facts.platform}; {facts.digest_ref}")
             if vllm.tools:
                 note(f"build tools: {vllm.tools.describe()}")
+            stale = age_warning(ref, facts.created)
+            if stale:
+                note(stale)
         return facts, vllm
 
     def pull(self, ref: str, mode: str) -> None:

@@ -78,10 +78,11 @@ def default_file(target: str) -> str:
 
 
 def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
-                      source: Path | None) -> tuple[str, ...]:
-    """The default set (the image's _C/_moe_C files) plus --ext, checked against the source.
-    A name is a CMake target or a file name; the image's own path for it wins."""
-    chosen = [e for e in image_extensions if DEFAULT_EXTENSIONS.match(e)]
+                      source: Path | None, defaults: bool = True) -> tuple[str, ...]:
+    """The default set (the image's _C/_moe_C files, unless `defaults` is False: the main
+    job's decision names every one) plus `extra`, checked against the source.  A name is a
+    CMake target or a file name; the image's own path for it wins."""
+    chosen = [e for e in image_extensions if DEFAULT_EXTENSIONS.match(e)] if defaults else []
     for name in extra:
         target = extension_target(name)
         filename = next((e for e in image_extensions if e == name or e.endswith("/" + name)
@@ -105,7 +106,8 @@ def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
 def source_targets(source: Path) -> set[str]:
     """The extension targets the tree defines, its external projects' included."""
     own: set[str] = set()
-    for path in [source / "CMakeLists.txt", *sorted(source.glob("cmake/external_projects/*.cmake"))]:
+    files = [source / "CMakeLists.txt", *sorted(source.glob("cmake/external_projects/*.cmake"))]
+    for path in files:
         if path.is_file():
             own |= set(_TARGET.findall(path.read_text(errors="replace")))
     return own | declared_targets(source)
@@ -224,7 +226,7 @@ def provenance_labels(facts: ImageFacts, commit: str, arch: str,
 
 def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
              source: Path | None, git_ref: str, commit: str | None, buildkit: bool,
-             copy_tools: bool = True) -> BuildPlan:
+             copy_tools: bool = True, defaults: bool = True) -> BuildPlan:
     """A build plan from what the image says (paths are detected, never hard-coded).
     `copy_tools`: cmake/ninja the image lacks may come from this machine via the context."""
     vllm = require_vllm(facts)
@@ -234,7 +236,7 @@ def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int
                          "stage needs the CUDA toolkit of a -devel style image")
     include = vllm.cuda_include or f"{vllm.cuda_home}/include"
     lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
-    extensions = choose_extensions(vllm.extensions, extra_ext, source)
+    extensions = choose_extensions(vllm.extensions, extra_ext, source, defaults)
     labels = provenance_labels(facts, commit or git_ref, arch, extensions, rules_digest())
     return BuildPlan(
         base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,

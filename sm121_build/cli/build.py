@@ -27,8 +27,11 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 @click.option("--arch", default="12.1", show_default=True, callback=arch_list,
               help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
 @click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
-              help="Another extension to rebuild (e.g. _vllm_fa2_C); `auto`: every one the "
-                   "audit calls fixable.")
+              help="Also rebuild this extension (e.g. _moe_C_stable_libtorch), whatever the "
+                   "decision says; `auto` is accepted (the default run already builds every "
+                   "extension that gains).")
+@click.option("--only", multiple=True, callback=extension_names,
+              help="Build no extension but these (repeatable; a CMake target or file name).")
 @click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Existing vLLM checkout at the image's commit (else fetched).")
@@ -62,8 +65,9 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
-          allow_other_commit: bool, fa_source: Path | None) -> None:
-    """Build native sm_121 _C/_moe_C for BASE and inject them into an untouched copy."""
+          allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...]) -> None:
+    """Build every extension of BASE that gains native sm_121 code and inject them into an
+    untouched copy."""
     if local:
         if not source or not out:
             raise click.UsageError("--local builds --source into --out: name both")
@@ -94,4 +98,5 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
                   Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
-                          allow_other_commit=allow_other_commit, fa_source=fa_source))
+                          allow_other_commit=allow_other_commit, fa_source=fa_source,
+                          only=tuple(o for o in only if o != "auto")))

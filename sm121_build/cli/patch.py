@@ -13,6 +13,7 @@ from sm121_build.source.guards import DEFAULT_CUDA, Guard, cmake_arch_list, effe
 from sm121_build.source.patch import (
     RuleResult,
     apply_all,
+    apply_macros,
     breaks_ptxas,
     covered,
     read_source_version,
@@ -102,3 +103,9 @@ def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explai
         click.echo(f"{result.name}: {verb or result.outcome} ({result.detail})")
         if result.diff and not explain:
             sys.stdout.write(result.diff)
+    handed = effective_archs(source, archs, cuda_version)
+    for macro in apply_macros(source, name, handed, SM121.target, check=check or explain):
+        verb = "would apply" if (check or explain) and macro.outcome == "applied" else None
+        click.echo(f"{macro.name}: {verb or macro.outcome} ({macro.detail})")
+        if macro.diff and not explain:
+            sys.stdout.write(macro.diff)

@@ -36,6 +36,7 @@ class ImageInfo:
     layers: tuple[str, ...]
     env: tuple[str, ...] = field(default=())
     runtime: tuple[str, ...] = field(default=())  # entrypoint, cmd, workdir, user (as JSON)
+    created: str = ""  # the image config's `created` (RFC 3339), "" when unknown
 
     @property
     def platform(self) -> str:

@@ -86,6 +86,7 @@ class Engine:
             env=tuple(config.get("Env") or ()),
             runtime=tuple(json.dumps(config.get(key)) for key in
                           ("Entrypoint", "Cmd", "WorkingDir", "User", "ExposedPorts")),
+            created=str(attrs.get("Created") or ""),
         )
 
     def pull(self, ref: str, status: Status | None = None) -> str:

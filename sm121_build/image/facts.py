@@ -43,7 +43,7 @@ COMMON_PREFIXES = ("/usr/local", "/usr", "/opt/conda", "/opt/venv", "/venv", "/o
 CUDA_TARGETS = ("sbsa-linux", "aarch64-linux", "x86_64-linux")
 CUDA_HOMES = ("/usr/local/cuda", *(f"/usr/local/cuda-{major}.{minor}"
                                    for major in (13, 12) for minor in range(9, -1, -1)))
-CACHE_FORMAT = 7
+CACHE_FORMAT = 8  # 8: the image config's created date
 
 
 def cache_dir() -> Path:
@@ -81,6 +81,7 @@ class ImageFacts:
     platform: str
     labels: dict[str, str] = field(default_factory=dict)
     vllm: VllmInstall | None = None
+    created: str = ""  # the image config's `created`, "" when unknown
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -268,7 +269,8 @@ def _cuda_version(files: ImageFiles, home: str) -> str | None:
 
 def facts_from_files(info: ImageInfo, files: ImageFiles) -> ImageFacts:
     """Every fact of an image, from the few files that hold them."""
-    base = ImageFacts(info.ref, info.id, info.digest_ref, info.platform, info.labels)
+    base = ImageFacts(info.ref, info.id, info.digest_ref, info.platform, info.labels,
+                      created=info.created)
     site = find_vllm_site(info, files)
     if site is None:
         return base
@@ -301,7 +303,8 @@ def facts_from_files(info: ImageInfo, files: ImageFiles) -> ImageFacts:
         cuda_version=_cuda_version(files, home) if home else None,
         tools=find_build_tools(files, _path_dirs(_env(info)), home, [site]),
     )
-    return ImageFacts(info.ref, info.id, info.digest_ref, info.platform, info.labels, install)
+    return ImageFacts(info.ref, info.id, info.digest_ref, info.platform, info.labels, install,
+                      info.created)
 
 
 def extension_files(listed: Iterable[str]) -> tuple[str, ...]:

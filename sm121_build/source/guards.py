@@ -163,17 +163,20 @@ class _Definitions:
     sets: dict[str, list[str | None]]  # each set(): its literal value, None if not literal
     extra: dict[str, list[str | None]]  # list(APPEND/PREPEND/INSERT …) values
     modified: set[str]  # changed by another list() operation
-    steps: dict[str, list[tuple[str, int, Step]]] = field(default_factory=dict)
+    # every set()/list() of a variable: (file, line, the step; None under a condition the
+    # evaluation cannot decide)
+    steps: dict[str, list[tuple[str, int, Step | None]]] = field(default_factory=dict)
 
     def replay(self, name: str, rel: str, line: int) -> tuple[Step, ...] | None:
         """The commands that build a variable, to run before a call at rel:line: only when
-        each is a literal set()/list(APPEND|PREPEND|INSERT) in that file before the call."""
+        each is a literal set()/list(APPEND|PREPEND|INSERT) in that file before the call, in
+        branches that test nothing but the CUDA version."""
         steps = self.steps.get(name, [])
         values = self.sets.get(name, []) + self.extra.get(name, [])
         if name in self.modified or not steps or any(v is None for v in values) or any(
-                f != rel or at >= line for f, at, _ in steps):
+                f != rel or at >= line or step is None for f, at, step in steps):
             return None
-        return tuple(step for _, _, step in steps)
+        return tuple(step for _, _, step in steps if step is not None)
 
     def value(self, name: str) -> str | None:
         """The one literal value of a variable set once and never changed."""
@@ -196,7 +199,7 @@ def _literal(arguments: tuple[Argument, ...]) -> str | None:
     return ";".join(a.value for a in arguments)
 
 
-def _collect(parsed: dict[str, list[Command]], texts: dict[str, str]
+def _collect(parsed: dict[str, list[Command]], texts: dict[str, str] | None = None
              ) -> tuple[_Definitions, dict[str, str]]:
     """Variable assignments outside functions, and the guard functions: the base one plus
     every function whose body calls a guard function (name -> defining file)."""
@@ -204,14 +207,15 @@ def _collect(parsed: dict[str, list[Command]], texts: dict[str, str]
     bodies: dict[str, tuple[str, list[Command]]] = {}
     for rel, cmds in parsed.items():
         current: list[Command] | None = None
-        text = texts.get(rel)
-        branches = _branches(cmds, text) if text is not None else [("", ())] * len(cmds)
-        for cmd, (_shown, levels) in zip(cmds, branches, strict=True):
+        text = (texts or {}).get(rel)
+        branches = _branches(cmds, text) if text is not None else \
+            [("", (), False)] * len(cmds)
+        for cmd, (_shown, levels, decided) in zip(cmds, branches, strict=True):
             if current is None and text is not None and cmd.words and (
                     cmd.key == "set" or (cmd.key == "list" and len(cmd.words) >= 2)):
                 name = cmd.words[0].value if cmd.key == "set" else cmd.words[1].value
                 defs.steps.setdefault(name, []).append(
-                    (rel, cmd.line, (text[cmd.start:cmd.end], levels)))
+                    (rel, cmd.line, (text[cmd.start:cmd.end], levels) if decided else None))
             if cmd.key in ("function", "macro") and cmd.words:
                 current = []
                 bodies[cmd.words[0].value.lower()] = (rel, current)
@@ -267,24 +271,29 @@ def _condition(cmd: Command, text: str) -> tuple[str, str]:
     return shown, _known(cmd) or "TRUE"
 
 
-def _branches(cmds: list[Command], text: str) -> list[tuple[str, tuple[Level, ...]]]:
-    """Per command: its innermost enclosing if()/elseif()/else() as written, and the chain of
-    enclosing branches as the evaluation replays it.  A condition on anything but the CUDA
-    version is taken as possibly true (and a sibling before it as possibly false), so a call
-    is skipped only where the CUDA version rules its branch out."""
+def _branches(cmds: list[Command], text: str
+              ) -> list[tuple[str, tuple[Level, ...], bool]]:
+    """Per command: its innermost enclosing if()/elseif()/else() as written, the chain of
+    enclosing branches as the evaluation replays it, and whether every condition on that
+    chain is one the evaluation decides.  A condition on anything but the CUDA version is
+    taken as possibly true (and a sibling before it as possibly false), so a call is skipped
+    only where the CUDA version rules its branch out."""
     shown: list[str] = []
     levels: list[tuple[list[str], str]] = []
+    known: list[bool] = []
     out = []
     for cmd in cmds:
         if cmd.key == "if":
-            condition, known = _condition(cmd, text)
+            condition, replayed = _condition(cmd, text)
             shown.append(condition)
-            levels.append(([], known))
+            levels.append(([], replayed))
+            known.append(_known(cmd) is not None)
         elif cmd.key == "elseif" and shown:
-            condition, known = _condition(cmd, text)
+            condition, replayed = _condition(cmd, text)
             shown[-1] = f"elseif {condition}"
             priors, own = levels[-1]
-            levels[-1] = ([*priors, own] if own != "TRUE" else priors, known)
+            levels[-1] = ([*priors, own] if own != "TRUE" else priors, replayed)
+            known[-1] = known[-1] and _known(cmd) is not None
         elif cmd.key == "else" and shown:
             shown[-1] = f"else of {shown[-1]}"
             priors, own = levels[-1]
@@ -292,7 +301,9 @@ def _branches(cmds: list[Command], text: str) -> list[tuple[str, tuple[Level, ..
         elif cmd.key == "endif" and shown:
             shown.pop()
             levels.pop()
-        out.append((shown[-1] if shown else "", tuple((tuple(p), o) for p, o in levels)))
+            known.pop()
+        out.append((shown[-1] if shown else "", tuple((tuple(p), o) for p, o in levels),
+                    all(known)))
     return out
 
 
@@ -306,7 +317,7 @@ def find_calls(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
     calls = []
     for rel, (text, cmds) in read.items():
         depth = 0
-        for cmd, (branch, levels) in zip(cmds, _branches(cmds, text), strict=True):
+        for cmd, (branch, levels, _decided) in zip(cmds, _branches(cmds, text), strict=True):
             if cmd.key in ("function", "macro"):
                 depth += 1
             elif cmd.key in ("endfunction", "endmacro"):

@@ -31,13 +31,6 @@ from sm121_build.errors import PatchDrift, Sm121Error
 from sm121_build.image.facts import read_version_file
 from sm121_build.shipped import shipped_dir
 from sm121_build.source.cmake_lang import Argument
-from sm121_build.source.ptx_sass import (
-    MacroResult,
-    MacroRule,
-    apply_macro_rule,
-    is_macro_rule,
-    parse_rule,
-)
 from sm121_build.source.guards import (
     DEFAULT_CUDA,
     SM12X_ENTRY,
@@ -47,6 +40,13 @@ from sm121_build.source.guards import (
     evaluate,
     intersect,
     scan_files,
+)
+from sm121_build.source.ptx_sass import (
+    MacroResult,
+    MacroRule,
+    apply_macro_rule,
+    is_macro_rule,
+    parse_rule,
 )
 from sm121_build.verify.compat import Target, loads_natively, parse_target
 
@@ -216,8 +216,8 @@ def load_macro_rules(directory: Path | None = None) -> tuple[MacroRule, ...]:
 def rules_digest() -> str:
     """One hash over all rules: part of a build's content key."""
     rules, macros = _load_all()
-    return hashlib.sha256("".join(r.digest for r in (*rules, *macros)).encode()
-                          ).hexdigest()[:16]
+    digests = [r.digest for r in rules] + [m.digest for m in macros]
+    return hashlib.sha256("".join(digests).encode()).hexdigest()[:16]
 
 
 def rules_for(project: str = "vllm") -> tuple[Rule, ...]:
@@ -239,7 +239,8 @@ def breaks_ptxas(guard: Guard) -> bool:
 def fixable_targets() -> dict[str, str]:
     """Extension target -> the rule that builds it natively for sm_12x (`_vllm_fa2_C`)."""
     rules, macros = _load_all()
-    return {target: rule.name for rule in (*rules, *macros) for target in rule.targets}
+    named = [(r.name, r.targets) for r in rules] + [(m.name, m.targets) for m in macros]
+    return {target: name for name, targets in named for target in targets}
 
 
 def target_gpu(archs: str) -> Target:
@@ -503,14 +504,16 @@ def read_source_version(source: Path) -> str | None:
 
 
 def apply_for_build(source: Path, external: dict[str, Path], version: str, archs: str,
-                    cuda_version: str, gpu: Target) -> list[str]:
+                    cuda_version: str, gpu: Target, vllm: bool = True) -> list[str]:
     """The build's patch step: vLLM's rules on `source`, then each external project's
     (`external`: project name -> its tree) for the archs vLLM hands it.  One line per rule."""
-    lines = [f"{r.name}: {r.outcome} ({r.detail})"
-             for r in apply_all(source, version, archs, cuda_version=cuda_version)]
-    effective = effective_archs(source, archs, cuda_version)
-    lines += [f"{r.name}: {r.outcome} ({r.detail})"
-              for r in apply_macros(source, "vllm", effective, gpu)]
+    lines: list[str] = []
+    if vllm:
+        lines += [f"{r.name}: {r.outcome} ({r.detail})"
+                  for r in apply_all(source, version, archs, cuda_version=cuda_version)]
+        effective = effective_archs(source, archs, cuda_version)
+        lines += [f"{r.name}: {r.outcome} ({r.detail})"
+                  for r in apply_macros(source, "vllm", effective, gpu)]
     for name, tree in external.items():
         handed, results = apply_external(source, tree, name, version, archs, cuda_version, gpu)
         lines += [f"{r.name} ({name}, CUDA_ARCHS {handed}): {r.outcome} ({r.detail})"

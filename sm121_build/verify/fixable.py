@@ -7,9 +7,11 @@
 - "partly native": `_C`/`_moe_C` with some kernels native; the rest are left out of sm_12x
   by vLLM's own guards (Marlin, Machete, sm_90/sm_100 GEMMs), and the main job decides with
   the source's guards whether a rebuild gains anything.
-- "no sm_12x implementation": every cubin and PTX is arch- or family-specific to another GPU
-  (`sm_90a`, `sm_100f`: wgmma, tcgen05, ...); its kernels are written for those
-  instructions, so no arch guard can make them build for sm_12x (`_vllm_fa3_C`, `_flashmla_C`).
+- "other GPUs only": every cubin and PTX is arch- or family-specific to another GPU
+  (`sm_90a`, `sm_100f`: wgmma, tcgen05, ...).  That is what the binary shows; whether the
+  source has an sm_12x path (0.33.0's `_qutlass_C` ships sm_100f only, yet its CMake builds
+  sm_120f for a 12.x-only list) needs the source: the main job decides with the pinned
+  source's guards, and says "no sm_12x implementation" only when no guard gives one.
 - "no rule": code sm_12x cannot run natively, and no rule here to rebuild it.
 """
 
@@ -24,8 +26,7 @@ from sm121_build.source.patch import fixable_targets
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.compat import Target
 
-RebuildVerdict = Literal["native", "fixable", "partly native", "no sm_12x implementation",
-                         "no rule"]
+RebuildVerdict = Literal["native", "fixable", "partly native", "other GPUs only", "no rule"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def rebuild_verdict(report: BinaryReport, gpu: Target) -> Rebuild | None:
     rule = fixable_targets().get(target)
     if rule is not None:
         return Rebuild("fixable", f"{short}; rule {rule} builds {target} natively "
-                       f"(sm121-build --base IMAGE --ext {target})")
+                       "(sm121-build --base IMAGE)")
     if DEFAULT_EXTENSIONS.match(PurePosixPath(report.name).name):
         if counts["native"]:
             return Rebuild("partly native", f"{short}; vLLM's guards build those for other "
@@ -60,7 +61,9 @@ def rebuild_verdict(report: BinaryReport, gpu: Target) -> Rebuild | None:
     foreign = [e for e in report.entries if e.variant and e.arch // 10 != gpu.major]
     if foreign and len(foreign) == len(report.entries):
         only = ", ".join(sorted({e.sm for e in foreign}))
-        return Rebuild("no sm_12x implementation",
-                       f"{short}; its code is only for {only} "
-                       "(arch/family-specific instructions): a rebuild cannot help")
+        return Rebuild("other GPUs only",
+                       f"{short}; its code is only for {only} (arch/family-specific "
+                       "instructions of other GPUs); whether its source can build sm_12x code "
+                       "the binary cannot tell: sm121-build --base IMAGE decides with the "
+                       "pinned source")
     return Rebuild("no rule", f"{short}; no rule here rebuilds {target}")

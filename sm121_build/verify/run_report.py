@@ -88,7 +88,7 @@ class RunRecord:
     external: dict[str, ExternalSource] = field(default_factory=dict)
     content_key: str | None = None
     extensions: list[str] | None = None
-    decision: dict[str, Any] | None = None  # decide.Decision.as_record()
+    decision: dict[str, Any] | None = None  # main_job.choose_to_build: per extension
     log: str | None = None
     before: dict[str, Binary] | None = None
     after: dict[str, Binary] | None = None
@@ -185,8 +185,14 @@ def markdown(record: RunRecord) -> str:
     if decision:
         lines += ["", f"Rebuild decision: **{'rebuild' if decision['rebuild'] else 'no rebuild'}"
                   f"**: {decision['reason']}"]
-        lines += [f"- `{name}`: {c['native']}/{c['total']} kernels native on sm_121 in the "
-                  "stock image" for name, c in sorted(decision["extensions"].items())]
+        lines += ["", "| extension | built | native | JIT only | none | why |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name, e in sorted(decision["extensions"].items()):
+            b, a = e["before"], e["after"]
+            why = "; ".join([e["reason"], *e["remains"]]).replace("|", "\\|")
+            lines.append(f"| `{name}` | {'yes' if e['build'] else 'no'} | "
+                         f"{b['native']} → {a['native']} | {b['jit']} → {a['jit']} | "
+                         f"{b['none']} → {a['none']} | {why} |")
     before = record.before or {}
     after = record.after or {}
     if after:

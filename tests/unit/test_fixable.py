@@ -19,14 +19,15 @@ KERNELS = DATA / "kernels.cu"
 
 @pytest.mark.parametrize("name, pairs, verdict, says", [
     ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"),
-     "fixable", "rule fa2-sm12x-native builds _vllm_fa2_C natively (sm121-build --base IMAGE "
-     "--ext _vllm_fa2_C)"),
+     "fixable", "rule sass-from-ptx builds _vllm_fa2_C natively (sm121-build --base IMAGE)"),
     ("vllm_flash_attn/_vllm_fa3_C.abi3.so", ("compute_90a:sm_90a",),
-     "no sm_12x implementation", "its code is only for sm_90a (arch/family-specific "
-     "instructions): a rebuild cannot help"),
+     "other GPUs only", "its code is only for sm_90a (arch/family-specific instructions of "
+     "other GPUs); whether its source can build sm_12x code the binary cannot tell: "
+     "sm121-build --base IMAGE decides with the pinned source"),
     ("_flashmla_C.abi3.so", ("compute_90a:sm_90a", "compute_100f:sm_100f"),
-     "no sm_12x implementation", "its code is only for sm_100f, sm_90a (arch/family-specific "
-     "instructions): a rebuild cannot help"),
+     "other GPUs only", "its code is only for sm_100f, sm_90a (arch/family-specific "
+     "instructions of other GPUs); whether its source can build sm_12x code the binary "
+     "cannot tell: sm121-build --base IMAGE decides with the pinned source"),
     ("_C.abi3.so", ("compute_90:sm_90",), "fixable",
      "the main job rebuilds _C (sm121-build --base IMAGE)"),
     ("_custom_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"), "no rule",

@@ -1,6 +1,7 @@
-"""The flash-attention rule (patches/fa2-sm12x-native.yaml) on the flash-attention-shaped
-fixture (tests/data/fa_like: the guard "8.0+PTX", its supported-arch list appended per CUDA
-version, the +PTX semantics of the real function), evaluated with real cmake -P."""
+"""Add rules on the flash-attention-shaped fixture (tests/data/fa_like: the guard "8.0+PTX",
+its supported-arch list appended per CUDA version, the +PTX semantics of the real function),
+evaluated with real cmake -P: FA2's former add rule (tests/data/rules, the `fa2_add_rule`
+fixture), and what the shipped rules do to the tree (sass-from-ptx, patches/)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def _fa(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("cuda", ["12.9", "13.0"])
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_fa2_gets_a_native_target_and_nothing_else_changes(tmp_path: Path, cuda: str) -> None:
     source = _fa(tmp_path)
     before = (source / "CMakeLists.txt").read_text()
@@ -42,6 +44,7 @@ def test_fa2_gets_a_native_target_and_nothing_else_changes(tmp_path: Path, cuda:
     assert (source / "CMakeLists.txt").read_text() == after
 
 
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_a_build_without_sm12x_leaves_fa2_alone(tmp_path: Path) -> None:
     source = _fa(tmp_path)
     (result,) = apply_all(source, "0.19.1", "9.0", project="vllm-flash-attn", gpu=SM121)
@@ -50,6 +53,7 @@ def test_a_build_without_sm12x_leaves_fa2_alone(tmp_path: Path) -> None:
                                                        "CMakeLists.txt").read_text()
 
 
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_a_guard_already_native_is_not_touched(tmp_path: Path) -> None:
     source = _fa(tmp_path)
     text = (source / "CMakeLists.txt").read_text().replace('"8.0+PTX"', '"8.0+PTX;12.0"')
@@ -58,6 +62,7 @@ def test_a_guard_already_native_is_not_touched(tmp_path: Path) -> None:
     assert result.outcome == "not needed"
 
 
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_vllm_rules_do_not_touch_flash_attention_and_back(tmp_path: Path) -> None:
     source = _fa(tmp_path)
     assert [r.name for r in apply_all(source, "0.19.1", "12.1", check=True)] == [
@@ -95,7 +100,7 @@ def test_an_add_that_cannot_reach_the_gpu_is_an_error(tmp_path: Path) -> None:
         apply_rule(rule, _fa(tmp_path), "0.19.1", "12.1", gpu=SM121)
 
 
-def test_patch_explain_lists_the_flash_attention_guard(tmp_path: Path) -> None:
+def test_patch_explain_shows_the_same_ptx_rule_on_flash_attention(tmp_path: Path) -> None:
     from devkit.helpers import cli
 
     source = _fa(tmp_path)
@@ -104,10 +109,15 @@ def test_patch_explain_lists_the_flash_attention_guard(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == ("vllm-flash-attn (as vLLM builds it), CUDA_ARCHS=12.0 (narrowed by its "
                         "CUDA 13.0 list from 12.1): what each guard gives nvcc")
-    assert '"8.0+PTX" -> 8.0+PTX, target added "8.0+PTX;12.0" -> 12.0' in lines[1]
-    assert lines[-1] == "fa2-sm12x-native: would apply (1 guard call(s) given a target in 1 " \
-        "file(s))"
+    assert lines[-1].startswith("sass-from-ptx: would apply (set_gencode_flags_for_srcs in "
+                                "cmake/utils.cmake:")
+    assert lines[-1].endswith("gives PTX-only sources sm_120 SASS from the same PTX)")
     assert (source / "CMakeLists.txt").read_text() == (DATA / "fa_like" /
                                                        "CMakeLists.txt").read_text()
+    assert (source / "cmake" / "utils.cmake").read_text() == (
+        DATA / "fa_like" / "cmake" / "utils.cmake").read_text()
     applied = cli("patch", str(source))
-    assert applied.returncode == 0 and "fa2-sm12x-native: applied" in applied.stdout
+    assert applied.returncode == 0 and "sass-from-ptx: applied" in applied.stdout
+    assert 'CODE "sm_120")' in applied.stdout
+    again = cli("patch", str(source))
+    assert "sass-from-ptx: not needed (set_gencode_flags_for_srcs already has it)" in again.stdout

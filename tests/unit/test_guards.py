@@ -275,8 +275,13 @@ def test_branches_as_shown_and_as_replayed() -> None:
             "  if(NESTED)\n    n()\n  endif()\nelse()\n  d()\nendif()\ne()\n"
             "endif()\nelse()\nelseif(Y)\nf()\nif()\ng()\nendif()\n")
     cmds = commands(text)
-    got = {c.name: branch for c, branch in zip(cmds, _branches(cmds, text), strict=True)
+    got = {c.name: branch[:2] for c, branch in zip(cmds, _branches(cmds, text), strict=True)
            if c.key not in ("if", "elseif", "else", "endif")}
+    decided = {c.name: branch[2] for c, branch in zip(cmds, _branches(cmds, text), strict=True)
+               if c.key not in ("if", "elseif", "else", "endif")}
+    # only a() and the commands outside any if() sit under conditions CMake -P decides
+    assert decided == {"a": True, "b": False, "c": False, "n": False, "d": False, "e": True,
+                       "f": True, "g": False}
     lt128 = "CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 12.8"
     assert got == {
         "a": (GE13, (((), GE13),)),
@@ -288,14 +293,15 @@ def test_branches_as_shown_and_as_replayed() -> None:
         "f": ("", ()),  # stray endif/else/elseif change nothing
         "g": ("", (((), "TRUE"),)),
     }
-    shown = [b for c, (b, _) in zip(cmds, _branches(cmds, text), strict=True) if c.key == "if"]
+    shown = [b for c, (b, _, _k) in zip(cmds, _branches(cmds, text), strict=True)
+             if c.key == "if"]
     assert shown[:2] == [GE13, "NESTED"]
 
 
 def test_an_else_after_an_unknown_elseif_keeps_the_known_priors() -> None:
     text = f"if(A)\nelseif({GE13})\nelseif(B)\nelse()\n  x()\nendif()\n"
     cmds = commands(text)
-    assert _branches(cmds, text)[4] == ("else of elseif B", (((GE13,), "TRUE"),))
+    assert _branches(cmds, text)[4] == ("else of elseif B", (((GE13,), "TRUE"),), False)
 
 
 # --- the calls -----------------------------------------------------------------------------------
@@ -322,12 +328,10 @@ def test_a_list_from_variables_is_expanded(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("lists", "may"), [
-    ('set(L "9.0")\nlist(APPEND L "10.0")\n', False),
-    ('set(L "9.0")\nlist(APPEND L "12.0a")\n', True),
-    ('set(L "9.0")\nset(L "12.0")\n', True),
-    ('set(L "9.0")\nset(L "10.0")\n', False),
     ('set(L "9.0")\nlist(SORT L)\n', True),
     ('set(L "${OTHER}")\n', True),
+    ('set(L "9.0")\nif(WANT)\n  list(APPEND L "10.0")\nendif()\n', False),
+    ('set(L "9.0")\nif(WANT)\n  list(APPEND L "12.0a")\nendif()\n', True),
 ])
 def test_an_unresolvable_list_may_or_may_not_hold_12x(tmp_path: Path, lists: str,
                                                        may: bool) -> None:
@@ -338,8 +342,40 @@ def test_an_unresolvable_list_may_or_may_not_hold_12x(tmp_path: Path, lists: str
     assert call.may_give_sm12x is may
 
 
+@pytest.mark.parametrize(("lists", "may", "gives"), [
+    ('set(L "9.0")\nlist(APPEND L "10.0")\n', False, ("8.0", "9.0", "10.0")),
+    ('set(L "9.0")\nlist(APPEND L "12.0a")\n', True, ("8.0", "9.0", "12.0a")),
+    ('set(L "9.0")\nset(L "12.0")\n', True, ("8.0", "12.0")),
+    ('set(L "9.0")\nset(L "10.0")\n', False, ("8.0", "10.0")),
+    # 0.33.0's deepgemm.cmake: appended per CUDA version, the branch replayed by CMake
+    ('set(L)\nif(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)\n'
+     '  list(APPEND L "12.0f")\nelse()\n  list(APPEND L "12.0a" "12.1a")\nendif()\n',
+     True, ("8.0", "12.0")),
+])
+def test_a_list_built_by_literal_steps_is_replayed(tmp_path: Path, lists: str, may: bool,
+                                                   gives: tuple[str, ...]) -> None:
+    text = lists + 'cuda_archs_loose_intersection(X "${L};8.0" "${CUDA_ARCHS}")\n'
+    source = _tree(tmp_path, text)
+    (call,) = find_calls(source)
+    assert call.unresolved == "" and call.evaluated_args == ("${L};8.0", "${CUDA_ARCHS}")
+    assert call.prelude and all(step[0].startswith(("set(L", "list(APPEND L"))
+                                for step in call.prelude)
+    assert call.may_give_sm12x is may
+    (guard,) = evaluate(source, "8.0;9.0;10.0;12.0", "13.0")
+    assert guard.result is not None and set(guard.result) == set(gives)
+    if "else()" in lists:  # the other branch under CUDA 12.9: 12.0a, not the family entry
+        (older,) = evaluate(source, "8.0;9.0;10.0;12.0", "12.9")
+        assert older.result is not None and set(older.result) == {"8.0", "12.0a"}
+
+
+def test_a_step_after_the_call_or_in_another_file_is_not_replayed(tmp_path: Path) -> None:
+    call = _call(tmp_path, 'set(L "9.0")\ncuda_archs_loose_intersection(X "${L}" '
+                           '"${CUDA_ARCHS}")\nlist(APPEND L "12.0")\n')
+    assert call.evaluated_args is None and call.may_give_sm12x
+
+
 @pytest.mark.parametrize(("written", "may"), [
-    ('set(L "9.0")\nset(L "12.0")\n', True), ('set(L "9.0")\nset(L "10.0")\n', False)])
+    ('set(L "9.0")\nlist(SORT L)\n', True), ('set(L "10.0")\nlist(SORT L)\n', True)])
 def test_the_target_list_inside_a_list_is_skipped_not_the_rest(tmp_path: Path, written: str,
                                                                  may: bool) -> None:
     call = _call(tmp_path, written + 'cuda_archs_loose_intersection(X "${CUDA_ARCHS};${L}" '
@@ -356,7 +392,7 @@ def test_a_variable_set_empty_expands_to_nothing(tmp_path: Path) -> None:
 
 
 def test_a_12x_entry_with_a_variable_suffix_may_give_12x(tmp_path: Path) -> None:
-    call = _call(tmp_path, 'set(S "a")\nset(S "f")\n'
+    call = _call(tmp_path, 'set(S "a")\nif(ANY)\n  set(S "f")\nendif()\n'
                            'cuda_archs_loose_intersection(X "9.0;12.0${S}" "${CUDA_ARCHS}")\n')
     assert call.evaluated_args is None and call.may_give_sm12x
 
@@ -496,8 +532,8 @@ def test_supported_archs_block_without_cmakelists_or_with_a_stray_endif(tmp_path
 def test_the_driver_passes_arguments_verbatim_and_resets_the_output(tmp_path: Path) -> None:
     source = _tree(tmp_path, "", ECHO)
     results, effective = _run(source, "12.1;9.0;xSM121ARCHS|y", "13.0", [
-        ("sm121_echo", ('a"b\\c;d|e;;f;xSM121GUARD|y',), ()), ("sm121_nothing", (), ()),
-        ("sm121_echo", ("",), ())])
+        ("sm121_echo", ('a"b\\c;d|e;;f;xSM121GUARD|y',), (), ()),
+        ("sm121_nothing", (), (), ()), ("sm121_echo", ("",), (), ())])
     assert results == {0: ('a"b\\c', "d|e", "f", "xSM121GUARD|y"), 1: (), 2: ()}
     assert effective == "12.1;9.0;xSM121ARCHS|y"
 
@@ -506,12 +542,12 @@ def test_the_driver_replays_branches_by_cuda_version(tmp_path: Path) -> None:
     source = _tree(tmp_path, "", ECHO)
     lt13 = "${CMAKE_CUDA_COMPILER_VERSION} VERSION_LESS 13.0"
     invocations = [
-        ("sm121_echo", ("in 13",), (((), GE13),)),
-        ("sm121_echo", ("else of 13",), (((GE13,), "TRUE"),)),
+        ("sm121_echo", ("in 13",), (((), GE13),), ()),
+        ("sm121_echo", ("else of 13",), (((GE13,), "TRUE"),), ()),
         ("sm121_echo", ("elseif",), (((GE13, "${CMAKE_CUDA_COMPILER_VERSION} VERSION_LESS 12.0"),
-                                      "${CMAKE_CUDA_COMPILER_VERSION} VERSION_LESS 12.9"),)),
-        ("sm121_echo", ("nested",), (((), "TRUE"), ((), lt13))),
-        ("sm121_echo", ("always",), ()),
+                                      "${CMAKE_CUDA_COMPILER_VERSION} VERSION_LESS 12.9"),), ()),
+        ("sm121_echo", ("nested",), (((), "TRUE"), ((), lt13)), ()),
+        ("sm121_echo", ("always",), (), ()),
     ]
     assert _run(source, "12.1", "13.0", invocations)[0] == {0: ("in 13",), 4: ("always",)}
     assert _run(source, "12.1", "12.8", invocations)[0] == {
@@ -537,7 +573,7 @@ def test_the_driver_runs_in_a_scratch_folder(tmp_path: Path, monkeypatch: pytest
     here.mkdir()
     monkeypatch.chdir(here)
     source = _tree(tmp_path, "", ECHO)
-    assert _run(source, "12.1", "13.0", [("sm121_stray", (), ())])[0] == {0: ()}
+    assert _run(source, "12.1", "13.0", [("sm121_stray", (), (), ())])[0] == {0: ()}
     assert list(here.iterdir()) == []
 
 
@@ -590,7 +626,7 @@ def test_a_relative_source_is_included_by_its_absolute_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _tree(tmp_path, "", ECHO)
     monkeypatch.chdir(tmp_path)
-    assert _run(Path("src"), "12.1", "13.0", [("sm121_echo", ("x",), ())])[0] == {0: ("x",)}
+    assert _run(Path("src"), "12.1", "13.0", [("sm121_echo", ("x",), (), ())])[0] == {0: ("x",)}
 
 
 # --- evaluate and intersect --------------------------------------------------------------------

@@ -158,13 +158,15 @@ def test_a_malformed_rule_is_one_error_naming_the_file(tmp_path: Path, body: str
 
 def test_the_shipped_rules_and_their_digest() -> None:
     rules = load_rules()
-    assert [r.name for r in rules] == ["fa2-sm12x-native", "fp4-sm12x-arch-specific"]
+    assert [r.name for r in rules] == ["fp4-sm12x-arch-specific"]
+    assert [(m.name, m.projects) for m in patch.load_macro_rules()] == [
+        ("sass-from-ptx", ("vllm", "vllm-flash-attn"))]
     texts = [p.read_text() for p in sorted((patch.patches_dir()).glob("*.yaml"))]
     joined = "".join(hashlib.sha256(t.encode()).hexdigest() for t in texts)
     assert rules_digest() == hashlib.sha256(joined.encode()).hexdigest()[:16]
     assert [r.name for r in rules_for()] == ["fp4-sm12x-arch-specific"]
-    assert [r.name for r in rules_for("vllm-flash-attn")] == ["fa2-sm12x-native"]
-    assert fixable_targets() == {"_vllm_fa2_C": "fa2-sm12x-native"}
+    assert [r.name for r in rules_for("vllm-flash-attn")] == []
+    assert fixable_targets() == {"_vllm_fa2_C": "sass-from-ptx"}
 
 
 def test_covered_and_breaks_ptxas() -> None:
@@ -177,13 +179,14 @@ def test_covered_and_breaks_ptxas() -> None:
     assert not covered(guard("SCALED_MM_ARCHS", ()))
     assert not covered(guard("XFP4_ARCHS", ()))
     assert not covered(guard("FA2_ARCHS", ()))
-    assert covered(guard("FA2_ARCHS", ()), "vllm-flash-attn")
+    assert not covered(guard("FA2_ARCHS", ()), "vllm-flash-attn")  # sass-from-ptx: no guard
     assert breaks_ptxas(guard("FP4_ARCHS", ("9.0", "12.1")))
     assert not breaks_ptxas(guard("FP4_ARCHS", ("12.1a",)))
     assert not breaks_ptxas(guard("SCALED_MM_ARCHS", ("12.1",)))
     assert not breaks_ptxas(guard("FA2_ARCHS", ("12.1",)))  # an add rule: not a ptxas matter
 
 
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_a_rule_needs_and_covers() -> None:
     fp4, = rules_for()
     fa2, = rules_for("vllm-flash-attn")
@@ -608,6 +611,7 @@ def test_read_source_version(tmp_path: Path) -> None:
     assert read_source_version(tmp_path) == "0.20.0"
 
 
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_the_build_patch_step_lines(tmp_path: Path) -> None:
     """vLLM's rules, then flash-attention's for the archs vLLM narrows the request to."""
     source = _tree(tmp_path, f'{GE13}\n  set(CUDA_SUPPORTED_ARCHS "9.0;12.0")\nendif()\n'
@@ -627,6 +631,7 @@ def test_the_build_patch_step_lines(tmp_path: Path) -> None:
         "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))"]
 
 
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_an_add_rule_reports_the_gpu(tmp_path: Path) -> None:
     fa = Path(shutil.copytree(DATA / "fa_like", tmp_path / "fa"))
     text = (fa / "CMakeLists.txt").read_text().replace('"8.0+PTX"', '"8.0+PTX;12.0"')
@@ -712,6 +717,7 @@ def test_an_add_rule_cannot_reach_into_a_wrapper(tmp_path: Path, archs: str, giv
         "function: rule r cannot add to it")
 
 
+@pytest.mark.usefixtures("fa2_add_rule")
 def test_external_projects_get_the_archs_vllm_hands_them_and_the_gpu(tmp_path: Path) -> None:
     source = _tree(tmp_path, NARROWING)
     fa = Path(shutil.copytree(DATA / "fa_like", tmp_path / "fa"))
@@ -736,7 +742,8 @@ def test_external_projects_get_the_archs_vllm_hands_them_and_the_gpu(tmp_path: P
 def test_the_build_patch_step_uses_the_build_s_cuda_version(tmp_path: Path) -> None:
     source = _tree(tmp_path, f"{GE13}\nelse()\n  " + FP4.format("12.0f") + "endif()\n")
     assert apply_for_build(source, {}, "0.99.0", "12.1", "12.9", SM121) == [
-        "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))"]
+        "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))",
+        "sass-from-ptx: not applicable (cmake/utils.cmake defines no set_gencode_flags_for_srcs)"]
 
 
 # --- the re-evaluation's safety nets (CMake stood in where it would have to disagree) ---------

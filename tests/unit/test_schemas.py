@@ -94,9 +94,11 @@ def test_run_reports_of_each_outcome() -> None:
         abi_symbols_checked=88, artifacts="/out", log="/log",
         image_id="sha256:" + "b" * 64, tags=["x:y"],
         external={"vllm-flash-attn": run_report.ExternalSource("f" * 40, "/repo")},
-        decision={"rebuild": True, "reason": "r", "extensions": {
-            "_C.abi3.so": {"native": 0, "total": 4}}, "stock_archs": [],
-            "build_targets": ["12.0"]},
+        decision={"rebuild": True, "reason": "r", "chosen": ["_C.abi3.so"], "extensions": {
+            "_C.abi3.so": {"name": "_C.abi3.so", "target": "_C",
+                           "before": {"native": 0, "jit": 4, "none": 0},
+                           "after": {"native": 4, "jit": 0, "none": 0}, "build": True,
+                           "reason": "r", "remains": []}}},
         pulled=run_report.Pulled(None, "sha256:" + "a" * 64))
     built = record.as_json()
     _check("report", built)

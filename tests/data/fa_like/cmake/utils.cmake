@@ -40,17 +40,42 @@ function(cuda_archs_loose_intersection OUT SRC_ARCHS TGT_ARCHS)
   set(${OUT} "${result}" PARENT_SCOPE)
 endfunction()
 
-# "8.0+PTX;12.0" -> "80;120-real" for CMAKE_CUDA_ARCHITECTURES (80: cubin and PTX).
-function(fa_archs_to_cmake OUT ARCHS)
-  set(result "")
-  foreach(arch ${ARCHS})
-    string(REPLACE "." "" arch "${arch}")
-    if(arch MATCHES "\\+PTX$")
-      string(REPLACE "+PTX" "" arch "${arch}")
-      list(APPEND result "${arch}")
+# The per-source -gencode flags, in the shape of vLLM's and flash-attention's
+# set_gencode_flags_for_srcs (cmake/utils.cmake): "X.Y" gives sm_XY cubins, "X.Y+PTX" sm_XY
+# cubins and compute_XY PTX.
+macro(set_gencode_flag_for_srcs)
+  set(options)
+  set(oneValueArgs ARCH CODE)
+  set(multiValueArgs SRCS)
+  cmake_parse_arguments(arg "${options}" "${oneValueArgs}"
+                        "${multiValueArgs}" ${ARGN} )
+  set(_FLAG -gencode arch=${arg_ARCH},code=${arg_CODE})
+  set_property(
+    SOURCE ${arg_SRCS}
+    APPEND PROPERTY
+    COMPILE_OPTIONS "$<$<COMPILE_LANGUAGE:CUDA>:${_FLAG}>"
+  )
+endmacro(set_gencode_flag_for_srcs)
+
+macro(set_gencode_flags_for_srcs)
+  set(options)
+  set(oneValueArgs BUILD_PTX_FOR_ARCH)
+  set(multiValueArgs SRCS CUDA_ARCHS)
+  cmake_parse_arguments(arg "${options}" "${oneValueArgs}"
+                        "${multiValueArgs}" ${ARGN} )
+  foreach(_ARCH ${arg_CUDA_ARCHS})
+    string(FIND "${_ARCH}" "+PTX" _HAS_PTX)
+    if(NOT _HAS_PTX EQUAL -1)
+      string(REPLACE "+PTX" "" _BASE_ARCH "${_ARCH}")
+      string(REPLACE "." "" _STRIPPED_ARCH "${_BASE_ARCH}")
+      set_gencode_flag_for_srcs(SRCS ${arg_SRCS} ARCH "compute_${_STRIPPED_ARCH}"
+                                CODE "sm_${_STRIPPED_ARCH}")
+      set_gencode_flag_for_srcs(SRCS ${arg_SRCS} ARCH "compute_${_STRIPPED_ARCH}"
+                                CODE "compute_${_STRIPPED_ARCH}")
     else()
-      list(APPEND result "${arch}-real")
+      string(REPLACE "." "" _STRIPPED_ARCH "${_ARCH}")
+      set_gencode_flag_for_srcs(SRCS ${arg_SRCS} ARCH "compute_${_STRIPPED_ARCH}"
+                                CODE "sm_${_STRIPPED_ARCH}")
     endif()
   endforeach()
-  set(${OUT} "${result}" PARENT_SCOPE)
-endfunction()
+endmacro()
