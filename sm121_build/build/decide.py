@@ -250,7 +250,9 @@ def _plan_one(name: str, target: str, report: BinaryReport,
         for t in built.targets:
             if loads_natively(t, gpu) and (t not in had or not _stock_has(report, t)) \
                     and not _stock_has(report, t):
-                new_targets.append(f"{built.variable} ({built.location}) gives {t}")
+                where = "the main arch list (CUDA_ARCHS)" if built.line == 0 else \
+                    f"{built.variable} ({built.location})"
+                new_targets.append(f"{where} gives {t}")
     if new_targets:
         gains.append(f"{'; '.join(dict.fromkeys(new_targets))}, which the stock file has no "
                      "cubins for")

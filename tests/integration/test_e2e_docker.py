@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 PREFIX = "sm121-test/e2e"
 INJECTED = ("_C.abi3.so", "_moe_C.abi3.so")
+SCOPE = ("--only", "_C", "--only", "_moe_C")
 
 
 @dataclass
@@ -46,9 +47,13 @@ class E2E:
         return subprocess.run([sys.executable, "-m", "sm121_build", *args], capture_output=True,
                               text=True, check=False, env=self.env)
 
-    def build(self, tag: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    def build(self, tag: str, *extra: str, scope: tuple[str, ...] = SCOPE
+              ) -> subprocess.CompletedProcess[str]:
+        """The main job on the stock image; by default restricted to _C/_moe_C (`--only`),
+        which most tests are about; `scope=()` is the default run (every extension that
+        gains: the fixture's FA2 too)."""
         return self.run("--base", self.stock.tag, "--source", str(self.stock.checkout),
-                        "--tag", tag, *extra)
+                        "--tag", tag, *scope, *extra)
 
     def exists(self, tag: str) -> bool:
         try:
@@ -324,18 +329,22 @@ def test_image_already_native_is_not_rebuilt(e2e: E2E, patched: subprocess.
     assert patched.returncode == 0, patched.stderr
     report = e2e.work / "not-needed.json"
     result = e2e.run("--base", f"{PREFIX}:patched", "--source", str(e2e.stock.checkout),
-                     "--tag", f"{PREFIX}:not-needed", "--report", str(report))
+                     "--tag", f"{PREFIX}:not-needed", "--report", str(report), *SCOPE)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"no rebuild needed: {PREFIX}:patched already runs "
-                                    "natively on sm_121 (_C.abi3.so: ")
+    assert result.stdout.startswith(f"no rebuild needed: no extension of {PREFIX}:patched "
+                                    "gains native sm_121 code from a rebuild")
     assert "==> build" not in result.stderr
+    assert "_C.abi3.so: keep (native " in result.stderr
     assert not e2e.exists(f"{PREFIX}:not-needed")
     recorded = json.loads(report.read_text())
     assert recorded["status"] == "not-needed"
-    assert recorded["decision"]["rebuild"] is False
-    assert recorded["decision"]["stock_archs"] == ["12.1"]
+    assert recorded["decision"]["rebuild"] is False and recorded["decision"]["chosen"] == []
     native = recorded["decision"]["extensions"]["_C.abi3.so"]
-    assert native["native"] == native["total"] > 0
+    assert native["before"]["native"] == sum(native["before"].values()) > 0
+    assert native["reason"] == "every kernel is already native on sm_121"
+    # the stock FA2 of that base is still JIT-only: the plan says so (and --only left it out)
+    fa2 = recorded["decision"]["extensions"][FA2]
+    assert (fa2["build"], fa2["before"]["jit"], fa2["after"]["jit"]) == (True, 2, 0)
     forced = e2e.run("--base", f"{PREFIX}:patched", "--source", str(e2e.stock.checkout),
                      "--tag", f"{PREFIX}:not-needed", "--force")
     assert forced.returncode == 0, forced.stderr
@@ -371,18 +380,20 @@ FA2 = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
 
 @pytest.fixture(scope="module")
 def with_fa2(e2e: E2E) -> subprocess.CompletedProcess[str]:
-    return e2e.build(f"{PREFIX}:fa2", "--ext", "auto", "--out", str(e2e.work / "fa2-artifacts"),
-                     "--report", str(e2e.work / "fa2-report.json"))
+    return e2e.build(f"{PREFIX}:fa2", "--out", str(e2e.work / "fa2-artifacts"),
+                     "--report", str(e2e.work / "fa2-report.json"), scope=())
 
 
-def test_ext_auto_rebuilds_flash_attention_natively(e2e: E2E, with_fa2: subprocess.
-                                                    CompletedProcess[str]) -> None:
-    """The stock FA2 is sm_80 cubins + PTX (JIT-only on sm_121); --ext auto picks it as
-    fixable, fetches the flash-attention commit the source pins (a local repository standing
-    in for GitHub), adds 12.0 to its guard, and the image gets native sm_120 cubins."""
+def test_the_default_run_makes_the_ptx_only_flash_attention_native(
+        e2e: E2E, with_fa2: subprocess.CompletedProcess[str]) -> None:
+    """The stock FA2 is sm_80 cubins + PTX (JIT-only on sm_121): the default run (no --ext)
+    plans it, fetches the flash-attention commit the source pins (a local repository standing
+    in for GitHub), inserts sass-from-ptx into its set_gencode_flags_for_srcs, and the image
+    gets sm_121 SASS compiled from the very compute_80 PTX the driver would JIT."""
     assert with_fa2.returncode == 0, with_fa2.stderr
-    assert f"{FA2}: fixable" in with_fa2.stderr
-    assert "fa2-sm12x-native (vllm-flash-attn, CUDA_ARCHS 12.1): applied" in with_fa2.stderr
+    assert f"{FA2}: build (native 0→2, JIT 2→0, none 0→0 of 2): 2 JIT-only kernel(s) get " \
+        "sm_12x SASS from the same PTX (rule sass-from-ptx)" in with_fa2.stderr
+    assert "sass-from-ptx (vllm-flash-attn, CUDA_ARCHS 12.1): applied" in with_fa2.stderr
     labels = e2e.client.images.get(f"{PREFIX}:fa2").labels
     assert labels["io.github.sm121-build.extensions"] == ",".join((*INJECTED, FA2))
     audit = json.loads(e2e.run("audit", "--json", "--include", "*/vllm_flash_attn/*.so",
@@ -391,10 +402,11 @@ def test_ext_auto_rebuilds_flash_attention_natively(e2e: E2E, with_fa2: subproce
                                e2e.stock.tag).stdout)["binaries"]
     assert [(b["verdict"], b["cubins"], b["ptx"], b["rebuild"]["verdict"]) for b in stock] == [
         ("jit", {"sm_80": 2}, {"sm_80": 2}, "fixable")]
-    assert [(b["verdict"], b["cubins"], b["kernel_counts"]) for b in audit] == [
-        ("native", {"sm_120": 2}, {"native": 2, "jit": 0, "none": 0})]
+    assert [(b["verdict"], b["cubins"], b["ptx"], b["kernel_counts"]) for b in audit] == [
+        ("native", {"sm_80": 2, "sm_121": 2}, {"sm_80": 2},
+         {"native": 2, "jit": 0, "none": 0})]
     manifest = json.loads((e2e.work / "fa2-artifacts" / "manifest.json").read_text())
-    assert manifest["files"][FA2]["cubins"] == {"sm_120": 2}
+    assert manifest["files"][FA2]["cubins"] == {"sm_80": 2, "sm_121": 2}
     assert (e2e.work / "fa2-artifacts" / FA2).is_file()
     record = json.loads((e2e.work / "fa2-report.json").read_text())
     jsonschema.Draft202012Validator(schema("report")).validate(record)
