@@ -89,7 +89,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
     temp = work / "runner-temp"
     temp.mkdir()
     with local_registry(work) as registry:
-        base = f"{registry}/vllm/vllm-openai:cu130-nightly"
+        base = f"{registry}/vllm/vllm-openai:nightly"
         push_copy(client, stock.tag, base, work)
         client.images.remove(base)  # the registry has it; the runner must pull it
         env = {

@@ -12,8 +12,8 @@ from devkit.helpers import DATA, compile_cached, gencode
 from devkit.helpers import vllm_like_tree as _tree
 from sm121_build.build.decide import MIN_JIT_SHARE, Inputs, plan_extensions
 from sm121_build.build.render import source_targets
-from sm121_build.source.owners import guard_owners
 from sm121_build.source.guards import find_calls
+from sm121_build.source.owners import guard_owners
 from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.verify.checks import SM121
 
