@@ -32,7 +32,12 @@ from sm121_build.build.render import (
 from sm121_build.build.warnings import ptx_warning
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import versioned_tag
-from sm121_build.image.toolchain import host_tools, place_host_tools, require_buildable
+from sm121_build.image.toolchain import (
+    host_tools,
+    place_host_tools,
+    require_buildable,
+    require_python_headers,
+)
 from sm121_build.source.external import copy_into, projects, projects_for, read_pin
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
 from sm121_build.source.patch import apply_for_build, rules_digest
@@ -159,6 +164,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
                          f"(sha256 {changes[:12]}, part of the content key)")
             else:
                 checkout, commit = fetch_source(ref, opts.repo)
+            require_python_headers(vllm.tools, checkout, facts.ref)
             shutil.copytree(checkout, context / "src", ignore=shutil.ignore_patterns(".git"))
             note(f"{checkout} @ {commit}")
         with steps.step("audit the stock extensions"):

@@ -43,7 +43,7 @@ COMMON_PREFIXES = ("/usr/local", "/usr", "/opt/conda", "/opt/venv", "/venv", "/o
 CUDA_TARGETS = ("sbsa-linux", "aarch64-linux", "x86_64-linux")
 CUDA_HOMES = ("/usr/local/cuda", *(f"/usr/local/cuda-{major}.{minor}"
                                    for major in (13, 12) for minor in range(9, -1, -1)))
-CACHE_FORMAT = 8  # 8: the image config's created date
+CACHE_FORMAT = 9  # 8: the image config's created date; 9: Python headers
 
 
 def cache_dir() -> Path:

@@ -31,6 +31,8 @@ CXX_NAMES = ("c++", "g++")
 _GCC_MAJOR = re.compile(r"g\+\+-(\d+)$")
 _GCC_LIMIT = re.compile(r"#if\s+__GNUC__\s*>\s*(\d+)")
 _SHARE = re.compile(r"cmake-(\d+)\.(\d+)$")
+_SITE_PYTHON = re.compile(r"/lib/python(\d+\.\d+)/")
+_DEVELOPMENT = re.compile(r"find_package\s*\(\s*Python3?\b[^)]*\bDevelopment", re.IGNORECASE)
 # cmake installs its modules under <prefix>/share/cmake-X.Y; versions probed, newest first.
 CMAKE_SERIES = tuple(f"{major}.{minor}" for major, top in ((4, 9), (3, 40))
                      for minor in range(top, -1, -1) if (major, minor) >= (3, 10))
@@ -55,6 +57,8 @@ class BuildTools:
     cxx_newest: int | None = None  # the newest GCC nvcc accepts (its crt/host_config.h)
     nvcc: str | None = None
     blas_include: str | None = None  # a folder with cublas_v2.h
+    python_version: str | None = None  # "3.12": of the interpreter that holds vLLM
+    python_include: str | None = None  # a folder with that Python's Python.h
 
     @property
     def cmake_ok(self) -> bool:
@@ -91,10 +95,15 @@ class BuildTools:
         cxx = (f"g++ {self.cxx_major}" if self.cxx_major else "c++") if self.cxx else "no c++"
         if self.cxx and self.cxx_newest:
             cxx += f" (nvcc takes <= {self.cxx_newest})"
-        return ", ".join([cmake, "ninja" if self.ninja else "no ninja", cxx,
-                          "nvcc" if self.nvcc else "no nvcc",
-                          f"cuBLAS headers in {self.blas_include}" if self.blas_include
-                          else "no cuBLAS headers"])
+        parts = [cmake, "ninja" if self.ninja else "no ninja", cxx,
+                 "nvcc" if self.nvcc else "no nvcc",
+                 f"cuBLAS headers in {self.blas_include}" if self.blas_include
+                 else "no cuBLAS headers"]
+        if self.python_version:
+            parts.append(f"Python {self.python_version} headers in {self.python_include}"
+                         if self.python_include else
+                         f"no Python {self.python_version} headers")
+        return ", ".join(parts)
 
 
 def _first_file(files: ImageFiles, candidates: list[str]) -> str | None:
@@ -138,6 +147,41 @@ def _gcc_newest(files: ImageFiles, cuda_home: str) -> int | None:
     return None
 
 
+def python_headers(files: ImageFiles, sites: list[str]) -> tuple[str | None, str | None]:
+    """(X.Y, the folder holding its Python.h) for the Python of the first site directory:
+    `python3.X-dev` puts it under /usr/include, a source build under its prefix."""
+    version = next((m.group(1) for site in sites if (m := _SITE_PYTHON.search(site))), None)
+    if version is None:
+        return None, None
+    prefixes = [site.split("/lib/python", 1)[0] for site in sites if "/lib/python" in site]
+    folders = [f"{prefix}/include/python{version}" for prefix in [*prefixes, "/usr/local",
+                                                                   "/usr"]]
+    found = _first_file(files, [f"{folder}/Python.h" for folder in dict.fromkeys(folders)])
+    return version, posixpath.dirname(found) if found else None
+
+
+def needs_python_headers(source: Path) -> bool:
+    """Whether the pinned source's CMake asks for Python's Development component (vLLM's
+    cmake/utils.cmake: `find_package(Python COMPONENTS Interpreter Development.Module …)`)."""
+    for rel in ("CMakeLists.txt", "cmake/utils.cmake"):
+        path = source / rel
+        if path.is_file() and _DEVELOPMENT.search(path.read_text(errors="replace")):
+            return True
+    return False
+
+
+def require_python_headers(tools: BuildTools | None, source: Path, ref: str) -> None:
+    """Refused before any compile: a source that needs Python.h and an image without it."""
+    if tools is None or tools.python_version is None or tools.python_include is not None:
+        return
+    if needs_python_headers(source):
+        raise Sm121Error(
+            f"image {ref} has no Python {tools.python_version} headers (Python.h): vLLM's "
+            "configure needs them (\"Could NOT find Python (missing: Python_INCLUDE_DIRS)\"); "
+            f"official images install python{tools.python_version}-dev: use such an image or "
+            "add that package to yours")
+
+
 def find_build_tools(files: ImageFiles, path_dirs: list[str], cuda_home: str | None,
                      sites: list[str]) -> BuildTools:
     """The image's build tools, as the builder stage (PATH as in the image) will find them."""
@@ -148,11 +192,13 @@ def find_build_tools(files: ImageFiles, path_dirs: list[str], cuda_home: str | N
     includes = [f"{cuda_home}/include"] if cuda_home else []
     includes += [f"{site}/{rel}" for site in sites for rel in PIP_CUDA_INCLUDES]
     blas = _first_file(files, [f"{d}/{BLAS_HEADER}" for d in includes])
+    python_version, python_include = python_headers(files, sites)
     return BuildTools(
         cmake=cmake, cmake_version=_cmake_version(files, cmake, sites) if cmake else None,
         ninja=ninja, cxx=cxx, cxx_major=_gcc_major(files, cxx) if cxx else None,
         cxx_newest=_gcc_newest(files, cuda_home) if cuda_home else None, nvcc=nvcc,
-        blas_include=posixpath.dirname(blas) if blas else None)
+        blas_include=posixpath.dirname(blas) if blas else None,
+        python_version=python_version, python_include=python_include)
 
 
 @dataclass(frozen=True)

@@ -111,3 +111,40 @@ def test_build_failure_names_its_cause(tmp_path: Path, log: str, cause: str) -> 
     path = tmp_path / "build.log"
     path.write_text("+ cmake --build /b\n[1/3] Building CUDA object\n" + log)
     assert _explain_failure(path).startswith(cause)
+
+
+# --- Python's headers: vLLM's configure needs Python.h of the interpreter that holds it ------
+
+@pytest.mark.parametrize(("where", "found"), [
+    ("usr/include/python3.12/Python.h", "/usr/include/python3.12"),  # apt python3.12-dev
+    ("usr/local/include/python3.12/Python.h", "/usr/local/include/python3.12"),  # built
+    ("usr/include/python3.11/Python.h", None),  # another Python's
+    (None, None),  # a slimmed image
+])
+def test_python_headers_of_the_vllm_interpreter(tmp_path: Path, where: str | None,
+                                                found: str | None) -> None:
+    tools = _tools(tmp_path, {where: b"/* Python.h */"} if where else {})
+    assert (tools.python_version, tools.python_include) == ("3.12", found)
+    assert tools.describe().endswith(f"Python 3.12 headers in {found}" if found else
+                                     "no Python 3.12 headers")
+
+
+def test_a_source_that_needs_python_h_is_refused_on_an_image_without_it(tmp_path: Path) -> None:
+    from sm121_build.image.toolchain import require_python_headers
+
+    tools = _tools(tmp_path / "image", {})
+    source = tmp_path / "src"
+    (source / "cmake").mkdir(parents=True)
+    (source / "CMakeLists.txt").write_text("project(x)\n")
+    require_python_headers(tools, source, "img:slim")  # the fixture's CMake needs no Python.h
+    (source / "cmake" / "utils.cmake").write_text(  # vLLM 0.33.0's line
+        "  find_package(Python COMPONENTS Interpreter Development.Module "
+        "Development.SABIModule)\n")
+    with pytest.raises(Sm121Error) as error:
+        require_python_headers(tools, source, "img:slim")
+    assert str(error.value) == (
+        "image img:slim has no Python 3.12 headers (Python.h): vLLM's configure needs them "
+        "(\"Could NOT find Python (missing: Python_INCLUDE_DIRS)\"); official images install "
+        "python3.12-dev: use such an image or add that package to yours")
+    with_headers = _tools(tmp_path / "devel", {"usr/include/python3.12/Python.h": b""})
+    require_python_headers(with_headers, source, "img:devel")
