@@ -66,6 +66,7 @@ class Options:
     allow_other_commit: bool = False  # build a --source at another commit than the image's
     fa_source: Path | None = None  # a local flash-attention checkout
     only: tuple[str, ...] = ()  # --only: build no other extension than these
+    plan_only: bool = False  # --plan: decide, say the plan, build nothing
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
@@ -181,6 +182,11 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
                     note(line)
         chosen = choose_to_build(pipeline, opts, stock, context / "src", arch_cmake, cuda)
         if not chosen:
+            return opts.tag
+        if opts.plan_only:
+            record.status = "planned"
+            click.echo(f"plan: build {', '.join(chosen)} for {opts.arch}; nothing built "
+                       "(--plan)")
             return opts.tag
         plan = plan_for(facts, opts.arch, chosen, opts.jobs, context / "src", str(ref),
                         commit, buildkit=engine.buildkit_client() is not None,

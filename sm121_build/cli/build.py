@@ -32,6 +32,9 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
                    "extension that gains).")
 @click.option("--only", multiple=True, callback=extension_names,
               help="Build no extension but these (repeatable; a CMake target or file name).")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Decide and print the plan (per extension: build or keep, and why); build "
+                   "nothing.")
 @click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Existing vLLM checkout at the image's commit (else fetched).")
@@ -65,7 +68,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
-          allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...]) -> None:
+          allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
+          plan_only: bool) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
     if local:
@@ -99,4 +103,4 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
                           allow_other_commit=allow_other_commit, fa_source=fa_source,
-                          only=tuple(o for o in only if o != "auto")))
+                          only=tuple(o for o in only if o != "auto"), plan_only=plan_only))

@@ -24,7 +24,8 @@ STATUS_WORDS = {
     "built": "built and verified",
     "injected": "injected and verified",
     "up-to-date": "up to date (build skipped)",
-    "not-needed": "no rebuild needed (the stock kernels already run natively)",
+    "not-needed": "no rebuild needed (no extension gains native code from a rebuild)",
+    "planned": "planned only (--plan): nothing built",
     "failed": "FAILED",
 }
 

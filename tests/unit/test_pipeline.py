@@ -200,3 +200,31 @@ def test_resolve_image_is_the_prelude_of_every_command(
         Pipeline(engine).resolve_image(BASE, pull="always")
     with pytest.raises(Sm121Error, match="not found"):
         Pipeline(engine).resolve_image("vllm/vllm-openai:absent")
+
+
+def test_plan_decides_per_extension_and_builds_nothing(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """--plan: the per-extension decision on the stock files (here sm_90 only: vLLM's own
+    arch list gives 12.1), written to the record, and no engine call past the reads."""
+    from dataclasses import replace
+
+    engine = _engine(tmp_path, matrix, checkout[1])
+    record = _run(engine, replace(_options(checkout[0]), plan_only=True))
+    assert record.status == "planned"
+    assert record.decision is not None and record.decision["chosen"] == [
+        "_C.abi3.so", "_moe_C.abi3.so"]
+    c = record.decision["extensions"]["_C.abi3.so"]
+    assert c["build"] and c["reason"] == (
+        "the main arch list (CUDA_ARCHS) gives 12.1; FP4_ARCHS (CMakeLists.txt:16) gives 12.1a"
+        ", which the stock file has no cubins for")
+    assert c["before"]["native"] == 0 and c["after"]["none"] == 0
+    assert engine.calls == [] and TAG not in engine.tags
+
+
+def test_only_restricts_the_plan(tmp_path: Path, matrix: dict[str, Path],
+                                 checkout: tuple[Path, str]) -> None:
+    from dataclasses import replace
+
+    engine = _engine(tmp_path, matrix, checkout[1])
+    record = _run(engine, replace(_options(checkout[0]), plan_only=True, only=("_moe_C",)))
+    assert record.decision is not None and record.decision["chosen"] == ["_moe_C.abi3.so"]
