@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def build_image(package: Path, commit: str) -> str:
     import docker
 
     client = docker.from_env()
-    digest = hashlib.sha256(commit.encode())
+    digest = hashlib.sha256(commit.encode() + b"\0v2")
     for path in sorted(package.rglob("*.so")):
         digest.update(path.name.encode() + str(path.stat().st_size).encode())
     tag = f"sm121-bench/vllm-033:{digest.hexdigest()[:12]}"
@@ -98,19 +98,23 @@ def build_image(package: Path, commit: str) -> str:
         pass
     with tempfile.TemporaryDirectory(prefix="sm121-bench-ctx-") as tmp:
         ctx = Path(tmp)
+        site = SITE.lstrip("/")  # relative: joined under the context, never the host's /
         stubs = {"usr/local/cuda-13.0/bin/nvcc": "\x7fELF stand-in\n",
                  "usr/local/cuda-13.0/include/cuda.h": "#define CUDA_VERSION 13000\n",
                  "usr/bin/g++-12": "\x7fELF stand-in\n",
                  "usr/include/python3.12/Python.h": "/* stand-in */\n",
-                 f"{SITE}/torch/version.py": "__version__ = '2.14.0+cu130'\n",
-                 f"{SITE}/vllm/__init__.py": "",
-                 f"{SITE}/vllm/_version.py": f"__version__ = version = {VERSION!r}\n"
+                 f"{site}/torch/version.py": "__version__ = '2.14.0+cu130'\n",
+                 f"{site}/vllm/__init__.py": "",
+                 f"{site}/vllm/_version.py": f"__version__ = version = {VERSION!r}\n"
                                               f"__commit_id__ = commit_id = {commit!r}\n"}
+        root = ctx / "root"
         for rel, text in stubs.items():
-            (ctx / "root" / rel).parent.mkdir(parents=True, exist_ok=True)
-            (ctx / "root" / rel).write_text(text)
-        os.symlink("g++-12", ctx / "root" / "usr/bin/g++")
-        shutil.copytree(package, ctx / "root" / SITE.lstrip("/") / "vllm", dirs_exist_ok=True)
+            path = root / rel
+            assert path.resolve().is_relative_to(root.resolve()), path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        os.symlink("g++-12", root / "usr/bin/g++")
+        shutil.copytree(package, root / site / "vllm", dirs_exist_ok=True)
         (ctx / "Dockerfile").write_text(
             "FROM scratch\nCOPY root/ /\n"
             "ENV PATH=/usr/local/cuda-13.0/bin:/usr/local/bin:/usr/bin:/bin\n"
@@ -150,16 +154,21 @@ def jit_modules(path: Path) -> list[bytes]:
     return modules
 
 
-def ptxas(module: bytes, work: Path) -> tuple[float, int]:
-    """CPU-seconds of ptxas for sm_121 (the driver's JIT, ahead of time) and the SASS size."""
-    src, out = work / "m.ptx", work / "m.cubin"
+def ptxas(module: bytes, work: Path, index: int) -> tuple[float, int]:
+    """CPU-seconds of ptxas for sm_121 (the driver's JIT, ahead of time) and the SASS size
+    (the CPU time from wait4's rusage of that one child)."""
+    src, out = work / f"m{index}.ptx", work / f"m{index}.cubin"
     src.write_bytes(module)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([str(cuda_home() / "bin" / "ptxas"), "-arch=sm_121", "-O3", str(src), "-o",
-                    str(out)], check=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
-            out.stat().st_size)
+    child = subprocess.Popen([str(cuda_home() / "bin" / "ptxas"), "-arch=sm_121", "-O3",
+                              str(src), "-o", str(out)])
+    _pid, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"ptxas failed on module {index} ({child.returncode})")
+    size = out.stat().st_size
+    src.unlink()
+    out.unlink()
+    return usage.ru_utime + usage.ru_stime, size
 
 
 def jit_removed(name: str, path: Path, sample: int | None, work: Path) -> dict[str, float]:
@@ -168,10 +177,10 @@ def jit_removed(name: str, path: Path, sample: int | None, work: Path) -> dict[s
         return {"modules": 0, "ptx_mib": 0.0, "cpu_s": 0.0, "sass_mib": 0.0, "measured": 0}
     picked = modules if sample is None or sample >= len(modules) else [
         modules[round(i * (len(modules) - 1) / max(sample - 1, 1))] for i in range(sample)]
-    cpu = sass = 0.0
-    for module in picked:
-        seconds, size = ptxas(module, work)
-        cpu, sass = cpu + seconds, sass + size
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(lambda item: ptxas(item[1], work, item[0]), enumerate(picked)))
+    cpu = sum(seconds for seconds, _ in results)
+    sass = float(sum(size for _, size in results))
     scale = sum(map(len, modules)) / sum(map(len, picked))
     return {"modules": len(modules), "ptx_mib": sum(map(len, modules)) / 2**20,
             "cpu_s": cpu * scale, "sass_mib": sass * scale / 2**20, "measured": len(picked)}

@@ -29,6 +29,8 @@ EXTERNAL_PROJECTS = ("FLASH_MLA_SRC_DIR", "QUTLASS_SRC_DIR", "TRITON_KERNELS_SRC
 # project's own targets are not built: the offline stand-ins hold them, empty.
 STAND_IN_FILES = {
     "FLASH_MLA_SRC_DIR": ("flash_mla/flash_mla_interface.py",),
+    # FlashKDA (vLLM 0.28+): its target is defined whenever its guard matches a 12.x list
+    "FLASH_KDA_SRC_DIR": ("csrc/flash_kda.cpp", "csrc/smxx/fwd_launch.cu"),
     "QUTLASS_SRC_DIR": tuple(f"qutlass/csrc/{name}" for name in (
         "bindings.cpp", "gemm.cu", "gemm_ada.cu", "fused_quantize_mx.cu",
         "fused_quantize_nv.cu", "fused_quantize_mx_sm100.cu", "fused_quantize_nv_sm100.cu")),

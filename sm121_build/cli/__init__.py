@@ -43,7 +43,7 @@ class _Group(click.Group):
 def cli() -> None:
     """Native sm_121 (DGX Spark, GB10) kernels for stock vLLM images.
 
-    The main job: sm121-build --base vllm/vllm-openai:cu130-nightly
+    The main job: sm121-build --base vllm/vllm-openai:nightly --pull
     """
 
 

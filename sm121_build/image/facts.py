@@ -364,5 +364,5 @@ def require_vllm(facts: ImageFacts) -> VllmInstall:
     if facts.vllm is None:
         raise Sm121Error(
             f"image {facts.ref} has no vLLM installed (no site-packages/vllm/_version.py); "
-            "pass a vLLM image such as vllm/vllm-openai:cu130-nightly")
+            "pass a vLLM image such as vllm/vllm-openai:nightly")
     return facts.vllm

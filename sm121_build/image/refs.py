@@ -39,7 +39,7 @@ def validate_image_ref(text: str) -> str:
     if not looks_like_image_ref(text):
         raise Sm121Error(
             f"{text!r} is not a valid image reference (expected NAME[:TAG][@DIGEST], "
-            "e.g. vllm/vllm-openai:cu130-nightly)")
+            "e.g. vllm/vllm-openai:nightly)")
     return text
 
 

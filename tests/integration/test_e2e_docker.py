@@ -313,7 +313,7 @@ def test_rejected_tag_is_refused_before_any_work(e2e: E2E) -> None:
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [
             f"error: {bad!r} is not a valid image reference (expected NAME[:TAG][@DIGEST], "
-            "e.g. vllm/vllm-openai:cu130-nightly)"]
+            "e.g. vllm/vllm-openai:nightly)"]
     by_id = e2e.run("--base", e2e.client.images.get(e2e.stock.tag).id)
     assert by_id.returncode == 2
     assert "is an image ID, which gives no name to derive the result's tag from" in \

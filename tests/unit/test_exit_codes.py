@@ -91,7 +91,7 @@ def test_on_github_actions_an_error_is_also_an_annotation() -> None:
     _one_error(result, 2, "'UPPER/case' is not a valid image")
     assert result.stdout.strip() == (
         "::error title=sm121-build::'UPPER/case' is not a valid image reference (expected "
-        "NAME[:TAG][@DIGEST], e.g. vllm/vllm-openai:cu130-nightly)")
+        "NAME[:TAG][@DIGEST], e.g. vllm/vllm-openai:nightly)")
     assert "::error" not in _run("build", "--base", "UPPER/case").stdout
 
 

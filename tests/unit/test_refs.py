@@ -40,7 +40,7 @@ def test_invalid_references(ref: str) -> None:
         validate_image_ref(ref)
     assert str(caught.value) == " ".join(
         f"{ref!r} is not a valid image reference (expected NAME[:TAG][@DIGEST], "
-        "e.g. vllm/vllm-openai:cu130-nightly)".split())
+        "e.g. vllm/vllm-openai:nightly)".split())
 
 
 def test_tags_have_no_digest_and_are_not_ids() -> None:
