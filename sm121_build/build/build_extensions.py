@@ -149,8 +149,27 @@ def external_projects(source: Path | None) -> tuple[str, ...]:
     return tuple(name for name in dict.fromkeys(found) if name not in NEEDS_REAL)
 
 
+_SOURCE_REF = re.compile(r"\$\{(?!CMAKE_|PROJECT_)\w+_SOURCE_DIR\}/([\w./+-]+\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|py))")
+
+
+def stand_in_sources(source: Path | None) -> dict[str, tuple[str, ...]]:
+    """Per `*_SRC_DIR`: the files its project's CMake file names under the fetched tree
+    (`${flashmla_SOURCE_DIR}/csrc/api/api.cpp`): CMake checks they exist even for targets
+    that are never built, so each stand-in gets them, empty."""
+    found: dict[str, tuple[str, ...]] = {}
+    if source is None:
+        return found
+    for path in sorted((source / "cmake").rglob("*.cmake")):
+        text = path.read_text(errors="replace")
+        files = tuple(dict.fromkeys(_SOURCE_REF.findall(text)))
+        for name in dict.fromkeys(_SRC_DIR_ENV.findall(text)):
+            found[name] = found.get(name, ()) + files
+    return found
+
+
 def stand_ins(build: Path, names: Iterable[str], defined: frozenset[str] = frozenset(),
-              environ: dict[str, str] | None = None) -> dict[str, str]:
+              environ: dict[str, str] | None = None,
+              files: dict[str, tuple[str, ...]] | None = None) -> dict[str, str]:
     """Empty folders for the external projects named, unless their *_SRC_DIR is set (in the
     environment, or as a CMake definition: `defined`)."""
     environ = dict(os.environ) if environ is None else environ
@@ -161,7 +180,9 @@ def stand_ins(build: Path, names: Iterable[str], defined: frozenset[str] = froze
             empty.mkdir(parents=True, exist_ok=True)
             # non-empty: FetchContent refuses an empty SOURCE_DIR unless fully disconnected
             (empty / "SM121_STAND_IN").write_text("an empty stand-in: not built\n")
-            for relative in STAND_IN_FILES.get(name, ()):
+            for relative in (*STAND_IN_FILES.get(name, ()), *(files or {}).get(name, ())):
+                if ".." in Path(relative).parts:
+                    continue
                 (empty / relative).parent.mkdir(parents=True, exist_ok=True)
                 (empty / relative).touch()
             env[name] = str(empty)
@@ -172,11 +193,41 @@ def offline_settings(build: Path, source: Path | None = None,
                      defined: frozenset[str] = frozenset(),
                      environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """Nothing fetched: unset external projects become empty folders."""
-    env = stand_ins(build, external_projects(source), defined, environ)
+    env = stand_ins(build, external_projects(source), defined, environ,
+                    stand_in_sources(source))
     if "QUTLASS_SRC_DIR" in env:
         print("sm121-build: --offline without QUTLASS_SRC_DIR: QuTLASS kernels are left out "
               "of _C (empty stand-in sources)", file=sys.stderr, flush=True)
     return env, ["FETCHCONTENT_FULLY_DISCONNECTED=ON"]
+
+
+MISSING_SOURCE = re.compile(r"Cannot find source file:\s+(\S+)")
+STAND_IN_TRIES = 8
+
+
+def _configure(configure: list[str], log: Path, env: dict[str, str], build: Path) -> int:
+    """Configure; when CMake misses a source file inside an empty stand-in (a release whose
+    external project lists files STAND_IN_FILES does not know: 0.33.0's FlashMLA), create it
+    empty and configure again (those projects' targets are never built here)."""
+    stand_ins = (build / "offline-empty").resolve()
+    for _ in range(STAND_IN_TRIES):
+        start = log.stat().st_size if log.exists() else 0
+        code = _run(configure, log, env)
+        if code == 0:
+            return 0
+        with open(log, encoding="utf-8", errors="replace") as handle:
+            handle.seek(start)
+            missing = [Path(m) for m in MISSING_SOURCE.findall(handle.read())]
+        inside = [m for m in missing if m.resolve().is_relative_to(stand_ins)
+                  and not m.exists()]
+        if not inside or len(inside) != len(missing):
+            return code
+        for path in inside:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("// an empty stand-in: not built\n")
+        print(f"sm121-build: {len(inside)} source file(s) of stand-in projects created "
+              "empty; configuring again", flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
@@ -250,7 +301,7 @@ def _main(argv: list[str] | None, env: dict[str, str]) -> int:
         defines = extra + defines
     configure += [f"-D{item}" for item in defines]
     started = time.monotonic()
-    if _run(configure, log, env) != 0:
+    if _configure(configure, log, env, build) != 0:
         print(f"sm121-build: cmake configure failed: {_explain_failure(log)}", file=sys.stderr)
         return 1
     if args.configure_only:

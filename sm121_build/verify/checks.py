@@ -111,6 +111,21 @@ def compare_kernels(name: str, stock: Path | None, built: BinaryReport) -> Kerne
     return KernelComparison(name, arch, kernels, native)
 
 
+def check_still_loadable(stock: BinaryReport | None, built: BinaryReport) -> list[str]:
+    """Every kernel the stock file gives sm_121 at all (native, or PTX the driver JITs) must
+    load in the build too: a rebuild for 12.x-only archs can drop a family's PTX (its guard
+    lists no 12.x entry), which would turn a slow kernel into a missing one.  FP4 kernels
+    left out on purpose aside."""
+    if stock is None or stock.kernels is None or built.kernels is None:
+        return []
+    built_keys = {kernel_key(k): v for k, v in built.kernels.items()}
+    lost = sorted(k for k, v in stock.kernels.items() if v in ("native", "jit")
+                  and built_keys.get(kernel_key(k), "none") == "none"
+                  and not FP4_KERNEL.search(k))
+    return [f"{built.name}: kernel {kernel} loads on sm_121 from the stock file "
+            f"({stock.kernels[kernel]}) but not from the build" for kernel in lost]
+
+
 def check_cubins(report: BinaryReport) -> list[str]:
     counts = report.kernel_counts()
     if counts["native"] == 0:
@@ -318,7 +333,8 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
                 stock_reports[name] = audit_binary(stock_copy, name, SM121, with_kernels=True)
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
             comparisons[name] = comparison
-            problems += check_cubins(report) + comparison.problems()
+            problems += check_cubins(report) + comparison.problems() + check_still_loadable(
+                stock_reports.get(name), report)
             note(f"{name}: cubins {report.arch_counts('elf')}; {len(comparison.built_native)} "
                   f"kernels native on sm_121 (stock {comparison.stock_arch or 'no cubins'}: "
                   f"{len(comparison.stock_kernels)})")

@@ -16,7 +16,7 @@ from sm121_build.errors import Sm121Error
 from sm121_build.image.api import HistoryStep, ImageInfo
 from sm121_build.image.engine import failure_cause
 from sm121_build.image.facts import VllmInstall
-from sm121_build.verify.audit import audit_binary
+from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.verify.checks import (
     SM121,
     KernelComparison,
@@ -387,3 +387,25 @@ def test_abi_counts_every_file_and_every_provider(tmp_path: Path, consumer: Path
     result = check_abi({"_C.abi3.so": consumer, "_C_stable_libtorch.abi3.so": shim}, both, 2)
     assert result.checked == 3  # 1 + 2 needed symbols
     assert list(result.missing) == ["_C_stable_libtorch.abi3.so"]
+
+
+def test_a_kernel_the_stock_could_jit_must_still_load(tmp_path: Path) -> None:
+    """A 12.x-only rebuild that drops a family's PTX (0.33.0's hadacore: stock
+    8.0+PTX;9.0+PTX, a real 12.1 configure gave it sm_90a only) turns JIT into nothing."""
+    from devkit.helpers import DATA, compile_cached, gencode
+    from sm121_build.verify.checks import check_still_loadable
+
+    def report(name: str, *pairs: str) -> BinaryReport:
+        built = compile_cached(f"loadable-{name}", DATA / "kernels.cu", gencode(*pairs))
+        return audit_binary(built, "_C.abi3.so", SM121, with_kernels=True)
+
+    ptx = report("ptx", "compute_80:sm_80", "compute_80:compute_80")
+    gone = report("sm90a", "compute_90a:sm_90a")
+    same_ptx = report("aot", "compute_80:sm_80", "compute_80:compute_80", "compute_80:sm_120")
+    problems = check_still_loadable(ptx, gone)
+    assert len(problems) == 4
+    assert problems[0] == ("_C.abi3.so: kernel _Z5scaleIdEvPT_S0_i loads on sm_121 from the "
+                           "stock file (jit) but not from the build")
+    assert check_still_loadable(ptx, same_ptx) == []
+    assert check_still_loadable(gone, ptx) == []  # nothing loaded before: nothing to keep
+    assert check_still_loadable(None, gone) == []
