@@ -104,3 +104,23 @@ def test_real_build_benchmark_skips_with_a_reason_without_torch() -> None:
          "--cutlass", "x.whl", "--work", "/nonexistent", "--report", "/nonexistent"],
         capture_output=True, text=True, check=False)
     assert (result.returncode, result.stdout.strip()) == (0, "skipped: torch is not installed")
+
+
+def test_stand_ins_hold_the_files_their_project_cmake_names(tmp_path: Path) -> None:
+    """0.33.0's flashmla.cmake lists 63 files under ${flashmla_SOURCE_DIR}; CMake checks
+    each exists even for a target never built, so the empty stand-in gets them (and never a
+    path outside it, nor the tree's own ${CMAKE_SOURCE_DIR} files)."""
+    source = tmp_path / "src"
+    (source / "cmake" / "external_projects").mkdir(parents=True)
+    (source / "cmake" / "external_projects" / "mla.cmake").write_text(
+        "if (DEFINED ENV{MLA_SRC_DIR})\n  set(MLA_SRC_DIR $ENV{MLA_SRC_DIR})\nendif()\n"
+        "set(S ${mla_SOURCE_DIR}/csrc/api/api.cpp\n  ${mla_SOURCE_DIR}/csrc/sm90/k.cu\n"
+        "  ${mla_SOURCE_DIR}/../escape.cu ${CMAKE_SOURCE_DIR}/tools/x.py)\n")
+    found = build_extensions.stand_in_sources(source)
+    assert found == {"MLA_SRC_DIR": ("csrc/api/api.cpp", "csrc/sm90/k.cu", "../escape.cu")}
+    env = build_extensions.stand_ins(tmp_path / "build", ["MLA_SRC_DIR"], environ={},
+                                     files=found)
+    empty = Path(env["MLA_SRC_DIR"])
+    assert (empty / "csrc" / "api" / "api.cpp").is_file()
+    assert (empty / "csrc" / "sm90" / "k.cu").is_file()
+    assert not (empty.parent / "escape.cu").exists()
