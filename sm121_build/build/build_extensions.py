@@ -149,7 +149,8 @@ def external_projects(source: Path | None) -> tuple[str, ...]:
     return tuple(name for name in dict.fromkeys(found) if name not in NEEDS_REAL)
 
 
-_SOURCE_REF = re.compile(r"\$\{(?!CMAKE_|PROJECT_)\w+_SOURCE_DIR\}/([\w./+-]+\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|py))")
+_SOURCE_REF = re.compile(r"\$\{(?!CMAKE_|PROJECT_)\w+_SOURCE_DIR\}/"
+                         r"([\w./+-]+\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|py))")
 
 
 def stand_in_sources(source: Path | None) -> dict[str, tuple[str, ...]]:
