@@ -183,3 +183,31 @@ def test_cli_explain_flags_targets_gb10_cannot_load(tmp_path: Path) -> None:
     assert re.search(r'FP4_ARCHS +"12.0a" -> 12.0a  << 12.0a: sm_121 cannot load it',
                      explained.stdout)
     assert re.search(r'FP4_ARCHS +"12.0f" -> \(branch not taken\)', explained.stdout)
+
+
+def test_sass_from_ptx_applies_to_every_release(tmp_path: Path) -> None:
+    """The rule finds set_gencode_flags_for_srcs in every release's cmake/utils.cmake, and the
+    source's own macro, run through cmake -P, then gives a PTX-only list SASS for the GPU from
+    the same PTX and a native list nothing more; a second run is a no-op."""
+    from sm121_build.source.patch import apply_macros
+    from sm121_build.source.ptx_sass import gencode_flags
+    from sm121_build.verify.compat import parse_target
+
+    gpu = parse_target("sm_121")
+    outcomes = {}
+    for version in releases():
+        source = _copy(version, tmp_path / version)
+        effective = effective_archs(source, "12.1", "13.0")
+        (result,) = apply_macros(source, "vllm", effective, gpu)
+        outcomes[version] = result.outcome
+        if result.outcome != "applied":
+            continue
+        utils = (source / "cmake" / "utils.cmake").read_text()
+        sass = "sm_121" if "12.1" in effective.split(";") else "sm_120"
+        assert gencode_flags(utils, "7.5;8.0;8.7;8.9+PTX")[-1] == f"arch=compute_89,code={sass}"
+        assert not any(f.endswith(sass) and "compute_80" in f
+                       for f in gencode_flags(utils, "8.0+PTX;12.0f"))
+        (again,) = apply_macros(source, "vllm", effective, gpu)
+        assert again.outcome == "not needed", version
+    assert len(outcomes) >= 37
+    assert set(outcomes.values()) == {"applied"}, outcomes
