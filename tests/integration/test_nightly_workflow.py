@@ -152,7 +152,10 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     summary = runner.summary.read_text()
     assert summary.startswith(f"## sm121-build: `{runner.base}` → `{report['tag']}`")
     assert "**built and verified**" in summary
-    c_row = next(line for line in summary.splitlines() if line.startswith("| `_C.abi3.so`"))
+    plan_row = next(line for line in summary.splitlines() if line.startswith("| `_C.abi3.so`"))
+    assert plan_row.startswith("| `_C.abi3.so` | yes | 0 → ")  # the per-extension plan
+    c_row = next(line for line in summary.splitlines()
+                 if line.startswith("| `_C.abi3.so` | sm_"))
     before, after = report["before"]["_C.abi3.so"], report["after"]["_C.abi3.so"]
     assert c_row.startswith(f"| `_C.abi3.so` | sm_90 ×{before['cubins']['sm_90']} | 0 native")
     assert (f"sm_121 ×{after['cubins']['sm_121']}, sm_121a ×{after['cubins']['sm_121a']} | "
@@ -163,7 +166,8 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     assert runner.report["status"] == "up-to-date"
     assert runner.report["pulled"]["before"] == runner.report["pulled"]["after"]
     assert runner.report["after"] == report["after"]  # the audit of the image it found
-    assert runner.summary.read_text().count("| `_C.abi3.so`") == 2
+    # each run appends its plan row and its audit row (the up-to-date run the recalled one)
+    assert runner.summary.read_text().count("| `_C.abi3.so`") == 4
     assert "**up to date (build skipped)**" in runner.summary.read_text()
 
 
