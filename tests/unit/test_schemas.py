@@ -43,6 +43,8 @@ def test_audit_json_of_real_files(tmp_path: Path) -> None:
     shutil.copy(compile_cached("schema-121", DATA / "kernels.cu",
                                gencode("compute_121:sm_121", "compute_120f:sm_120f")),
                 folder / "_C.abi3.so")
+    shutil.copy(compile_cached("schema-90a", DATA / "kernels.cu", gencode("compute_90a:sm_90a")),
+                folder / "vllm_flash_attn" / "_vllm_fa3_C.abi3.so")  # "other GPUs only"
     subprocess.run(["cc", "-shared", "-o", str(folder / "host_only.so"), "-x", "c", "/dev/null"],
                    check=True)
     for extra in ([], ["--kernels"]):
@@ -54,6 +56,8 @@ def test_audit_json_of_real_files(tmp_path: Path) -> None:
         _check("audit", data)
         assert {Path(b["name"]).name for b in data["binaries"]} >= {"_C.abi3.so",
                                                                     "_vllm_fa2_C.abi3.so"}
+        assert {b["rebuild"]["verdict"] for b in data["binaries"] if b.get("rebuild")} >= {
+            "other GPUs only", "fixable"}
     broken = dict(data, binaries=[{**data["binaries"][0], "rebuild": {"verdict": "maybe"}}])
     with pytest.raises(jsonschema.ValidationError):
         _check("audit", broken)
