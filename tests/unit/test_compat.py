@@ -108,6 +108,11 @@ def test_dotted_arch() -> None:
     assert dotted_arch("12.0f") == (120, "f")
     assert dotted_arch("9.0") == (90, "")
     assert dotted_arch("12.1+PTX") is None and dotted_arch("sm_121") is None
+    # non-zero minors: 12.1 is 121 (a '-' for '+' in the arch sum would give 119)
+    assert dotted_arch("12.1") == (121, "")
+    assert dotted_arch("12.1a") == (121, "a")
+    assert dotted_arch("10.3f") == (103, "f")
+    assert dotted_arch("8.9") == (89, "")
 
 
 def test_the_newest_known_driver_and_an_older_one() -> None:

@@ -49,25 +49,25 @@ def test_kernels_found_in_fixture(plain_so: Path) -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variant_matches_ptxas_command_line_in_cubin(matrix: dict[str, Path],
                                                      variant: str) -> None:
-    """`a`/`f` from the fatbin header agree with the `-arch` ptxas recorded in the cubin."""
+    """`a`/`f` from the fatbin header agree with the `-arch` ptxas recorded in the cubin, and
+    with the `.target` line of a PTX entry (so the PTX-only file is checked too)."""
+    checked = 0
     with HostBinary.open(matrix[variant]) as binary:
         for entry in binary.entries:
+            if entry.kind == "ptx":
+                target = re.search(rb"\.target\s+(sm_\d+[af]?)", binary.payload(entry))
+                assert target is not None
+                assert target.group(1).decode() == entry.sm
+                checked += 1
+                continue
             if entry.kind != "elf":
                 continue
             note = re.search(rb"-arch (sm_\d+[af]?)", binary.payload(entry))
             if note is None:  # cubins of the runtime's own fatbin carry no tool note
                 continue
             assert note.group(1).decode() == entry.sm
-
-
-def test_family_cubins_are_told_apart_where_cuobjdump_hides_it(matrix: dict[str, Path]) -> None:
-    with HostBinary.open(matrix["family"]) as binary:
-        cubins = {e.sm for e in binary.entries if e.kind == "elf"}
-        ptx = {e.sm for e in binary.entries if e.kind == "ptx"}
-        shown = {e.cuobjdump_arch for e in binary.entries if e.kind == "elf"}
-    assert cubins == {"sm_120f", "sm_100f"}
-    assert shown == {"sm_120", "sm_100"}
-    assert ptx == {"sm_120f"}
+            checked += 1
+    assert checked, f"{variant}: no entry was compared"
 
 
 @pytest.mark.parametrize(("variant", "codec"), [("lz4", "lz4"), ("zstd", "zstd")])
