@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devkit.helpers import CACHE, cuda_home, git, pypi_download  # noqa: E402
+from sm121_build.build.render import extension_target  # noqa: E402
 from sm121_build.verify.checks import SM121  # noqa: E402
 from sm121_build.verify.compat import entry_verdict  # noqa: E402
 from sm121_build.verify.fatbin import HostBinary  # noqa: E402
@@ -226,7 +227,7 @@ def main() -> int:
               "of SASS at first use (driver JIT cache: 256 MiB by default); planned: 0, 0")
         print("\ncompile cost of the planned rebuild (real builds, 16 jobs):")
         for name in decision["chosen"]:
-            target = name.rsplit("/", 1)[-1].split(".")[0]
+            target = extension_target(name)
             cost = COMPILE_S.get(target)
             print(f"  {target:38} " + (f"~{cost[0]:.0f} s ({cost[1]})" if cost else
                                        "not measured here"))

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm121_build.source.guards import Guard, effective_archs, evaluate, find_calls
+from sm121_build.build.render import extension_target
+from sm121_build.source.guards import Call, Guard, effective_archs, evaluate, find_calls
+from sm121_build.source.owners import defined_targets, feeds, guard_owners
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.compat import Target, entry_verdict, loads_natively
 
@@ -167,59 +169,35 @@ def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
     an external project's name).
 
     Gains: JIT-only kernels (PTX only) in a tree the sass-from-ptx rule applies to (SASS
-    from the same PTX); a guard feeding the extension that gives a target the GPU loads
-    which neither the stock arch list's evaluation nor the stock file's cubins have; a guard
-    feeding it that cannot be read (rebuilt to be safe).  A guard counts only for the
-    extensions it feeds (`owners.guard_owners`)."""
-    from sm121_build.source.owners import defined_targets, feeds, guard_owners
-
+    from the same PTX); a guard feeding the extension (or, for a target CMakeLists.txt
+    defines, vLLM's narrowed arch list itself) that gives a target the GPU loads for which
+    the stock file has no cubins; a guard feeding it that cannot be read (rebuilt to be
+    safe).  A guard counts only for the extensions it feeds (`owners.guard_owners`)."""
     reports = {n: r for n, r in stock.items() if r is not None and r.has_device_code}
-    family = stock_family_archs(reports, inputs.gpu)
     calls = find_calls(inputs.source)
     owners = guard_owners(inputs.source, calls)
     build_guards = evaluate(inputs.source, inputs.arch, inputs.cuda, calls=calls)
-    stock_guards = evaluate(inputs.source, ";".join(family), inputs.cuda, calls=calls) \
-        if family else [None] * len(build_guards)
     # the targets CMakeLists.txt defines compile their unguarded sources for CUDA_ARCHS
     # itself: vLLM's narrowing of the requested list, a guard of its own
-    main = _main_archs(inputs, family)
+    main = Guard(Call("CMakeLists.txt", 0, "(narrowing)", "CUDA_ARCHS", None, None, (), "",
+                      (), "", True),
+                 tuple(a for a in effective_archs(inputs.source, inputs.arch, inputs.cuda)
+                       .split(";") if a))
     top = {name for _, name in defined_targets((inputs.source / "CMakeLists.txt").read_text())} \
         if (inputs.source / "CMakeLists.txt").is_file() else set()
     plans = []
     for name, report in reports.items():
         target = extension_target(name)
-        mine = [(b, s) for b, s in zip(build_guards, stock_guards, strict=True)
-                if feeds(owners, b.location, target)]
-        if target in top and main is not None:
+        mine = [g for g in build_guards if feeds(owners, g.location, target)]
+        if target in top:
             mine.insert(0, main)
         plans.append(_plan_one(name, target, report, mine, inputs,
                                project_of.get(target, "vllm")))
     return plans
 
 
-def _main_archs(inputs: Inputs, family: tuple[str, ...]) -> tuple[Guard, Guard | None] | None:
-    """CUDA_ARCHS as a guard: what the build's and the stock list's narrowing give."""
-    from sm121_build.source.guards import Call
-
-    call = Call("CMakeLists.txt", 0, "(narrowing)", "CUDA_ARCHS", None, None, (), "", (), "",
-                True)
-    built = tuple(a for a in effective_archs(inputs.source, inputs.arch, inputs.cuda)
-                  .split(";") if a)
-    stock = tuple(a for a in effective_archs(inputs.source, ";".join(family), inputs.cuda)
-                  .split(";") if a) if family else ()
-    return Guard(call, built), Guard(call, stock)
-
-
-def extension_target(filename: str) -> str:
-    """`vllm_flash_attn/_vllm_fa2_C.abi3.so` -> `_vllm_fa2_C` (as render.extension_target)."""
-    import re
-
-    return re.sub(r"(\.cpython-[^.]+)?(\.abi3)?\.so$", "", filename.rsplit("/", 1)[-1])
-
-
-def _plan_one(name: str, target: str, report: BinaryReport,
-              guards: list[tuple[Guard, Guard | None]], inputs: Inputs,
-              project: str) -> ExtensionPlan:
+def _plan_one(name: str, target: str, report: BinaryReport, guards: list[Guard],
+              inputs: Inputs, project: str) -> ExtensionPlan:
     counted = report.kernel_counts() if report.kernels is not None else report.containers
     before: dict[str, int] = {k: counted.get(k, 0) for k in ("native", "jit", "none")}
     gpu = inputs.gpu
@@ -241,15 +219,13 @@ def _plan_one(name: str, target: str, report: BinaryReport,
                      "the same PTX (rule sass-from-ptx)")
         after = {"native": before["native"] + before["jit"], "jit": 0, "none": before["none"]}
     new_targets: list[str] = []
-    for built, stock in guards:
+    for built in guards:
         if built.result is None and built.call.may_give_sm12x:
             gains.append(f"the guard {built.variable} ({built.location}) cannot be read "
                          f"({built.call.unresolved}): rebuilt to be safe")
             continue
-        had = stock.targets if stock is not None else ()
         for t in built.targets:
-            if loads_natively(t, gpu) and (t not in had or not _stock_has(report, t)) \
-                    and not _stock_has(report, t):
+            if loads_natively(t, gpu) and not _stock_has(report, t):
                 where = "the main arch list (CUDA_ARCHS)" if built.line == 0 else \
                     f"{built.variable} ({built.location})"
                 new_targets.append(f"{where} gives {t}")

@@ -27,6 +27,7 @@ from sm121_build.build.render import (
     extension_target,
     plan_for,
     render,
+    source_targets,
     template_digest,
 )
 from sm121_build.build.warnings import ptx_warning
@@ -40,13 +41,17 @@ from sm121_build.image.toolchain import (
 )
 from sm121_build.source.external import copy_into, projects, projects_for, read_pin
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
-from sm121_build.source.patch import apply_for_build, rules_digest
+from sm121_build.source.patch import (
+    apply_for_build,
+    fixable_targets,
+    load_macro_rules,
+    rules_digest,
+)
 from sm121_build.source.pin import check_checkout, fetch_source, version_to_ref
 from sm121_build.steps import note
 from sm121_build.verify import run_report
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.checks import SM121
-from sm121_build.verify.fixable import rebuild_verdict
 
 
 @dataclass(frozen=True)
@@ -120,25 +125,9 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
 
 
 def decide_inputs(source: Path, arch_cmake: str, cuda: str) -> Inputs:
-    from sm121_build.build.render import source_targets
-    from sm121_build.source.patch import fixable_targets, load_macro_rules
-
     same_ptx = frozenset(p for rule in load_macro_rules() for p in rule.projects)
     return Inputs(source, arch_cmake, cuda, SM121.target, frozenset(source_targets(source)),
                   same_ptx, frozenset(fixable_targets()))
-
-
-def rebuild_verdicts(stock: dict[str, BinaryReport | None]) -> dict[str, str]:
-    """The audit's rebuild verdict of each stock extension that carries device code."""
-    return {name: verdict.verdict for name, report in stock.items() if report is not None
-            and (verdict := rebuild_verdict(report, SM121.target)) is not None}
-
-
-def fixable_extensions(verdicts: dict[str, str]) -> tuple[str, ...]:
-    """--ext auto: the image's extensions the audit calls fixable (the default ones are
-    always built)."""
-    return tuple(name for name, verdict in verdicts.items()
-                 if verdict == "fixable" and not DEFAULT_EXTENSIONS.match(name))
 
 
 def run_build(pipeline: Pipeline, opts: Options) -> str:

@@ -131,7 +131,7 @@ def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
     line_start = original.rfind("\n", 0, end) + 1
     inserted = render_text(rule, gpu, sass)
     patched = original[:line_start] + inserted + original[line_start:]
-    _verify(rule, tree, patched, gpu, sass)
+    _verify(rule, original, patched, gpu, sass)
     if not check:
         tmp = path.with_name(f".{path.name}.sm121")
         tmp.write_text(patched)
@@ -165,10 +165,9 @@ def gencode_flags(utils_text: str, cuda_archs: str) -> list[str]:
             if "SM121GENCODE|" in line]
 
 
-def _verify(rule: MacroRule, tree: Path, patched: str, gpu: Target, sass: str) -> None:
+def _verify(rule: MacroRule, original: str, patched: str, gpu: Target, sass: str) -> None:
     """The patched macro gives a PTX-only list exactly one SASS flag more, and a list the GPU
     loads natively nothing more, than the original does."""
-    original = (tree / rule.file).read_text()
     probes = {"8.0+PTX": [f"arch=compute_80,code=sm_{sass}"],
               f"8.0+PTX;{gpu.major}.0": []}
     for archs, extra in probes.items():
