@@ -11,6 +11,13 @@ unit tests run against every mutant (mutmut runs only the tests that reach the m
 function).  Prints per module: mutants killed, survived, not reached by any test, timed out,
 and the score killed / (all - not reached); then the surviving mutants by name (read one
 with `mutmut show NAME` in the scratch copy, whose path is printed).  Not part of CI.
+
+    python benchmarks/mutation.py --promises        # the hand-written promise mutants (CI)
+
+`--promises` applies each mutant of benchmarks/promise_mutants.yaml alone (a plausible
+change that breaks one promise of the verification or tagging, which mutmut's token
+operators cannot make) to a scratch copy and runs the suite named there; it exits 1 when one
+survives.  A mutant whose text is not found exactly once is an error (the file moved on).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -98,6 +106,62 @@ def score(module: str, tests: list[str], keep: bool, only: str | None = None,
     return counts, survivors, scratch
 
 
+def promise_mutants(keep: bool = False) -> int:
+    """Every hand-written mutant must be killed; returns the exit code."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "benchmarks" / "promise_mutants.yaml").read_text())
+    suite = [str(t) for t in spec["suite"]]
+    env = {**os.environ, "SM121_TEST_CACHE": str(ROOT / ".cache")}
+    survivors, broken = [], []
+    baseline = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               *suite], cwd=ROOT, env=env, capture_output=True, text=True,
+                              check=False)
+    if baseline.returncode != 0:  # a mutant "killed" by a test that fails anyway proves nothing
+        print(baseline.stdout[-2000:], file=sys.stderr)
+        print("error: the promise suite fails without any mutant", file=sys.stderr)
+        return 2
+    for number, mutant in enumerate(spec["mutants"], 1):
+        scratch = Path(tempfile.mkdtemp(prefix="promise-sm121-"))
+        for name in COPIED:
+            source = ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, scratch / name, ignore=shutil.ignore_patterns(
+                    "__pycache__", ".mypy_cache"))
+            else:
+                shutil.copy2(source, scratch / name)
+        target = scratch / mutant["file"]
+        text = target.read_text()
+        if text.count(mutant["find"]) != 1:
+            broken.append(f"{mutant['promise']}: {mutant['find']!r} occurs "
+                          f"{text.count(mutant['find'])} times in {mutant['file']}")
+            shutil.rmtree(scratch, ignore_errors=True)
+            continue
+        target.write_text(text.replace(mutant["find"], mutant["replace"]))
+        started = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
+                              "no:cacheprovider", *suite], cwd=scratch, env=env,
+                             capture_output=True, text=True, check=False)
+        killed = run.returncode not in (0, 5)
+        failed = next((line for line in run.stdout.splitlines()
+                       if line.startswith("FAILED")), "")
+        print(f"{number:>3} {'killed' if killed else 'SURVIVED':<9} "
+              f"{time.monotonic() - started:5.1f}s  {mutant['promise']}"
+              + (f"\n              by {failed.split(' - ')[0].removeprefix('FAILED ')}"
+                 if failed else ""), flush=True)
+        if not killed:
+            survivors.append(mutant["promise"])
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    total = len(spec["mutants"])
+    print(f"promise mutants: {total - len(survivors) - len(broken)} of {total} killed")
+    for line in broken:
+        print(f"error: mutant cannot be applied: {line}", file=sys.stderr)
+    for promise in survivors:
+        print(f"error: survived: {promise}", file=sys.stderr)
+    return 1 if survivors or broken else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", default=list(CORE))
@@ -110,7 +174,11 @@ def main() -> int:
                              "(the rest count as `not checked`).")
     parser.add_argument("--only", metavar="FUNCTION",
                         help="Mutate one module-level function only (e.g. content_key).")
+    parser.add_argument("--promises", action="store_true",
+                        help="Run the hand-written promise mutants instead (no mutmut).")
     args = parser.parse_args()
+    if args.promises:
+        return promise_mutants(args.keep)
     if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
         print("error: mutmut not installed: pip install -e '.[test,mutation]'", file=sys.stderr)
         return 2

@@ -48,6 +48,10 @@ class FakeEngine:
     tags: dict[str, str] = field(default_factory=dict)  # tag -> image ID
     calls: list[str] = field(default_factory=list)
     reads: dict[str, int] = field(default_factory=dict)  # image ID -> readers opened
+    built: set[str] = field(default_factory=set)  # IDs of the images `build` made
+    users: dict[str, str] = field(default_factory=dict)  # image ID -> what uses it (in_use)
+    tamper: Callable[[FakeImage], None] | None = None  # alters each built image (a test's
+    # stand-in for a template or builder that does more than it should)
 
     # -- set-up --------------------------------------------------------------------------
     def add_image(self, tag: str, root: Path, info: ImageInfo,
@@ -95,7 +99,7 @@ class FakeEngine:
         if image_id not in self.images:
             raise Sm121Error(f"image {image_id} was removed from the engine")
         self.reads[image_id] = self.reads.get(image_id, 0) + 1
-        if self.images[image_id].info.labels.get("fake.built"):
+        if image_id in self.built:
             self._hook("verify")
         yield DirectoryFiles(self.images[image_id].root)
 
@@ -137,9 +141,14 @@ class FakeEngine:
         self.images.pop(image_id, None)
         self.calls.append(f"remove {image_id}")
 
+    def in_use(self, image_id: str) -> str | None:
+        return self.users.get(image_id)
+
     def remove_unused(self, image_id: str) -> str | None:
         if self.tags_of(image_id):
             return "image is tagged"
+        if image_id in self.users:
+            return self.users[image_id]
         self.images.pop(image_id, None)
         self.calls.append(f"remove {image_id}")
         return None
@@ -175,13 +184,15 @@ class FakeEngine:
                     key, _, value = pair.partition("=")
                     labels[key] = value
                 history.insert(0, HistoryStep(f"LABEL {rest[:60]}", 0))
-        labels["fake.built"] = "1"
         digest = hashlib.sha256(json.dumps([layers, labels]).encode()).hexdigest()
         image_id = f"sha256:{digest}"
         if image_id not in self.images:
             self.images[image_id] = FakeImage(
                 replace(base.info, id=image_id, repo_digests=(), labels=labels,
                         layers=tuple(layers)), root, history)
+            self.built.add(image_id)
+            if self.tamper:
+                self.tamper(self.images[image_id])
         with open(log, "a", encoding="utf-8") as out:
             out.write(f"fake build of {dockerfile.name}: {image_id}\n")
         self.calls.append(f"build {image_id}")
@@ -205,10 +216,12 @@ CONFIG = ImageInfo(ref="", id="", repo_digests=(), os="linux", architecture="amd
 
 
 def stock_image(engine: FakeEngine, tag: str, extensions: dict[str, Path], version: str,
-                commit: str, torch: str = "2.11.0+cu130") -> str:
+                commit: str, torch: str = "2.11.0+cu130",
+                extra: dict[str, Path] | None = None) -> str:
     """A vLLM image as the stock ones are laid out (Python 3.12 dist-packages, a CUDA 13
     toolkit with nvcc, cmake 3.28, ninja, g++ 12, `vllm serve`, torch's `version.py`), as a
-    folder; `extensions`: file under vllm/ -> a real .so to put there."""
+    folder; `extensions`: file under vllm/ -> a real .so to put there; `extra`: any other
+    absolute path -> a real file (torch's libraries)."""
     root = engine.work / f"stock-{len(engine.images)}"
     files: dict[str, bytes | str] = {
         "/usr/bin/python3.12": b"\x7fELF",
@@ -229,6 +242,7 @@ def stock_image(engine: FakeEngine, tag: str, extensions: dict[str, Path], versi
         f"{SITE}/torch/version.py": f"__version__ = {torch!r}\n".encode(),
     }
     files.update({f"{SITE}/vllm/{name}": path.read_bytes() for name, path in extensions.items()})
+    files.update({where: path.read_bytes() for where, path in (extra or {}).items()})
     make_tree(root, files)
     history = [HistoryStep("COPY site-packages/ /usr/local/lib/python3.12/dist-packages/ "
                            "# buildkit", 1 << 20), HistoryStep("FROM debian", 1 << 26)]

@@ -65,6 +65,29 @@ def compile_cached(name: str, source: Path, flags: list[str], shared: bool = Tru
     return out
 
 
+def link_cached(name: str, parts: list[tuple[Path, list[str]]]) -> Path:
+    """Several sources, each compiled by nvcc with its own flags, linked into one cached .so
+    (a file whose kernels differ in what code they carry, as real extensions do)."""
+    key = hashlib.sha256(nvcc().encode())
+    for source, flags in parts:
+        key.update(source.read_bytes() + b"\0" + "\0".join(flags).encode() + b"\1")
+    out = CACHE / "fixtures" / key.hexdigest()[:16] / f"{name}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"}
+    objects = []
+    for i, (source, flags) in enumerate(parts):
+        obj = out.parent / f"{name}.{i}.o"
+        subprocess.run([nvcc(), "-c", "-Xcompiler", "-fPIC", "-o", str(obj), str(source),
+                        *flags], check=True, env=env)
+        objects.append(str(obj))
+    tmp = out.with_suffix(".tmp.so")
+    subprocess.run([nvcc(), "-shared", "-o", str(tmp), *objects], check=True, env=env)
+    tmp.rename(out)
+    return out
+
+
 def gencode(*pairs: str) -> list[str]:
     """'compute_90a:sm_90a' -> ['-gencode', 'arch=compute_90a,code=sm_90a']."""
     flags = []

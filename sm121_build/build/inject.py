@@ -19,7 +19,7 @@ from sm121_build.errors import Sm121Error
 
 
 def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
-               out: Path | None = None) -> str:
+               out: Path | None = None, replace_tag: bool = False) -> str:
     """Inject prebuilt artifacts into a base whose vLLM version and commit match them, and
     whose torch does (where the manifest names the torch they were built against)."""
     record = pipeline.record
@@ -29,6 +29,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
     record.vllm_version, record.vllm_commit, record.arch_list = \
         built.vllm_version, built.vllm_commit, arch_list
     facts, vllm = pipeline.resolve_image(base)
+    pipeline.require_tags_free(facts, [tag], replace_tag)
     if (vllm.version, vllm.commit_id or "") != (built.vllm_version, built.vllm_commit_id or ""):
         raise Sm121Error(
             f"artifacts in {folder} were built for vLLM {built.vllm_version} "
@@ -56,7 +57,8 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
         pipeline.finish(facts, context, dockerfile, extensions, log,
                         f"inject {', '.join(extensions)}",
                         Finish(tag, out, replace(built, base=facts.ref,
-                                                 base_digest=facts.digest_ref)))
+                                                 base_digest=facts.digest_ref),
+                               replace_tag=replace_tag))
     record.status = "injected"
     click.echo(f"tagged {tag}  (log: {log})")
     return tag

@@ -19,10 +19,9 @@ import click
 from sm121_build import __version__
 from sm121_build.build.artifacts import Provenance
 from sm121_build.build.decide import ExtensionPlan, Inputs, plan_extensions
-from sm121_build.build.pipeline import CONTENT_KEY_LABEL, Finish, Pipeline
+from sm121_build.build.pipeline import Finish, Pipeline
 from sm121_build.build.render import (
     DEFAULT_EXTENSIONS,
-    LABEL_PREFIX,
     BuildPlan,
     extension_target,
     plan_for,
@@ -39,6 +38,7 @@ from sm121_build.image.toolchain import (
     require_buildable,
     require_python_headers,
 )
+from sm121_build.labels import CONTENT_KEY_LABEL, LABEL_PREFIX
 from sm121_build.source.external import copy_into, projects, projects_for, read_pin
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
 from sm121_build.source.patch import (
@@ -72,6 +72,7 @@ class Options:
     fa_source: Path | None = None  # a local flash-attention checkout
     only: tuple[str, ...] = ()  # --only: build no other extension than these
     plan_only: bool = False  # --plan: decide, say the plan, build nothing
+    replace_tag: bool = False  # --replace-tag: --tag may move off an image we did not build
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
@@ -135,6 +136,8 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
     record, engine, steps = pipeline.record, pipeline.engine, pipeline.steps
     arch_cmake = cmake_arch_list(opts.arch)
     facts, vllm = pipeline.resolve_image(opts.base, opts.pull)
+    if not opts.plan_only:
+        pipeline.require_tags_free(facts, [opts.tag], opts.replace_tag)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     require_buildable(vllm.tools, facts.ref)
     cuda = vllm.cuda_version or DEFAULT_CUDA
@@ -214,16 +217,16 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
             torch_version=vllm.torch_version)
         also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
             if opts.versioned_tag else ()
-        target = Finish(opts.tag, opts.out, provenance_of_files, also)
-        existing = engine.find_by_label(CONTENT_KEY_LABEL, key)
-        if existing and not opts.force:
+        target = Finish(opts.tag, opts.out, provenance_of_files, also, opts.replace_tag, key)
+        existing = None if opts.force else pipeline.reusable(key)
+        if existing:
             record.keep_audit_of(run_report.recall(key) or {})
             record.status = "up-to-date"
             if opts.out:  # as after a build: the verified files and their manifest
                 with steps.step("verify"):
-                    pipeline.verify_and_export(facts, existing[0].id, plan.extensions, None,
+                    pipeline.verify_and_export(facts, existing, plan.extensions, None,
                                                target)
-            pipeline.tag_result(facts, existing[0].id, target)
+            pipeline.tag_result(facts, existing, target)
             click.echo(f"up to date: {', '.join(target.tags)} (content key {key}); "
                        "--force rebuilds")
             return opts.tag

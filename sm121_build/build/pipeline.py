@@ -16,17 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.build import artifacts as artifacts_mod
-from sm121_build.build.render import LABEL_PREFIX
 from sm121_build.build.warnings import age_warning
+from sm121_build.errors import Sm121Error
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.facts import ImageFacts, VllmInstall, cache_dir, inspect_image, require_vllm
+from sm121_build.labels import CONTENT_KEY_LABEL
 from sm121_build.steps import Progress, Steps, end_status_line, note, status_line
 from sm121_build.verify import run_report
 from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.verify.checks import SM121, Verified, verify_image
-
-CONTENT_KEY_LABEL = f"{LABEL_PREFIX}.content-key"
 
 
 @dataclass(frozen=True)
@@ -38,6 +37,8 @@ class Finish:
     out: Path | None
     provenance: artifacts_mod.Provenance
     also: tuple[str, ...] = ()  # more tags for the same image (e.g. the immutable one)
+    replace_tag: bool = False  # --replace-tag: a tag may move off an image we did not build
+    content_key: str = ""  # written in the ledger with the image
 
     @property
     def tags(self) -> list[str]:
@@ -165,10 +166,49 @@ class Pipeline:
                 self.record.artifacts = str(target.out)
                 note(f"artifacts: {manifest}")
 
+    def require_tags_free(self, stock: ImageFacts, tags: list[str],
+                          replace_tag: bool = False, image_id: str = "") -> None:
+        """A tag may name nothing yet, the image about to get it, or an image this tool
+        built from the same base (a rebuild moving its own tag); never the base itself, and
+        a user's image only with --replace-tag.  Checked before any work and again just
+        before tagging."""
+        book = ledger.load()
+        for tag in tags:
+            holder = self.engine.image_id(tag)
+            if holder is None or holder == image_id:
+                continue
+            short = holder.split(":")[-1][:12]
+            if holder == stock.id:
+                raise Sm121Error(f"--tag {tag} names the base image itself ({short}): choose "
+                                 "another --tag (the base's own tag is never moved)")
+            entry = book.entry(holder)
+            if entry and tag in entry.tags and entry.base_ref in ("", stock.ref):
+                continue
+            why = (f"sm121-build built it from {entry.base_ref}" if entry and entry.base_ref
+                   else "sm121-build did not give it that tag" if entry
+                   else "sm121-build did not build it")
+            if replace_tag:
+                note(f"--replace-tag: {tag} moves off image {short} ({why}); that image stays")
+                continue
+            raise Sm121Error(f"--tag {tag} already names image {short} ({why}): choose another "
+                             "--tag, or --replace-tag to move it (the image itself stays)")
+
     def tag_result(self, stock: ImageFacts, image_id: str, target: Finish) -> None:
         """Give the verified image every tag asked for, and write it in the ledger."""
+        self.require_tags_free(stock, target.tags, target.replace_tag, image_id)
+        ledger.record_built(image_id, target.tags, stock.id, stock.ref, target.content_key)
         for tag in target.tags:
             self.engine.tag(image_id, tag)
         self.record.image_id = image_id
         self.record.tags = target.tags
-        ledger.record_built(image_id, target.tags, stock.id)
+
+    def reusable(self, key: str) -> str | None:
+        """An image this tool built and recorded for this content key, still in the engine.
+        Labels are inherited, so an image a user built FROM an earlier result carries the
+        same key: only the ledger tells ours apart."""
+        book = ledger.load()
+        for info in self.engine.find_by_label(CONTENT_KEY_LABEL, key):
+            entry = book.entry(info.id)
+            if entry and entry.content_key == key:
+                return info.id
+        return None

@@ -14,11 +14,11 @@ from sm121_build import __version__
 from sm121_build.errors import Sm121Error
 from sm121_build.image.facts import ImageFacts, require_vllm
 from sm121_build.image.toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable
+from sm121_build.labels import LABEL_PREFIX
 from sm121_build.shipped import shipped_dir
 from sm121_build.source.external import declared_targets, project_of_target, stand_in_envs
 from sm121_build.source.patch import rules_digest
 
-LABEL_PREFIX = "io.github.sm121-build"
 DEFAULT_EXTENSIONS = re.compile(r"^(_C|_moe_C)(_stable_libtorch)?\.(abi3\.)?so$")
 _TARGET = re.compile(r"define_\w*extension_target\(\s*(\w+)")
 

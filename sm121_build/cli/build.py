@@ -12,13 +12,21 @@ from sm121_build.build.pipeline import Pipeline
 from sm121_build.build.render import extension_target
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
 from sm121_build.errors import Sm121Error
-from sm121_build.image.refs import IMAGE_ID, default_tag, validate_image_ref, validate_tag
+from sm121_build.image.refs import (
+    IMAGE_ID,
+    default_tag,
+    require_not_base,
+    validate_image_ref,
+    validate_tag,
+)
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.pin import UPSTREAM, require_vllm_tree
 from sm121_build.verify.run_report import new_record, recorded
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
 SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
+REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from this base "
+                    "(that image stays; the base's own tag never moves).")
 
 
 @click.command()
@@ -55,6 +63,7 @@ SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 @click.option("--allow-other-commit", is_flag=True,
               help="Build a --source checkout at another commit than the image's (recorded).")
 @click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
+@click.option("--replace-tag", is_flag=True, help=REPLACE_TAG_HELP)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
@@ -69,7 +78,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
-          plan_only: bool) -> None:
+          plan_only: bool, replace_tag: bool) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
     if local:
@@ -96,6 +105,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     if pull != "never" and IMAGE_ID.match(base):
         raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
     result_tag = validate_tag(tag) if tag else default_tag(base)
+    require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
     with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
         run_build(Pipeline.connect(record),
@@ -103,4 +113,5 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
                           allow_other_commit=allow_other_commit, fa_source=fa_source,
-                          only=tuple(o for o in only if o != "auto"), plan_only=plan_only))
+                          only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
+                          replace_tag=replace_tag))

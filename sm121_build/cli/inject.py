@@ -8,9 +8,14 @@ import click
 
 from sm121_build.build.inject import run_inject
 from sm121_build.build.pipeline import Pipeline
-from sm121_build.cli.build import REPORT_HELP, SUMMARY_HELP
+from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
 from sm121_build.cli.inputs import require_outputs
-from sm121_build.image.refs import default_tag, validate_image_ref, validate_tag
+from sm121_build.image.refs import (
+    default_tag,
+    require_not_base,
+    validate_image_ref,
+    validate_tag,
+)
 from sm121_build.verify.run_report import new_record, recorded
 
 
@@ -22,17 +27,19 @@ from sm121_build.verify.run_report import new_record, recorded
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Export the injected .so files and manifest.json here too.")
+@click.option("--replace-tag", is_flag=True, help=REPLACE_TAG_HELP)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
 def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: Path | None,
-           summary_md: Path | None) -> None:
+           summary_md: Path | None, replace_tag: bool) -> None:
     """Copy prebuilt .so files into BASE (no compile), verify, tag.
 
     Refuses artifacts built for another vLLM version or commit.
     """
     validate_image_ref(base)
     result_tag = validate_tag(tag) if tag else default_tag(base)
+    require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
     with recorded(new_record("inject", base, result_tag, None), report, summary_md) as record:
-        run_inject(Pipeline.connect(record), folder, base, result_tag, out)
+        run_inject(Pipeline.connect(record), folder, base, result_tag, out, replace_tag)

@@ -140,6 +140,20 @@ class Engine:
             return str(exc.explanation or exc)
         return None
 
+    def in_use(self, image_id: str) -> str | None:
+        """An image whose parent it is (the legacy builder's children), or a container of it,
+        even a stopped one: either makes a removal without force fail."""
+        try:
+            for image in self.client.api.images(all=True):
+                if image.get("ParentId") == image_id:
+                    return f"image {str(image['Id']).split(':')[-1][:12]} builds on it"
+            for container in self.client.api.containers(all=True):
+                if container.get("ImageID") == image_id:
+                    return f"container {str(container.get('Id', ''))[:12]} uses it"
+        except docker.errors.APIError as exc:
+            return f"engine refused to list its users ({exc.explanation or exc})"
+        return None
+
     def exists(self, ref: str) -> bool:
         try:
             self.client.images.get(ref)

@@ -24,6 +24,8 @@ class Built:
     tags: list[str]
     base_id: str
     at: float
+    base_ref: str = ""  # the base as the user named it ("" in entries from before 0.x)
+    content_key: str = ""  # the run's content key ("" for inject and older entries)
 
 
 @dataclass
@@ -40,13 +42,20 @@ class Ledger:
     built: list[Built] = field(default_factory=list)
     replaced: list[Replaced] = field(default_factory=list)
 
-    def add_built(self, image_id: str, tags: list[str], base_id: str) -> None:
+    def add_built(self, image_id: str, tags: list[str], base_id: str, base_ref: str = "",
+                  content_key: str = "") -> None:
         for entry in self.built:
             if entry.image_id == image_id:
                 entry.tags = sorted(set(entry.tags) | set(tags))
                 entry.at = time.time()
+                entry.base_ref = base_ref or entry.base_ref
+                entry.content_key = content_key or entry.content_key
                 return
-        self.built.append(Built(image_id, sorted(set(tags)), base_id, time.time()))
+        self.built.append(Built(image_id, sorted(set(tags)), base_id, time.time(), base_ref,
+                                content_key))
+
+    def entry(self, image_id: str) -> Built | None:
+        return next((b for b in self.built if b.image_id == image_id), None)
 
     def add_replaced(self, ref: str, image_id: str) -> None:
         if all(r.image_id != image_id for r in self.replaced):
@@ -57,22 +66,47 @@ def _path() -> Path:
     return cache_dir() / "ledger.json"
 
 
+def _typed(item: object, kind: type[Built] | type[Replaced]) -> Built | Replaced | None:
+    """One ledger entry as written by `save`, or None for a damaged one (a hand edit, a
+    half-written file from another tool): prune then forgets it, which only keeps more."""
+    if not isinstance(item, dict):
+        return None
+    try:
+        entry = kind(**item)
+    except TypeError:
+        return None
+    values = asdict(entry)
+    strings = [v for k, v in values.items() if k not in ("at", "tags")]
+    tags = values.get("tags", [])
+    if not all(isinstance(v, str) for v in strings) or not isinstance(values["at"], int | float) \
+            or not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        return None
+    return entry
+
+
 def load() -> Ledger:
     try:
         raw = json.loads(_path().read_text())
-        return Ledger([Built(**b) for b in raw.get("built", [])],
-                      [Replaced(**r) for r in raw.get("replaced", [])])
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, RecursionError):
         return Ledger()
+    if not isinstance(raw, dict):
+        return Ledger()
+    built = [e for b in raw.get("built") or [] if isinstance(e := _typed(b, Built), Built)] \
+        if isinstance(raw.get("built"), list) else []
+    replaced = [e for r in raw.get("replaced") or []
+                if isinstance(e := _typed(r, Replaced), Replaced)] \
+        if isinstance(raw.get("replaced"), list) else []
+    return Ledger(built, replaced)
 
 
 def save(ledger: Ledger) -> None:
     store_cache(_path(), json.dumps({"format": FORMAT, **asdict(ledger)}, indent=2))
 
 
-def record_built(image_id: str, tags: list[str], base_id: str) -> None:
+def record_built(image_id: str, tags: list[str], base_id: str, base_ref: str = "",
+                 content_key: str = "") -> None:
     ledger = load()
-    ledger.add_built(image_id, tags, base_id)
+    ledger.add_built(image_id, tags, base_id, base_ref, content_key)
     save(ledger)
 
 

@@ -13,8 +13,8 @@ _DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
 _NAME = rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
 _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-IMAGE_REF = re.compile(rf"^(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?$")
-IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
+IMAGE_REF = re.compile(rf"^(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?\Z")
+IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}\Z")
 
 
 def looks_like_image_ref(text: str) -> bool:
@@ -52,6 +52,27 @@ def validate_tag(text: str) -> str:
     if "@" in text:
         raise Sm121Error(f"{text!r} has a digest: a tag is NAME[:TAG]")
     return text
+
+
+def normalized(text: str) -> str:
+    """A reference as the engine stores it: docker.io/[library/]NAME:TAG (`latest` when no
+    tag or digest is given)."""
+    name, tag, digest = split_ref(text)
+    if IMAGE_ID.match(text):
+        return text
+    first, _, rest = name.partition("/")
+    if not (rest and ("." in first or ":" in first or first == "localhost")):
+        name = f"docker.io/{'' if rest else 'library/'}{name}"
+    return name + (f":{tag}" if tag else "" if digest else ":latest") + \
+        (f"@{digest}" if digest else "")
+
+
+def require_not_base(tag: str, base: str) -> None:
+    """--tag equal to --base would move the stock image's own tag onto the result."""
+    if normalized(tag) == normalized(base):
+        raise Sm121Error(f"--tag {tag} is the base image's own reference: the base's tag is "
+                         "never moved (choose another --tag, e.g. the default "
+                         f"{default_tag(base) if not IMAGE_ID.match(base) else 'NAME:TAG'})")
 
 
 def split_ref(text: str) -> tuple[str, str | None, str | None]:

@@ -32,6 +32,7 @@ from sm121_build.image.facts import (
     store_cache,
 )
 from sm121_build.image.spill import write_stream
+from sm121_build.labels import foreign
 from sm121_build.steps import Progress, note
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary
 from sm121_build.verify.compat import parse_target
@@ -194,9 +195,31 @@ def check_drift(stock: ImageInfo, built: ImageInfo, added: list[HistoryStep],
     if kept == stock.layers and layers_added != len(copied):
         problems.append(f"drift: {layers_added} layer(s) added on top of the stock image, "
                         f"{len(copied)} accounted for by copies of the injected files")
-    if (built.env, built.runtime) != (stock.env, stock.runtime):
-        problems.append("drift: the image config (env, entrypoint, cmd, workdir, user, ports) "
-                        "differs from the stock image")
+    return problems + check_config(stock, built)
+
+
+RUNTIME_FIELDS = ("entrypoint", "cmd", "workdir", "user", "exposed ports")
+
+
+def check_config(stock: ImageInfo, built: ImageInfo) -> list[str]:
+    """The runtime config (env, entrypoint, cmd, workdir, user, exposed ports) and every
+    label the tool does not set must reach the result unchanged: one line per difference."""
+    problems = []
+    if built.env != stock.env:
+        changed = [f"+{e}" for e in built.env if e not in stock.env] + \
+            [f"-{e}" for e in stock.env if e not in built.env] or ["(order)"]
+        problems.append(f"drift: env differs from the stock image ({', '.join(changed)[:120]})")
+    for name, was, now in zip(RUNTIME_FIELDS, stock.runtime, built.runtime, strict=False):
+        if was != now:
+            problems.append(f"drift: {name} is {now} in the built image, {was} in the stock "
+                            "image")
+    if len(built.runtime) != len(stock.runtime):
+        problems.append("drift: the runtime config has another shape than the stock image's")
+    theirs, kept = foreign(stock.labels), foreign(built.labels)
+    for key in sorted(set(theirs) | set(kept)):
+        if theirs.get(key) != kept.get(key):
+            problems.append(f"drift: label {key} is {kept.get(key)!r} in the built image, "
+                            f"{theirs.get(key)!r} in the stock image")
     return problems
 
 

@@ -16,8 +16,9 @@ from devkit.fakeengine import FakeEngine, stock_image
 from devkit.stockimage import VERSION, fixture_checkout
 from sm121_build.build.inject import run_inject
 from sm121_build.build.main_job import Options, run_build
-from sm121_build.build.pipeline import CONTENT_KEY_LABEL, Pipeline
+from sm121_build.build.pipeline import Pipeline
 from sm121_build.errors import BuildFailed, Sm121Error, VerificationError
+from sm121_build.labels import CONTENT_KEY_LABEL
 from sm121_build.shipped import schema
 from sm121_build.verify import run_report
 

@@ -120,8 +120,7 @@ def test_drift_reports_replaced_base_layers_and_config() -> None:
     problems = check_drift(STOCK, squashed, [], {})
     assert problems[0] == ("the built image does not keep the stock image's 2 layers "
                            "(first difference at layer 1)")
-    assert problems[1] == ("drift: the image config (env, entrypoint, cmd, workdir, user, "
-                           "ports) differs from the stock image")
+    assert problems[1] == "drift: env differs from the stock image (+PATH=/other, -PATH=/bin)"
     shorter = _info(("sha256:a",))  # fewer layers than the stock image: no pair differs
     assert check_drift(STOCK, shorter, [], {})[0] == (
         "the built image does not keep the stock image's 2 layers (first difference at layer "

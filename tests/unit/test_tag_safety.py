@@ -1,0 +1,217 @@
+"""Tags and images that are not the tool's to move or remove, on the FAKE engine with real
+files: the up-to-date skip reuses only an image the ledger says this tool built for that
+content key (labels are inherited by a user's image built FROM a result); `--tag` never
+takes a user's image's tag without `--replace-tag` and never the base's own; `prune` never
+untags what it cannot remove, and prunes what `inject` made."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from devkit.fakeengine import FakeEngine, stock_image
+from devkit.stockimage import VERSION, fixture_checkout
+from sm121_build.build.inject import run_inject
+from sm121_build.build.main_job import Options, run_build
+from sm121_build.build.pipeline import Pipeline
+from sm121_build.errors import Sm121Error
+from sm121_build.image import ledger
+from sm121_build.image.prune import prune
+from sm121_build.image.refs import require_not_base
+from sm121_build.labels import CONTENT_KEY_LABEL
+from sm121_build.verify import run_report
+
+BASE = "vllm/vllm-openai:fixture"
+TAG = "vllm/vllm-openai:fixture-sm121"
+NAMES = ("_C.abi3.so", "_moe_C.abi3.so")
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    return fixture_checkout(tmp_path_factory.mktemp("src") / "vllm")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str) -> FakeEngine:
+    engine = FakeEngine(tmp_path / "engine", compiled={n: matrix["sm121"] for n in NAMES})
+    engine.work.mkdir()
+    stock_image(engine, BASE, {n: matrix["sm90"] for n in NAMES}, VERSION, commit)
+    return engine
+
+
+def _run(engine: FakeEngine, source: Path, tag: str = TAG, force: bool = True,
+         replace_tag: bool = False, out: Path | None = None) -> run_report.RunRecord:
+    opts = Options(base=BASE, tag=tag, arch="12.1", extra_ext=(), jobs=2, source=source,
+                   repo="/nonexistent", out=out, force=force, no_patch=True,
+                   replace_tag=replace_tag)
+    record = run_report.new_record("build", BASE, tag, "12.1")
+    with run_report.recorded(record, None, None):
+        run_build(Pipeline(engine, record), opts)
+    return record
+
+
+def _user_image(engine: FakeEngine, tag: str, labels: dict[str, str]) -> str:
+    """An image the user made (e.g. `FROM` a result: it inherits the result's labels)."""
+    base = engine.images[engine.tags[BASE]]
+    return engine.add_image(tag, base.root, replace(base.info, labels=labels), base.history)
+
+
+def test_the_skip_never_reuses_a_users_image_that_inherited_the_key(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    first = _run(engine, checkout[0], force=False)
+    ours = engine.images[first.image_id].info
+    app = _user_image(engine, "myapp:1", dict(ours.labels))  # FROM the result
+    assert engine.find_by_label(CONTENT_KEY_LABEL, first.content_key or "")
+    engine.untag(TAG)
+    engine.remove_unused(first.image_id)  # the user removed our image; theirs remains
+    again = _run(engine, checkout[0], force=False)
+    assert again.status == "built"  # not "up-to-date" on the user's image
+    assert engine.tags[TAG] == again.image_id != app
+    assert engine.tags["myapp:1"] == app
+
+
+def test_the_skip_reuses_our_own_image(tmp_path: Path, matrix: dict[str, Path],
+                                       checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    first = _run(engine, checkout[0], force=False)
+    _user_image(engine, "myapp:1", dict(engine.images[first.image_id].info.labels))
+    engine.calls.clear()
+    again = _run(engine, checkout[0], force=False)
+    assert again.status == "up-to-date" and again.image_id == first.image_id
+    assert engine.calls == [f"tag {TAG}"]
+
+
+def test_tag_naming_a_users_image_is_refused_before_any_work(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    app = _user_image(engine, "myapp:1", {"maintainer": "me"})
+    with pytest.raises(Sm121Error) as refused:
+        _run(engine, checkout[0], tag="myapp:1")
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        f"--tag myapp:1 already names image {app.split(':')[1][:12]} (sm121-build did not build "
+        "it): choose another --tag, or --replace-tag to move it (the image itself stays)")
+    assert engine.calls == [] and engine.tags["myapp:1"] == app
+    record = _run(engine, checkout[0], tag="myapp:1", replace_tag=True)
+    assert engine.tags["myapp:1"] == record.image_id and app in engine.images
+
+
+def test_tag_never_moves_the_bases_own_tag(tmp_path: Path, matrix: dict[str, Path],
+                                           checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    stock = engine.tags[BASE]
+    engine.tag(stock, "mirror/vllm:same")  # another name of the base image
+    for tag in (BASE, "mirror/vllm:same"):
+        with pytest.raises(Sm121Error, match="names the base image itself"):
+            _run(engine, checkout[0], tag=tag, replace_tag=True)
+        assert engine.tags[tag] == stock
+    with pytest.raises(Sm121Error, match="is the base image's own reference"):
+        require_not_base("docker.io/vllm/vllm-openai:fixture", BASE)
+    require_not_base(TAG, BASE)
+
+
+def test_a_rebuild_moves_its_own_tag(tmp_path: Path, matrix: dict[str, Path],
+                                     checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    first = _run(engine, checkout[0])
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}  # a new compile: another image
+    second = _run(engine, checkout[0])
+    assert first.image_id != second.image_id and engine.tags[TAG] == second.image_id
+    book = ledger.load()
+    entry = book.entry(second.image_id)
+    assert entry and (entry.base_ref, entry.content_key) == (BASE, second.content_key)
+
+
+def test_a_tag_from_a_build_of_another_base_is_not_taken(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    first = _run(engine, checkout[0])
+    book = ledger.load()
+    entry = book.entry(first.image_id)
+    assert entry
+    entry.base_ref = "vllm/vllm-openai:other"
+    ledger.save(book)
+    with pytest.raises(Sm121Error, match=r"sm121-build built it from vllm/vllm-openai:other"):
+        _run(engine, checkout[0])
+
+
+def test_inject_refuses_a_users_tag(tmp_path: Path, matrix: dict[str, Path],
+                                    checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    _run(engine, checkout[0], out=tmp_path / "out")
+    app = _user_image(engine, "myapp:1", {})
+    with pytest.raises(Sm121Error, match="already names image"):
+        run_inject(Pipeline(engine), tmp_path / "out", BASE, "myapp:1")
+    assert engine.tags["myapp:1"] == app
+    with pytest.raises(Sm121Error, match="names the base image itself"):
+        run_inject(Pipeline(engine), tmp_path / "out", BASE, BASE, replace_tag=True)
+
+
+def test_prune_never_untags_what_it_cannot_remove(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}
+    _run(engine, checkout[0])
+    engine.users[old.image_id] = "image 0123456789ab builds on it"
+    engine.calls.clear()
+    result = prune(engine, keep=1)
+    assert engine.calls == []  # not even untagged for a moment
+    assert result.kept == [f"{old.image_id.split(':')[1][:12]}: image 0123456789ab builds on it"]
+    assert result.removed == [] and engine.tags["vllm/vllm-openai:old"] == old.image_id
+    del engine.users[old.image_id]
+    result = prune(engine, keep=1)
+    assert result.removed == [f"{old.image_id.split(':')[1][:12]} (vllm/vllm-openai:old)"]
+    assert old.image_id not in engine.images
+
+
+def test_prune_gives_the_tags_back_when_the_engine_still_refuses(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}
+    _run(engine, checkout[0])
+    monkeypatch.setattr(engine, "remove_unused", lambda image_id: "conflict: in use")
+    result = prune(engine, keep=1)
+    assert result.kept == [f"{old.image_id.split(':')[1][:12]}: conflict: in use"]
+    assert engine.tags["vllm/vllm-openai:old"] == old.image_id
+
+
+def test_prune_removes_what_inject_made(tmp_path: Path, matrix: dict[str, Path],
+                                        checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    _run(engine, checkout[0], out=tmp_path / "out")
+    record = run_report.new_record("inject", BASE, "x:injected", None)
+    run_inject(Pipeline(engine, record), tmp_path / "out", BASE, "x:injected")
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}
+    _run(engine, checkout[0], tag="vllm/vllm-openai:newer")
+    book = ledger.load()
+    injected = book.entry(engine.tags["x:injected"])
+    assert injected is not None
+    injected.at = 0  # the oldest
+    ledger.save(book)
+    result = prune(engine, keep=2)
+    assert result.removed == [f"{record.image_id.split(':')[1][:12]} (x:injected)"]
+
+
+def test_a_damaged_ledger_entry_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "cache" / "sm121-build" / "ledger.json"
+    path.parent.mkdir(parents=True)
+    good = {"image_id": "sha256:" + "a" * 64, "tags": ["x:y"], "base_id": "b", "at": 1.0}
+    path.write_text(json.dumps({"built": [good, {"image_id": 5, "tags": "x", "base_id": "b",
+                                                 "at": 1}, [1], {"unknown": 1}],
+                                "replaced": {"not": "a list"}}))
+    book = ledger.load()
+    assert [b.image_id for b in book.built] == [good["image_id"]] and book.replaced == []
+    for raw in ("[1, 2]", "{" * 100000, "\"text\"", "null"):
+        path.write_text(raw)
+        assert ledger.load() == ledger.Ledger()

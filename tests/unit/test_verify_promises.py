@@ -1,0 +1,248 @@
+"""Each promise README makes about verification, broken on purpose, through the whole main job
+(`run_build` -> `Pipeline.finish` -> `verify_image`) on the FAKE engine with real files: the
+run must fail with exit 3, tag nothing, remove the image it built, and name the cause in its
+one line.  Each test also has an unbroken twin (the same run passing), so none can pass by
+failing for another reason.
+
+The files are real: nvcc-built .so files whose kernels carry different code (tests/data/
+promises), a gcc-built torch library exporting what the extensions need, and image configs
+changed the way a template or builder that did more than copy the files would change them
+(`FakeEngine.tamper`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from devkit.fakeengine import SITE, FakeEngine, FakeImage, stock_image
+from devkit.helpers import DATA, gencode, link_cached
+from devkit.stockimage import VERSION, fixture_checkout
+from sm121_build.build.main_job import Options, run_build
+from sm121_build.build.pipeline import Pipeline
+from sm121_build.errors import VerificationError
+from sm121_build.image.api import HistoryStep
+from sm121_build.verify import run_report
+
+BASE = "vllm/vllm-openai:fixture"
+TAG = "vllm/vllm-openai:fixture-sm121"
+PROMISES = DATA / "promises"
+NAMES = ("_C.abi3.so", "_moe_C.abi3.so")
+TORCH_NEEDS = {  # what torch_user.cpp needs, by kind
+    "function": "_ZN3c1013MessageLoggerC1EPKciib",
+    "vtable": "_ZTVN3c1011StorageImplE",
+    "typeinfo": "_ZTIN2at6TensorE",
+    "stable shim": "aoti_torch_get_device_index",
+}
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    return fixture_checkout(tmp_path_factory.mktemp("src") / "vllm")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, Path]:
+    """stock: both kernel families native on sm_90.  built: kernels.cu native on sm_121 and
+    extra.cu as the variant says.  Every built file also needs torch (torch_user.cpp)."""
+    kernels, extra, host = DATA / "kernels.cu", PROMISES / "extra.cu", PROMISES / "torch_user.cpp"
+    sm90, sm121 = gencode("compute_90:sm_90"), gencode("compute_121:sm_121")
+    return {
+        "stock": link_cached("stock", [(kernels, sm90), (extra, sm90)]),
+        # extra.cu as PTX only: sm_121 runs it through the JIT
+        "stock-jit": link_cached("stock-jit", [(kernels, sm90),
+                                               (extra, gencode("compute_90:compute_90"))]),
+        "built": link_cached("built", [(kernels, sm121), (extra, sm121), (host, [])]),
+        # extra.cu only as PTX: the driver would JIT it on sm_121; the stock had it native
+        "built-jit": link_cached("built-jit", [(kernels, sm121),
+                                               (extra, gencode("compute_90:compute_90")),
+                                               (host, [])]),
+        "built-lost": link_cached("built-lost", [(kernels, sm121), (host, [])]),
+    }
+
+
+def torch_library(folder: Path, leave_out: str | None = None) -> Path:
+    """A real shared library exporting what torch_user.cpp needs (but `leave_out`)."""
+    source = folder / "torch_lib.c"
+    lines = []
+    for i, symbol in enumerate(s for s in TORCH_NEEDS.values() if s != leave_out):
+        lines.append(f'char exported_{i}[8] __asm__("{symbol}");')
+    source.write_text("\n".join(lines) + "\n")
+    out = folder / "libc10.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
+    return out
+
+
+def _engine(tmp_path: Path, files: dict[str, Path], commit: str, built: str = "built",
+            leave_out: str | None = None, stock: str = "stock",
+            tamper: Callable[[FakeImage], None] | None = None) -> FakeEngine:
+    engine = FakeEngine(tmp_path / "engine", compiled={n: files[built] for n in NAMES},
+                        tamper=tamper)
+    engine.work.mkdir()
+    torch_lib = torch_library(tmp_path, leave_out)
+    stock_image(engine, BASE, {n: files[stock] for n in NAMES}, VERSION, commit,
+                extra={f"{SITE}/torch/lib/libc10.so": torch_lib})
+    return engine
+
+
+def _run(engine: FakeEngine, source: Path) -> run_report.RunRecord:
+    opts = Options(base=BASE, tag=TAG, arch="12.1", extra_ext=(), jobs=2, source=source,
+                   repo="/nonexistent", out=None, force=True, no_patch=True)
+    record = run_report.new_record("build", BASE, TAG, "12.1")
+    with run_report.recorded(record, None, None):
+        run_build(Pipeline(engine, record), opts)
+    return record
+
+
+def _fails(engine: FakeEngine, source: Path, cause: str) -> str:
+    """The run fails verification (exit 3) naming `cause` in its line; nothing tagged, the
+    image it built removed."""
+    before = set(engine.images)
+    with pytest.raises(VerificationError) as failed:
+        _run(engine, source)
+    assert failed.value.exit_code == 3
+    line = str(failed.value)
+    assert line.startswith("verification failed: ") and line.endswith("not tagged")
+    assert cause in line, line
+    assert TAG not in engine.tags and set(engine.images) == before
+    assert any(c.startswith("build ") for c in engine.calls)  # it got as far as verifying
+    return line
+
+
+def test_the_unbroken_run_passes(tmp_path: Path, files: dict[str, Path],
+                                 checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, files, checkout[1])
+    record = _run(engine, checkout[0])
+    assert record.status == "built" and engine.tags[TAG] == record.image_id
+    assert record.abi_symbols_checked == 2 * len(TORCH_NEEDS)
+    assert record.after and record.after["_C.abi3.so"].kernels == {
+        "native": 5, "jit": 0, "none": 0}
+
+
+# -- every stock kernel native by name -----------------------------------------------------
+def test_a_kernel_the_build_has_only_as_ptx_is_not_native(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """The stock file has extra_kernel as sm_90 SASS; the build only as PTX (JIT on sm_121):
+    a kernel that was native must stay native."""
+    engine = _engine(tmp_path, files, checkout[1], built="built-jit")
+    line = _fails(engine, checkout[0], "_C.abi3.so: kernel _ZN4vllm12extra_kernelEPfi has "
+                  "native sm_90 code in the stock image but none for sm_121 in the build")
+    assert "(+1 more" in line  # _moe_C.abi3.so too
+
+
+def test_a_kernel_the_build_lacks_fails_the_run(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, files, checkout[1], built="built-lost")
+    _fails(engine, checkout[0], "kernel _ZN4vllm12extra_kernelEPfi has native sm_90 code")
+
+
+def test_a_kernel_the_stock_could_jit_must_still_load(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """The stock file has extra_kernel as PTX only (slow, but it runs on sm_121); a build
+    without it would turn a slow kernel into a missing one."""
+    engine = _engine(tmp_path, files, checkout[1], built="built-lost", stock="stock-jit")
+    _fails(engine, checkout[0], "_C.abi3.so: kernel _ZN4vllm12extra_kernelEPfi loads on sm_121 "
+                                "from the stock file (jit) but not from the build")
+    (tmp_path / "twin").mkdir()
+    engine = _engine(tmp_path / "twin", files, checkout[1], stock="stock-jit")
+    assert _run(engine, checkout[0]).status == "built"
+
+
+# -- nothing but copies of the injected files added ---------------------------------------
+def _added_step(image: FakeImage) -> None:
+    image.history.insert(0, HistoryStep("RUN /bin/sh -c rm -rf /root/.cache", 4096))
+    image.info = replace(image.info, layers=(*image.info.layers, "sha256:" + "9" * 64))
+
+
+def _copy_of_another_size(image: FakeImage) -> None:
+    at = next(i for i, s in enumerate(image.history) if s.created_by.startswith("COPY "))
+    step = image.history[at]
+    image.history[at] = HistoryStep(step.created_by, step.size + 1)
+
+
+@pytest.mark.parametrize(("tamper", "cause"), [
+    (_added_step, "drift: added step 'RUN /bin/sh -c rm -rf /root/.cache' (4096 bytes) is not "
+                  "a copy of one injected file"),
+    (_copy_of_another_size, "is not a copy of one injected file"),
+])
+def test_anything_but_copies_of_the_injected_files_fails(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str],
+        tamper: Callable[[FakeImage], None], cause: str) -> None:
+    engine = _engine(tmp_path, files, checkout[1], tamper=tamper)
+    _fails(engine, checkout[0], cause)
+
+
+# -- the runtime config unchanged ---------------------------------------------------------
+def _config(field: str, value: str) -> Callable[[FakeImage], None]:
+    def tamper(image: FakeImage) -> None:
+        info = image.info
+        if field == "env":
+            image.info = replace(info, env=(*info.env, value))
+        elif field == "labels":
+            image.info = replace(info, labels={**info.labels, **json.loads(value)})
+        else:
+            runtime = list(info.runtime)
+            runtime[("entrypoint", "cmd", "workdir", "user", "exposed ports").index(field)] = \
+                value
+            image.info = replace(info, runtime=tuple(runtime))
+    return tamper
+
+
+@pytest.mark.parametrize(("field", "value", "cause"), [
+    ("env", "LD_PRELOAD=/tmp/x.so", "drift: env differs from the stock image (+LD_PRELOAD=/tmp/x.so)"),
+    ("entrypoint", '["/bin/sh"]', 'drift: entrypoint is ["/bin/sh"] in the built image, '
+                                  '["vllm", "serve"] in the stock image'),
+    ("cmd", '["--help"]', 'drift: cmd is ["--help"] in the built image, null'),
+    ("workdir", '"/tmp"', 'drift: workdir is "/tmp" in the built image, "" in the stock'),
+    ("user", '"nobody"', 'drift: user is "nobody" in the built image'),
+    ("exposed ports", '{"22/tcp": {}}', 'drift: exposed ports is {"22/tcp": {}} in the built'),
+    ("labels", '{"maintainer": "someone else"}',
+     "drift: label maintainer is 'someone else' in the built image, None in the stock image"),
+])
+def test_a_changed_runtime_config_fails(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str], field: str,
+        value: str, cause: str) -> None:
+    engine = _engine(tmp_path, files, checkout[1], tamper=_config(field, value))
+    _fails(engine, checkout[0], cause)
+
+
+def test_our_own_labels_are_no_drift(tmp_path: Path, files: dict[str, Path],
+                                     checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, files, checkout[1], tamper=_config(
+        "labels", '{"org.opencontainers.image.base.name": "x", '
+                  '"io.github.sm121-build.anything": "y"}'))
+    assert _run(engine, checkout[0]).status == "built"
+
+
+# -- every torch symbol, vtable, typeinfo and stable-shim call resolved --------------------
+@pytest.mark.parametrize("kind", list(TORCH_NEEDS))
+def test_a_torch_symbol_the_image_does_not_export_fails(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str], kind: str) -> None:
+    engine = _engine(tmp_path, files, checkout[1], leave_out=TORCH_NEEDS[kind])
+    line = _fails(engine, checkout[0], "ABI: _C.abi3.so needs 1 torch symbol(s) the image's "
+                  "torch 2.11.0+cu130 does not export, e.g. ")
+    assert TORCH_NEEDS[kind] in line
+
+
+# -- vLLM version and commit equal --------------------------------------------------------
+@pytest.mark.parametrize(("version", "commit"), [(VERSION, "f" * 40), ("9.9.9", None)])
+def test_another_vllm_in_the_built_image_fails(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str], version: str,
+        commit: str | None) -> None:
+    def other_vllm(image: FakeImage) -> None:
+        path = image.root / SITE.lstrip("/") / "vllm/_version.py"
+        path.write_text(f"__version__ = version = {version!r}\n"
+                        f"__commit_id__ = {commit or checkout[1]!r}\n")
+
+    engine = _engine(tmp_path, files, checkout[1], tamper=other_vllm)
+    _fails(engine, checkout[0], f"vLLM in the built image is {version} ({commit or checkout[1]})"
+                                f", the stock image has {VERSION} ({checkout[1]})")
