@@ -198,7 +198,8 @@ def _config(field: str, value: str) -> Callable[[FakeImage], None]:
 
 
 @pytest.mark.parametrize(("field", "value", "cause"), [
-    ("env", "LD_PRELOAD=/tmp/x.so", "drift: env differs from the stock image (+LD_PRELOAD=/tmp/x.so)"),
+    ("env", "LD_PRELOAD=/tmp/x.so",
+     "drift: env differs from the stock image (+LD_PRELOAD=/tmp/x.so)"),
     ("entrypoint", '["/bin/sh"]', 'drift: entrypoint is ["/bin/sh"] in the built image, '
                                   '["vllm", "serve"] in the stock image'),
     ("cmd", '["--help"]', 'drift: cmd is ["--help"] in the built image, null'),
