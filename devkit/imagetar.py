@@ -7,9 +7,19 @@ import hashlib
 import io
 import json
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
-Layer = dict[str, bytes | None]  # path -> content; None = directory
+
+@dataclass(frozen=True)
+class HardLink:
+    """A layer member that is a hard link to an earlier member (as `tar` writes a second
+    name of one file)."""
+
+    target: str
+
+
+Layer = dict[str, "bytes | HardLink | None"]  # path -> content; None = directory
 
 
 def _layer_tar(files: Layer) -> bytes:
@@ -17,7 +27,11 @@ def _layer_tar(files: Layer) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, content in files.items():
             info = tarfile.TarInfo(name)
-            if content is None:
+            if isinstance(content, HardLink):
+                info.type = tarfile.LNKTYPE
+                info.linkname = content.target
+                tar.addfile(info)
+            elif content is None:
                 info.type = tarfile.DIRTYPE
                 info.mode = 0o755
                 tar.addfile(info)
@@ -35,14 +49,16 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def docker_save(path: Path, layers: list[Layer], tag: str = "sm121-test/fixture:1",
-                architecture: str = "arm64", labels: dict[str, str] | None = None) -> Path:
-    """A tarball `docker load` accepts (for any architecture, no emulation needed)."""
+                architecture: str = "arm64", labels: dict[str, str] | None = None,
+                prefix: str = "") -> Path:
+    """A tarball `docker load` accepts (for any architecture, no emulation needed);
+    `prefix="./"` names the members as `tar -C dir .` does."""
     with tarfile.open(path, "w") as tar:
         names, diff_ids = [], []
         for number, files in enumerate(layers):
             data = _layer_tar(files)
             name = f"layer{number}/layer.tar"
-            _add(tar, name, data)
+            _add(tar, prefix + name, data)
             names.append(name)
             diff_ids.append("sha256:" + hashlib.sha256(data).hexdigest())
         config = json.dumps({
@@ -51,8 +67,8 @@ def docker_save(path: Path, layers: list[Layer], tag: str = "sm121-test/fixture:
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
         }).encode()
         config_name = hashlib.sha256(config).hexdigest() + ".json"
-        _add(tar, config_name, config)
-        _add(tar, "manifest.json", json.dumps(
+        _add(tar, prefix + config_name, config)
+        _add(tar, prefix + "manifest.json", json.dumps(
             [{"Config": config_name, "RepoTags": [tag], "Layers": names}]).encode())
     return path
 

@@ -24,7 +24,7 @@ FORMAT = 1
 # A file name, or one under an external project's folder (vllm_flash_attn/_vllm_fa2_C.abi3.so)
 _FILE_NAME = re.compile(
     r"^(?:(?:" + "|".join(re.escape(p.install_dir) for p in projects()) +
-    r")/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so$")
+    r")/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so\Z")
 _REQUIRED = ("vllm_version", "vllm_commit", "arch_list", "files")
 
 
@@ -133,13 +133,15 @@ def load(folder: Path) -> Artifacts:
                          "`sm121-build --base IMAGE --out DIR`")
     try:
         manifest = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Sm121Error(f"{path}: not valid JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise Sm121Error(f"{path}: not valid JSON ({str(exc)[:80] or type(exc).__name__})") \
+            from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise Sm121Error(f"{path}: not an sm121-build manifest of format {FORMAT}")
     absent = [key for key in _REQUIRED if not manifest.get(key)]
     if absent:
         raise Sm121Error(f"{path}: missing {', '.join(absent)}")
+    _require_plain_values(path, manifest)
     files = manifest["files"]
     if not isinstance(files, dict):
         raise Sm121Error(f"{path}: files must be an object of name -> details")
@@ -153,4 +155,28 @@ def load(folder: Path) -> Artifacts:
         if sha256_of(folder / name) != expected:
             raise Sm121Error(f"{folder / name}: sha256 differs from the manifest; "
                              "the artifacts were changed after export")
+        with open(folder / name, "rb") as handle:
+            if handle.read(4) != b"\x7fELF":
+                raise Sm121Error(f"{folder / name}: not an ELF file (a .so extension is one)")
     return Artifacts(folder, manifest)
+
+
+_ARCH_LIST = re.compile(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?([; ][0-9]{1,2}\.[0-9][af]?(\+PTX)?)*")
+
+
+def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:
+    """Every provenance value is one printable line (they become labels and build arguments
+    of a Dockerfile: a newline would add an instruction), the arch list an arch list."""
+    external = manifest.get("external") or {}
+    if not isinstance(external, dict):
+        raise Sm121Error(f"{path}: external must be an object of project -> commit")
+    values = {k: v for k, v in manifest.items() if k not in ("files", "format", "external")}
+    values.update({f"external.{k}": v for k, v in external.items()})
+    for key, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise Sm121Error(f"{path}: {key} must be a string, not {type(value).__name__}")
+        if not str(key).isprintable() or (value and not value.isprintable()):
+            raise Sm121Error(f"{path}: {key!r} holds a control character (a newline?): refused")
+    if not _ARCH_LIST.fullmatch(str(manifest.get("arch_list"))):
+        raise Sm121Error(f"{path}: arch_list {manifest.get('arch_list')!r} is not an arch list "
+                         "such as 12.1 or 12.0;12.1a")

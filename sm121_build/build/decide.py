@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sm121_build.build.render import extension_target
+from sm121_build.source.cmake_lang import read_source
 from sm121_build.source.guards import Call, Guard, effective_archs, evaluate, find_calls
 from sm121_build.source.owners import defined_targets, feeds, guard_owners
 from sm121_build.verify.audit import BinaryReport
@@ -183,7 +184,7 @@ def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
                       (), "", True),
                  tuple(a for a in effective_archs(inputs.source, inputs.arch, inputs.cuda)
                        .split(";") if a))
-    top = {name for _, name in defined_targets((inputs.source / "CMakeLists.txt").read_text())} \
+    top = {name for _, name in defined_targets(read_source(inputs.source / "CMakeLists.txt"))} \
         if (inputs.source / "CMakeLists.txt").is_file() else set()
     plans = []
     for name, report in reports.items():

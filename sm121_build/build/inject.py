@@ -19,11 +19,12 @@ from sm121_build.errors import Sm121Error
 
 
 def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
-               out: Path | None = None, replace_tag: bool = False) -> str:
+               out: Path | None = None, replace_tag: bool = False,
+               found: artifacts_mod.Artifacts | None = None) -> str:
     """Inject prebuilt artifacts into a base whose vLLM version and commit match them, and
     whose torch does (where the manifest names the torch they were built against)."""
     record = pipeline.record
-    found = artifacts_mod.load(folder)
+    found = found or artifacts_mod.load(folder)
     built = found.provenance
     arch_list = built.arch_list
     record.vllm_version, record.vllm_commit, record.arch_list = \

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
+from sm121_build.cli.inputs import require_writable
 from sm121_build.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
+from sm121_build.outputs import append_text
 from sm121_build.steps import notice
 from sm121_build.verify import report
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary, host_only_report
@@ -25,6 +27,9 @@ def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[st
     unreadable: list[str] = []
     with binaries(target, include, platform, show_progress=progress) as found:
         for binary in found:
+            if binary.skipped is not None:
+                unreadable.append(f"{binary.name}: {binary.skipped}")
+                continue
             if binary.host_only_size is not None:
                 reports.append(host_only_report(binary.name, binary.host_only_size, with_kernels))
                 continue
@@ -62,6 +67,7 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
           platform: str | None, summary_md: Path | None) -> None:
     """Audit a .so, directory, wheel, image tarball or local image for a GPU target."""
     fmt = "json" if as_json else fmt
+    require_writable(summary_md, "--summary-md")  # before the audit, not after it
     policy = Policy(parse_target(gpu), parse_cuda_version(driver))
     with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None
     reports, unreadable = run_audit(target, policy, with_kernels, include, platform,
@@ -77,11 +83,10 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     else:
         click.echo(report.table(reports, policy, show_kernels=kernels))
     if summary_md:
-        with open(summary_md, "a", encoding="utf-8") as out:
-            out.write(report.markdown(f"Audit of `{target}`", reports, policy))
+        append_text(summary_md, report.markdown(f"Audit of `{target}`", reports, policy))
     if unreadable:
-        raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} ELF file(s) in "
-                         f"{target} could not be read (listed above)")
+        raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} file(s) or "
+                         f"folder(s) in {target} could not be audited (listed above)")
     if require and not reports:
         raise RequirementNotMet(
             f"--require {require}: no ELF file found in {target}"

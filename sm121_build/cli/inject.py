@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from sm121_build.build.artifacts import load
 from sm121_build.build.inject import run_inject
 from sm121_build.build.pipeline import Pipeline
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
@@ -41,5 +42,6 @@ def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: P
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
+    found = load(folder)  # the manifest and every file checked before the engine is asked
     with recorded(new_record("inject", base, result_tag, None), report, summary_md) as record:
-        run_inject(Pipeline.connect(record), folder, base, result_tag, out, replace_tag)
+        run_inject(Pipeline.connect(record), folder, base, result_tag, out, replace_tag, found)

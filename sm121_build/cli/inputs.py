@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from sm121_build.errors import Sm121Error
+from sm121_build.outputs import not_regular
 from sm121_build.verify.compat import arch_list_items, cubin_loads, dotted_arch, parse_target
 
 SM121 = parse_target("sm_121")
@@ -24,12 +25,15 @@ SM121 = parse_target("sm_121")
 KNOWN_ARCHS = frozenset({
     "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.8",
     "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"})
-ARCH_ENTRY = re.compile(r"^(\d{1,2}\.\d)([af]?)(\+PTX)?$")
-EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.abi3)?(?:\.[A-Za-z0-9_-]+)?(?:\.so)?$")
+ARCH_ENTRY = re.compile(r"^(\d{1,2}\.\d)([af]?)(\+PTX)?\Z")
+EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.abi3)?(?:\.[A-Za-z0-9_-]+)?(?:\.so)?\Z")
 
 
 def arch_list(ctx: click.Context | None, param: click.Parameter | None, value: str) -> str:
     """A TORCH_CUDA_ARCH_LIST of real archs with at least one that sm_121 loads natively."""
+    if not value.isprintable():  # a newline would reach the Dockerfile as an instruction
+        raise click.BadParameter(f"{value!r} holds a control character: expected e.g. 12.1 or "
+                                 "12.0;12.1a")
     items = arch_list_items(value)
     if not items:
         raise click.BadParameter("the arch list is empty: expected e.g. 12.1 or 12.1a")
@@ -72,6 +76,10 @@ def require_writable(path: Path | None, option: str, *, directory: bool = False)
     if path is None:
         return
     folder = path if directory else path.parent
+    what = None if directory else not_regular(path)
+    if what and what != "a directory":
+        raise Sm121Error(f"{option} {path}: is {what}; name a regular file (it is replaced or "
+                         "appended to)")
     try:
         if path.exists() and path.is_dir() != directory:
             kind = "a directory" if path.is_dir() else "a file"

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import posixpath
+import pwd
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -47,7 +48,20 @@ CACHE_FORMAT = 9  # 8: the image config's created date; 9: Python headers
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    """`$XDG_CACHE_HOME/sm121-build`; a relative or empty XDG_CACHE_HOME is ignored (as the
+    XDG spec says), then `$HOME/.cache`, then the passwd entry's home."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home) or home.strip("/") == "":
+            try:
+                home = pwd.getpwuid(os.getuid()).pw_dir
+            except KeyError:
+                home = ""
+        if not os.path.isabs(home) or home.strip("/") == "":
+            raise Sm121Error("no place for the cache: set XDG_CACHE_HOME or HOME to an absolute "
+                             "path (this user has no home directory)")
+        base = os.path.join(home, ".cache")
     return Path(base) / "sm121-build"
 
 

@@ -23,6 +23,8 @@ from sm121_build.errors import Sm121Error
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+MAX_JSON = 64 << 20  # an index or manifest; real ones are kilobytes
+MAX_INDEX_DEPTH = 8  # index -> index -> manifest; real tarballs nest two deep
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -31,20 +33,32 @@ def _bad(archive: Path, why: str) -> Sm121Error:
 
 
 def _read_json(outer: tarfile.TarFile, name: str, archive: Path) -> Any:
-    try:
-        handle = outer.extractfile(name)
-    except KeyError:
-        raise _bad(archive, f"{name} missing") from None
+    member = _members(outer).get(posixpath.normpath(name))
+    if member is None:
+        raise _bad(archive, f"{name} missing")
+    handle = outer.extractfile(member)
     if handle is None:
         raise _bad(archive, f"{name} is not a file")
+    if member.size > MAX_JSON:
+        raise _bad(archive, f"{name} is {member.size} bytes, more than any image index")
     try:
         return json.load(handle)
-    except ValueError as exc:
-        raise _bad(archive, f"{name} is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise _bad(archive, f"{name} is not JSON: {str(exc)[:80] or type(exc).__name__}") \
+            from None
+
+
+def _members(outer: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    """The members by normalised name: `tar -C dir .` writes `./manifest.json`."""
+    cached: dict[str, tarfile.TarInfo] | None = getattr(outer, "_sm121_members", None)
+    if cached is None:
+        cached = {posixpath.normpath(m.name): m for m in outer.getmembers()}
+        outer._sm121_members = cached  # type: ignore[attr-defined]
+    return cached
 
 
 def _names(outer: tarfile.TarFile) -> set[str]:
-    return {posixpath.normpath(n) for n in outer.getnames()}
+    return set(_members(outer))
 
 
 def _blob(digest: str) -> str:
@@ -54,22 +68,52 @@ def _blob(digest: str) -> str:
 
 def layer_paths(outer: tarfile.TarFile, archive: Path, platform: str | None = None) -> list[str]:
     """Member names of the layer tars, bottom first."""
+    try:
+        return _layer_paths(outer, archive, platform)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        # a manifest or index of another shape than the image specs give (a field of
+        # another type, a missing key)
+        raise _bad(archive, f"its index has an unexpected shape ({type(exc).__name__}: "
+                            f"{str(exc)[:80]})") from None
+
+
+def _layer_paths(outer: tarfile.TarFile, archive: Path, platform: str | None) -> list[str]:
     names = _names(outer)
     if "manifest.json" in names:
         manifest = _read_json(outer, "manifest.json", archive)
-        if not isinstance(manifest, list) or not manifest or "Layers" not in manifest[0]:
+        if not isinstance(manifest, list) or not manifest or not isinstance(manifest[0], dict) \
+                or not isinstance(manifest[0].get("Layers"), list):
             raise _bad(archive, "manifest.json has no Layers")
         if len(manifest) > 1:
             raise Sm121Error(f"{archive}: holds {len(manifest)} images; save one image per tarball")
-        return [str(p) for p in manifest[0]["Layers"]]
+        return [_member_name(outer, str(p), archive) for p in manifest[0]["Layers"]]
     if "index.json" in names:
         document = _read_json(outer, "index.json", archive)
-        while "layers" not in document:
+        seen: set[str] = set()
+        while not isinstance(document, dict) or "layers" not in document:
+            if not isinstance(document, dict):
+                raise _bad(archive, "an index or manifest is not a JSON object")
             manifests = document.get("manifests") or []
+            if not isinstance(manifests, list) or not all(isinstance(m, dict)
+                                                          for m in manifests):
+                raise _bad(archive, "an index's manifests is not a list of objects")
             chosen = _choose_manifest(manifests, platform, archive)
-            document = _read_json(outer, _blob(chosen["digest"]), archive)
-        return [_blob(layer["digest"]) for layer in document["layers"]]
+            digest = str(chosen["digest"])
+            if digest in seen or len(seen) >= MAX_INDEX_DEPTH:
+                raise _bad(archive, f"its indexes refer in a loop (at {digest[:19]}…)")
+            seen.add(digest)
+            document = _read_json(outer, _blob(digest), archive)
+        if not isinstance(document["layers"], list):
+            raise _bad(archive, "a manifest's layers is not a list")
+        return [_member_name(outer, _blob(str(layer["digest"])), archive)
+                for layer in document["layers"]]
     raise _bad(archive, "neither manifest.json nor index.json found")
+
+
+def _member_name(outer: tarfile.TarFile, name: str, archive: Path) -> str:
+    """The member's name as the tarball spells it (`./blobs/…` or `blobs/…`)."""
+    member = _members(outer).get(posixpath.normpath(name))
+    return member.name if member is not None else name
 
 
 def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
@@ -147,7 +191,12 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                 raise _bad(archive, f"layer {layer_name} is not a file")
             try:
                 with handle, _open_layer(handle) as layer:
-                    _apply_layer(layer, fs, wanted)
+                    pending = _apply_layer(layer, fs, wanted)
+                if pending:  # hard links to files not written: read the layer once more
+                    again = outer.extractfile(layer_name)
+                    if again is not None:
+                        with again, _open_layer(again) as layer:
+                            _resolve_links(layer, fs, pending)
             except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError) as exc:
                 raise _bad(archive, f"layer {layer_name} is unreadable: {exc}") from None
             if progress:
@@ -156,7 +205,10 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
 
 
 def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
-                 wanted: Callable[[str], bool]) -> None:
+                 wanted: Callable[[str], bool]) -> dict[str, list[str]]:
+    """Apply one layer; returns the wanted hard links whose file was not written (the file
+    they name -> the links), for `_resolve_links`."""
+    pending: dict[str, list[str]] = {}
     for member in layer:
         path = _safe_relpath(member.name)
         if path is None:
@@ -181,6 +233,8 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
             if linked in fs.extracted:
                 shutil.copy(fs.root / linked, target)
                 fs.extracted.add(path)
+            elif linked:
+                pending.setdefault(linked, []).append(path)
             continue
         source = layer.extractfile(member)
         if source is None:
@@ -189,3 +243,27 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
             shutil.copyfileobj(source, out, 1 << 20)
         target.chmod(member.mode & 0o755 | 0o600)  # the image's mode, readable by us
         fs.extracted.add(path)
+    return pending
+
+
+def _resolve_links(layer: tarfile.TarFile, fs: Filesystem, pending: dict[str, list[str]]) -> None:
+    """Write each pending link's data from the member it names (same layer, earlier)."""
+    for member in layer:
+        path = _safe_relpath(member.name)
+        if path not in pending or not member.isfile():
+            continue
+        links = [p for p in pending.pop(path) if p in fs.files]
+        source = layer.extractfile(member) if links else None
+        if source is None:
+            continue
+        first, *others = links
+        target = fs.root / first
+        with source, open(target, "wb") as out:
+            shutil.copyfileobj(source, out, 1 << 20)
+        target.chmod(member.mode & 0o755 | 0o600)
+        fs.extracted.add(first)
+        for other in others:
+            shutil.copy(target, fs.root / other)
+            fs.extracted.add(other)
+        if not pending:
+            return

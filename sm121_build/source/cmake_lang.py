@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
+
+from sm121_build.errors import Sm121Error
 
 ArgKind = Literal["quoted", "unquoted", "bracket", "paren"]
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -152,3 +155,26 @@ class _Reader:
 def variables_in(value: str) -> list[str]:
     """The `${NAME}` references of an argument's value."""
     return VARIABLE_REF.findall(value)
+
+
+def read_source(path: Path) -> str:
+    """A CMake (or any source) file as text; bytes that are not UTF-8 (a Latin-1 comment)
+    are kept as they are, and written back unchanged by `source_text_bytes`."""
+    return path.read_text(encoding="utf-8", errors="surrogateescape")
+
+
+def source_text_bytes(text: str) -> bytes:
+    return text.encode("utf-8", errors="surrogateescape")
+
+
+def real_file(tree: Path, rel: str) -> Path:
+    """Where a patch of `tree/rel` must write: the file itself, or the file a symlink names
+    when that is inside the tree (a symlink is never replaced by a copy)."""
+    path = tree / rel
+    if not path.is_symlink():
+        return path
+    target = path.resolve()
+    if not target.is_relative_to(tree.resolve()):
+        raise Sm121Error(f"{path} is a symlink to {target}, outside the source tree: not "
+                         "patched through it (copy the file into the tree)")
+    return target

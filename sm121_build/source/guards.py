@@ -25,6 +25,7 @@ from sm121_build.source.cmake_lang import (
     CMakeSyntaxError,
     Command,
     commands,
+    read_source,
     variables_in,
 )
 from sm121_build.verify.compat import arch_list_items
@@ -148,7 +149,7 @@ def scan_files(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
 def parse(path: Path, rel: str) -> tuple[str, list[Command]]:
     """A CMake file's text and its commands."""
     try:
-        text = path.read_text()
+        text = read_source(path)
         return text, commands(text)
     except CMakeSyntaxError as exc:
         raise Sm121Error(f"{rel}: cannot read it as CMake: {exc}") from None

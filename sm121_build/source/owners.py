@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
-from sm121_build.source.cmake_lang import CMakeSyntaxError, commands
+from sm121_build.source.cmake_lang import CMakeSyntaxError, commands, read_source
 from sm121_build.source.external import projects
 from sm121_build.source.guards import Call
 
@@ -40,7 +40,7 @@ def guard_owners(source: Path, calls: list[Call]) -> dict[str, tuple[str, ...] |
     for call in calls:
         if call.file not in defined:
             try:
-                defined[call.file] = defined_targets((source / call.file).read_text())
+                defined[call.file] = defined_targets(read_source(source / call.file))
             except (OSError, UnicodeDecodeError, CMakeSyntaxError):
                 defined[call.file] = []
         found = defined[call.file]

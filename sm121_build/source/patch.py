@@ -30,7 +30,7 @@ from packaging.version import InvalidVersion, Version
 from sm121_build.errors import PatchDrift, Sm121Error
 from sm121_build.image.facts import read_version_file
 from sm121_build.shipped import shipped_dir
-from sm121_build.source.cmake_lang import Argument
+from sm121_build.source.cmake_lang import Argument, read_source, real_file, source_text_bytes
 from sm121_build.source.guards import (
     DEFAULT_CUDA,
     SM12X_ENTRY,
@@ -305,7 +305,7 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
     """Decide with the guards' evaluation, then rewrite every breaking call or none."""
     parsed = parse_version(version)
     files = scan_files(source, rule.files)
-    originals = {rel: (source / rel).read_text() for rel in files}
+    originals = {rel: read_source(source / rel) for rel in files}
     texts = _apply_exceptions(rule, version, parsed, dict(originals))
     before = _evaluate(source, _changed(texts, originals), files, archs, cuda_version,
                        rule.files)
@@ -440,7 +440,7 @@ def _evaluate(source: Path, changed: dict[str, str], files: list[str], archs: st
                 (copy / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source / rel, copy / rel)
         for rel, text in changed.items():
-            (copy / rel).write_text(text)
+            (copy / rel).write_bytes(source_text_bytes(text))
         return evaluate(copy, archs, cuda_version, patterns)
 
 
@@ -449,13 +449,13 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
     staged: list[tuple[Path, Path]] = []
     try:
         for name, text in texts.items():
-            target = source / name
+            target = real_file(source, name)
             handle, tmp = tempfile.mkstemp(prefix=".sm121-", dir=target.parent)
-            with os.fdopen(handle, "w") as out:
-                out.write(text)
+            with os.fdopen(handle, "wb") as out:
+                out.write(source_text_bytes(text))
             shutil.copymode(target, tmp)
             staged.append((Path(tmp), target))
-        originals = {target: target.read_text() for _, target in staged}
+        originals = {target: target.read_bytes() for _, target in staged}
         done: list[Path] = []
         try:
             for tmp_path, target in staged:
@@ -463,7 +463,7 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
                 done.append(target)
         except OSError:
             for target in done:
-                target.write_text(originals[target])
+                target.write_bytes(originals[target])
             raise
     finally:
         for tmp_path, _ in staged:
@@ -494,11 +494,12 @@ def apply_all(source: Path, version: str, archs: str, check: bool = False,
 def read_source_version(source: Path) -> str | None:
     """The vLLM version of a source tree (`vllm/_version.py` or an sdist's PKG-INFO)."""
     version_py = source / "vllm" / "_version.py"
-    if version_py.exists() and (version := read_version_file(version_py.read_text())[0]):
+    text = version_py.read_text(errors="replace") if version_py.exists() else ""
+    if text and (version := read_version_file(text)[0]):
         return version
     pkg_info = source / "PKG-INFO"
     if pkg_info.exists():
-        found: str | None = HeaderParser().parsestr(pkg_info.read_text())["Version"]
+        found: str | None = HeaderParser().parsestr(pkg_info.read_text(errors="replace"))["Version"]
         return found
     return None
 

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from sm121_build.errors import PatchDrift, Sm121Error
-from sm121_build.source.cmake_lang import CMakeSyntaxError, commands
+from sm121_build.source.cmake_lang import (
+    CMakeSyntaxError,
+    commands,
+    read_source,
+    real_file,
+    source_text_bytes,
+)
 from sm121_build.source.guards import cmake_error, find_cmake
 from sm121_build.verify.compat import Target
 
@@ -119,7 +125,7 @@ def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
     if not path.is_file():
         return MacroResult(rule.name, "not applicable", f"no {rule.file}")
     try:
-        original = path.read_text()
+        original = read_source(path)
         end = _macro_end(original, rule.macro)
     except (OSError, UnicodeDecodeError, CMakeSyntaxError) as exc:
         raise Sm121Error(f"{rule.file}: cannot read it as CMake: {exc}") from None
@@ -133,9 +139,10 @@ def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
     patched = original[:line_start] + inserted + original[line_start:]
     _verify(rule, original, patched, gpu, sass)
     if not check:
-        tmp = path.with_name(f".{path.name}.sm121")
-        tmp.write_text(patched)
-        tmp.replace(path)
+        real = real_file(tree, rule.file)
+        tmp = real.with_name(f".{real.name}.sm121")
+        tmp.write_bytes(source_text_bytes(patched))
+        tmp.replace(real)
     diff = "".join(f"+{line}\n" for line in inserted.splitlines())
     line = original.count("\n", 0, line_start) + 1
     return MacroResult(rule.name, "applied", f"{rule.macro} in {rule.file}:{line} gives "

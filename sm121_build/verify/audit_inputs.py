@@ -51,6 +51,7 @@ class Binary:
     name: str
     path: Path
     host_only_size: int | None = None  # set when the file was dropped: an ELF of no device code
+    skipped: str | None = None  # why it could not be audited (unreadable, outside the archive)
 
 
 def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
@@ -82,9 +83,10 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
             return
         with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
             try:
-                if zipfile.is_zipfile(path):
+                kind = archive_kind(path)
+                if kind == "zip":
                     found = _unzip(path, Path(tmp), wanted)
-                elif tarfile.is_tarfile(path):
+                elif kind == "tar":
                     found = _untar(path, Path(tmp), wanted, platform, show_progress)
                 else:
                     raise Sm121Error(
@@ -112,6 +114,29 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
             found = _stream_image(info, files, include, wanted, Path(tmp), progress)
         progress.done()
         yield found
+
+
+TAR_MAGICS = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def archive_kind(path: Path) -> str | None:
+    """"zip", "tar" (plain or compressed) or None, from the first block only: tarfile's own
+    probe reads a file of zeros to its end (50 GB of a sparse file)."""
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")) or zipfile.is_zipfile(path):
+        return "zip"
+    if head.startswith(TAR_MAGICS):
+        return "tar"
+    if len(head) == 512 and head[257:262] == b"ustar":
+        return "tar"
+    if len(head) == 512 and any(head[:100]):  # a pre-POSIX header: its checksum decides
+        try:
+            stored = int(head[148:156].split(b"\0")[0].strip() or b"-1", 8)
+        except ValueError:
+            return None
+        return "tar" if stored == sum(head[:148]) + 256 + sum(head[156:]) else None
+    return None
 
 
 def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) -> list[str]:
@@ -156,6 +181,19 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
     others by name and size only (`host_only_size`), so the table still counts them."""
     found: list[Binary] = []
     kept: set[str] = set()
+
+    def take(rel: str, target: Path) -> None:
+        if not is_elf(target):
+            target.unlink()
+        elif not _has_device_code(target):
+            found.append(Binary("/" + rel, target, target.stat().st_size))
+            target.unlink()
+        else:
+            kept.add(rel)
+            found.append(Binary("/" + rel, target))
+            progress.update(found=len(found))
+
+    links: list[tuple[str, str]] = []  # (wanted path, the file it is a hard link of)
     for root in walk_roots(include, info, files):
         if files.stat(root) is None:
             continue
@@ -165,31 +203,30 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
                 rel = posixpath.normpath(posixpath.join(parent, member.name)).lstrip("/")
                 if not rel or rel == "." or not wanted(rel):
                     continue
-                target = dest / rel
                 if member.islnk():
-                    linked = posixpath.normpath(posixpath.join(
-                        parent, member.linkname)).lstrip("/")
-                    if linked in kept:
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        os.link(dest / linked, target)
-                        kept.add(rel)
-                        found.append(Binary("/" + rel, target))
+                    links.append((rel, posixpath.normpath(posixpath.join(
+                        parent, member.linkname)).lstrip("/")))
                     continue
                 handle = archive.extractfile(member) if member.isfile() else None
-                if handle is None:
-                    continue
-                write_stream(handle, target, "/" + rel)
-                if not is_elf(target):
-                    target.unlink()
-                    continue
-                if not _has_device_code(target):
-                    found.append(Binary("/" + rel, target, target.stat().st_size))
-                    target.unlink()
-                    continue
-                kept.add(rel)
-                found.append(Binary("/" + rel, target))
-                progress.update(found=len(found))
-    return found
+                if handle is not None:
+                    write_stream(handle, dest / rel, "/" + rel)
+                    take(rel, dest / rel)
+    # A hard link names an earlier member, which may not have been kept (another name, not
+    # wanted, host-only): read it by its own path once the stream is closed (the engine
+    # serves one archive request per container at a time).
+    for rel, linked in links:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if linked in kept:
+            os.link(dest / linked, target)
+            kept.add(rel)
+            found.append(Binary("/" + rel, target))
+        elif files.copy_file("/" + linked, target) is not None:
+            take(rel, target)
+        else:
+            found.append(Binary("/" + rel, target, skipped=(
+                f"hard link to /{linked}, which the image does not hold")))
+    return sorted(found, key=lambda b: b.name)
 
 
 def _has_device_code(path: Path) -> bool:
@@ -201,8 +238,16 @@ def _has_device_code(path: Path) -> bool:
 
 
 def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
+    """Every wanted ELF file under root; a folder or file that cannot be read is listed with
+    the reason (`skipped`), never passed over in silence."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+
+    def unreadable(exc: OSError) -> None:
+        where = Path(exc.filename or root)
+        rel = where.relative_to(root).as_posix() if where != root else "."
+        found.append(Binary(rel + "/", where, skipped=f"folder not read: {exc.strerror or exc}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
         dirnames.sort()
         for name in sorted(filenames):
             full = Path(dirpath) / name
@@ -211,9 +256,16 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
                 continue
             if not stat.S_ISREG(full.lstat().st_mode):  # a FIFO would block the read forever
                 print(f"skipped: {rel}: not a regular file", file=sys.stderr)
-            elif is_elf(full):
+                continue
+            try:
+                with open(full, "rb") as handle:
+                    magic = handle.read(4)
+            except OSError as exc:
+                found.append(Binary(rel, full, skipped=f"not read: {exc.strerror or exc}"))
+                continue
+            if magic == b"\x7fELF":
                 found.append(Binary(rel, full))
-    return found
+    return sorted(found, key=lambda b: b.name)
 
 
 def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Binary]:
@@ -224,12 +276,19 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
                 continue
             name = os.path.normpath(info.filename)
             if name.startswith("..") or os.path.isabs(name):
+                found.append(Binary(info.filename, dest, skipped=(
+                    "member path leaves the archive (not extracted)")))
                 continue
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            with wheel.open(info) as source, open(target, "wb") as out:
-                while chunk := source.read(1 << 20):
-                    out.write(chunk)
+            try:
+                with wheel.open(info) as source, open(target, "wb") as out:
+                    while chunk := source.read(1 << 20):
+                        out.write(chunk)
+            except (NotImplementedError, RuntimeError) as exc:  # deflate64, encrypted
+                target.unlink(missing_ok=True)
+                found.append(Binary(info.filename, target, skipped=f"not extracted: {exc}"))
+                continue
             if is_elf(target):
                 found.append(Binary(info.filename, target))
     return found

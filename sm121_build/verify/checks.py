@@ -16,10 +16,15 @@ import json
 import posixpath
 import re
 import tempfile
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from pathlib import Path
+
+import yaml
 
 from sm121_build.errors import VerificationError
 from sm121_build.image.api import HistoryStep, ImageEngine, ImageFiles, ImageInfo
@@ -35,20 +40,77 @@ from sm121_build.image.spill import write_stream
 from sm121_build.labels import foreign
 from sm121_build.steps import Progress, note
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary
-from sm121_build.verify.compat import parse_target
+from sm121_build.verify.compat import Target, cubin_loads, parse_target
 from sm121_build.verify.fatbin import HostBinary, demangle, dynamic_symbols
 
 SM121 = Policy(parse_target("sm_121"), (13, 0))
-# Kernels left out on purpose when the FP4 guards exclude a plain 12.x build.
+
+
+@cache
+def left_out_rules() -> tuple[tuple[re.Pattern[str], str], ...]:
+    """Kernels a 12.x build leaves out on purpose, and why (data/left_out.yaml)."""
+    raw = yaml.safe_load(resources.files("sm121_build").joinpath("data/left_out.yaml")
+                         .read_text())
+    return tuple((re.compile(str(r["pattern"])), " ".join(str(r["why"]).split())) for r in raw)
+
+
+def left_out_reason(kernel: str) -> str | None:
+    """Why a build for 12.x leaves this kernel out on purpose, or None."""
+    return next((why for pattern, why in left_out_rules() if pattern.search(kernel)), None)
+
+
+# The FP4 rule alone (benchmarks/compare_kernels.py reports FP4 separately).
 FP4_KERNEL = re.compile(r"fp4|e2m1|qutlass", re.IGNORECASE)
-# nvcc names internal-linkage symbols `_INTERNAL_<hash>_<len>_<file>_<hash>`; the first hash
-# changes from build to build, so names are compared with it blanked (same length).
+# nvcc names internal-linkage symbols `_INTERNAL_<hash>_<len>_<file>_<hash>` (CUDA 12): the
+# first hash changes from build to build, so it is blanked (same length).  CUDA 13 names
+# anonymous namespaces `_GLOBAL__N__<hash>_<len>_<file>_<hash>[_<n>]`, where both hashes
+# (the second one hashes the source's path) and the counter vary: the namespace is compared
+# as `_GLOBAL__N__<file>`, its length prefix recomputed.
 _INTERNAL_HASH = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
+_ANONYMOUS = re.compile(r"(?<![0-9])([0-9]+)(?=_GLOBAL__N__)")
+_ANONYMOUS_HEAD = re.compile(r"_GLOBAL__N__[0-9a-f]{8}_([0-9]+)_")
+# CUB's namespace names the arch list it was compiled for (`CUB_300001_SM_800_900_1200`),
+# which a rebuild for other archs changes: the namespace is compared as `CUB_SM`.
+_CUB = re.compile(r"(?<![0-9])([0-9]+)(?=CUB_[0-9]+_SM_[0-9])")
+_CUB_NAME = re.compile(r"CUB_[0-9]+_SM_[0-9]+(?:_[0-9]+)*")
+
+
+def _anonymous(token: str) -> str | None:
+    head = _ANONYMOUS_HEAD.match(token)
+    if head is None:
+        return None
+    file = token[head.end():head.end() + int(head.group(1))]
+    return f"_GLOBAL__N__{file}" if len(file) == int(head.group(1)) else None
+
+
+def _cub(token: str) -> str | None:
+    return "CUB_SM" if _CUB_NAME.fullmatch(token) else None
+
+
+def _canonical_tokens(name: str, prefix: re.Pattern[str],
+                      canonical: Callable[[str], str | None]) -> str:
+    """Replace each length-prefixed source name that `prefix` finds by its canonical form."""
+    out, at = [], 0
+    for match in prefix.finditer(name):
+        length, start = int(match.group(1)), match.end()
+        if match.start() < at or start + length > len(name):
+            continue
+        new = canonical(name[start:start + length])
+        if new is None:
+            continue
+        out += [name[at:match.start()], f"{len(new)}{new}"]
+        at = start + length
+    return "".join(out) + name[at:]
 
 
 def kernel_key(name: str) -> str:
-    """A kernel's name with nvcc's per-build internal-linkage hash blanked."""
-    return _INTERNAL_HASH.sub("_INTERNAL_00000000_", name)
+    """A kernel's name with what nvcc and CUB vary per build made canonical: the
+    internal-linkage hash, the anonymous namespace, and the arch list in CUB's namespace."""
+    name = _INTERNAL_HASH.sub("_INTERNAL_00000000_", name)
+    name = _canonical_tokens(name, _ANONYMOUS, _anonymous)
+    return _canonical_tokens(name, _CUB, _cub)
+
+
 # Itanium-mangled names in the namespaces torch's libraries define (c10, at, torch, caffe2),
 # including their vtables / typeinfo: `_ZN3c10...`, `_ZNK2at...`, `_ZTVN5torch...`.
 # Extensions on PyTorch's stable ABI (vLLM's `*_stable_libtorch`, 0.2x) need no C++ symbol
@@ -56,6 +118,45 @@ def kernel_key(name: str) -> str:
 TORCH_SYMBOL = re.compile(r"^(?:_Z(?:T[VIST])?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)"
                           r"|aoti_torch_\w|torch_\w)")
 TORCH_LIB = re.compile(r"/torch/lib/lib[^/]+\.so(\.\d+)*$")
+
+
+# A kernel written for another GPU's instructions (CUTLASS's sm_90a GEMMs, Machete) is
+# compiled for every other arch of its file as a body that only reports the wrong arch: a few
+# instructions.  Such a stub loads on sm_121 but does nothing there; a build that leaves the
+# kernel out loses nothing.  Evidence, from the stock file alone: the code sm_121 loads is at
+# most STUB_BYTES while another cubin of the same file has at least STUB_RATIO times as much.
+STUB_BYTES = 512
+STUB_RATIO = 8
+
+
+@dataclass(frozen=True)
+class Stub:
+    """A kernel whose sm_121-loadable code in the stock file is a stub."""
+
+    sm: str  # the arch sm_121 loads it from
+    size: int
+    implemented: str  # the arch with its real code
+    implemented_size: int
+
+    def describe(self) -> str:
+        return (f"{self.size} bytes on {self.sm}, {self.implemented_size} on "
+                f"{self.implemented}")
+
+
+def stub_kernels(path: Path, target: Target = SM121.target) -> dict[str, Stub]:
+    """The kernels (by `kernel_key`) whose code `target` loads from this file is a stub."""
+    loaded: dict[str, tuple[int, str]] = {}
+    elsewhere: dict[str, tuple[int, str]] = {}
+    with HostBinary.open(path) as binary:
+        for entry in (e for e in binary.entries if e.kind == "elf"):
+            side = loaded if cubin_loads(entry.arch, entry.variant, target) else elsewhere
+            for name, size in binary.kernel_sizes(entry).items():
+                key = kernel_key(name)
+                side[key] = max(side.get(key, (0, "")), (size, entry.sm))
+    return {key: Stub(sm, size, elsewhere[key][1], elsewhere[key][0])
+            for key, (size, sm) in loaded.items()
+            if size <= STUB_BYTES and key in elsewhere
+            and elsewhere[key][0] >= STUB_RATIO * max(size, 1)}
 
 
 @dataclass(frozen=True)
@@ -66,6 +167,7 @@ class KernelComparison:
     stock_arch: str | None
     stock_kernels: frozenset[str]
     built_native: frozenset[str]
+    stubs: frozenset[str] = frozenset()  # stock kernels whose sm_121 code is a stub
 
     @property
     def lost(self) -> frozenset[str]:
@@ -73,17 +175,24 @@ class KernelComparison:
 
     @property
     def fp4_excluded(self) -> tuple[str, ...]:
-        return tuple(sorted(k for k in self.lost if FP4_KERNEL.search(k)))
+        """Lost kernels left out on purpose (data/left_out.yaml: FP4, Machete); the record
+        keeps the field's first name."""
+        return tuple(sorted(k for k in self.lost if left_out_reason(k)))
+
+    @property
+    def stubs_left_out(self) -> tuple[str, ...]:
+        """Lost kernels that were stubs on sm_121 in the stock file (nothing is lost)."""
+        return tuple(sorted((self.lost & self.stubs) - set(self.fp4_excluded)))
 
     @property
     def required(self) -> int:
-        return len(self.stock_kernels) - len(self.fp4_excluded)
+        return len(self.stock_kernels) - len(self.fp4_excluded) - len(self.stubs_left_out)
 
     @property
     def missing(self) -> tuple[str, ...]:
         """Stock kernels (by name, nvcc's internal hash blanked) the build does not carry
-        natively, FP4 kernels left out on purpose aside."""
-        return tuple(sorted(self.lost - set(self.fp4_excluded)))
+        natively, FP4 kernels left out on purpose and stubs aside."""
+        return tuple(sorted(self.lost - set(self.fp4_excluded) - self.stubs))
 
     def problems(self) -> list[str]:
         """One line per lost kernel: the same number of kernels is not enough, each stock
@@ -108,21 +217,23 @@ def newest_arch_kernels(path: Path) -> tuple[str | None, frozenset[str]]:
 
 def compare_kernels(name: str, stock: Path | None, built: BinaryReport) -> KernelComparison:
     arch, kernels = newest_arch_kernels(stock) if stock else (None, frozenset[str]())
+    stubs = frozenset(stub_kernels(stock)) if stock else frozenset[str]()
     native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
-    return KernelComparison(name, arch, kernels, native)
+    return KernelComparison(name, arch, kernels, native, stubs)
 
 
-def check_still_loadable(stock: BinaryReport | None, built: BinaryReport) -> list[str]:
+def check_still_loadable(stock: BinaryReport | None, built: BinaryReport,
+                         stubs: frozenset[str] = frozenset()) -> list[str]:
     """Every kernel the stock file gives sm_121 at all (native, or PTX the driver JITs) must
     load in the build too: a rebuild for 12.x-only archs can drop a family's PTX (its guard
     lists no 12.x entry), which would turn a slow kernel into a missing one.  FP4 kernels
-    left out on purpose aside."""
+    left out on purpose and stubs (`stubs`, by kernel key) aside."""
     if stock is None or stock.kernels is None or built.kernels is None:
         return []
     built_keys = {kernel_key(k): v for k, v in built.kernels.items()}
     lost = sorted(k for k, v in stock.kernels.items() if v in ("native", "jit")
                   and built_keys.get(kernel_key(k), "none") == "none"
-                  and not FP4_KERNEL.search(k))
+                  and not left_out_reason(k) and kernel_key(k) not in stubs)
     return [f"{built.name}: kernel {kernel} loads on sm_121 from the stock file "
             f"({stock.kernels[kernel]}) but not from the build" for kernel in lost]
 
@@ -357,13 +468,19 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems() + check_still_loadable(
-                stock_reports.get(name), report)
+                stock_reports.get(name), report, comparison.stubs)
             note(f"{name}: cubins {report.arch_counts('elf')}; {len(comparison.built_native)} "
                   f"kernels native on sm_121 (stock {comparison.stock_arch or 'no cubins'}: "
                   f"{len(comparison.stock_kernels)})")
-            if comparison.fp4_excluded:
-                note(f"{name}: {len(comparison.fp4_excluded)} FP4 kernel(s) excluded on purpose,"
-                      f" e.g. {comparison.fp4_excluded[0]}")
+            if comparison.stubs_left_out:
+                example = comparison.stubs_left_out[0]
+                note(f"{name}: {len(comparison.stubs_left_out)} kernel(s) left out that were "
+                     f"stubs on sm_121 in the stock file, e.g. {example[:80]}")
+            reasons = Counter(left_out_reason(k) for k in comparison.fp4_excluded)
+            for why, count in sorted(reasons.items(), key=lambda item: str(item[0])):
+                example = next(k for k in comparison.fp4_excluded if left_out_reason(k) == why)
+                note(f"{name}: {count} kernel(s) left out on purpose ({why}), e.g. "
+                     f"{example[:80]}")
         exported, providers = image_torch_exports(stock_files, stock.id,
                                                   stock_vllm.site_packages, root)
         progress.done()

@@ -170,6 +170,13 @@ class HostBinary:
             ) from None
         return raw
 
+    def kernel_sizes(self, entry: Entry) -> dict[str, int]:
+        """The kernels of a cubin entry and the bytes of their code ({} for PTX)."""
+        if entry.kind != "elf":
+            return {}
+        return cubin_kernel_sizes(self.payload(entry), f"{self.path}: entry {entry.index} "
+                                                       f"({entry.sm})")
+
     def kernels(self, entry: Entry) -> tuple[str, ...]:
         """Names of the kernels (global functions) an entry defines, in symbol-table order."""
         data = self.payload(entry)
@@ -182,19 +189,25 @@ class HostBinary:
 
 def cubin_kernels(cubin: bytes, where: str) -> tuple[str, ...]:
     """Kernel names in a cubin: function symbols that carry STO_CUDA_ENTRY."""
+    return tuple(cubin_kernel_sizes(cubin, where))
+
+
+def cubin_kernel_sizes(cubin: bytes, where: str) -> dict[str, int]:
+    """Each kernel of a cubin and the bytes of its code (the symbol's size), in symbol-table
+    order."""
     try:
         elf = ELFFile(io.BytesIO(cubin))
         symtab = elf.get_section_by_name(".symtab")
         if symtab is None:
-            return ()
+            return {}
         if not isinstance(symtab, SymbolTableSection):
             raise ValueError(".symtab is not a symbol table")
         strtab = symtab.stringtable  # pyelftools checks that sh_link names a string table
-        names = []
-        for _name, info, other, _shndx, _value, _size in _ELF64_SYM.iter_unpack(symtab.data()):
+        names: dict[str, int] = {}
+        for _name, info, other, _shndx, _value, size in _ELF64_SYM.iter_unpack(symtab.data()):
             if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY:
-                names.append(strtab.get_string(_name))
-        return tuple(names)
+                names[strtab.get_string(_name)] = size
+        return names
     except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
         raise CorruptBinaryError(f"{where}: cubin is not a readable ELF: {exc}") from None
 

@@ -8,7 +8,6 @@ a later run that skips the build still reports the audit of the image it found.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -17,6 +16,7 @@ from typing import Any, ClassVar
 
 from sm121_build.errors import Sm121Error
 from sm121_build.image.facts import cache_dir
+from sm121_build.outputs import append_text, replace_text
 from sm121_build.verify.audit import BinaryReport
 
 FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
@@ -152,13 +152,7 @@ def recall(key: str) -> dict[str, Any] | None:
 
 def write_json(path: Path, record: RunRecord) -> None:
     """Atomically: a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    try:
-        tmp.write_text(json.dumps(record.as_json(), indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_text(path, json.dumps(record.as_json(), indent=2) + "\n")
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -215,9 +209,7 @@ def markdown(record: RunRecord) -> str:
 
 def write_markdown(path: Path, record: RunRecord) -> None:
     """Appends, as `$GITHUB_STEP_SUMMARY` expects."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(markdown(record))
+    append_text(path, markdown(record))
 
 
 @contextmanager

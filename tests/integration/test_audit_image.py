@@ -8,7 +8,7 @@ import pytest
 
 from devkit.dockerenv import client_or_skip, load
 from devkit.helpers import cli
-from devkit.imagetar import docker_save
+from devkit.imagetar import HardLink, docker_save
 
 pytestmark = pytest.mark.docker
 
@@ -35,6 +35,30 @@ def test_arm64_image_audited_on_x86_without_running_it(matrix: dict[str, Path],
                         "/usr/lib/python3/dist-packages/vllm/_moe_C.abi3.so": "native"}
         required = cli("audit", "--require", "native", tag)
         assert required.returncode == 1
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def test_a_hard_linked_extension_in_an_image_is_audited(matrix: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    """`_C.abi3.so` as the second name of a file whose first name is no .so (the engine's
+    archive stream sends it as a link to a member the audit does not keep)."""
+    client = client_or_skip()
+    tag = "sm121-test/audit-hardlink:1"
+    site = "usr/lib/python3/dist-packages/vllm"
+    layers: list[dict[str, bytes | HardLink | None]] = [
+        {"opt/blob.bin": matrix["sm90"].read_bytes(), f"{site}/_C.abi3.so": HardLink(
+            "opt/blob.bin"), f"{site}/_moe_C.abi3.so": matrix["sm121"].read_bytes()}]
+    load(client, docker_save(tmp_path / "img.tar", layers, tag=tag, architecture="arm64"))
+    try:
+        for args in ((), ("--include", "*/vllm/*")):
+            result = cli("audit", "--json", *args, tag)
+            assert result.returncode == 0, result.stderr
+            import json
+
+            data = {b["name"]: b["verdict"] for b in json.loads(result.stdout)["binaries"]}
+            assert data == {f"/{site}/_C.abi3.so": "none", f"/{site}/_moe_C.abi3.so": "native"}
+        assert cli("audit", "--require", "native", tag).returncode == 1
     finally:
         client.images.remove(tag, force=True)
 

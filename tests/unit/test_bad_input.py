@@ -192,7 +192,8 @@ def test_one_corrupt_file_among_many_is_reported_and_the_rest_audited(
     assert [b["name"] for b in json.loads(result.stdout)["binaries"]] == ["a_good.so"]
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("unreadable: b_cut.so: ")
-    assert lines[-1] == f"error: 1 of 2 ELF file(s) in {folder} could not be read (listed above)"
+    assert lines[-1] == (f"error: 1 of 2 file(s) or folder(s) in {folder} could not be audited "
+                         "(listed above)")
 
 
 def test_require_with_nothing_found_fails(tmp_path: Path) -> None:

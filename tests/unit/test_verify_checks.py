@@ -143,6 +143,37 @@ def test_legacy_add_steps_and_kernel_keys() -> None:
     assert kernel_key("_Z7add_onePfi") == "_Z7add_onePfi"
 
 
+def test_kernel_keys_of_a_real_rebuild_match_the_stock_names() -> None:
+    """Names from PyPI's vLLM 0.33.0 `_C_stable_libtorch` and the same source rebuilt for 12.1
+    with nvcc 13.0 (docs/real-build.md): the anonymous-namespace hash and CUB's arch list
+    differ, the kernels are the same."""
+    stock = ("_ZN4vllm66_GLOBAL__N__49227196_33_fused_qknorm_rope_cache_kernel_cu_1f3c75c524"
+             "qknorm_rope_cache_kernelIN3c104HalfES3_Li128EEEvPKv")
+    built = ("_ZN4vllm66_GLOBAL__N__5d199633_33_fused_qknorm_rope_cache_kernel_cu_1f3c75c524"
+             "qknorm_rope_cache_kernelIN3c104HalfES3_Li128EEEvPKv")
+    assert kernel_key(stock) == kernel_key(built) != stock
+    assert kernel_key(stock) == ("_ZN4vllm45_GLOBAL__N__fused_qknorm_rope_cache_kernel_cu24"
+                                 "qknorm_rope_cache_kernelIN3c104HalfES3_Li128EEEvPKv")
+    other_file = built.replace("33_fused_qknorm", "33_fused_qknorX")  # another file
+    assert kernel_key(other_file) != kernel_key(stock)
+    # the source's path hash and a counter vary too (vLLM's dcp_direct_* files)
+    dcp_stock = ("_ZN60_GLOBAL__N__4bca23eb_22_dcp_direct_q_gather_cu_d1c01ebb_662135direct_"
+                 "dcp_q_gather_multimem_kernelEPK5uint4")
+    dcp_built = ("_ZN60_GLOBAL__N__5ecf7915_22_dcp_direct_q_gather_cu_93f2c534_150135direct_"
+                 "dcp_q_gather_multimem_kernelEPK5uint4")
+    assert kernel_key(dcp_stock) == kernel_key(dcp_built) == (
+        "_ZN34_GLOBAL__N__dcp_direct_q_gather_cu35direct_dcp_q_gather_multimem_kernelEPK5uint4")
+    cub_stock = "_ZN3cub44CUB_300001_SM_800_870_890_900_1000_1100_12006detail11EmptyKernelIvEEvv"
+    cub_built = "_ZN3cub18CUB_300001_SM_12006detail11EmptyKernelIvEEvv"
+    assert kernel_key(cub_stock) == kernel_key(cub_built) == \
+        "_ZN3cub6CUB_SM6detail11EmptyKernelIvEEvv"
+    assert kernel_key("_ZN12_GLOBAL__N__1_abc") == "_ZN12_GLOBAL__N__1_abc"  # not nvcc's
+    assert kernel_key("_ZN3cub18CUB_300001_SM_12006detail11OtherKernelIvEEvv") != \
+        kernel_key(cub_built)
+    wrong_length = "_ZN3cub30CUB_300001_SM_12006detail"  # no namespace of that length: kept
+    assert kernel_key(wrong_length) == wrong_length
+
+
 def test_compare_kernels_and_check_cubins_on_real_files(matrix: dict[str, Path]) -> None:
     built = audit_binary(matrix["sm121"], "_C.abi3.so", SM121, with_kernels=True)
     found = compare_kernels("_C.abi3.so", matrix["sm90"], built)

@@ -58,6 +58,15 @@ def files() -> dict[str, Path]:
     sm90, sm121 = gencode("compute_90:sm_90"), gencode("compute_121:sm_121")
     return {
         "stock": link_cached("stock", [(kernels, sm90), (extra, sm90)]),
+        # stub.cu: real code on sm_90, a trap-only stub on sm_120 (which sm_121 loads)
+        "stock-stub": link_cached("stock-stub", [
+            (kernels, sm90), (extra, sm90),
+            (PROMISES / "stub.cu", gencode("compute_90:sm_90", "compute_120:sm_120"))]),
+        # the same kernel with its real body on sm_120 too: no stub
+        "stock-real": link_cached("stock-real", [
+            (kernels, sm90), (extra, sm90),
+            (PROMISES / "stub.cu", [*gencode("compute_90:sm_90", "compute_120:sm_120"),
+                                    "-DREAL_EVERYWHERE"])]),
         # extra.cu as PTX only: sm_121 runs it through the JIT
         "stock-jit": link_cached("stock-jit", [(kernels, sm90),
                                                (extra, gencode("compute_90:compute_90"))]),
@@ -155,6 +164,29 @@ def test_a_kernel_the_stock_could_jit_must_still_load(
     (tmp_path / "twin").mkdir()
     engine = _engine(tmp_path / "twin", files, checkout[1], stock="stock-jit")
     assert _run(engine, checkout[0]).status == "built"
+
+
+def test_a_kernel_that_was_a_stub_on_sm_121_may_be_left_out(
+        tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str],
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """The stock file's sm_120 code for sm90_only_kernel only traps (its real code is the
+    sm_90 cubin, many times larger): a build without it loses nothing, and says so.  The
+    same kernel with a real sm_120 body must stay."""
+    from sm121_build.verify.checks import stub_kernels
+
+    stubs = stub_kernels(files["stock-stub"])
+    assert list(stubs) == ["_ZN4vllm16sm90_only_kernelEPfPKfi"]
+    stub = stubs["_ZN4vllm16sm90_only_kernelEPfPKfi"]
+    assert (stub.sm, stub.implemented) == ("sm_120", "sm_90") and stub.size <= 512
+    assert stub_kernels(files["stock-real"]) == {}
+    engine = _engine(tmp_path, files, checkout[1], stock="stock-stub")
+    assert _run(engine, checkout[0]).status == "built"
+    assert "1 kernel(s) left out that were stubs on sm_121 in the stock file, e.g. " \
+           "_ZN4vllm16sm90_only_kernelEPfPKfi" in capfd.readouterr().err
+    (tmp_path / "real").mkdir()
+    engine = _engine(tmp_path / "real", files, checkout[1], stock="stock-real")
+    _fails(engine, checkout[0], "kernel _ZN4vllm16sm90_only_kernelEPfPKfi has native sm_120 "
+                                "code in the stock image but none for sm_121 in the build")
 
 
 # -- nothing but copies of the injected files added ---------------------------------------
