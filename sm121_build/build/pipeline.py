@@ -11,6 +11,7 @@ existed before it, such as a build-cache hit the user has tagged).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,7 @@ class Pipeline:
 
     def new_log(self, name: str) -> Path:
         """An empty build log under the cache, named in the record."""
-        log = cache_dir() / "logs" / f"{name}.log"
+        log = cache_dir() / "logs" / f"{name}.{os.getpid()}.log"  # one per run, even for one key
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("")
         self.record.log = str(log)

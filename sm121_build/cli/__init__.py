@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from sm121_build import __version__
-from sm121_build.errors import INTERRUPTED, Sm121Error
+from sm121_build.errors import INTERRUPTED, EngineUnavailable, Sm121Error
 from sm121_build.steps import notice, report_error
 
 
@@ -26,16 +26,40 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except Sm121Error as exc:
-            report_error(str(exc))
+            report_error(str(exc) + (left_behind() if isinstance(exc, EngineUnavailable)
+                                     else ""))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             notice("interrupted: temporary files and containers were removed")
             sys.exit(INTERRUPTED)
         except OSError as exc:
+            if _engine_connection(exc):
+                report_error(engine_lost_line(exc))
+                sys.exit(EngineUnavailable.exit_code)
             # the file system said no (permissions, a full disk, a loop of links): one line
             where = f"{exc.filename}: " if exc.filename else ""
             report_error(f"{where}{exc.strerror or exc}")
             sys.exit(Sm121Error.exit_code)
+
+
+def _engine_connection(exc: BaseException) -> bool:
+    """An error of the connection to the engine (the Docker SDK's requests/urllib3 stack)."""
+    return type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker")
+
+
+def left_behind() -> str:
+    """What this run made in the engine and could not remove (the engine went away)."""
+    engine = sys.modules.get("sm121_build.image.engine")
+    left = sorted(getattr(engine, "LEFT_BEHIND", ()) or ())
+    return (f"; this run may have left {', '.join(left)} there: remove them once the engine "
+            "is back (`docker rmi TAG`, `docker rm -f CONTAINER`)" if left else "")
+
+
+def engine_lost_line(exc: BaseException) -> str:
+    """The engine went away mid-run: what was said, and what this run may have left there."""
+    said = " ".join(str(exc).split())[:160]
+    return f"lost the connection to the Docker engine ({type(exc).__name__}: {said})" + \
+        left_behind()
 
 
 @click.group(cls=_Group)
@@ -64,13 +88,17 @@ _register()
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
+    """The first Ctrl-C or SIGTERM stops the work; any more are ignored, so the cleanup it
+    starts (temporary files, containers, the image a run made) is never cut short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def main() -> None:
     # Ctrl-C and a CI runner's cancel (SIGINT, then SIGTERM) both clean up and exit 130, also
     # when a shell started this in the background with SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _terminated)
     signal.signal(signal.SIGTERM, _terminated)
     try:
         code = cli.main(prog_name="sm121-build", standalone_mode=False)

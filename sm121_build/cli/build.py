@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import click
@@ -84,6 +85,17 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     if local:
         if not source or not out:
             raise click.UsageError("--local builds --source into --out: name both")
+        ignored = [name for name, given in (
+            ("--base", base), ("--tag", tag), ("--pull", pull != "never"),
+            ("--versioned-tag", versioned_tag), ("--replace-tag", replace_tag),
+            ("--plan", plan_only), ("--only", only), ("--report", report),
+            ("--summary-md", summary_md)) if given]
+        if ignored:
+            raise click.UsageError(f"--local builds on this machine, no image: "
+                                   f"{', '.join(ignored)} do(es) not apply")
+        if cutlass and not (cutlass.is_dir() or zipfile.is_zipfile(cutlass)):
+            raise click.UsageError(f"--cutlass {cutlass}: neither a CUTLASS checkout nor the "
+                                   "nvidia-cutlass wheel")
         script_args = (["--offline"] if offline else []) + (
             ["--cutlass", str(cutlass)] if cutlass else [])
         for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args),

@@ -38,9 +38,14 @@ from sm121_build.errors import BuildFailed, EngineUnavailable, Sm121Error
 from sm121_build.image.api import HistoryStep, ImageInfo, PathLookups, PathStat, Status
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
+from sm121_build.steps import note
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
 READER_LABEL = "io.github.sm121-build.reader"
+# What this process made in the engine and has not removed yet ("tag X", "container Y"): when
+# the engine goes away mid-run, the error line names what may be left there.
+LEFT_BEHIND: set[str] = set()
+_LOST = (docker.errors.APIError, requests.exceptions.RequestException)
 __all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "failure_cause"]
 
 
@@ -181,11 +186,13 @@ class Engine:
         except docker.errors.APIError as exc:
             raise Sm121Error(f"engine refused to open {image_id} for reading: "
                              f"{exc.explanation}") from None
+        LEFT_BEHIND.add(f"container {name}")
         try:
             yield ImageReader(self.client, container["Id"], image_id, on_read)
         finally:
-            with suppress(docker.errors.APIError):
+            with suppress(*_LOST):
                 self.client.api.remove_container(container["Id"], force=True, v=True)
+                LEFT_BEHIND.discard(f"container {name}")
 
     def history(self, image_id: str) -> list[HistoryStep]:
         """The image's build steps, newest first (`docker history`)."""
@@ -214,12 +221,17 @@ class Engine:
         repo = f"sm121-build-pin/{image_id.split(':')[-1][:12]}"
         tag = f"{os.getpid()}-{secrets.token_hex(3)}"
         image.tag(repo, tag)
+        LEFT_BEHIND.add(f"tag {repo}:{tag}")
         try:
             yield f"{repo}:{tag}"
         finally:
             if had_tags:
-                with suppress(docker.errors.APIError):
+                with suppress(*_LOST):
                     self.client.images.remove(f"{repo}:{tag}", noprune=True)
+                    LEFT_BEHIND.discard(f"tag {repo}:{tag}")
+            else:
+                LEFT_BEHIND.discard(f"tag {repo}:{tag}")
+                kept_pin(f"{repo}:{tag}")
 
     def image_ids(self) -> set[str]:
         """Every image ID in the engine, intermediate ones included."""
@@ -288,6 +300,13 @@ class Engine:
             if result.returncode == 0 and "--secret" in result.stdout:
                 return path
         return None
+
+
+def kept_pin(tag: str) -> None:
+    """The base had no tag of its own: removing the pin would delete the image, so it stays,
+    and the user is told."""
+    note(f"the base image has no tag of its own: its pin tag {tag} stays (removing it would "
+         f"delete the image); `docker rmi {tag}` once you no longer need the base")
 
 
 class ImageReader(PathLookups):

@@ -409,3 +409,61 @@ def test_summary_of_a_target_whose_name_is_not_utf8(tmp_path: Path,
     result = cli("audit", "--summary-md", str(summary), str(folder))
     assert result.returncode == 0, result.stderr
     assert "caf\\udce9" in summary.read_text()
+
+
+def test_a_second_sigterm_does_not_cut_the_cleanup_short(tmp_path: Path,
+                                                         matrix: dict[str, Path]) -> None:
+    """A CI runner that cancels twice: the run still removes its temporary files, exit 130."""
+    import signal
+    import time
+
+    wheel = tmp_path / "many-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for i in range(200):
+            archive.write(matrix["plain"], f"pkg/_k{i}.so")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "sm121_build", "audit", str(wheel)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(temp)})
+    for _ in range(200):  # until the wheel is being unpacked
+        if any(temp.iterdir()):
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and list(temp.iterdir()) == []
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--base", "x:y"], "--base do(es) not apply"),
+    (["--tag", "x:y", "--pull"], "--tag, --pull do(es) not apply"),
+    (["--cutlass", "{notes}"], "neither a CUTLASS checkout nor the nvidia-cutlass wheel"),
+])
+def test_local_refuses_what_it_would_ignore(tmp_path: Path, extra: list[str],
+                                            said: str) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a wheel\n")
+    (tmp_path / "src").mkdir()
+    args = ["build", "--local", "--source", str(tmp_path / "src"), "--out", str(tmp_path / "o"),
+            *[a.format(notes=notes) for a in extra]]
+    assert said in one_line_error(cli(*args))
+    assert not (tmp_path / "o").exists()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.binary(max_size=2048), suffix=st.sampled_from([".whl", ".tar", ".so"]),
+       head=st.sampled_from([b"", b"PK\x03\x04", b"\x1f\x8b", b"\x7fELF", b"BZh",
+                             b"\x28\xb5\x2f\xfd"]))
+def test_fuzzed_archives_are_one_line_errors(tmp_path_factory: pytest.TempPathFactory,
+                                             data: bytes, suffix: str, head: bytes) -> None:
+    """Bytes that start like a wheel, a compressed tarball or an ELF file and then are not."""
+    from sm121_build.verify.audit_inputs import binaries
+
+    path = tmp_path_factory.mktemp("fuzz") / f"x{suffix}"
+    path.write_bytes(head + data)
+    with contextlib.suppress(Sm121Error), binaries(str(path)):
+        pass
