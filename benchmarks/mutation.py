@@ -47,7 +47,9 @@ SUITES: dict[str, list[str]] = {
                                     f"{U}test_audit_tus.py", f"{U}test_cli_audit.py"],
     "sm121_build/verify/fixable.py": [f"{U}test_fixable.py", f"{U}test_audit_counts.py",
                                       f"{U}test_audit_tus.py", f"{U}test_cli_audit.py"],
-    "sm121_build/verify/checks.py": [f"{U}test_verify_checks.py", f"{U}test_pipeline.py"],
+    "sm121_build/verify/checks.py": [f"{U}test_verify_checks.py", f"{U}test_pipeline.py",
+                                     f"{U}test_verify_promises.py"],
+    "sm121_build/image/prune.py": [f"{U}test_tag_safety.py"],
     "sm121_build/image/refs.py": [f"{U}test_refs.py"],
     "sm121_build/build/main_job.py": [f"{U}test_content_key.py"],  # with --only content_key
     "sm121_build/source/patch.py": [f"{U}test_patch.py", f"{U}test_guard_rules.py",

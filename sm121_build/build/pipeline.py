@@ -11,7 +11,6 @@ existed before it, such as a build-cache hit the user has tagged).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,9 +126,12 @@ class Pipeline:
 
     def new_log(self, name: str) -> Path:
         """An empty build log under the cache, named in the record."""
-        log = cache_dir() / "logs" / f"{name}.{os.getpid()}.log"  # one per run, even for one key
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text("")
+        folder = cache_dir() / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        # one file per run: two runs of one content key never write into each other's log
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f"{name}.", suffix=".log",
+                                         delete=False) as handle:
+            log = Path(handle.name)
         self.record.log = str(log)
         return log
 

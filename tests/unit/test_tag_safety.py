@@ -215,3 +215,11 @@ def test_a_damaged_ledger_entry_is_skipped(tmp_path: Path) -> None:
     for raw in ("[1, 2]", "{" * 100000, "\"text\"", "null"):
         path.write_text(raw)
         assert ledger.load() == ledger.Ledger()
+
+
+def test_two_runs_of_one_key_never_share_a_log(tmp_path: Path, matrix: dict[str, Path],
+                                               checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    first, second = Pipeline(engine).new_log("build-k"), Pipeline(engine).new_log("build-k")
+    assert first != second and first.parent == second.parent
+    assert first.name.startswith("build-k.") and first.suffix == ".log"
