@@ -168,7 +168,7 @@ def test_a_kernel_the_stock_could_jit_must_still_load(
 
 def test_a_kernel_that_was_a_stub_on_sm_121_may_be_left_out(
         tmp_path: Path, files: dict[str, Path], checkout: tuple[Path, str],
-        capfd: pytest.CaptureFixture[str]) -> None:
+        capfd: pytest.CaptureFixture[str], matrix: dict[str, Path]) -> None:
     """The stock file's sm_120 code for sm90_only_kernel only traps (its real code is the
     sm_90 cubin, many times larger): a build without it loses nothing, and says so.  The
     same kernel with a real sm_120 body must stay."""
@@ -179,6 +179,8 @@ def test_a_kernel_that_was_a_stub_on_sm_121_may_be_left_out(
     stub = stubs["_ZN4vllm16sm90_only_kernelEPfPKfi"]
     assert (stub.sm, stub.implemented) == ("sm_120", "sm_90") and stub.size <= 512
     assert stub_kernels(files["stock-real"]) == {}
+    # small real kernels, compiled for many archs at about one size each: no stubs
+    assert stub_kernels(matrix["plain"]) == {}
     engine = _engine(tmp_path, files, checkout[1], stock="stock-stub")
     assert _run(engine, checkout[0]).status == "built"
     assert "1 kernel(s) left out that were stubs on sm_121 in the stock file, e.g. " \
