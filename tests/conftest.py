@@ -28,6 +28,12 @@ MATRIX: dict[str, list[str]] = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test keeps its ledger and logs in its own state dir, never the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture(scope="session")
 def matrix() -> dict[str, Path]:
     built = {name: compile_cached(name, DATA / "kernels.cu", flags)

@@ -20,7 +20,7 @@ from sm121_build.build.warnings import age_warning
 from sm121_build.errors import Sm121Error
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
-from sm121_build.image.facts import ImageFacts, VllmInstall, cache_dir, inspect_image, require_vllm
+from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, require_vllm, state_dir
 from sm121_build.labels import CONTENT_KEY_LABEL
 from sm121_build.steps import Progress, Steps, end_status_line, note, status_line
 from sm121_build.verify import run_report
@@ -126,7 +126,7 @@ class Pipeline:
 
     def new_log(self, name: str) -> Path:
         """An empty build log under the cache, named in the record."""
-        folder = cache_dir() / "logs"
+        folder = state_dir() / "logs"
         folder.mkdir(parents=True, exist_ok=True)
         # one file per run: two runs of one content key never write into each other's log
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f"{name}.", suffix=".log",

@@ -95,9 +95,10 @@ def require_writable(path: Path | None, option: str, *, directory: bool = False)
 
 def require_outputs(out: Path | None, report: Path | None, summary_md: Path | None) -> None:
     """--out, --report, --summary-md and the cache dir, checked before any work."""
-    from sm121_build.image.facts import cache_dir
+    from sm121_build.image.facts import cache_dir, state_dir
 
     require_writable(out, "--out", directory=True)
     require_writable(report, "--report")
     require_writable(summary_md, "--summary-md")
     require_writable(cache_dir(), "cache dir (XDG_CACHE_HOME)", directory=True)
+    require_writable(state_dir(), "state dir (XDG_STATE_HOME)", directory=True)

@@ -47,10 +47,10 @@ CUDA_HOMES = ("/usr/local/cuda", *(f"/usr/local/cuda-{major}.{minor}"
 CACHE_FORMAT = 9  # 8: the image config's created date; 9: Python headers
 
 
-def cache_dir() -> Path:
-    """`$XDG_CACHE_HOME/sm121-build`; a relative or empty XDG_CACHE_HOME is ignored (as the
-    XDG spec says), then `$HOME/.cache`, then the passwd entry's home."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
+def _xdg(variable: str, default: str) -> Path:
+    """`$VARIABLE/sm121-build`; a relative or empty value is ignored (as the XDG spec says),
+    then `$HOME/<default>`, then the passwd entry's home."""
+    base = os.environ.get(variable, "")
     if not os.path.isabs(base):
         home = os.environ.get("HOME", "")
         if not os.path.isabs(home) or home.strip("/") == "":
@@ -59,10 +59,22 @@ def cache_dir() -> Path:
             except KeyError:
                 home = ""
         if not os.path.isabs(home) or home.strip("/") == "":
-            raise Sm121Error("no place for the cache: set XDG_CACHE_HOME or HOME to an absolute "
-                             "path (this user has no home directory)")
-        base = os.path.join(home, ".cache")
+            raise Sm121Error(f"no place for the {'cache' if 'CACHE' in variable else 'state'}: "
+                             f"set {variable} or HOME to an absolute path (this user has no "
+                             "home directory)")
+        base = os.path.join(home, default)
     return Path(base) / "sm121-build"
+
+
+def cache_dir() -> Path:
+    """What can be recomputed (image facts, torch exports, sources): `$XDG_CACHE_HOME`."""
+    return _xdg("XDG_CACHE_HOME", ".cache")
+
+
+def state_dir() -> Path:
+    """What cannot: the ledger of images this tool made, the build logs (`$XDG_STATE_HOME`,
+    default ~/.local/state), so clearing a cache never makes the tool forget its images."""
+    return _xdg("XDG_STATE_HOME", ".local/state")
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,22 @@
 `--pull` replaced.  `sm121-build prune` removes only what is written here (and still carries
 the tool's labels), so it never touches an image the user made or pulled by hand.
 
-Kept as JSON under the cache dir (`$XDG_CACHE_HOME/sm121-build/ledger.json`), written
-atomically.
+Kept as JSON under the state dir (`$XDG_STATE_HOME/sm121-build/ledger.json`, default
+~/.local/state), written atomically: clearing the cache does not make the tool forget what it
+built.  A ledger at the old place (`$XDG_CACHE_HOME/sm121-build/ledger.json`) is moved there
+on first use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sm121_build.image.facts import cache_dir, store_cache
+from sm121_build.image.facts import cache_dir, state_dir, store_cache
 
 FORMAT = 1
 
@@ -63,7 +67,13 @@ class Ledger:
 
 
 def _path() -> Path:
-    return cache_dir() / "ledger.json"
+    path = state_dir() / "ledger.json"
+    old = cache_dir() / "ledger.json"
+    if not path.exists() and old.is_file():  # written by a version that kept it in the cache
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(old, path)
+    return path
 
 
 def _typed(item: object, kind: type[Built] | type[Replaced]) -> Built | Replaced | None:

@@ -204,7 +204,9 @@ def test_prune_removes_what_inject_made(tmp_path: Path, matrix: dict[str, Path],
 
 
 def test_a_damaged_ledger_entry_is_skipped(tmp_path: Path) -> None:
-    path = tmp_path / "cache" / "sm121-build" / "ledger.json"
+    from sm121_build.image.facts import state_dir
+
+    path = state_dir() / "ledger.json"
     path.parent.mkdir(parents=True)
     good = {"image_id": "sha256:" + "a" * 64, "tags": ["x:y"], "base_id": "b", "at": 1.0}
     path.write_text(json.dumps({"built": [good, {"image_id": 5, "tags": "x", "base_id": "b",
@@ -223,3 +225,32 @@ def test_two_runs_of_one_key_never_share_a_log(tmp_path: Path, matrix: dict[str,
     first, second = Pipeline(engine).new_log("build-k"), Pipeline(engine).new_log("build-k")
     assert first != second and first.parent == second.parent
     assert first.name.startswith("build-k.") and first.suffix == ".log"
+
+
+def test_wiping_the_cache_does_not_forget_what_was_built(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """The ledger is state: after `rm -rf ~/.cache/sm121-build`, prune still knows the tool's
+    images (and the logs are still there)."""
+    import shutil
+
+    from sm121_build.image.facts import cache_dir, state_dir
+
+    engine = _engine(tmp_path, matrix, checkout[1])
+    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}
+    _run(engine, checkout[0])
+    shutil.rmtree(cache_dir())
+    assert old.log and Path(old.log).is_file() and Path(old.log).is_relative_to(state_dir())
+    result = prune(engine, keep=1)
+    assert result.removed == [f"{old.image_id.split(':')[1][:12]} (vllm/vllm-openai:old)"]
+
+
+def test_a_ledger_at_the_old_place_is_moved_to_the_state_dir(tmp_path: Path) -> None:
+    from sm121_build.image.facts import cache_dir, state_dir
+
+    entry = {"image_id": "sha256:" + "c" * 64, "tags": ["x:y"], "base_id": "b", "at": 2.0}
+    old = cache_dir() / "ledger.json"
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"format": 1, "built": [entry], "replaced": []}))
+    assert [b.image_id for b in ledger.load().built] == [entry["image_id"]]
+    assert not old.exists() and (state_dir() / "ledger.json").is_file()
