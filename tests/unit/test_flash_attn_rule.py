@@ -121,3 +121,29 @@ def test_patch_explain_shows_the_same_ptx_rule_on_flash_attention(tmp_path: Path
     assert 'CODE "sm_120")' in applied.stdout
     again = cli("patch", str(source))
     assert "sass-from-ptx: not needed (set_gencode_flags_for_srcs already has it)" in again.stdout
+
+
+def test_the_build_patch_step_gives_flash_attention_sass_in_process(tmp_path: Path) -> None:
+    """`apply_for_build`, as the main job calls it (vLLM's tree, then flash-attention's for the
+    archs vLLM hands it): the sass-from-ptx rule lands in flash-attention's utils.cmake with
+    the GPU's SASS; `apply_macros(check=True)` writes nothing."""
+    from sm121_build.source.patch import apply_for_build, apply_macros
+
+    vllm = Path(shutil.copytree(DATA / "vllm_like", tmp_path / "vllm"))
+    fa = _fa(tmp_path)
+    original = (fa / "cmake" / "utils.cmake").read_text()
+    checked = apply_macros(fa, "vllm-flash-attn", "12.0", SM121, check=True)
+    assert [r.outcome for r in checked] == ["applied"]
+    assert (fa / "cmake" / "utils.cmake").read_text() == original  # check: nothing written
+    lines = apply_for_build(vllm, {"vllm-flash-attn": fa}, "0.33.0", "12.1", "13.0", SM121,
+                            vllm=False)
+    # the fixture's vLLM tree hands flash-attention 12.1 as it is (0.33.0 narrows it to 12.0)
+    assert lines == ["sass-from-ptx (vllm-flash-attn, CUDA_ARCHS 12.1): applied "
+                     "(set_gencode_flags_for_srcs in cmake/utils.cmake:81 gives PTX-only "
+                     "sources sm_121 SASS from the same PTX)"]
+    patched = (fa / "cmake" / "utils.cmake").read_text()
+    assert 'CODE "sm_121")' in patched and patched.startswith(original[:200])
+    again = apply_for_build(vllm, {"vllm-flash-attn": fa}, "0.33.0", "12.1", "13.0", SM121,
+                            vllm=False)
+    assert again == ["sass-from-ptx (vllm-flash-attn, CUDA_ARCHS 12.1): not needed "
+                     "(set_gencode_flags_for_srcs already has it)"]

@@ -671,3 +671,38 @@ def test_intersect_gives_one_result_per_list(tmp_path: Path) -> None:
         ("12.1",), (), ("12.1",), (), ("12.1",)]
     assert intersect(source, "12.1a", ["12.1a"], "12.9") == [("12.1a",)]
 
+
+
+V128 = "${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 12.8"
+
+
+def test_two_built_up_lists_in_one_argument_are_both_replayed(tmp_path: Path) -> None:
+    """`"${A};${B}"` where both are built by steps (and a third set once): every step of
+    every variable is replayed, none is left unreplaced."""
+    text = (f'set(A "8.0")\nif({V128})\n  list(APPEND A "12.0f")\nendif()\n'
+            f'set(B "9.0")\nif({V128})\n  list(APPEND B "10.0f")\nendif()\nset(C "7.5")\n'
+            'cuda_archs_loose_intersection(X "${A};${B};${C}" "${CUDA_ARCHS}")\n')
+    source = _tree(tmp_path, text)
+    (call,) = find_calls(source)
+    assert call.unresolved == "" and {s[0].split()[0] for s in call.prelude} == {
+        "set(A", "list(APPEND", "set(B"}
+    (guard,) = evaluate(source, "7.5;8.0;9.0;10.0;12.0", "13.0")
+    assert guard.result is not None and set(guard.result) == {"7.5", "8.0", "9.0", "10.0",
+                                                              "12.0"}
+
+
+def test_an_elseif_branch_on_the_cuda_version_is_replayed(tmp_path: Path) -> None:
+    text = ('set(L "9.0")\nif(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)\n'
+            f'  list(APPEND L "12.0f")\nelseif({V128})\n  list(APPEND L "12.0a")\nendif()\n'
+            'cuda_archs_loose_intersection(X "${L}" "${CUDA_ARCHS}")\n')
+    source = _tree(tmp_path, text)
+    (call,) = find_calls(source)
+    assert call.unresolved == ""
+    (guard,) = evaluate(source, "9.0;12.0", "12.9")
+    assert guard.result is not None and set(guard.result) == {"9.0", "12.0a"}
+
+
+def test_an_append_of_a_variable_is_not_replayed(tmp_path: Path) -> None:
+    call = _call(tmp_path, 'set(A "12.0")\nlist(APPEND A ${Y})\n'
+                           'cuda_archs_loose_intersection(X "${A}" "${CUDA_ARCHS}")\n')
+    assert call.evaluated_args is None and call.unresolved
