@@ -88,6 +88,20 @@ def link_cached(name: str, parts: list[tuple[Path, list[str]]]) -> Path:
     return out
 
 
+def compile_device_file(name: str, source: Path, kind: str, flags: list[str]) -> Path:
+    """nvcc SOURCE into a cached raw device file: kind `cubin`, `fatbin` or `ptx`."""
+    key = hashlib.sha256(source.read_bytes() + "\0".join([kind, *flags, nvcc()]).encode())
+    out = CACHE / "fixtures" / key.hexdigest()[:16] / f"{name}.{kind}"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    subprocess.run([nvcc(), f"-{kind}", "-o", str(tmp), str(source), *flags], check=True,
+                   env={**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
+    tmp.rename(out)
+    return out
+
+
 def gencode(*pairs: str) -> list[str]:
     """'compute_90a:sm_90a' -> ['-gencode', 'arch=compute_90a,code=sm_90a']."""
     flags = []

@@ -79,7 +79,7 @@ def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> B
             containers[best(verdicts)] += 1
         report = BinaryReport(
             name=name, size=path.stat().st_size, entries=entries,
-            cuobjdump=cuobjdump_listing(path, entries), containers=containers)
+            cuobjdump=cuobjdump_listing(path, entries, binary.raw), containers=containers)
         if with_kernels:
             report.kernels = _kernel_verdicts(binary, policy)
     return report

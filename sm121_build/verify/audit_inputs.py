@@ -33,15 +33,17 @@ from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
 from sm121_build.image.spill import write_stream
 from sm121_build.steps import Progress
-from sm121_build.verify.fatbin import HostBinary, is_elf
+from sm121_build.verify.fatbin import RAW_PROBE, HostBinary, device_file_kind, is_elf
 
 if TYPE_CHECKING:
     from sm121_build.image.engine import Engine, ImageInfo, ImageReader
 
 GLOB_CHARS = re.compile(r"[*?\[]")
 
-SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
-FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin)$")
+# What is audited in a folder, archive or image: shared objects, and device code as files
+# of its own (FlashInfer's cubin packages ship thousands of raw `.cubin` files).
+SHARED_OBJECT = re.compile(r"\.(so(\.\d+)*|cubin|fatbin|ptx)$")
+FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin|fatbin|ptx)$")
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
         raise Sm121Error(f"{path}: not a regular file (a FIFO, socket or device); audit reads "
                          "files, directories, wheels, image tarballs and images")
     if path.is_file():
-        if is_elf(path):
+        if is_elf(path) or is_device_file(path):
             yield [Binary(str(path), path)]
             return
         with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
@@ -183,7 +185,7 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
     kept: set[str] = set()
 
     def take(rel: str, target: Path) -> None:
-        if not is_elf(target):
+        if not is_auditable(target):
             target.unlink()
         elif not _has_device_code(target):
             found.append(Binary("/" + rel, target, target.stat().st_size))
@@ -229,6 +231,19 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
     return sorted(found, key=lambda b: b.name)
 
 
+def is_device_file(path: Path) -> bool:
+    """A fatbin or PTX text of its own (a raw cubin is an ELF)."""
+    try:
+        with open(path, "rb") as handle:
+            return device_file_kind(handle.read(RAW_PROBE)) in ("fatbin", "ptx")
+    except OSError:
+        return False
+
+
+def is_auditable(path: Path) -> bool:
+    return is_elf(path) or is_device_file(path)
+
+
 def _has_device_code(path: Path) -> bool:
     try:
         with HostBinary.open(path) as binary:
@@ -263,7 +278,7 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
             except OSError as exc:
                 found.append(Binary(rel, full, skipped=f"not read: {exc.strerror or exc}"))
                 continue
-            if magic == b"\x7fELF":
+            if magic == b"\x7fELF" or is_device_file(full):
                 found.append(Binary(rel, full))
     return sorted(found, key=lambda b: b.name)
 
@@ -289,7 +304,7 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
                 target.unlink(missing_ok=True)
                 found.append(Binary(info.filename, target, skipped=f"not extracted: {exc}"))
                 continue
-            if is_elf(target):
+            if is_auditable(target):
                 found.append(Binary(info.filename, target))
     return found
 
@@ -299,7 +314,7 @@ def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], platform: s
     dest.mkdir(parents=True, exist_ok=True)
     with _bar(show_progress, None, "reading layers") as bar:
         fs = layers.extract_files(archive, dest, wanted, platform, bar.update)
-    return [Binary("/" + p, dest / p) for p in sorted(fs.extracted) if is_elf(dest / p)]
+    return [Binary("/" + p, dest / p) for p in sorted(fs.extracted) if is_auditable(dest / p)]
 
 
 class _NoBar:

@@ -111,6 +111,7 @@ class HostBinary:
 
     path: Path
     entries: list[Entry] = field(default_factory=list)
+    raw: RawKind = ""  # a file that is device code itself: a cubin, a fatbin, PTX text
     _file: BinaryIO | None = None
     _map: mmap.mmap | None = None
 
@@ -145,11 +146,23 @@ class HostBinary:
     def _load(self) -> None:
         assert self._file is not None
         size = os.fstat(self._file.fileno()).st_size
-        if size < 64:
+        if size < 16:
             raise CorruptBinaryError(f"{self.path}: not an ELF file ({size} bytes)")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.raw = device_file_kind(bytes(self._map[:RAW_PROBE]))
+        if self.raw == "fatbin":
+            self.entries = list(_walk_section(self.path, self._map, 0, size, first_container=0))
+            return
+        if self.raw == "ptx":
+            self.entries = [_ptx_file_entry(self.path, bytes(self._map[:RAW_PROBE]), size)]
+            return
+        if size < 64:
+            raise CorruptBinaryError(f"{self.path}: not an ELF file ({size} bytes)")
         if self._map[:4] != b"\x7fELF":
             raise CorruptBinaryError(f"{self.path}: not an ELF file (bad magic)")
+        if self.raw == "cubin":
+            self.entries = [_cubin_file_entry(self.path, self._map, size)]
+            return
         for start, length in _fatbin_sections(self.path, self._file, size):
             self.entries.extend(_walk_section(self.path, self._map, start, length,
                                               first_container=0))
@@ -185,6 +198,61 @@ class HostBinary:
         if entry.kind == "elf":
             return cubin_kernels(data, f"{self.path}: entry {entry.index} ({entry.sm})")
         return ()
+
+
+RawKind = Literal["", "cubin", "fatbin", "ptx"]
+RAW_PROBE = 4096  # bytes read to tell what a file is
+EM_CUDA = 190
+_PTX_VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.M)
+_PTX_TARGET = re.compile(rb"^\s*\.target\s+sm_(\d+)([af]?)\b", re.M)
+_TKINFO_ARCH = re.compile(rb"-arch\s+sm_(\d+)([af]?)\b")
+
+
+def device_file_kind(head: bytes) -> RawKind:
+    """What a file that is device code itself is, from its first bytes: a cubin (an ELF for
+    `EM_CUDA`), a fatbin (its container magic), PTX text (a `.version` and a `.target` line);
+    "" for anything else (a host ELF included)."""
+    if head[:4] == b"\x7fELF" and len(head) >= 20 and struct.unpack_from("<H", head, 18)[0] \
+            == EM_CUDA:
+        return "cubin"
+    if len(head) >= 4 and struct.unpack_from("<I", head)[0] == CONTAINER_MAGIC:
+        return "fatbin"
+    if b"\0" not in head and _PTX_VERSION.search(head) and _PTX_TARGET.search(head):
+        return "ptx"
+    return ""
+
+
+def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
+    """A raw cubin as one entry: its SM from the ELF flags (ABI 8, CUDA 12.8+: bits 8-15;
+    before: bits 0-7), `a`/`f` from the `-arch` ptxas recorded in `.note.nv.tkinfo` (the
+    flags do not hold it; cuobjdump also reads the `a` from there)."""
+    abi, flags = data[8], struct.unpack_from("<I", data, 48)[0]
+    arch = (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
+    variant: Variant = ""
+    recorded = _TKINFO_ARCH.search(_note(path, data, ".note.nv.tkinfo"))
+    if recorded and int(recorded.group(1)) == arch and recorded.group(2) in (b"a", b"f"):
+        variant = "a" if recorded.group(2) == b"a" else "f"
+    if not arch:
+        raise CorruptBinaryError(f"{path}: a cubin whose ELF flags name no SM")
+    return Entry(0, 0, "elf", arch, variant, 0, (0, 0), 0, size, size, None)
+
+
+def _note(path: Path, data: mmap.mmap, name: str) -> bytes:
+    try:
+        elf = ELFFile(io.BytesIO(bytes(data)))
+        section = elf.get_section_by_name(name)
+        return bytes(section.data()) if section is not None else b""
+    except _ELF_PARSE_ERRORS as exc:
+        raise CorruptBinaryError(f"{path}: cubin is not a readable ELF: {exc}") from None
+
+
+def _ptx_file_entry(path: Path, head: bytes, size: int) -> Entry:
+    version, target = _PTX_VERSION.search(head), _PTX_TARGET.search(head)
+    assert version is not None and target is not None  # device_file_kind said "ptx"
+    variant: Variant = "a" if target.group(2) == b"a" else "f" if target.group(2) == b"f" \
+        else ""
+    return Entry(0, 0, "ptx", int(target.group(1)), variant, 0,
+                 (int(version.group(1)), int(version.group(2))), 0, size, size, None)
 
 
 def cubin_kernels(cubin: bytes, where: str) -> tuple[str, ...]:
@@ -308,9 +376,14 @@ def is_elf(path: Path) -> bool:
         return False
 
 
-def cuobjdump_listing(path: Path, entries: list[Entry]) -> list[str]:
-    """The lines `cuobjdump -lelf -lptx FILE` prints to stdout for these entries."""
+def cuobjdump_listing(path: Path, entries: list[Entry], raw: RawKind = "") -> list[str]:
+    """The lines `cuobjdump -lelf -lptx FILE` prints to stdout for these entries (a raw
+    cubin is named without a number; for PTX text cuobjdump prints nothing)."""
     stem = path.name.rsplit(".", 1)[0]  # the whole name when it has no dot
+    if raw == "cubin":
+        return [f"ELF file {1:4d}: {stem}.{e.cuobjdump_arch}.cubin" for e in entries]
+    if raw == "ptx":
+        return []
     lines = []
     counters = {"elf": 0, "ptx": 0}
     for entry in entries:
