@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,10 +9,6 @@ import pytest
 from devkit.dockerenv import client_or_skip, load
 from devkit.helpers import cli, one_line_error
 from devkit.imagetar import docker_save
-
-
-def _temp_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("sm121-*")}
 
 
 def test_bad_image_reference() -> None:
@@ -45,11 +40,13 @@ def test_image_without_vllm(tmp_path: Path) -> None:
     client = client_or_skip()
     tag = "sm121-test/no-vllm-build:1"
     load(client, docker_save(tmp_path / "img.tar", [{"etc/os-release": b"x"}], tag=tag))
-    before = _temp_dirs()
+    temp = tmp_path / "tmp"  # the run's own TMPDIR: other processes' temp files do not count
+    temp.mkdir()
     try:
-        line = one_line_error(cli("--base", tag, env={"XDG_CACHE_HOME": str(tmp_path / "c")}))
+        line = one_line_error(cli("--base", tag, env={"XDG_CACHE_HOME": str(tmp_path / "c"),
+                                                      "TMPDIR": str(temp)}))
         assert f"image {tag} has no vLLM installed" in line
         assert not any(t.tags and t.tags[0].endswith("-sm121") for t in client.images.list())
-        assert _temp_dirs() <= before
+        assert list(temp.iterdir()) == []
     finally:
         client.images.remove(tag, force=True)
