@@ -254,3 +254,53 @@ def test_a_ledger_at_the_old_place_is_moved_to_the_state_dir(tmp_path: Path) -> 
     old.write_text(json.dumps({"format": 1, "built": [entry], "replaced": []}))
     assert [b.image_id for b in ledger.load().built] == [entry["image_id"]]
     assert not old.exists() and (state_dir() / "ledger.json").is_file()
+
+
+def test_prune_dry_run_and_the_bases_a_pull_replaced(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """Old bases: removed once untagged, kept (with the tag named) while tagged; a dry run
+    removes nothing and says what it would; the ledger forgets only what is gone."""
+    engine = _engine(tmp_path, matrix, checkout[1])
+    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}
+    new = _run(engine, checkout[0])
+    replaced = stock_image(engine, "vllm/vllm-openai:yesterday", {}, VERSION, checkout[1])
+    kept_base = stock_image(engine, "vllm/vllm-openai:pinned", {}, VERSION, checkout[1])
+    ledger.record_replaced("vllm/vllm-openai:nightly", replaced)
+    ledger.record_replaced("vllm/vllm-openai:nightly", kept_base)
+    ledger.record_replaced("vllm/vllm-openai:nightly", "sha256:" + "0" * 64)  # gone already
+    engine.untag("vllm/vllm-openai:yesterday")
+    short = {i: i.split(":")[1][:12] for i in (old.image_id or "", replaced, kept_base)}
+    with pytest.raises(Sm121Error, match="keep at least the newest build"):
+        prune(engine, keep=0)
+    engine.calls.clear()
+    dry = prune(engine, keep=1, dry_run=True)
+    assert engine.calls == [] and old.image_id in engine.images and replaced in engine.images
+    assert dry.removed == [f"{short[old.image_id or '']} (vllm/vllm-openai:old)",
+                           f"{short[replaced]} (old vllm/vllm-openai:nightly, untagged)"]
+    assert dry.kept == [f"{short[kept_base]} (old vllm/vllm-openai:nightly): tagged "
+                        "vllm/vllm-openai:pinned"]
+    assert len(ledger.load().replaced) == 3  # a dry run changes nothing
+    done = prune(engine, keep=1)
+    assert (done.removed, done.kept) == (dry.removed, dry.kept)
+    assert old.image_id not in engine.images and replaced not in engine.images
+    book = ledger.load()
+    assert [b.image_id for b in book.built] == [new.image_id]
+    assert [r.image_id for r in book.replaced] == [kept_base]
+    engine.users[kept_base] = "container 0123456789ab uses it"
+    engine.untag("vllm/vllm-openai:pinned")
+    assert prune(engine, keep=1).kept == [
+        f"{short[kept_base]} (old vllm/vllm-openai:nightly): container 0123456789ab uses it"]
+    assert kept_base in engine.images
+
+
+def test_prune_leaves_an_image_another_tag_names(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}
+    _run(engine, checkout[0])
+    engine.tag(old.image_id or "", "mine:keep")
+    result = prune(engine, keep=1)
+    assert result.kept == [f"{(old.image_id or '').split(':')[1][:12]}: also tagged mine:keep "
+                           "(not by sm121-build)"] and result.removed == []

@@ -439,3 +439,47 @@ def test_a_kernel_the_stock_could_jit_must_still_load(tmp_path: Path) -> None:
     assert check_still_loadable(ptx, same_ptx) == []
     assert check_still_loadable(gone, ptx) == []  # nothing loaded before: nothing to keep
     assert check_still_loadable(None, gone) == []
+
+
+def test_config_differences_are_named_one_by_one() -> None:
+    from dataclasses import replace
+
+    from sm121_build.verify.checks import check_config
+
+    stock = replace(STOCK, env=("A=1", "B=2"), runtime=('["x"]', "null", '""', '""', "null"),
+                    labels={"maintainer": "vllm", "io.github.sm121-build.old": "1"})
+    assert check_config(stock, stock) == []
+    reordered = replace(stock, env=("B=2", "A=1"))
+    assert check_config(stock, reordered) == ["drift: env differs from the stock image ((order))"]
+    changed = replace(stock, env=("A=1", "B=3"), runtime=('["x"]', '["y"]', '""', '"u"', "null"),
+                      labels={"io.github.sm121-build.new": "2", "org.opencontainers.image."
+                              "base.name": "b", "extra": "e"})
+    assert check_config(stock, changed) == [
+        "drift: env differs from the stock image (+B=3, -B=2)",
+        'drift: cmd is ["y"] in the built image, null in the stock image',
+        'drift: user is "u" in the built image, "" in the stock image',
+        "drift: label extra is 'e' in the built image, None in the stock image",
+        "drift: label maintainer is None in the built image, 'vllm' in the stock image"]
+    shorter = replace(stock, runtime=stock.runtime[:4])
+    assert check_config(stock, shorter) == [
+        "drift: the runtime config has another shape than the stock image's"]
+
+
+def test_canonical_tokens_at_the_edges() -> None:
+    assert kernel_key("_Z99_GLOBAL__N__") == "_Z99_GLOBAL__N__"  # length past the end
+    # a head whose file length runs past its token: left as it is
+    assert kernel_key("_ZN20_GLOBAL__N__0123abcd_9_x_cu") == "_ZN20_GLOBAL__N__0123abcd_9_x_cu"
+    two = ("_ZN30_GLOBAL__N__0123abcd_4_a_cu_1EN30_GLOBAL__N__89abcdef_4_b_cu_2E"
+           "18CUB_300001_SM_9006detail")
+    # each length-prefixed token (30 characters: `_GLOBAL__N__0123abcd_4_a_cu_1E`) is
+    # replaced whole; CUB's 18-character namespace too
+    assert kernel_key(two) == "_ZN16_GLOBAL__N__a_cuN16_GLOBAL__N__b_cu6CUB_SMdetail"
+
+
+def test_stub_thresholds(tmp_path: Path) -> None:
+    """At most STUB_BYTES on sm_121's cubin and at least STUB_RATIO times that elsewhere."""
+    from sm121_build.verify.checks import STUB_BYTES, STUB_RATIO, Stub
+
+    stub = Stub("sm_120", STUB_BYTES, "sm_90a", STUB_RATIO * STUB_BYTES)
+    assert stub.describe() == f"{STUB_BYTES} bytes on sm_120, {STUB_RATIO * STUB_BYTES} on sm_90a"
+    assert (STUB_BYTES, STUB_RATIO) == (512, 8)
