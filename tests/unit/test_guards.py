@@ -706,3 +706,17 @@ def test_an_append_of_a_variable_is_not_replayed(tmp_path: Path) -> None:
     call = _call(tmp_path, 'set(A "12.0")\nlist(APPEND A ${Y})\n'
                            'cuda_archs_loose_intersection(X "${A}" "${CUDA_ARCHS}")\n')
     assert call.evaluated_args is None and call.unresolved
+
+
+def test_a_command_that_only_reads_the_list_is_not_a_step(tmp_path: Path) -> None:
+    """`if(NOT A)` and `message(... A)` between the list's steps and the guard read A; only
+    set() and list(APPEND …) build it (replaying a lone `if(` would unbalance the script)."""
+    text = ('set(A "9.0")\nlist(APPEND A "12.0f")\nif(NOT A)\n  message(STATUS "no A")\n'
+            'endif()\nmessage(STATUS A)\n'
+            'cuda_archs_loose_intersection(X "${A}" "${CUDA_ARCHS}")\n')
+    source = _tree(tmp_path, text)
+    (call,) = find_calls(source)
+    assert call.unresolved == "" and [s[0] for s in call.prelude] == [
+        'set(A "9.0")', 'list(APPEND A "12.0f")']
+    (guard,) = evaluate(source, "9.0;12.0", "13.0")
+    assert guard.result is not None and set(guard.result) == {"9.0", "12.0"}
