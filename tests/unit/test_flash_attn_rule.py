@@ -147,3 +147,32 @@ def test_the_build_patch_step_gives_flash_attention_sass_in_process(tmp_path: Pa
                             vllm=False)
     assert again == ["sass-from-ptx (vllm-flash-attn, CUDA_ARCHS 12.1): not needed "
                      "(set_gencode_flags_for_srcs already has it)"]
+
+
+def test_the_build_patch_step_on_a_vllm_shaped_tree_in_process(tmp_path: Path) -> None:
+    """`apply_for_build` on the tree itself (vllm=True): the guard rules, then the macro rule
+    for the archs this tree's CMake narrows `12.1` to (12.0 with CUDA 13: SASS sm_120)."""
+    from sm121_build.source.patch import apply_for_build
+
+    tree = _fa(tmp_path)
+    lines = apply_for_build(tree, {}, "0.33.0", "12.1", "13.0", SM121)
+    assert lines == [
+        "fp4-sm12x-arch-specific: not applicable (no guard the rule covers has an SM12x entry "
+        "in this source)",
+        "sass-from-ptx: applied (set_gencode_flags_for_srcs in cmake/utils.cmake:81 gives "
+        "PTX-only sources sm_120 SASS from the same PTX)"]
+    assert 'CODE "sm_120")' in (tree / "cmake" / "utils.cmake").read_text()
+
+
+def test_the_version_of_a_tree_whose_version_file_is_not_utf8(tmp_path: Path) -> None:
+    from sm121_build.source.patch import read_source_version
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_bytes(
+        b"# \xe9t\xe9\n__version__ = version = '0.33.0'\n")
+    assert read_source_version(tmp_path) == "0.33.0"
+    sdist = tmp_path / "sdist"
+    sdist.mkdir()
+    (sdist / "PKG-INFO").write_bytes(b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.28.0\n"
+                                     b"Author: Jos\xe9\n")
+    assert read_source_version(sdist) == "0.28.0"
