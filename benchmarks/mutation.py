@@ -63,9 +63,9 @@ COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmark
 RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
 
 
-def score(module: str, tests: list[str], keep: bool, only: str | None = None,
-          seconds: float | None = None) -> tuple[Counter[str], list[str], Path]:
-    scratch = Path(tempfile.mkdtemp(prefix="mutation-sm121-"))
+def scratch_copy(prefix: str) -> Path:
+    """A copy of what the tests need, where a mutant can be applied."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
     for name in COPIED:
         source = ROOT / name
         if source.is_dir():
@@ -73,6 +73,12 @@ def score(module: str, tests: list[str], keep: bool, only: str | None = None,
                 "__pycache__", ".mypy_cache"))
         else:
             shutil.copy2(source, scratch / name)
+    return scratch
+
+
+def score(module: str, tests: list[str], keep: bool, only: str | None = None,
+          seconds: float | None = None) -> tuple[Counter[str], list[str], Path]:
+    scratch = scratch_copy("mutation-sm121-")
     (scratch / "setup.cfg").write_text(
         "[mutmut]\n"
         f"source_paths={module}\n"
@@ -124,14 +130,7 @@ def promise_mutants(keep: bool = False) -> int:
         print("error: the promise suite fails without any mutant", file=sys.stderr)
         return 2
     for number, mutant in enumerate(spec["mutants"], 1):
-        scratch = Path(tempfile.mkdtemp(prefix="promise-sm121-"))
-        for name in COPIED:
-            source = ROOT / name
-            if source.is_dir():
-                shutil.copytree(source, scratch / name, ignore=shutil.ignore_patterns(
-                    "__pycache__", ".mypy_cache"))
-            else:
-                shutil.copy2(source, scratch / name)
+        scratch = scratch_copy("promise-sm121-")
         target = scratch / mutant["file"]
         text = target.read_text()
         if text.count(mutant["find"]) != 1:

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from devkit.fakeengine import FakeEngine, stock_image
-from devkit.stockimage import VERSION, fixture_checkout
+from devkit.stockimage import VERSION
 from sm121_build.build.inject import run_inject
 from sm121_build.build.main_job import Options, run_build
 from sm121_build.build.pipeline import Pipeline
@@ -26,14 +26,7 @@ BASE = "vllm/vllm-openai:fixture"
 TAG = "vllm/vllm-openai:fixture-sm121"
 
 
-@pytest.fixture(scope="module")
-def checkout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    return fixture_checkout(tmp_path_factory.mktemp("src") / "vllm")
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str, stock: str = "sm90",

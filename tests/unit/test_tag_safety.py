@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from devkit.fakeengine import FakeEngine, stock_image
-from devkit.stockimage import VERSION, fixture_checkout
+from devkit.stockimage import VERSION
 from sm121_build.build.inject import run_inject
 from sm121_build.build.main_job import Options, run_build
 from sm121_build.build.pipeline import Pipeline
@@ -29,14 +29,7 @@ TAG = "vllm/vllm-openai:fixture-sm121"
 NAMES = ("_C.abi3.so", "_moe_C.abi3.so")
 
 
-@pytest.fixture(scope="module")
-def checkout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    return fixture_checkout(tmp_path_factory.mktemp("src") / "vllm")
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str) -> FakeEngine:
@@ -55,6 +48,15 @@ def _run(engine: FakeEngine, source: Path, tag: str = TAG, force: bool = True,
     with run_report.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     return record
+
+
+def _two_builds(tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]
+                ) -> tuple[FakeEngine, run_report.RunRecord, run_report.RunRecord]:
+    """An older build (tagged `…:old`) and a newer one of another compile (`TAG`)."""
+    engine = _engine(tmp_path, matrix, checkout[1])
+    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
+    engine.compiled = {n: matrix["lz4"] for n in NAMES}
+    return engine, old, _run(engine, checkout[0])
 
 
 def _user_image(engine: FakeEngine, tag: str, labels: dict[str, str]) -> str:
@@ -157,10 +159,7 @@ def test_inject_refuses_a_users_tag(tmp_path: Path, matrix: dict[str, Path],
 
 def test_prune_never_untags_what_it_cannot_remove(
         tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
-    engine = _engine(tmp_path, matrix, checkout[1])
-    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
-    engine.compiled = {n: matrix["lz4"] for n in NAMES}
-    _run(engine, checkout[0])
+    engine, old, _ = _two_builds(tmp_path, matrix, checkout)
     engine.users[old.image_id] = "image 0123456789ab builds on it"
     engine.calls.clear()
     result = prune(engine, keep=1)
@@ -176,10 +175,7 @@ def test_prune_never_untags_what_it_cannot_remove(
 def test_prune_gives_the_tags_back_when_the_engine_still_refuses(
         tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = _engine(tmp_path, matrix, checkout[1])
-    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
-    engine.compiled = {n: matrix["lz4"] for n in NAMES}
-    _run(engine, checkout[0])
+    engine, old, _ = _two_builds(tmp_path, matrix, checkout)
     monkeypatch.setattr(engine, "remove_unused", lambda image_id: "conflict: in use")
     result = prune(engine, keep=1)
     assert result.kept == [f"{old.image_id.split(':')[1][:12]}: conflict: in use"]
@@ -235,10 +231,7 @@ def test_wiping_the_cache_does_not_forget_what_was_built(
 
     from sm121_build.image.facts import cache_dir, state_dir
 
-    engine = _engine(tmp_path, matrix, checkout[1])
-    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
-    engine.compiled = {n: matrix["lz4"] for n in NAMES}
-    _run(engine, checkout[0])
+    engine, old, _ = _two_builds(tmp_path, matrix, checkout)
     shutil.rmtree(cache_dir())
     assert old.log and Path(old.log).is_file() and Path(old.log).is_relative_to(state_dir())
     result = prune(engine, keep=1)
@@ -260,10 +253,7 @@ def test_prune_dry_run_and_the_bases_a_pull_replaced(
         tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
     """Old bases: removed once untagged, kept (with the tag named) while tagged; a dry run
     removes nothing and says what it would; the ledger forgets only what is gone."""
-    engine = _engine(tmp_path, matrix, checkout[1])
-    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
-    engine.compiled = {n: matrix["lz4"] for n in NAMES}
-    new = _run(engine, checkout[0])
+    engine, old, new = _two_builds(tmp_path, matrix, checkout)
     replaced = stock_image(engine, "vllm/vllm-openai:yesterday", {}, VERSION, checkout[1])
     kept_base = stock_image(engine, "vllm/vllm-openai:pinned", {}, VERSION, checkout[1])
     ledger.record_replaced("vllm/vllm-openai:nightly", replaced)
@@ -296,10 +286,7 @@ def test_prune_dry_run_and_the_bases_a_pull_replaced(
 
 def test_prune_leaves_an_image_another_tag_names(
         tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
-    engine = _engine(tmp_path, matrix, checkout[1])
-    old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
-    engine.compiled = {n: matrix["lz4"] for n in NAMES}
-    _run(engine, checkout[0])
+    engine, old, _ = _two_builds(tmp_path, matrix, checkout)
     engine.tag(old.image_id or "", "mine:keep")
     result = prune(engine, keep=1)
     assert result.kept == [f"{(old.image_id or '').split(':')[1][:12]}: also tagged mine:keep "

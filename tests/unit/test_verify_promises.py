@@ -21,7 +21,7 @@ import pytest
 
 from devkit.fakeengine import SITE, FakeEngine, FakeImage, stock_image
 from devkit.helpers import DATA, gencode, link_cached
-from devkit.stockimage import VERSION, fixture_checkout
+from devkit.stockimage import VERSION
 from sm121_build.build.main_job import Options, run_build
 from sm121_build.build.pipeline import Pipeline
 from sm121_build.errors import VerificationError
@@ -40,14 +40,7 @@ TORCH_NEEDS = {  # what torch_user.cpp needs, by kind
 }
 
 
-@pytest.fixture(scope="module")
-def checkout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    return fixture_checkout(tmp_path_factory.mktemp("src") / "vllm")
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 @pytest.fixture(scope="module")
