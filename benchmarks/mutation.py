@@ -41,7 +41,8 @@ U = "tests/unit/"
 SUITES: dict[str, list[str]] = {
     "sm121_build/verify/fatbin.py": [f"{U}test_fatbin_layout.py", f"{U}test_fatbin_vs_cuobjdump.py",
                                      f"{U}test_audit_tus.py", f"{U}test_verify_checks.py",
-                                     f"{U}test_bad_input.py", f"{U}test_verify_promises.py"],
+                                     f"{U}test_bad_input.py", f"{U}test_verify_promises.py",
+                                     f"{U}test_raw_device_files.py"],
     "sm121_build/verify/compat.py": [f"{U}test_compat.py"],
     "sm121_build/verify/audit.py": [f"{U}test_fixable.py", f"{U}test_audit_counts.py",
                                     f"{U}test_audit_tus.py", f"{U}test_cli_audit.py"],
