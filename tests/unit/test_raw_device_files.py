@@ -100,3 +100,77 @@ def test_a_folder_mixing_libraries_and_device_files(tmp_path: Path,
     assert result.returncode == 0, result.stderr
     verdicts = {b["name"]: b["verdict"] for b in json.loads(result.stdout)["binaries"]}
     assert verdicts == {"_C.so": "native", "attn.ptx": "jit", "gemm.cubin": "none"}
+
+
+def test_what_a_file_is_from_its_first_bytes() -> None:
+    import struct
+
+    from sm121_build.verify.fatbin import device_file_kind
+
+    cubin = _cubin("sm_90").read_bytes()[:4096]
+    host = bytearray(cubin)
+    struct.pack_into("<H", host, 18, 183)  # EM_AARCH64: a host ELF
+    assert device_file_kind(cubin) == "cubin" and device_file_kind(bytes(host)) == ""
+    assert device_file_kind(cubin[:19]) == ""  # too short to hold e_machine
+    assert device_file_kind(struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 0)) == "fatbin"
+    assert device_file_kind(b"\x50\xed\x55") == ""
+    ptx = b"//\n.version 9.0\n.target sm_120\n.address_size 64\n"
+    assert device_file_kind(ptx) == "ptx"
+    assert device_file_kind(ptx.replace(b".target", b".tarjet")) == ""
+    assert device_file_kind(ptx.replace(b".version", b".versio")) == ""
+    assert device_file_kind(ptx + b"\0") == ""  # text has no NUL
+    assert device_file_kind(b"") == ""
+
+
+def test_a_cubin_of_the_older_elf_abi_and_damaged_ones(tmp_path: Path) -> None:
+    """ABI 7 cubins (CUDA < 12.8) keep the SM in the low byte of e_flags; a cubin whose
+    flags name no SM is refused; a tkinfo `-arch` of another SM gives no variant."""
+    import struct
+
+    from sm121_build.errors import CorruptBinaryError
+
+    data = bytearray(_cubin("sm_90a").read_bytes())
+    older = tmp_path / "older.cubin"
+    data[8] = 7
+    struct.pack_into("<I", data, 48, 0x5A)  # sm_90 in the low byte
+    older.write_bytes(bytes(data))
+    with HostBinary.open(older) as binary:
+        assert [e.sm for e in binary.entries] == ["sm_90a"]
+    struct.pack_into("<I", data, 48, 0x59)  # sm_89: the recorded -arch sm_90a is another SM
+    older.write_bytes(bytes(data))
+    with HostBinary.open(older) as binary:
+        assert [e.sm for e in binary.entries] == ["sm_89"]
+    struct.pack_into("<I", data, 48, 0)
+    older.write_bytes(bytes(data))
+    with pytest.raises(CorruptBinaryError, match="a cubin whose ELF flags name no SM"):
+        HostBinary.open(older)
+    damaged = bytearray(_cubin("sm_120f").read_bytes())
+    struct.pack_into("<Q", damaged, 40, len(damaged) * 4)  # section headers past the end
+    (tmp_path / "damaged.cubin").write_bytes(bytes(damaged))
+    with pytest.raises(CorruptBinaryError, match="cubin is not a readable ELF"):
+        HostBinary.open(tmp_path / "damaged.cubin")
+    tiny = tmp_path / "tiny.ptx"
+    tiny.write_bytes(b".version 9")
+    with pytest.raises(CorruptBinaryError, match=r"not an ELF file \(10 bytes\)"):
+        HostBinary.open(tiny)
+
+
+def test_the_entries_of_a_fatbin_and_a_ptx_file() -> None:
+    fatbin = compile_device_file("k", DATA / "kernels.cu", "fatbin", [
+        *gencode("compute_90:sm_90", "compute_100f:sm_100f", "compute_120f:compute_120f")])
+    with HostBinary.open(fatbin) as binary:
+        assert [(e.kind, e.sm) for e in binary.entries] == [
+            ("elf", "sm_90"), ("elf", "sm_100f"), ("ptx", "sm_120f")]
+        assert cuobjdump_listing(fatbin, binary.entries, binary.raw) == [
+            "ELF file    1: k.1.sm_90.cubin", "ELF file    2: k.2.sm_100.cubin",
+            "PTX file    1: k.1.sm_120f.ptx"]
+    ptx = compile_device_file("k_compute_121a", DATA / "kernels.cu", "ptx",
+                              ["-arch=compute_121a"])
+    with HostBinary.open(ptx) as binary:
+        (entry,) = binary.entries
+        assert (binary.raw, entry.kind, entry.sm, entry.version) == ("ptx", "ptx", "sm_121a",
+                                                                     (9, 0))
+        assert (entry.offset, entry.size) == (0, ptx.stat().st_size)
+        assert sorted(binary.kernels(entry)) == sorted(
+            ["_Z7add_onePfi", "_Z5scaleIfEvPT_S0_i", "_Z5scaleIdEvPT_S0_i",
+             "_ZN4vllm15rms_norm_kernelEPfPKfi"])
