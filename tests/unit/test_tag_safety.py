@@ -291,3 +291,39 @@ def test_prune_leaves_an_image_another_tag_names(
     result = prune(engine, keep=1)
     assert result.kept == [f"{(old.image_id or '').split(':')[1][:12]}: also tagged mine:keep "
                            "(not by sm121-build)"] and result.removed == []
+
+
+def test_prune_goes_on_past_a_kept_image_and_names_every_tag(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    records = []
+    for number, variant in enumerate(("sm121", "lz4", "zstd", "plain")):
+        engine.compiled = {n: matrix[variant] for n in NAMES}
+        records.append(_run(engine, checkout[0], tag=f"vllm/vllm-openai:b{number}"))
+    b0, b1, b2 = (r.image_id or "" for r in records[:3])
+    engine.tag(b2, "mine:keep")  # the first candidate (newest first) is kept: go on past it
+    engine.tag(b0, "vllm/vllm-openai:b0-again")
+    ledger.record_built(b0, ["vllm/vllm-openai:b0-again"], engine.tags[BASE])
+    book = ledger.load()
+    for age, record in enumerate(records):  # b0 oldest … b3 newest
+        entry = book.entry(record.image_id or "")
+        assert entry
+        entry.at = float(age)
+    ledger.save(book)
+    engine.untag("vllm/vllm-openai:b1")  # an old build the user untagged
+    olds = [replaced := stock_image(engine, "vllm/vllm-openai:o1", {}, VERSION, checkout[1]),
+            stock_image(engine, "vllm/vllm-openai:o2", {}, VERSION, checkout[1])]
+    engine.tag(replaced, "vllm/vllm-openai:o1-again")
+    for image in olds:
+        ledger.record_replaced("vllm/vllm-openai:nightly", image)
+    engine.untag("vllm/vllm-openai:o2")
+    result = prune(engine, keep=1)
+    short = {i: i.split(":")[1][:12] for i in (b0, b1, b2, *olds)}
+    assert sorted(result.removed) == sorted([
+        f"{short[b1]} (untagged)",
+        f"{short[b0]} (vllm/vllm-openai:b0, vllm/vllm-openai:b0-again)",
+        f"{short[olds[1]]} (old vllm/vllm-openai:nightly, untagged)"])
+    assert sorted(result.kept) == sorted([
+        f"{short[b2]}: also tagged mine:keep (not by sm121-build)",
+        f"{short[olds[0]]} (old vllm/vllm-openai:nightly): tagged vllm/vllm-openai:o1, "
+        "vllm/vllm-openai:o1-again"])
