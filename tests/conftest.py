@@ -28,6 +28,15 @@ MATRIX: dict[str, list[str]] = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """No test, and no fixture of a wider scope than a test, writes the tool's state (the
+    ledger, logs) into the real home: a session-wide state dir first, each test its own."""
+    import os
+    import tempfile
+
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="sm121-test-state-")
+
+
 @pytest.fixture(autouse=True)
 def _state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test keeps its ledger and logs in its own state dir, never the user's."""

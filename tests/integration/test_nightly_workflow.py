@@ -103,7 +103,8 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
             "DOCKER_CONFIG": str(work / "docker-config"),  # `docker login` writes here
             # Offline: the fixture's git repository stands in for github.com/vllm-project/vllm.
             "SM121_BUILD_REPO": str(stock.checkout),
-            "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(work / "tmp"),
+            "XDG_CACHE_HOME": str(work / "cache"), "XDG_STATE_HOME": str(work / "state"),
+            "TMPDIR": str(work / "tmp"),
         }
         yield Runner(stock, env, temp, registry)
         for image in client.images.list():
