@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.verify.audit import audit_binary  # noqa: E402
 from sm121_build.verify.audit_inputs import binaries  # noqa: E402
-from sm121_build.verify.checks import FP4_KERNEL, SM121, kernel_key  # noqa: E402
+from sm121_build.verify.checks import SM121, kernel_key, left_out_rules  # noqa: E402
 from sm121_build.verify.fatbin import HostBinary  # noqa: E402
 
 
@@ -64,7 +64,8 @@ def main() -> int:
     native = built_native(args.built, args.name)
     sm90 = families.get("sm_90", set())
     lost = sm90 - native
-    fp4 = {k for k in lost if FP4_KERNEL.search(k)}
+    fp4_rule = left_out_rules()["fp4"][0]
+    fp4 = {k for k in lost if fp4_rule.search(k)}
     stock_counts = Counter(verdicts.values())
     report = {
         "so": args.name,

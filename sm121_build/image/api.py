@@ -20,6 +20,10 @@ from typing import Protocol
 MODE_DIR, MODE_SYMLINK = 1 << 31, 1 << 27
 MODE_TYPE = MODE_DIR | MODE_SYMLINK | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
 MAX_LINKS = 16
+# The image config's runtime fields, in the order of `ImageInfo.runtime`: the engine's key and
+# the name a user reads.
+RUNTIME_FIELDS = (("Entrypoint", "entrypoint"), ("Cmd", "cmd"), ("WorkingDir", "workdir"),
+                  ("User", "user"), ("ExposedPorts", "exposed ports"))
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class ImageInfo:
     labels: dict[str, str]
     layers: tuple[str, ...]
     env: tuple[str, ...] = field(default=())
-    runtime: tuple[str, ...] = field(default=())  # entrypoint, cmd, workdir, user (as JSON)
+    runtime: tuple[str, ...] = field(default=())  # RUNTIME_FIELDS, each as JSON
     created: str = ""  # the image config's `created` (RFC 3339), "" when unknown
 
     @property

@@ -35,7 +35,14 @@ import docker.errors
 import requests.exceptions
 
 from sm121_build.errors import BuildFailed, EngineUnavailable, Sm121Error
-from sm121_build.image.api import HistoryStep, ImageInfo, PathLookups, PathStat, Status
+from sm121_build.image.api import (
+    RUNTIME_FIELDS,
+    HistoryStep,
+    ImageInfo,
+    PathLookups,
+    PathStat,
+    Status,
+)
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
 from sm121_build.steps import note
@@ -89,8 +96,7 @@ class Engine:
             labels=dict(config.get("Labels") or {}),
             layers=tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
             env=tuple(config.get("Env") or ()),
-            runtime=tuple(json.dumps(config.get(key)) for key in
-                          ("Entrypoint", "Cmd", "WorkingDir", "User", "ExposedPorts")),
+            runtime=tuple(json.dumps(config.get(key)) for key, _name in RUNTIME_FIELDS),
             created=str(attrs.get("Created") or ""),
         )
 

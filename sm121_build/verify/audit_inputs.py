@@ -33,7 +33,7 @@ from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
 from sm121_build.image.spill import write_stream
 from sm121_build.steps import Progress
-from sm121_build.verify.fatbin import RAW_PROBE, HostBinary, device_file_kind, is_elf
+from sm121_build.verify.fatbin import RAW_PROBE, HostBinary, device_file_kind
 
 if TYPE_CHECKING:
     from sm121_build.image.engine import Engine, ImageInfo, ImageReader
@@ -80,7 +80,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
         raise Sm121Error(f"{path}: not a regular file (a FIFO, socket or device); audit reads "
                          "files, directories, wheels, image tarballs and images")
     if path.is_file():
-        if is_elf(path) or is_device_file(path):
+        if is_auditable(path):
             yield [Binary(str(path), path)]
             return
         with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
@@ -231,17 +231,18 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
     return sorted(found, key=lambda b: b.name)
 
 
-def is_device_file(path: Path) -> bool:
-    """A fatbin or PTX text of its own (a raw cubin is an ELF)."""
-    try:
-        with open(path, "rb") as handle:
-            return device_file_kind(handle.read(RAW_PROBE)) in ("fatbin", "ptx")
-    except OSError:
-        return False
+def _auditable_head(head: bytes) -> bool:
+    """An ELF file (host or cubin), a fatbin or PTX text, from its first bytes."""
+    return head[:4] == b"\x7fELF" or device_file_kind(head) in ("fatbin", "ptx")
 
 
 def is_auditable(path: Path) -> bool:
-    return is_elf(path) or is_device_file(path)
+    """What the audit reads: `_auditable_head` of the file (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            return _auditable_head(handle.read(RAW_PROBE))
+    except OSError:
+        return False
 
 
 def _has_device_code(path: Path) -> bool:
@@ -274,11 +275,11 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
                 continue
             try:
                 with open(full, "rb") as handle:
-                    magic = handle.read(4)
+                    head = handle.read(RAW_PROBE)
             except OSError as exc:
                 found.append(Binary(rel, full, skipped=f"not read: {exc.strerror or exc}"))
                 continue
-            if magic == b"\x7fELF" or is_device_file(full):
+            if _auditable_head(head):
                 found.append(Binary(rel, full))
     return sorted(found, key=lambda b: b.name)
 

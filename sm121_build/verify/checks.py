@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from sm121_build.errors import VerificationError
-from sm121_build.image.api import HistoryStep, ImageEngine, ImageFiles, ImageInfo
+from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep, ImageEngine, ImageFiles, ImageInfo
 from sm121_build.image.facts import (
     ImageFacts,
     VllmInstall,
@@ -41,26 +41,27 @@ from sm121_build.labels import foreign
 from sm121_build.steps import Progress, note
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary
 from sm121_build.verify.compat import Target, cubin_loads, parse_target
-from sm121_build.verify.fatbin import HostBinary, demangle, dynamic_symbols
+from sm121_build.verify.fatbin import Entry, HostBinary, demangle, dynamic_symbols
 
 SM121 = Policy(parse_target("sm_121"), (13, 0))
 
 
 @cache
-def left_out_rules() -> tuple[tuple[re.Pattern[str], str], ...]:
-    """Kernels a 12.x build leaves out on purpose, and why (data/left_out.yaml)."""
+def left_out_rules() -> dict[str, tuple[re.Pattern[str], str]]:
+    """Kernels a 12.x build leaves out on purpose: rule name -> (pattern, why), as
+    data/left_out.yaml gives them."""
     raw = yaml.safe_load(resources.files("sm121_build").joinpath("data/left_out.yaml")
                          .read_text())
-    return tuple((re.compile(str(r["pattern"])), " ".join(str(r["why"]).split())) for r in raw)
+    return {str(r["name"]): (re.compile(str(r["pattern"])), " ".join(str(r["why"]).split()))
+            for r in raw}
 
 
 def left_out_reason(kernel: str) -> str | None:
     """Why a build for 12.x leaves this kernel out on purpose, or None."""
-    return next((why for pattern, why in left_out_rules() if pattern.search(kernel)), None)
+    return next((why for pattern, why in left_out_rules().values() if pattern.search(kernel)),
+                None)
 
 
-# The FP4 rule alone (benchmarks/compare_kernels.py reports FP4 separately).
-FP4_KERNEL = re.compile(r"fp4|e2m1|qutlass", re.IGNORECASE)
 # nvcc names internal-linkage symbols `_INTERNAL_<hash>_<len>_<file>_<hash>` (CUDA 12): the
 # first hash changes from build to build, so it is blanked (same length).  CUDA 13 names
 # anonymous namespaces `_GLOBAL__N__<hash>_<len>_<file>_<hash>[_<n>]`, where both hashes
@@ -143,16 +144,29 @@ class Stub:
                 f"{self.implemented}")
 
 
+Cubins = list[tuple[Entry, dict[str, int]]]  # each cubin entry, its kernels and their bytes
+
+
+def cubin_kernels(path: Path) -> Cubins:
+    """Every cubin of a .so with its kernels' code sizes: read once for both the name
+    comparison and the stub evidence."""
+    with HostBinary.open(path) as binary:
+        return [(e, binary.kernel_sizes(e)) for e in binary.entries if e.kind == "elf"]
+
+
 def stub_kernels(path: Path, target: Target = SM121.target) -> dict[str, Stub]:
     """The kernels (by `kernel_key`) whose code `target` loads from this file is a stub."""
+    return _stubs(cubin_kernels(path), target)
+
+
+def _stubs(cubins: Cubins, target: Target) -> dict[str, Stub]:
     loaded: dict[str, tuple[int, str]] = {}
     elsewhere: dict[str, tuple[int, str]] = {}
-    with HostBinary.open(path) as binary:
-        for entry in (e for e in binary.entries if e.kind == "elf"):
-            side = loaded if cubin_loads(entry.arch, entry.variant, target) else elsewhere
-            for name, size in binary.kernel_sizes(entry).items():
-                key = kernel_key(name)
-                side[key] = max(side.get(key, (0, "")), (size, entry.sm))
+    for entry, sizes in cubins:
+        side = loaded if cubin_loads(entry.arch, entry.variant, target) else elsewhere
+        for name, size in sizes.items():
+            key = kernel_key(name)
+            side[key] = max(side.get(key, (0, "")), (size, entry.sm))
     return {key: Stub(sm, size, elsewhere[key][1], elsewhere[key][0])
             for key, (size, sm) in loaded.items()
             if size <= STUB_BYTES and key in elsewhere
@@ -203,23 +217,23 @@ class KernelComparison:
 
 def newest_arch_kernels(path: Path) -> tuple[str | None, frozenset[str]]:
     """The newest SM a .so has cubins for, and the kernels those cubins define."""
-    with HostBinary.open(path) as binary:
-        cubins = [e for e in binary.entries if e.kind == "elf"]
-        if not cubins:
-            return None, frozenset()
-        newest = max(e.arch for e in cubins)
-        names: set[str] = set()
-        for entry in cubins:
-            if entry.arch == newest:
-                names.update(kernel_key(k) for k in binary.kernels(entry))
-    return f"sm_{newest}", frozenset(names)
+    return _newest(cubin_kernels(path))
+
+
+def _newest(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
+    if not cubins:
+        return None, frozenset()
+    newest = max(entry.arch for entry, _ in cubins)
+    return f"sm_{newest}", frozenset(kernel_key(k) for entry, sizes in cubins
+                                     if entry.arch == newest for k in sizes)
 
 
 def compare_kernels(name: str, stock: Path | None, built: BinaryReport) -> KernelComparison:
-    arch, kernels = newest_arch_kernels(stock) if stock else (None, frozenset[str]())
-    stubs = frozenset(stub_kernels(stock)) if stock else frozenset[str]()
+    cubins = cubin_kernels(stock) if stock else []
+    arch, kernels = _newest(cubins)
     native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
-    return KernelComparison(name, arch, kernels, native, stubs)
+    return KernelComparison(name, arch, kernels, native, frozenset(_stubs(cubins,
+                                                                         SM121.target)))
 
 
 def check_still_loadable(stock: BinaryReport | None, built: BinaryReport,
@@ -309,9 +323,6 @@ def check_drift(stock: ImageInfo, built: ImageInfo, added: list[HistoryStep],
     return problems + check_config(stock, built)
 
 
-RUNTIME_FIELDS = ("entrypoint", "cmd", "workdir", "user", "exposed ports")
-
-
 def check_config(stock: ImageInfo, built: ImageInfo) -> list[str]:
     """The runtime config (env, entrypoint, cmd, workdir, user, exposed ports) and every
     label the tool does not set must reach the result unchanged: one line per difference."""
@@ -320,7 +331,8 @@ def check_config(stock: ImageInfo, built: ImageInfo) -> list[str]:
         changed = [f"+{e}" for e in built.env if e not in stock.env] + \
             [f"-{e}" for e in stock.env if e not in built.env] or ["(order)"]
         problems.append(f"drift: env differs from the stock image ({', '.join(changed)[:120]})")
-    for name, was, now in zip(RUNTIME_FIELDS, stock.runtime, built.runtime, strict=False):
+    names = [name for _key, name in RUNTIME_FIELDS]
+    for name, was, now in zip(names, stock.runtime, built.runtime, strict=False):
         if was != now:
             problems.append(f"drift: {name} is {now} in the built image, {was} in the stock "
                             "image")

@@ -25,7 +25,7 @@ from devkit.stockimage import VERSION
 from sm121_build.build.main_job import Options, run_build
 from sm121_build.build.pipeline import Pipeline
 from sm121_build.errors import VerificationError
-from sm121_build.image.api import HistoryStep
+from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep
 from sm121_build.verify import run_report
 
 BASE = "vllm/vllm-openai:fixture"
@@ -218,8 +218,7 @@ def _config(field: str, value: str) -> Callable[[FakeImage], None]:
             image.info = replace(info, labels={**info.labels, **json.loads(value)})
         else:
             runtime = list(info.runtime)
-            runtime[("entrypoint", "cmd", "workdir", "user", "exposed ports").index(field)] = \
-                value
+            runtime[[name for _key, name in RUNTIME_FIELDS].index(field)] = value
             image.info = replace(info, runtime=tuple(runtime))
     return tamper
 
