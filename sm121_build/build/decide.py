@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from sm121_build.build.render import extension_target
+from sm121_build.build.render import extension_target, source_targets
 from sm121_build.source.cmake_lang import read_source
 from sm121_build.source.guards import Call, Guard, effective_archs, evaluate, find_calls
 from sm121_build.source.owners import defined_targets, feeds, guard_owners
+from sm121_build.source.patch import fixable_targets, load_macro_rules
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.compat import Target, entry_verdict, loads_natively
 
@@ -105,6 +106,12 @@ def decide(stock: dict[str, BinaryReport | None], source: Path, arch: str, cuda:
 # the extension's kernels it is offered (`--ext NAME`), not built by default.
 MIN_JIT_SHARE = 0.01
 
+# Why an extension is built or kept: "build"; "native" (nothing to gain); "unbuildable" (the
+# source defines no such target, or no rule builds its project); "below share" (only a few
+# JIT-only kernels: offered with --ext); "no gain" (no guard gives it code the GPU loads)
+PlanOutcome = Literal["build", "native", "unbuildable", "below share", "no gain"]
+
+
 @dataclass(frozen=True)
 class ExtensionPlan:
     """One stock extension: its kernels before, the build's expected result, and why."""
@@ -116,6 +123,8 @@ class ExtensionPlan:
     build: bool
     reason: str  # why it is built, or why not
     remains: tuple[str, ...] = ()  # why what stays non-native stays so
+    outcome: PlanOutcome = "build"
+    foreign: tuple[str, ...] = ()  # the other GPUs' archs of what loads nothing (sm_90a...)
 
     def as_record(self) -> dict[str, Any]:
         return {"name": self.name, "target": self.target, "before": self.before,
@@ -140,6 +149,13 @@ class Inputs:
     defined: frozenset[str]  # the targets the source can build
     same_ptx: frozenset[str]  # projects whose trees get SASS from the same PTX
     rebuildable: frozenset[str]  # external-project targets a rule builds (fixable_targets)
+
+
+def decide_inputs(source: Path, arch: str, cuda: str, gpu: Target) -> Inputs:
+    """The inputs for a tree as it will be built (`arch` in CMake form)."""
+    same_ptx = frozenset(p for rule in load_macro_rules() for p in rule.projects)
+    return Inputs(source, arch, cuda, gpu, frozenset(source_targets(source)), same_ptx,
+                  frozenset(fixable_targets()))
 
 
 def _stock_has(report: BinaryReport, target: str) -> bool:
@@ -204,7 +220,7 @@ def _plan_one(name: str, target: str, report: BinaryReport, guards: list[Guard],
     gpu = inputs.gpu
     if not before["jit"] and not before["none"]:
         return ExtensionPlan(name, target, before, before, False,
-                             f"every kernel is already native on {gpu}")
+                             f"every kernel is already native on {gpu}", outcome="native")
     foreign = _foreign(report, gpu)
     buildable = target in inputs.defined and (project == "vllm"
                                               or target in inputs.rebuildable)
@@ -212,7 +228,8 @@ def _plan_one(name: str, target: str, report: BinaryReport, guards: list[Guard],
         why = (f"the pinned source defines no {target}" if target not in inputs.defined else
                f"no rule here builds {target} ({project}) for {gpu}")
         return ExtensionPlan(name, target, before, before, False, why,
-                             _remains(before, foreign, gpu, jit_stays=True))
+                             _remains(before, foreign, gpu, jit_stays=True), "unbuildable",
+                             tuple(foreign))
     gains: list[str] = []
     after = dict(before)
     if before["jit"] and project in inputs.same_ptx:
@@ -244,13 +261,16 @@ def _plan_one(name: str, target: str, report: BinaryReport, guards: list[Guard],
             f"only {before['jit']} of {total} kernels are JIT-only"
             f"{' (' + ', '.join(named) + ')' if named else ''}, under "
             f"{MIN_JIT_SHARE:.0%}: not worth a full compile by default; --ext {target} "
-            "builds it", _remains(before, foreign, gpu, jit_stays=True))
+            "builds it", _remains(before, foreign, gpu, jit_stays=True), "below share",
+            tuple(foreign))
     if not gains:
         why = ("no guard of the pinned source gives it code that loads on " f"{gpu}")
         return ExtensionPlan(name, target, before, before, False, why,
-                             _remains(before, foreign, gpu, jit_stays=True))
+                             _remains(before, foreign, gpu, jit_stays=True), "no gain",
+                             tuple(foreign))
     return ExtensionPlan(name, target, before, after, True, "; ".join(gains),
-                         _remains(after, foreign, gpu, jit_stays=False))
+                         _remains(after, foreign, gpu, jit_stays=False), "build",
+                         tuple(foreign))
 
 
 def _remains(counts: dict[str, int], foreign: list[str], gpu: Target,

@@ -18,7 +18,7 @@ import click
 
 from sm121_build import __version__
 from sm121_build.build.artifacts import Provenance
-from sm121_build.build.decide import ExtensionPlan, Inputs, plan_extensions
+from sm121_build.build.decide import ExtensionPlan, decide_inputs, plan_extensions
 from sm121_build.build.pipeline import Finish, Pipeline
 from sm121_build.build.render import (
     DEFAULT_EXTENSIONS,
@@ -26,7 +26,6 @@ from sm121_build.build.render import (
     extension_target,
     plan_for,
     render,
-    source_targets,
     template_digest,
 )
 from sm121_build.build.warnings import ptx_warning
@@ -43,8 +42,6 @@ from sm121_build.source.external import copy_into, projects, projects_for, read_
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
 from sm121_build.source.patch import (
     apply_for_build,
-    fixable_targets,
-    load_macro_rules,
     rules_digest,
 )
 from sm121_build.source.pin import check_checkout, fetch_source, version_to_ref
@@ -94,7 +91,7 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
         plans: list[ExtensionPlan] = []
     else:
         with steps.step("decide"):
-            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda),
+            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, SM121.target),
                                     {t: p.name for p in projects() for t in p.targets})
             for item in plans:
                 note(item.line())
@@ -123,12 +120,6 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
                    f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
                    "--force builds _C/_moe_C anyway, --ext NAME builds NAME")
     return tuple(chosen)
-
-
-def decide_inputs(source: Path, arch_cmake: str, cuda: str) -> Inputs:
-    same_ptx = frozenset(p for rule in load_macro_rules() for p in rule.projects)
-    return Inputs(source, arch_cmake, cuda, SM121.target, frozenset(source_targets(source)),
-                  same_ptx, frozenset(fixable_targets()))
 
 
 def run_build(pipeline: Pipeline, opts: Options) -> str:

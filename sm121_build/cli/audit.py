@@ -11,6 +11,7 @@ import click
 from sm121_build.cli.inputs import require_writable
 from sm121_build.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.outputs import append_text
+from sm121_build.source.guards import DEFAULT_CUDA
 from sm121_build.steps import notice
 from sm121_build.verify import report
 from sm121_build.verify.audit import BinaryReport, Policy, audit_binary, host_only_report
@@ -62,28 +63,58 @@ def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[st
 @click.option("--platform", help="Platform to read from a multi-platform OCI tarball.")
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help="Also append a Markdown table to this file (e.g. $GITHUB_STEP_SUMMARY).")
+@click.option("--source", type=click.Path(path_type=Path),
+              help="The vLLM source tree the files were built from (a checkout or an "
+                   "unpacked sdist): rebuild verdicts from its guards, as the main job "
+                   "decides, instead of what the binaries alone show.")
+@click.option("--cuda", default=DEFAULT_CUDA, show_default=True,
+              help="With --source: the CUDA toolkit a rebuild would use (guards depend on "
+                   "it: with 13.x, 12.1 narrows to 12.0).")
 def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: bool,
           no_kernels: bool, require: str | None, include: tuple[str, ...],
-          platform: str | None, summary_md: Path | None) -> None:
+          platform: str | None, summary_md: Path | None, source: Path | None,
+          cuda: str) -> None:
     """Audit a .so, directory, wheel, image tarball or local image for a GPU target."""
     fmt = "json" if as_json else fmt
     require_writable(summary_md, "--summary-md")  # before the audit, not after it
     policy = Policy(parse_target(gpu), parse_cuda_version(driver))
-    with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None
+    parse_cuda_version(cuda)
+    version = None
+    if source is not None:
+        from sm121_build.build.judge import source_version
+
+        version = source_version(source, target)
+    with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None \
+        or source is not None
     reports, unreadable = run_audit(target, policy, with_kernels, include, platform,
                                     progress=sys.stderr.isatty())
     for line in unreadable:
         notice(f"unreadable: {line}")
+    verdicts: report.Verdicts | None = None
+    if source is not None and version is not None:
+        from sm121_build.build.judge import source_verdicts
+
+        arch = f"{policy.target.major}.{policy.target.minor}"
+        verdicts, _patched = source_verdicts(reports, source, version, arch, cuda,
+                                             policy.target)
+        notice(f"rebuild verdicts from the guards of vLLM {version} at {source} "
+               f"({arch}, CUDA {cuda}, the rules applied)")
     if fmt == "cuobjdump":
         text = report.cuobjdump(reports)
         if text:
             click.echo(text)
     elif fmt == "json":
-        click.echo(json.dumps(report.as_json(reports, policy), indent=2))
+        data = report.as_json(reports, policy, verdicts)
+        if source is not None and version is not None:
+            data["source"] = {"path": str(source), "version": version,
+                              "arch": f"{policy.target.major}.{policy.target.minor}",
+                              "cuda": cuda}
+        click.echo(json.dumps(data, indent=2))
     else:
-        click.echo(report.table(reports, policy, show_kernels=kernels))
+        click.echo(report.table(reports, policy, show_kernels=kernels, verdicts=verdicts))
     if summary_md:
-        append_text(summary_md, report.markdown(f"Audit of `{target}`", reports, policy))
+        append_text(summary_md, report.markdown(f"Audit of `{target}`", reports, policy,
+                                                verdicts))
     if unreadable:
         raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} file(s) or "
                          f"folder(s) in {target} could not be audited (listed above)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +97,9 @@ def host_only_report(name: str, size: int, with_kernels: bool) -> BinaryReport:
 def _kernel_verdicts(binary: HostBinary, policy: Policy) -> dict[str, Verdict]:
     """Per kernel: the best entry of its own TU, then the worst over TUs that define it."""
     per_tu: dict[tuple[int, str], Verdict] = {}
-    for entry in binary.entries:
+    for entry, names in binary.every_kernel(workers=len(os.sched_getaffinity(0))):
         verdict = policy.verdict(entry)
-        for kernel in binary.kernels(entry):
+        for kernel in names:
             key = (entry.container, kernel)
             previous = per_tu.get(key, "none")
             per_tu[key] = max(previous, verdict, key=VERDICT_RANK.__getitem__)

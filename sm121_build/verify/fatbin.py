@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import io
 import mmap
 import os
 import re
 import struct
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -36,11 +37,10 @@ from typing import BinaryIO, Literal
 
 import lz4.block
 import zstandard
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
 
 from sm121_build.errors import CorruptBinaryError
+from sm121_build.verify.elf import SHT_NOBITS, Elf, ElfError
+from sm121_build.verify.elf import name as symbol_name
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 CONTAINER_MAGIC = 0xBA55ED50
@@ -58,18 +58,9 @@ KIND_ELF = 2
 _KIND_NAMES = {KIND_PTX: "ptx", KIND_ELF: "elf"}
 
 # An ELF symbol's st_other bit that marks a kernel (cuobjdump prints it as ENTRY).
-# pyelftools decodes st_other into visibility/local fields and drops this bit, so the
-# symbol table is read raw below.
 STO_CUDA_ENTRY = 0x10
-_ELF64_SYM = struct.Struct("<IBBHQQ")
-_STT_FUNC = 2
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
 
-# What pyelftools raises on a damaged ELF (offsets past the end overflow its seeks).
-# What pyelftools raises on damaged headers; OSError too: it seeks wherever a header says,
-# and a file's seek to a negative offset fails with EINVAL.
-_ELF_PARSE_ERRORS = (ELFError, struct.error, ValueError, OverflowError, IndexError, KeyError,
-                     OSError)
 MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged header
 
 Kind = Literal["elf", "ptx", "other"]
@@ -163,7 +154,7 @@ class HostBinary:
         if self.raw == "cubin":
             self.entries = [_cubin_file_entry(self.path, self._map, size)]
             return
-        for start, length in _fatbin_sections(self.path, self._file, size):
+        for start, length in _fatbin_sections(self.path, self._map):
             self.entries.extend(_walk_section(self.path, self._map, start, length,
                                               first_container=0))
 
@@ -175,7 +166,7 @@ class HostBinary:
             if entry.compression == "lz4":
                 return bytes(lz4.block.decompress(raw, uncompressed_size=entry.size))
             if entry.compression == "zstd":
-                return bytes(zstandard.ZstdDecompressor().decompress(
+                return bytes(_zstd().decompress(
                     raw, max_output_size=entry.size))
         except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError) as exc:
             raise CorruptBinaryError(
@@ -190,14 +181,36 @@ class HostBinary:
         return cubin_kernel_sizes(self.payload(entry), f"{self.path}: entry {entry.index} "
                                                        f"({entry.sm})")
 
+    def every_kernel(self, workers: int) -> Iterator[tuple[Entry, tuple[str, ...]]]:
+        """Each entry with its kernel names, in entry order; `workers` threads decompress
+        and read entries ahead (zstd and lz4 let go of the GIL: most of the work)."""
+        if workers <= 1:
+            yield from ((entry, self.kernels(entry)) for entry in self.entries)
+            return
+        with ThreadPoolExecutor(workers) as pool:
+            yield from zip(self.entries, pool.map(self.kernels, self.entries), strict=True)
+
     def kernels(self, entry: Entry) -> tuple[str, ...]:
         """Names of the kernels (global functions) an entry defines, in symbol-table order."""
         data = self.payload(entry)
         if entry.kind == "ptx":
-            return tuple(m.group(1).decode() for m in _PTX_ENTRY.finditer(data))
+            return ptx_kernels(data)
         if entry.kind == "elf":
             return cubin_kernels(data, f"{self.path}: entry {entry.index} ({entry.sm})")
         return ()
+
+
+def ptx_kernels(text: bytes) -> tuple[str, ...]:
+    """The `.entry` names of PTX text: `bytes.find` to each `.entry`, the pattern matched
+    there only (a regex scan of every byte was a sixth of a kernel-level audit)."""
+    names = []
+    at = text.find(b".entry")
+    while at >= 0:
+        found = _PTX_ENTRY.match(text, at)
+        if found:
+            names.append(found.group(1).decode())
+        at = text.find(b".entry", at + 6)
+    return tuple(names)
 
 
 RawKind = Literal["", "cubin", "fatbin", "ptx"]
@@ -239,10 +252,10 @@ def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
 
 def _note(path: Path, data: mmap.mmap, name: str) -> bytes:
     try:
-        elf = ELFFile(io.BytesIO(bytes(data)))
-        section = elf.get_section_by_name(name)
-        return bytes(section.data()) if section is not None else b""
-    except _ELF_PARSE_ERRORS as exc:
+        elf = Elf.read(data)
+        section = elf.section(name)
+        return elf.section_data(section) if section is not None else b""
+    except ElfError as exc:
         raise CorruptBinaryError(f"{path}: cubin is not a readable ELF: {exc}") from None
 
 
@@ -264,36 +277,26 @@ def cubin_kernel_sizes(cubin: bytes, where: str) -> dict[str, int]:
     """Each kernel of a cubin and the bytes of its code (the symbol's size), in symbol-table
     order."""
     try:
-        elf = ELFFile(io.BytesIO(cubin))
-        symtab = elf.get_section_by_name(".symtab")
-        if symtab is None:
-            return {}
-        if not isinstance(symtab, SymbolTableSection):
-            raise ValueError(".symtab is not a symbol table")
-        strtab = symtab.stringtable  # pyelftools checks that sh_link names a string table
-        names: dict[str, int] = {}
-        for _name, info, other, _shndx, _value, size in _ELF64_SYM.iter_unpack(symtab.data()):
-            if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY:
-                names[strtab.get_string(_name)] = size
-        return names
-    except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
+        elf = Elf.read(cubin)
+        symtab = elf.section(".symtab")
+        return elf.functions(symtab, STO_CUDA_ENTRY) if symtab is not None else {}
+    except ElfError as exc:
         raise CorruptBinaryError(f"{where}: cubin is not a readable ELF: {exc}") from None
 
 
-def _fatbin_sections(path: Path, stream: BinaryIO, size: int) -> Iterator[tuple[int, int]]:
+def _fatbin_sections(path: Path, data: mmap.mmap) -> Iterator[tuple[int, int]]:
     try:
-        elf = ELFFile(stream)  # reads the ELF and section headers only
-        found = [s for s in (elf.get_section_by_name(name) for name in FATBIN_SECTIONS)
-                 if s is not None and s["sh_type"] != "SHT_NOBITS"]
-        # Like cuobjdump without -all: the executable fatbin, else the relocatable one.
-        spans = [(s["sh_offset"], s["sh_size"]) for s in found[:1]]
-    except _ELF_PARSE_ERRORS as exc:
+        elf = Elf.read(data)  # the ELF and section headers only: a few pages of the map
+    except ElfError as exc:
         raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
-    for start, length in spans:
-        if start + length > size:
+    found = [s for s in (elf.section(name) for name in FATBIN_SECTIONS)
+             if s is not None and s.type != SHT_NOBITS]
+    # Like cuobjdump without -all: the executable fatbin, else the relocatable one.
+    for section in found[:1]:
+        if section.offset + section.size > len(data):
             raise CorruptBinaryError(
                 f"{path}: fatbin section runs past the end of the file (truncated?)")
-        yield start, length
+        yield section.offset, section.size
 
 
 def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
@@ -400,12 +403,10 @@ def cuobjdump_listing(path: Path, entries: list[Entry], raw: RawKind = "") -> li
 
 # ELF symbol fields (the gABI): bindings that take part in dynamic linking, and the
 # visibilities that export.  STB_GNU_UNIQUE (template static data, as in torch's libraries)
-# is what pyelftools calls STB_LOOS, the first OS-specific binding.
+# is what some readers call STB_LOOS, the first OS-specific binding.
 _STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE = 1, 2, 10
 _SHN_UNDEF = 0
 _STV_EXPORTING = (0, 3)  # STV_DEFAULT, STV_PROTECTED
-# Elf32_Sym / Elf64_Sym: the struct format and where st_name, st_info, st_other, st_shndx sit
-_SYM_LAYOUTS = {32: ("IIIBBH", (0, 3, 4, 5)), 64: ("IBBHQQ", (0, 1, 2, 3))}
 
 
 @dataclass(frozen=True)
@@ -418,7 +419,7 @@ class DynamicSymbols:
 
 def dynamic_symbols(path: Path) -> DynamicSymbols:
     """`.dynsym` (what `nm -D` shows), unpacked with `struct` from the raw section: torch's
-    libraries hold ~10^5 symbols, which pyelftools reads one at a time (~1.8 s for
+    libraries hold ~10^5 symbols, which pyelftools read one at a time (~1.8 s for
     libtorch_cpu.so)."""
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below
@@ -427,30 +428,37 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
     undefined: set[str] = set()
     exported: set[str] = set()
     try:
-        with handle:
-            elf = ELFFile(handle)
-            if not elf.little_endian:
+        with handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            if data[:4] == b"\x7fELF" and data[5] == 2:  # EI_DATA: ELFDATA2MSB
                 raise CorruptBinaryError(f"{path}: a big-endian ELF file (no CUDA host is)")
-            table = elf.get_section_by_name(".dynsym")
-            if not isinstance(table, SymbolTableSection):
+            elf = Elf.read(data)
+            table = elf.section(".dynsym")
+            if table is None:
                 return DynamicSymbols(frozenset(), frozenset())
-            names = elf.get_section(table["sh_link"]).data()
-            entries = table.data()
-        fmt, (name_at, info_at, other_at, shndx_at) = _SYM_LAYOUTS[elf.elfclass]
-        layout = struct.Struct("<" + fmt)
-        for row in layout.iter_unpack(entries):  # struct.error: not whole entries
-            bind = row[info_at] >> 4
-            if bind not in (_STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE) or not row[name_at]:
-                continue
-            name = names[row[name_at]:names.index(b"\0", row[name_at])].decode()
-            if row[shndx_at] == _SHN_UNDEF:
-                if bind == _STB_GLOBAL:
-                    undefined.add(name)
-            elif row[other_at] & 3 in _STV_EXPORTING:
-                exported.add(name)
-    except (*_ELF_PARSE_ERRORS, UnicodeDecodeError) as exc:
+            strings, rows = elf.symbol_rows(table)
+            for at, info, other, shndx, _size in rows:
+                bind = info >> 4
+                if bind not in (_STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE) or not at:
+                    continue
+                if shndx == _SHN_UNDEF:
+                    if bind == _STB_GLOBAL:
+                        undefined.add(symbol_name(strings, at))
+                elif other & 3 in _STV_EXPORTING:
+                    exported.add(symbol_name(strings, at))
+    except (ElfError, ValueError, OSError) as exc:  # ValueError: mmap of an empty file
         raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
     return DynamicSymbols(frozenset(undefined), frozenset(exported))
+
+
+_THREAD = threading.local()
+
+
+def _zstd() -> zstandard.ZstdDecompressor:
+    """One decompressor per thread (one object may not be used by two threads at once)."""
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_THREAD, "zstd", None)
+    if decompressor is None:
+        decompressor = _THREAD.zstd = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 @cache

@@ -13,6 +13,9 @@
   sm_120f for a 12.x-only list) needs the source: the main job decides with the pinned
   source's guards, and says "no sm_12x implementation" only when no guard gives one.
 - "no rule": code sm_12x cannot run natively, and no rule here to rebuild it.
+
+With `audit --source DIR` the main job's decide step gives the verdict instead
+(build/judge.py): "fixable", "optional", "no sm_12x implementation", "no rule", "native".
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from sm121_build.source.patch import fixable_targets
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.compat import Target
 
-RebuildVerdict = Literal["native", "fixable", "partly native", "other GPUs only", "no rule"]
+# The last two only with the source (`audit --source`, build/judge.py)
+RebuildVerdict = Literal["native", "fixable", "partly native", "other GPUs only", "no rule",
+                         "optional", "no sm_12x implementation"]
 
 
 @dataclass(frozen=True)
@@ -52,18 +57,19 @@ def rebuild_verdict(report: BinaryReport, gpu: Target) -> Rebuild | None:
                        "(sm121-build --base IMAGE)")
     if DEFAULT_EXTENSIONS.match(PurePosixPath(report.name).name):
         if counts["native"]:
-            return Rebuild("partly native", f"{short}; vLLM's guards build those for other "
-                           "GPUs only; `sm121-build --base IMAGE` decides with the source's "
-                           "guards whether a rebuild gains anything")
+            return Rebuild("partly native", f"{short}; whether a rebuild gains anything the "
+                           "binary cannot tell: `audit --source DIR` or sm121-build --base "
+                           "IMAGE decides with the source's guards")
         return Rebuild("fixable", f"{short}; the main job rebuilds {target} "
                        "(sm121-build --base IMAGE)")
     # arch- or family-specific code of another major: only that GPU's instructions
     foreign = [e for e in report.entries if e.variant and e.arch // 10 != gpu.major]
     if foreign and len(foreign) == len(report.entries):
         only = ", ".join(sorted({e.sm for e in foreign}))
+        decides = ": `audit --source DIR` or sm121-build --base IMAGE decides with the " \
+            "source's guards" if "vllm" in PurePosixPath(report.name).parts else ""
         return Rebuild("other GPUs only",
                        f"{short}; its code is only for {only} (arch/family-specific "
                        "instructions of other GPUs); whether its source can build sm_12x code "
-                       "the binary cannot tell: sm121-build --base IMAGE decides with the "
-                       "pinned source")
+                       f"the binary cannot tell{decides}")
     return Rebuild("no rule", f"{short}; no rule here rebuilds {target}")

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, pypi_download
-from sm121_build.build.decide import plan_extensions
-from sm121_build.build.main_job import decide_inputs
+from sm121_build.build.decide import decide_inputs, plan_extensions
 from sm121_build.source.external import projects
 from sm121_build.source.patch import apply_for_build
 from sm121_build.verify.audit import audit_binary
@@ -47,7 +46,7 @@ def test_the_default_run_plans_fa2_qutlass_and_c_on_0_33_0(tmp_path: Path) -> No
     assert lines[-1].startswith("sass-from-ptx: applied (set_gencode_flags_for_srcs in "
                                 "cmake/utils.cmake:")
     plans = {p.name: p for p in plan_extensions(
-        stock, decide_inputs(source, "12.1", "13.0"),
+        stock, decide_inputs(source, "12.1", "13.0", SM121.target),
         {t: p.name for p in projects() for t in p.targets})}
     built = {name for name, p in plans.items() if p.build}
     assert built == {"_C_stable_libtorch.abi3.so", "_qutlass_C.abi3.so",

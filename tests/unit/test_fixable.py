@@ -20,14 +20,19 @@ KERNELS = DATA / "kernels.cu"
 @pytest.mark.parametrize("name, pairs, verdict, says", [
     ("vllm_flash_attn/_vllm_fa2_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"),
      "fixable", "rule sass-from-ptx builds _vllm_fa2_C natively (sm121-build --base IMAGE)"),
-    ("vllm_flash_attn/_vllm_fa3_C.abi3.so", ("compute_90a:sm_90a",),
+    ("vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", ("compute_90a:sm_90a",),
      "other GPUs only", "its code is only for sm_90a (arch/family-specific instructions of "
      "other GPUs); whether its source can build sm_12x code the binary cannot tell: "
-     "sm121-build --base IMAGE decides with the pinned source"),
-    ("_flashmla_C.abi3.so", ("compute_90a:sm_90a", "compute_100f:sm_100f"),
+     "`audit --source DIR` or sm121-build --base IMAGE decides with the source's guards"),
+    ("vllm/_flashmla_C.abi3.so", ("compute_90a:sm_90a", "compute_100f:sm_100f"),
      "other GPUs only", "its code is only for sm_100f, sm_90a (arch/family-specific "
      "instructions of other GPUs); whether its source can build sm_12x code the binary "
-     "cannot tell: sm121-build --base IMAGE decides with the pinned source"),
+     "cannot tell: `audit --source DIR` or sm121-build --base IMAGE decides with the "
+     "source's guards"),
+    # outside vLLM (FlashInfer's AOT modules): --source, a vLLM tree, would not decide it
+    ("flashinfer_jit_cache/jit_cache/fmha_sm100.so", ("compute_100f:sm_100f",),
+     "other GPUs only", "its code is only for sm_100f (arch/family-specific instructions of "
+     "other GPUs); whether its source can build sm_12x code the binary cannot tell"),
     ("_C.abi3.so", ("compute_90:sm_90",), "fixable",
      "the main job rebuilds _C (sm121-build --base IMAGE)"),
     ("_custom_C.abi3.so", ("compute_80:sm_80", "compute_80:compute_80"), "no rule",
@@ -82,9 +87,9 @@ def test_partly_native_c_is_left_to_the_main_jobs_decision(tmp_path: Path) -> No
     lacking = sum(1 for v in (report.kernels or {}).values() if v != "native")
     assert 0 < lacking < len(report.kernels or {})
     assert found.reason == (
-        f"{lacking} of {len(report.kernels or {})} kernels not native on sm_121; vLLM's guards "
-        "build those for other GPUs only; `sm121-build --base IMAGE` decides with the "
-        "source's guards whether a rebuild gains anything")
+        f"{lacking} of {len(report.kernels or {})} kernels not native on sm_121; whether a "
+        "rebuild gains anything the binary cannot tell: `audit --source DIR` or sm121-build "
+        "--base IMAGE decides with the source's guards")
 
 
 def test_no_device_code_has_no_verdict(tmp_path: Path) -> None:

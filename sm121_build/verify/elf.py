@@ -1,0 +1,168 @@
+"""ELF section headers and symbol tables, unpacked with `struct` from the raw bytes.
+
+The audit reads thousands of cubins (one ELF per SM per translation unit; a cubin of a
+template-heavy extension has hundreds of sections, one `.text`, `.nv.info` and
+`.nv.constant0` per kernel).  pyelftools builds a Python object per header field, which made
+the section lookup 80 % of a kernel-level audit.  Here a section table is one
+`iter_unpack` over its bytes and a name one `bytes.index`; every offset and size a header
+gives is checked against the buffer, and any damage is an `ElfError` naming it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+Buffer = bytes | mmap.mmap
+MAGIC = b"\x7fELF"
+SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS, SHT_DYNSYM = 2, 3, 8, 11
+_SHN_XINDEX = 0xFFFF
+
+# (e_shoff, e_shentsize, e_shnum, e_shstrndx) offsets and formats, section header and
+# symbol layouts (st_name, st_info, st_other, st_shndx, st_size positions), per ELF class
+_CLASS = {
+    1: (0x20, "I", 0x2E, "IIIIIIIIII", "IIIBBH", (0, 3, 4, 5, 2)),
+    2: (0x28, "Q", 0x3A, "IIQQQQIIQQ", "IBBHQQ", (0, 1, 2, 3, 5)),
+}
+
+
+class ElfError(ValueError):
+    """The bytes are not a readable ELF file; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    type: int
+    offset: int
+    size: int
+    link: int
+    entsize: int
+
+
+@dataclass(frozen=True)
+class Elf:
+    """The section table of an ELF file held in a buffer (bytes or an mmap)."""
+
+    data: Buffer
+    ei_class: int  # 1: ELF32, 2: ELF64
+    order: Literal["<", ">"]
+    rows: tuple[tuple[int, ...], ...]  # the section headers, unpacked
+    names: bytes  # the section name table
+
+    @classmethod
+    def read(cls, data: Buffer) -> Elf:
+        if len(data) < 0x34 or bytes(data[:4]) != MAGIC:
+            raise ElfError("no ELF header")
+        ei_class, ei_data = data[4], data[5]
+        if ei_class not in _CLASS or ei_data not in (1, 2):
+            raise ElfError(f"unknown ELF class {ei_class} or data encoding {ei_data}")
+        order: Literal["<", ">"] = "<" if ei_data == 1 else ">"
+        at_shoff, off_fmt, at_rest, header_fmt, _, _ = _CLASS[ei_class]
+        if len(data) < at_rest + 6:
+            raise ElfError("ELF header cut short")
+        (shoff,) = struct.unpack_from(order + off_fmt, data, at_shoff)
+        shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", data, at_rest)
+        layout = struct.Struct(order + header_fmt)
+        if shoff == 0:
+            return cls(data, ei_class, order, (), b"")
+        if shentsize != layout.size:
+            raise ElfError(f"section header size {shentsize}, not {layout.size}")
+        if shoff + layout.size > len(data):
+            raise ElfError(f"section headers at {shoff:#x} past the end ({len(data)} bytes)")
+        first = layout.unpack_from(data, shoff)
+        if shnum == 0:  # extended numbering: the count is section 0's sh_size
+            shnum = first[5]
+        if shstrndx == _SHN_XINDEX:
+            shstrndx = first[6]
+        end = shoff + shnum * layout.size
+        if end > len(data):
+            raise ElfError(f"{shnum} section headers at {shoff:#x} run past the end "
+                           f"({len(data)} bytes)")
+        rows = tuple(layout.iter_unpack(data[shoff:end]))
+        if shnum and not 0 <= shstrndx < shnum:
+            raise ElfError(f"section name table {shstrndx} of {shnum} sections")
+        names = _bounded(data, rows[shstrndx][4], rows[shstrndx][5], "section name table") \
+            if shnum else b""
+        return cls(data, ei_class, order, rows, names)
+
+    @property
+    def sections(self) -> tuple[Section, ...]:
+        return tuple(self.at(index) for index in range(len(self.rows)))
+
+    def at(self, index: int) -> Section:
+        """Section `index`, its name read (and checked) now."""
+        if not 0 <= index < len(self.rows):
+            raise ElfError(f"no section {index} of {len(self.rows)}")
+        row = self.rows[index]
+        return Section(_string(self.names, row[0], "section name"), row[1], row[4], row[5],
+                       row[6], row[9])
+
+    def section(self, name: str) -> Section | None:
+        """The first section of that name (as the linkers look them up).  Only the headers
+        are compared: a cubin has hundreds of sections and one is wanted."""
+        wanted = name.encode() + b"\0"
+        return next((self.at(index) for index, row in enumerate(self.rows)
+                     if self.names.startswith(wanted, row[0])), None)
+
+    def section_data(self, section: Section) -> bytes:
+        if section.type == SHT_NOBITS:
+            return b""
+        return _bounded(self.data, section.offset, section.size, section.name or "section")
+
+    def symbol_rows(self, table: Section) -> tuple[bytes, Iterator[SymbolRow]]:
+        """The linked string table of a SHT_SYMTAB or SHT_DYNSYM section and its symbols as
+        (st_name, st_info, st_other, st_shndx, st_size) rows; `name()` decodes a st_name.
+        Rows, not objects: torch's libraries hold ~10^5 dynamic symbols."""
+        if table.type not in (SHT_SYMTAB, SHT_DYNSYM):
+            raise ElfError(f"{table.name} is not a symbol table")
+        if not 0 < table.link < len(self.rows) or self.rows[table.link][1] != SHT_STRTAB:
+            raise ElfError(f"{table.name} names section {table.link} as its string table, "
+                           "which is not one")
+        strings = self.section_data(self.at(table.link))
+        sym_fmt, (at_name, at_info, at_other, at_shndx, at_size) = _CLASS[self.ei_class][4:]
+        layout = struct.Struct(self.order + sym_fmt)
+        raw = self.section_data(table)
+        if len(raw) % layout.size:
+            raise ElfError(f"{table.name} holds {len(raw)} bytes, not whole {layout.size}-byte "
+                           "symbols")
+        return strings, ((row[at_name], row[at_info], row[at_other], row[at_shndx],
+                          row[at_size]) for row in layout.iter_unpack(raw))
+
+    def functions(self, table: Section, other_bits: int) -> dict[str, int]:
+        """Name -> size of the function symbols (STT_FUNC) whose st_other has any of
+        `other_bits`, in table order; only their names are decoded."""
+        strings, rows = self.symbol_rows(table)
+        return {name(strings, at): size for at, info, other, _shndx, size in rows
+                if info & 0xF == STT_FUNC and other & other_bits}
+
+
+SymbolRow = tuple[int, int, int, int, int]
+STT_FUNC = 2
+
+
+def name(strings: bytes, at: int) -> str:
+    """The NUL-terminated UTF-8 string at `at` of a string table."""
+    return _string(strings, at, "symbol name")
+
+
+
+
+def _bounded(data: Buffer, offset: int, size: int, what: str) -> bytes:
+    if offset + size > len(data):
+        raise ElfError(f"{what} at {offset:#x}, {size} bytes, runs past the end "
+                       f"({len(data)} bytes)")
+    return bytes(data[offset:offset + size])
+
+
+def _string(table: bytes, at: int, what: str) -> str:
+    end = table.find(b"\0", at)
+    if at >= len(table) or end < 0:
+        raise ElfError(f"{what} at {at} is not a string of its table ({len(table)} bytes)")
+    try:
+        return table[at:end].decode()
+    except UnicodeDecodeError:
+        raise ElfError(f"{what} at {at} is not UTF-8") from None
