@@ -235,22 +235,52 @@ def device_file_kind(head: bytes) -> RawKind:
     return ""
 
 
+# Where cuobjdump (13.0) reads that a cubin is arch-specific (`sm_90a`), found by editing
+# real cubins and checked on every cubin of flashinfer-cubin 0.6.13: `.nv.compat` attribute
+# 0x09 where the section has it (CUDA 13's ptxas: 1 for `a`); else the `-arch` ptxas
+# recorded in `.note.nv.tkinfo` (CUDA 12.9's ptxas); else ABI 8's e_flags bit 0x8 (nvasm's
+# hand-written SASS records no -arch).  `f` shows in none of them (cuobjdump prints sm_100f
+# cubins as sm_100): the recorded `-arch` gives it.
+COMPAT_ARCH_SPECIFIC = 0x09
+EF_CUDA_ACCELERATORS_V2 = 0x8
+
+
 def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
     """A raw cubin as one entry: its SM from the ELF flags (ABI 8, CUDA 12.8+: bits 8-15;
-    before: bits 0-7), `a`/`f` from the `-arch` ptxas recorded in `.note.nv.tkinfo` (the
-    flags do not hold it; cuobjdump also reads the `a` from there)."""
+    before: bits 0-7), `a`/`f` as cuobjdump names them (above)."""
     abi, flags = data[8], struct.unpack_from("<I", data, 48)[0]
     arch = (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
-    variant: Variant = ""
-    recorded = _TKINFO_ARCH.search(_note(path, data, ".note.nv.tkinfo"))
-    if recorded and int(recorded.group(1)) == arch and recorded.group(2) in (b"a", b"f"):
-        variant = "a" if recorded.group(2) == b"a" else "f"
     if not arch:
         raise CorruptBinaryError(f"{path}: a cubin whose ELF flags name no SM")
+    compat = _compat_attribute(path, data, COMPAT_ARCH_SPECIFIC)
+    recorded = _TKINFO_ARCH.search(_note(path, data, ".note.nv.tkinfo"))
+    noted = (recorded.group(2) or b"-") if recorded and int(recorded.group(1)) == arch \
+        else b""  # b"-": a plain -arch was recorded
+    variant: Variant = "f" if noted == b"f" else ""
+    if compat is not None:
+        variant = "a" if compat == 1 else variant
+    elif noted:
+        variant = "a" if noted == b"a" else variant
+    elif abi >= 8 and flags & EF_CUDA_ACCELERATORS_V2:
+        variant = "a"
     return Entry(0, 0, "elf", arch, variant, 0, (0, 0), 0, size, size, None)
 
 
+def _compat_attribute(path: Path, data: mmap.mmap, wanted: int) -> int | None:
+    """A one-byte attribute of `.nv.compat` (records as in `.nv.info`: format, attribute,
+    then a value of 1 or 2 bytes, or a 2-byte size and that many bytes), None if absent."""
+    raw = _note(path, data, ".nv.compat")
+    at = 0
+    while at + 4 <= len(raw):
+        form, attribute = raw[at], raw[at + 1]
+        if form == 2 and attribute == wanted:
+            return raw[at + 2]
+        at += 4 + (struct.unpack_from("<H", raw, at + 2)[0] if form == 4 else 0)
+    return None
+
+
 def _note(path: Path, data: mmap.mmap, name: str) -> bytes:
+    """A section's bytes by name (b"" when absent)."""
     try:
         elf = Elf.read(data)
         section = elf.section(name)

@@ -5,13 +5,17 @@ hear from the audit: how many of them load on sm_121 (none: sm_100/sm_103 only).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import zipfile
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from devkit.helpers import CACHE, pypi_download
+from devkit.helpers import CACHE, pypi_download, run_cuobjdump
+from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
 
 pytestmark = [pytest.mark.vllm]
 
@@ -29,5 +33,32 @@ def test_the_flashinfer_cubin_wheel_loads_nothing_on_sm121() -> None:
     cubins: Counter[str] = Counter()
     for binary in binaries:
         cubins.update(binary["cubins"])
-    assert cubins == {"sm_100f": 13646, "sm_103a": 1628, "sm_100": 324, "sm_103": 324,
-                      "sm_100a": 48}
+    # `a` from the `.note.nv.tkinfo` -arch (1,676) or, where there is no note, from ABI 8's
+    # e_flags bit 0x8 (cuobjdump's names; a reader of the note alone saw 648 plain cubins)
+    assert cubins == {"sm_100f": 13646, "sm_103a": 1952, "sm_100a": 312, "sm_100": 60}
+    assert json.loads(result.stdout)["packages"] == [
+        {"name": "flashinfer_cubin", "files": {"native": 0, "jit": 0, "partial": 0,
+                                               "none": 15970}, "kernels": None}]
+
+
+def test_real_flashinfer_cubins_equal_cuobjdump(tmp_path: Path) -> None:
+    """Every 400th cubin of the wheel (40 files, each arch among them): the listing equals
+    `cuobjdump -lelf`, the kernels its ENTRY symbols, each of which `-res-usage` lists."""
+    wheel = pypi_download("flashinfer_cubin==0.6.13", CACHE / "wheels", platform="any")
+    with zipfile.ZipFile(wheel) as archive:
+        members = sorted(n for n in archive.namelist() if n.endswith(".cubin"))[::400]
+        paths = [Path(archive.extract(n, tmp_path)) for n in members]
+    seen: set[str] = set()
+    for path in paths:
+        with HostBinary.open(path) as binary:
+            assert binary.raw == "cubin", path
+            listing = cuobjdump_listing(path, binary.entries, binary.raw)
+            kernels = sorted(binary.kernels(binary.entries[0]))
+            seen.add(binary.entries[0].sm)
+        assert listing == run_cuobjdump("-lelf", str(path)).stdout.splitlines(), path
+        symbols = run_cuobjdump("-symbols", str(path)).stdout
+        assert kernels == sorted(re.findall(r"^FUNC\s+\S+\s+\S+\s+ENTRY\s+(\S+)$", symbols,
+                                            re.M)), path
+        usage = run_cuobjdump("-res-usage", str(path)).stdout  # every function, kernels too
+        assert set(kernels) <= set(re.findall(r"^ Function (\S+):$", usage, re.M)), path
+    assert len(paths) == 40 and {"sm_100f", "sm_103a"} <= seen

@@ -124,7 +124,8 @@ def test_what_a_file_is_from_its_first_bytes() -> None:
 
 def test_a_cubin_of_the_older_elf_abi_and_damaged_ones(tmp_path: Path) -> None:
     """ABI 7 cubins (CUDA < 12.8) keep the SM in the low byte of e_flags; a cubin whose
-    flags name no SM is refused; a tkinfo `-arch` of another SM gives no variant."""
+    flags name no SM is refused; `.nv.compat` decides `a` whatever the SM, and without it a
+    tkinfo `-arch` of another SM gives no variant."""
     import struct
 
     from sm121_build.errors import CorruptBinaryError
@@ -137,6 +138,10 @@ def test_a_cubin_of_the_older_elf_abi_and_damaged_ones(tmp_path: Path) -> None:
     with HostBinary.open(older) as binary:
         assert [e.sm for e in binary.entries] == ["sm_90a"]
     struct.pack_into("<I", data, 48, 0x59)  # sm_89: the recorded -arch sm_90a is another SM
+    older.write_bytes(bytes(data))
+    with HostBinary.open(older) as binary:  # .nv.compat still says arch-specific
+        assert [e.sm for e in binary.entries] == ["sm_89a"]
+    data[_compat_09(bytes(data)) + 1] = 0x7F  # no such attribute: the note alone is left
     older.write_bytes(bytes(data))
     with HostBinary.open(older) as binary:
         assert [e.sm for e in binary.entries] == ["sm_89"]
@@ -174,3 +179,35 @@ def test_the_entries_of_a_fatbin_and_a_ptx_file() -> None:
         assert sorted(binary.kernels(entry)) == sorted(
             ["_Z7add_onePfi", "_Z5scaleIfEvPT_S0_i", "_Z5scaleIdEvPT_S0_i",
              "_ZN4vllm15rms_norm_kernelEPfPKfi"])
+
+
+def _compat_09(data: bytes) -> int:
+    """The file offset of `.nv.compat`'s attribute 0x09 record (nvcc 13 writes it first)."""
+    from sm121_build.verify.elf import Elf
+
+    elf = Elf.read(data)
+    section = elf.section(".nv.compat")
+    assert section is not None and data[section.offset:section.offset + 2] == b"\x02\x09"
+    return section.offset
+
+
+@pytest.mark.parametrize(("arch", "value", "named"), [
+    ("sm_90", 1, "sm_90a"), ("sm_90a", 0, "sm_90"), ("sm_120f", 1, "sm_120a"),
+    ("sm_121a", 0, "sm_121"),
+])
+def test_the_compat_attribute_decides_a_as_it_does_for_cuobjdump(
+        tmp_path: Path, arch: str, value: int, named: str) -> None:
+    """cuobjdump 13 takes `a` from `.nv.compat` attribute 0x09 (not from the tkinfo note,
+    nor from e_flags): flipped on a real nvcc 13 cubin, both readers follow it."""
+    import struct
+
+    data = bytearray(_cubin(arch).read_bytes())
+    data[_compat_09(bytes(data)) + 2] = value
+    flags = struct.unpack_from("<I", data, 48)[0]
+    struct.pack_into("<I", data, 48, flags | 0x8)  # the e_flags bit does not count here
+    edited = tmp_path / "edited.cubin"
+    edited.write_bytes(bytes(data))
+    with HostBinary.open(edited) as binary:
+        assert [e.sm for e in binary.entries] == [named]
+        assert cuobjdump_listing(edited, binary.entries, binary.raw) == \
+            run_cuobjdump("-lelf", str(edited)).stdout.splitlines()
