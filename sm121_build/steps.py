@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
+
+from sm121_build.compile_progress import CompileProgress, History
 
 
 def on_github_actions() -> bool:
@@ -74,6 +77,74 @@ def end_status_line() -> None:
     if _live["shown"]:
         click.echo("", err=True)
         _live["shown"] = False
+
+
+class BuildStatus:
+    """The build step's live line, fed every output line: ninja's progress with an ETA once
+    the output shows ninja steps (`compile_progress`), else the newest line.  On a terminal
+    the line is rewritten at most five times a second; elsewhere (CI logs) a plain line at
+    each tenth of a phase and every `every` seconds, never one per ninja step.  Used as a
+    context manager it also speaks while the output is silent (one object compiling for 15
+    minutes prints nothing): a timer thread repeats the line."""
+
+    def __init__(self, histories: tuple[History, ...] = (), every: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 tty: bool | None = None) -> None:
+        self.progress = CompileProgress(histories)
+        self.every = every
+        self.clock = clock
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.last = self.last_plain = clock()
+        self.tenths = (-1, 0)  # (phase, tenth) last said
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.timer: threading.Thread | None = None
+
+    def __call__(self, line: str) -> None:
+        with self.lock:
+            now = self.clock()
+            step = self.progress.feed(line, now)
+            if self.tty:
+                if now - self.last >= 0.2:
+                    self.last = now
+                    status_line(self.progress.text(now) if step else line)
+                return
+            if step:
+                tenth = (len(self.progress.phases), int(self.progress.share() * 10))
+                if tenth != self.tenths or now - self.last_plain >= self.every:
+                    self.tenths = tenth
+                    self._plain(now)
+
+    def tick(self) -> None:
+        """Say the line again when nothing came for a while (the timer calls this)."""
+        with self.lock:
+            now = self.clock()
+            if self.progress.current is None:
+                return
+            if self.tty and now - self.last >= 1.0:
+                self.last = now
+                status_line(self.progress.text(now))
+            elif not self.tty and now - self.last_plain >= self.every:
+                self._plain(now)
+
+    def _plain(self, now: float) -> None:
+        self.last_plain = now
+        click.echo(f"    {self.progress.text(now)}", err=True)
+
+    def __enter__(self) -> BuildStatus:
+        def run() -> None:
+            while not self.stopped.wait(1.0):
+                self.tick()
+
+        self.timer = threading.Thread(target=run, name="build-status", daemon=True)
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.timer is not None:
+            self.timer.join()
+        end_status_line()
 
 
 class Progress:

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from sm121_build.build import artifacts as artifacts_mod
 from sm121_build.build.warnings import age_warning
+from sm121_build.compile_progress import shipped_histories
 from sm121_build.errors import Sm121Error
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, require_vllm, state_dir
 from sm121_build.labels import CONTENT_KEY_LABEL
-from sm121_build.steps import Progress, Steps, end_status_line, note, status_line
+from sm121_build.steps import BuildStatus, Progress, Steps, end_status_line, note, status_line
 from sm121_build.verify import run_report
 from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.verify.checks import SM121, Verified, verify_image
@@ -142,8 +143,8 @@ class Pipeline:
         image_id = ""
         before = self.engine.image_ids()
         try:
-            with self.steps.step(title):
-                image_id = self.engine.build(context, dockerfile, log, status_line)
+            with self.steps.step(title), BuildStatus(shipped_histories()) as status:
+                image_id = self.engine.build(context, dockerfile, log, status)
             with self.steps.step("verify"):
                 self.verify_and_export(stock, image_id, extensions, log, target)
             self.tag_result(stock, image_id, target)

@@ -75,12 +75,13 @@ def _register() -> None:
     from sm121_build.cli.audit import audit
     from sm121_build.cli.build import build
     from sm121_build.cli.dockerfile import dockerfile
+    from sm121_build.cli.doctor import doctor
     from sm121_build.cli.inject import inject
     from sm121_build.cli.patch import patch
     from sm121_build.cli.pin import pin
     from sm121_build.cli.prune import prune_command
 
-    for command in (build, inject, audit, pin, patch, dockerfile, prune_command):
+    for command in (build, inject, audit, pin, patch, dockerfile, prune_command, doctor):
         cli.add_command(command)
 
 

@@ -43,12 +43,29 @@ def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[st
     return reports, unreadable
 
 
+def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
+    """The GPU and driver to judge for: as given, else this machine's (said), else sm_121
+    under a CUDA 13.0 driver."""
+    if gpu is not None and driver is not None:
+        return gpu, driver
+    from sm121_build.doctor import gpu_defaults
+
+    found_gpu, found_driver = gpu_defaults()
+    taken = [f"{what} {value}" for what, given, value in (("--target", gpu, found_gpu),
+                                                           ("--driver", driver, found_driver))
+             if given is None and value is not None]
+    if taken:
+        notice(f"judging with this machine's GPU (nvidia-smi): {', '.join(taken)}; "
+               "give --target/--driver to judge for another")
+    return gpu or found_gpu or "sm_121", driver or found_driver or "13.0"
+
+
 @click.command()
 @click.argument("target")
-@click.option("--target", "gpu", default="sm_121", show_default=True,
-              help="GPU to judge for: sm_121, sm_120, sm_100, sm_90...")
-@click.option("--driver", default="13.0", show_default=True,
-              help="CUDA driver version (limits which PTX can be JIT-compiled).")
+@click.option("--target", "gpu", help="GPU to judge for: sm_121, sm_120, sm_100, sm_90... "
+              "[default: this machine's GPU (nvidia-smi), else sm_121]")
+@click.option("--driver", help="CUDA driver version (limits which PTX can be JIT-compiled) "
+              "[default: this machine's driver (nvidia-smi), else 13.0]")
 @click.option("--format", "fmt", type=click.Choice(["table", "cuobjdump", "json"]),
               default="table", show_default=True,
               help="cuobjdump: exactly the lines of `cuobjdump -lelf -lptx FILE`.")
@@ -77,6 +94,7 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     """Audit a .so, directory, wheel, image tarball or local image for a GPU target."""
     fmt = "json" if as_json else fmt
     require_writable(summary_md, "--summary-md")  # before the audit, not after it
+    gpu, driver = _defaults(gpu, driver)
     policy = Policy(parse_target(gpu), parse_cuda_version(driver))
     parse_cuda_version(cuda)
     version = None

@@ -67,6 +67,11 @@ def normalized(text: str) -> str:
         (f"@{digest}" if digest else "")
 
 
+def registry_of(text: str) -> str:
+    """The registry host a reference names (`docker.io` when it names none)."""
+    return normalized(text).split("/", 1)[0]
+
+
 def require_not_base(tag: str, base: str) -> None:
     """--tag equal to --base would move the stock image's own tag onto the result."""
     if normalized(tag) == normalized(base):

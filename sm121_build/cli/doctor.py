@@ -1,0 +1,36 @@
+"""`sm121-build doctor`: is this machine ready for a run?  One line per check, the fix
+beside each WARN/FAIL, exit 0 / 1 / 2 for the worst (OK / WARN / FAIL)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from sm121_build.doctor import RANK, Probe, docker_engine, run_checks, worst
+from sm121_build.image.refs import validate_image_ref
+
+
+@click.command()
+@click.option("--registry", "refs", multiple=True, metavar="REF",
+              help="An image or repository you will pull from or push to: is there a login "
+                   "for its registry? (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="The checks as JSON on stdout.")
+def doctor(refs: tuple[str, ...], as_json: bool) -> None:
+    """Check the engine, BuildKit, disk, tools, GPU, logins and paths, each with its fix."""
+    for ref in refs:
+        validate_image_ref(ref)  # before any probe
+    checks = run_checks(Probe(engine=docker_engine), refs)
+    bad = worst(checks)
+    if as_json:
+        click.echo(json.dumps({"checks": [c.as_json() for c in checks], "worst": bad},
+                              indent=2))
+    else:
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            click.echo(f"{check.status:<4} {check.name:<{width}}  {check.detail}")
+            if check.fix:
+                click.echo(f"     {'':<{width}}  fix: {check.fix}")
+        click.echo(f"worst: {bad}")
+    sys.exit(RANK[bad])

@@ -1,0 +1,221 @@
+"""`sm121-build doctor`: every check's OK / WARN / FAIL and its fix, on this machine through
+the CLI (an engine that is not there), and on FAKE machines through `Probe`: no disk, no
+BuildKit, no GPU, a DGX Spark's nvidia-smi (its output recorded), logins in a docker
+config, an unwritable state folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devkit.helpers import ROOT, cli
+from sm121_build.doctor import (
+    GB,
+    Check,
+    EngineFacts,
+    Probe,
+    buildkit,
+    disk,
+    gpu,
+    paths,
+    registry_logins,
+    run_checks,
+    worst,
+)
+
+ENGINE = EngineFacts("28.5.1", "1.51", "aarch64", "/var/lib/docker", "unix:///run/docker.sock")
+# nvidia-smi on a DGX Spark (GB10): the query row, and the banner's CUDA version line
+SPARK_ROW = "NVIDIA GB10, 12.1, 580.95.05\n"
+SPARK_BANNER = ("| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      "
+                "CUDA Version: 13.0     |\n")
+
+
+def fake_probe(*, engine: EngineFacts | None = ENGINE, free: int = 500 * GB,
+               tools: tuple[str, ...] = ("docker", "cmake", "ninja", "nvcc", "ptxas"),
+               smi: tuple[str, str] | None = None, buildkit_help: str = "--secret",
+               environ: dict[str, str] | None = None) -> Probe:
+    """A FAKE machine (the boundary: engine, disks, PATH, nvidia-smi)."""
+
+    def engine_facts() -> EngineFacts:
+        if engine is None:
+            raise ConnectionRefusedError("FAKE: no engine")
+        return engine
+
+    def which(name: str) -> str | None:
+        if name == "nvidia-smi":
+            return "/usr/bin/nvidia-smi" if smi else None
+        return f"/usr/bin/{name}" if name in tools else None
+
+    def run(args: list[str]) -> str | None:
+        if args[0].endswith("nvidia-smi"):
+            assert smi is not None
+            return smi[0] if len(args) > 1 else smi[1]
+        if args[1:] == ["build", "--help"]:
+            return f"Usage: docker build ... {buildkit_help}"
+        return None
+
+    return Probe(engine=engine_facts, free=lambda _path: free, which=which, run=run,
+                 environ=environ if environ is not None else {"HOME": "/nonexistent"})
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def test_a_ready_spark_is_all_ok() -> None:
+    checks = by_name(run_checks(fake_probe(smi=(SPARK_ROW, SPARK_BANNER))))
+    assert checks["engine"].detail == ("Docker 28.5.1 (API 1.51), aarch64, at "
+                                       "unix:///run/docker.sock")
+    assert checks["gpu"] == Check("gpu", "OK", "NVIDIA GB10, compute capability 12.1, driver "
+                                  "580.95.05 (CUDA 13.0): a DGX Spark GPU")
+    assert "platform" not in checks  # arm64: builds natively
+    assert checks["buildkit"].status == "OK"
+    assert {c.status for n, c in checks.items() if n not in ("cache", "state")} == {"OK"}
+
+
+def test_the_engine_down_fails_with_the_fix() -> None:
+    checks = by_name(run_checks(fake_probe(engine=None)))
+    engine = checks["engine"]
+    assert engine.status == "FAIL" and "ConnectionRefusedError" in engine.detail
+    assert "systemctl start docker" in engine.fix
+    assert checks["engine disk"].status == "WARN"  # unknown, not guessed
+    assert worst(list(checks.values())) == "FAIL"
+
+
+@pytest.mark.parametrize(("free", "base", "status"), [
+    (31 * GB, None, "OK"), (29 * GB, None, "WARN"), (9 * GB, None, "FAIL"),
+    (11 * GB, 20 * GB, "OK"),  # the base is here already: only the build's room
+])
+def test_engine_disk_against_what_a_run_needs(free: int, base: int | None,
+                                              status: str) -> None:
+    check = disk(fake_probe(free=free), ENGINE, base)[0]
+    assert check.name == "engine disk" and check.status == status
+    assert check.detail.startswith(f"{free / GB:.1f} GB free at /var/lib/docker")
+    assert (check.fix == "") == (status == "OK")
+
+
+def test_no_disk_in_temp_fails() -> None:
+    temp = disk(fake_probe(free=GB // 10), ENGINE, None)[1]
+    assert temp.name == "temp disk" and temp.status == "FAIL" and "TMPDIR" in temp.fix
+
+
+def test_an_engine_whose_storage_is_not_visible_here() -> None:
+    def remote(path: str) -> int:
+        raise FileNotFoundError(path)
+
+    probe = fake_probe()
+    probe.free = remote
+    check = disk(probe, ENGINE, None)[0]
+    assert check.status == "WARN" and "remote engine" in check.detail
+
+
+def test_no_buildkit_warns() -> None:
+    assert buildkit(fake_probe(tools=()))[0].status == "WARN"
+    assert buildkit(fake_probe(buildkit_help="(no secrets)"))[0].status == "WARN"
+    assert buildkit(fake_probe())[0].status == "OK"
+
+
+@pytest.mark.parametrize(("smi", "status", "target", "driver"), [
+    (None, "WARN", None, None),
+    ((SPARK_ROW, SPARK_BANNER), "OK", "sm_121", "13.0"),
+    (("NVIDIA H100 80GB HBM3, 9.0, 570.86.15\n", "CUDA Version: 12.8 |"), "WARN", "sm_90",
+     "12.8"),
+    (("", ""), "WARN", None, None),
+])
+def test_the_gpu_and_driver(smi: tuple[str, str] | None, status: str, target: str | None,
+                            driver: str | None) -> None:
+    checks, found_target, found_driver = gpu(fake_probe(smi=smi))
+    assert checks[0].status == status
+    assert (found_target, found_driver) == (target, driver)
+
+
+def test_registry_logins_from_the_docker_config(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({
+        "auths": {"https://index.docker.io/v1/": {}, "ghcr.io": {}},
+        "credHelpers": {"123.dkr.ecr.us-east-1.amazonaws.com": "ecr-login"}}))
+    probe = fake_probe(environ={"DOCKER_CONFIG": str(tmp_path)})
+    checks = by_name(registry_logins(probe, ["vllm/vllm-openai:nightly", "ghcr.io/me/k:1",
+                                             "123.dkr.ecr.us-east-1.amazonaws.com/x",
+                                             "127.0.0.1:5000/kernels"]))
+    assert [c.status for c in checks.values()] == ["OK", "OK", "OK", "WARN"]
+    assert checks["login 127.0.0.1:5000"].fix == "docker login 127.0.0.1:5000"
+    store = fake_probe(environ={"DOCKER_CONFIG": str(tmp_path / "other")})
+    assert registry_logins(store, ["ghcr.io/x"])[0].fix == "docker login ghcr.io"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text('{"credsStore": "pass"}')
+    assert registry_logins(store, ["ghcr.io/x"])[0].status == "OK"
+
+
+def test_as_a_user_without_the_socket_or_the_state_folder() -> None:
+    """Run as an unprivileged user (setpriv, as root; as is otherwise): an engine socket it
+    may not use fails with the docker-group fix, an unwritable state folder fails."""
+    folder = Path(f"/tmp/sm121-doctor-{os.getpid()}")
+    folder.mkdir(mode=0o755)
+    try:
+        socket = folder / "docker.sock"
+        socket.write_text("")
+        socket.chmod(0o600)
+        locked = folder / "state"
+        locked.mkdir(mode=0o500)
+        env = {**os.environ, "DOCKER_HOST": f"unix://{socket}", "XDG_STATE_HOME": str(locked),
+               "XDG_CACHE_HOME": str(folder / "cache"), "HOME": "/nonexistent"}
+        command = [sys.executable, "-m", "sm121_build", "doctor", "--json"]
+        if os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                pytest.fail("setpriv (util-linux) is needed to run as an unprivileged user")
+            command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+        elif os.access(socket, os.W_OK):
+            pytest.skip("this user owns the files it makes: nothing to refuse")
+        done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT,
+                              env=env)
+        checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+        assert done.returncode == 2
+        assert checks["engine"]["status"] == "FAIL"
+        assert checks["engine"]["detail"] == f"{socket} is there but this user may not use it"
+        assert "usermod -aG docker" in checks["engine"]["fix"]
+        assert checks["state"]["status"] == "FAIL" and "XDG_STATE_HOME" in checks["state"]["fix"]
+        assert checks["docker group"]["status"] == "WARN"
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_paths_name_the_cache_and_state_folders(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "s"))
+    (tmp_path / "s" / "sm121-build").mkdir(parents=True)
+    (tmp_path / "s" / "sm121-build" / "ledger.json").write_bytes(b"x" * 2000)
+    checks = by_name(paths())
+    assert checks["cache"].detail.startswith(f"{tmp_path / 'c' / 'sm121-build'} (0.0 GB;")
+    assert checks["state"].status == "OK" and "ledger" in checks["state"].detail
+
+
+def _doctor(*args: str, **env: str) -> tuple[int, dict[str, object]]:
+    done = cli("doctor", "--json", *args, env=env)
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_cli_with_the_engine_down_exits_2_and_says_the_fix(tmp_path: Path) -> None:
+    code, data = _doctor(DOCKER_HOST=f"unix://{tmp_path}/none.sock")
+    checks = data["checks"]
+    assert isinstance(checks, list)
+    engine = checks[0]
+    assert code == 2 and data["worst"] == "FAIL"
+    assert engine["name"] == "engine" and engine["status"] == "FAIL"
+    assert "DOCKER_HOST" in engine["fix"]
+    text = cli("doctor", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
+    assert text.returncode == 2 and text.stdout.splitlines()[0].startswith("FAIL engine")
+    assert text.stdout.splitlines()[-1] == "worst: FAIL"
+
+
+def test_a_bad_registry_reference_is_refused_before_any_check() -> None:
+    done = cli("doctor", "--registry", "Not A Ref")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ")
