@@ -24,6 +24,7 @@ def on_github_actions() -> bool:
 class Steps:
     def __init__(self) -> None:
         self.actions = on_github_actions()
+        self.timings: list[tuple[str, float, bool]] = []  # (title, seconds, finished)
 
     @contextmanager
     def step(self, title: str) -> Iterator[None]:
@@ -38,11 +39,35 @@ class Steps:
             end_status_line()
             if self.actions:
                 click.echo("::endgroup::", err=True)
-            click.echo(f"    {mark} {title} ({time.monotonic() - start:.1f}s)", err=True)
+            took = time.monotonic() - start
+            self.timings.append((title, round(took, 1), mark == "✓"))
+            click.echo(f"    {mark} {title} ({took:.1f}s)", err=True)
+
+
+_results = {"stderr": False}
+_verbosity = {"level": 1}  # 0: -q, 1: default, 2: -v
+
+
+def set_verbosity(level: int) -> None:
+    _verbosity["level"] = level
+
+
+def result(text: str) -> None:
+    """A result line (`tagged …`): stdout, unless stdout carries JSON (`--json`), then
+    stderr with the rest."""
+    end_status_line()
+    click.echo(text, err=_results["stderr"])
+
+
+def results_to_stderr() -> None:
+    _results["stderr"] = True
 
 
 def note(text: str) -> None:
-    """A detail of the step under way: `    text` on stderr (stdout keeps the results)."""
+    """A detail of the step under way: `    text` on stderr (stdout keeps the results);
+    nothing under -q."""
+    if _verbosity["level"] == 0:
+        return
     end_status_line()
     click.echo(f"    {text}", err=True)
 
@@ -79,6 +104,28 @@ def end_status_line() -> None:
         _live["shown"] = False
 
 
+class LiveLine:
+    """A status text that changes often (a pull): rewritten in place on a terminal; a plain
+    line every `every` seconds elsewhere.  `last` keeps the newest text."""
+
+    def __init__(self, every: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 tty: bool | None = None) -> None:
+        self.every, self.clock = every, clock
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.said = clock()
+        self.last = ""
+
+    def __call__(self, text: str) -> None:
+        self.last = text
+        if _verbosity["level"] == 0:
+            return
+        if self.tty:
+            status_line(text)
+        elif self.clock() - self.said >= self.every:
+            self.said = self.clock()
+            click.echo(f"    {text}", err=True)
+
+
 class BuildStatus:
     """The build step's live line, fed every output line: ninja's progress with an ETA once
     the output shows ninja steps (`compile_progress`), else the newest line.  On a terminal
@@ -104,6 +151,12 @@ class BuildStatus:
         with self.lock:
             now = self.clock()
             step = self.progress.feed(line, now)
+            if _verbosity["level"] == 0:
+                return
+            if _verbosity["level"] == 2:  # -v: the build's own lines, as they come
+                end_status_line()
+                click.echo(f"      {line.rstrip()}", err=True)
+                return
             if self.tty:
                 if now - self.last >= 0.2:
                     self.last = now
@@ -119,7 +172,7 @@ class BuildStatus:
         """Say the line again when nothing came for a while (the timer calls this)."""
         with self.lock:
             now = self.clock()
-            if self.progress.current is None:
+            if self.progress.current is None or _verbosity["level"] != 1:
                 return
             if self.tty and now - self.last >= 1.0:
                 self.last = now

@@ -10,12 +10,11 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import click
-
 from sm121_build.build import artifacts as artifacts_mod
 from sm121_build.build.pipeline import Finish, Pipeline
 from sm121_build.build.render import BuildPlan, provenance_labels, render_inject
 from sm121_build.errors import Sm121Error
+from sm121_build.steps import result
 
 
 def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
@@ -61,5 +60,5 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
                                                  base_digest=facts.digest_ref),
                                replace_tag=replace_tag))
     record.status = "injected"
-    click.echo(f"tagged {tag}  (log: {log})")
+    result(f"tagged {tag}  (log: {log})")
     return tag

@@ -14,8 +14,6 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import click
-
 from sm121_build import __version__
 from sm121_build.build.artifacts import Provenance
 from sm121_build.build.decide import ExtensionPlan, decide_inputs, plan_extensions
@@ -45,7 +43,7 @@ from sm121_build.source.patch import (
     rules_digest,
 )
 from sm121_build.source.pin import check_checkout, fetch_source, version_to_ref
-from sm121_build.steps import note
+from sm121_build.steps import note, result
 from sm121_build.verify import run_report
 from sm121_build.verify.audit import BinaryReport
 from sm121_build.verify.checks import SM121
@@ -115,7 +113,7 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
         jit = sum(p.after["jit"] for p in plans)
         kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
                          or p.before["jit"] or p.before["none"])
-        click.echo(f"no rebuild needed: no extension of {opts.base} gains native sm_121 code "
+        result(f"no rebuild needed: no extension of {opts.base} gains native sm_121 code "
                    f"from a rebuild ({kept or 'every kernel is already native'})"
                    f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
                    "--force builds _C/_moe_C anyway, --ext NAME builds NAME")
@@ -168,7 +166,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
             return opts.tag
         if opts.plan_only:
             record.status = "planned"
-            click.echo(f"plan: build {', '.join(chosen)} for {opts.arch}; nothing built "
+            result(f"plan: build {', '.join(chosen)} for {opts.arch}; nothing built "
                        "(--plan)")
             return opts.tag
         plan = plan_for(facts, opts.arch, chosen, opts.jobs, context / "src", str(ref),
@@ -218,7 +216,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
                     pipeline.verify_and_export(facts, existing, plan.extensions, None,
                                                target)
             pipeline.tag_result(facts, existing, target)
-            click.echo(f"up to date: {', '.join(target.tags)} (content key {key}); "
+            result(f"up to date: {', '.join(target.tags)} (content key {key}); "
                        "--force rebuilds")
             return opts.tag
         log = pipeline.new_log(f"build-{key}")
@@ -239,5 +237,5 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
                             f"build {', '.join(plan.extensions)} for {opts.arch}", target)
     record.status = "built"
     run_report.remember(record)
-    click.echo(f"tagged {', '.join(target.tags)}  (log: {log})")
+    result(f"tagged {', '.join(target.tags)}  (log: {log})")
     return opts.tag

@@ -23,7 +23,7 @@ from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, require_vllm, state_dir
 from sm121_build.labels import CONTENT_KEY_LABEL
-from sm121_build.steps import BuildStatus, Progress, Steps, end_status_line, note, status_line
+from sm121_build.steps import BuildStatus, LiveLine, Progress, Steps, end_status_line, note
 from sm121_build.verify import run_report
 from sm121_build.verify.audit import BinaryReport, audit_binary
 from sm121_build.verify.checks import SM121, Verified, verify_image
@@ -63,11 +63,12 @@ class Pipeline:
         self.steps = steps or Steps()
 
     @classmethod
-    def connect(cls, record: run_report.RunRecord | None = None) -> Pipeline:
+    def connect(cls, record: run_report.RunRecord | None = None,
+                steps: Steps | None = None) -> Pipeline:
         """A pipeline on the local Docker engine (the SDK is imported only here)."""
         from sm121_build.image.engine import Engine
 
-        return cls(Engine.connect(), record)
+        return cls(Engine.connect(), record, steps)
 
     # -- prelude -------------------------------------------------------------------------
     def resolve_image(self, ref: str, pull: str = "never") -> tuple[ImageFacts, VllmInstall]:
@@ -94,8 +95,11 @@ class Pipeline:
             return
         with self.steps.step(f"pull {ref}"):
             before = self.engine.image_id(ref)
-            after = self.engine.pull(ref, status_line)
+            live = LiveLine()
+            after = self.engine.pull(ref, live)
             end_status_line()
+            if live.last.startswith("pulled "):
+                note(live.last)
             self.record.pulled = run_report.Pulled(before, after)
             short = after.split(":")[-1][:12]
             if before is None:

@@ -11,15 +11,18 @@ import click
 
 from sm121_build import __version__
 from sm121_build.errors import INTERRUPTED, EngineUnavailable, Sm121Error
-from sm121_build.steps import notice, report_error
+from sm121_build.steps import notice, report_error, set_verbosity
 
 
 class _Group(click.Group):
     """`sm121-build --base IMAGE ...` is short for `sm121-build build --base IMAGE ...`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0].startswith("--base"):
-            args = ["build", *args]
+        lead = 0
+        while lead < len(args) and args[lead] in ("-q", "--quiet", "-v", "--verbose"):
+            lead += 1
+        if lead < len(args) and args[lead].startswith("--base"):
+            args = [*args[:lead], "build", *args[lead:]]
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -64,11 +67,21 @@ def engine_lost_line(exc: BaseException) -> str:
 
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="sm121-build")
-def cli() -> None:
+@click.option("-q", "--quiet", "quiet", count=True,
+              help="Only steps, results and errors (no detail lines, no live line).")
+@click.option("-v", "--verbose", "verbose", count=True,
+              help="Also every line of the build's own output (as it goes to the log).")
+def cli(quiet: int, verbose: int) -> None:
     """Native sm_121 (DGX Spark, GB10) kernels for stock vLLM images.
 
     The main job: sm121-build --base vllm/vllm-openai:nightly --pull
+
+    Shell completion (click's): eval "$(_SM121_BUILD_COMPLETE=bash_source sm121-build)"
+    (zsh_source, fish_source for the other shells).  Output carries no colour codes.
     """
+    if quiet and verbose:
+        raise click.UsageError("-q and -v together: choose one")
+    set_verbosity(0 if quiet else 2 if verbose else 1)
 
 
 def _register() -> None:

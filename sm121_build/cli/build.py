@@ -22,6 +22,7 @@ from sm121_build.image.refs import (
 )
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.pin import UPSTREAM, require_vllm_tree
+from sm121_build.steps import Steps, results_to_stderr
 from sm121_build.verify.run_report import new_record, recorded
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
@@ -66,6 +67,9 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
 @click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
 @click.option("--replace-tag", is_flag=True, help=REPLACE_TAG_HELP)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="The run's record (the --report schema) on stdout, however it ends; the "
+                   "result lines go to stderr.")
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
 @click.option("--local", is_flag=True,
@@ -79,7 +83,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
-          plan_only: bool, replace_tag: bool) -> None:
+          plan_only: bool, replace_tag: bool, as_json: bool) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
     if local:
@@ -89,7 +93,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
             ("--base", base), ("--tag", tag), ("--pull", pull != "never"),
             ("--versioned-tag", versioned_tag), ("--replace-tag", replace_tag),
             ("--plan", plan_only), ("--only", only), ("--report", report),
-            ("--summary-md", summary_md)) if given]
+            ("--summary-md", summary_md), ("--json", as_json)) if given]
         if ignored:
             raise click.UsageError(f"--local builds on this machine, no image: "
                                    f"{', '.join(ignored)} do(es) not apply")
@@ -119,8 +123,12 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
-    with recorded(new_record("build", base, result_tag, arch), report, summary_md) as record:
-        run_build(Pipeline.connect(record),
+    if as_json:
+        results_to_stderr()
+    steps = Steps()
+    with recorded(new_record("build", base, result_tag, arch), report, summary_md, steps,
+                  as_json) as record:
+        run_build(Pipeline.connect(record, steps),
                   Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,

@@ -17,6 +17,7 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
+from sm121_build.steps import Steps, results_to_stderr
 from sm121_build.verify.run_report import new_record, recorded
 
 
@@ -32,8 +33,10 @@ from sm121_build.verify.run_report import new_record, recorded
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="The run's record (the --report schema) on stdout, however it ends.")
 def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: Path | None,
-           summary_md: Path | None, replace_tag: bool) -> None:
+           summary_md: Path | None, replace_tag: bool, as_json: bool) -> None:
     """Copy prebuilt .so files into BASE (no compile), verify, tag.
 
     Refuses artifacts built for another vLLM version or commit.
@@ -43,5 +46,10 @@ def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: P
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
     found = load(folder)  # the manifest and every file checked before the engine is asked
-    with recorded(new_record("inject", base, result_tag, None), report, summary_md) as record:
-        run_inject(Pipeline.connect(record), folder, base, result_tag, out, replace_tag, found)
+    if as_json:
+        results_to_stderr()
+    steps = Steps()
+    with recorded(new_record("inject", base, result_tag, None), report, summary_md, steps,
+                  as_json) as record:
+        run_inject(Pipeline.connect(record, steps), folder, base, result_tag, out, replace_tag,
+                   found)

@@ -25,6 +25,7 @@ import secrets
 import shutil
 import subprocess
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -45,6 +46,7 @@ from sm121_build.image.api import (
 )
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
+from sm121_build.pull_progress import PullProgress
 from sm121_build.steps import note
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
@@ -104,23 +106,25 @@ class Engine:
         """Pull `ref` (a repository reference: cmd_build refuses image IDs up front) from its
         registry, as `docker pull`; returns the local image ID."""
         name, tag, digest = split_ref(ref)
-        layers: dict[str, str] = {}
+        progress = PullProgress(ref, time.monotonic())
+        shown = 0.0
         try:
             for event in self.client.api.pull(name, tag=digest or tag or "latest", stream=True,
                                               decode=True):
                 if "error" in event:
                     raise Sm121Error(f"cannot pull {ref}: {event['error']}")
-                if event.get("id") and event.get("status"):
-                    layers[event["id"]] = str(event["status"])
-                    done = sum(1 for s in layers.values()
-                               if s in ("Pull complete", "Already exists"))
-                    if status:
-                        status(f"pulling {ref}: {done}/{len(layers)} layers")
+                progress.feed(event)
+                now = time.monotonic()
+                if status and now - shown >= 0.2:  # bytes, rate, time left
+                    shown = now
+                    status(progress.text(now))
         except docker.errors.APIError as exc:
             raise Sm121Error(f"cannot pull {ref}: "
                              f"{exc.explanation or exc}") from None
         except requests.exceptions.RequestException as exc:
             raise EngineUnavailable(f"cannot pull {ref}: engine connection lost ({exc})") from None
+        if status:
+            status(progress.summary(time.monotonic()))  # the last word: what came, how fast
         return self.image(ref).id
 
     def image_id(self, ref: str) -> str | None:

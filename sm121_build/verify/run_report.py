@@ -14,9 +14,12 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import click
+
 from sm121_build.errors import Sm121Error
 from sm121_build.image.facts import cache_dir
 from sm121_build.outputs import append_text, replace_text
+from sm121_build.steps import Steps, notice
 from sm121_build.verify.audit import BinaryReport
 
 FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
@@ -98,6 +101,7 @@ class RunRecord:
     artifacts: str | None = None
     image_id: str | None = None
     tags: list[str] | None = None
+    steps: list[dict[str, Any]] | None = None  # name, seconds, ok: every step, in order
 
     REQUIRED: ClassVar[tuple[str, ...]] = ("command", "status", "base", "tag", "arch_list",
                                            "error")
@@ -213,9 +217,11 @@ def write_markdown(path: Path, record: RunRecord) -> None:
 
 
 @contextmanager
-def recorded(record: RunRecord, report: Path | None,
-             summary_md: Path | None) -> Iterator[RunRecord]:
-    """Write the record (`--report`) and its Markdown (`--summary-md`) however the run ends."""
+def recorded(record: RunRecord, report: Path | None, summary_md: Path | None,
+             steps: Steps | None = None, as_json: bool = False) -> Iterator[RunRecord]:
+    """Write the record (`--report`) and its Markdown (`--summary-md`) however the run ends;
+    with `steps`, their times go in and the run ends with its summary on stderr; `as_json`:
+    the record on stdout too."""
     try:
         yield record
     except Sm121Error as exc:
@@ -225,7 +231,40 @@ def recorded(record: RunRecord, report: Path | None,
         record.error = "interrupted"
         raise
     finally:
+        if steps is not None:
+            record.steps = [{"name": name, "seconds": seconds, "ok": ok}
+                            for name, seconds, ok in steps.timings]
         if report:
             write_json(report, record)
         if summary_md:
             write_markdown(summary_md, record)
+        if steps is not None and steps.timings:  # a run that did something ends with it
+            for line in summary_lines(record):
+                notice(line)
+        if as_json:
+            click.echo(json.dumps(record.as_json(), indent=2))
+
+
+def summary_lines(record: RunRecord) -> list[str]:
+    """The end of a run, always: how it ended, each step's time, what is native now, and
+    what stays non-native and why (the decide step's reasons, kept or built alike)."""
+    lines = [f"summary: {record.status}" + (" (the error follows)" if record.error else "")]
+    if record.steps:
+        lines.append("  steps: " + ", ".join(f"{s['name']} {s['seconds']:.1f}s"
+                                              + ("" if s["ok"] else " (failed)")
+                                              for s in record.steps))
+    for name, after in (record.after or {}).items():
+        before = (record.before or {}).get(name)
+        was = f"{before.kernels['native']} → " if before and before.kernels else ""
+        if after.kernels:
+            total = sum(after.kernels.values())
+            lines.append(f"  {name}: {was}{after.kernels['native']} of {total} kernels "
+                         "native on sm_121")
+    plans = (record.decision or {}).get("extensions", {})
+    stays = [(name, why) for name, plan in plans.items() for why in plan.get("remains", [])]
+    if stays:
+        lines.append("  stays non-native:")
+        lines.extend(f"    {name}: {why}" for name, why in stays)
+    elif plans:
+        lines.append("  stays non-native: nothing the plan knows of")
+    return lines

@@ -190,10 +190,15 @@ def test_inject_artifacts_gives_the_same_bytes(e2e: E2E, patched: subprocess.
     assert patched.returncode == 0, patched.stderr
     report = e2e.work / "inject-report.json"
     result = e2e.run("inject", "--artifacts", str(e2e.work / "artifacts"), "--base",
-                     e2e.stock.tag, "--tag", f"{PREFIX}:injected", "--report", str(report))
+                     e2e.stock.tag, "--tag", f"{PREFIX}:injected", "--report", str(report),
+                     "--json")
     assert result.returncode == 0, result.stderr
     assert "==> build" not in result.stderr  # no compile step
     recorded = json.loads(report.read_text())
+    assert json.loads(result.stdout) == recorded  # --json: the record on stdout, alone
+    assert f"tagged {PREFIX}:injected" in result.stderr
+    assert "\nsummary: injected\n  steps: " in result.stderr
+    assert [s["ok"] for s in recorded["steps"]] == [True] * len(recorded["steps"])
     assert (recorded["status"], recorded["vllm_commit"]) == ("injected", e2e.stock.commit)
     assert set(recorded["after"]["_C.abi3.so"]["cubins"]) == {"sm_121", "sm_121a"}
     built = _flat_files(e2e.client, f"{PREFIX}:patched")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -73,6 +74,10 @@ def test_pull_follows_the_moving_tag_and_prune_keeps_the_newest(moving: Moving,
                          "--report", str(tmp_path / "first.json"))
     assert first.returncode == 0, first.stderr
     assert f"==> pull {moving.remote}" in first.stderr
+    # the pull's last word: bytes, time and rate from the engine's own events
+    assert re.search(rf"\n    pulled {re.escape(moving.remote)}: [\d.]+ [KMG]?B in \d+s "
+                     r"\([\d.]+ [KMG]?B/s\), \d+ layers \(\d+ already here\)\n", first.stderr), \
+        first.stderr
     record = json.loads((tmp_path / "first.json").read_text())
     assert record["pulled"]["before"] is None
     base_id = moving.image_id(moving.remote)

@@ -1,0 +1,53 @@
+"""The end of every main-job and inject run: how it ended, each step's time, what is native
+now and what stays non-native and why; `--json` puts the record on stdout however it ends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sm121_build.errors import Sm121Error
+from sm121_build.steps import Steps
+from sm121_build.verify.run_report import Binary, new_record, recorded, summary_lines
+
+
+def _record() -> object:
+    record = new_record("build", "vllm/vllm-openai:nightly", "x:sm121", "12.1")
+    record.status = "built"
+    record.steps = [{"name": "pull", "seconds": 12.0, "ok": True},
+                    {"name": "build", "seconds": 1104.9, "ok": True}]
+    record.before = {"_C.abi3.so": Binary({}, {}, {"native": 4149, "jit": 281, "none": 239})}
+    record.after = {"_C.abi3.so": Binary({}, {}, {"native": 4352, "jit": 0, "none": 0})}
+    record.decision = {"extensions": {"_C.abi3.so": {"remains": [
+        "239 kernel(s) have no code sm_121 loads: only sm_90a"]}, "_moe_C.abi3.so": {
+        "remains": ["1 kernel(s) stay JIT-only (PTX compiled by the driver at first use)"]}}}
+    return record
+
+
+def test_the_summary_says_steps_counts_and_what_stays() -> None:
+    assert summary_lines(_record()) == [  # type: ignore[arg-type]
+        "summary: built",
+        "  steps: pull 12.0s, build 1104.9s",
+        "  _C.abi3.so: 4149 → 4352 of 4352 kernels native on sm_121",
+        "  stays non-native:",
+        "    _C.abi3.so: 239 kernel(s) have no code sm_121 loads: only sm_90a",
+        "    _moe_C.abi3.so: 1 kernel(s) stay JIT-only (PTX compiled by the driver at first "
+        "use)"]
+
+
+def test_a_failed_run_says_so_and_json_still_comes(capsys: pytest.CaptureFixture[str]) -> None:
+    steps = Steps()
+    record = new_record("build", "b:1", "b:1-sm121", "12.1")
+    with pytest.raises(Sm121Error), recorded(record, None, None, steps, as_json=True):
+        with steps.step("inspect b:1"):
+            pass
+        with steps.step("build"):
+            raise Sm121Error("docker build failed: ptxas said: error")
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["status"] == "failed" and data["error"].startswith("docker build failed")
+    assert [(s["name"], s["ok"]) for s in data["steps"]] == [("inspect b:1", True),
+                                                            ("build", False)]
+    assert "summary: failed (the error follows)" in err
+    assert "  steps: inspect b:1 0.0s, build 0.0s (failed)" in err
