@@ -48,8 +48,24 @@ _results = {"stderr": False}
 _verbosity = {"level": 1}  # 0: -q, 1: default, 2: -v
 
 
+_progress = {"mode": "auto"}  # --progress: auto (live on a terminal), plain, quiet
+
+
 def set_verbosity(level: int) -> None:
     _verbosity["level"] = level
+
+
+def set_progress(mode: str) -> None:
+    _progress["mode"] = mode
+
+
+def _live_terminal() -> bool:
+    """Rewrite lines in place: on a terminal, unless --progress plain asked for lines."""
+    return _progress["mode"] == "auto" and sys.stderr.isatty()
+
+
+def _quiet_progress() -> bool:
+    return _progress["mode"] == "quiet" or _verbosity["level"] == 0
 
 
 def result(text: str) -> None:
@@ -92,8 +108,9 @@ _live = {"shown": False}
 
 
 def status_line(text: str) -> None:
-    """Rewrite one terminal line with the latest build output (nothing when not a TTY)."""
-    if sys.stderr.isatty():
+    """Rewrite one terminal line with the latest build output (nothing when not a TTY, or
+    under --progress plain/quiet)."""
+    if _live_terminal() and not _quiet_progress():
         click.echo(f"\r\033[K    {text[:110]}", nl=False, err=True)
         _live["shown"] = True
 
@@ -111,13 +128,13 @@ class LiveLine:
     def __init__(self, every: float = 30.0, clock: Callable[[], float] = time.monotonic,
                  tty: bool | None = None) -> None:
         self.every, self.clock = every, clock
-        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.tty = _live_terminal() if tty is None else tty
         self.said = clock()
         self.last = ""
 
     def __call__(self, text: str) -> None:
         self.last = text
-        if _verbosity["level"] == 0:
+        if _quiet_progress():
             return
         if self.tty:
             status_line(text)
@@ -140,7 +157,7 @@ class BuildStatus:
         self.progress = CompileProgress(histories)
         self.every = every
         self.clock = clock
-        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.tty = _live_terminal() if tty is None else tty
         self.last = self.last_plain = clock()
         self.tenths = (-1, 0)  # (phase, tenth) last said
         self.lock = threading.Lock()
@@ -151,7 +168,7 @@ class BuildStatus:
         with self.lock:
             now = self.clock()
             step = self.progress.feed(line, now)
-            if _verbosity["level"] == 0:
+            if _quiet_progress() and _verbosity["level"] != 2:
                 return
             if _verbosity["level"] == 2:  # -v: the build's own lines, as they come
                 end_status_line()
@@ -172,7 +189,8 @@ class BuildStatus:
         """Say the line again when nothing came for a while (the timer calls this)."""
         with self.lock:
             now = self.clock()
-            if self.progress.current is None or _verbosity["level"] != 1:
+            if self.progress.current is None or _verbosity["level"] != 1 \
+                    or _quiet_progress():
                 return
             if self.tty and now - self.last >= 1.0:
                 self.last = now
@@ -206,7 +224,7 @@ class Progress:
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.tty = sys.stderr.isatty()
+        self.tty = _live_terminal()
         self.started = self.last = time.monotonic()
         self.read = 0
         self.found = 0
@@ -224,7 +242,7 @@ class Progress:
         self.read = self.read if read is None else read
         self.found = self.found if found is None else found
         now = time.monotonic()
-        if now - self.last < (0.2 if self.tty else 15.0):
+        if _quiet_progress() or now - self.last < (0.2 if self.tty else 15.0):
             return
         self.last = now
         if self.tty:

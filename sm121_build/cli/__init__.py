@@ -11,7 +11,7 @@ import click
 
 from sm121_build import __version__
 from sm121_build.errors import INTERRUPTED, EngineUnavailable, Sm121Error
-from sm121_build.steps import notice, report_error, set_verbosity
+from sm121_build.steps import notice, report_error, set_progress, set_verbosity
 
 
 class _Group(click.Group):
@@ -19,8 +19,9 @@ class _Group(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         lead = 0
-        while lead < len(args) and args[lead] in ("-q", "--quiet", "-v", "--verbose"):
-            lead += 1
+        while lead < len(args) and (args[lead] in ("-q", "--quiet", "-v", "--verbose")
+                                     or args[lead].startswith("--progress")):
+            lead += 1 + (args[lead] == "--progress")
         if lead < len(args) and args[lead].startswith("--base"):
             args = [*args[:lead], "build", *args[lead:]]
         return super().parse_args(ctx, args)
@@ -71,7 +72,10 @@ def engine_lost_line(exc: BaseException) -> str:
               help="Only steps, results and errors (no detail lines, no live line).")
 @click.option("-v", "--verbose", "verbose", count=True,
               help="Also every line of the build's own output (as it goes to the log).")
-def cli(quiet: int, verbose: int) -> None:
+@click.option("--progress", type=click.Choice(["auto", "plain", "quiet"]), default="auto",
+              show_default=True, help="Live lines rewritten in place on a terminal (auto), "
+              "plain lines every so often (plain, as on CI), or none (quiet).")
+def cli(quiet: int, verbose: int, progress: str) -> None:
     """Native sm_121 (DGX Spark, GB10) kernels for stock vLLM images.
 
     The main job: sm121-build --base vllm/vllm-openai:nightly --pull
@@ -82,6 +86,7 @@ def cli(quiet: int, verbose: int) -> None:
     if quiet and verbose:
         raise click.UsageError("-q and -v together: choose one")
     set_verbosity(0 if quiet else 2 if verbose else 1)
+    set_progress(progress)
 
 
 def _register() -> None:

@@ -156,3 +156,24 @@ def test_shipped_histories_are_the_real_builds() -> None:
     assert (fa2.steps, fa2.target) == (80, "_vllm_fa2_C")
     with pytest.raises(ValueError, match="no steps"):
         History.from_ninja_log("empty", "# ninja log v7\n")
+
+
+@pytest.mark.parametrize(("mode", "live"), [("auto", True), ("plain", False),
+                                            ("quiet", False)])
+def test_progress_modes_under_a_terminal(tmp_path: Path, mode: str, live: bool) -> None:
+    """`--progress plain` gives CI-style lines even on a terminal; `quiet` gives none."""
+    feeder = tmp_path / "feed.py"
+    feeder.write_text(
+        "import time\n"
+        "from sm121_build.steps import BuildStatus, set_progress\n"
+        f"set_progress({mode!r})\n"
+        "status = BuildStatus(every=0.0)\n"
+        "for done in range(0, 30):\n"
+        "    status(f'#9 {done}.0 [{done}/30] Building CUDA object "
+        "CMakeFiles/_C.dir/csrc/k{done}.cu.o')\n"
+        "    time.sleep(0.03)\n")
+    done = subprocess.run(["script", "-qec", f"{sys.executable} {feeder}", "/dev/null"],
+                          capture_output=True, check=False, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stdout
+    assert (b"\r\x1b[K    compiling [" in done.stdout) == live
+    assert (b"    compiling [" in done.stdout) == (mode != "quiet")
