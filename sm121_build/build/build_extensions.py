@@ -17,6 +17,10 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the script runs on the image's own Python
+    from collections.abc import Callable
 
 # vLLM's CMake fetches these from GitHub at configure time unless pointed at a folder.
 # --offline points each unset one at an empty folder.  FlashMLA, triton_kernels and
@@ -57,8 +61,10 @@ class ScriptError(Exception):
     """A build input this script cannot use; main() prints it and returns 1."""
 
 
-def _run(args: list[str], log: Path, env: dict[str, str]) -> int:
-    """Run one step, streaming its output and appending it to the log."""
+def _run(args: list[str], log: Path, env: dict[str, str],
+         output: Callable[[str], object] = sys.stdout.write) -> int:
+    """Run one step, streaming its output (to stdout, or to `output`: `--local`'s progress
+    line) and appending it to the log."""
     print("+ " + " ".join(args), flush=True)
     with open(log, "a", encoding="utf-8") as out:
         out.write("+ " + " ".join(args) + "\n")
@@ -67,7 +73,7 @@ def _run(args: list[str], log: Path, env: dict[str, str]) -> int:
         assert process.stdout is not None
         for line in process.stdout:
             out.write(line)
-            sys.stdout.write(line)
+            output(line)
         return process.wait()
 
 
@@ -206,14 +212,15 @@ MISSING_SOURCE = re.compile(r"Cannot find source file:\s+(\S+)")
 STAND_IN_TRIES = 8
 
 
-def _configure(configure: list[str], log: Path, env: dict[str, str], build: Path) -> int:
+def _configure(configure: list[str], log: Path, env: dict[str, str], build: Path,
+               output: Callable[[str], object] = sys.stdout.write) -> int:
     """Configure; when CMake misses a source file inside an empty stand-in (a release whose
     external project lists files STAND_IN_FILES does not know: 0.33.0's FlashMLA), create it
     empty and configure again (those projects' targets are never built here)."""
     stand_ins = (build / "offline-empty").resolve()
     for _ in range(STAND_IN_TRIES):
         start = log.stat().st_size if log.exists() else 0
-        code = _run(configure, log, env)
+        code = _run(configure, log, env, output)
         if code == 0:
             return 0
         with open(log, encoding="utf-8", errors="replace") as handle:
@@ -231,18 +238,21 @@ def _configure(configure: list[str], log: Path, env: dict[str, str], build: Path
     return code
 
 
-def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: dict[str, str] | None = None,
+         output: Callable[[str], object] = sys.stdout.write) -> int:
     """The build; `environ` (default: this process's) is read, never changed: the compile
-    steps get a copy with the script's additions."""
+    steps get a copy with the script's additions.  `output` takes each line the configure
+    and compile steps print (default: stdout)."""
     env = dict(os.environ if environ is None else environ)
     try:
-        return _main(argv, env)
+        return _main(argv, env, output)
     except ScriptError as exc:
         print(f"sm121-build: build failed: {exc}", file=sys.stderr, flush=True)
         return 1
 
 
-def _main(argv: list[str] | None, env: dict[str, str]) -> int:
+def _main(argv: list[str] | None, env: dict[str, str],
+          output: Callable[[str], object] = sys.stdout.write) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--source", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -302,7 +312,7 @@ def _main(argv: list[str] | None, env: dict[str, str]) -> int:
         defines = extra + defines
     configure += [f"-D{item}" for item in defines]
     started = time.monotonic()
-    if _configure(configure, log, env, build) != 0:
+    if _configure(configure, log, env, build, output) != 0:
         print(f"sm121-build: cmake configure failed: {_explain_failure(log)}", file=sys.stderr)
         return 1
     if args.configure_only:
@@ -313,7 +323,7 @@ def _main(argv: list[str] | None, env: dict[str, str]) -> int:
         compile_step += ["--target", target]
     if args.jobs:
         compile_step += ["-j", str(args.jobs)]
-    if _run(compile_step, log, env) != 0:
+    if _run(compile_step, log, env, output) != 0:
         print(f"sm121-build: build failed: {_explain_failure(log)}", file=sys.stderr)
         return 1
     copied = []

@@ -21,12 +21,13 @@ from sm121_build.build.render import (
     extension_target,
     source_targets,
 )
+from sm121_build.compile_progress import shipped_histories
 from sm121_build.errors import BuildFailed, Sm121Error
 from sm121_build.image.facts import cuda_h_version
 from sm121_build.source.external import copy_into, projects_for, read_pin, stand_in_envs
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
 from sm121_build.source.patch import apply_for_build, read_source_version
-from sm121_build.steps import note
+from sm121_build.steps import BuildStatus, note
 from sm121_build.verify.checks import SM121
 
 
@@ -86,6 +87,8 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
         cmake = Path(sys.executable).parent / "cmake"
         if cmake.exists():
             argv += ["--cmake", str(cmake)]
-        if build_extensions.main([*argv, *build_args], environ) != 0:
+        with BuildStatus(shipped_histories()) as status:  # ninja's progress, as in an image
+            failed = build_extensions.main([*argv, *build_args], environ, status) != 0
+        if failed:
             raise BuildFailed(f"local build failed; full log: {out / 'build.log'}")
     return sorted(out.glob("*.so"))
