@@ -89,6 +89,9 @@ class FakeEngine:
     def pull(self, ref: str, status: Callable[[str], None] | None = None) -> str:
         raise Sm121Error(f"cannot pull {ref}: the fake engine has no registry")
 
+    def push(self, ref: str) -> None:
+        raise Sm121Error(f"cannot push {ref}: the fake engine has no registry")
+
     def find_by_label(self, key: str, value: str) -> list[ImageInfo]:
         return [image.info for image in self.images.values()
                 if image.info.labels.get(key) == value]

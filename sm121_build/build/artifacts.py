@@ -28,6 +28,12 @@ _FILE_NAME = re.compile(
 _REQUIRED = ("vllm_version", "vllm_commit", "arch_list", "files")
 
 
+def is_file_name(name: str) -> bool:
+    """A name a manifest may list: a plain .so name, or one under an external project's
+    folder."""
+    return bool(_FILE_NAME.match(name))
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

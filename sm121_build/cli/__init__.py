@@ -95,11 +95,13 @@ def _register() -> None:
     from sm121_build.cli.dockerfile import dockerfile
     from sm121_build.cli.doctor import doctor
     from sm121_build.cli.inject import inject
+    from sm121_build.cli.kernels import kernels
     from sm121_build.cli.patch import patch
     from sm121_build.cli.pin import pin
     from sm121_build.cli.prune import prune_command
 
-    for command in (build, inject, audit, pin, patch, dockerfile, prune_command, doctor):
+    for command in (build, inject, audit, pin, patch, dockerfile, prune_command, doctor,
+                    kernels):
         cli.add_command(command)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import click
 
 from sm121_build.build.artifacts import load
 from sm121_build.build.inject import run_inject
+from sm121_build.build.kernels_image import fetch
 from sm121_build.build.pipeline import Pipeline
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
 from sm121_build.cli.inputs import require_outputs
@@ -22,9 +24,12 @@ from sm121_build.verify.run_report import new_record, recorded
 
 
 @click.command()
-@click.option("--artifacts", "folder", required=True,
+@click.option("--artifacts", "folder",
               type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Folder written by `sm121-build --base IMAGE --out DIR`.")
+@click.option("--from", "kernels_ref", metavar="REF",
+              help="A kernels image instead (`sm121-build kernels publish`), pulled with the "
+                   "engine's login: e.g. REPO:k-<reuse key> or REPO:<version>-<commit>-<arch>.")
 @click.option("--base", required=True, help="Stock vLLM image of the same version and commit.")
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -35,21 +40,31 @@ from sm121_build.verify.run_report import new_record, recorded
               help=SUMMARY_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="The run's record (the --report schema) on stdout, however it ends.")
-def inject(folder: Path, base: str, tag: str | None, out: Path | None, report: Path | None,
-           summary_md: Path | None, replace_tag: bool, as_json: bool) -> None:
+def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | None,
+           out: Path | None, report: Path | None, summary_md: Path | None, replace_tag: bool,
+           as_json: bool) -> None:
     """Copy prebuilt .so files into BASE (no compile), verify, tag.
 
     Refuses artifacts built for another vLLM version or commit.
     """
+    if (folder is None) == (kernels_ref is None):
+        raise click.UsageError("name the kernels: --artifacts DIR or --from REF (one of them)")
     validate_image_ref(base)
+    if kernels_ref is not None:
+        validate_image_ref(kernels_ref)
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
-    found = load(folder)  # the manifest and every file checked before the engine is asked
+    # the manifest and every file checked before the engine is asked
+    found = load(folder) if folder is not None else None
     if as_json:
         results_to_stderr()
     steps = Steps()
     with recorded(new_record("inject", base, result_tag, None), report, summary_md, steps,
-                  as_json) as record:
-        run_inject(Pipeline.connect(record, steps), folder, base, result_tag, out, replace_tag,
-                   found)
+                  as_json) as record, tempfile.TemporaryDirectory(prefix="sm121-from-") as tmp:
+        pipeline = Pipeline.connect(record, steps)
+        if kernels_ref is not None:
+            with steps.step(f"kernels {kernels_ref}"):
+                found = fetch(pipeline.engine, kernels_ref, Path(tmp) / "artifacts")
+        assert found is not None
+        run_inject(pipeline, found.folder, base, result_tag, out, replace_tag, found)

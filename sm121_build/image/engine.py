@@ -127,6 +127,19 @@ class Engine:
             status(progress.summary(time.monotonic()))  # the last word: what came, how fast
         return self.image(ref).id
 
+    def push(self, ref: str) -> None:
+        """Push a local tag to its registry, as `docker push` (the engine's credentials)."""
+        name, tag, _digest = split_ref(ref)
+        try:
+            for event in self.client.api.push(name, tag=tag or "latest", stream=True,
+                                              decode=True):
+                if "error" in event:
+                    raise Sm121Error(f"cannot push {ref}: {event['error']}")
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"cannot push {ref}: {exc.explanation or exc}") from None
+        except requests.exceptions.RequestException as exc:
+            raise EngineUnavailable(f"cannot push {ref}: engine connection lost ({exc})") from None
+
     def image_id(self, ref: str) -> str | None:
         """The local image ID `ref` names, or None when there is none."""
         try:

@@ -24,6 +24,7 @@ import docker
 import jsonschema
 import pytest
 
+from devkit.registry import local_registry
 from devkit.stockimage import TORCH_VERSION, StockImage, stock_workspace
 from sm121_build.shipped import schema
 from sm121_build.verify.audit import Policy, audit_binary
@@ -204,6 +205,77 @@ def test_inject_artifacts_gives_the_same_bytes(e2e: E2E, patched: subprocess.
     built = _flat_files(e2e.client, f"{PREFIX}:patched")
     injected = _flat_files(e2e.client, f"{PREFIX}:injected")
     assert built == injected
+
+
+def test_kernels_image_published_and_injected_from_a_registry(
+        e2e: E2E, patched: subprocess.CompletedProcess[str], tmp_path: Path) -> None:
+    """Build once, inject everywhere: the verified artifacts as a kernels image in a real
+    registry on loopback, pulled back by another machine's `inject --from`, verified, and
+    the same bytes as the local build; an image holding what it does not declare, or a file
+    whose sha256 differs, is refused."""
+    assert patched.returncode == 0, patched.stderr
+    artifacts = e2e.work / "artifacts"
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    package = manifest["package_dir"].strip("/")
+    with local_registry(tmp_path) as registry:
+        repo = f"{registry}/sm121-test/kernels"
+        published = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to", repo,
+                            "--tag", "nightly")
+        assert published.returncode == 0, published.stderr
+        tags = published.stdout.split()
+        assert len(tags) == 3 and tags[0].startswith(f"{repo}:k-")
+        assert tags[1] == f"{repo}:0.19.1-{e2e.stock.commit[:12]}-sm121"
+        assert tags[2] == f"{repo}:nightly"
+        engine_made = {".dockerenv", "dev/console", "etc/hostname", "etc/hosts", "etc/mtab",
+                       "etc/resolv.conf"}  # what every created container shows
+        assert set(_flat_files(e2e.client, tags[0])) - engine_made == {
+            *(f"{package}/{name}" for name in manifest["files"]), "sm121-build/manifest.json"}
+        for tag in tags:
+            e2e.client.images.remove(tag)
+        result = e2e.run("inject", "--from", tags[1], "--base", e2e.stock.tag, "--tag",
+                         f"{PREFIX}:from-registry")
+        assert result.returncode == 0, result.stderr
+        assert f"==> kernels {tags[1]}" in result.stderr and "==> verify" in result.stderr
+        assert _flat_files(e2e.client, f"{PREFIX}:from-registry") == \
+            _flat_files(e2e.client, f"{PREFIX}:patched")
+        for what, change in (("extra", "undeclared"), ("sha", "sha256")):
+            bad = _tampered_kernels(e2e, tmp_path / what, artifacts, package, what)
+            remote = f"{repo}:{what}"
+            e2e.client.images.get(bad).tag(remote)
+            e2e.client.images.push(remote)
+            e2e.client.images.remove(remote)
+            refused = e2e.run("inject", "--from", remote, "--base", e2e.stock.tag, "--tag",
+                              f"{PREFIX}:refused-{what}")
+            assert refused.returncode == 2, refused.stderr
+            line = refused.stderr.strip().splitlines()[-1]
+            assert line.startswith("error: ") and (
+                "which its manifest does not declare" in line if change == "undeclared"
+                else "sha256 differs from the manifest" in line), line
+            assert not e2e.exists(f"{PREFIX}:refused-{what}")
+
+
+def _tampered_kernels(e2e: E2E, context: Path, artifacts: Path, package: str,
+                      how: str) -> str:
+    """A kernels image like a published one, but holding an extra file (`extra`) or a
+    changed .so (`sha`); built with the engine directly."""
+    root = context / "root"
+    (root / package).mkdir(parents=True)
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    for name in manifest["files"]:
+        (root / package / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(artifacts / name, root / package / name)
+    if how == "extra":
+        (root / package / "evil.abi3.so").write_bytes(b"\x7fELF not declared")
+    else:
+        first = next(iter(manifest["files"]))
+        with open(root / package / first, "ab") as handle:
+            handle.write(b"\0")
+    (root / "sm121-build").mkdir()
+    shutil.copyfile(artifacts / "manifest.json", root / "sm121-build" / "manifest.json")
+    (context / "Dockerfile").write_text(
+        'FROM scratch\nCOPY root/ /\nLABEL "io.github.sm121-build.kind"="kernels"\n')
+    image, _ = e2e.client.images.build(path=str(context), rm=True)
+    return str(image.id)
 
 
 def test_inject_refuses_other_commit(e2e: E2E, patched: subprocess.CompletedProcess[str],

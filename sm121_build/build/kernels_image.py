@@ -1,0 +1,152 @@
+"""Build once, inject everywhere: verified artifacts as a small image any registry carries.
+
+A kernels image is `FROM scratch` and holds only the injected `.so` files at their paths in
+the base (`<package_dir>/<name>`) and the manifest at `/sm121-build/manifest.json`, with
+labels saying what they fit.  It is a normal image, so the engine pushes and pulls it with
+the user's `docker login`, credential helpers, mirrors and insecure-registry settings: no
+registry client here.
+
+Tags: `k-<reuse key>` (what a consumer looks up), `<vLLM version>-<commit>-<arch>`
+(immutable, for pinning and rollback) and any the publisher adds (the base's moving tag).
+The reuse key is what injection needs to match, not the base image: vLLM commit, torch
+version (its `+cuXYZ` names the CUDA build), arch list, guard rules, extensions.
+
+Consuming reads the manifest and the files back through the engine's reader (never starting
+anything), refuses an image holding anything it does not declare, and hands the folder to
+`artifacts.load`, which checks every sha256: the local verification of `inject` then runs as
+for any artifacts folder, so a kernels image is exactly as safe as a local build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sm121_build import __version__
+from sm121_build.build import artifacts as artifacts_mod
+from sm121_build.errors import Sm121Error
+from sm121_build.image.api import ImageEngine, ImageFiles
+from sm121_build.labels import LABEL_PREFIX
+from sm121_build.steps import note
+
+MANIFEST_PATH = "sm121-build/manifest.json"
+REUSE_KEY_LABEL = f"{LABEL_PREFIX}.reuse-key"
+KIND_LABEL = f"{LABEL_PREFIX}.kind"
+_TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def reuse_key(manifest: dict[str, Any]) -> str:
+    """What injection needs to match: the same vLLM commit, torch, arch list, rules and
+    extensions give the same key on any base (arm64 or a re-pushed tag alike)."""
+    parts = [str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or ""),
+             str(manifest.get("torch_version") or ""), str(manifest.get("arch_list") or ""),
+             str(manifest.get("patches") or ""), ",".join(sorted(manifest.get("files") or {}))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def tags_for(repo: str, manifest: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
+    """`repo:k-<key>`, `repo:<version>-<commit12>-<arch>`, and `repo:<extra>` for each."""
+    commit = str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or "")[:12]
+    arch = "-".join("sm" + a.replace(".", "") for a in
+                    re.split(r"[; ]+", str(manifest.get("arch_list", ""))) if a)
+    pinned = _TAG_UNSAFE.sub("_", f"{manifest.get('vllm_version')}-{commit}-{arch}")[:128]
+    return [f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
+            *(f"{repo}:{_TAG_UNSAFE.sub('_', t)[:128]}" for t in extra)]
+
+
+def _labels(manifest: dict[str, Any]) -> dict[str, str]:
+    keys = ("base_digest", "vllm_version", "vllm_commit", "vllm_commit_id", "torch_version",
+            "arch_list", "patches", "tool_version")
+    labels = {f"{LABEL_PREFIX}.{k.replace('_', '-')}": str(manifest[k]) for k in keys
+              if manifest.get(k)}
+    labels[REUSE_KEY_LABEL] = reuse_key(manifest)
+    labels[KIND_LABEL] = "kernels"
+    labels[f"{LABEL_PREFIX}.made-by"] = f"sm121-build {__version__}"
+    return labels
+
+
+def package_root(manifest: dict[str, Any]) -> str:
+    """The folder of the base the files go to, relative (`usr/local/lib/.../vllm`)."""
+    root = posixpath.normpath("/" + str(manifest.get("package_dir") or "")).lstrip("/")
+    if not root or root.startswith(".."):
+        raise Sm121Error(f"the manifest names no package folder ({manifest.get('package_dir')!r})")
+    return root
+
+
+def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
+            extra_tags: tuple[str, ...], log: Path) -> list[str]:
+    """Build the kernels image of a checked artifacts folder, tag it, push every tag."""
+    manifest = found.manifest
+    tags = tags_for(repo, manifest, extra_tags)
+    root = package_root(manifest)
+    with tempfile.TemporaryDirectory(prefix="sm121-kernels-") as tmp:
+        context = Path(tmp)
+        found.place(context / "root" / root)
+        (context / "root" / MANIFEST_PATH).parent.mkdir(parents=True)
+        shutil.copyfile(found.folder / artifacts_mod.MANIFEST, context / "root" / MANIFEST_PATH)
+        lines = ["FROM scratch", "COPY root/ /"]
+        lines += [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in _labels(manifest).items()]
+        (context / "Dockerfile").write_text("\n".join(lines) + "\n")
+        image_id = engine.build(context, context / "Dockerfile", log)
+    for tag in tags:
+        engine.tag(image_id, tag)
+    for tag in tags:
+        engine.push(tag)
+        note(f"pushed {tag}")
+    return tags
+
+
+def fetch(engine: ImageEngine, ref: str, dest: Path) -> artifacts_mod.Artifacts:
+    """Pull a kernels image and read it back into an artifacts folder at `dest`, checked:
+    a kernels image (its label), the manifest's files and nothing else, every sha256."""
+    image_id = engine.pull(ref)
+    info = engine.image(image_id)
+    if info.labels.get(KIND_LABEL) != "kernels":
+        raise Sm121Error(f"{ref} is not a kernels image (no {KIND_LABEL}=kernels label): "
+                         "publish one with `sm121-build kernels publish`")
+    dest.mkdir(parents=True, exist_ok=True)
+    with engine.reader(image_id) as files:
+        raw = files.read_bytes("/" + MANIFEST_PATH, limit=16 << 20)
+        if raw is None:
+            raise Sm121Error(f"{ref}: no /{MANIFEST_PATH}")
+        (dest / artifacts_mod.MANIFEST).write_bytes(raw)
+        try:
+            manifest = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise Sm121Error(f"{ref}: /{MANIFEST_PATH} is not valid JSON") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise Sm121Error(f"{ref}: /{MANIFEST_PATH} lists no files")
+        root = package_root(manifest)
+        declared = {f"{root}/{name}" for name in manifest["files"]}
+        held = _regular_files(files, "/" + root)
+        extra = sorted(held - declared)
+        if extra:
+            raise Sm121Error(f"{ref} holds {', '.join(extra[:3])}"
+                             f"{' and more' if len(extra) > 3 else ''}, which its manifest does "
+                             "not declare: refused")
+        for name in manifest["files"]:
+            if not isinstance(name, str) or not artifacts_mod.is_file_name(name):
+                raise Sm121Error(f"{ref}: {name!r} is not a .so file name")
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            if files.copy_file(f"/{root}/{name}", dest / name) is None:
+                raise Sm121Error(f"{ref}: declares {name}, which it does not hold")
+    return artifacts_mod.load(dest)  # every sha256 against the manifest
+
+
+def _regular_files(files: ImageFiles, folder: str) -> set[str]:
+    """Every file under `folder` of the image, as paths without the leading slash."""
+    found: set[str] = set()
+    with files.tar(folder) as archive:
+        member: tarfile.TarInfo
+        for member in archive:
+            if not member.isdir():
+                rel = posixpath.normpath(member.name)
+                found.add(posixpath.join(posixpath.dirname(folder.lstrip("/")), rel))
+    return found

@@ -1,0 +1,41 @@
+"""`sm121-build kernels publish`: verified artifacts as a kernels image in a registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from sm121_build.build.artifacts import load
+from sm121_build.build.kernels_image import publish
+from sm121_build.build.pipeline import Pipeline
+from sm121_build.image.refs import validate_image_ref
+
+
+@click.group()
+def kernels() -> None:
+    """Kernels images: the rebuilt .so files of a verified run, in any container registry."""
+
+
+@kernels.command("publish")
+@click.option("--artifacts", "folder", required=True,
+              type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Folder written by `sm121-build --base IMAGE --out DIR`.")
+@click.option("--to", "repo", required=True, metavar="REPO",
+              help="Repository to push to (e.g. ghcr.io/you/vllm-sm121-kernels); the "
+                   "engine's `docker login` is used.")
+@click.option("--tag", "extra", multiple=True, metavar="TAG",
+              help="Also this tag (e.g. the base's moving tag, `nightly`); repeatable.")
+def publish_command(folder: Path, repo: str, extra: tuple[str, ...]) -> None:
+    """Build the kernels image of DIR (FROM scratch: the files at their paths in the base,
+    the manifest, labels) and push it as REPO:k-<reuse key>, REPO:<version>-<commit>-<arch>
+    and REPO:<TAG>."""
+    if ":" in repo.rsplit("/", 1)[-1] or "@" in repo:
+        raise click.BadParameter(f"{repo}: a repository without a tag (tags are chosen here)",
+                                 param_hint="--to")
+    validate_image_ref(repo)
+    found = load(folder)  # every file and its sha256 before the engine is asked
+    pipeline = Pipeline.connect()
+    log = pipeline.new_log("kernels")
+    for tag in publish(pipeline.engine, found, repo, extra, log):
+        click.echo(tag)

@@ -1,0 +1,65 @@
+"""The kernels image's keys and tags, and its commands refused before any work (the
+publish/pull/inject round trip runs on a real registry in tests/integration/
+test_e2e_docker.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devkit.helpers import cli, one_line_error
+from sm121_build.build.kernels_image import package_root, reuse_key, tags_for
+from sm121_build.errors import Sm121Error
+
+MANIFEST: dict[str, Any] = {
+    "format": 1, "base": "vllm/vllm-openai:nightly", "base_digest": "vllm/vllm-openai@sha256:1",
+    "vllm_version": "0.33.0", "vllm_commit": "v0.33.0", "vllm_commit_id": "a" * 40,
+    "torch_version": "2.11.0+cu130", "arch_list": "12.1", "patches": "rules-1",
+    "package_dir": "/usr/local/lib/python3.12/dist-packages/vllm",
+    "files": {"_C_stable_libtorch.abi3.so": {}, "vllm_flash_attn/_vllm_fa2_C.abi3.so": {}}}
+
+
+def test_the_reuse_key_ignores_the_base_and_names_what_injection_needs() -> None:
+    key = reuse_key(MANIFEST)
+    other_base = {**MANIFEST, "base": "mirror.local/vllm:nightly", "base_digest": "x@sha256:2",
+                  "package_dir": "/opt/venv/lib/python3.12/site-packages/vllm"}
+    assert reuse_key(other_base) == key  # the arm64 image, a re-push, a mirror
+    for field, value in (("vllm_commit_id", "b" * 40), ("torch_version", "2.11.0+cu129"),
+                         ("arch_list", "12.1a"), ("patches", "rules-2"),
+                         ("files", {"_C_stable_libtorch.abi3.so": {}})):
+        assert reuse_key({**MANIFEST, field: value}) != key, field
+
+
+def test_tags_pin_the_build_and_carry_the_moving_tag() -> None:
+    tags = tags_for("ghcr.io/me/kernels", MANIFEST, ("nightly", "bad/tag"))
+    assert tags == [f"ghcr.io/me/kernels:k-{reuse_key(MANIFEST)}",
+                    "ghcr.io/me/kernels:0.33.0-aaaaaaaaaaaa-sm121",
+                    "ghcr.io/me/kernels:nightly", "ghcr.io/me/kernels:bad_tag"]
+    two = tags_for("r", {**MANIFEST, "arch_list": "12.0;12.1a"})
+    assert two[1] == "r:0.33.0-aaaaaaaaaaaa-sm120-sm121a"
+
+
+def test_the_package_folder_must_stay_inside_the_image() -> None:
+    assert package_root(MANIFEST) == "usr/local/lib/python3.12/dist-packages/vllm"
+    assert package_root({"package_dir": "../../etc"}) == "etc"  # normalised under /
+    with pytest.raises(Sm121Error, match="names no package folder"):
+        package_root({"package_dir": "/"})
+
+
+def test_publish_and_inject_from_are_refused_before_the_engine(tmp_path: Path) -> None:
+    env = {"DOCKER_HOST": "unix:///nonexistent.sock"}  # exit 4 if the engine were asked
+    line = one_line_error(cli("kernels", "publish", "--artifacts", str(tmp_path), "--to",
+                              "ghcr.io/me/k:tag", env=env))
+    assert "a repository without a tag" in line
+    line = one_line_error(cli("kernels", "publish", "--artifacts", str(tmp_path), "--to",
+                              "ghcr.io/me/k", env=env))
+    assert "no manifest.json" in line
+    line = one_line_error(cli("inject", "--base", "x:y", env=env))
+    assert "--artifacts DIR or --from REF" in line
+    line = one_line_error(cli("inject", "--base", "x:y", "--artifacts", str(tmp_path),
+                              "--from", "r:k", env=env))
+    assert "--artifacts DIR or --from REF" in line
+    line = one_line_error(cli("inject", "--base", "x:y", "--from", "Bad Ref", env=env))
+    assert "Bad Ref" in line
