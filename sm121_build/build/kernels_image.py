@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sm121_build import __version__
 from sm121_build.build import artifacts as artifacts_mod
 from sm121_build.errors import Sm121Error
 from sm121_build.image.api import ImageEngine, ImageFiles
@@ -62,13 +61,20 @@ def tags_for(repo: str, manifest: dict[str, Any], extra: tuple[str, ...] = ()) -
 
 
 def _labels(manifest: dict[str, Any]) -> dict[str, str]:
-    keys = ("base_digest", "vllm_version", "vllm_commit", "vllm_commit_id", "torch_version",
-            "arch_list", "patches", "tool_version")
-    labels = {f"{LABEL_PREFIX}.{k.replace('_', '-')}": str(manifest[k]) for k in keys
-              if manifest.get(k)}
+    """The names the built images use (`render.provenance_labels`), plus what a kernels
+    image adds: torch, the commit id, the reuse key, its kind."""
+    names = {"base_digest": "org.opencontainers.image.base.digest",
+             "base": "org.opencontainers.image.base.name",
+             "vllm_version": f"{LABEL_PREFIX}.vllm.version",
+             "vllm_commit": f"{LABEL_PREFIX}.vllm.commit",
+             "vllm_commit_id": f"{LABEL_PREFIX}.vllm.commit-id",
+             "torch_version": f"{LABEL_PREFIX}.torch.version",
+             "patches": f"{LABEL_PREFIX}.patches", "arch_list": f"{LABEL_PREFIX}.arch-list",
+             "tool_version": f"{LABEL_PREFIX}.tool-version"}
+    labels = {label: str(manifest[key]) for key, label in names.items() if manifest.get(key)}
+    labels[f"{LABEL_PREFIX}.extensions"] = ",".join(sorted(manifest.get("files") or {}))
     labels[REUSE_KEY_LABEL] = reuse_key(manifest)
     labels[KIND_LABEL] = "kernels"
-    labels[f"{LABEL_PREFIX}.made-by"] = f"sm121-build {__version__}"
     return labels
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from devkit.registry import local_registry
 from devkit.stockimage import TORCH_VERSION, StockImage, stock_workspace
+from sm121_build.compile_progress import CompileProgress
 from sm121_build.shipped import schema
 from sm121_build.verify.audit import Policy, audit_binary
 from sm121_build.verify.compat import parse_target
@@ -126,6 +127,15 @@ def test_patched_build_is_tagged_with_sm121_kernels_and_labels(e2e: E2E, patched
                                                                CompletedProcess[str]) -> None:
     assert patched.returncode == 0, patched.stderr
     assert f"tagged {PREFIX}:patched" in patched.stdout
+    # the compile step's progress from the real BuildKit stream: plain lines (no terminal),
+    # and every ninja line of the real log is read as a step
+    assert "    compiling [" in patched.stderr, patched.stderr[-3000:]
+    log = Path(patched.stdout.split("(log: ", 1)[1].split(")", 1)[0])
+    progress = CompileProgress()
+    for number, line in enumerate(log.read_text(errors="replace").splitlines()):
+        progress.feed(line, float(number))
+    assert progress.phases and all(p.done <= p.total for p in progress.phases)
+    assert progress.phases[-1].total > 1
     assert "fp4-sm12x-arch-specific: applied" in patched.stderr
     image = e2e.client.images.get(f"{PREFIX}:patched")
     labels = image.labels
@@ -230,6 +240,10 @@ def test_kernels_image_published_and_injected_from_a_registry(
                        "etc/resolv.conf"}  # what every created container shows
         assert set(_flat_files(e2e.client, tags[0])) - engine_made == {
             *(f"{package}/{name}" for name in manifest["files"]), "sm121-build/manifest.json"}
+        labels = e2e.client.images.get(tags[0]).labels
+        assert tags[0].endswith(f":k-{labels['io.github.sm121-build.reuse-key']}")
+        assert labels["io.github.sm121-build.kind"] == "kernels"
+        assert labels["io.github.sm121-build.vllm.commit"] == manifest["vllm_commit"]
         for tag in tags:
             e2e.client.images.remove(tag)
         result = e2e.run("inject", "--from", tags[1], "--base", e2e.stock.tag, "--tag",

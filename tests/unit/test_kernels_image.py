@@ -63,3 +63,17 @@ def test_publish_and_inject_from_are_refused_before_the_engine(tmp_path: Path) -
     assert "--artifacts DIR or --from REF" in line
     line = one_line_error(cli("inject", "--base", "x:y", "--from", "Bad Ref", env=env))
     assert "Bad Ref" in line
+
+
+def test_labels_use_the_built_images_names() -> None:
+    from sm121_build.build.kernels_image import _labels
+
+    labels = _labels(MANIFEST)
+    assert labels["io.github.sm121-build.kind"] == "kernels"
+    assert labels["io.github.sm121-build.reuse-key"] == reuse_key(MANIFEST)
+    assert labels["io.github.sm121-build.vllm.version"] == "0.33.0"
+    assert labels["io.github.sm121-build.torch.version"] == "2.11.0+cu130"
+    assert labels["io.github.sm121-build.arch-list"] == "12.1"
+    assert labels["org.opencontainers.image.base.digest"] == "vllm/vllm-openai@sha256:1"
+    assert labels["io.github.sm121-build.extensions"] == (
+        "_C_stable_libtorch.abi3.so,vllm_flash_attn/_vllm_fa2_C.abi3.so")
