@@ -238,7 +238,9 @@ def recorded(record: RunRecord, report: Path | None, summary_md: Path | None,
             write_json(report, record)
         if summary_md:
             write_markdown(summary_md, record)
-        if steps is not None and steps.timings:  # a run that did something ends with it
+        # a run that did something ends with it; a failed one ends with its error line
+        # (the record, --report and --json keep its step times)
+        if steps is not None and steps.timings and record.error is None:
             for line in summary_lines(record):
                 notice(line)
         if as_json:
@@ -248,7 +250,7 @@ def recorded(record: RunRecord, report: Path | None, summary_md: Path | None,
 def summary_lines(record: RunRecord) -> list[str]:
     """The end of a run, always: how it ended, each step's time, what is native now, and
     what stays non-native and why (the decide step's reasons, kept or built alike)."""
-    lines = [f"summary: {record.status}" + (" (the error follows)" if record.error else "")]
+    lines = [f"summary: {record.status}"]
     if record.steps:
         lines.append("  steps: " + ", ".join(f"{s['name']} {s['seconds']:.1f}s"
                                               + ("" if s["ok"] else " (failed)")

@@ -19,6 +19,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import jsonschema
@@ -229,43 +230,54 @@ def test_kernels_image_published_and_injected_from_a_registry(
     package = manifest["package_dir"].strip("/")
     with local_registry(tmp_path) as registry:
         repo = f"{registry}/sm121-test/kernels"
-        published = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to", repo,
-                            "--tag", "nightly")
-        assert published.returncode == 0, published.stderr
-        tags = published.stdout.split()
-        assert len(tags) == 3 and tags[0].startswith(f"{repo}:k-")
-        assert tags[1] == f"{repo}:0.19.1-{e2e.stock.commit[:12]}-sm121"
-        assert tags[2] == f"{repo}:nightly"
-        engine_made = {".dockerenv", "dev/console", "etc/hostname", "etc/hosts", "etc/mtab",
-                       "etc/resolv.conf"}  # what every created container shows
-        assert set(_flat_files(e2e.client, tags[0])) - engine_made == {
-            *(f"{package}/{name}" for name in manifest["files"]), "sm121-build/manifest.json"}
-        labels = e2e.client.images.get(tags[0]).labels
-        assert tags[0].endswith(f":k-{labels['io.github.sm121-build.reuse-key']}")
-        assert labels["io.github.sm121-build.kind"] == "kernels"
-        assert labels["io.github.sm121-build.vllm.commit"] == manifest["vllm_commit"]
-        for tag in tags:
-            e2e.client.images.remove(tag)
-        result = e2e.run("inject", "--from", tags[1], "--base", e2e.stock.tag, "--tag",
-                         f"{PREFIX}:from-registry")
-        assert result.returncode == 0, result.stderr
-        assert f"==> kernels {tags[1]}" in result.stderr and "==> verify" in result.stderr
-        assert _flat_files(e2e.client, f"{PREFIX}:from-registry") == \
-            _flat_files(e2e.client, f"{PREFIX}:patched")
-        for what, change in (("extra", "undeclared"), ("sha", "sha256")):
-            bad = _tampered_kernels(e2e, tmp_path / what, artifacts, package, what)
-            remote = f"{repo}:{what}"
-            e2e.client.images.get(bad).tag(remote)
-            e2e.client.images.push(remote)
-            e2e.client.images.remove(remote)
-            refused = e2e.run("inject", "--from", remote, "--base", e2e.stock.tag, "--tag",
-                              f"{PREFIX}:refused-{what}")
-            assert refused.returncode == 2, refused.stderr
-            line = refused.stderr.strip().splitlines()[-1]
-            assert line.startswith("error: ") and (
-                "which its manifest does not declare" in line if change == "undeclared"
-                else "sha256 differs from the manifest" in line), line
-            assert not e2e.exists(f"{PREFIX}:refused-{what}")
+        try:
+            _kernels_round_trip(e2e, tmp_path, repo, artifacts, manifest, package)
+        finally:  # what the test pushed and pulled back leaves the engine with it
+            for image in e2e.client.images.list():
+                for tag in image.tags:
+                    if tag.startswith(f"{repo}:"):
+                        e2e.client.images.remove(tag, force=True)
+
+
+def _kernels_round_trip(e2e: E2E, tmp_path: Path, repo: str, artifacts: Path,
+                        manifest: dict[str, Any], package: str) -> None:
+    published = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to", repo,
+                        "--tag", "nightly")
+    assert published.returncode == 0, published.stderr
+    tags = published.stdout.split()
+    assert len(tags) == 3 and tags[0].startswith(f"{repo}:k-")
+    assert tags[1] == f"{repo}:0.19.1-{e2e.stock.commit[:12]}-sm121"
+    assert tags[2] == f"{repo}:nightly"
+    engine_made = {".dockerenv", "dev/console", "etc/hostname", "etc/hosts", "etc/mtab",
+                   "etc/resolv.conf"}  # what every created container shows
+    assert set(_flat_files(e2e.client, tags[0])) - engine_made == {
+        *(f"{package}/{name}" for name in manifest["files"]), "sm121-build/manifest.json"}
+    labels = e2e.client.images.get(tags[0]).labels
+    assert tags[0].endswith(f":k-{labels['io.github.sm121-build.reuse-key']}")
+    assert labels["io.github.sm121-build.kind"] == "kernels"
+    assert labels["io.github.sm121-build.vllm.commit"] == manifest["vllm_commit"]
+    for tag in tags:
+        e2e.client.images.remove(tag)
+    result = e2e.run("inject", "--from", tags[1], "--base", e2e.stock.tag, "--tag",
+                     f"{PREFIX}:from-registry")
+    assert result.returncode == 0, result.stderr
+    assert f"==> kernels {tags[1]}" in result.stderr and "==> verify" in result.stderr
+    assert _flat_files(e2e.client, f"{PREFIX}:from-registry") == \
+        _flat_files(e2e.client, f"{PREFIX}:patched")
+    for what, change in (("extra", "undeclared"), ("sha", "sha256")):
+        bad = _tampered_kernels(e2e, tmp_path / what, artifacts, package, what)
+        remote = f"{repo}:{what}"
+        e2e.client.images.get(bad).tag(remote)
+        e2e.client.images.push(remote)
+        e2e.client.images.remove(remote)
+        refused = e2e.run("inject", "--from", remote, "--base", e2e.stock.tag, "--tag",
+                          f"{PREFIX}:refused-{what}")
+        assert refused.returncode == 2, refused.stderr
+        line = refused.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: ") and (
+            "which its manifest does not declare" in line if change == "undeclared"
+            else "sha256 differs from the manifest" in line), line
+        assert not e2e.exists(f"{PREFIX}:refused-{what}")
 
 
 def _tampered_kernels(e2e: E2E, context: Path, artifacts: Path, package: str,
