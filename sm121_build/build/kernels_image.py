@@ -27,13 +27,17 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sm121_build.build import artifacts as artifacts_mod
 from sm121_build.errors import Sm121Error
 from sm121_build.image.api import ImageEngine, ImageFiles
+from sm121_build.image.refs import validate_image_ref
 from sm121_build.labels import LABEL_PREFIX
 from sm121_build.steps import note
+
+if TYPE_CHECKING:
+    from sm121_build.build.pipeline import Pipeline
 
 MANIFEST_PATH = "sm121-build/manifest.json"
 REUSE_KEY_LABEL = f"{LABEL_PREFIX}.reuse-key"
@@ -50,14 +54,26 @@ def reuse_key(manifest: dict[str, Any]) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
+def pinned_tag(version: str, commit: str, arch_list: str) -> str:
+    """`<vLLM version>-<commit12>-<arch>`: the tag a base's own facts name (the lookup)."""
+    arch = "-".join("sm" + a.replace(".", "") for a in re.split(r"[; ]+", arch_list) if a)
+    return _TAG_UNSAFE.sub("_", f"{version}-{commit[:12]}-{arch}")[:128]
+
+
 def tags_for(repo: str, manifest: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
     """`repo:k-<key>`, `repo:<version>-<commit12>-<arch>`, and `repo:<extra>` for each."""
-    commit = str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or "")[:12]
-    arch = "-".join("sm" + a.replace(".", "") for a in
-                    re.split(r"[; ]+", str(manifest.get("arch_list", ""))) if a)
-    pinned = _TAG_UNSAFE.sub("_", f"{manifest.get('vllm_version')}-{commit}-{arch}")[:128]
+    commit = str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or "")
+    pinned = pinned_tag(str(manifest.get("vllm_version")), commit,
+                        str(manifest.get("arch_list", "")))
     return [f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
             *(f"{repo}:{_TAG_UNSAFE.sub('_', t)[:128]}" for t in extra)]
+
+
+class KernelsNotFound(Sm121Error):
+    """The registry has no such kernels image (a miss, not a failure)."""
+
+
+_MISSING = re.compile(r"not found|manifest unknown|unknown manifest|does not exist", re.I)
 
 
 def _labels(manifest: dict[str, Any]) -> dict[str, str]:
@@ -112,7 +128,12 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
 def fetch(engine: ImageEngine, ref: str, dest: Path) -> artifacts_mod.Artifacts:
     """Pull a kernels image and read it back into an artifacts folder at `dest`, checked:
     a kernels image (its label), the manifest's files and nothing else, every sha256."""
-    image_id = engine.pull(ref)
+    try:
+        image_id = engine.pull(ref)
+    except Sm121Error as exc:
+        if _MISSING.search(str(exc)):
+            raise KernelsNotFound(str(exc)) from None
+        raise
     info = engine.image(image_id)
     if info.labels.get(KIND_LABEL) != "kernels":
         raise Sm121Error(f"{ref} is not a kernels image (no {KIND_LABEL}=kernels label): "
@@ -144,6 +165,30 @@ def fetch(engine: ImageEngine, ref: str, dest: Path) -> artifacts_mod.Artifacts:
             if files.copy_file(f"/{root}/{name}", dest / name) is None:
                 raise Sm121Error(f"{ref}: declares {name}, which it does not hold")
     return artifacts_mod.load(dest)  # every sha256 against the manifest
+
+
+def require_repository(repo: str, option: str) -> None:
+    """A repository reference without a tag or digest (the tags are chosen here)."""
+    validate_image_ref(repo)
+    if ":" in repo.rsplit("/", 1)[-1] or "@" in repo:
+        raise Sm121Error(f"{option} {repo}: a repository without a tag (tags are chosen here)")
+
+
+def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
+            dest: Path) -> artifacts_mod.Artifacts | None:
+    """The kernels image of this base's vLLM build in `repo` (`<version>-<commit>-<arch>`),
+    fetched and checked, or None on a miss; the base is resolved (and pulled) first."""
+    _facts, vllm = pipeline.resolve_image(base, pull)
+    ref = f"{repo}:{pinned_tag(vllm.version, vllm.commit_id or '', arch)}"
+    with pipeline.steps.step(f"kernels {ref}"):
+        try:
+            found = fetch(pipeline.engine, ref, dest)
+        except KernelsNotFound:
+            note(f"no kernels image {ref}: a miss")
+            return None
+        note(f"kernels image {ref} (reuse key {reuse_key(found.manifest)}): inject and "
+             "verify, no compile")
+    return found
 
 
 def _regular_files(files: ImageFiles, folder: str) -> set[str]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
 import zipfile
 from pathlib import Path
 
 import click
 
+from sm121_build.build.inject import run_inject
+from sm121_build.build.kernels_image import look_up, require_repository
 from sm121_build.build.local import run_local
 from sm121_build.build.main_job import Options, run_build
 from sm121_build.build.pipeline import Pipeline
@@ -66,6 +69,12 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
               help="Build a --source checkout at another commit than the image's (recorded).")
 @click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
 @click.option("--replace-tag", is_flag=True, help=REPLACE_TAG_HELP)
+@click.option("--kernels-from", "kernels_from", metavar="REPO",
+              help="Look for a kernels image of this base's vLLM build in REPO (tag "
+                   "<version>-<commit>-<arch>): on a hit, inject and verify it, no compile; on "
+                   "a miss, build as usual.")
+@click.option("--no-build", is_flag=True,
+              help="With --kernels-from: fail on a miss instead of building.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="The run's record (the --report schema) on stdout, however it ends; the "
@@ -83,7 +92,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
-          plan_only: bool, replace_tag: bool, as_json: bool) -> None:
+          plan_only: bool, replace_tag: bool, as_json: bool, kernels_from: str | None,
+          no_build: bool) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
     if local:
@@ -93,7 +103,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
             ("--base", base), ("--tag", tag), ("--pull", pull != "never"),
             ("--versioned-tag", versioned_tag), ("--replace-tag", replace_tag),
             ("--plan", plan_only), ("--only", only), ("--report", report),
-            ("--summary-md", summary_md), ("--json", as_json)) if given]
+            ("--summary-md", summary_md), ("--json", as_json),
+            ("--kernels-from", kernels_from)) if given]
         if ignored:
             raise click.UsageError(f"--local builds on this machine, no image: "
                                    f"{', '.join(ignored)} do(es) not apply")
@@ -112,6 +123,10 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
         raise click.UsageError("--offline and --cutlass go with --local (the image build "
                                "fetches what vLLM's CMake needs inside the builder)")
     validate_image_ref(base)
+    if no_build and not kernels_from:
+        raise click.UsageError("--no-build goes with --kernels-from REPO")
+    if kernels_from:
+        require_repository(kernels_from, "--kernels-from")
     if source:
         require_vllm_tree(source)  # before the engine, the pull and a 1 GB copy
     if fa_source:
@@ -127,8 +142,19 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
         results_to_stderr()
     steps = Steps()
     with recorded(new_record("build", base, result_tag, arch), report, summary_md, steps,
-                  as_json) as record:
-        run_build(Pipeline.connect(record, steps),
+                  as_json) as record, tempfile.TemporaryDirectory(prefix="sm121-from-") as tmp:
+        pipeline = Pipeline.connect(record, steps)
+        if kernels_from and not plan_only:
+            found = look_up(pipeline, kernels_from, base, arch, pull, Path(tmp) / "kernels")
+            if found is not None:
+                run_inject(pipeline, found.folder, base, result_tag, out, replace_tag, found)
+                return
+            if no_build:
+                raise Sm121Error(f"no kernels image for {base} in {kernels_from} (--no-build): "
+                                 "publish one with `sm121-build kernels publish`, or drop "
+                                 "--no-build to compile")
+            pull = "never"  # pulled for the lookup already
+        run_build(pipeline,
                   Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
                           jobs=jobs, source=source, repo=repo, out=out, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,

@@ -7,9 +7,8 @@ from pathlib import Path
 import click
 
 from sm121_build.build.artifacts import load
-from sm121_build.build.kernels_image import publish
+from sm121_build.build.kernels_image import publish, require_repository
 from sm121_build.build.pipeline import Pipeline
-from sm121_build.image.refs import validate_image_ref
 
 
 @click.group()
@@ -30,10 +29,7 @@ def publish_command(folder: Path, repo: str, extra: tuple[str, ...]) -> None:
     """Build the kernels image of DIR (FROM scratch: the files at their paths in the base,
     the manifest, labels) and push it as REPO:k-<reuse key>, REPO:<version>-<commit>-<arch>
     and REPO:<TAG>."""
-    if ":" in repo.rsplit("/", 1)[-1] or "@" in repo:
-        raise click.BadParameter(f"{repo}: a repository without a tag (tags are chosen here)",
-                                 param_hint="--to")
-    validate_image_ref(repo)
+    require_repository(repo, "--to")
     found = load(folder)  # every file and its sha256 before the engine is asked
     pipeline = Pipeline.connect()
     log = pipeline.new_log("kernels")

@@ -264,6 +264,22 @@ def _kernels_round_trip(e2e: E2E, tmp_path: Path, repo: str, artifacts: Path,
     assert f"==> kernels {tags[1]}" in result.stderr and "==> verify" in result.stderr
     assert _flat_files(e2e.client, f"{PREFIX}:from-registry") == \
         _flat_files(e2e.client, f"{PREFIX}:patched")
+    # the main job looks the build up by the base's own facts: a hit injects, no compile
+    via = e2e.run("--base", e2e.stock.tag, "--kernels-from", repo, "--tag",
+                  f"{PREFIX}:via-lookup", "--report", str(tmp_path / "via.json"))
+    assert via.returncode == 0, via.stderr
+    assert f"==> kernels {tags[1]}" in via.stderr and "reuse key" in via.stderr
+    assert "==> build" not in via.stderr and "==> verify" in via.stderr
+    assert json.loads((tmp_path / "via.json").read_text())["status"] == "injected"
+    assert _flat_files(e2e.client, f"{PREFIX}:via-lookup") == \
+        _flat_files(e2e.client, f"{PREFIX}:patched")
+    registry = repo.split("/", 1)[0]
+    miss = e2e.run("--base", e2e.stock.tag, "--kernels-from", f"{registry}/sm121-test/none",
+                   "--no-build", "--tag", f"{PREFIX}:no-build")
+    assert miss.returncode == 2, miss.stderr
+    assert miss.stderr.strip().splitlines()[-1].startswith(
+        f"error: no kernels image for {e2e.stock.tag} in {registry}/sm121-test/none")
+    assert not e2e.exists(f"{PREFIX}:no-build")
     for what, change in (("extra", "undeclared"), ("sha", "sha256")):
         bad = _tampered_kernels(e2e, tmp_path / what, artifacts, package, what)
         remote = f"{repo}:{what}"

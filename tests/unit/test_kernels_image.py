@@ -77,3 +77,14 @@ def test_labels_use_the_built_images_names() -> None:
     assert labels["org.opencontainers.image.base.digest"] == "vllm/vllm-openai@sha256:1"
     assert labels["io.github.sm121-build.extensions"] == (
         "_C_stable_libtorch.abi3.so,vllm_flash_attn/_vllm_fa2_C.abi3.so")
+
+
+def test_the_main_jobs_kernels_options_are_checked_before_the_engine(tmp_path: Path) -> None:
+    env = {"DOCKER_HOST": "unix:///nonexistent.sock"}
+    line = one_line_error(cli("--base", "x:y", "--no-build", env=env))
+    assert "--no-build goes with --kernels-from REPO" in line
+    line = one_line_error(cli("--base", "x:y", "--kernels-from", "ghcr.io/me/k:1", env=env))
+    assert "--kernels-from ghcr.io/me/k:1: a repository without a tag" in line
+    line = one_line_error(cli("build", "--local", "--source", str(tmp_path), "--out",
+                              str(tmp_path / "o"), "--kernels-from", "r/k", env=env))
+    assert "--kernels-from" in line and "do(es) not apply" in line
