@@ -15,9 +15,10 @@ calibrate themselves); without one, the mean time per finished step so far.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from importlib import resources
+
+from sm121_build.units import duration
 
 STEP = re.compile(r"\[(\d+)/(\d+)\]\s+(\S.*?)\s*$")
 MIN_DONE = 3  # steps finished before an ETA is given at all
@@ -143,14 +144,14 @@ class CompileProgress:
             return ""
         number = f" (part {len(self.phases)})" if len(self.phases) > 1 else ""
         parts = [f"compiling{number} [{phase.done}/{phase.total}] {self.share():.0%}, "
-                 f"{_duration(now - phase.started_at)}"]
+                 f"{duration(now - phase.started_at)}"]
         eta = self.eta(now)
         if eta is not None:
-            parts.append(f"about {_duration(eta[0])} left ({eta[1]})")
+            parts.append(f"about {duration(eta[0])} left ({eta[1]})")
         count, oldest = self.running()
         if oldest is not None:
             since, what = oldest
-            parts.append(f"{count} running, longest {_short(what)} ({_duration(now - since)})")
+            parts.append(f"{count} running, longest {_short(what)} ({duration(now - since)})")
         return "; ".join(parts)
 
 
@@ -159,17 +160,3 @@ def _short(description: str) -> str:
     last = description.split()[-1] if description.split() else description
     name = last.rsplit("/", 1)[-1]
     return name.removesuffix(".o") if name.endswith((".cu.o", ".cpp.o", ".c.o")) else name
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(int(seconds), 0)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def bisect_done(ends: tuple[float, ...], at: float) -> int:
-    """How many of a recording's steps had ended at `at` seconds (for replays)."""
-    return bisect_right(ends, at)

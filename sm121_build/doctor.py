@@ -133,13 +133,13 @@ def docker_group(probe: Probe) -> list[Check]:
 
 
 def buildkit(probe: Probe) -> list[Check]:
-    from sm121_build.image.engine import BUILDKIT_CLIENT_CANDIDATES
+    from sm121_build.image.engine import find_buildkit_client
 
-    for candidate in BUILDKIT_CLIENT_CANDIDATES:
-        path = probe.which(candidate)
-        if path and "--secret" in (probe.run([path, "build", "--help"]) or ""):
-            return [Check("buildkit", "OK", f"{path} builds with BuildKit (cache mounts: a "
-                          "rebuild reuses ccache)")]
+    path = find_buildkit_client(probe.which, lambda client: probe.run([client, "build",
+                                                                       "--help"]))
+    if path:
+        return [Check("buildkit", "OK", f"{path} builds with BuildKit (cache mounts: a "
+                      "rebuild reuses ccache)")]
     return [Check("buildkit", "WARN", "no docker CLI with BuildKit: builds go through the "
                   "engine's classic builder (no cache mounts, every rebuild compiles from "
                   "scratch)", "install the docker CLI (Debian/Ubuntu: `apt-get install "

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sm121_build.units import duration, human_size
+
 DONE = ("Pull complete", "Already exists", "Download complete")
 
 
@@ -53,30 +55,17 @@ class PullProgress:
         elapsed = max(now - self.started, 1e-6)
         rate = self.downloaded / elapsed
         waiting = any(state in ("Waiting", "Pulling fs layer") for state in self.states.values())
-        of = f"{'≥' if waiting else ''}{_size(self.known)}"
-        parts = [f"pulling {self.ref}: {_size(self.downloaded)} of {of}, {_size(rate)}/s"]
+        of = f"{'≥' if waiting else ''}{human_size(self.known)}"
+        parts = [f"pulling {self.ref}: {human_size(self.downloaded)} of {of}, {human_size(rate)}/s"]
         left = self.known - self.downloaded
         if rate > 0 and left > 0:
             more = " (more to come)" if waiting else ""
-            parts.append(f"about {_duration(left / rate)} left{more}")
+            parts.append(f"about {duration(left / rate)} left{more}")
         parts.append(f"{self.layers_done()}/{len(self.states)} layers")
         return ", ".join(parts)
 
     def summary(self, now: float) -> str:
         elapsed = max(now - self.started, 1e-6)
-        return (f"pulled {self.ref}: {_size(self.downloaded)} in {_duration(elapsed)} "
-                f"({_size(self.downloaded / elapsed)}/s), {len(self.states)} layers "
+        return (f"pulled {self.ref}: {human_size(self.downloaded)} in {duration(elapsed)} "
+                f"({human_size(self.downloaded / elapsed)}/s), {len(self.states)} layers "
                 f"({sum(1 for s in self.states.values() if s == 'Already exists')} already here)")
-
-
-def _size(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} GB"
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(int(seconds), 0)
-    return f"{seconds}s" if seconds < 60 else f"{seconds // 60}m{seconds % 60:02d}s"

@@ -122,25 +122,33 @@ def end_status_line() -> None:
 
 
 class LiveLine:
-    """A status text that changes often (a pull): rewritten in place on a terminal; a plain
-    line every `every` seconds elsewhere.  `last` keeps the newest text."""
+    """A status text that changes often (a pull, a long read): rewritten in place on a
+    terminal (at most every `gap` seconds); a plain line every `every` seconds elsewhere;
+    nothing under --progress quiet or -q.  `last` keeps the newest text given."""
 
-    def __init__(self, every: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 tty: bool | None = None) -> None:
-        self.every, self.clock = every, clock
+    def __init__(self, every: float = 30.0, gap: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None) -> None:
+        self.every, self.gap, self.clock = every, gap, clock
         self.tty = _live_terminal() if tty is None else tty
         self.said = clock()
         self.last = ""
 
-    def __call__(self, text: str) -> None:
-        self.last = text
-        if _quiet_progress():
-            return
+    def due(self) -> bool:
+        """Whether a text given now would be shown (so a caller can skip making it)."""
+        wait = self.gap if self.tty else self.every
+        return not _quiet_progress() and self.clock() - self.said >= wait
+
+    def say(self, text: str) -> None:
+        self.said = self.clock()
         if self.tty:
             status_line(text)
-        elif self.clock() - self.said >= self.every:
-            self.said = self.clock()
+        else:
             click.echo(f"    {text}", err=True)
+
+    def __call__(self, text: str) -> None:
+        self.last = text
+        if self.due():
+            self.say(text)
 
 
 class BuildStatus:
@@ -224,8 +232,8 @@ class Progress:
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.tty = _live_terminal()
-        self.started = self.last = time.monotonic()
+        self.started = time.monotonic()
+        self.line = LiveLine(every=15.0, gap=0.2)
         self.read = 0
         self.found = 0
 
@@ -241,15 +249,8 @@ class Progress:
     def update(self, read: int | None = None, found: int | None = None) -> None:
         self.read = self.read if read is None else read
         self.found = self.found if found is None else found
-        now = time.monotonic()
-        if _quiet_progress() or now - self.last < (0.2 if self.tty else 15.0):
-            return
-        self.last = now
-        if self.tty:
-            click.echo(f"\r\033[K    {self._text()[:110]}", nl=False, err=True)
-            _live["shown"] = True
-        else:
-            click.echo(f"    {self._text()}", err=True)
+        if self.line.due():  # the text is made only when it is shown
+            self.line.say(self._text())
 
     def done(self) -> None:
         end_status_line()

@@ -63,10 +63,9 @@ def package_name(name: str) -> str | None:
 
 
 def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arch: str,
-                    cuda: str, gpu: Target) -> tuple[dict[str, Rebuild], list[str]]:
+                    cuda: str, gpu: Target) -> dict[str, Rebuild]:
     """Per audited vLLM extension (by its audited name): the verdict of the main job's
-    decide step on `source` (its CMake files copied, the rules applied to the copy), and
-    the patch step's lines."""
+    decide step on `source` (its CMake files copied, the rules applied to the copy)."""
     stock: dict[str, BinaryReport | None] = {}
     audited: dict[str, str] = {}
     for report in reports:
@@ -74,7 +73,7 @@ def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arc
         if name and report.has_device_code and report.kernels is not None:
             stock[name], audited[name] = report, report.name
     if not stock:
-        return {}, []
+        return {}
     arch_cmake = cmake_arch_list(arch)
     with tempfile.TemporaryDirectory(prefix="sm121-audit-source-") as tmp:
         tree = Path(tmp) / "src"
@@ -82,10 +81,10 @@ def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arc
         shutil.copy2(source / "CMakeLists.txt", tree / "CMakeLists.txt")
         if (source / "cmake").is_dir():
             shutil.copytree(source / "cmake", tree / "cmake", symlinks=True)
-        lines = apply_for_build(tree, {}, version, arch_cmake, cuda, gpu)
+        apply_for_build(tree, {}, version, arch_cmake, cuda, gpu)
         plans = plan_extensions(stock, decide_inputs(tree, arch_cmake, cuda, gpu),
                                 {t: p.name for p in projects() for t in p.targets})
-    return {audited[p.name]: judged(p, gpu) for p in plans}, lines
+    return {audited[p.name]: judged(p, gpu) for p in plans}
 
 
 def judged(plan: ExtensionPlan, gpu: Target) -> Rebuild:

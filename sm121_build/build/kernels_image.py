@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm121_build.build import artifacts as artifacts_mod
+from sm121_build.build.render import render_kernels
 from sm121_build.errors import Sm121Error
 from sm121_build.image.api import ImageEngine, ImageFiles
 from sm121_build.image.refs import validate_image_ref
@@ -113,9 +114,7 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
         found.place(context / "root" / root)
         (context / "root" / MANIFEST_PATH).parent.mkdir(parents=True)
         shutil.copyfile(found.folder / artifacts_mod.MANIFEST, context / "root" / MANIFEST_PATH)
-        lines = ["FROM scratch", "COPY root/ /"]
-        lines += [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in _labels(manifest).items()]
-        (context / "Dockerfile").write_text("\n".join(lines) + "\n")
+        (context / "Dockerfile").write_text(render_kernels(_labels(manifest)))
         image_id = engine.build(context, context / "Dockerfile", log)
     for tag in tags:
         engine.tag(image_id, tag)

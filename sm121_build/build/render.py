@@ -146,10 +146,13 @@ def _external(plan: BuildPlan) -> str:
     return "\n".join(lines)
 
 
+def _label_lines(labels: dict[str, str]) -> str:
+    """`"key"="value"` pairs for one LABEL instruction, JSON-quoted, one per line."""
+    return " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(labels.items()))
+
+
 def _labels(plan: BuildPlan) -> str:
-    return " \\\n      ".join(
-        f"{_quote(k)}={_quote(v)}" for k, v in sorted(plan.labels.items())) or \
-        f'"{LABEL_PREFIX}.tool"="sm121-build"'
+    return _label_lines(plan.labels) or f'"{LABEL_PREFIX}.tool"="sm121-build"'
 
 
 def _no_syntax_directive(text: str) -> str:
@@ -206,6 +209,13 @@ def render_inject(plan: BuildPlan, artifacts: str = "artifacts") -> str:
         vllm_version=plan.vllm_version, git_ref=plan.git_ref,
         extensions=", ".join(plan.extensions),
         copy_lines=_copy_lines(plan, artifacts, flat=False), labels=_labels(plan)))
+
+
+def render_kernels(labels: dict[str, str], root: str = "root") -> str:
+    """A kernels image: the context folder `root` (the files at their paths in the base and
+    the manifest) into an empty image, with its labels."""
+    return _no_syntax_directive(_template("kernels.Dockerfile.in").substitute(
+        tool_version=__version__, root=root, labels=_label_lines(labels)))
 
 
 def provenance_labels(facts: ImageFacts, commit: str, arch: str,

@@ -97,25 +97,25 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     gpu, driver = _defaults(gpu, driver)
     policy = Policy(parse_target(gpu), parse_cuda_version(driver))
     parse_cuda_version(cuda)
-    version = None
+    judge: tuple[Path, str, str] | None = None  # source, its vLLM version, the arch list
     if source is not None:
         from sm121_build.build.judge import source_version
 
-        version = source_version(source, target)
+        judge = (source, source_version(source, target),
+                 f"{policy.target.major}.{policy.target.minor}")
     with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None \
-        or source is not None
+        or judge is not None
     reports, unreadable = run_audit(target, policy, with_kernels, include, platform,
                                     progress=sys.stderr.isatty())
     for line in unreadable:
         notice(f"unreadable: {line}")
     verdicts: report.Verdicts | None = None
-    if source is not None and version is not None:
+    if judge is not None:
         from sm121_build.build.judge import source_verdicts
 
-        arch = f"{policy.target.major}.{policy.target.minor}"
-        verdicts, _patched = source_verdicts(reports, source, version, arch, cuda,
-                                             policy.target)
-        notice(f"rebuild verdicts from the guards of vLLM {version} at {source} "
+        tree, version, arch = judge
+        verdicts = source_verdicts(reports, tree, version, arch, cuda, policy.target)
+        notice(f"rebuild verdicts from the guards of vLLM {version} at {tree} "
                f"({arch}, CUDA {cuda}, the rules applied)")
     if fmt == "cuobjdump":
         text = report.cuobjdump(reports)
@@ -123,9 +123,8 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
             click.echo(text)
     elif fmt == "json":
         data = report.as_json(reports, policy, verdicts)
-        if source is not None and version is not None:
-            data["source"] = {"path": str(source), "version": version,
-                              "arch": f"{policy.target.major}.{policy.target.minor}",
+        if judge is not None:
+            data["source"] = {"path": str(judge[0]), "version": judge[1], "arch": judge[2],
                               "cuda": cuda}
         click.echo(json.dumps(data, indent=2))
     else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -32,6 +34,20 @@ REPORT_HELP = "Write what the run did (status, provenance, audit before/after) a
 SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from this base "
                     "(that image stays; the base's own tag never moves).")
+
+
+@contextmanager
+def run_session(command: str, base: str, tag: str, arch: str | None, report: Path | None,
+                summary_md: Path | None, as_json: bool) -> Iterator[tuple[Pipeline, Path]]:
+    """A run of the main job or inject: its record (written however it ends, with the step
+    times), the pipeline on the engine, and a temp folder; `--json` moves the result lines
+    to stderr."""
+    if as_json:
+        results_to_stderr()
+    steps = Steps()
+    with recorded(new_record(command, base, tag, arch), report, summary_md, steps,
+                  as_json) as record, tempfile.TemporaryDirectory(prefix="sm121-run-") as tmp:
+        yield Pipeline.connect(record, steps), Path(tmp)
 
 
 @click.command()
@@ -138,14 +154,10 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
-    if as_json:
-        results_to_stderr()
-    steps = Steps()
-    with recorded(new_record("build", base, result_tag, arch), report, summary_md, steps,
-                  as_json) as record, tempfile.TemporaryDirectory(prefix="sm121-from-") as tmp:
-        pipeline = Pipeline.connect(record, steps)
+    with run_session("build", base, result_tag, arch, report, summary_md, as_json) as (
+            pipeline, tmp):
         if kernels_from and not plan_only:
-            found = look_up(pipeline, kernels_from, base, arch, pull, Path(tmp) / "kernels")
+            found = look_up(pipeline, kernels_from, base, arch, pull, tmp / "kernels")
             if found is not None:
                 run_inject(pipeline, found.folder, base, result_tag, out, replace_tag, found)
                 return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import click
@@ -10,8 +9,7 @@ import click
 from sm121_build.build.artifacts import load
 from sm121_build.build.inject import run_inject
 from sm121_build.build.kernels_image import fetch
-from sm121_build.build.pipeline import Pipeline
-from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
+from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP, run_session
 from sm121_build.cli.inputs import require_outputs
 from sm121_build.image.refs import (
     default_tag,
@@ -19,8 +17,6 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.steps import Steps, results_to_stderr
-from sm121_build.verify.run_report import new_record, recorded
 
 
 @click.command()
@@ -57,14 +53,10 @@ def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | N
     require_outputs(out, report, summary_md)
     # the manifest and every file checked before the engine is asked
     found = load(folder) if folder is not None else None
-    if as_json:
-        results_to_stderr()
-    steps = Steps()
-    with recorded(new_record("inject", base, result_tag, None), report, summary_md, steps,
-                  as_json) as record, tempfile.TemporaryDirectory(prefix="sm121-from-") as tmp:
-        pipeline = Pipeline.connect(record, steps)
+    with run_session("inject", base, result_tag, None, report, summary_md, as_json) as (
+            pipeline, tmp):
         if kernels_ref is not None:
-            with steps.step(f"kernels {kernels_ref}"):
-                found = fetch(pipeline.engine, kernels_ref, Path(tmp) / "artifacts")
+            with pipeline.steps.step(f"kernels {kernels_ref}"):
+                found = fetch(pipeline.engine, kernels_ref, tmp / "artifacts")
         assert found is not None
         run_inject(pipeline, found.folder, base, result_tag, out, replace_tag, found)

@@ -313,16 +313,24 @@ class Engine:
 
     def buildkit_client(self) -> str | None:
         """A docker CLI that can run BuildKit builds (`DOCKER_BUILDKIT=1`), if one exists."""
-        for candidate in BUILDKIT_CLIENT_CANDIDATES:
-            path = shutil.which(candidate)
-            if not path:
-                continue
-            result = subprocess.run(
-                [path, "build", "--help"], capture_output=True, text=True, check=False,
-                env={**os.environ, "DOCKER_BUILDKIT": "1"})
-            if result.returncode == 0 and "--secret" in result.stdout:
-                return path
-        return None
+        return find_buildkit_client(shutil.which, _build_help)
+
+
+def find_buildkit_client(which: Callable[[str], str | None],
+                         build_help: Callable[[str], str | None]) -> str | None:
+    """The first docker CLI whose `build --help` (None when it fails) offers BuildKit's
+    `--secret`: what `Engine.buildkit_client` and `doctor` both ask."""
+    for candidate in BUILDKIT_CLIENT_CANDIDATES:
+        path = which(candidate)
+        if path and "--secret" in (build_help(path) or ""):
+            return path
+    return None
+
+
+def _build_help(client: str) -> str | None:
+    result = subprocess.run([client, "build", "--help"], capture_output=True, text=True,
+                            check=False, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    return result.stdout if result.returncode == 0 else None
 
 
 def kept_pin(tag: str) -> None:

@@ -184,7 +184,7 @@ class HostBinary:
     def every_kernel(self, workers: int) -> Iterator[tuple[Entry, tuple[str, ...]]]:
         """Each entry with its kernel names, in entry order; `workers` threads decompress
         and read entries ahead (zstd and lz4 let go of the GIL: most of the work)."""
-        if workers <= 1:
+        if workers <= 1 or len(self.entries) <= 1:  # a raw cubin: no pool for one entry
             yield from ((entry, self.kernels(entry)) for entry in self.entries)
             return
         with ThreadPoolExecutor(workers) as pool:
@@ -252,8 +252,9 @@ def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
     arch = (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
     if not arch:
         raise CorruptBinaryError(f"{path}: a cubin whose ELF flags name no SM")
-    compat = _compat_attribute(path, data, COMPAT_ARCH_SPECIFIC)
-    recorded = _TKINFO_ARCH.search(_note(path, data, ".note.nv.tkinfo"))
+    compat_bytes, tkinfo = _sections(path, data, ".nv.compat", ".note.nv.tkinfo")
+    compat = _compat_attribute(compat_bytes, COMPAT_ARCH_SPECIFIC)
+    recorded = _TKINFO_ARCH.search(tkinfo)
     noted = (recorded.group(2) or b"-") if recorded and int(recorded.group(1)) == arch \
         else b""  # b"-": a plain -arch was recorded
     variant: Variant = "f" if noted == b"f" else ""
@@ -266,10 +267,9 @@ def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
     return Entry(0, 0, "elf", arch, variant, 0, (0, 0), 0, size, size, None)
 
 
-def _compat_attribute(path: Path, data: mmap.mmap, wanted: int) -> int | None:
+def _compat_attribute(raw: bytes, wanted: int) -> int | None:
     """A one-byte attribute of `.nv.compat` (records as in `.nv.info`: format, attribute,
     then a value of 1 or 2 bytes, or a 2-byte size and that many bytes), None if absent."""
-    raw = _note(path, data, ".nv.compat")
     at = 0
     while at + 4 <= len(raw):
         form, attribute = raw[at], raw[at + 1]
@@ -279,12 +279,12 @@ def _compat_attribute(path: Path, data: mmap.mmap, wanted: int) -> int | None:
     return None
 
 
-def _note(path: Path, data: mmap.mmap, name: str) -> bytes:
-    """A section's bytes by name (b"" when absent)."""
+def _sections(path: Path, data: mmap.mmap, *names: str) -> list[bytes]:
+    """Sections' bytes by name (b"" for one that is absent), the headers read once."""
     try:
         elf = Elf.read(data)
-        section = elf.section(name)
-        return elf.section_data(section) if section is not None else b""
+        found = [elf.section(name) for name in names]
+        return [elf.section_data(section) if section is not None else b"" for section in found]
     except ElfError as exc:
         raise CorruptBinaryError(f"{path}: cubin is not a readable ELF: {exc}") from None
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from sm121_build.units import human_size
 from sm121_build.verify.audit import BinaryReport, FileVerdict, Policy
 from sm121_build.verify.fixable import Rebuild, rebuild_verdict
 
@@ -19,15 +20,6 @@ VERDICT_WORDS: dict[FileVerdict, str] = {
     "partial": "PARTIAL: some kernels have no loadable code",
     "none": "NO loadable code",
 }
-
-
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{size} B"
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -95,7 +87,7 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
     with_code = [r for r in reports if r.has_device_code]
     for report in with_code:
         lines.append("")
-        lines.append(f"{report.name}  ({_human(report.size)})")
+        lines.append(f"{report.name}  ({human_size(report.size)})")
         lines.append(f"  cubins   {_counts(report.arch_counts('elf'))}")
         lines.append(f"  ptx      {_counts(report.arch_counts('ptx'))}")
         tus = report.containers

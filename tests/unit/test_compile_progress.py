@@ -9,12 +9,13 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from bisect import bisect_right
 from pathlib import Path
 
 import pytest
 
 from devkit.helpers import ROOT
-from sm121_build.compile_progress import CompileProgress, History, bisect_done, shipped_histories
+from sm121_build.compile_progress import CompileProgress, History, shipped_histories
 from sm121_build.steps import BuildStatus
 
 LOGS = {"c": ROOT / "docs/real-build/vllm-0.33.0-c-stable/ninja_log.txt",
@@ -42,7 +43,7 @@ def replay(log: Path, scale: float = 1.0,
     for start, _end, path in spans:
         what = next((f"Building {k} object {path}" for suffix, k in kind.items()
                      if path.endswith(suffix)), f"Linking CUDA shared module {path}")
-        lines.append((start, f"#14 {start:.1f} [{bisect_done(ends, start)}/{len(spans)}] "
+        lines.append((start, f"#14 {start:.1f} [{bisect_right(ends, start)}/{len(spans)}] "
                              f"{what}"))
     return lines, ends[-1]
 
@@ -129,13 +130,15 @@ def test_plain_output_is_a_line_per_tenth_never_one_per_step(
     assert said[-1].startswith("    compiling [") and "left" in said[-1]
 
 
-def test_a_terminal_shows_the_bar_in_place(tmp_path: Path) -> None:
-    """Under `script` (a real pseudo-terminal): the line is rewritten with \\r and ESC[K."""
+def _in_a_terminal(tmp_path: Path, mode: str = "auto", every: float = 60.0) -> bytes:
+    """What a build's 30 ninja steps print under `script` (a real pseudo-terminal), with
+    `--progress mode`."""
     feeder = tmp_path / "feed.py"
     feeder.write_text(
         "import time\n"
-        "from sm121_build.steps import BuildStatus\n"
-        "with BuildStatus() as status:\n"
+        "from sm121_build.steps import BuildStatus, set_progress\n"
+        f"set_progress({mode!r})\n"
+        f"with BuildStatus(every={every!r}) as status:\n"
         "    for done in range(0, 30):\n"
         "        status(f'#9 {done}.0 [{done}/30] Building CUDA object "
         "CMakeFiles/_C.dir/csrc/k{done}.cu.o')\n"
@@ -143,9 +146,15 @@ def test_a_terminal_shows_the_bar_in_place(tmp_path: Path) -> None:
     done = subprocess.run(["script", "-qec", f"{sys.executable} {feeder}", "/dev/null"],
                           capture_output=True, check=False, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert b"\r\x1b[K    compiling [" in done.stdout
-    assert b"running, longest k" in done.stdout
-    assert b"\n    compiling [" not in done.stdout  # never a new line per step
+    return done.stdout
+
+
+def test_a_terminal_shows_the_bar_in_place(tmp_path: Path) -> None:
+    """The line is rewritten with \\r and ESC[K."""
+    out = _in_a_terminal(tmp_path)
+    assert b"\r\x1b[K    compiling [" in out
+    assert b"running, longest k" in out
+    assert b"\n    compiling [" not in out  # never a new line per step
 
 
 def test_shipped_histories_are_the_real_builds() -> None:
@@ -162,18 +171,6 @@ def test_shipped_histories_are_the_real_builds() -> None:
                                             ("quiet", False)])
 def test_progress_modes_under_a_terminal(tmp_path: Path, mode: str, live: bool) -> None:
     """`--progress plain` gives CI-style lines even on a terminal; `quiet` gives none."""
-    feeder = tmp_path / "feed.py"
-    feeder.write_text(
-        "import time\n"
-        "from sm121_build.steps import BuildStatus, set_progress\n"
-        f"set_progress({mode!r})\n"
-        "status = BuildStatus(every=0.0)\n"
-        "for done in range(0, 30):\n"
-        "    status(f'#9 {done}.0 [{done}/30] Building CUDA object "
-        "CMakeFiles/_C.dir/csrc/k{done}.cu.o')\n"
-        "    time.sleep(0.03)\n")
-    done = subprocess.run(["script", "-qec", f"{sys.executable} {feeder}", "/dev/null"],
-                          capture_output=True, check=False, cwd=ROOT, timeout=60)
-    assert done.returncode == 0, done.stdout
-    assert (b"\r\x1b[K    compiling [" in done.stdout) == live
-    assert (b"    compiling [" in done.stdout) == (mode != "quiet")
+    out = _in_a_terminal(tmp_path, mode, every=0.0)
+    assert (b"\r\x1b[K    compiling [" in out) == live
+    assert (b"    compiling [" in out) == (mode != "quiet")

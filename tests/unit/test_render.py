@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from sm121_build import __version__
-from sm121_build.build.render import BuildPlan, choose_extensions, extension_target, render
+from sm121_build.build.render import (
+    BuildPlan,
+    choose_extensions,
+    extension_target,
+    render,
+    render_kernels,
+)
 from sm121_build.errors import Sm121Error
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -56,6 +62,18 @@ def _compare_golden(golden: Path, text: str) -> None:
         pytest.fail(f"{golden.name} rewritten; review the diff and run again without "
                     "SM121_UPDATE_GOLDEN")
     assert text == golden.read_text()
+
+
+def test_golden_kernels_image() -> None:
+    """The kernels image: FROM scratch, the root folder, the labels (quoted, sorted)."""
+    from sm121_build.build.kernels_image import _labels
+
+    manifest = {"base_digest": "vllm/vllm-openai@sha256:" + "ab" * 32,
+                "vllm_version": "0.19.1", "vllm_commit": "v0.19.1", "arch_list": "12.1",
+                "torch_version": "2.11.0+cu130", "patches": "0123456789abcdef",
+                "files": {"_C.abi3.so": {}, "_moe_C.abi3.so": {}}}
+    text = render_kernels(_labels(manifest)).replace(__version__, "<VERSION>")
+    _compare_golden(GOLDEN / "kernels.Dockerfile", text)
 
 
 def test_tools_stay_in_the_builder_stage() -> None:
