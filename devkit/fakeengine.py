@@ -92,6 +92,9 @@ class FakeEngine:
     def push(self, ref: str) -> None:
         raise Sm121Error(f"cannot push {ref}: the fake engine has no registry")
 
+    def resolve_digest(self, ref: str) -> str:
+        raise Sm121Error(f"cannot resolve {ref}: the fake engine has no registry")
+
     def find_by_label(self, key: str, value: str) -> list[ImageInfo]:
         return [image.info for image in self.images.values()
                 if image.info.labels.get(key) == value]

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sm121_build.build import artifacts as artifacts_mod
+from sm121_build.build.kernels_image import refusal
 from sm121_build.build.pipeline import Finish, Pipeline
 from sm121_build.build.render import BuildPlan, provenance_labels, render_inject
 from sm121_build.errors import Sm121Error
@@ -30,16 +31,9 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
         built.vllm_version, built.vllm_commit, arch_list
     facts, vllm = pipeline.resolve_image(base)
     pipeline.require_tags_free(facts, [tag], replace_tag)
-    if (vllm.version, vllm.commit_id or "") != (built.vllm_version, built.vllm_commit_id or ""):
-        raise Sm121Error(
-            f"artifacts in {folder} were built for vLLM {built.vllm_version} "
-            f"({built.vllm_commit_id or 'no commit id'}); {base} has "
-            f"{vllm.version} ({vllm.commit_id or 'no commit id'}): refusing to inject")
-    if built.torch_version and vllm.torch_version and built.torch_version != vllm.torch_version:
-        raise Sm121Error(
-            f"artifacts in {folder} were built against torch {built.torch_version}; {base} has "
-            f"torch {vllm.torch_version}: refusing to inject (torch's C++ ABI changes between "
-            "versions: build for this image instead)")
+    why = refusal(built, vllm, base)
+    if why:
+        raise Sm121Error(f"artifacts in {folder} {why[0]}: refusing to inject{why[1]}")
     extensions = tuple(sorted(found.files))
     with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
             pipeline.engine.pinned(facts.id) as pin:

@@ -26,16 +26,19 @@ import re
 import shutil
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm121_build.build import artifacts as artifacts_mod
 from sm121_build.build.render import render_kernels
-from sm121_build.errors import Sm121Error
-from sm121_build.image.api import ImageEngine, ImageFiles
-from sm121_build.image.refs import validate_image_ref
+from sm121_build.errors import EngineUnavailable, Sm121Error
+from sm121_build.image.api import ImageEngine, ImageFiles, Status
+from sm121_build.image.facts import VllmInstall
+from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
 from sm121_build.labels import LABEL_PREFIX
-from sm121_build.steps import note
+from sm121_build.steps import LiveLine, end_status_line, note
+from sm121_build.verify import run_report
 
 if TYPE_CHECKING:
     from sm121_build.build.pipeline import Pipeline
@@ -55,19 +58,40 @@ def reuse_key(manifest: dict[str, Any]) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def pinned_tag(version: str, commit: str, arch_list: str) -> str:
-    """`<vLLM version>-<commit12>-<arch>`: the tag a base's own facts name (the lookup)."""
+def cuda_flavour(torch_version: str) -> str:
+    """`cu130` of `2.11.0+cu130`: vLLM's release pipeline ships one commit for several CUDA
+    builds (`nightly`, `cu129-nightly`, ...), whose torch differ; empty when torch names none."""
+    local = torch_version.partition("+")[2]
+    return local if re.fullmatch(r"cu\d+", local) else ""
+
+
+def pinned_tag(version: str, commit: str, arch_list: str, torch_version: str = "") -> str:
+    """`<vLLM version>-<commit12>[-cuXYZ]-<arch>`: the tag a base's own facts name (the
+    lookup); immutable, for pinning and rollback."""
     arch = "-".join("sm" + a.replace(".", "") for a in re.split(r"[; ]+", arch_list) if a)
-    return _TAG_UNSAFE.sub("_", f"{version}-{commit[:12]}-{arch}")[:128]
+    parts = [version, commit[:12], cuda_flavour(torch_version), arch]
+    return _TAG_UNSAFE.sub("_", "-".join(p for p in parts if p))[:128]
 
 
 def tags_for(repo: str, manifest: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
-    """`repo:k-<key>`, `repo:<version>-<commit12>-<arch>`, and `repo:<extra>` for each."""
+    """`repo:k-<key>`, `repo:<version>-<commit12>[-cuXYZ]-<arch>`, and `repo:<extra>` for
+    each."""
     commit = str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or "")
     pinned = pinned_tag(str(manifest.get("vllm_version")), commit,
-                        str(manifest.get("arch_list", "")))
-    return [f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
-            *(f"{repo}:{_TAG_UNSAFE.sub('_', t)[:128]}" for t in extra)]
+                        str(manifest.get("arch_list", "")),
+                        str(manifest.get("torch_version") or ""))
+    return list(dict.fromkeys([
+        f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
+        *(f"{repo}:{_TAG_UNSAFE.sub('_', t)[:128]}" for t in extra)]))
+
+
+def moving_tag(base: str) -> str:
+    """The base's own tag (`nightly` of `vllm/vllm-openai:nightly`): the kernels image's
+    moving tag; none for a base named by digest or image ID."""
+    if IMAGE_ID.match(base):
+        return ""
+    _name, tag, digest = split_ref(base)
+    return "" if digest else tag or "latest"
 
 
 class KernelsNotFound(Sm121Error):
@@ -124,15 +148,60 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
     return tags
 
 
-def fetch(engine: ImageEngine, ref: str, dest: Path) -> artifacts_mod.Artifacts:
-    """Pull a kernels image and read it back into an artifacts folder at `dest`, checked:
-    a kernels image (its label), the manifest's files and nothing else, every sha256."""
+class RegistryError(Sm121Error):
+    """The registry could not be asked (down, refused the login, ...): not the image's fault."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A kernels image read back: its checked artifacts and the digest it was pulled by."""
+
+    artifacts: artifacts_mod.Artifacts
+    digest: str
+
+
+def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list[str]:
+    """`--kernels-to`: the run's verified artifacts as a kernels image, pushed (after
+    verification, never before) as `k-<reuse key>`, `<version>-<commit>-<cuXYZ>-<arch>` and
+    the base's moving tag."""
+    found = artifacts_mod.load(folder)
+    with pipeline.steps.step(f"publish kernels to {repo}"):
+        moving = moving_tag(base)
+        tags = publish(pipeline.engine, found, repo, (moving,) if moving else (),
+                       pipeline.new_log("kernels", recorded=False))
+        pipeline.record.kernels_to = tags
+    return tags
+
+
+def fetch(engine: ImageEngine, ref: str, dest: Path,
+          status: Status | None = None) -> Fetched:
+    """Resolve `ref` to its digest, pull exactly that, and read it back into an artifacts
+    folder at `dest`, checked: a kernels image (its label), the manifest's files and nothing
+    else, every sha256.  The pulled image is removed again unless it was here before."""
+    name, _tag, digest = split_ref(ref)
     try:
-        image_id = engine.pull(ref)
+        digest = digest or engine.resolve_digest(ref)
+    except EngineUnavailable:
+        raise
     except Sm121Error as exc:
         if _MISSING.search(str(exc)):
             raise KernelsNotFound(str(exc)) from None
+        raise RegistryError(str(exc)) from None
+    before = engine.image_ids()
+    try:
+        image_id = engine.pull(f"{name}@{digest}", status)
+    except EngineUnavailable:
         raise
+    except Sm121Error as exc:
+        raise RegistryError(str(exc)) from None
+    try:
+        return Fetched(_read_back(engine, ref, image_id, dest), digest)
+    finally:
+        engine.remove_created(image_id, before)
+
+
+def _read_back(engine: ImageEngine, ref: str, image_id: str,
+               dest: Path) -> artifacts_mod.Artifacts:
     info = engine.image(image_id)
     if info.labels.get(KIND_LABEL) != "kernels":
         raise Sm121Error(f"{ref} is not a kernels image (no {KIND_LABEL}=kernels label): "
@@ -166,6 +235,19 @@ def fetch(engine: ImageEngine, ref: str, dest: Path) -> artifacts_mod.Artifacts:
     return artifacts_mod.load(dest)  # every sha256 against the manifest
 
 
+def fetch_step(pipeline: Pipeline, ref: str, dest: Path) -> Fetched:
+    """`fetch` as a step of the run, with the pull's progress and what it brought."""
+    live = LiveLine()
+    got = fetch(pipeline.engine, ref, dest, live)
+    end_status_line()
+    if live.last.startswith("pulled "):
+        note(live.last)
+    key = reuse_key(got.artifacts.manifest)
+    note(f"{ref} is {got.digest} (reuse key {key})")
+    pipeline.record.kernels_from = run_report.KernelsFrom(ref, "hit", got.digest, key)
+    return got
+
+
 def require_repository(repo: str, option: str) -> None:
     """A repository reference without a tag or digest (the tags are chosen here)."""
     validate_image_ref(repo)
@@ -175,19 +257,48 @@ def require_repository(repo: str, option: str) -> None:
 
 def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
             dest: Path) -> artifacts_mod.Artifacts | None:
-    """The kernels image of this base's vLLM build in `repo` (`<version>-<commit>-<arch>`),
-    fetched and checked, or None on a miss; the base is resolved (and pulled) first."""
+    """The kernels image of this base's vLLM build in `repo`
+    (`<version>-<commit>-<cuXYZ>-<arch>`), fetched and checked, or None when there is none
+    to use: a miss, the registry unreachable, or one built for another vLLM or torch (each
+    said in one line and recorded).  The base is resolved (and pulled) first."""
     _facts, vllm = pipeline.resolve_image(base, pull)
-    ref = f"{repo}:{pinned_tag(vllm.version, vllm.commit_id or '', arch)}"
+    ref = f"{repo}:{pinned_tag(vllm.version, vllm.commit_id or '', arch, vllm.torch_version or '')}"
+    record = pipeline.record
     with pipeline.steps.step(f"kernels {ref}"):
         try:
-            found = fetch(pipeline.engine, ref, dest)
+            got = fetch_step(pipeline, ref, dest)
         except KernelsNotFound:
             note(f"no kernels image {ref}: a miss")
+            record.kernels_from = run_report.KernelsFrom(ref, "miss", why="not in the registry")
             return None
-        note(f"kernels image {ref} (reuse key {reuse_key(found.manifest)}): inject and "
-             "verify, no compile")
-    return found
+        except RegistryError as exc:
+            note(f"{exc}: no kernels from {repo}")
+            record.kernels_from = run_report.KernelsFrom(ref, "unreachable", why=str(exc))
+            return None
+        why = refusal(got.artifacts.provenance, vllm, base)
+        if why:
+            note(f"{ref} {why[0]}: not used")
+            record.kernels_from = run_report.KernelsFrom(ref, "refused", got.digest,
+                                                         reuse_key(got.artifacts.manifest),
+                                                         why[0])
+            return None
+        note("a hit: inject and verify, no compile")
+    return got.artifacts
+
+
+def refusal(built: artifacts_mod.Provenance, vllm: VllmInstall,
+            base: str) -> tuple[str, str] | None:
+    """Why files built as `built` say cannot go into `base` (another vLLM version or commit,
+    or another torch), and the hint; None when they fit."""
+    if (vllm.version, vllm.commit_id or "") != (built.vllm_version, built.vllm_commit_id or ""):
+        return (f"were built for vLLM {built.vllm_version} "
+                f"({built.vllm_commit_id or 'no commit id'}); {base} has {vllm.version} "
+                f"({vllm.commit_id or 'no commit id'})", "")
+    if built.torch_version and vllm.torch_version and built.torch_version != vllm.torch_version:
+        return (f"were built against torch {built.torch_version}; {base} has torch "
+                f"{vllm.torch_version}", " (torch's C++ ABI changes between versions: build "
+                "for this image instead)")
+    return None
 
 
 def _regular_files(files: ImageFiles, folder: str) -> set[str]:

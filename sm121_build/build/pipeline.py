@@ -129,15 +129,17 @@ class Pipeline:
         progress.done()
         return reports
 
-    def new_log(self, name: str) -> Path:
-        """An empty build log under the cache, named in the record."""
+    def new_log(self, name: str, recorded: bool = True) -> Path:
+        """An empty build log under the state folder, named in the record (the run's build
+        log) unless `recorded` is false."""
         folder = state_dir() / "logs"
         folder.mkdir(parents=True, exist_ok=True)
         # one file per run: two runs of one content key never write into each other's log
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f"{name}.", suffix=".log",
                                          delete=False) as handle:
             log = Path(handle.name)
-        self.record.log = str(log)
+        if recorded:
+            self.record.log = str(log)
         return log
 
     # -- tail ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from sm121_build.build.inject import run_inject
-from sm121_build.build.kernels_image import look_up, require_repository
+from sm121_build.build.kernels_image import look_up, publish_step, require_repository
 from sm121_build.build.local import run_local
 from sm121_build.build.main_job import Options, run_build
 from sm121_build.build.pipeline import Pipeline
@@ -27,7 +27,7 @@ from sm121_build.image.refs import (
 )
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.pin import UPSTREAM, require_vllm_tree
-from sm121_build.steps import Steps, results_to_stderr
+from sm121_build.steps import Steps, note, results_to_stderr
 from sm121_build.verify.run_report import new_record, recorded
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
@@ -89,6 +89,10 @@ def run_session(command: str, base: str, tag: str, arch: str | None, report: Pat
               help="Look for a kernels image of this base's vLLM build in REPO (tag "
                    "<version>-<commit>-<arch>): on a hit, inject and verify it, no compile; on "
                    "a miss, build as usual.")
+@click.option("--kernels-to", "kernels_to", metavar="REPO",
+              help="After verification, push the rebuilt files as a kernels image to REPO "
+                   "(tags k-<reuse key>, <version>-<commit>-<cuXYZ>-<arch> and the base's "
+                   "tag), with the engine's `docker login`.")
 @click.option("--no-build", is_flag=True,
               help="With --kernels-from: fail on a miss instead of building.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
@@ -109,7 +113,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
           plan_only: bool, replace_tag: bool, as_json: bool, kernels_from: str | None,
-          no_build: bool) -> None:
+          kernels_to: str | None, no_build: bool) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
     if local:
@@ -120,7 +124,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
             ("--versioned-tag", versioned_tag), ("--replace-tag", replace_tag),
             ("--plan", plan_only), ("--only", only), ("--report", report),
             ("--summary-md", summary_md), ("--json", as_json),
-            ("--kernels-from", kernels_from)) if given]
+            ("--kernels-from", kernels_from), ("--kernels-to", kernels_to)) if given]
         if ignored:
             raise click.UsageError(f"--local builds on this machine, no image: "
                                    f"{', '.join(ignored)} do(es) not apply")
@@ -141,8 +145,9 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     validate_image_ref(base)
     if no_build and not kernels_from:
         raise click.UsageError("--no-build goes with --kernels-from REPO")
-    if kernels_from:
-        require_repository(kernels_from, "--kernels-from")
+    for option, repository in (("--kernels-from", kernels_from), ("--kernels-to", kernels_to)):
+        if repository:
+            require_repository(repository, option)
     if source:
         require_vllm_tree(source)  # before the engine, the pull and a 1 GB copy
     if fa_source:
@@ -156,20 +161,36 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     require_outputs(out, report, summary_md)
     with run_session("build", base, result_tag, arch, report, summary_md, as_json) as (
             pipeline, tmp):
+        export = out or (tmp / "kernels-to" if kernels_to else None)
         if kernels_from and not plan_only:
             found = look_up(pipeline, kernels_from, base, arch, pull, tmp / "kernels")
             if found is not None:
-                run_inject(pipeline, found.folder, base, result_tag, out, replace_tag, found)
+                run_inject(pipeline, found.folder, base, result_tag, export, replace_tag, found)
+                if kernels_to and kernels_to != kernels_from:
+                    publish_step(pipeline, export or found.folder, kernels_to, base)
+                _forget_temporary(pipeline, out)
                 return
             if no_build:
-                raise Sm121Error(f"no kernels image for {base} in {kernels_from} (--no-build): "
-                                 "publish one with `sm121-build kernels publish`, or drop "
-                                 "--no-build to compile")
+                why = pipeline.record.kernels_from.why if pipeline.record.kernels_from else ""
+                raise Sm121Error(f"no kernels image for {base} in {kernels_from} ({why}; "
+                                 "--no-build): publish one with `sm121-build kernels "
+                                 "publish`, or drop --no-build to compile")
             pull = "never"  # pulled for the lookup already
         run_build(pipeline,
                   Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
-                          jobs=jobs, source=source, repo=repo, out=out, force=force,
+                          jobs=jobs, source=source, repo=repo, out=export, force=force,
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
                           allow_other_commit=allow_other_commit, fa_source=fa_source,
                           only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
                           replace_tag=replace_tag))
+        if kernels_to and export and pipeline.record.status in ("built", "up-to-date"):
+            publish_step(pipeline, export, kernels_to, base)
+        elif kernels_to and not plan_only:
+            note(f"--kernels-to {kernels_to}: nothing was built, nothing to publish")
+        _forget_temporary(pipeline, out)
+
+
+def _forget_temporary(pipeline: Pipeline, out: Path | None) -> None:
+    """The record names an artifacts folder only where the user asked for one (--out)."""
+    if out is None:
+        pipeline.record.artifacts = None

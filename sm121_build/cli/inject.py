@@ -8,7 +8,7 @@ import click
 
 from sm121_build.build.artifacts import load
 from sm121_build.build.inject import run_inject
-from sm121_build.build.kernels_image import fetch
+from sm121_build.build.kernels_image import fetch_step
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP, run_session
 from sm121_build.cli.inputs import require_outputs
 from sm121_build.image.refs import (
@@ -57,6 +57,6 @@ def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | N
             pipeline, tmp):
         if kernels_ref is not None:
             with pipeline.steps.step(f"kernels {kernels_ref}"):
-                found = fetch(pipeline.engine, kernels_ref, tmp / "artifacts")
+                found = fetch_step(pipeline, kernels_ref, tmp / "artifacts").artifacts
         assert found is not None
         run_inject(pipeline, found.folder, base, result_tag, out, replace_tag, found)

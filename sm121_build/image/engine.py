@@ -127,6 +127,22 @@ class Engine:
             status(progress.summary(time.monotonic()))  # the last word: what came, how fast
         return self.image(ref).id
 
+    def resolve_digest(self, ref: str) -> str:
+        """The manifest digest a registry gives `ref` now (`sha256:...`), asked through the
+        engine (its login, mirrors and insecure-registry settings): what a later pull by
+        digest gets, however the tag moves meanwhile."""
+        try:
+            data = self.client.api.inspect_distribution(ref)
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"cannot resolve {ref}: {exc.explanation or exc}") from None
+        except requests.exceptions.RequestException as exc:
+            raise EngineUnavailable(f"cannot resolve {ref}: engine connection lost "
+                                    f"({exc})") from None
+        digest = str((data.get("Descriptor") or {}).get("digest") or "")
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise Sm121Error(f"cannot resolve {ref}: the registry gave no digest")
+        return digest
+
     def push(self, ref: str) -> None:
         """Push a local tag to its registry, as `docker push` (the engine's credentials)."""
         name, tag, _digest = split_ref(ref)

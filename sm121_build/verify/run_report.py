@@ -72,6 +72,17 @@ class Pulled:
     after: str
 
 
+@dataclass(frozen=True)
+class KernelsFrom:
+    """A kernels image looked up (`--kernels-from`) or named (`inject --from`)."""
+
+    ref: str
+    outcome: str  # hit, miss, unreachable (the registry could not be asked), refused
+    digest: str = ""  # what was pulled, by digest
+    reuse_key: str = ""
+    why: str = ""  # of a miss, an unreachable registry or a refusal
+
+
 @dataclass
 class RunRecord:
     """What one build or inject run did; filled in as the run goes, written however it ends.
@@ -99,6 +110,8 @@ class RunRecord:
     fp4_excluded: dict[str, int] | None = None
     abi_symbols_checked: int | None = None
     artifacts: str | None = None
+    kernels_from: KernelsFrom | None = None
+    kernels_to: list[str] | None = None  # the kernels image's tags pushed (--kernels-to)
     image_id: str | None = None
     tags: list[str] | None = None
     steps: list[dict[str, Any]] | None = None  # name, seconds, ok: every step, in order

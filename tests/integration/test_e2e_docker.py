@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import jsonschema
 import pytest
 
 from devkit.registry import local_registry
+from devkit.stallproxy import stalling
 from devkit.stockimage import TORCH_VERSION, StockImage, stock_workspace
 from sm121_build.compile_progress import CompileProgress
 from sm121_build.shipped import schema
@@ -221,32 +223,35 @@ def test_inject_artifacts_gives_the_same_bytes(e2e: E2E, patched: subprocess.
 def test_kernels_image_published_and_injected_from_a_registry(
         e2e: E2E, patched: subprocess.CompletedProcess[str], tmp_path: Path) -> None:
     """Build once, inject everywhere: the verified artifacts as a kernels image in a real
-    registry on loopback, pulled back by another machine's `inject --from`, verified, and
-    the same bytes as the local build; an image holding what it does not declare, or a file
-    whose sha256 differs, is refused."""
+    registry on loopback, pulled back (by digest) by another machine's `inject --from`,
+    verified, and the same bytes as the local build; an image holding what it does not
+    declare, or a file whose sha256 differs, is refused."""
     assert patched.returncode == 0, patched.stderr
     artifacts = e2e.work / "artifacts"
     manifest = json.loads((artifacts / "manifest.json").read_text())
     package = manifest["package_dir"].strip("/")
     with local_registry(tmp_path) as registry:
-        repo = f"{registry}/sm121-test/kernels"
         try:
-            _kernels_round_trip(e2e, tmp_path, repo, artifacts, manifest, package)
+            _kernels_round_trip(e2e, tmp_path, registry, artifacts, manifest, package)
+            _kernels_to_and_reuse(e2e, tmp_path, registry)
+            _kernels_refused_or_unreachable(e2e, tmp_path, registry, artifacts, package)
+            _ctrl_c_during_the_kernels_pull(e2e, registry)
         finally:  # what the test pushed and pulled back leaves the engine with it
             for image in e2e.client.images.list():
                 for tag in image.tags:
-                    if tag.startswith(f"{repo}:"):
+                    if tag.startswith(f"{registry}/"):
                         e2e.client.images.remove(tag, force=True)
 
 
-def _kernels_round_trip(e2e: E2E, tmp_path: Path, repo: str, artifacts: Path,
+def _kernels_round_trip(e2e: E2E, tmp_path: Path, registry: str, artifacts: Path,
                         manifest: dict[str, Any], package: str) -> None:
+    repo = f"{registry}/sm121-test/kernels"
     published = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to", repo,
                         "--tag", "nightly")
     assert published.returncode == 0, published.stderr
     tags = published.stdout.split()
     assert len(tags) == 3 and tags[0].startswith(f"{repo}:k-")
-    assert tags[1] == f"{repo}:0.19.1-{e2e.stock.commit[:12]}-sm121"
+    assert tags[1] == f"{repo}:0.19.1-{e2e.stock.commit[:12]}-cu130-sm121"
     assert tags[2] == f"{repo}:nightly"
     engine_made = {".dockerenv", "dev/console", "etc/hostname", "etc/hosts", "etc/mtab",
                    "etc/resolv.conf"}  # what every created container shows
@@ -258,10 +263,19 @@ def _kernels_round_trip(e2e: E2E, tmp_path: Path, repo: str, artifacts: Path,
     assert labels["io.github.sm121-build.vllm.commit"] == manifest["vllm_commit"]
     for tag in tags:
         e2e.client.images.remove(tag)
+    images = {i.id for i in e2e.client.images.list(all=True)}
     result = e2e.run("inject", "--from", tags[1], "--base", e2e.stock.tag, "--tag",
-                     f"{PREFIX}:from-registry")
+                     f"{PREFIX}:from-registry", "--report", str(tmp_path / "from.json"))
     assert result.returncode == 0, result.stderr
     assert f"==> kernels {tags[1]}" in result.stderr and "==> verify" in result.stderr
+    pulled = json.loads((tmp_path / "from.json").read_text())["kernels_from"]
+    assert pulled["outcome"] == "hit" and pulled["digest"].startswith("sha256:")
+    assert f"{tags[1]} is {pulled['digest']} (reuse key {tags[0].rsplit(':k-', 1)[1]})" in \
+        result.stderr  # pulled by the digest the tag resolved to
+    assert "\n    pulled " in result.stderr  # what the pull brought, and how fast
+    # the kernels image was read and removed again: only the result is new
+    assert {i.id for i in e2e.client.images.list(all=True)} - images == {
+        e2e.client.images.get(f"{PREFIX}:from-registry").id}
     assert _flat_files(e2e.client, f"{PREFIX}:from-registry") == \
         _flat_files(e2e.client, f"{PREFIX}:patched")
     # the main job looks the build up by the base's own facts: a hit injects, no compile
@@ -273,12 +287,12 @@ def _kernels_round_trip(e2e: E2E, tmp_path: Path, repo: str, artifacts: Path,
     assert json.loads((tmp_path / "via.json").read_text())["status"] == "injected"
     assert _flat_files(e2e.client, f"{PREFIX}:via-lookup") == \
         _flat_files(e2e.client, f"{PREFIX}:patched")
-    registry = repo.split("/", 1)[0]
     miss = e2e.run("--base", e2e.stock.tag, "--kernels-from", f"{registry}/sm121-test/none",
                    "--no-build", "--tag", f"{PREFIX}:no-build")
     assert miss.returncode == 2, miss.stderr
     assert miss.stderr.strip().splitlines()[-1].startswith(
-        f"error: no kernels image for {e2e.stock.tag} in {registry}/sm121-test/none")
+        f"error: no kernels image for {e2e.stock.tag} in {registry}/sm121-test/none "
+        "(not in the registry; --no-build)")
     assert not e2e.exists(f"{PREFIX}:no-build")
     for what, change in (("extra", "undeclared"), ("sha", "sha256")):
         bad = _tampered_kernels(e2e, tmp_path / what, artifacts, package, what)
@@ -296,10 +310,100 @@ def _kernels_round_trip(e2e: E2E, tmp_path: Path, repo: str, artifacts: Path,
         assert not e2e.exists(f"{PREFIX}:refused-{what}")
 
 
+def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
+    """The main job publishes what it verified (`--kernels-to`, here on an up-to-date run:
+    the verified files are exported and pushed), and another base with the same vLLM and
+    torch (a local re-build of the stock image: another image ID) finds them."""
+    repo = f"{registry}/sm121-test/published"
+    done = e2e.build(f"{PREFIX}:patched", "--kernels-to", repo, "--report",
+                     str(tmp_path / "to.json"))
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "to.json").read_text())
+    assert record["status"] == "up-to-date" and "artifacts" not in record  # no --out asked
+    moving = e2e.stock.tag.rsplit(":", 1)[1]
+    assert record["kernels_to"][1:] == [
+        f"{repo}:0.19.1-{e2e.stock.commit[:12]}-cu130-sm121", f"{repo}:{moving}"]
+    assert f"==> publish kernels to {repo}" in done.stderr
+    with urllib.request.urlopen(f"http://{registry}/v2/sm121-test/published/tags/list",
+                                timeout=10) as response:
+        assert sorted(json.load(response)["tags"]) == sorted(
+            t.rsplit(":", 1)[1] for t in record["kernels_to"])
+    other = e2e.work / "other-base"
+    other.mkdir(exist_ok=True)
+    (other / "Dockerfile").write_text(f"FROM {e2e.stock.tag}\nLABEL sm121.test.rebuilt=1\n")
+    image, _ = e2e.client.images.build(path=str(other), rm=True, tag=f"{PREFIX}:other-base")
+    assert image.id != e2e.client.images.get(e2e.stock.tag).id
+    hit = e2e.run("--base", f"{PREFIX}:other-base", "--kernels-from", repo, "--no-build",
+                  "--tag", f"{PREFIX}:other-base-sm121", "--report", str(tmp_path / "re.json"))
+    assert hit.returncode == 0, hit.stderr
+    used = json.loads((tmp_path / "re.json").read_text())["kernels_from"]
+    assert used["outcome"] == "hit"
+    assert record["kernels_to"][0] == f"{repo}:k-{used['reuse_key']}"  # the key that matched
+    assert "==> build" not in hit.stderr and e2e.exists(f"{PREFIX}:other-base-sm121")
+
+
+def _kernels_refused_or_unreachable(e2e: E2E, tmp_path: Path, registry: str,
+                                    artifacts: Path, package: str) -> None:
+    """Kernels built against another torch are not used (one line) and the run builds
+    instead (here: up to date, the content key unchanged); a registry that is down is one
+    line too, and the run still builds; with --no-build either one fails."""
+    repo = f"{registry}/sm121-test/other-torch"
+    pinned = f"0.19.1-{e2e.stock.commit[:12]}-cu130-sm121"
+    torch = _tampered_kernels(e2e, tmp_path / "torch", artifacts, package, "torch")
+    e2e.client.images.get(torch).tag(f"{repo}:{pinned}")
+    e2e.client.images.push(f"{repo}:{pinned}")
+    e2e.client.images.remove(f"{repo}:{pinned}")
+    refused = e2e.build(f"{PREFIX}:patched", "--kernels-from", repo, "--report",
+                        str(tmp_path / "torch.json"))
+    assert refused.returncode == 0, refused.stderr
+    assert (f"{repo}:{pinned} were built against torch 2.10.0+cu130; {e2e.stock.tag} has "
+            f"torch {TORCH_VERSION}: not used") in refused.stderr
+    record = json.loads((tmp_path / "torch.json").read_text())
+    assert (record["kernels_from"]["outcome"], record["status"]) == ("refused", "up-to-date")
+    down = "127.0.0.1:9"  # the discard port: nothing listens
+    fallback = e2e.build(f"{PREFIX}:patched", "--kernels-from", f"{down}/k", "--report",
+                         str(tmp_path / "down.json"))
+    assert fallback.returncode == 0, fallback.stderr
+    line = next(x for x in fallback.stderr.splitlines() if f"no kernels from {down}/k" in x)
+    assert line.strip().startswith(f"cannot resolve {down}/k:{pinned}: ")
+    assert json.loads((tmp_path / "down.json").read_text())["kernels_from"]["outcome"] == \
+        "unreachable"
+    for source in (repo, f"{down}/k"):
+        failed = e2e.build(f"{PREFIX}:patched", "--kernels-from", source, "--no-build")
+        assert failed.returncode == 2, failed.stderr
+        assert failed.stderr.strip().splitlines()[-1].startswith(
+            f"error: no kernels image for {e2e.stock.tag} in {source} (")
+
+
+def _ctrl_c_during_the_kernels_pull(e2e: E2E, registry: str) -> None:
+    """Ctrl-C while the kernels image is being pulled (the registry stalls on its first
+    blob): exit 130, nothing tagged, no temporary folder, no image left."""
+    images = {i.id for i in e2e.client.images.list(all=True)}
+    tmp = Path(e2e.env["TMPDIR"])
+    with stalling(registry) as proxy:
+        ref = f"{proxy.address}/sm121-test/kernels:nightly"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sm121_build", "inject", "--from", ref, "--base",
+             e2e.stock.tag, "--tag", f"{PREFIX}:interrupted-pull"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e2e.env)
+        assert proxy.stalled.wait(120), "the pull never asked for a blob"
+        assert list(tmp.iterdir()), "the run's temporary folder should exist while pulling"
+        process.send_signal(signal.SIGINT)
+        _, rest = process.communicate(timeout=120)
+    assert process.returncode == 130, rest
+    assert f"==> kernels {ref}" in rest
+    assert rest.strip().splitlines()[-1] == (
+        "interrupted: temporary files and containers were removed")
+    assert not e2e.exists(f"{PREFIX}:interrupted-pull")
+    assert list(tmp.iterdir()) == []
+    assert {i.id for i in e2e.client.images.list(all=True)} == images
+
+
 def _tampered_kernels(e2e: E2E, context: Path, artifacts: Path, package: str,
                       how: str) -> str:
-    """A kernels image like a published one, but holding an extra file (`extra`) or a
-    changed .so (`sha`); built with the engine directly."""
+    """A kernels image like a published one, but holding an extra file (`extra`), a
+    changed .so (`sha`), or a manifest naming another torch (`torch`); built with the engine
+    directly."""
     root = context / "root"
     (root / package).mkdir(parents=True)
     manifest = json.loads((artifacts / "manifest.json").read_text())
@@ -308,12 +412,16 @@ def _tampered_kernels(e2e: E2E, context: Path, artifacts: Path, package: str,
         shutil.copyfile(artifacts / name, root / package / name)
     if how == "extra":
         (root / package / "evil.abi3.so").write_bytes(b"\x7fELF not declared")
+    elif how == "torch":  # honest files, built (says the manifest) against another torch
+        pass
     else:
         first = next(iter(manifest["files"]))
         with open(root / package / first, "ab") as handle:
             handle.write(b"\0")
     (root / "sm121-build").mkdir()
-    shutil.copyfile(artifacts / "manifest.json", root / "sm121-build" / "manifest.json")
+    if how == "torch":
+        manifest["torch_version"] = "2.10.0+cu130"
+    (root / "sm121-build" / "manifest.json").write_text(json.dumps(manifest))
     (context / "Dockerfile").write_text(
         'FROM scratch\nCOPY root/ /\nLABEL "io.github.sm121-build.kind"="kernels"\n')
     image, _ = e2e.client.images.build(path=str(context), rm=True)

@@ -10,8 +10,17 @@ from typing import Any
 import pytest
 
 from devkit.helpers import cli, one_line_error
-from sm121_build.build.kernels_image import package_root, reuse_key, tags_for
+from sm121_build.build.artifacts import Provenance
+from sm121_build.build.kernels_image import (
+    cuda_flavour,
+    moving_tag,
+    package_root,
+    refusal,
+    reuse_key,
+    tags_for,
+)
 from sm121_build.errors import Sm121Error
+from sm121_build.image.facts import VllmInstall
 
 MANIFEST: dict[str, Any] = {
     "format": 1, "base": "vllm/vllm-openai:nightly", "base_digest": "vllm/vllm-openai@sha256:1",
@@ -35,10 +44,51 @@ def test_the_reuse_key_ignores_the_base_and_names_what_injection_needs() -> None
 def test_tags_pin_the_build_and_carry_the_moving_tag() -> None:
     tags = tags_for("ghcr.io/me/kernels", MANIFEST, ("nightly", "bad/tag"))
     assert tags == [f"ghcr.io/me/kernels:k-{reuse_key(MANIFEST)}",
-                    "ghcr.io/me/kernels:0.33.0-aaaaaaaaaaaa-sm121",
+                    "ghcr.io/me/kernels:0.33.0-aaaaaaaaaaaa-cu130-sm121",
                     "ghcr.io/me/kernels:nightly", "ghcr.io/me/kernels:bad_tag"]
     two = tags_for("r", {**MANIFEST, "arch_list": "12.0;12.1a"})
-    assert two[1] == "r:0.33.0-aaaaaaaaaaaa-sm120-sm121a"
+    assert two[1] == "r:0.33.0-aaaaaaaaaaaa-cu130-sm120-sm121a"
+    # one vLLM commit ships as several CUDA builds (nightly, cu129-nightly): never one tag
+    cu129 = tags_for("r", {**MANIFEST, "torch_version": "2.11.0+cu129"})
+    assert cu129[1] == "r:0.33.0-aaaaaaaaaaaa-cu129-sm121"
+    assert tags_for("r", {**MANIFEST, "torch_version": "2.11.0"})[1] == \
+        "r:0.33.0-aaaaaaaaaaaa-sm121"  # a torch naming no CUDA build
+    assert tags_for("r", MANIFEST, ("nightly", "nightly")).count("r:nightly") == 1
+
+
+@pytest.mark.parametrize(("torch", "flavour"), [
+    ("2.11.0+cu130", "cu130"), ("2.9.1+cu129", "cu129"), ("2.11.0", ""),
+    ("2.11.0+cpu", ""), ("2.11.0+rocm6.4", ""), ("", "")])
+def test_the_cuda_flavour_comes_from_torchs_local_version(torch: str, flavour: str) -> None:
+    assert cuda_flavour(torch) == flavour
+
+
+@pytest.mark.parametrize(("base", "tag"), [
+    ("vllm/vllm-openai:nightly", "nightly"), ("vllm/vllm-openai:cu129-nightly", "cu129-nightly"),
+    ("vllm/vllm-openai", "latest"), ("localhost:5000/v:0.33.0", "0.33.0"),
+    (f"vllm/vllm-openai@sha256:{'1' * 64}", ""), (f"sha256:{'2' * 64}", "")])
+def test_the_moving_tag_is_the_bases_own(base: str, tag: str) -> None:
+    assert moving_tag(base) == tag
+
+
+def test_files_built_for_another_vllm_or_torch_are_refused_with_the_reason() -> None:
+    built = Provenance.from_json(MANIFEST)
+    fits = _vllm("0.33.0", "a" * 40, "2.11.0+cu130")
+    assert refusal(built, fits, "base:1") is None
+    assert refusal(built, _vllm("0.33.0", "a" * 40, None), "base:1") is None  # torch unknown
+    why = refusal(built, _vllm("0.33.0", "a" * 40, "2.10.0+cu130"), "base:1")
+    assert why is not None and why[0] == ("were built against torch 2.11.0+cu130; base:1 has "
+                                          "torch 2.10.0+cu130")
+    why = refusal(built, _vllm("0.33.0", "b" * 40, "2.11.0+cu130"), "base:1")
+    assert why is not None and why[0] == (f"were built for vLLM 0.33.0 ({'a' * 40}); base:1 "
+                                          f"has 0.33.0 ({'b' * 40})")
+    assert refusal(built, _vllm("0.33.1", "a" * 40, "2.11.0+cu130"), "base:1") is not None
+
+
+def _vllm(version: str, commit: str, torch: str | None) -> VllmInstall:
+    return VllmInstall(version=version, commit_id=commit, site_packages="/x", python="3.12",
+                       extensions=(), cuda_include=None, cuda_lib=None, cuda_home=None,
+                       nvrtc_needs_link=False, torch_version=torch)
 
 
 def test_the_package_folder_must_stay_inside_the_image() -> None:
@@ -88,3 +138,9 @@ def test_the_main_jobs_kernels_options_are_checked_before_the_engine(tmp_path: P
     line = one_line_error(cli("build", "--local", "--source", str(tmp_path), "--out",
                               str(tmp_path / "o"), "--kernels-from", "r/k", env=env))
     assert "--kernels-from" in line and "do(es) not apply" in line
+    line = one_line_error(cli("--base", "x:y", "--kernels-to", "ghcr.io/me/k@sha256:" + "1" * 64,
+                              env=env))
+    assert "--kernels-to ghcr.io/me/k@sha256:" in line and "a repository without a tag" in line
+    line = one_line_error(cli("build", "--local", "--source", str(tmp_path), "--out",
+                              str(tmp_path / "o"), "--kernels-to", "r/k", env=env))
+    assert "--kernels-to" in line and "do(es) not apply" in line
