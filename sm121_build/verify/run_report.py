@@ -193,6 +193,7 @@ def markdown(record: RunRecord) -> str:
              ("content key", record.content_key), ("build log", record.log),
              ("artifacts", record.artifacts)]
     lines += [f"- {name}: `{value}`" for name, value in facts if value]
+    lines += kernels_lines(record, "- ", "`")
     decision = record.decision
     if decision:
         lines += ["", f"Rebuild decision: **{'rebuild' if decision['rebuild'] else 'no rebuild'}"
@@ -260,6 +261,19 @@ def recorded(record: RunRecord, report: Path | None, summary_md: Path | None,
             click.echo(json.dumps(record.as_json(), indent=2))
 
 
+def kernels_lines(record: RunRecord, bullet: str = "  ", code: str = "") -> list[str]:
+    """What a run took from, and gave to, a registry of kernels images."""
+    lines = []
+    used = record.kernels_from
+    if used:
+        lines.append(f"{bullet}kernels from {code}{used.ref}{code}: {used.outcome}"
+                     + (f" ({code}{used.digest}{code}, reuse key {used.reuse_key})"
+                        if used.outcome == "hit" else f" ({used.why})" if used.why else ""))
+    for tag in record.kernels_to or []:
+        lines.append(f"{bullet}kernels pushed: {code}{tag}{code}")
+    return lines
+
+
 def summary_lines(record: RunRecord) -> list[str]:
     """The end of a run, always: how it ended, each step's time, what is native now, and
     what stays non-native and why (the decide step's reasons, kept or built alike)."""
@@ -268,6 +282,7 @@ def summary_lines(record: RunRecord) -> list[str]:
         lines.append("  steps: " + ", ".join(f"{s['name']} {s['seconds']:.1f}s"
                                               + ("" if s["ok"] else " (failed)")
                                               for s in record.steps))
+    lines += kernels_lines(record)
     for name, after in (record.after or {}).items():
         before = (record.before or {}).get(name)
         was = f"{before.kernels['native']} → " if before and before.kernels else ""

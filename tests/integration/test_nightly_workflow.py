@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,7 +97,9 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
             **os.environ,
             # The job's env: as GitHub evaluates it for a scheduled run.
             "BASE": base, "ARCH": "12.1", "EXTENSIONS": "", "PUSH": "true", "KEEP": "3",
-            "REGISTRY": registry, "PUSH_TO": f"{registry}/spark/vllm-openai",
+            "FULL_IMAGE": "false", "REGISTRY": registry,
+            "KERNELS_TO": f"{registry}/spark/vllm-sm121-kernels",
+            "PUSH_TO": f"{registry}/spark/vllm-openai",
             # The runner's own variables.
             "RUNNER_TEMP": str(temp), "GITHUB_PATH": str(work / "github_path"),
             "GITHUB_STEP_SUMMARY": str(work / "summary.md"),
@@ -131,6 +134,8 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     installed = runner.run_step("install")
     assert installed.returncode == 0, installed.stderr
     assert (runner.temp / "sm121-venv" / "bin" / "sm121-build").exists()
+    login = runner.run_step("login", REGISTRY_USER="spark", REGISTRY_TOKEN="secret")
+    assert login.returncode == 0, login.stderr
     built = runner.run_step("build")
     assert built.returncode == 0, built.stdout + built.stderr
     report = runner.report
@@ -147,6 +152,14 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
         assert set(report["after"][name]["cubins"]) == (
             {"sm_121", "sm_121a"} if name == "_C.abi3.so" else {"sm_121"})
         assert report["after"][name]["kernels"]["native"] > 0
+    # published by default: the kernels image, by the run itself, after verification
+    kernels = runner.env["KERNELS_TO"]
+    assert report["kernels_to"] == [
+        report["kernels_to"][0], f"{kernels}:0.19.1-{runner.stock.commit[:12]}-cu130-sm121",
+        f"{kernels}:nightly"]
+    assert _registry_tags(runner, "spark/vllm-sm121-kernels") == sorted(
+        tag.rsplit(":", 1)[1] for tag in report["kernels_to"])
+    assert _registry_tags(runner, "spark/vllm-openai") == []  # the full image only when asked
     out = runner.temp / "sm121-out"
     assert (out / "artifacts" / "manifest.json").exists()
     assert "tagged " in (out / "console.log").read_text()
@@ -170,6 +183,7 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     # each run appends its plan row and its audit row (the up-to-date run the recalled one)
     assert runner.summary.read_text().count("| `_C.abi3.so`") == 4
     assert "**up to date (build skipped)**" in runner.summary.read_text()
+    assert f"- kernels pushed: `{kernels}:nightly`" in runner.summary.read_text()
 
 
 def test_failed_build_reports_and_pushes_nothing(runner: Runner) -> None:
@@ -183,20 +197,18 @@ def test_failed_build_reports_and_pushes_nothing(runner: Runner) -> None:
     refused = runner.run_step("build", ARCH="9.0")  # refused before any work
     assert refused.returncode == 2
     assert "'9.0' gives sm_121 no native code" in refused.stdout + refused.stderr
-    # The workflow's push step runs only after a successful build step.
-    assert _step("push")["if"] == "steps.build.outcome == 'success' && env.PUSH == 'true'"
+    # The workflow's full-image push runs only after a successful build step, when asked.
+    assert _step("push")["if"] == ("steps.build.outcome == 'success' && "
+                                   "env.FULL_IMAGE == 'true'")
 
 
 def test_push_and_prune_steps_against_a_real_registry(runner: Runner) -> None:
     runner.run_step("build")  # up to date again: the report names the verified image's tags
     assert runner.report["status"] == "up-to-date"
-    pushed = runner.run_step("push", REGISTRY_USER="spark", REGISTRY_TOKEN="secret")
+    pushed = runner.run_step("push", FULL_IMAGE="true")  # asked for (workflow input)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     suffixes = [tag.rsplit(":", 1)[1] for tag in runner.report["tags"]]
-    with urllib.request.urlopen(f"http://{runner.registry}/v2/spark/vllm-openai/tags/list",
-                                timeout=10) as response:
-        listed = json.load(response)["tags"]
-    assert sorted(listed) == sorted(suffixes)
+    assert _registry_tags(runner, "spark/vllm-openai") == sorted(suffixes)
     summary = runner.summary.read_text()
     for suffix in suffixes:
         assert f"pushed `{runner.env['PUSH_TO']}:{suffix}`" in summary
@@ -205,3 +217,19 @@ def test_push_and_prune_steps_against_a_real_registry(runner: Runner) -> None:
     assert pruned.returncode == 0, pruned.stderr
     assert "removed 0 image(s)" in pruned.stdout  # one build only: the newest stays
     assert docker.from_env().images.get(runner.report["tag"])
+    logout = runner.run_step("logout")
+    assert logout.returncode == 0, logout.stderr
+    config = json.loads((Path(runner.env["DOCKER_CONFIG"]) / "config.json").read_text())
+    assert runner.registry not in config.get("auths", {})
+
+
+def _registry_tags(runner: Runner, repository: str) -> list[str]:
+    """The tags the registry lists for a repository ([] when it has none)."""
+    try:
+        with urllib.request.urlopen(f"http://{runner.registry}/v2/{repository}/tags/list",
+                                    timeout=10) as response:
+            return sorted(json.load(response).get("tags") or [])
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise

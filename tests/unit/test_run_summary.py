@@ -9,7 +9,14 @@ import pytest
 
 from sm121_build.errors import Sm121Error
 from sm121_build.steps import Steps
-from sm121_build.verify.run_report import Binary, new_record, recorded, summary_lines
+from sm121_build.verify.run_report import (
+    Binary,
+    KernelsFrom,
+    markdown,
+    new_record,
+    recorded,
+    summary_lines,
+)
 
 
 def _record() -> object:
@@ -34,6 +41,26 @@ def test_the_summary_says_steps_counts_and_what_stays() -> None:
         "    _C.abi3.so: 239 kernel(s) have no code sm_121 loads: only sm_90a",
         "    _moe_C.abi3.so: 1 kernel(s) stay JIT-only (PTX compiled by the driver at first "
         "use)"]
+
+
+def test_the_summary_and_markdown_say_which_kernels_image_was_used_and_pushed() -> None:
+    record = _record()
+    digest = "sha256:" + "d" * 64
+    record.kernels_from = KernelsFrom("r/k:0.33.0-aaaaaaaaaaaa-cu130-sm121", "hit",  # type: ignore[attr-defined]
+                                      digest, "k" * 24)
+    record.kernels_to = ["mirror/k:k-" + "k" * 24, "mirror/k:nightly"]  # type: ignore[attr-defined]
+    lines = summary_lines(record)  # type: ignore[arg-type]
+    assert lines[2:5] == [
+        f"  kernels from r/k:0.33.0-aaaaaaaaaaaa-cu130-sm121: hit ({digest}, reuse key "
+        f"{'k' * 24})", f"  kernels pushed: mirror/k:k-{'k' * 24}",
+        "  kernels pushed: mirror/k:nightly"]
+    record.decision = None  # type: ignore[attr-defined]
+    text = markdown(record)  # type: ignore[arg-type]
+    assert "- kernels pushed: `mirror/k:nightly`" in text
+    record.kernels_from = KernelsFrom("r/k:t", "unreachable",  # type: ignore[attr-defined]
+                                      why="cannot resolve r/k:t: connection refused")
+    assert "- kernels from `r/k:t`: unreachable (cannot resolve r/k:t: connection refused)" \
+        in markdown(record)  # type: ignore[arg-type]
 
 
 def test_a_failed_run_says_so_and_json_still_comes(capsys: pytest.CaptureFixture[str]) -> None:
