@@ -21,10 +21,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.verify.audit import audit_binary  # noqa: E402
-from sm121_build.verify.audit_inputs import binaries  # noqa: E402
-from sm121_build.verify.checks import SM121, kernel_key, left_out_rules  # noqa: E402
-from sm121_build.verify.fatbin import HostBinary  # noqa: E402
+from sm121_build.audit.inputs import binaries  # noqa: E402
+from sm121_build.cuda.binary import (  # noqa: E402
+    SM121,
+    audit_binary,
+)
+from sm121_build.cuda.fatbin import HostBinary  # noqa: E402
+from sm121_build.verify.checks import kernel_key, left_out_rules  # noqa: E402
 
 
 def kernels_by_family(path: Path) -> dict[str, set[str]]:

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.verify.fatbin import (  # noqa: E402
+from sm121_build.cuda.fatbin import (  # noqa: E402
     _CONTAINER,
     _ENTRY,
     CONTAINER_MAGIC,

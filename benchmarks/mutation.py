@@ -2,8 +2,8 @@
 
     pip install -e '.[test,mutation]'
     python benchmarks/mutation.py                      # every core module (tens of minutes)
-    python benchmarks/mutation.py sm121_build/verify/compat.py --tests tests/unit/test_compat.py
-    python benchmarks/mutation.py sm121_build/build/main_job.py --only content_key \
+    python benchmarks/mutation.py sm121_build/cuda/compat.py --tests tests/unit/test_compat.py
+    python benchmarks/mutation.py sm121_build/jobs/main_job.py --only content_key \
         --tests tests/unit/test_content_key.py
 
 Each module is mutated in a scratch copy of the repository (nothing here is touched); the
@@ -39,20 +39,20 @@ ROOT = Path(__file__).resolve().parent.parent
 # the whole of tests/unit cannot be the default: test_packaging needs a git checkout).
 U = "tests/unit/"
 SUITES: dict[str, list[str]] = {
-    "sm121_build/verify/fatbin.py": [f"{U}test_fatbin_layout.py", f"{U}test_fatbin_vs_cuobjdump.py",
+    "sm121_build/cuda/fatbin.py": [f"{U}test_fatbin_layout.py", f"{U}test_fatbin_vs_cuobjdump.py",
                                      f"{U}test_audit_tus.py", f"{U}test_verify_checks.py",
                                      f"{U}test_bad_input.py", f"{U}test_verify_promises.py",
                                      f"{U}test_raw_device_files.py"],
-    "sm121_build/verify/compat.py": [f"{U}test_compat.py"],
-    "sm121_build/verify/audit.py": [f"{U}test_fixable.py", f"{U}test_audit_counts.py",
+    "sm121_build/cuda/compat.py": [f"{U}test_compat.py"],
+    "sm121_build/cuda/binary.py": [f"{U}test_fixable.py", f"{U}test_audit_counts.py",
                                     f"{U}test_audit_tus.py", f"{U}test_cli_audit.py"],
-    "sm121_build/verify/fixable.py": [f"{U}test_fixable.py", f"{U}test_audit_counts.py",
+    "sm121_build/rebuild/decide.py": [f"{U}test_fixable.py", f"{U}test_audit_counts.py",
                                       f"{U}test_audit_tus.py", f"{U}test_cli_audit.py"],
     "sm121_build/verify/checks.py": [f"{U}test_verify_checks.py", f"{U}test_pipeline.py",
                                      f"{U}test_verify_promises.py"],
-    "sm121_build/image/prune.py": [f"{U}test_tag_safety.py"],
+    "sm121_build/jobs/prune.py": [f"{U}test_tag_safety.py"],
     "sm121_build/image/refs.py": [f"{U}test_refs.py"],
-    "sm121_build/build/main_job.py": [f"{U}test_content_key.py"],  # with --only content_key
+    "sm121_build/jobs/main_job.py": [f"{U}test_content_key.py"],  # with --only content_key
     "sm121_build/source/patch.py": [f"{U}test_patch.py", f"{U}test_guard_rules.py",
                                     f"{U}test_flash_attn_rule.py"],
     "sm121_build/source/guards.py": [f"{U}test_guards.py", f"{U}test_guard_rules.py",

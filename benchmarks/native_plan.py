@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devkit.helpers import CACHE, cuda_home, git, pypi_download  # noqa: E402
-from sm121_build.build.render import extension_target  # noqa: E402
-from sm121_build.verify.checks import SM121  # noqa: E402
-from sm121_build.verify.compat import entry_verdict  # noqa: E402
-from sm121_build.verify.fatbin import HostBinary  # noqa: E402
+from sm121_build.core.vllm import extension_target  # noqa: E402
+from sm121_build.cuda.binary import SM121  # noqa: E402
+from sm121_build.cuda.compat import entry_verdict  # noqa: E402
+from sm121_build.cuda.fatbin import HostBinary  # noqa: E402
 
 VERSION = "0.33.0"
 SITE = "/usr/local/lib/python3.12/dist-packages"

@@ -39,7 +39,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.build.build_extensions import PTXAS_FP4  # noqa: E402
+from sm121_build.cuda.binary import SM121, Policy, audit_binary  # noqa: E402
+from sm121_build.cuda.compat import parse_target  # noqa: E402
+from sm121_build.jobs.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.source.patch import (  # noqa: E402
     apply_all,
@@ -48,9 +50,7 @@ from sm121_build.source.patch import (  # noqa: E402
     covered,
     read_source_version,
 )
-from sm121_build.verify.audit import Policy, audit_binary  # noqa: E402
-from sm121_build.verify.checks import SM121, check_abi, torch_exports  # noqa: E402
-from sm121_build.verify.compat import parse_target  # noqa: E402
+from sm121_build.verify.checks import check_abi, torch_exports  # noqa: E402
 
 LOAD_SNIPPET = """
 import json, sys, torch
@@ -130,7 +130,7 @@ def build_env(arch: str, jobs: int) -> dict[str, str]:
 
 def script(source: Path, build: Path, out: Path, targets: list[str], cutlass: Path,
            extra: list[str]) -> list[str]:
-    args = [sys.executable, "-m", "sm121_build.build.build_extensions", "--source", str(source),
+    args = [sys.executable, "-m", "sm121_build.jobs.build_extensions", "--source", str(source),
             "--out", str(out), "--build-dir", str(build), "--offline", "--cutlass",
             str(cutlass), "--cmake", find_cmake()]
     for target in targets:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from devkit.dirfiles import DirectoryFiles, make_tree
-from sm121_build.errors import BuildFailed, Sm121Error
+from sm121_build.core.errors import BuildFailed, Sm121Error
 from sm121_build.image.api import HistoryStep, ImageInfo
 from sm121_build.image.refs import validate_image_ref
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from types import FrameType
@@ -10,12 +11,24 @@ from typing import Any
 import click
 
 from sm121_build import __version__
-from sm121_build.errors import INTERRUPTED, EngineUnavailable, Sm121Error
-from sm121_build.steps import notice, report_error, set_progress, set_verbosity
+from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
+from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
 
 
 class _Group(click.Group):
-    """`sm121-build --base IMAGE ...` is short for `sm121-build build --base IMAGE ...`."""
+    """`sm121-build --base IMAGE ...` is short for `sm121-build build --base IMAGE ...`;
+    commands are imported when used (`COMMANDS`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         lead = 0
@@ -89,23 +102,19 @@ def cli(quiet: int, verbose: int, progress: str) -> None:
     set_progress(progress)
 
 
-def _register() -> None:
-    from sm121_build.cli.audit import audit
-    from sm121_build.cli.build import build
-    from sm121_build.cli.dockerfile import dockerfile
-    from sm121_build.cli.doctor import doctor
-    from sm121_build.cli.inject import inject
-    from sm121_build.cli.kernels import kernels
-    from sm121_build.cli.patch import patch
-    from sm121_build.cli.pin import pin
-    from sm121_build.cli.prune import prune_command
-
-    for command in (build, inject, audit, pin, patch, dockerfile, prune_command, doctor,
-                    kernels):
-        cli.add_command(command)
-
-
-_register()
+# name -> (module, attribute): a command's module (and what it imports: the engine, git, the
+# renderer) is loaded only when that command runs, so `audit FILE` loads no Docker code.
+COMMANDS = {
+    "build": ("sm121_build.cli.build", "build"),
+    "inject": ("sm121_build.cli.inject", "inject"),
+    "audit": ("sm121_build.cli.audit", "audit"),
+    "pin": ("sm121_build.cli.pin", "pin"),
+    "patch": ("sm121_build.cli.patch", "patch"),
+    "dockerfile": ("sm121_build.cli.dockerfile", "dockerfile"),
+    "prune": ("sm121_build.cli.prune", "prune_command"),
+    "doctor": ("sm121_build.cli.doctor", "doctor"),
+    "kernels": ("sm121_build.cli.kernels", "kernels"),
+}
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:

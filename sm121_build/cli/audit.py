@@ -8,15 +8,15 @@ from pathlib import Path
 
 import click
 
+from sm121_build.audit import report
+from sm121_build.audit.inputs import binaries
 from sm121_build.cli.inputs import require_writable
-from sm121_build.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
-from sm121_build.outputs import append_text
+from sm121_build.core.console import notice
+from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
+from sm121_build.core.outputs import append_text
+from sm121_build.cuda.binary import BinaryReport, Policy, audit_binary, host_only_report
+from sm121_build.cuda.compat import parse_cuda_version, parse_target
 from sm121_build.source.guards import DEFAULT_CUDA
-from sm121_build.steps import notice
-from sm121_build.verify import report
-from sm121_build.verify.audit import BinaryReport, Policy, audit_binary, host_only_report
-from sm121_build.verify.audit_inputs import binaries
-from sm121_build.verify.compat import parse_cuda_version, parse_target
 
 
 def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[str, ...] = (),
@@ -48,7 +48,7 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
     under a CUDA 13.0 driver."""
     if gpu is not None and driver is not None:
         return gpu, driver
-    from sm121_build.doctor import gpu_defaults
+    from sm121_build.cuda.nvidia_smi import gpu_defaults
 
     found_gpu, found_driver = gpu_defaults()
     taken = [f"{what} {value}" for what, given, value in (("--target", gpu, found_gpu),
@@ -99,7 +99,7 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     parse_cuda_version(cuda)
     judge: tuple[Path, str, str] | None = None  # source, its vLLM version, the arch list
     if source is not None:
-        from sm121_build.build.judge import source_version
+        from sm121_build.audit.judge import source_version
 
         judge = (source, source_version(source, target),
                  f"{policy.target.major}.{policy.target.minor}")
@@ -111,7 +111,7 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
         notice(f"unreadable: {line}")
     verdicts: report.Verdicts | None = None
     if judge is not None:
-        from sm121_build.build.judge import source_verdicts
+        from sm121_build.audit.judge import source_verdicts
 
         tree, version, arch = judge
         verdicts = source_verdicts(reports, tree, version, arch, cuda, policy.target)

@@ -10,14 +10,10 @@ from pathlib import Path
 
 import click
 
-from sm121_build.build.inject import run_inject
-from sm121_build.build.kernels_image import look_up, publish_step, require_repository
-from sm121_build.build.local import run_local
-from sm121_build.build.main_job import Options, run_build
-from sm121_build.build.pipeline import Pipeline
-from sm121_build.build.render import extension_target
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
-from sm121_build.errors import Sm121Error
+from sm121_build.core.console import Steps, note, results_to_stderr
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.vllm import extension_target
 from sm121_build.image.refs import (
     IMAGE_ID,
     default_tag,
@@ -25,10 +21,14 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
+from sm121_build.jobs.inject import run_inject
+from sm121_build.jobs.kernels_image import look_up, publish_step, require_repository
+from sm121_build.jobs.local import run_local
+from sm121_build.jobs.main_job import Options, run_build
+from sm121_build.jobs.pipeline import Pipeline
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.pin import UPSTREAM, require_vllm_tree
-from sm121_build.steps import Steps, note, results_to_stderr
-from sm121_build.verify.run_report import new_record, recorded
+from sm121_build.verify.run_report import PUBLISHABLE, new_record, recorded
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
 SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
@@ -183,7 +183,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
                           allow_other_commit=allow_other_commit, fa_source=fa_source,
                           only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
                           replace_tag=replace_tag))
-        if kernels_to and export and pipeline.record.status in ("built", "up-to-date"):
+        if kernels_to and export and pipeline.record.status in PUBLISHABLE:
             publish_step(pipeline, export, kernels_to, base)
         elif kernels_to and not plan_only:
             note(f"--kernels-to {kernels_to}: nothing was built, nothing to publish")

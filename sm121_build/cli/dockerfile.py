@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import click
 
-from sm121_build.build.pipeline import Pipeline
-from sm121_build.build.render import plan_for, render
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names
-from sm121_build.errors import Sm121Error
+from sm121_build.core.console import notice
+from sm121_build.core.errors import Sm121Error
 from sm121_build.image.refs import IMAGE_ID
+from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.render import plan_for, render
 from sm121_build.source.pin import version_to_ref
-from sm121_build.steps import notice
 
 
 @click.command()

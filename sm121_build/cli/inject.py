@@ -6,9 +6,6 @@ from pathlib import Path
 
 import click
 
-from sm121_build.build.artifacts import load
-from sm121_build.build.inject import run_inject
-from sm121_build.build.kernels_image import fetch_step
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP, run_session
 from sm121_build.cli.inputs import require_outputs
 from sm121_build.image.refs import (
@@ -17,6 +14,9 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
+from sm121_build.jobs.artifacts import load
+from sm121_build.jobs.inject import run_inject
+from sm121_build.jobs.kernels_image import fetch_step
 
 
 @click.command()

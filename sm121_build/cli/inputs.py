@@ -15,9 +15,9 @@ from pathlib import Path
 
 import click
 
-from sm121_build.errors import Sm121Error
-from sm121_build.outputs import not_regular
-from sm121_build.verify.compat import arch_list_items, cubin_loads, dotted_arch, parse_target
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.outputs import not_regular
+from sm121_build.cuda.compat import arch_list_items, cubin_loads, dotted_arch, parse_target
 
 SM121 = parse_target("sm_121")
 # CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
@@ -95,7 +95,7 @@ def require_writable(path: Path | None, option: str, *, directory: bool = False)
 
 def require_outputs(out: Path | None, report: Path | None, summary_md: Path | None) -> None:
     """--out, --report, --summary-md and the cache dir, checked before any work."""
-    from sm121_build.image.facts import cache_dir, state_dir
+    from sm121_build.core.paths import cache_dir, state_dir
 
     require_writable(out, "--out", directory=True)
     require_writable(report, "--report")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from sm121_build.build.artifacts import load
-from sm121_build.build.kernels_image import publish, require_repository
-from sm121_build.build.pipeline import Pipeline
+from sm121_build.jobs.artifacts import load
+from sm121_build.jobs.kernels_image import publish, require_repository
+from sm121_build.jobs.pipeline import Pipeline
 
 
 @click.group()

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.inputs import arch_list
+from sm121_build.cuda.binary import SM121
+from sm121_build.cuda.compat import loads_natively
 from sm121_build.source.external import tree_project
 from sm121_build.source.guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
 from sm121_build.source.patch import (
@@ -20,8 +22,6 @@ from sm121_build.source.patch import (
     rules_for,
 )
 from sm121_build.source.pin import require_vllm_tree
-from sm121_build.verify.checks import SM121
-from sm121_build.verify.compat import loads_natively
 
 
 def _targets(guard: Guard) -> str:

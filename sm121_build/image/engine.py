@@ -35,7 +35,9 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from sm121_build.errors import BuildFailed, EngineUnavailable, Sm121Error
+from sm121_build.core.console import note
+from sm121_build.core.errors import BuildFailed, EngineUnavailable, Sm121Error
+from sm121_build.core.pull_progress import PullProgress
 from sm121_build.image.api import (
     RUNTIME_FIELDS,
     HistoryStep,
@@ -46,8 +48,6 @@ from sm121_build.image.api import (
 )
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
-from sm121_build.pull_progress import PullProgress
-from sm121_build.steps import note
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
 READER_LABEL = "io.github.sm121-build.reader"
@@ -56,6 +56,16 @@ READER_LABEL = "io.github.sm121-build.reader"
 LEFT_BEHIND: set[str] = set()
 _LOST = (docker.errors.APIError, requests.exceptions.RequestException)
 __all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "failure_cause"]
+
+
+def version_and_info(timeout: int = 10) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`docker version` and `docker info` of the engine DOCKER_HOST names (for doctor); the
+    SDK's own errors propagate."""
+    client = docker.from_env(timeout=timeout)
+    try:
+        return dict(client.version()), dict(client.info())
+    finally:
+        client.close()
 
 
 class Engine:
@@ -328,7 +338,11 @@ class Engine:
         return image_id
 
     def buildkit_client(self) -> str | None:
-        """A docker CLI that can run BuildKit builds (`DOCKER_BUILDKIT=1`), if one exists."""
+        """A docker CLI that can run BuildKit builds (`DOCKER_BUILDKIT=1`), if one exists;
+        none when the user turned BuildKit off (`DOCKER_BUILDKIT=0`, as the docker CLI reads
+        it): the legacy builder then."""
+        if os.environ.get("DOCKER_BUILDKIT", "").strip().lower() in ("0", "false"):
+            return None
         return find_buildkit_client(shutil.which, _build_help)
 
 

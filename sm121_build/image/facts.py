@@ -12,14 +12,11 @@ directory streamed (headers read, nothing written).  Results are cached per imag
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import csv
 import io
 import json
-import os
 import posixpath
-import pwd
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -27,10 +24,12 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.console import Progress
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.paths import cache_dir, store_cache
+from sm121_build.core.vllm import read_version_file
 from sm121_build.image.api import ImageEngine, ImageFiles, ImageInfo
 from sm121_build.image.toolchain import BuildTools, find_build_tools
-from sm121_build.steps import Progress
 
 _PYTHON = re.compile(r"/python(\d+\.\d+)/")
 _PYTHON_NAME = re.compile(r"(?:^|/)python(\d+\.\d+)$")
@@ -45,36 +44,6 @@ CUDA_TARGETS = ("sbsa-linux", "aarch64-linux", "x86_64-linux")
 CUDA_HOMES = ("/usr/local/cuda", *(f"/usr/local/cuda-{major}.{minor}"
                                    for major in (13, 12) for minor in range(9, -1, -1)))
 CACHE_FORMAT = 9  # 8: the image config's created date; 9: Python headers
-
-
-def _xdg(variable: str, default: str) -> Path:
-    """`$VARIABLE/sm121-build`; a relative or empty value is ignored (as the XDG spec says),
-    then `$HOME/<default>`, then the passwd entry's home."""
-    base = os.environ.get(variable, "")
-    if not os.path.isabs(base):
-        home = os.environ.get("HOME", "")
-        if not os.path.isabs(home) or home.strip("/") == "":
-            try:
-                home = pwd.getpwuid(os.getuid()).pw_dir
-            except KeyError:
-                home = ""
-        if not os.path.isabs(home) or home.strip("/") == "":
-            raise Sm121Error(f"no place for the {'cache' if 'CACHE' in variable else 'state'}: "
-                             f"set {variable} or HOME to an absolute path (this user has no "
-                             "home directory)")
-        base = os.path.join(home, default)
-    return Path(base) / "sm121-build"
-
-
-def cache_dir() -> Path:
-    """What can be recomputed (image facts, torch exports, sources): `$XDG_CACHE_HOME`."""
-    return _xdg("XDG_CACHE_HOME", ".cache")
-
-
-def state_dir() -> Path:
-    """What cannot: the ledger of images this tool made, the build logs (`$XDG_STATE_HOME`,
-    default ~/.local/state), so clearing a cache never makes the tool forget its images."""
-    return _xdg("XDG_STATE_HOME", ".local/state")
 
 
 @dataclass(frozen=True)
@@ -111,25 +80,6 @@ class ImageFacts:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
-
-
-def read_version_file(text: str) -> tuple[str | None, str | None]:
-    """(__version__, __commit_id__) from a setuptools-scm `_version.py`, without running it."""
-    version = commit = None
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None, None
-    for node in tree.body:
-        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Constant):
-            continue
-        names = {t.id for t in node.targets if isinstance(t, ast.Name)}
-        value = node.value.value
-        if names & {"__version__", "version"} and isinstance(value, str):
-            version = value
-        if names & {"__commit_id__", "commit_id"} and isinstance(value, str):
-            commit = value
-    return version, commit
 
 
 def cuda_h_version(text: str) -> str | None:
@@ -336,7 +286,7 @@ def facts_from_files(info: ImageInfo, files: ImageFiles) -> ImageFacts:
 def extension_files(listed: Iterable[str]) -> tuple[str, ...]:
     """The package's extension modules, relative to vllm/: its own (`_C.abi3.so`) and those
     its external projects install (`vllm_flash_attn/_vllm_fa2_C.abi3.so`)."""
-    from sm121_build.source.external import projects
+    from sm121_build.core.vllm import projects
 
     folders = {""} | {p.install_dir for p in projects()}
     found = set()
@@ -361,15 +311,6 @@ def inspect_image(engine: ImageEngine, ref: str, use_cache: bool = True) -> Imag
     progress.done()
     store_cache(cached, json.dumps(facts.to_json(), indent=2))
     return facts
-
-
-def store_cache(path: Path, text: str) -> None:
-    """Write the cache atomically; a cache that cannot be written is only a lost speed-up."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
 
 
 def _load_facts(path: Path, info: ImageInfo) -> ImageFacts | None:

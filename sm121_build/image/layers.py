@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import zstandard
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sm121_build.image.facts import cache_dir, state_dir, store_cache
+from sm121_build.core.paths import cache_dir, state_dir, store_cache
 
 FORMAT = 1
 

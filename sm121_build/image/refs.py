@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 
 # The grammar of github.com/distribution/reference (reference.go), as one regex.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import IO
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 
 
 class TempSpaceError(Sm121Error):

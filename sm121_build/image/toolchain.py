@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.image.api import ImageFiles
 
 MIN_CMAKE = (3, 26)

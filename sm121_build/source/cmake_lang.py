@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 
 ArgKind = Literal["quoted", "unquoted", "bracket", "paren"]
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -11,29 +11,13 @@ builder as `VLLM_FLASH_ATTN_SRC_DIR`.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
-import yaml
-
-from sm121_build.errors import Sm121Error
-from sm121_build.shipped import package_data
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.vllm import Project, project_named, project_of_target, projects
 from sm121_build.source.cmake_lang import CMakeSyntaxError, commands
-from sm121_build.source.pin import Checkout, GitRef, check_git_tree, fetch_source, update_submodules
-
-
-@dataclass(frozen=True)
-class Project:
-    name: str
-    cmake: str
-    env: str
-    targets: tuple[str, ...]
-    install_dir: str
-    submodules: tuple[str, ...]
-    check: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -44,22 +28,6 @@ class ProjectPin:
     repository: str
     commit: str
     declared_in: str  # file:line
-
-
-@cache
-def projects() -> tuple[Project, ...]:
-    raw = yaml.safe_load(package_data("external_projects.yaml"))
-    return tuple(Project(name, p["cmake"], p["env"], tuple(p["targets"]), p["install_dir"],
-                         tuple(p.get("submodules", ())), tuple(p["check"]))
-                 for name, p in raw.items())
-
-
-def project_of_target(target: str) -> Project | None:
-    return next((p for p in projects() if target in p.targets), None)
-
-
-def project_named(name: str) -> Project | None:
-    return next((p for p in projects() if p.name == name), None)
 
 
 def _missing(project: Project, path: Path) -> list[str]:
@@ -104,11 +72,6 @@ def read_pin(vllm_source: Path, project: Project) -> ProjectPin:
                      "… GIT_TAG …) found; pass the project's source with --fa-source DIR")
 
 
-def _ref(pin: ProjectPin) -> GitRef:
-    return GitRef("commit" if re.fullmatch(r"[0-9a-f]{7,40}", pin.commit) else "tag",
-                  pin.commit)
-
-
 def projects_for(targets: Iterable[str], fa_source: Path | None) -> list[Project]:
     """The external projects whose extensions are built; each must have a rule that builds it
     for sm_12x (flash-attention 3 has none: sm_90a code)."""
@@ -147,22 +110,14 @@ def stand_in_envs(built: Iterable[str]) -> list[str]:
     return [p.env for p in projects() if p.env not in given]
 
 
-def copy_into(pin: ProjectPin, local: Path | None, dest: Path,
-              allow_other_commit: bool = False) -> Checkout:
-    """`bring` the project, then copy its tree (without .git) to `dest` for the build."""
-    got = bring(pin, local, allow_other_commit)
-    shutil.copytree(got.path, dest, ignore=shutil.ignore_patterns(".git"))
-    return got
+_TARGET = re.compile(r"define_\w*extension_target\(\s*(\w+)")
 
 
-def bring(pin: ProjectPin, local: Path | None, allow_other_commit: bool = False) -> Checkout:
-    """The project at the pinned commit: a local checkout (checked) or fetched into the cache
-    with the submodules its build needs."""
-    if local is not None:
-        require_project_tree(local, pin.project.name)
-        return check_git_tree(local, _ref(pin), allow_other_commit,
-                              f"the {pin.project.name} commit {pin.declared_in} pins",
-                              "--fa-source")
-    path, commit = fetch_source(_ref(pin), pin.repository, name=pin.project.name)
-    update_submodules(path, pin.project.submodules)
-    return Checkout(path, commit, "", "")
+def source_targets(source: Path) -> set[str]:
+    """The extension targets the tree defines, its external projects' included."""
+    own: set[str] = set()
+    files = [source / "CMakeLists.txt", *sorted(source.glob("cmake/external_projects/*.cmake"))]
+    for path in files:
+        if path.is_file():
+            own |= set(_TARGET.findall(path.read_text(errors="replace")))
+    return own | declared_targets(source)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import arch_list_items
 from sm121_build.source.cmake_lang import (
     Argument,
     CMakeSyntaxError,
@@ -28,7 +29,6 @@ from sm121_build.source.cmake_lang import (
     read_source,
     variables_in,
 )
-from sm121_build.verify.compat import arch_list_items
 
 GUARD_FUNCTION = "cuda_archs_loose_intersection"
 PLAIN_SM12X = re.compile(r"^12\.\d+$")

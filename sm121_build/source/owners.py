@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
+from sm121_build.core.vllm import projects
 from sm121_build.source.cmake_lang import CMakeSyntaxError, commands, read_source
-from sm121_build.source.external import projects
 from sm121_build.source.guards import Call
 
 DEFINE = re.compile(r"^(?:define_\w*extension_target|python_add_library|add_library)$")

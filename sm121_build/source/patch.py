@@ -27,9 +27,10 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from sm121_build.errors import PatchDrift, Sm121Error
-from sm121_build.image.facts import read_version_file
-from sm121_build.shipped import shipped_dir
+from sm121_build.core.errors import PatchDrift, Sm121Error
+from sm121_build.core.shipped import shipped_dir
+from sm121_build.core.vllm import read_version_file
+from sm121_build.cuda.compat import Target, loads_natively, parse_target
 from sm121_build.source.cmake_lang import Argument, read_source, real_file, source_text_bytes
 from sm121_build.source.guards import (
     DEFAULT_CUDA,
@@ -48,7 +49,6 @@ from sm121_build.source.ptx_sass import (
     is_macro_rule,
     parse_rule,
 )
-from sm121_build.verify.compat import Target, loads_natively, parse_target
 
 Outcome = Literal["applied", "not needed", "not applicable"]
 Action = Literal["rewrite", "add"]

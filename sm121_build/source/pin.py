@@ -20,8 +20,9 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from sm121_build.errors import Sm121Error
-from sm121_build.image.facts import cache_dir
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.paths import cache_dir
+from sm121_build.source.external import ProjectPin, require_project_tree
 
 UPSTREAM = "https://github.com/vllm-project/vllm.git"
 _HASH = re.compile(r"^g?([0-9a-f]{7,40})$")
@@ -215,3 +216,29 @@ def _last(stderr: str) -> str:
 def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
     if result.returncode != 0:
         raise Sm121Error(f"{what} failed: {_last(result.stderr)}")
+
+
+def _ref(pin: ProjectPin) -> GitRef:
+    return GitRef("commit" if re.fullmatch(r"[0-9a-f]{7,40}", pin.commit) else "tag",
+                  pin.commit)
+
+
+def copy_into(pin: ProjectPin, local: Path | None, dest: Path,
+              allow_other_commit: bool = False) -> Checkout:
+    """`bring` the project, then copy its tree (without .git) to `dest` for the build."""
+    got = bring(pin, local, allow_other_commit)
+    shutil.copytree(got.path, dest, ignore=shutil.ignore_patterns(".git"))
+    return got
+
+
+def bring(pin: ProjectPin, local: Path | None, allow_other_commit: bool = False) -> Checkout:
+    """The project at the pinned commit: a local checkout (checked) or fetched into the cache
+    with the submodules its build needs."""
+    if local is not None:
+        require_project_tree(local, pin.project.name)
+        return check_git_tree(local, _ref(pin), allow_other_commit,
+                              f"the {pin.project.name} commit {pin.declared_in} pins",
+                              "--fa-source")
+    path, commit = fetch_source(_ref(pin), pin.repository, name=pin.project.name)
+    update_submodules(path, pin.project.submodules)
+    return Checkout(path, commit, "", "")

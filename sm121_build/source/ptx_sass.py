@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sm121_build.errors import PatchDrift, Sm121Error
+from sm121_build.core.errors import PatchDrift, Sm121Error
+from sm121_build.cuda.compat import Target
 from sm121_build.source.cmake_lang import (
     CMakeSyntaxError,
     commands,
@@ -27,7 +28,6 @@ from sm121_build.source.cmake_lang import (
     source_text_bytes,
 )
 from sm121_build.source.guards import cmake_error, find_cmake
-from sm121_build.verify.compat import Target
 
 KIND = "macro-insert"
 PLAIN_PTX = re.compile(r"^(\d+)\.(\d+)\+PTX$")

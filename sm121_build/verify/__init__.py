@@ -1,2 +1,2 @@
-"""Verifying: the ELF/fatbin reader (the one module that parses them), CUDA's loading rules,
-the audit and its reports, whether a rebuild can help, and the checks of a built image."""
+"""Verifying a built image (kernels by name, ABI against the base's torch, layer drift) and
+the run record a build or inject writes."""

@@ -26,24 +26,16 @@ from pathlib import Path
 
 import yaml
 
-from sm121_build.errors import VerificationError
+from sm121_build.core.console import Progress, note
+from sm121_build.core.errors import VerificationError
+from sm121_build.core.labels import foreign
+from sm121_build.core.paths import cache_dir, store_cache
+from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
+from sm121_build.cuda.compat import Target, cubin_loads
+from sm121_build.cuda.fatbin import Entry, HostBinary, demangle, dynamic_symbols
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep, ImageEngine, ImageFiles, ImageInfo
-from sm121_build.image.facts import (
-    ImageFacts,
-    VllmInstall,
-    cache_dir,
-    facts_from_files,
-    require_vllm,
-    store_cache,
-)
+from sm121_build.image.facts import ImageFacts, VllmInstall, facts_from_files, require_vllm
 from sm121_build.image.spill import write_stream
-from sm121_build.labels import foreign
-from sm121_build.steps import Progress, note
-from sm121_build.verify.audit import BinaryReport, Policy, audit_binary
-from sm121_build.verify.compat import Target, cubin_loads, parse_target
-from sm121_build.verify.fatbin import Entry, HostBinary, demangle, dynamic_symbols
-
-SM121 = Policy(parse_target("sm_121"), (13, 0))
 
 
 @cache

@@ -11,26 +11,47 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
 import click
 
-from sm121_build.errors import Sm121Error
-from sm121_build.image.facts import cache_dir
-from sm121_build.outputs import append_text, replace_text
-from sm121_build.steps import Steps, notice
-from sm121_build.verify.audit import BinaryReport
+from sm121_build.core.console import Steps, notice
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.outputs import append_text, replace_text
+from sm121_build.core.paths import cache_dir
+from sm121_build.cuda.binary import BinaryReport
 
 FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
+class RunStatus(str, Enum):
+    """How a run of the main job or inject ended (the record's `status`)."""
+
+    BUILT = "built"
+    INJECTED = "injected"
+    UP_TO_DATE = "up-to-date"
+    NOT_NEEDED = "not-needed"
+    PLANNED = "planned"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def words(self) -> str:
+        return STATUS_WORDS[self]
+
+
 STATUS_WORDS = {
-    "built": "built and verified",
-    "injected": "injected and verified",
-    "up-to-date": "up to date (build skipped)",
-    "not-needed": "no rebuild needed (no extension gains native code from a rebuild)",
-    "planned": "planned only (--plan): nothing built",
-    "failed": "FAILED",
+    RunStatus.BUILT: "built and verified",
+    RunStatus.INJECTED: "injected and verified",
+    RunStatus.UP_TO_DATE: "up to date (build skipped)",
+    RunStatus.NOT_NEEDED: "no rebuild needed (no extension gains native code from a rebuild)",
+    RunStatus.PLANNED: "planned only (--plan): nothing built",
+    RunStatus.FAILED: "FAILED",
 }
+# the runs whose verified files can be published (--kernels-to)
+PUBLISHABLE = frozenset({RunStatus.BUILT, RunStatus.UP_TO_DATE, RunStatus.INJECTED})
 
 
 @dataclass(frozen=True)
@@ -92,7 +113,7 @@ class RunRecord:
     base: str
     tag: str
     arch_list: str | None
-    status: str = "failed"
+    status: RunStatus = RunStatus.FAILED
     error: str | None = None
     vllm_version: str | None = None
     vllm_commit: str | None = None
@@ -137,6 +158,8 @@ class RunRecord:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
     if is_dataclass(value) and not isinstance(value, type):
         return {k: v for k, v in asdict(value).items() if v != ""}
     if isinstance(value, dict):
@@ -185,7 +208,7 @@ def _kernels(entry: Binary | None) -> str:
 
 def markdown(record: RunRecord) -> str:
     """The run as GitHub-flavoured Markdown: status, provenance, the audit before/after."""
-    status = STATUS_WORDS.get(record.status, record.status)
+    status = RunStatus(record.status).words
     lines = [f"## sm121-build: `{record.base}` → `{record.tag}`", "",
              f"**{status}**" + (f": {record.error}" if record.error else ""), ""]
     facts = [("vLLM", record.vllm_version), ("commit", record.vllm_commit),
@@ -216,7 +239,7 @@ def markdown(record: RunRecord) -> str:
             lines.append(f"| `{name}` | {_counts(old.cubins) if old else '—'} | "
                          f"{_kernels(old)} | {_counts(new.cubins) if new else '—'} | "
                          f"{_kernels(new)} |")
-    elif record.status == "up-to-date":
+    elif record.status == RunStatus.UP_TO_DATE:
         lines += ["", "_No audit kept for the existing image; `--force` rebuilds._"]
     excluded = record.fp4_excluded or {}
     for name, count in sorted(excluded.items()):

@@ -19,8 +19,8 @@ import pytest
 
 from devkit.dirfiles import DirectoryFiles
 from devkit.helpers import CACHE, pypi_download
+from sm121_build.cuda.fatbin import dynamic_symbols
 from sm121_build.verify.checks import TORCH_LIB, check_abi, image_torch_exports
-from sm121_build.verify.fatbin import dynamic_symbols
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

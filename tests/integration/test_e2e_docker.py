@@ -29,10 +29,10 @@ import pytest
 from devkit.registry import local_registry
 from devkit.stallproxy import stalling
 from devkit.stockimage import TORCH_VERSION, StockImage, stock_workspace
-from sm121_build.compile_progress import CompileProgress
-from sm121_build.shipped import schema
-from sm121_build.verify.audit import Policy, audit_binary
-from sm121_build.verify.compat import parse_target
+from sm121_build.core.compile_progress import CompileProgress
+from sm121_build.core.shipped import schema
+from sm121_build.cuda.binary import Policy, audit_binary
+from sm121_build.cuda.compat import parse_target
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, pypi_download, run_cuobjdump
-from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
+from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
 pytestmark = [pytest.mark.vllm]
 

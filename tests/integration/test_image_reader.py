@@ -17,7 +17,7 @@ import pytest
 from devkit.dirfiles import DirectoryFiles, make_tree
 from devkit.dockerenv import client_or_skip
 from devkit.helpers import cli
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.image.engine import READER_LABEL, Engine
 from sm121_build.image.facts import facts_from_files
 from sm121_build.verify.checks import image_torch_exports

@@ -189,9 +189,9 @@ def test_sass_from_ptx_applies_to_every_release(tmp_path: Path) -> None:
     """The rule finds set_gencode_flags_for_srcs in every release's cmake/utils.cmake, and the
     source's own macro, run through cmake -P, then gives a PTX-only list SASS for the GPU from
     the same PTX and a native list nothing more; a second run is a no-op."""
+    from sm121_build.cuda.compat import parse_target
     from sm121_build.source.patch import apply_macros
     from sm121_build.source.ptx_sass import gencode_flags
-    from sm121_build.verify.compat import parse_target
 
     gpu = parse_target("sm_121")
     outcomes = {}

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, pypi_download
-from sm121_build.build.decide import decide_inputs, plan_extensions
-from sm121_build.source.external import projects
+from sm121_build.core.vllm import projects
+from sm121_build.cuda.binary import SM121, audit_binary
+from sm121_build.rebuild.decide import decide_inputs, plan_extensions
 from sm121_build.source.patch import apply_for_build
-from sm121_build.verify.audit import audit_binary
-from sm121_build.verify.checks import SM121
 
 pytestmark = [pytest.mark.vllm]
 VERSION = "0.33.0"

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, ROOT, pypi_download
-from sm121_build.verify.audit import BinaryReport, audit_binary
-from sm121_build.verify.checks import SM121, check_still_loadable, compare_kernels
+from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
+from sm121_build.verify.checks import check_still_loadable, compare_kernels
 
 pytestmark = [pytest.mark.vllm]
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from devkit.dockerenv import client_or_skip, load
 from devkit.imagetar import docker_save
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.image.refs import default_tag, validate_tag
 
 pytestmark = [pytest.mark.docker]

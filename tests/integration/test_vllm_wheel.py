@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, pypi_download, run_cuobjdump
-from sm121_build.verify.audit import Policy, audit_binary
-from sm121_build.verify.audit_inputs import binaries
-from sm121_build.verify.compat import parse_target
-from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
+from sm121_build.audit.inputs import binaries
+from sm121_build.cuda.binary import Policy, audit_binary
+from sm121_build.cuda.compat import parse_target
+from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from devkit.helpers import DATA, compile_cached, gencode
-from sm121_build.verify.audit import audit_binary
-from sm121_build.verify.checks import SM121
-from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
+from sm121_build.cuda.binary import SM121, audit_binary
+from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
 
 def test_counts_of_a_fatbin_with_every_kind_of_entry(matrix: dict[str, Path]) -> None:

@@ -12,11 +12,10 @@ import jsonschema
 import pytest
 
 from devkit.helpers import ROOT, cli, compile_cached, gencode, one_line_error
-from sm121_build.build.decide import ExtensionPlan
-from sm121_build.build.judge import judged, package_name
-from sm121_build.verify.audit import host_only_report
-from sm121_build.verify.checks import SM121
-from sm121_build.verify.report import package_of, packages
+from sm121_build.audit.judge import judged, package_name
+from sm121_build.audit.report import package_of, packages
+from sm121_build.cuda.binary import SM121, host_only_report
+from sm121_build.rebuild.decide import ExtensionPlan
 
 SCHEMA = json.loads((ROOT / "sm121_build/data/schemas/audit.schema.json").read_text())
 SITE = "usr/local/lib/python3.12/dist-packages"

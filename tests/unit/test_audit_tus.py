@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA, compile_cached, gencode
-from sm121_build.verify.audit import Policy, audit_binary
-from sm121_build.verify.compat import parse_target
+from sm121_build.cuda.binary import Policy, audit_binary
+from sm121_build.cuda.compat import parse_target
 
 SM121 = Policy(parse_target("sm_121"), (13, 0))
 

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devkit.helpers import cli, one_line_error
-from sm121_build.errors import CorruptBinaryError
-from sm121_build.verify.fatbin import HostBinary
+from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.cuda.fatbin import HostBinary
 
 
 def _fatbin_span(path: Path) -> tuple[int, int]:

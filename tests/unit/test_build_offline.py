@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.build import build_extensions
+from sm121_build.jobs import build_extensions
 from sm121_build.verify.checks import kernel_key
 
 ROOT = Path(__file__).resolve().parents[2]

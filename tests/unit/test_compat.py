@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sm121_build.errors import Sm121Error
-from sm121_build.verify.compat import (
+from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import (
     _ptx_isa_table,
     best,
     dotted_arch,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import ROOT
-from sm121_build.compile_progress import CompileProgress, History, shipped_histories
-from sm121_build.steps import BuildStatus
+from sm121_build.core.compile_progress import CompileProgress, History, shipped_histories
+from sm121_build.core.console import BuildStatus
 
 LOGS = {"c": ROOT / "docs/real-build/vllm-0.33.0-c-stable/ninja_log.txt",
         "fa2": ROOT / "docs/real-build/fa2-sass-from-ptx/ninja_log.txt"}
@@ -136,7 +136,7 @@ def _in_a_terminal(tmp_path: Path, mode: str = "auto", every: float = 60.0) -> b
     feeder = tmp_path / "feed.py"
     feeder.write_text(
         "import time\n"
-        "from sm121_build.steps import BuildStatus, set_progress\n"
+        "from sm121_build.core.console import BuildStatus, set_progress\n"
         f"set_progress({mode!r})\n"
         f"with BuildStatus(every={every!r}) as status:\n"
         "    for done in range(0, 30):\n"
@@ -174,3 +174,18 @@ def test_progress_modes_under_a_terminal(tmp_path: Path, mode: str, live: bool) 
     out = _in_a_terminal(tmp_path, mode, every=0.0)
     assert (b"\r\x1b[K    compiling [" in out) == live
     assert (b"    compiling [" in out) == (mode != "quiet")
+
+
+def test_buildkits_own_step_counters_are_not_compile_steps() -> None:
+    """`#7 [2/3] COPY ...` (an inject's final stage) and `#9 [builder 3/7] RUN ...` are
+    BuildKit's steps; only ninja's `[n/N]` inside a RUN's output is a compile step."""
+    progress = CompileProgress()
+    for line in ("#7 [2/3] COPY artifacts/ /usr/local/lib/python3.12/dist-packages/vllm",
+                 "#9 [builder 3/7] RUN python3 /sm121/build_extensions.py",
+                 "#5 [internal] load metadata for docker.io/library/x:y"):
+        assert not progress.feed(line, 0.0), line
+    assert progress.current is None
+    assert progress.feed("#9 41.27 [12/83] Building CUDA object CMakeFiles/_C.dir/x.cu.o", 1.0)
+    assert progress.feed("[13/83] Linking CXX shared module _C.abi3.so", 2.0)  # --local
+    current = progress.current
+    assert current is not None and (current.done, current.total) == (13, 83)

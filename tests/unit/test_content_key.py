@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from sm121_build.build import main_job as build
-from sm121_build.build.main_job import content_key
-from sm121_build.build.render import BuildPlan
 from sm121_build.image.facts import ImageFacts
+from sm121_build.jobs import main_job as build
+from sm121_build.jobs.main_job import content_key
+from sm121_build.jobs.render import BuildPlan
 
 FACTS = ImageFacts("vllm/vllm-openai:nightly", "sha256:" + "a" * 64,
                    "vllm/vllm-openai@sha256:" + "f" * 64, "linux/arm64")

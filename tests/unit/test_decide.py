@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA
-from sm121_build.build.decide import decide, stock_family_archs
+from sm121_build.cuda.binary import BinaryReport
+from sm121_build.cuda.compat import loads_natively, parse_target
+from sm121_build.cuda.fatbin import Entry
+from sm121_build.rebuild.decide import decide, stock_family_archs
 from sm121_build.source.guards import evaluate
-from sm121_build.verify.audit import BinaryReport
-from sm121_build.verify.compat import loads_natively, parse_target
-from sm121_build.verify.fatbin import Entry
 
 GPU = parse_target("sm_121")
 

@@ -14,8 +14,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from sm121_build.verify.elf import SHT_NOBITS, SHT_STRTAB, SHT_SYMTAB, Elf, ElfError, name
-from sm121_build.verify.fatbin import HostBinary
+from sm121_build.cuda.elf import SHT_NOBITS, SHT_STRTAB, SHT_SYMTAB, Elf, ElfError, name
+from sm121_build.cuda.fatbin import HostBinary
 
 Rows = list[tuple[str, int, int, int, int]]
 

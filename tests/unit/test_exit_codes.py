@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA, ROOT, compile_cached, gencode
-from sm121_build.errors import EXIT_CODES
+from sm121_build.core.errors import EXIT_CODES
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -96,7 +96,7 @@ def test_on_github_actions_an_error_is_also_an_annotation() -> None:
 
 
 def test_a_step_ends_with_its_mark(capsys: pytest.CaptureFixture[str]) -> None:
-    from sm121_build.steps import Steps
+    from sm121_build.core.console import Steps
 
     steps = Steps()
     with steps.step("inspect"):

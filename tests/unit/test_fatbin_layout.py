@@ -17,9 +17,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from devkit.helpers import DATA, compile_cached, gencode, pyelftools_dynsym
-from sm121_build.errors import CorruptBinaryError
-from sm121_build.verify import fatbin
-from sm121_build.verify.fatbin import (
+from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.cuda import fatbin
+from sm121_build.cuda.fatbin import (
     CONTAINER_MAGIC,
     FLAG_ARCH_SPECIFIC,
     FLAG_FAMILY_SPECIFIC,

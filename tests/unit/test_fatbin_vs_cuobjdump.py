@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import run_cuobjdump
-from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
+from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 from tests.conftest import MATRIX
 
 VARIANTS = [*MATRIX, "reloc"]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import parse_target
 from sm121_build.source.guards import effective_archs, evaluate
 from sm121_build.source.patch import apply_all, load_rules
-from sm121_build.verify.compat import parse_target
 
 SM121 = parse_target("sm_121")
 

@@ -13,7 +13,7 @@ import pytest
 
 from devkit.helpers import ROOT
 from devkit.helpers import vllm_like_tree as _source
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.source.guards import evaluate, find_calls
 from sm121_build.source.patch import apply_all, apply_rule, load_rules
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import vllm_like_tree as _tree
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.source import guards
 from sm121_build.source.cmake_lang import commands
 from sm121_build.source.guards import (

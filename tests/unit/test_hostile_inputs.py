@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from devkit.helpers import ROOT, cli, one_line_error
 from devkit.imagetar import HardLink, docker_save
-from sm121_build.build.artifacts import load
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
+from sm121_build.jobs.artifacts import load
 
 SITE = "usr/local/lib/python3.12/dist-packages/vllm"
 
@@ -203,7 +203,7 @@ def test_a_50_gb_sparse_wheel_is_refused_at_once(tmp_path: Path) -> None:
 
 # -- inject's manifest ---------------------------------------------------------------------
 def _artifacts(folder: Path, so: Path, **changes: object) -> Path:
-    from sm121_build.build.artifacts import sha256_of
+    from sm121_build.jobs.artifacts import sha256_of
 
     folder.mkdir(exist_ok=True)
     shutil.copy(so, folder / "_C.abi3.so")
@@ -276,7 +276,7 @@ def test_fuzzed_image_tarballs_are_one_line_errors(tmp_path_factory: pytest.Temp
     members = {name: json.dumps(document).encode(),
                f"blobs/sha256/{hashlib.sha256(blob_bytes).hexdigest()}": blob_bytes}
     path = _tarball(folder / "fuzz.tar", members)
-    from sm121_build.verify.audit_inputs import binaries
+    from sm121_build.audit.inputs import binaries
 
     try:
         with binaries(str(path)):
@@ -347,7 +347,7 @@ def test_a_symlinked_cmakelists_stays_a_symlink(tmp_path: Path) -> None:
 ])
 def test_the_cache_is_never_relative_or_at_the_root(monkeypatch: pytest.MonkeyPatch,
                                                     env: dict[str, str], where: str) -> None:
-    from sm121_build.image.facts import cache_dir
+    from sm121_build.core.paths import cache_dir
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -357,7 +357,7 @@ def test_the_cache_is_never_relative_or_at_the_root(monkeypatch: pytest.MonkeyPa
 def test_no_home_at_all_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import pwd
 
-    from sm121_build.image import facts
+    from sm121_build.core import paths as facts
 
     monkeypatch.setenv("HOME", "")
     monkeypatch.setenv("XDG_CACHE_HOME", "")
@@ -461,7 +461,7 @@ def test_local_refuses_what_it_would_ignore(tmp_path: Path, extra: list[str],
 def test_fuzzed_archives_are_one_line_errors(tmp_path_factory: pytest.TempPathFactory,
                                              data: bytes, suffix: str, head: bytes) -> None:
     """Bytes that start like a wheel, a compressed tarball or an ELF file and then are not."""
-    from sm121_build.verify.audit_inputs import binaries
+    from sm121_build.audit.inputs import binaries
 
     path = tmp_path_factory.mktemp("fuzz") / f"x{suffix}"
     path.write_bytes(head + data)

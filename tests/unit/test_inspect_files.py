@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from devkit.dirfiles import DirectoryFiles, make_tree
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.image.api import ImageInfo
 from sm121_build.image.facts import facts_from_files, python_sites
 

@@ -1,5 +1,5 @@
 """Every file of the package ships: none is ignored by git (hatchling leaves ignored paths out
-of the wheel: a `build/` pattern once dropped the whole sm121_build/build/ stage), and every
+of the wheel: a `build/` pattern once dropped the whole sm121_build/jobs/ stage), and every
 stage folder is a regular package."""
 
 from __future__ import annotations

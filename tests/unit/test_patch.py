@@ -20,7 +20,8 @@ from packaging.version import Version
 
 from devkit.helpers import DATA
 from devkit.helpers import vllm_like_tree as _tree
-from sm121_build.errors import PatchDrift, Sm121Error
+from sm121_build.core.errors import PatchDrift, Sm121Error
+from sm121_build.cuda.compat import parse_target
 from sm121_build.source import patch
 from sm121_build.source.cmake_lang import Argument
 from sm121_build.source.guards import Call, Guard, evaluate
@@ -43,7 +44,6 @@ from sm121_build.source.patch import (
     rules_for,
     target_gpu,
 )
-from sm121_build.verify.compat import parse_target
 
 GE13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 FP4 = 'cuda_archs_loose_intersection(FP4_ARCHS "{}" "${{CUDA_ARCHS}}")\n'

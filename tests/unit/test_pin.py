@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import git
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.source.pin import GitRef, fetch_source, version_to_ref
 
 

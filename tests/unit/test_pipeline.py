@@ -14,12 +14,12 @@ import pytest
 
 from devkit.fakeengine import FakeEngine, stock_image
 from devkit.stockimage import VERSION
-from sm121_build.build.inject import run_inject
-from sm121_build.build.main_job import Options, run_build
-from sm121_build.build.pipeline import Pipeline
-from sm121_build.errors import BuildFailed, Sm121Error, VerificationError
-from sm121_build.labels import CONTENT_KEY_LABEL
-from sm121_build.shipped import schema
+from sm121_build.core.errors import BuildFailed, Sm121Error, VerificationError
+from sm121_build.core.labels import CONTENT_KEY_LABEL
+from sm121_build.core.shipped import schema
+from sm121_build.jobs.inject import run_inject
+from sm121_build.jobs.main_job import Options, run_build
+from sm121_build.jobs.pipeline import Pipeline
 from sm121_build.verify import run_report
 
 BASE = "vllm/vllm-openai:fixture"

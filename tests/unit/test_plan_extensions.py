@@ -10,12 +10,11 @@ import pytest
 
 from devkit.helpers import DATA, compile_cached, gencode
 from devkit.helpers import vllm_like_tree as _tree
-from sm121_build.build.decide import MIN_JIT_SHARE, Inputs, plan_extensions
-from sm121_build.build.render import source_targets
+from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
+from sm121_build.rebuild.decide import MIN_JIT_SHARE, Inputs, plan_extensions
+from sm121_build.source.external import source_targets
 from sm121_build.source.guards import find_calls
 from sm121_build.source.owners import guard_owners
-from sm121_build.verify.audit import BinaryReport, audit_binary
-from sm121_build.verify.checks import SM121
 
 KERNELS = DATA / "kernels.cu"
 CMAKELISTS = """
@@ -127,7 +126,7 @@ def test_under_cuda_12_9_the_family_guard_is_not_taken(tmp_path: Path, tree: Pat
 
 def test_a_few_jit_kernels_are_offered_not_built(tmp_path: Path, tree: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm121_build.build import decide
+    from sm121_build.rebuild import decide
 
     (tree / "cmake" / "external_projects" / "j.cmake").write_text(
         "define_extension_target(_j_C SOURCES j.cu)\n")  # no guard: only the JIT gain

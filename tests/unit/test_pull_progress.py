@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sm121_build.pull_progress import PullProgress
-from sm121_build.steps import LiveLine
+from sm121_build.core.console import LiveLine
+from sm121_build.core.pull_progress import PullProgress
 
 GB = 1000**3
 

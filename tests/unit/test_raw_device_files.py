@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA, cli, compile_device_file, gencode, run_cuobjdump
-from sm121_build.verify.audit import audit_binary
-from sm121_build.verify.checks import SM121
-from sm121_build.verify.fatbin import HostBinary, cuobjdump_listing
+from sm121_build.cuda.binary import SM121, audit_binary
+from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
 CUBINS = ["sm_80", "sm_90", "sm_90a", "sm_100f", "sm_120", "sm_120f", "sm_121", "sm_121a"]
 NATIVE_ON_SM121 = {"sm_120", "sm_120f", "sm_121", "sm_121a"}
@@ -105,7 +104,7 @@ def test_a_folder_mixing_libraries_and_device_files(tmp_path: Path,
 def test_what_a_file_is_from_its_first_bytes() -> None:
     import struct
 
-    from sm121_build.verify.fatbin import device_file_kind
+    from sm121_build.cuda.fatbin import device_file_kind
 
     cubin = _cubin("sm_90").read_bytes()[:4096]
     host = bytearray(cubin)
@@ -128,7 +127,7 @@ def test_a_cubin_of_the_older_elf_abi_and_damaged_ones(tmp_path: Path) -> None:
     tkinfo `-arch` of another SM gives no variant."""
     import struct
 
-    from sm121_build.errors import CorruptBinaryError
+    from sm121_build.core.errors import CorruptBinaryError
 
     data = bytearray(_cubin("sm_90a").read_bytes())
     older = tmp_path / "older.cubin"
@@ -183,7 +182,7 @@ def test_the_entries_of_a_fatbin_and_a_ptx_file() -> None:
 
 def _compat_09(data: bytes) -> int:
     """The file offset of `.nv.compat`'s attribute 0x09 record (nvcc 13 writes it first)."""
-    from sm121_build.verify.elf import Elf
+    from sm121_build.cuda.elf import Elf
 
     elf = Elf.read(data)
     section = elf.section(".nv.compat")

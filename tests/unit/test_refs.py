@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
 from sm121_build.image.refs import (
     default_tag,
     looks_like_image_ref,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sm121_build.errors import VerificationError
+from sm121_build.core.errors import VerificationError
 from sm121_build.verify import run_report
 
 

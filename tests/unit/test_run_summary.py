@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sm121_build.errors import Sm121Error
-from sm121_build.steps import Steps
+from sm121_build.core.console import Steps
+from sm121_build.core.errors import Sm121Error
 from sm121_build.verify.run_report import (
     Binary,
     KernelsFrom,

@@ -16,11 +16,10 @@ import jsonschema
 import pytest
 
 from devkit.helpers import DATA, compile_cached, gencode
-from sm121_build.build import artifacts
-from sm121_build.shipped import schema
+from sm121_build.core.shipped import schema
+from sm121_build.cuda.binary import SM121, audit_binary
+from sm121_build.jobs import artifacts
 from sm121_build.verify import run_report
-from sm121_build.verify.audit import audit_binary
-from sm121_build.verify.checks import SM121
 
 
 def _check(name: str, data: Any) -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from devkit.helpers import cli
 from devkit.imagetar import docker_save, oci_layout
-from sm121_build.errors import Sm121Error
-from sm121_build.verify.audit_inputs import binaries
+from sm121_build.audit.inputs import binaries
+from sm121_build.core.errors import Sm121Error
 
 
 def _layers(matrix: dict[str, Path]) -> list[dict[str, bytes | None]]:

@@ -14,14 +14,14 @@ import pytest
 
 from devkit.fakeengine import FakeEngine, stock_image
 from devkit.stockimage import VERSION
-from sm121_build.build.inject import run_inject
-from sm121_build.build.main_job import Options, run_build
-from sm121_build.build.pipeline import Pipeline
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.image import ledger
-from sm121_build.image.prune import prune
 from sm121_build.image.refs import require_not_base
-from sm121_build.labels import CONTENT_KEY_LABEL
+from sm121_build.jobs.inject import run_inject
+from sm121_build.jobs.main_job import Options, run_build
+from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.prune import prune
 from sm121_build.verify import run_report
 
 BASE = "vllm/vllm-openai:fixture"
@@ -200,7 +200,7 @@ def test_prune_removes_what_inject_made(tmp_path: Path, matrix: dict[str, Path],
 
 
 def test_a_damaged_ledger_entry_is_skipped(tmp_path: Path) -> None:
-    from sm121_build.image.facts import state_dir
+    from sm121_build.core.paths import state_dir
 
     path = state_dir() / "ledger.json"
     path.parent.mkdir(parents=True)
@@ -229,7 +229,7 @@ def test_wiping_the_cache_does_not_forget_what_was_built(
     images (and the logs are still there)."""
     import shutil
 
-    from sm121_build.image.facts import cache_dir, state_dir
+    from sm121_build.core.paths import cache_dir, state_dir
 
     engine, old, _ = _two_builds(tmp_path, matrix, checkout)
     shutil.rmtree(cache_dir())
@@ -239,7 +239,7 @@ def test_wiping_the_cache_does_not_forget_what_was_built(
 
 
 def test_a_ledger_at_the_old_place_is_moved_to_the_state_dir(tmp_path: Path) -> None:
-    from sm121_build.image.facts import cache_dir, state_dir
+    from sm121_build.core.paths import cache_dir, state_dir
 
     entry = {"image_id": "sha256:" + "c" * 64, "tags": ["x:y"], "base_id": "b", "at": 2.0}
     old = cache_dir() / "ledger.json"

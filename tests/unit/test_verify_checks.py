@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from devkit.dirfiles import DirectoryFiles
-from sm121_build.build import artifacts
-from sm121_build.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
+from sm121_build.cuda.fatbin import dynamic_symbols
 from sm121_build.image.api import HistoryStep, ImageInfo
 from sm121_build.image.engine import failure_cause
 from sm121_build.image.facts import VllmInstall
-from sm121_build.verify.audit import BinaryReport, audit_binary
+from sm121_build.jobs import artifacts
 from sm121_build.verify.checks import (
-    SM121,
     KernelComparison,
     check_abi,
     check_cubins,
@@ -31,7 +31,6 @@ from sm121_build.verify.checks import (
     newest_arch_kernels,
     torch_exports,
 )
-from sm121_build.verify.fatbin import dynamic_symbols
 
 PKG = "usr/lib/python3/dist-packages/vllm"
 

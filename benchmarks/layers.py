@@ -1,0 +1,159 @@
+"""The shape of the package, on any commit: the import graph between its folders (module-level
+and in-function imports), the cycles in it, how many of its modules `sm121-build audit FILE`
+loads (and whether Docker, the engine, git or the Dockerfile renderer are among them), and the
+length of the main job's procedure.
+
+Run from a checkout (any commit: `git stash; git checkout REV; python benchmarks/layers.py`):
+
+    python benchmarks/layers.py [--file SO]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "sm121_build"
+HEAVY = {"docker": "the Docker SDK", "engine": "the engine module", "render": "the renderer",
+         "pin": "the git fetcher"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(known: dict[str, Path]) -> list[tuple[str, str, bool]]:
+    """(importer, imported module, in a function) for every import of the package itself."""
+    found = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.append(full if full in known else node.module)
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for target in targets:
+                if target.startswith("sm121_build") and target in known:
+                    found.append((name, target, node.col_offset > 0))
+    return found
+
+
+def folder(module: str) -> str:
+    """The package folder a module lives in (`(top) name` for the package's own modules)."""
+    parts = module.split(".")
+    if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+        return parts[1]
+    return "(top) " + (parts[1] if len(parts) > 1 else "")
+
+
+def cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+SNIPPET = """
+import runpy, sys
+sys.argv = ["sm121-build", *sys.argv[1:]]
+try:
+    runpy.run_module("sm121_build", run_name="__main__")
+except SystemExit:
+    pass
+print("\\n".join(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def audit_loads(file: str) -> list[str]:
+    """Every module `sm121-build audit FILE` has loaded when it ends."""
+    done = subprocess.run([sys.executable, "-c", SNIPPET, "audit", file], capture_output=True,
+                          text=True, cwd=ROOT, check=False)
+    return done.stderr.split()
+
+
+def main_job_lines(known: dict[str, Path]) -> tuple[str, int]:
+    for name, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "run_build":
+                return name, (node.end_lineno or node.lineno) - node.lineno + 1
+    return "?", 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--file", default=sys.executable, help="what `audit` reads (any ELF)")
+    options = parser.parse_args()
+    known = modules()
+    found = imports(known)
+    between = Counter((folder(a), folder(b), lazy) for a, b, lazy in found
+                      if folder(a) != folder(b))
+    print(f"{len(known)} modules; imports between folders (importer -> imported: count):")
+    for (a, b, lazy), count in sorted(between.items()):
+        print(f"  {a:>22} -> {b:<22} {count:3d}{'  (in functions)' if lazy else ''}")
+    module_cycles = cycles({(a, b) for a, b, _ in found})
+    folder_cycles = cycles({(folder(a), folder(b)) for a, b, _ in found
+                            if folder(a) != folder(b) and not folder(a).startswith("(top)")
+                            and not folder(b).startswith("(top)")})
+    print(f"module cycles: {len(module_cycles)}" + "".join(
+        f"\n  {' <-> '.join(c)}" for c in module_cycles))
+    print(f"folder cycles: {len(folder_cycles)}" + "".join(
+        f"\n  {' <-> '.join(c)}" for c in folder_cycles))
+    loaded = audit_loads(options.file)
+    own = [n for n in loaded if n.startswith("sm121_build")]
+    heavy = [what for key, what in HEAVY.items()
+             if any(n == key or n.endswith(f".{key}") for n in loaded)]
+    print(f"`sm121-build audit FILE` loads {len(own)} of {len(known)} modules; "
+          f"{', '.join(heavy) or 'no Docker SDK, engine, renderer or git fetcher'}"
+          f"{' among them' if heavy else ''}")
+    where, length = main_job_lines(known)
+    print(f"main job: {where}.run_build, {length} lines")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""Turn an audit target (.so, directory, wheel, image tarball, engine image) into ELF files.
+
+Whatever has to be unpacked goes to one temporary directory that is removed on exit,
+error or Ctrl-C included.  An image in the engine is streamed, never exported: only the
+directories the `--include` patterns can match are read (a pattern's fixed leading folders;
+a pattern that starts with `*/NAME` is looked for under the image's Python package
+directories, where vLLM lives), the whole filesystem only when no pattern has a fixed part.
+Only ELF files that carry device code stay in temp; the others are dropped once read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import re
+import stat
+import struct
+import sys
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from isal import isal_zlib
+
+from sm121_build.core.console import Progress
+from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
+from sm121_build.image import layers
+from sm121_build.image.refs import looks_like_image_ref
+from sm121_build.image.spill import write_stream
+
+if TYPE_CHECKING:
+    from sm121_build.image.engine import Engine, ImageInfo, ImageReader
+
+GLOB_CHARS = re.compile(r"[*?\[]")
+
+# What is audited in a folder, archive or image: shared objects, and device code as files
+# of its own (FlashInfer's cubin packages ship thousands of raw `.cubin` files).
+SHARED_OBJECT = re.compile(r"\.(so(\.\d+)*|cubin|fatbin|ptx)$")
+FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin|fatbin|ptx)$")
+
+
+@dataclass(frozen=True)
+class Binary:
+    """An ELF file to audit: the name to show and where its bytes are now."""
+
+    name: str
+    path: Path
+    host_only_size: int | None = None  # set when the file was dropped: an ELF of no device code
+    skipped: str | None = None  # why it could not be audited (unreadable, outside the archive)
+
+
+def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
+    def wanted(path: str) -> bool:
+        if not SHARED_OBJECT.search(path):
+            return False
+        # paths are relative; a pattern may also name them absolutely (`/opt/x/*`)
+        return not include or any(fnmatch.fnmatch(path, pattern) or
+                                  fnmatch.fnmatch("/" + path, pattern) for pattern in include)
+    return wanted
+
+
+@contextmanager
+def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = None,
+             engine: Callable[[], Engine] | None = None,
+             show_progress: bool = False) -> Iterator[list[Binary]]:
+    """Yield the ELF files a target holds; temporary copies are removed afterwards."""
+    path = Path(target)
+    wanted = _wanted(include)
+    if path.is_dir():
+        yield _walk(path, wanted)
+        return
+    if path.exists() and not path.is_file():
+        raise Sm121Error(f"{path}: not a regular file (a FIFO, socket or device); audit reads "
+                         "files, directories, wheels, image tarballs and images")
+    if path.is_file():
+        if is_auditable(path):
+            yield [Binary(str(path), path)]
+            return
+        with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
+            try:
+                kind = archive_kind(path)
+                if kind == "zip":
+                    found = _unzip(path, Path(tmp), wanted)
+                elif kind == "tar":
+                    found = _untar(path, Path(tmp), wanted, platform, show_progress)
+                else:
+                    raise Sm121Error(
+                        f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
+                        "those, a directory, or an image in the local Docker engine")
+            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+                raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
+            yield found
+        return
+    if target.startswith((".", "/", "~")) or FILE_LIKE.search(target):
+        raise Sm121Error(f"{target}: no such file or directory")
+    if not looks_like_image_ref(target):
+        raise Sm121Error(f"{target}: no such file, and not a valid image reference")
+    if engine is None:
+        from sm121_build.image.engine import (
+            Engine,  # the Docker SDK is imported only when an image is read
+        )
+
+        engine = Engine.connect
+    connected = engine()
+    info = connected.image(target)
+    with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
+        progress = Progress(f"reading {target}")  # live on a terminal, else plain lines
+        with connected.reader(info.id, progress.add) as files:
+            found = _stream_image(info, files, include, wanted, Path(tmp), progress)
+        progress.done()
+        yield found
+
+
+TAR_MAGICS = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def archive_kind(path: Path) -> str | None:
+    """"zip", "tar" (plain or compressed) or None, from the first block only: tarfile's own
+    probe reads a file of zeros to its end (50 GB of a sparse file)."""
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")) or zipfile.is_zipfile(path):
+        return "zip"
+    if head.startswith(TAR_MAGICS):
+        return "tar"
+    if len(head) == 512 and head[257:262] == b"ustar":
+        return "tar"
+    if len(head) == 512 and any(head[:100]):  # a pre-POSIX header: its checksum decides
+        try:
+            stored = int(head[148:156].split(b"\0")[0].strip() or b"-1", 8)
+        except ValueError:
+            return None
+        return "tar" if stored == sum(head[:148]) + 256 + sum(head[156:]) else None
+    return None
+
+
+def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) -> list[str]:
+    """The directories (or files) of an image that can hold a path the patterns match."""
+    from sm121_build.image.facts import python_sites
+
+    if not include:
+        return ["/"]
+    roots: list[str] = []
+    for pattern in include:
+        parts = [p for p in pattern.split("/") if p]
+        fixed = _literal_prefix(parts)
+        if fixed:
+            roots.append("/" + "/".join(fixed))
+            continue
+        rest = _literal_prefix(parts[1:]) if parts and parts[0] == "*" else []
+        if not rest:
+            return ["/"]
+        found = [c for site in python_sites(info, files)
+                 if files.stat(c := posixpath.join(site, *rest)) is not None]
+        if not found:  # `*/vllm_flash_attn/*.so`: not at a site's top; read everything
+            return ["/"]
+        roots += found
+    roots = sorted(set(roots))
+    return [r for r in roots if not any(r != o and r.startswith(o.rstrip("/") + "/")
+                                        for o in roots)]
+
+
+def _literal_prefix(parts: list[str]) -> list[str]:
+    """The leading path segments that hold no glob characters."""
+    literal = []
+    for part in parts:
+        if GLOB_CHARS.search(part):
+            break
+        literal.append(part)
+    return literal
+
+
+def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
+                  wanted: Callable[[str], bool], dest: Path, progress: Progress) -> list[Binary]:
+    """Stream the roots; keep the wanted ELF files that carry device code, and list the
+    others by name and size only (`host_only_size`), so the table still counts them."""
+    found: list[Binary] = []
+    kept: set[str] = set()
+
+    def take(rel: str, target: Path) -> None:
+        if not is_auditable(target):
+            target.unlink()
+        elif not _has_device_code(target):
+            found.append(Binary("/" + rel, target, target.stat().st_size))
+            target.unlink()
+        else:
+            kept.add(rel)
+            found.append(Binary("/" + rel, target))
+            progress.update(found=len(found))
+
+    links: list[tuple[str, str]] = []  # (wanted path, the file it is a hard link of)
+    for root in walk_roots(include, info, files):
+        if files.stat(root) is None:
+            continue
+        parent = posixpath.dirname(root.rstrip("/")) or "/"
+        with files.tar(root) as archive:
+            for member in archive:
+                rel = posixpath.normpath(posixpath.join(parent, member.name)).lstrip("/")
+                if not rel or rel == "." or not wanted(rel):
+                    continue
+                if member.islnk():
+                    links.append((rel, posixpath.normpath(posixpath.join(
+                        parent, member.linkname)).lstrip("/")))
+                    continue
+                handle = archive.extractfile(member) if member.isfile() else None
+                if handle is not None:
+                    write_stream(handle, dest / rel, "/" + rel)
+                    take(rel, dest / rel)
+    # A hard link names an earlier member, which may not have been kept (another name, not
+    # wanted, host-only): read it by its own path once the stream is closed (the engine
+    # serves one archive request per container at a time).
+    for rel, linked in links:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if linked in kept:
+            os.link(dest / linked, target)
+            kept.add(rel)
+            found.append(Binary("/" + rel, target))
+        elif files.copy_file("/" + linked, target) is not None:
+            take(rel, target)
+        else:
+            found.append(Binary("/" + rel, target, skipped=(
+                f"hard link to /{linked}, which the image does not hold")))
+    return sorted(found, key=lambda b: b.name)
+
+
+def _auditable_head(head: bytes) -> bool:
+    """An ELF file (host or cubin), a fatbin or PTX text, from its first bytes."""
+    return head[:4] == b"\x7fELF" or device_file_kind(head) in ("fatbin", "ptx")
+
+
+def is_auditable(path: Path) -> bool:
+    """What the audit reads: `_auditable_head` of the file (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            return _auditable_head(handle.read(RAW_PROBE))
+    except OSError:
+        return False
+
+
+def _has_device_code(path: Path) -> bool:
+    try:
+        with HostBinary.open(path) as binary:
+            return bool(binary.entries)
+    except Sm121Error:
+        return True  # let the audit itself report it
+
+
+def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
+    """Every wanted ELF file under root; a folder or file that cannot be read is listed with
+    the reason (`skipped`), never passed over in silence."""
+    found = []
+
+    def unreadable(exc: OSError) -> None:
+        where = Path(exc.filename or root)
+        rel = where.relative_to(root).as_posix() if where != root else "."
+        found.append(Binary(rel + "/", where, skipped=f"folder not read: {exc.strerror or exc}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if full.is_symlink() or not wanted(rel):
+                continue
+            if not stat.S_ISREG(full.lstat().st_mode):  # a FIFO would block the read forever
+                print(f"skipped: {rel}: not a regular file", file=sys.stderr)
+                continue
+            try:
+                with open(full, "rb") as handle:
+                    head = handle.read(RAW_PROBE)
+            except OSError as exc:
+                found.append(Binary(rel, full, skipped=f"not read: {exc.strerror or exc}"))
+                continue
+            if _auditable_head(head):
+                found.append(Binary(rel, full))
+    return sorted(found, key=lambda b: b.name)
+
+
+def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Binary]:
+    """The wanted members, extracted by one thread per core (inflate lets go of the GIL; a
+    wheel's `.so` files are most of its bytes)."""
+    found = []
+    members = []
+    with zipfile.ZipFile(archive) as wheel:
+        for info in wheel.infolist():
+            if info.is_dir() or not wanted(info.filename):
+                continue
+            name = os.path.normpath(info.filename)
+            if name.startswith("..") or os.path.isabs(name):
+                found.append(Binary(info.filename, dest, skipped=(
+                    "member path leaves the archive (not extracted)")))
+                continue
+            members.append((info, dest / name))
+    # largest first: the longest member starts at once instead of last
+    members.sort(key=lambda member: -member[0].file_size)
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        found.extend(b for b in pool.map(partial(_extract, archive), members) if b is not None)
+    return sorted(found, key=lambda b: b.name)
+
+
+def _extract(archive: Path, member: tuple[zipfile.ZipInfo, Path]) -> Binary | None:
+    """One member written to its path (an own handle: threads do not share a file offset);
+    the Binary to audit, a skipped one, or None when it is not device code at all."""
+    info, target = member
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if info.compress_type == zipfile.ZIP_DEFLATED and not info.flag_bits & 1:
+            _inflate(archive, info, target)
+        else:  # stored, or what zipfile refuses in its own words (deflate64, encrypted)
+            with zipfile.ZipFile(archive) as wheel, wheel.open(info) as source, \
+                    open(target, "wb") as out:
+                while chunk := source.read(1 << 20):
+                    out.write(chunk)
+    except (NotImplementedError, RuntimeError) as exc:
+        target.unlink(missing_ok=True)
+        return Binary(info.filename, target, skipped=f"not extracted: {exc}")
+    return Binary(info.filename, target) if is_auditable(target) else None
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
+_CHUNK = 4 << 20
+
+
+def _inflate(archive: Path, info: zipfile.ZipInfo, target: Path) -> None:
+    """A deflated member through ISA-L's inflate (twice zlib's speed on a wheel's `.so`
+    files), its size and CRC-32 checked as zipfile checks them."""
+    with open(archive, "rb") as handle, open(target, "wb") as out:
+        handle.seek(info.header_offset)
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack(
+            handle.read(_LOCAL_HEADER.size).ljust(_LOCAL_HEADER.size, b"\0"))
+        if signature != b"PK\x03\x04":
+            raise zipfile.BadZipFile(f"{info.filename}: no local file header")
+        handle.seek(name_length + extra_length, os.SEEK_CUR)
+        inflater = isal_zlib.decompressobj(-15)
+        left, crc, size = info.compress_size, 0, 0
+        while left:
+            chunk = handle.read(min(left, _CHUNK))
+            if not chunk:
+                raise zipfile.BadZipFile(f"{info.filename}: cut short")
+            left -= len(chunk)
+            data = inflater.decompress(chunk)
+            crc, size = isal_zlib.crc32(data, crc), size + len(data)
+            out.write(data)
+        data = inflater.flush()
+        crc, size = isal_zlib.crc32(data, crc), size + len(data)
+        out.write(data)
+        if (crc, size) != (info.CRC, info.file_size):
+            raise zipfile.BadZipFile(f"{info.filename}: bad CRC-32 or size (damaged member)")
+
+
+def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], platform: str | None,
+           show_progress: bool) -> list[Binary]:
+    dest.mkdir(parents=True, exist_ok=True)
+    with _bar(show_progress, None, "reading layers") as bar:
+        fs = layers.extract_files(archive, dest, wanted, platform, bar.update)
+    return [Binary("/" + p, dest / p) for p in sorted(fs.extracted) if is_auditable(dest / p)]
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        return None
+
+
+def _bar(enabled: bool, length: int | None, label: str) -> Any:
+    if not enabled:
+        return _NoBar()
+    return click.progressbar(length=length, label=label, file=sys.stderr)

@@ -1,0 +1,105 @@
+"""`audit --source DIR`: rebuild verdicts that rest on the source's own guards.
+
+From a binary alone the audit says what it sees (`verify/fixable.py`): which archs, `a`/`f`
+or plain, PTX or not.  Whether a rebuild can give the GPU native code is a question about
+the source: the pinned tree's CMake, with the guard rules applied as the main job applies
+them, evaluated for the arch list the build would use.  This is the main job's own decide
+step (`decide.plan_extensions`) run on the audited files, so the audit and the build cannot
+disagree:
+
+- fixable: the build gives native code the file lacks (what `sm121-build --base IMAGE`
+  builds by default);
+- optional: a few JIT-only kernels only (under `decide.MIN_JIT_SHARE`): `--ext NAME`;
+- no sm_12x implementation: the source's guards give the target no code the GPU loads, and
+  what loads nothing is arch/family-specific code of other GPUs;
+- no rule: the source defines no such target, or no rule here builds its project;
+- native: nothing to gain.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.vllm import projects
+from sm121_build.cuda.binary import BinaryReport
+from sm121_build.cuda.compat import Target
+from sm121_build.rebuild.decide import ExtensionPlan, Rebuild, decide_inputs, plan_extensions
+from sm121_build.source.guards import cmake_arch_list
+from sm121_build.source.patch import apply_for_build, read_source_version
+
+_WHEEL_VERSION = re.compile(r"^vllm-([^-]+)-.*\.whl\Z")
+
+
+def source_version(source: Path, target: str) -> str:
+    """The vLLM version of `source`, checked before any work: a vLLM tree (CMakeLists.txt,
+    a version), of the audited wheel's version when the target is a vLLM wheel."""
+    if not source.is_dir() or not (source / "CMakeLists.txt").is_file():
+        raise Sm121Error(f"--source {source}: not a vLLM source tree (no CMakeLists.txt)")
+    version = read_source_version(source)
+    if version is None:
+        raise Sm121Error(f"--source {source}: no vLLM version found (vllm/_version.py or "
+                         "PKG-INFO)")
+    wheel = _WHEEL_VERSION.match(Path(target).name)
+    if wheel and wheel.group(1) != version:
+        raise Sm121Error(f"--source {source} is vLLM {version}, {Path(target).name} is "
+                         f"{wheel.group(1)}: the verdicts need the source the files were "
+                         "built from")
+    return version
+
+
+def package_name(name: str) -> str | None:
+    """An audited path's name relative to the vLLM package (`vllm/x/_C.abi3.so` ->
+    `x/_C.abi3.so`), or None outside it."""
+    parts = PurePosixPath(name).parts
+    if "vllm" not in parts:
+        return None
+    last = len(parts) - 1 - parts[::-1].index("vllm")
+    return "/".join(parts[last + 1:]) or None
+
+
+def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arch: str,
+                    cuda: str, gpu: Target) -> dict[str, Rebuild]:
+    """Per audited vLLM extension (by its audited name): the verdict of the main job's
+    decide step on `source` (its CMake files copied, the rules applied to the copy)."""
+    stock: dict[str, BinaryReport | None] = {}
+    audited: dict[str, str] = {}
+    for report in reports:
+        name = package_name(report.name)
+        if name and report.has_device_code and report.kernels is not None:
+            stock[name], audited[name] = report, report.name
+    if not stock:
+        return {}
+    arch_cmake = cmake_arch_list(arch)
+    with tempfile.TemporaryDirectory(prefix="sm121-audit-source-") as tmp:
+        tree = Path(tmp) / "src"
+        tree.mkdir()
+        shutil.copy2(source / "CMakeLists.txt", tree / "CMakeLists.txt")
+        if (source / "cmake").is_dir():
+            shutil.copytree(source / "cmake", tree / "cmake", symlinks=True)
+        apply_for_build(tree, {}, version, arch_cmake, cuda, gpu)
+        plans = plan_extensions(stock, decide_inputs(tree, arch_cmake, cuda, gpu),
+                                {t: p.name for p in projects() for t in p.targets})
+    return {audited[p.name]: judged(p, gpu) for p in plans}
+
+
+def judged(plan: ExtensionPlan, gpu: Target) -> Rebuild:
+    remains = "".join(f"; {why}" for why in plan.remains)
+    if plan.outcome == "build":
+        return Rebuild("fixable", f"{plan.reason}{remains} (sm121-build --base IMAGE builds "
+                       "it)")
+    if plan.outcome == "native":
+        return Rebuild("native", plan.reason)
+    if plan.outcome == "below share":
+        return Rebuild("optional", f"{plan.reason}{remains}")
+    if plan.outcome == "no gain" and plan.foreign:
+        jit = plan.before["jit"]
+        return Rebuild("no sm_12x implementation",
+                       f"no guard of the source gives {plan.target} code {gpu} loads; its "
+                       f"{plan.before['none']} kernel(s) that load nothing are only for "
+                       f"{', '.join(plan.foreign)} (arch/family-specific instructions of "
+                       "other GPUs)" + (f"; {jit} kernel(s) stay JIT-only" if jit else ""))
+    return Rebuild("no rule", f"{plan.reason}{remains}")

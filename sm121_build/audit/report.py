@@ -1,0 +1,181 @@
+"""Render audit reports: a readable table, cuobjdump's listing, JSON, Markdown."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from sm121_build.core.units import human_size
+from sm121_build.cuda.binary import BinaryReport, FileVerdict, Policy
+from sm121_build.rebuild.decide import Rebuild, rebuild_verdict
+
+# Verdicts given by the source (`audit --source`) in place of the binary-only ones, by name
+Verdicts = dict[str, Rebuild]
+
+VERDICT_WORDS: dict[FileVerdict, str] = {
+    "native": "native",
+    "jit": "loads through PTX JIT (slow first start)",
+    "partial": "PARTIAL: some kernels have no loadable code",
+    "none": "NO loadable code",
+}
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{sm} x{n}" for sm, n in counts.items()) or "-"
+
+
+def _rebuild(report: BinaryReport, policy: Policy, verdicts: Verdicts | None) -> Rebuild | None:
+    if verdicts and report.name in verdicts:
+        return verdicts[report.name]
+    return rebuild_verdict(report, policy.target)
+
+
+def package_of(name: str) -> str:
+    """The Python package an audited path belongs to: the folder under site-packages or
+    dist-packages (images), else the top folder (a wheel's or a folder's), else `.`."""
+    parts = PurePosixPath(name).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts[:-1]:
+            at = parts.index(marker) + 1
+            return parts[at] if at < len(parts) - 1 else marker
+    return parts[0] if len(parts) > 1 else "."
+
+
+@dataclass(frozen=True)
+class Package:
+    """How much of one package's device code loads on the GPU."""
+
+    name: str
+    files: Counter[FileVerdict]  # files with device code, by verdict
+    kernels: dict[str, int] | None  # native / jit / none, when kernel names were read
+
+    def line(self) -> str:
+        total = sum(self.files.values())
+        files = ", ".join(f"{n:,} {v}" for v, n in sorted(self.files.items())
+                          if n) or "none"
+        kernels = ""
+        if self.kernels is not None:
+            k = self.kernels
+            kernels = (f"; kernels {k['native']:,} of {sum(k.values()):,} native, "
+                       f"{k['jit']:,} JIT only, {k['none']:,} with no loadable code")
+        return f"  {self.name}: {self.files['native']:,} of {total:,} file(s) native " \
+               f"({files}){kernels}"
+
+
+def packages(reports: list[BinaryReport]) -> list[Package]:
+    by_name: dict[str, list[BinaryReport]] = {}
+    for report in reports:
+        if report.has_device_code:
+            by_name.setdefault(package_of(report.name), []).append(report)
+    out = []
+    for name, members in sorted(by_name.items()):
+        kernels: dict[str, int] | None = None
+        if all(r.kernels is not None for r in members):
+            kernels = {"native": 0, "jit": 0, "none": 0}
+            for report in members:
+                for verdict, n in report.kernel_counts().items():
+                    kernels[verdict] += n
+        out.append(Package(name, Counter(r.verdict for r in members), kernels))
+    return out
+
+
+def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
+          verdicts: Verdicts | None = None) -> str:
+    lines = [f"target {policy.target}, CUDA driver {policy.driver[0]}.{policy.driver[1]}"]
+    with_code = [r for r in reports if r.has_device_code]
+    for report in with_code:
+        lines.append("")
+        lines.append(f"{report.name}  ({human_size(report.size)})")
+        lines.append(f"  cubins   {_counts(report.arch_counts('elf'))}")
+        lines.append(f"  ptx      {_counts(report.arch_counts('ptx'))}")
+        tus = report.containers
+        total = sum(tus.values())
+        lines.append(
+            f"  {policy.target!s:<8} {VERDICT_WORDS[report.verdict]}: {total} fatbins, "
+            f"{tus['native']} native, {tus['jit']} JIT only, {tus['none']} with no loadable code")
+        if report.kernels is not None:
+            kc = report.kernel_counts()
+            lines.append(
+                f"  kernels  {sum(kc.values())}: {kc['native']} native, {kc['jit']} JIT only, "
+                f"{kc['none']} with no loadable code")
+            if show_kernels:
+                for kernel, verdict in report.kernels.items():
+                    lines.append(f"    {verdict:<6} {kernel}")
+        rebuild = _rebuild(report, policy, verdicts)
+        if rebuild is not None and rebuild.verdict != "native":
+            lines.append(f"  rebuild  {rebuild.verdict}: {rebuild.reason}")
+    if len(with_code) > 1:
+        lines.append("")
+        lines.append(f"per package, on {policy.target}:")
+        lines.extend(package.line() for package in packages(reports))
+    skipped = len(reports) - len(with_code)
+    if skipped:
+        lines.append("")
+        lines.append(f"{skipped} other ELF file(s) carry no device code")
+    if not reports:
+        lines.append("no ELF files found")
+    return "\n".join(lines)
+
+
+def cuobjdump(reports: list[BinaryReport]) -> str:
+    """Exactly `cuobjdump -lelf -lptx FILE` output; several files get a `# name` header each."""
+    with_code = [r for r in reports if r.cuobjdump]
+    if len(with_code) == 1:
+        return "\n".join(with_code[0].cuobjdump)
+    return "\n".join(line for r in with_code for line in (f"# {r.name}", *r.cuobjdump))
+
+
+def as_json(reports: list[BinaryReport], policy: Policy,
+            verdicts: Verdicts | None = None) -> dict[str, Any]:
+    return {
+        "target": str(policy.target),
+        "driver": f"{policy.driver[0]}.{policy.driver[1]}",
+        "packages": [{"name": p.name, "files": {v: p.files[v] for v in VERDICT_WORDS},
+                      "kernels": p.kernels} for p in packages(reports)],
+        "binaries": [
+            {
+                "name": r.name,
+                "size": r.size,
+                "verdict": r.verdict if r.has_device_code else None,
+                "fatbins": r.containers,
+                "cubins": r.arch_counts("elf"),
+                "ptx": r.arch_counts("ptx"),
+                "entries": [
+                    {"kind": e.kind, "arch": e.sm, "cuobjdump_arch": e.cuobjdump_arch,
+                     "compression": e.compression, "stored_size": e.stored_size,
+                     "size": e.size, "fatbin": e.container,
+                     "version": f"{e.version[0]}.{e.version[1]}",
+                     "verdict": policy.verdict(e)}
+                    for e in r.entries
+                ],
+                "kernels": r.kernels,
+                "kernel_counts": r.kernel_counts() if r.kernels is not None else None,
+                "rebuild": rebuild.__dict__ if (rebuild := _rebuild(r, policy, verdicts))
+                else None,
+            }
+            for r in reports
+        ],
+    }
+
+
+def markdown(title: str, reports: list[BinaryReport], policy: Policy,
+             verdicts: Verdicts | None = None) -> str:
+    """A GitHub-flavoured Markdown table (for $GITHUB_STEP_SUMMARY)."""
+    rows = [f"### {title}", "",
+            f"| .so | cubins per arch | PTX | {policy.target} | kernels loadable on "
+            f"{policy.target} | rebuild |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for r in reports:
+        if not r.has_device_code:
+            continue
+        kernels = "-"
+        if r.kernels is not None:
+            kc = r.kernel_counts()
+            kernels = f"{kc['native']} of {sum(kc.values())}"
+        rebuild = _rebuild(r, policy, verdicts)
+        rows.append(f"| `{r.name}` | {_counts(r.arch_counts('elf'))} | "
+                    f"{_counts(r.arch_counts('ptx'))} | {r.verdict} | {kernels} | "
+                    f"{rebuild.verdict if rebuild else '-'} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,258 @@
+"""Everything the tool tells a person on stderr goes through here: timed, titled steps (✓/✕,
+folded into groups on GitHub Actions, as cibuildwheel's logger does), their detail lines,
+the one-line `error: …` (plus an `::error::` annotation on Actions), and a live one-line
+status for long builds and reads on a terminal.  Results go to stdout."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import click
+
+from sm121_build.core.compile_progress import CompileProgress, History
+
+
+def on_github_actions() -> bool:
+    return os.environ.get("GITHUB_ACTIONS") == "true"
+
+
+class Steps:
+    def __init__(self) -> None:
+        self.actions = on_github_actions()
+        self.timings: list[tuple[str, float, bool]] = []  # (title, seconds, finished)
+
+    @contextmanager
+    def step(self, title: str) -> Iterator[None]:
+        """`==> title`, then `✓ title (1.2s)` or `✕ title (1.2s)` when it raised."""
+        start = time.monotonic()
+        click.echo(f"::group::{title}" if self.actions else f"==> {title}", err=True)
+        mark = "✕"
+        try:
+            yield
+            mark = "✓"
+        finally:
+            end_status_line()
+            if self.actions:
+                click.echo("::endgroup::", err=True)
+            took = time.monotonic() - start
+            self.timings.append((title, round(took, 1), mark == "✓"))
+            click.echo(f"    {mark} {title} ({took:.1f}s)", err=True)
+
+
+_results = {"stderr": False}
+_verbosity = {"level": 1}  # 0: -q, 1: default, 2: -v
+
+
+_progress = {"mode": "auto"}  # --progress: auto (live on a terminal), plain, quiet
+
+
+def set_verbosity(level: int) -> None:
+    _verbosity["level"] = level
+
+
+def set_progress(mode: str) -> None:
+    _progress["mode"] = mode
+
+
+def _live_terminal() -> bool:
+    """Rewrite lines in place: on a terminal, unless --progress plain asked for lines."""
+    return _progress["mode"] == "auto" and sys.stderr.isatty()
+
+
+def _quiet_progress() -> bool:
+    return _progress["mode"] == "quiet" or _verbosity["level"] == 0
+
+
+def result(text: str) -> None:
+    """A result line (`tagged …`): stdout, unless stdout carries JSON (`--json`), then
+    stderr with the rest."""
+    end_status_line()
+    click.echo(text, err=_results["stderr"])
+
+
+def results_to_stderr() -> None:
+    _results["stderr"] = True
+
+
+def note(text: str) -> None:
+    """A detail of the step under way: `    text` on stderr (stdout keeps the results);
+    nothing under -q."""
+    if _verbosity["level"] == 0:
+        return
+    end_status_line()
+    click.echo(f"    {text}", err=True)
+
+
+def notice(text: str) -> None:
+    """A line of its own on stderr, outside any step (`note: …`, `interrupted …`)."""
+    end_status_line()
+    click.echo(text, err=True)
+
+
+def report_error(message: str) -> None:
+    """The one way a failure is printed: `error: …` on stderr; on GitHub Actions also an
+    `::error::` annotation (stdout, where the runner reads workflow commands)."""
+    end_status_line()
+    click.echo(f"error: {message}", err=True)
+    if on_github_actions():
+        text = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        click.echo(f"::error title=sm121-build::{text}")
+
+
+_live = {"shown": False}
+
+
+def status_line(text: str) -> None:
+    """Rewrite one terminal line with the latest build output (nothing when not a TTY, or
+    under --progress plain/quiet)."""
+    if _live_terminal() and not _quiet_progress():
+        click.echo(f"\r\033[K    {text[:110]}", nl=False, err=True)
+        _live["shown"] = True
+
+
+def end_status_line() -> None:
+    if _live["shown"]:
+        click.echo("", err=True)
+        _live["shown"] = False
+
+
+class LiveLine:
+    """A status text that changes often (a pull, a long read): rewritten in place on a
+    terminal (at most every `gap` seconds); a plain line every `every` seconds elsewhere;
+    nothing under --progress quiet or -q.  `last` keeps the newest text given."""
+
+    def __init__(self, every: float = 30.0, gap: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None) -> None:
+        self.every, self.gap, self.clock = every, gap, clock
+        self.tty = _live_terminal() if tty is None else tty
+        self.said = clock()
+        self.last = ""
+
+    def due(self) -> bool:
+        """Whether a text given now would be shown (so a caller can skip making it)."""
+        wait = self.gap if self.tty else self.every
+        return not _quiet_progress() and self.clock() - self.said >= wait
+
+    def say(self, text: str) -> None:
+        self.said = self.clock()
+        if self.tty:
+            status_line(text)
+        else:
+            click.echo(f"    {text}", err=True)
+
+    def __call__(self, text: str) -> None:
+        self.last = text
+        if self.due():
+            self.say(text)
+
+
+class BuildStatus:
+    """The build step's live line, fed every output line: ninja's progress with an ETA once
+    the output shows ninja steps (`compile_progress`), else the newest line.  On a terminal
+    the line is rewritten at most five times a second; elsewhere (CI logs) a plain line at
+    each tenth of a phase and every `every` seconds, never one per ninja step.  Used as a
+    context manager it also speaks while the output is silent (one object compiling for 15
+    minutes prints nothing): a timer thread repeats the line."""
+
+    def __init__(self, histories: tuple[History, ...] = (), every: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 tty: bool | None = None) -> None:
+        self.progress = CompileProgress(histories)
+        self.every = every
+        self.clock = clock
+        self.tty = _live_terminal() if tty is None else tty
+        self.last = self.last_plain = clock()
+        self.tenths = (-1, 0)  # (phase, tenth) last said
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.timer: threading.Thread | None = None
+
+    def __call__(self, line: str) -> None:
+        with self.lock:
+            now = self.clock()
+            step = self.progress.feed(line, now)
+            if _quiet_progress() and _verbosity["level"] != 2:
+                return
+            if _verbosity["level"] == 2:  # -v: the build's own lines, as they come
+                end_status_line()
+                click.echo(f"      {line.rstrip()}", err=True)
+                return
+            if self.tty:
+                if now - self.last >= 0.2:
+                    self.last = now
+                    status_line(self.progress.text(now) if step else line)
+                return
+            if step:
+                tenth = (len(self.progress.phases), int(self.progress.share() * 10))
+                if tenth != self.tenths or now - self.last_plain >= self.every:
+                    self.tenths = tenth
+                    self._plain(now)
+
+    def tick(self) -> None:
+        """Say the line again when nothing came for a while (the timer calls this)."""
+        with self.lock:
+            now = self.clock()
+            if self.progress.current is None or _verbosity["level"] != 1 \
+                    or _quiet_progress():
+                return
+            if self.tty and now - self.last >= 1.0:
+                self.last = now
+                status_line(self.progress.text(now))
+            elif not self.tty and now - self.last_plain >= self.every:
+                self._plain(now)
+
+    def _plain(self, now: float) -> None:
+        self.last_plain = now
+        click.echo(f"    {self.progress.text(now)}", err=True)
+
+    def __enter__(self) -> BuildStatus:
+        def run() -> None:
+            while not self.stopped.wait(1.0):
+                self.tick()
+
+        self.timer = threading.Thread(target=run, name="build-status", daemon=True)
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.timer is not None:
+            self.timer.join()
+        end_status_line()
+
+
+class Progress:
+    """A live line for long reads ("1.2 GB read, 3 ELF files"): rewritten in place on a
+    terminal at most five times a second; elsewhere a plain line every 15 seconds."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.started = time.monotonic()
+        self.line = LiveLine(every=15.0, gap=0.2)
+        self.read = 0
+        self.found = 0
+
+    def _text(self) -> str:
+        found = f", {self.found} ELF file(s) kept" if self.found else ""
+        return (f"{self.label}: {self.read / 1e9:.2f} GB read{found} "
+                f"({time.monotonic() - self.started:.0f}s)")
+
+    def add(self, read: int) -> None:
+        """`read` more bytes came in."""
+        self.update(read=self.read + read)
+
+    def update(self, read: int | None = None, found: int | None = None) -> None:
+        self.read = self.read if read is None else read
+        self.found = self.found if found is None else found
+        if self.line.due():  # the text is made only when it is shown
+            self.line.say(self._text())
+
+    def done(self) -> None:
+        end_status_line()
+        if time.monotonic() - self.started >= 2.0:
+            click.echo(f"    {self._text()}", err=True)

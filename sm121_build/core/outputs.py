@@ -1,0 +1,60 @@
+"""Files the tool writes for the user (`--report`, `--summary-md`): regular files only.
+
+A symlink, FIFO or device named as an output is refused before any work
+(`cli.inputs.require_writable`); at write time a path that became one since is refused too,
+without blocking (a FIFO with no reader would hang the run after its work is done).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from sm121_build.core.errors import Sm121Error
+
+
+def not_regular(path: Path) -> str | None:
+    """What the path is when it exists and is not a regular file ("a symlink", "a FIFO"...)."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:  # absent, or under a file: the write will say why
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append to a regular file (created when absent); never follows a symlink or blocks."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        what = not_regular(path)
+        raise Sm121Error(f"{path}: {what or exc.strerror or exc}: not written") from None
+    with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace") as out:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Sm121Error(f"{path}: {not_regular(path) or 'not a regular file'}: not written")
+        out.write(text)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write a regular file atomically (a reader never sees half of it)."""
+    what = not_regular(path)
+    if what:
+        raise Sm121Error(f"{path}: {what}: not written (name a regular file)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

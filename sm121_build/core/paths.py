@@ -1,0 +1,50 @@
+"""Where the tool keeps what it can recompute (the cache) and what it cannot (the state: the
+ledger of images it made, build logs), per the XDG base directory spec."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+from pathlib import Path
+
+from sm121_build.core.errors import Sm121Error
+
+
+def _xdg(variable: str, default: str) -> Path:
+    """`$VARIABLE/sm121-build`; a relative or empty value is ignored (as the XDG spec says),
+    then `$HOME/<default>`, then the passwd entry's home."""
+    base = os.environ.get(variable, "")
+    if not os.path.isabs(base):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home) or home.strip("/") == "":
+            try:
+                home = pwd.getpwuid(os.getuid()).pw_dir
+            except KeyError:
+                home = ""
+        if not os.path.isabs(home) or home.strip("/") == "":
+            raise Sm121Error(f"no place for the {'cache' if 'CACHE' in variable else 'state'}: "
+                             f"set {variable} or HOME to an absolute path (this user has no "
+                             "home directory)")
+        base = os.path.join(home, default)
+    return Path(base) / "sm121-build"
+
+
+def cache_dir() -> Path:
+    """What can be recomputed (image facts, torch exports, sources): `$XDG_CACHE_HOME`."""
+    return _xdg("XDG_CACHE_HOME", ".cache")
+
+
+def state_dir() -> Path:
+    """What cannot: the ledger of images this tool made, the build logs (`$XDG_STATE_HOME`,
+    default ~/.local/state), so clearing a cache never makes the tool forget its images."""
+    return _xdg("XDG_STATE_HOME", ".local/state")
+
+
+def store_cache(path: Path, text: str) -> None:
+    """Write the cache atomically; a cache that cannot be written is only a lost speed-up."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)

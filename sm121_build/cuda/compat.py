@@ -1,0 +1,136 @@
+"""Which fatbin entries a GPU can load: CUDA's binary-compatibility rules, written once.
+
+References (CUDA C++ Programming Guide and PTX ISA):
+- Binary compatibility: "a cubin object generated for compute capability X.y will only
+  execute on devices of compute capability X.z where z >= y".
+  https://docs.nvidia.com/cuda/cuda-c-programming-guide/#binary-compatibility
+- Arch-specific targets (`sm_90a`, `sm_121a`): "code compiled for sm_XYa only runs on
+  devices of exactly compute capability X.Y"; no forward compatibility, for cubin or PTX.
+- Family-specific targets (`sm_100f`, `sm_120f`, CUDA 12.9+): run on devices of the same
+  family (same major) with an equal or higher minor.
+  https://docs.nvidia.com/cuda/cuda-c-programming-guide/#feature-availability
+- PTX is JIT-compiled by the driver for any device of an equal or higher compute
+  capability, provided the driver knows the PTX ISA version (else
+  cudaErrorUnsupportedPtxVersion). https://docs.nvidia.com/cuda/parallel-thread-execution/
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+
+from sm121_build.core.errors import Sm121Error
+
+Verdict = Literal["native", "jit", "none"]
+VERDICT_RANK: dict[Verdict, int] = {"none": 0, "jit": 1, "native": 2}
+_TARGET = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
+_DOTTED = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU to run on, by compute capability (`sm_121` is 12.1)."""
+
+    arch: int
+
+    @property
+    def major(self) -> int:
+        return self.arch // 10
+
+    @property
+    def minor(self) -> int:
+        return self.arch % 10
+
+    def __str__(self) -> str:
+        return f"sm_{self.arch}"
+
+
+def parse_target(text: str) -> Target:
+    """`sm_121`, `121`, `12.1` (a device has no `a`/`f` variant; one given is ignored)."""
+    value = text.strip().lower()
+    match = _TARGET.match(value)
+    arch = int(match.group(1)) if match else 0
+    match = _DOTTED.match(value)
+    if match:
+        arch = int(match.group(1)) * 10 + int(match.group(2))
+    if arch >= 30:  # sm_30 (Kepler) is the oldest target any CUDA 11+ toolkit knew
+        return Target(arch)
+    raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1")
+
+
+def arch_list_items(text: str) -> list[str]:
+    """The entries of a TORCH_CUDA_ARCH_LIST (`12.1`, `9.0 12.1a`, `8.0+PTX;12.1`)."""
+    return [a for a in re.split(r"[;\s,]+", text.strip()) if a]
+
+
+def dotted_arch(text: str) -> tuple[int, str] | None:
+    """(arch, variant) of a CMake/TORCH_CUDA_ARCH_LIST entry: `12.0f` -> (120, "f")."""
+    match = _DOTTED.match(text)
+    return (int(match.group(1)) * 10 + int(match.group(2)), match.group(3)) if match else None
+
+
+def parse_cuda_version(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
+    if not match:
+        raise Sm121Error(f"unknown CUDA driver version {text!r}: expected e.g. 13.0")
+    return int(match.group(1)), int(match.group(2))
+
+
+@cache
+def _ptx_isa_table() -> dict[tuple[int, int], tuple[int, int]]:
+    raw = yaml.safe_load(resources.files("sm121_build").joinpath("data/ptx_isa.yaml").read_text())
+    return {parse_cuda_version(k): parse_cuda_version(v) for k, v in raw.items()}
+
+
+def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
+    """The newest PTX ISA a driver JITs; None when the driver is newer than the table."""
+    table = _ptx_isa_table()
+    if driver > max(table):
+        return None
+    known = [cuda for cuda in table if cuda <= driver]
+    if not known:
+        raise Sm121Error(f"CUDA driver {driver[0]}.{driver[1]} is older than CUDA 11.0")
+    return table[max(known)]
+
+
+def cubin_loads(arch: int, variant: str, target: Target) -> bool:
+    if variant == "a":
+        return arch == target.arch
+    return arch // 10 == target.major and arch % 10 <= target.minor
+
+
+def loads_natively(target: str, gpu: Target) -> bool:
+    """Whether a CMake arch entry (`12.0f`, `12.0a`, `12.1`) gives cubins `gpu` loads."""
+    parsed = dotted_arch(target.replace("+PTX", ""))
+    return parsed is not None and cubin_loads(*parsed, gpu)
+
+
+def ptx_loads(arch: int, variant: str, isa: tuple[int, int], target: Target,
+              driver: tuple[int, int]) -> bool:
+    newest = max_ptx_isa(driver)
+    if newest is not None and isa > newest:
+        return False
+    if variant == "a":
+        return arch == target.arch
+    if variant == "f":
+        return arch // 10 == target.major and arch % 10 <= target.minor
+    return (arch // 10, arch % 10) <= (target.major, target.minor)
+
+
+def entry_verdict(kind: str, arch: int, variant: str, version: tuple[int, int],
+                  target: Target, driver: tuple[int, int]) -> Verdict:
+    """What one fatbin entry gives the target: native code, JIT from PTX, or nothing."""
+    if kind == "elf":
+        return "native" if cubin_loads(arch, variant, target) else "none"
+    if kind == "ptx":
+        return "jit" if ptx_loads(arch, variant, version, target, driver) else "none"
+    return "none"
+
+
+def best(verdicts: list[Verdict]) -> Verdict:
+    return max(verdicts, key=VERDICT_RANK.__getitem__, default="none")

@@ -1,0 +1,526 @@
+"""Everything that reads ELF files and the CUDA fatbins inside them.
+
+A host ELF (.so, executable, relocatable .o) carries device code in `.nv_fatbin` (linked
+objects) or `__nv_relfatbin` (relocatable objects).  That section holds one or more fatbin
+*containers*, one per translation unit or device link, each a 16-byte header followed by
+*entries*: a cubin (ELF for one SM) or PTX text, each with its own header.
+
+Layout (little endian), as produced by nvcc's `fatbinary` since CUDA 9:
+
+    container: u32 magic 0xBA55ED50, u16 version, u16 header size, u64 payload size
+    entry:     u16 kind (1 PTX, 2 ELF), u16 version, u32 header size, u64 payload size,
+               u32 compressed size, u32 -, u16 minor, u16 major, u32 arch,
+               u32 name offset, u32 name length, u64 flags, u64 -, u64 uncompressed size
+
+Entry flags: 0x1 64-bit, 0x10 Linux, 0x2000 LZ4-compressed, 0x8000 zstd-compressed,
+0x100000 arch-specific (`sm_90a`), 0x200000 family-specific (`sm_120f`).
+
+Only headers are read (through mmap) unless a payload is asked for, so listing a 381 MB
+`_C.abi3.so` touches a few pages per entry.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import re
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import lz4.block
+import zstandard
+
+from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.cuda.elf import SHT_NOBITS, Elf, ElfError
+from sm121_build.cuda.elf import name as symbol_name
+
+FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+CONTAINER_MAGIC = 0xBA55ED50
+_CONTAINER = struct.Struct("<IHHQ")
+_ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
+ENTRY_MIN_HEADER = _ENTRY.size  # 64
+
+FLAG_LZ4 = 0x2000
+FLAG_ZSTD = 0x8000
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY_SPECIFIC = 0x200000
+
+KIND_PTX = 1
+KIND_ELF = 2
+_KIND_NAMES = {KIND_PTX: "ptx", KIND_ELF: "elf"}
+
+# An ELF symbol's st_other bit that marks a kernel (cuobjdump prints it as ENTRY).
+STO_CUDA_ENTRY = 0x10
+_PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
+
+MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged header
+
+Kind = Literal["elf", "ptx", "other"]
+Variant = Literal["", "a", "f"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cubin or PTX entry of a fatbin, as its header describes it."""
+
+    container: int
+    index: int
+    kind: Kind
+    arch: int
+    variant: Variant
+    flags: int
+    version: tuple[int, int]
+    offset: int
+    stored_size: int
+    size: int
+    compression: Literal["lz4", "zstd"] | None
+
+    @property
+    def sm(self) -> str:
+        """The full target name, family variant included: `sm_120f`."""
+        return f"sm_{self.arch}{self.variant}"
+
+    @property
+    def cuobjdump_arch(self) -> str:
+        """The name cuobjdump prints: it shows `a` always, `f` only on PTX."""
+        if self.kind == "elf" and self.variant == "f":
+            return f"sm_{self.arch}"
+        return self.sm
+
+
+@dataclass
+class HostBinary:
+    """A host ELF opened for reading its fatbin entries.  Use as a context manager."""
+
+    path: Path
+    entries: list[Entry] = field(default_factory=list)
+    raw: RawKind = ""  # a file that is device code itself: a cubin, a fatbin, PTX text
+    _file: BinaryIO | None = None
+    _map: mmap.mmap | None = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> HostBinary:
+        binary = cls(Path(path))
+        try:
+            binary._file = open(binary.path, "rb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+        try:
+            binary._load()
+        except BaseException:
+            binary.close()
+            raise
+        return binary
+
+    def __enter__(self) -> HostBinary:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _load(self) -> None:
+        assert self._file is not None
+        size = os.fstat(self._file.fileno()).st_size
+        if size < 16:
+            raise CorruptBinaryError(f"{self.path}: not an ELF file ({size} bytes)")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.raw = device_file_kind(bytes(self._map[:RAW_PROBE]))
+        if self.raw == "fatbin":
+            self.entries = list(_walk_section(self.path, self._map, 0, size, first_container=0))
+            return
+        if self.raw == "ptx":
+            self.entries = [_ptx_file_entry(self.path, bytes(self._map[:RAW_PROBE]), size)]
+            return
+        if size < 64:
+            raise CorruptBinaryError(f"{self.path}: not an ELF file ({size} bytes)")
+        if self._map[:4] != b"\x7fELF":
+            raise CorruptBinaryError(f"{self.path}: not an ELF file (bad magic)")
+        if self.raw == "cubin":
+            self.entries = [_cubin_file_entry(self.path, self._map, size)]
+            return
+        for start, length in _fatbin_sections(self.path, self._map):
+            self.entries.extend(_walk_section(self.path, self._map, start, length,
+                                              first_container=0))
+
+    def payload(self, entry: Entry) -> bytes:
+        """The entry's bytes, decompressed."""
+        assert self._map is not None, "binary is closed"
+        raw = self._map[entry.offset:entry.offset + entry.stored_size]
+        try:
+            if entry.compression == "lz4":
+                return bytes(lz4.block.decompress(raw, uncompressed_size=entry.size))
+            if entry.compression == "zstd":
+                return bytes(_zstd().decompress(
+                    raw, max_output_size=entry.size))
+        except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError) as exc:
+            raise CorruptBinaryError(
+                f"{self.path}: entry {entry.index} ({entry.sm}) does not decompress: {exc}"
+            ) from None
+        return raw
+
+    def kernel_sizes(self, entry: Entry) -> dict[str, int]:
+        """The kernels of a cubin entry and the bytes of their code ({} for PTX)."""
+        if entry.kind != "elf":
+            return {}
+        return cubin_kernel_sizes(self.payload(entry), f"{self.path}: entry {entry.index} "
+                                                       f"({entry.sm})")
+
+    def every_kernel(self, workers: int) -> Iterator[tuple[Entry, tuple[str, ...]]]:
+        """Each entry with its kernel names, in entry order; `workers` threads decompress
+        and read entries ahead (zstd and lz4 let go of the GIL: most of the work)."""
+        if workers <= 1 or len(self.entries) <= 1:  # a raw cubin: no pool for one entry
+            yield from ((entry, self.kernels(entry)) for entry in self.entries)
+            return
+        with ThreadPoolExecutor(workers) as pool:
+            yield from zip(self.entries, pool.map(self.kernels, self.entries), strict=True)
+
+    def kernels(self, entry: Entry) -> tuple[str, ...]:
+        """Names of the kernels (global functions) an entry defines, in symbol-table order."""
+        data = self.payload(entry)
+        if entry.kind == "ptx":
+            return ptx_kernels(data)
+        if entry.kind == "elf":
+            return cubin_kernels(data, f"{self.path}: entry {entry.index} ({entry.sm})")
+        return ()
+
+
+def ptx_kernels(text: bytes) -> tuple[str, ...]:
+    """The `.entry` names of PTX text: `bytes.find` to each `.entry`, the pattern matched
+    there only (a regex scan of every byte was a sixth of a kernel-level audit)."""
+    names = []
+    at = text.find(b".entry")
+    while at >= 0:
+        found = _PTX_ENTRY.match(text, at)
+        if found:
+            names.append(found.group(1).decode())
+        at = text.find(b".entry", at + 6)
+    return tuple(names)
+
+
+RawKind = Literal["", "cubin", "fatbin", "ptx"]
+RAW_PROBE = 4096  # bytes read to tell what a file is
+EM_CUDA = 190
+_PTX_VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.M)
+_PTX_TARGET = re.compile(rb"^\s*\.target\s+sm_(\d+)([af]?)\b", re.M)
+_TKINFO_ARCH = re.compile(rb"-arch\s+sm_(\d+)([af]?)\b")
+
+
+def device_file_kind(head: bytes) -> RawKind:
+    """What a file that is device code itself is, from its first bytes: a cubin (an ELF for
+    `EM_CUDA`), a fatbin (its container magic), PTX text (a `.version` and a `.target` line);
+    "" for anything else (a host ELF included)."""
+    if head[:4] == b"\x7fELF" and len(head) >= 20 and struct.unpack_from("<H", head, 18)[0] \
+            == EM_CUDA:
+        return "cubin"
+    if len(head) >= 4 and struct.unpack_from("<I", head)[0] == CONTAINER_MAGIC:
+        return "fatbin"
+    if b"\0" not in head and _PTX_VERSION.search(head) and _PTX_TARGET.search(head):
+        return "ptx"
+    return ""
+
+
+# Where cuobjdump (13.0) reads that a cubin is arch-specific (`sm_90a`), found by editing
+# real cubins and checked on every cubin of flashinfer-cubin 0.6.13: `.nv.compat` attribute
+# 0x09 where the section has it (CUDA 13's ptxas: 1 for `a`); else the `-arch` ptxas
+# recorded in `.note.nv.tkinfo` (CUDA 12.9's ptxas); else ABI 8's e_flags bit 0x8 (nvasm's
+# hand-written SASS records no -arch).  `f` shows in none of them (cuobjdump prints sm_100f
+# cubins as sm_100): the recorded `-arch` gives it.
+COMPAT_ARCH_SPECIFIC = 0x09
+EF_CUDA_ACCELERATORS_V2 = 0x8
+
+
+def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
+    """A raw cubin as one entry: its SM from the ELF flags (ABI 8, CUDA 12.8+: bits 8-15;
+    before: bits 0-7), `a`/`f` as cuobjdump names them (above)."""
+    abi, flags = data[8], struct.unpack_from("<I", data, 48)[0]
+    arch = (flags >> 8) & 0xFF if abi >= 8 else flags & 0xFF
+    if not arch:
+        raise CorruptBinaryError(f"{path}: a cubin whose ELF flags name no SM")
+    compat_bytes, tkinfo = _sections(path, data, ".nv.compat", ".note.nv.tkinfo")
+    compat = _compat_attribute(compat_bytes, COMPAT_ARCH_SPECIFIC)
+    recorded = _TKINFO_ARCH.search(tkinfo)
+    noted = (recorded.group(2) or b"-") if recorded and int(recorded.group(1)) == arch \
+        else b""  # b"-": a plain -arch was recorded
+    variant: Variant = "f" if noted == b"f" else ""
+    if compat is not None:
+        variant = "a" if compat == 1 else variant
+    elif noted:
+        variant = "a" if noted == b"a" else variant
+    elif abi >= 8 and flags & EF_CUDA_ACCELERATORS_V2:
+        variant = "a"
+    return Entry(0, 0, "elf", arch, variant, 0, (0, 0), 0, size, size, None)
+
+
+def _compat_attribute(raw: bytes, wanted: int) -> int | None:
+    """A one-byte attribute of `.nv.compat` (records as in `.nv.info`: format, attribute,
+    then a value of 1 or 2 bytes, or a 2-byte size and that many bytes), None if absent."""
+    at = 0
+    while at + 4 <= len(raw):
+        form, attribute = raw[at], raw[at + 1]
+        if form == 2 and attribute == wanted:
+            return raw[at + 2]
+        at += 4 + (struct.unpack_from("<H", raw, at + 2)[0] if form == 4 else 0)
+    return None
+
+
+def _sections(path: Path, data: mmap.mmap, *names: str) -> list[bytes]:
+    """Sections' bytes by name (b"" for one that is absent), the headers read once."""
+    try:
+        elf = Elf.read(data)
+        found = [elf.section(name) for name in names]
+        return [elf.section_data(section) if section is not None else b"" for section in found]
+    except ElfError as exc:
+        raise CorruptBinaryError(f"{path}: cubin is not a readable ELF: {exc}") from None
+
+
+def _ptx_file_entry(path: Path, head: bytes, size: int) -> Entry:
+    version, target = _PTX_VERSION.search(head), _PTX_TARGET.search(head)
+    assert version is not None and target is not None  # device_file_kind said "ptx"
+    variant: Variant = "a" if target.group(2) == b"a" else "f" if target.group(2) == b"f" \
+        else ""
+    return Entry(0, 0, "ptx", int(target.group(1)), variant, 0,
+                 (int(version.group(1)), int(version.group(2))), 0, size, size, None)
+
+
+def cubin_kernels(cubin: bytes, where: str) -> tuple[str, ...]:
+    """Kernel names in a cubin: function symbols that carry STO_CUDA_ENTRY."""
+    return tuple(cubin_kernel_sizes(cubin, where))
+
+
+def cubin_kernel_sizes(cubin: bytes, where: str) -> dict[str, int]:
+    """Each kernel of a cubin and the bytes of its code (the symbol's size), in symbol-table
+    order."""
+    try:
+        elf = Elf.read(cubin)
+        symtab = elf.section(".symtab")
+        return elf.functions(symtab, STO_CUDA_ENTRY) if symtab is not None else {}
+    except ElfError as exc:
+        raise CorruptBinaryError(f"{where}: cubin is not a readable ELF: {exc}") from None
+
+
+def _fatbin_sections(path: Path, data: mmap.mmap) -> Iterator[tuple[int, int]]:
+    try:
+        elf = Elf.read(data)  # the ELF and section headers only: a few pages of the map
+    except ElfError as exc:
+        raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
+    found = [s for s in (elf.section(name) for name in FATBIN_SECTIONS)
+             if s is not None and s.type != SHT_NOBITS]
+    # Like cuobjdump without -all: the executable fatbin, else the relocatable one.
+    for section in found[:1]:
+        if section.offset + section.size > len(data):
+            raise CorruptBinaryError(
+                f"{path}: fatbin section runs past the end of the file (truncated?)")
+        yield section.offset, section.size
+
+
+def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
+                  first_container: int) -> Iterator[Entry]:
+    end = start + length
+    pos = start
+    container = first_container
+    index = 0
+    while pos + _CONTAINER.size <= end:
+        magic, _version, header_size, fat_size = _CONTAINER.unpack_from(data, pos)
+        if magic != CONTAINER_MAGIC:
+            if not any(data[pos:pos + 8]):
+                pos += 8  # alignment padding between containers
+                continue
+            raise CorruptBinaryError(
+                f"{path}: bad fatbin container magic {magic:#x} at file offset {pos:#x}")
+        body = pos + header_size
+        body_end = body + fat_size
+        if header_size < _CONTAINER.size or body_end > end:
+            raise CorruptBinaryError(
+                f"{path}: fatbin container at {pos:#x} claims {fat_size} bytes, "
+                f"section has {end - body} left")
+        while body + ENTRY_MIN_HEADER <= body_end:
+            entry, body = _read_entry(path, data, body, body_end, container, index)
+            if entry is None:
+                break
+            index += 1
+            yield entry
+        pos = body_end
+        container += 1
+
+
+def _read_entry(path: Path, data: mmap.mmap, pos: int, end: int, container: int,
+                index: int) -> tuple[Entry | None, int]:
+    (kind, _version, header_size, payload_size, compressed, _unknown, minor, major, arch,
+     _name_off, _name_len, flags, _zero_field, uncompressed) = _ENTRY.unpack_from(data, pos)
+    if kind == 0 and header_size == 0:
+        return None, end  # zero padding closes the container
+    payload = pos + header_size
+    if header_size < ENTRY_MIN_HEADER or payload + payload_size > end:
+        raise CorruptBinaryError(
+            f"{path}: fatbin entry at {pos:#x} has a nonsense size "
+            f"(header {header_size}, payload {payload_size}, {end - pos} bytes left)")
+    compression: Literal["lz4", "zstd"] | None = None
+    if flags & FLAG_LZ4:
+        compression = "lz4"
+    elif flags & FLAG_ZSTD:
+        compression = "zstd"
+    if compression and not (0 < compressed <= payload_size and 0 < uncompressed < MAX_ENTRY_SIZE):
+        raise CorruptBinaryError(
+            f"{path}: compressed fatbin entry at {pos:#x} has nonsense sizes "
+            f"(compressed {compressed}, uncompressed {uncompressed}, payload {payload_size})")
+    variant: Variant = ""
+    if flags & FLAG_ARCH_SPECIFIC:
+        variant = "a"
+    elif flags & FLAG_FAMILY_SPECIFIC:
+        variant = "f"
+    entry = Entry(
+        container=container,
+        index=index,
+        kind=_KIND_NAMES.get(kind, "other"),  # type: ignore[arg-type]
+        arch=arch,
+        variant=variant,
+        flags=flags,
+        version=(major, minor),
+        offset=payload,
+        stored_size=compressed if compression else payload_size,
+        size=uncompressed if compression else payload_size,
+        compression=compression,
+    )
+    return entry, payload + payload_size
+
+
+def is_elf(path: Path) -> bool:
+    """True when the file starts with the ELF magic (cheap: reads 4 bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def cuobjdump_listing(path: Path, entries: list[Entry], raw: RawKind = "") -> list[str]:
+    """The lines `cuobjdump -lelf -lptx FILE` prints to stdout for these entries (a raw
+    cubin is named without a number; for PTX text cuobjdump prints nothing)."""
+    stem = path.name.rsplit(".", 1)[0]  # the whole name when it has no dot
+    if raw == "cubin":
+        return [f"ELF file {1:4d}: {stem}.{e.cuobjdump_arch}.cubin" for e in entries]
+    if raw == "ptx":
+        return []
+    lines = []
+    counters = {"elf": 0, "ptx": 0}
+    for entry in entries:
+        if entry.kind == "other":
+            continue
+        counters[entry.kind] += 1
+        number = counters[entry.kind]
+        if entry.kind == "elf":
+            lines.append(f"ELF file {number:4d}: {stem}.{number}.{entry.cuobjdump_arch}.cubin")
+        else:
+            lines.append(f"PTX file {number:4d}: {stem}.{number}.{entry.cuobjdump_arch}.ptx")
+    return lines
+
+
+# ELF symbol fields (the gABI): bindings that take part in dynamic linking, and the
+# visibilities that export.  STB_GNU_UNIQUE (template static data, as in torch's libraries)
+# is what some readers call STB_LOOS, the first OS-specific binding.
+_STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE = 1, 2, 10
+_SHN_UNDEF = 0
+_STV_EXPORTING = (0, 3)  # STV_DEFAULT, STV_PROTECTED
+
+
+@dataclass(frozen=True)
+class DynamicSymbols:
+    """A shared object's dynamic symbol table: what it needs and what it exports."""
+
+    undefined: frozenset[str]  # STB_GLOBAL undefined (weak ones may stay unresolved)
+    exported: frozenset[str]  # defined, global or weak, default or protected visibility
+
+
+def dynamic_symbols(path: Path) -> DynamicSymbols:
+    """`.dynsym` (what `nm -D` shows), unpacked with `struct` from the raw section: torch's
+    libraries hold ~10^5 symbols, which pyelftools read one at a time (~1.8 s for
+    libtorch_cpu.so)."""
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+    undefined: set[str] = set()
+    exported: set[str] = set()
+    try:
+        with handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            if data[:4] == b"\x7fELF" and data[5] == 2:  # EI_DATA: ELFDATA2MSB
+                raise CorruptBinaryError(f"{path}: a big-endian ELF file (no CUDA host is)")
+            elf = Elf.read(data)
+            table = elf.section(".dynsym")
+            if table is None:
+                return DynamicSymbols(frozenset(), frozenset())
+            strings, rows = elf.symbol_rows(table)
+            for at, info, other, shndx, _size in rows:
+                bind = info >> 4
+                if bind not in (_STB_GLOBAL, _STB_WEAK, _STB_GNU_UNIQUE) or not at:
+                    continue
+                if shndx == _SHN_UNDEF:
+                    if bind == _STB_GLOBAL:
+                        undefined.add(symbol_name(strings, at))
+                elif other & 3 in _STV_EXPORTING:
+                    exported.add(symbol_name(strings, at))
+    except (ElfError, ValueError, OSError) as exc:  # ValueError: mmap of an empty file
+        raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
+    return DynamicSymbols(frozenset(undefined), frozenset(exported))
+
+
+_THREAD = threading.local()
+
+
+def _zstd() -> zstandard.ZstdDecompressor:
+    """One decompressor per thread (one object may not be used by two threads at once)."""
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_THREAD, "zstd", None)
+    if decompressor is None:
+        decompressor = _THREAD.zstd = zstandard.ZstdDecompressor()
+    return decompressor
+
+
+@cache
+def _cxa_demangle() -> tuple[Callable[..., int | None], ctypes.CDLL] | None:
+    """libstdc++'s `__cxa_demangle` and libc (whose `free` releases its result), or None
+    where the C++ runtime cannot be loaded."""
+    try:
+        cxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        function = cxx.__cxa_demangle
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_void_p
+    function.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                         ctypes.POINTER(ctypes.c_int)]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free.restype = None
+    return function, libc
+
+
+def demangle(symbol: str) -> str:
+    """A C++ symbol as `c++filt` shows it (`_ZN3c104cuda12device_countEv` ->
+    `c10::cuda::device_count()`); a C name, a name the C++ runtime cannot demangle, or any
+    name where no C++ runtime can be loaded, unchanged."""
+    found = _cxa_demangle() if symbol.startswith("_Z") else None
+    if found is None:
+        return symbol
+    function, libc = found
+    result = function(symbol.encode(), None, None, None)  # NULL: not demangled
+    if not result:
+        return symbol
+    try:
+        return ctypes.string_at(result).decode()
+    finally:
+        libc.free(result)

@@ -1,0 +1,62 @@
+"""This machine's GPU and driver, as nvidia-smi names them: what `audit` judges for when the
+user names no `--target`/`--driver`, and what `doctor` checks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+QUERY = ("--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader")
+Run = Callable[[list[str]], "str | None"]
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    name: str
+    capability: str  # "12.1"
+    driver: str  # "580.95.05"
+    cuda: str | None  # the newest CUDA the driver runs (and JITs), from nvidia-smi's banner
+
+    @property
+    def target(self) -> str | None:
+        digits = self.capability.replace(".", "")
+        return f"sm_{digits}" if digits.isdigit() else None
+
+
+def output(args: list[str]) -> str | None:
+    """A command's stdout, or None when it cannot run, fails or hangs."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, check=False, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def read(smi: str, run: Run = output) -> HostGpu | None:
+    """The first GPU nvidia-smi lists, or None when it lists none (or fails)."""
+    rows = run([smi, *QUERY])
+    if not rows:
+        return None
+    header = run([smi]) or ""
+    name, cap, driver = (part.strip() for part in [*rows.splitlines()[0].split(","), "", ""][:3])
+    return HostGpu(name, cap, driver, driver_cuda(header))
+
+
+def driver_cuda(header: str) -> str | None:
+    """The CUDA version nvidia-smi's banner names: the newest the driver runs (and JITs)."""
+    marker = "CUDA Version:"
+    if marker in header:
+        value = header.split(marker, 1)[1].split()[0]
+        if value.replace(".", "").isdigit():
+            return value
+    return None
+
+
+def gpu_defaults(which: Callable[[str], str | None] = shutil.which,
+                 run: Run = output) -> tuple[str | None, str | None]:
+    """(target, driver CUDA version) of this machine's GPU; (None, None) without one."""
+    smi = which("nvidia-smi")
+    found = read(smi, run) if smi else None
+    return (found.target, found.cuda) if found else (None, None)

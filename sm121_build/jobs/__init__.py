@@ -1,0 +1,2 @@
+"""Jobs: the main job, inject, the local build, kernels images, doctor and prune; the pipeline
+they run through, the rendered Dockerfiles and the in-container build script (a resource)."""

@@ -1,0 +1,188 @@
+"""Injectable artifacts: the built .so files plus a manifest.json saying what they fit.
+
+    {"format": 1, "vllm_version": ..., "vllm_commit": ..., "base": ..., "base_digest": ...,
+     "arch_list": ..., "tool_version": ..., "package_dir": ..., "torch_version": ...,
+     "files": {"_C.abi3.so": {"sha256": ..., "mode": "755", "cubins": {...},
+                              "kernels_native_sm121": N}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.vllm import projects
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+# A file name, or one under an external project's folder (vllm_flash_attn/_vllm_fa2_C.abi3.so)
+_FILE_NAME = re.compile(
+    r"^(?:(?:" + "|".join(re.escape(p.install_dir) for p in projects()) +
+    r")/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\.so\Z")
+_REQUIRED = ("vllm_version", "vllm_commit", "arch_list", "files")
+
+
+def is_file_name(name: str) -> bool:
+    """A name a manifest may list: a plain .so name, or one under an external project's
+    folder."""
+    return bool(_FILE_NAME.match(name))
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What the files were built from and for: the manifest's fields besides `files`."""
+
+    base: str
+    base_digest: str
+    vllm_version: str
+    vllm_commit: str
+    arch_list: str
+    patches: str
+    package_dir: str
+    tool_version: str
+    vllm_commit_id: str | None = None
+    external: dict[str, str] = field(default_factory=dict)  # project -> commit
+    torch_version: str | None = None  # the base's torch, which the files link against
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Provenance:
+        external = data.get("external") or {}
+        commit_id, torch = data.get("vllm_commit_id"), data.get("torch_version")
+        return cls(**{f.name: str(data.get(f.name) or "") for f in fields(cls)
+                      if f.name not in ("vllm_commit_id", "external", "torch_version")},
+                   vllm_commit_id=str(commit_id) if commit_id else None,
+                   external={str(k): str(v) for k, v in external.items()}
+                   if isinstance(external, dict) else {},
+                   torch_version=str(torch) if torch else None)
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not self.external:
+            del data["external"]
+        return data
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One exported file: its hash and mode, and what verification counted in it."""
+
+    sha256: str
+    mode: str
+    cubins: dict[str, int]
+    kernels_native_sm121: int
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """A checked artifacts folder: every listed file present with the listed sha256."""
+
+    folder: Path
+    manifest: dict[str, Any]  # as read (checked)
+
+    @property
+    def provenance(self) -> Provenance:
+        return Provenance.from_json(self.manifest)
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return {name: self.folder / name for name in self.manifest["files"]}
+
+    def place(self, dest: Path) -> None:
+        """Copy the files into a folder with the modes the manifest records (artifact stores
+        such as GitHub's drop permission bits)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, path in self.files.items():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest / name)
+            mode = str(self.manifest["files"][name].get("mode", "755"))
+            (dest / name).chmod(int(mode, 8) & 0o777 if re.fullmatch(r"[0-7]{3,4}", mode)
+                                else 0o755)
+
+
+def export(out: Path, files: dict[str, Path], provenance: Provenance,
+           counts: dict[str, tuple[dict[str, int], int]]) -> Path:
+    """Copy the files to `out` and write the manifest last (a folder without one is partial).
+    `counts`: per file, its cubins per arch and its kernels native on sm_121."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    listed = {}
+    for name, path in sorted(files.items()):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, out / name)
+        cubins, native = counts.get(name, ({}, 0))
+        listed[name] = asdict(FileRecord(sha256_of(out / name),
+                                         f"{path.stat().st_mode & 0o777:o}", cubins, native))
+    manifest = {"format": FORMAT, **provenance.as_json(), "files": listed}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out / MANIFEST
+
+
+def load(folder: Path) -> Artifacts:
+    """Read and check an artifacts folder; any problem is a one-line Sm121Error."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise Sm121Error(f"{folder}: no {MANIFEST}; export artifacts with "
+                         "`sm121-build --base IMAGE --out DIR`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise Sm121Error(f"{path}: not valid JSON ({str(exc)[:80] or type(exc).__name__})") \
+            from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise Sm121Error(f"{path}: not an sm121-build manifest of format {FORMAT}")
+    absent = [key for key in _REQUIRED if not manifest.get(key)]
+    if absent:
+        raise Sm121Error(f"{path}: missing {', '.join(absent)}")
+    _require_plain_values(path, manifest)
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise Sm121Error(f"{path}: files must be an object of name -> details")
+    for name, entry in files.items():
+        if not _FILE_NAME.match(name):
+            raise Sm121Error(f"{path}: {name!r} is not a .so file name (plain, or under "
+                             "vllm_flash_attn/)")
+        if not (folder / name).is_file():
+            raise Sm121Error(f"{folder / name}: listed in the manifest but missing")
+        expected = entry.get("sha256") if isinstance(entry, dict) else None
+        if sha256_of(folder / name) != expected:
+            raise Sm121Error(f"{folder / name}: sha256 differs from the manifest; "
+                             "the artifacts were changed after export")
+        with open(folder / name, "rb") as handle:
+            if handle.read(4) != b"\x7fELF":
+                raise Sm121Error(f"{folder / name}: not an ELF file (a .so extension is one)")
+    return Artifacts(folder, manifest)
+
+
+_ARCH_LIST = re.compile(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?([; ][0-9]{1,2}\.[0-9][af]?(\+PTX)?)*")
+
+
+def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:
+    """Every provenance value is one printable line (they become labels and build arguments
+    of a Dockerfile: a newline would add an instruction), the arch list an arch list."""
+    external = manifest.get("external") or {}
+    if not isinstance(external, dict):
+        raise Sm121Error(f"{path}: external must be an object of project -> commit")
+    values = {k: v for k, v in manifest.items() if k not in ("files", "format", "external")}
+    values.update({f"external.{k}": v for k, v in external.items()})
+    for key, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise Sm121Error(f"{path}: {key} must be a string, not {type(value).__name__}")
+        if not str(key).isprintable() or (value and not value.isprintable()):
+            raise Sm121Error(f"{path}: {key!r} holds a control character (a newline?): refused")
+    if not _ARCH_LIST.fullmatch(str(manifest.get("arch_list"))):
+        raise Sm121Error(f"{path}: arch_list {manifest.get('arch_list')!r} is not an arch list "
+                         "such as 12.1 or 12.0;12.1a")

@@ -1,0 +1,59 @@
+"""`sm121-build inject --artifacts DIR`: prebuilt files into the pristine base, no compile.
+
+The pipeline's prelude and tail with a one-stage Dockerfile between them; refuses artifacts
+built for another vLLM version or commit.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from sm121_build.core.console import result
+from sm121_build.core.errors import Sm121Error
+from sm121_build.jobs import artifacts as artifacts_mod
+from sm121_build.jobs.kernels_image import refusal
+from sm121_build.jobs.pipeline import Finish, Pipeline
+from sm121_build.jobs.render import BuildPlan, provenance_labels, render_inject
+from sm121_build.verify.run_report import RunStatus
+
+
+def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
+               out: Path | None = None, replace_tag: bool = False,
+               found: artifacts_mod.Artifacts | None = None) -> str:
+    """Inject prebuilt artifacts into a base whose vLLM version and commit match them, and
+    whose torch does (where the manifest names the torch they were built against)."""
+    record = pipeline.record
+    found = found or artifacts_mod.load(folder)
+    built = found.provenance
+    arch_list = built.arch_list
+    record.vllm_version, record.vllm_commit, record.arch_list = \
+        built.vllm_version, built.vllm_commit, arch_list
+    facts, vllm = pipeline.resolve_image(base)
+    pipeline.require_tags_free(facts, [tag], replace_tag)
+    why = refusal(built, vllm, base)
+    if why:
+        raise Sm121Error(f"artifacts in {folder} {why[0]}: refusing to inject{why[1]}")
+    extensions = tuple(sorted(found.files))
+    with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
+            pipeline.engine.pinned(facts.id) as pin:
+        context = Path(tmp)
+        found.place(context / "artifacts")
+        labels = provenance_labels(facts, built.vllm_commit, arch_list, extensions,
+                                   built.patches)
+        plan = BuildPlan(base=pin, arch_list=arch_list, vllm_version=vllm.version,
+                         git_ref=built.vllm_commit, extensions=extensions,
+                         package_dir=vllm.package_dir, cuda_home="", cuda_include="",
+                         cuda_lib="", jobs=1, labels=labels)
+        dockerfile = context / "Dockerfile"
+        dockerfile.write_text(render_inject(plan))
+        log = pipeline.new_log(f"inject-{facts.id.split(':')[-1][:12]}")
+        pipeline.finish(facts, context, dockerfile, extensions, log,
+                        f"inject {', '.join(extensions)}",
+                        Finish(tag, out, replace(built, base=facts.ref,
+                                                 base_digest=facts.digest_ref),
+                               replace_tag=replace_tag))
+    record.status = RunStatus.INJECTED
+    result(f"tagged {tag}  (log: {log})")
+    return tag

@@ -1,0 +1,313 @@
+"""Build once, inject everywhere: verified artifacts as a small image any registry carries.
+
+A kernels image is `FROM scratch` and holds only the injected `.so` files at their paths in
+the base (`<package_dir>/<name>`) and the manifest at `/sm121-build/manifest.json`, with
+labels saying what they fit.  It is a normal image, so the engine pushes and pulls it with
+the user's `docker login`, credential helpers, mirrors and insecure-registry settings: no
+registry client here.
+
+Tags: `k-<reuse key>` (what a consumer looks up), `<vLLM version>-<commit>-<arch>`
+(immutable, for pinning and rollback) and any the publisher adds (the base's moving tag).
+The reuse key is what injection needs to match, not the base image: vLLM commit, torch
+version (its `+cuXYZ` names the CUDA build), arch list, guard rules, extensions.
+
+Consuming reads the manifest and the files back through the engine's reader (never starting
+anything), refuses an image holding anything it does not declare, and hands the folder to
+`artifacts.load`, which checks every sha256: the local verification of `inject` then runs as
+for any artifacts folder, so a kernels image is exactly as safe as a local build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sm121_build.core.console import LiveLine, end_status_line, note
+from sm121_build.core.errors import EngineUnavailable, Sm121Error
+from sm121_build.core.labels import LABEL_PREFIX
+from sm121_build.image.api import ImageEngine, ImageFiles, Status
+from sm121_build.image.facts import VllmInstall
+from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
+from sm121_build.jobs import artifacts as artifacts_mod
+from sm121_build.jobs.render import render_kernels
+from sm121_build.verify import run_report
+
+if TYPE_CHECKING:
+    from sm121_build.jobs.pipeline import Pipeline
+
+MANIFEST_PATH = "sm121-build/manifest.json"
+REUSE_KEY_LABEL = f"{LABEL_PREFIX}.reuse-key"
+KIND_LABEL = f"{LABEL_PREFIX}.kind"
+_TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def reuse_key(manifest: dict[str, Any]) -> str:
+    """What injection needs to match: the same vLLM commit, torch, arch list, rules and
+    extensions give the same key on any base (arm64 or a re-pushed tag alike)."""
+    parts = [str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or ""),
+             str(manifest.get("torch_version") or ""), str(manifest.get("arch_list") or ""),
+             str(manifest.get("patches") or ""), ",".join(sorted(manifest.get("files") or {}))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def cuda_flavour(torch_version: str) -> str:
+    """`cu130` of `2.11.0+cu130`: vLLM's release pipeline ships one commit for several CUDA
+    builds (`nightly`, `cu129-nightly`, ...), whose torch differ; empty when torch names none."""
+    local = torch_version.partition("+")[2]
+    return local if re.fullmatch(r"cu\d+", local) else ""
+
+
+def pinned_tag(version: str, commit: str, arch_list: str, torch_version: str = "") -> str:
+    """`<vLLM version>-<commit12>[-cuXYZ]-<arch>`: the tag a base's own facts name (the
+    lookup); immutable, for pinning and rollback."""
+    arch = "-".join("sm" + a.replace(".", "") for a in re.split(r"[; ]+", arch_list) if a)
+    parts = [version, commit[:12], cuda_flavour(torch_version), arch]
+    return _TAG_UNSAFE.sub("_", "-".join(p for p in parts if p))[:128]
+
+
+def tags_for(repo: str, manifest: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
+    """`repo:k-<key>`, `repo:<version>-<commit12>[-cuXYZ]-<arch>`, and `repo:<extra>` for
+    each."""
+    commit = str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or "")
+    pinned = pinned_tag(str(manifest.get("vllm_version")), commit,
+                        str(manifest.get("arch_list", "")),
+                        str(manifest.get("torch_version") or ""))
+    return list(dict.fromkeys([
+        f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
+        *(f"{repo}:{_TAG_UNSAFE.sub('_', t)[:128]}" for t in extra)]))
+
+
+def moving_tag(base: str) -> str:
+    """The base's own tag (`nightly` of `vllm/vllm-openai:nightly`): the kernels image's
+    moving tag; none for a base named by digest or image ID."""
+    if IMAGE_ID.match(base):
+        return ""
+    _name, tag, digest = split_ref(base)
+    return "" if digest else tag or "latest"
+
+
+class KernelsNotFound(Sm121Error):
+    """The registry has no such kernels image (a miss, not a failure)."""
+
+
+_MISSING = re.compile(r"not found|manifest unknown|unknown manifest|does not exist", re.I)
+
+
+def _labels(manifest: dict[str, Any]) -> dict[str, str]:
+    """The names the built images use (`render.provenance_labels`), plus what a kernels
+    image adds: torch, the commit id, the reuse key, its kind."""
+    names = {"base_digest": "org.opencontainers.image.base.digest",
+             "base": "org.opencontainers.image.base.name",
+             "vllm_version": f"{LABEL_PREFIX}.vllm.version",
+             "vllm_commit": f"{LABEL_PREFIX}.vllm.commit",
+             "vllm_commit_id": f"{LABEL_PREFIX}.vllm.commit-id",
+             "torch_version": f"{LABEL_PREFIX}.torch.version",
+             "patches": f"{LABEL_PREFIX}.patches", "arch_list": f"{LABEL_PREFIX}.arch-list",
+             "tool_version": f"{LABEL_PREFIX}.tool-version"}
+    labels = {label: str(manifest[key]) for key, label in names.items() if manifest.get(key)}
+    labels[f"{LABEL_PREFIX}.extensions"] = ",".join(sorted(manifest.get("files") or {}))
+    labels[REUSE_KEY_LABEL] = reuse_key(manifest)
+    labels[KIND_LABEL] = "kernels"
+    return labels
+
+
+def package_root(manifest: dict[str, Any]) -> str:
+    """The folder of the base the files go to, relative (`usr/local/lib/.../vllm`)."""
+    root = posixpath.normpath("/" + str(manifest.get("package_dir") or "")).lstrip("/")
+    if not root or root.startswith(".."):
+        raise Sm121Error(f"the manifest names no package folder ({manifest.get('package_dir')!r})")
+    return root
+
+
+def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
+            extra_tags: tuple[str, ...], log: Path) -> list[str]:
+    """Build the kernels image of a checked artifacts folder, tag it, push every tag."""
+    manifest = found.manifest
+    tags = tags_for(repo, manifest, extra_tags)
+    root = package_root(manifest)
+    with tempfile.TemporaryDirectory(prefix="sm121-kernels-") as tmp:
+        context = Path(tmp)
+        found.place(context / "root" / root)
+        (context / "root" / MANIFEST_PATH).parent.mkdir(parents=True)
+        shutil.copyfile(found.folder / artifacts_mod.MANIFEST, context / "root" / MANIFEST_PATH)
+        (context / "Dockerfile").write_text(render_kernels(_labels(manifest)))
+        image_id = engine.build(context, context / "Dockerfile", log)
+    for tag in tags:
+        engine.tag(image_id, tag)
+    for tag in tags:
+        engine.push(tag)
+        note(f"pushed {tag}")
+    return tags
+
+
+class RegistryError(Sm121Error):
+    """The registry could not be asked (down, refused the login, ...): not the image's fault."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A kernels image read back: its checked artifacts and the digest it was pulled by."""
+
+    artifacts: artifacts_mod.Artifacts
+    digest: str
+
+
+def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list[str]:
+    """`--kernels-to`: the run's verified artifacts as a kernels image, pushed (after
+    verification, never before) as `k-<reuse key>`, `<version>-<commit>-<cuXYZ>-<arch>` and
+    the base's moving tag."""
+    found = artifacts_mod.load(folder)
+    with pipeline.steps.step(f"publish kernels to {repo}"):
+        moving = moving_tag(base)
+        tags = publish(pipeline.engine, found, repo, (moving,) if moving else (),
+                       pipeline.new_log("kernels", recorded=False))
+        pipeline.record.kernels_to = tags
+    return tags
+
+
+def fetch(engine: ImageEngine, ref: str, dest: Path,
+          status: Status | None = None) -> Fetched:
+    """Resolve `ref` to its digest, pull exactly that, and read it back into an artifacts
+    folder at `dest`, checked: a kernels image (its label), the manifest's files and nothing
+    else, every sha256.  The pulled image is removed again unless it was here before."""
+    name, _tag, digest = split_ref(ref)
+    try:
+        digest = digest or engine.resolve_digest(ref)
+    except EngineUnavailable:
+        raise
+    except Sm121Error as exc:
+        if _MISSING.search(str(exc)):
+            raise KernelsNotFound(str(exc)) from None
+        raise RegistryError(str(exc)) from None
+    before = engine.image_ids()
+    try:
+        image_id = engine.pull(f"{name}@{digest}", status)
+    except EngineUnavailable:
+        raise
+    except Sm121Error as exc:
+        raise RegistryError(str(exc)) from None
+    try:
+        return Fetched(_read_back(engine, ref, image_id, dest), digest)
+    finally:
+        engine.remove_created(image_id, before)
+
+
+def _read_back(engine: ImageEngine, ref: str, image_id: str,
+               dest: Path) -> artifacts_mod.Artifacts:
+    info = engine.image(image_id)
+    if info.labels.get(KIND_LABEL) != "kernels":
+        raise Sm121Error(f"{ref} is not a kernels image (no {KIND_LABEL}=kernels label): "
+                         "publish one with `sm121-build kernels publish`")
+    dest.mkdir(parents=True, exist_ok=True)
+    with engine.reader(image_id) as files:
+        raw = files.read_bytes("/" + MANIFEST_PATH, limit=16 << 20)
+        if raw is None:
+            raise Sm121Error(f"{ref}: no /{MANIFEST_PATH}")
+        (dest / artifacts_mod.MANIFEST).write_bytes(raw)
+        try:
+            manifest = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise Sm121Error(f"{ref}: /{MANIFEST_PATH} is not valid JSON") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise Sm121Error(f"{ref}: /{MANIFEST_PATH} lists no files")
+        root = package_root(manifest)
+        declared = {f"{root}/{name}" for name in manifest["files"]}
+        held = _regular_files(files, "/" + root)
+        extra = sorted(held - declared)
+        if extra:
+            raise Sm121Error(f"{ref} holds {', '.join(extra[:3])}"
+                             f"{' and more' if len(extra) > 3 else ''}, which its manifest does "
+                             "not declare: refused")
+        for name in manifest["files"]:
+            if not isinstance(name, str) or not artifacts_mod.is_file_name(name):
+                raise Sm121Error(f"{ref}: {name!r} is not a .so file name")
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            if files.copy_file(f"/{root}/{name}", dest / name) is None:
+                raise Sm121Error(f"{ref}: declares {name}, which it does not hold")
+    return artifacts_mod.load(dest)  # every sha256 against the manifest
+
+
+def fetch_step(pipeline: Pipeline, ref: str, dest: Path) -> Fetched:
+    """`fetch` as a step of the run, with the pull's progress and what it brought."""
+    live = LiveLine()
+    got = fetch(pipeline.engine, ref, dest, live)
+    end_status_line()
+    if live.last.startswith("pulled "):
+        note(live.last)
+    key = reuse_key(got.artifacts.manifest)
+    note(f"{ref} is {got.digest} (reuse key {key})")
+    pipeline.record.kernels_from = run_report.KernelsFrom(ref, "hit", got.digest, key)
+    return got
+
+
+def require_repository(repo: str, option: str) -> None:
+    """A repository reference without a tag or digest (the tags are chosen here)."""
+    validate_image_ref(repo)
+    if ":" in repo.rsplit("/", 1)[-1] or "@" in repo:
+        raise Sm121Error(f"{option} {repo}: a repository without a tag (tags are chosen here)")
+
+
+def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
+            dest: Path) -> artifacts_mod.Artifacts | None:
+    """The kernels image of this base's vLLM build in `repo`
+    (`<version>-<commit>-<cuXYZ>-<arch>`), fetched and checked, or None when there is none
+    to use: a miss, the registry unreachable, or one built for another vLLM or torch (each
+    said in one line and recorded).  The base is resolved (and pulled) first."""
+    _facts, vllm = pipeline.resolve_image(base, pull)
+    ref = f"{repo}:{pinned_tag(vllm.version, vllm.commit_id or '', arch, vllm.torch_version or '')}"
+    record = pipeline.record
+    with pipeline.steps.step(f"kernels {ref}"):
+        try:
+            got = fetch_step(pipeline, ref, dest)
+        except KernelsNotFound:
+            note(f"no kernels image {ref}: a miss")
+            record.kernels_from = run_report.KernelsFrom(ref, "miss", why="not in the registry")
+            return None
+        except RegistryError as exc:
+            note(f"{exc}: no kernels from {repo}")
+            record.kernels_from = run_report.KernelsFrom(ref, "unreachable", why=str(exc))
+            return None
+        why = refusal(got.artifacts.provenance, vllm, base)
+        if why:
+            note(f"{ref} {why[0]}: not used")
+            record.kernels_from = run_report.KernelsFrom(ref, "refused", got.digest,
+                                                         reuse_key(got.artifacts.manifest),
+                                                         why[0])
+            return None
+        note("a hit: inject and verify, no compile")
+    return got.artifacts
+
+
+def refusal(built: artifacts_mod.Provenance, vllm: VllmInstall,
+            base: str) -> tuple[str, str] | None:
+    """Why files built as `built` say cannot go into `base` (another vLLM version or commit,
+    or another torch), and the hint; None when they fit."""
+    if (vllm.version, vllm.commit_id or "") != (built.vllm_version, built.vllm_commit_id or ""):
+        return (f"were built for vLLM {built.vllm_version} "
+                f"({built.vllm_commit_id or 'no commit id'}); {base} has {vllm.version} "
+                f"({vllm.commit_id or 'no commit id'})", "")
+    if built.torch_version and vllm.torch_version and built.torch_version != vllm.torch_version:
+        return (f"were built against torch {built.torch_version}; {base} has torch "
+                f"{vllm.torch_version}", " (torch's C++ ABI changes between versions: build "
+                "for this image instead)")
+    return None
+
+
+def _regular_files(files: ImageFiles, folder: str) -> set[str]:
+    """Every file under `folder` of the image, as paths without the leading slash."""
+    found: set[str] = set()
+    with files.tar(folder) as archive:
+        member: tarfile.TarInfo
+        for member in archive:
+            if not member.isdir():
+                rel = posixpath.normpath(member.name)
+                found.add(posixpath.join(posixpath.dirname(folder.lstrip("/")), rel))
+    return found

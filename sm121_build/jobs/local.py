@@ -1,0 +1,96 @@
+"""`sm121-build --local --source SRC --out OUT`: the build step on this machine, no Docker.
+
+The same script the builder stage runs (build_extensions.py), on a patched copy of SRC, with
+this machine's torch and nvcc.  For testing the build step on its own, and for machines that
+build kernels for images elsewhere (the .so files go to OUT; `sm121-build inject` needs a
+manifest, which only an image build writes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from sm121_build.core.compile_progress import shipped_histories
+from sm121_build.core.console import BuildStatus, note
+from sm121_build.core.errors import BuildFailed, Sm121Error
+from sm121_build.core.vllm import extension_target
+from sm121_build.cuda.binary import SM121
+from sm121_build.image.facts import cuda_h_version
+from sm121_build.jobs import build_extensions
+from sm121_build.jobs.render import choose_extensions, default_file
+from sm121_build.source.external import (
+    projects_for,
+    read_pin,
+    source_targets,
+    stand_in_envs,
+)
+from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
+from sm121_build.source.patch import apply_for_build, read_source_version
+from sm121_build.source.pin import copy_into
+
+
+def host_cuda_version(home: Path) -> str:
+    """The toolkit version from `$CUDA_HOME/include/cuda.h`, else the default."""
+    header = home / "include" / "cuda.h"
+    found = cuda_h_version(header.read_text(errors="replace")) if header.exists() else None
+    return found or DEFAULT_CUDA
+
+
+def local_targets(source: Path, extra: tuple[str, ...]) -> list[str]:
+    """_C / _moe_C (or the source's *_stable_libtorch names) plus --ext, as CMake targets:
+    the image build's choice (`render.choose_extensions`), as if an image carried every
+    extension the source defines."""
+    if not (source / "CMakeLists.txt").exists():
+        raise Sm121Error(f"{source} has no CMakeLists.txt; is it a vLLM checkout?")
+    every = tuple(default_file(t) for t in sorted(source_targets(source)))
+    return [extension_target(e) for e in choose_extensions(every, extra, source)]
+
+
+def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: int | None,
+              no_patch: bool, build_args: tuple[str, ...],
+              fa_source: Path | None = None) -> list[Path]:
+    version = read_source_version(source)
+    if version is None:
+        raise Sm121Error(f"cannot read the vLLM version of {source} (no vllm/_version.py)")
+    archs = cmake_arch_list(arch)
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    if not (home / "bin" / "nvcc").exists():
+        raise Sm121Error(f"no nvcc under {home}: set CUDA_HOME to a CUDA 13 toolkit")
+    targets = local_targets(source, extra)
+    projects = projects_for(targets, fa_source)
+    cuda = host_cuda_version(home)
+    with tempfile.TemporaryDirectory(prefix="sm121-local-") as tmp:
+        copy = Path(tmp) / "src"
+        shutil.copytree(source, copy, ignore=shutil.ignore_patterns(".git", "build*"))
+        sources: list[str] = []
+        trees: dict[str, Path] = {}
+        for project in projects:  # flash-attention at the commit the source pins
+            trees[project.name] = Path(tmp) / project.name
+            got = copy_into(read_pin(copy, project), fa_source, trees[project.name])
+            note(f"{project.name} {got.commit[:12]}: {got.path}")
+            sources += ["--define", f"{project.env}={trees[project.name]}"]
+        if not no_patch:
+            for line in apply_for_build(copy, trees, version, archs, cuda, SM121.target):
+                note(line)
+        environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
+                   "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")}
+        if jobs:
+            environ["MAX_JOBS"] = str(jobs)
+        argv = ["--source", str(copy), "--out", str(out), "--build-dir", str(Path(tmp) / "b")]
+        for target in targets:
+            argv += ["--target", target]
+        argv += sources
+        for env in stand_in_envs(p.env for p in projects):
+            argv += ["--stand-in", env]
+        cmake = Path(sys.executable).parent / "cmake"
+        if cmake.exists():
+            argv += ["--cmake", str(cmake)]
+        with BuildStatus(shipped_histories()) as status:  # ninja's progress, as in an image
+            failed = build_extensions.main([*argv, *build_args], environ, status) != 0
+        if failed:
+            raise BuildFailed(f"local build failed; full log: {out / 'build.log'}")
+    return sorted(out.glob("*.so"))

@@ -1,0 +1,225 @@
+"""The pipeline object every image command runs through.
+
+`Pipeline` owns the engine (anything that implements `image.api.ImageEngine`: Docker, or a
+folder-backed stand-in in the unit tests), the steps log and the run record.  Its prelude,
+`resolve_image` (pull when asked -> inspect -> require vLLM), is what `build`, `inject`,
+`pin` and `dockerfile` all start with; its tail, `finish` (build untagged -> verify -> export
+-> tag), is what `build` and `inject` end with.  Nothing is tagged before verification
+passes; on any failure, Ctrl-C included, an image this run created is removed (never one that
+existed before it, such as a build-cache hit the user has tagged).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm121_build.core.compile_progress import shipped_histories
+from sm121_build.core.console import BuildStatus, LiveLine, Progress, Steps, end_status_line, note
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.labels import CONTENT_KEY_LABEL
+from sm121_build.core.paths import state_dir
+from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
+from sm121_build.image import ledger
+from sm121_build.image.api import ImageEngine
+from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, require_vllm
+from sm121_build.jobs import artifacts as artifacts_mod
+from sm121_build.jobs.warnings import age_warning
+from sm121_build.verify import run_report
+from sm121_build.verify.checks import Verified, verify_image
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Where a verified image goes: its tags, and the artifacts folder with what its
+    manifest says the files were built from."""
+
+    tag: str
+    out: Path | None
+    provenance: artifacts_mod.Provenance
+    also: tuple[str, ...] = ()  # more tags for the same image (e.g. the immutable one)
+    replace_tag: bool = False  # --replace-tag: a tag may move off an image we did not build
+    content_key: str = ""  # written in the ledger with the image
+
+    @property
+    def tags(self) -> list[str]:
+        return list(dict.fromkeys((self.tag, *self.also)))
+
+
+def manifest_counts(verified: Verified) -> dict[str, tuple[dict[str, int], int]]:
+    """What the manifest says of each file besides its hash and mode."""
+    return {name: (report.arch_counts("elf"), report.kernel_counts()["native"])
+            for name, report in verified.reports.items()}
+
+
+class Pipeline:
+    """One run: an engine, its steps log and its record (None for commands that report
+    nothing, such as `pin`)."""
+
+    def __init__(self, engine: ImageEngine, record: run_report.RunRecord | None = None,
+                 steps: Steps | None = None) -> None:
+        self.engine = engine
+        self.record = record if record is not None else run_report.RunRecord("", "", "", None)
+        self.steps = steps or Steps()
+
+    @classmethod
+    def connect(cls, record: run_report.RunRecord | None = None,
+                steps: Steps | None = None) -> Pipeline:
+        """A pipeline on the local Docker engine (the SDK is imported only here)."""
+        from sm121_build.image.engine import Engine
+
+        return cls(Engine.connect(), record, steps)
+
+    # -- prelude -------------------------------------------------------------------------
+    def resolve_image(self, ref: str, pull: str = "never") -> tuple[ImageFacts, VllmInstall]:
+        """`--pull` (always) or `--pull=missing` first, then the image's facts and its vLLM
+        (an error when it has none)."""
+        self.pull(ref, pull)
+        with self.steps.step(f"inspect {ref}"):
+            facts = inspect_image(self.engine, ref)
+            vllm = require_vllm(facts)
+            self.record.vllm_version = vllm.version
+            self.record.base_digest = facts.digest_ref
+            note(f"vLLM {vllm.version}; {facts.platform}; {facts.digest_ref}")
+            if vllm.tools:
+                note(f"build tools: {vllm.tools.describe()}")
+            stale = age_warning(ref, facts.created)
+            if stale:
+                note(stale)
+        return facts, vllm
+
+    def pull(self, ref: str, mode: str) -> None:
+        """Bring `ref` from its registry (`always`, or `missing` when it is not here).  A tag
+        that moved leaves the old image behind; the ledger notes it for `sm121-build prune`."""
+        if mode == "never" or (mode == "missing" and self.engine.exists(ref)):
+            return
+        with self.steps.step(f"pull {ref}"):
+            before = self.engine.image_id(ref)
+            live = LiveLine()
+            after = self.engine.pull(ref, live)
+            end_status_line()
+            if live.last.startswith("pulled "):
+                note(live.last)
+            self.record.pulled = run_report.Pulled(before, after)
+            short = after.split(":")[-1][:12]
+            if before is None:
+                line = f"new image {short}"
+            elif before == after:
+                line = f"unchanged, {short}"
+            else:
+                ledger.record_replaced(ref, before)
+                line = f"new image {short} (was {before.split(':')[-1][:12]})"
+            note(f"{ref}: {line}")
+
+    def read_stock(self, facts: ImageFacts,
+                   extensions: tuple[str, ...]) -> dict[str, BinaryReport | None]:
+        """The stock image's copies of the extensions a build would replace, audited."""
+        package = require_vllm(facts).package_dir
+        reports: dict[str, BinaryReport | None] = {}
+        progress = Progress("reading the stock extensions")
+        with tempfile.TemporaryDirectory(prefix="sm121-decide-") as tmp, \
+                self.engine.reader(facts.id, progress.add) as files:
+            for name in extensions:
+                local = Path(tmp) / name
+                local.parent.mkdir(parents=True, exist_ok=True)
+                found = files.copy_file(f"{package}/{name}", local)
+                reports[name] = audit_binary(local, name, SM121, with_kernels=True) if found \
+                    else None
+                local.unlink(missing_ok=True)
+        progress.done()
+        return reports
+
+    def new_log(self, name: str, recorded: bool = True) -> Path:
+        """An empty build log under the state folder, named in the record (the run's build
+        log) unless `recorded` is false."""
+        folder = state_dir() / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        # one file per run: two runs of one content key never write into each other's log
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f"{name}.", suffix=".log",
+                                         delete=False) as handle:
+            log = Path(handle.name)
+        if recorded:
+            self.record.log = str(log)
+        return log
+
+    # -- tail ----------------------------------------------------------------------------
+    def finish(self, stock: ImageFacts, context: Path, dockerfile: Path,
+               extensions: tuple[str, ...], log: Path, title: str, target: Finish) -> str:
+        """Build (untagged) -> verify -> export -> tag.  Returns the image ID."""
+        image_id = ""
+        before = self.engine.image_ids()
+        try:
+            with self.steps.step(title), BuildStatus(shipped_histories()) as status:
+                image_id = self.engine.build(context, dockerfile, log, status)
+            with self.steps.step("verify"):
+                self.verify_and_export(stock, image_id, extensions, log, target)
+            self.tag_result(stock, image_id, target)
+        except BaseException:
+            if image_id:
+                self.engine.remove_created(image_id, before)
+            raise
+        return image_id
+
+    def verify_and_export(self, stock: ImageFacts, image_id: str,
+                          extensions: tuple[str, ...], log: Path | None,
+                          target: Finish) -> None:
+        """Verify the image (raises on any problem); record the audit; export to `--out`."""
+        with verify_image(self.engine, stock, image_id, extensions, log) as verified:
+            self.record.before = run_report.binaries(verified.stock_reports)
+            self.record.after = run_report.binaries(verified.reports)
+            self.record.fp4_excluded = {n: len(c.fp4_excluded)
+                                        for n, c in verified.comparisons.items()}
+            self.record.abi_symbols_checked = verified.abi.checked
+            if target.out:
+                manifest = artifacts_mod.export(target.out, verified.files, target.provenance,
+                                                manifest_counts(verified))
+                self.record.artifacts = str(target.out)
+                note(f"artifacts: {manifest}")
+
+    def require_tags_free(self, stock: ImageFacts, tags: list[str],
+                          replace_tag: bool = False, image_id: str = "") -> None:
+        """A tag may name nothing yet, the image about to get it, or an image this tool
+        built from the same base (a rebuild moving its own tag); never the base itself, and
+        a user's image only with --replace-tag.  Checked before any work and again just
+        before tagging."""
+        book = ledger.load()
+        for tag in tags:
+            holder = self.engine.image_id(tag)
+            if holder is None or holder == image_id:
+                continue
+            short = holder.split(":")[-1][:12]
+            if holder == stock.id:
+                raise Sm121Error(f"--tag {tag} names the base image itself ({short}): choose "
+                                 "another --tag (the base's own tag is never moved)")
+            entry = book.entry(holder)
+            if entry and tag in entry.tags and entry.base_ref in ("", stock.ref):
+                continue
+            why = (f"sm121-build built it from {entry.base_ref}" if entry and entry.base_ref
+                   else "sm121-build did not give it that tag" if entry
+                   else "sm121-build did not build it")
+            if replace_tag:
+                note(f"--replace-tag: {tag} moves off image {short} ({why}); that image stays")
+                continue
+            raise Sm121Error(f"--tag {tag} already names image {short} ({why}): choose another "
+                             "--tag, or --replace-tag to move it (the image itself stays)")
+
+    def tag_result(self, stock: ImageFacts, image_id: str, target: Finish) -> None:
+        """Give the verified image every tag asked for, and write it in the ledger."""
+        self.require_tags_free(stock, target.tags, target.replace_tag, image_id)
+        ledger.record_built(image_id, target.tags, stock.id, stock.ref, target.content_key)
+        for tag in target.tags:
+            self.engine.tag(image_id, tag)
+        self.record.image_id = image_id
+        self.record.tags = target.tags
+
+    def reusable(self, key: str) -> str | None:
+        """An image this tool built and recorded for this content key, still in the engine.
+        Labels are inherited, so an image a user built FROM an earlier result carries the
+        same key: only the ledger tells ours apart."""
+        book = ledger.load()
+        for info in self.engine.find_by_label(CONTENT_KEY_LABEL, key):
+            entry = book.entry(info.id)
+            if entry and entry.content_key == key:
+                return info.id
+        return None

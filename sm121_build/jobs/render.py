@@ -1,0 +1,240 @@
+"""Render the multi-stage Dockerfile from the templates in dockerfiles/ (string.Template data)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+from sm121_build import __version__
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.labels import LABEL_PREFIX
+from sm121_build.core.shipped import shipped_dir
+from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, project_of_target
+from sm121_build.image.facts import ImageFacts, require_vllm
+from sm121_build.image.toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable
+from sm121_build.source.external import source_targets, stand_in_envs
+from sm121_build.source.patch import rules_digest
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything the Dockerfile needs; all of it derived from the image and the source."""
+
+    base: str
+    arch_list: str
+    vllm_version: str
+    git_ref: str
+    extensions: tuple[str, ...]
+    package_dir: str
+    cuda_home: str
+    cuda_include: str
+    cuda_lib: str
+    jobs: int
+    nvcc_threads: int = 2
+    nvrtc_fix: bool = False
+    buildkit: bool = True
+    bring: tuple[str, ...] = ()  # build tools the image lacks: cmake, ninja
+    bring_from: str = ""  # "context" (this machine's copies) or "pip" (in the builder)
+    labels: dict[str, str] = field(default_factory=dict)
+    # external project sources in the context: (environment variable, context folder)
+    external: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(extension_target(e) for e in self.extensions)
+
+
+def templates_dir() -> Path:
+    return shipped_dir("dockerfiles")
+
+
+def _template(name: str) -> Template:
+    return Template((templates_dir() / name).read_text())
+
+
+def template_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(templates_dir().glob("*.in")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def default_file(target: str) -> str:
+    project = project_of_target(target)
+    return f"{project.install_dir}/{target}.abi3.so" if project else f"{target}.abi3.so"
+
+
+def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
+                      source: Path | None, defaults: bool = True) -> tuple[str, ...]:
+    """The default set (the image's _C/_moe_C files, unless `defaults` is False: the main
+    job's decision names every one) plus `extra`, checked against the source.  A name is a
+    CMake target or a file name; the image's own path for it wins."""
+    chosen = [e for e in image_extensions if DEFAULT_EXTENSIONS.match(e)] if defaults else []
+    for name in extra:
+        target = extension_target(name)
+        filename = next((e for e in image_extensions if e == name or e.endswith("/" + name)
+                         or (not name.endswith(".so") and extension_target(e) == target)),
+                        name if name.endswith(".so") and project_of_target(target) is None
+                        else default_file(target))
+        if filename not in chosen:
+            chosen.append(filename)
+    if not chosen:
+        raise Sm121Error("no _C / _moe_C extension files to rebuild (neither the image's vLLM "
+                         "nor the source has them); name the ones to rebuild with --ext")
+    if source is not None:
+        defined = source_targets(source)
+        missing = [e for e in chosen if extension_target(e) not in defined]
+        if missing:
+            raise Sm121Error(f"the pinned source defines no CMake target for {', '.join(missing)}"
+                             f" (it defines: {', '.join(sorted(defined)) or 'none'})")
+    return tuple(chosen)
+
+
+def default_jobs() -> int:
+    """One compile job per core, at most one per 8 GiB of memory (nvcc peaks high)."""
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return max(1, cores // 2)
+    return max(1, min(cores, memory // (8 << 30)))
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)
+
+
+def _copy_lines(plan: BuildPlan, copy_from: str, flat: bool) -> str:
+    """One COPY per extension to its place in the package; the builder's out folder is flat
+    (`flat`), an artifacts folder keeps the package's sub-folders."""
+    return "\n".join(
+        _template("copy-extension.Dockerfile.in").substitute(
+            copy_from=copy_from, built=extension.rsplit("/", 1)[-1] if flat else extension,
+            extension=extension, package_dir=plan.package_dir)
+        .strip() for extension in plan.extensions)
+
+
+def _external(plan: BuildPlan) -> str:
+    if not plan.external:
+        return "# (no external project sources: vLLM's CMake gets empty stand-ins for them)"
+    lines = [f"COPY {folder}/ /sm121/{folder}/" for _, folder in plan.external]
+    lines.append("ENV " + " \\\n    ".join(f"{env}=/sm121/{folder}"
+                                            for env, folder in plan.external))
+    return "\n".join(lines)
+
+
+def _label_lines(labels: dict[str, str]) -> str:
+    """`"key"="value"` pairs for one LABEL instruction, JSON-quoted, one per line."""
+    return " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(labels.items()))
+
+
+def _labels(plan: BuildPlan) -> str:
+    return _label_lines(plan.labels) or f'"{LABEL_PREFIX}.tool"="sm121-build"'
+
+
+def _no_syntax_directive(text: str) -> str:
+    if re.search(r"^#\s*syntax\s*=", text, re.M | re.I):
+        raise Sm121Error("a template carries a syntax directive; it would pull an image")
+    return text
+
+
+def _toolchain(plan: BuildPlan) -> str:
+    if not plan.bring:
+        return "# (cmake and ninja: the image's own)"
+    packages = " ".join(_quote(f"cmake>={MIN_CMAKE[0]}.{MIN_CMAKE[1]}") if name == "cmake"
+                        else name for name in plan.bring)
+    name = "tools-context.Dockerfile.in" if plan.bring_from == "context" else \
+        "tools-pip.Dockerfile.in"
+    return _template(name).substitute(tools=" and ".join(plan.bring), prefix=TOOLS_PREFIX,
+                                      packages=packages).strip()
+
+
+def render(plan: BuildPlan) -> str:
+    """The multi-stage build: compile in a builder FROM the base, copy into the pristine base."""
+    nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
+             if plan.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
+    cache = ("--mount=type=cache,target=/root/.cache/ccache " if plan.buildkit else "")
+    text = _template("inject.Dockerfile.in").substitute(
+        tool_version=__version__,
+        base=plan.base,
+        arch_list=plan.arch_list,
+        vllm_version=plan.vllm_version,
+        git_ref=plan.git_ref,
+        extensions=", ".join(plan.extensions),
+        cuda_home=plan.cuda_home,
+        cpath=plan.cuda_include,
+        library_path=plan.cuda_lib,
+        jobs=plan.jobs,
+        nvcc_threads=plan.nvcc_threads,
+        nvrtc_fix=nvrtc,
+        toolchain=_toolchain(plan),
+        cache_mount=cache,
+        target_args=" ".join([*(f"--target {t}" for t in plan.targets),
+                              *(f"--stand-in {env}" for env in
+                                stand_in_envs(env for env, _ in plan.external))]),
+        external_sources=_external(plan),
+        copy_lines=_copy_lines(plan, "--from=builder /sm121/out", flat=True),
+        labels=_labels(plan),
+    )
+    return _no_syntax_directive(text)
+
+
+def render_inject(plan: BuildPlan, artifacts: str = "artifacts") -> str:
+    """One stage: prebuilt files from the context folder `artifacts` into the pristine base."""
+    return _no_syntax_directive(_template("inject-artifacts.Dockerfile.in").substitute(
+        tool_version=__version__, base=plan.base, arch_list=plan.arch_list,
+        vllm_version=plan.vllm_version, git_ref=plan.git_ref,
+        extensions=", ".join(plan.extensions),
+        copy_lines=_copy_lines(plan, artifacts, flat=False), labels=_labels(plan)))
+
+
+def render_kernels(labels: dict[str, str], root: str = "root") -> str:
+    """A kernels image: the context folder `root` (the files at their paths in the base and
+    the manifest) into an empty image, with its labels."""
+    return _no_syntax_directive(_template("kernels.Dockerfile.in").substitute(
+        tool_version=__version__, root=root, labels=_label_lines(labels)))
+
+
+def provenance_labels(facts: ImageFacts, commit: str, arch: str,
+                      extensions: tuple[str, ...], patches: str) -> dict[str, str]:
+    """OCI labels saying what the image was made from, and by what."""
+    vllm = require_vllm(facts)
+    return {
+        "org.opencontainers.image.base.name": facts.ref,
+        "org.opencontainers.image.base.digest": facts.digest_ref,
+        f"{LABEL_PREFIX}.vllm.version": vllm.version,
+        f"{LABEL_PREFIX}.vllm.commit": commit,
+        f"{LABEL_PREFIX}.patches": patches,
+        f"{LABEL_PREFIX}.arch-list": arch,
+        f"{LABEL_PREFIX}.extensions": ",".join(extensions),
+        f"{LABEL_PREFIX}.tool-version": __version__,
+    }
+
+
+def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+             source: Path | None, git_ref: str, commit: str | None, buildkit: bool,
+             copy_tools: bool = True, defaults: bool = True) -> BuildPlan:
+    """A build plan from what the image says (paths are detected, never hard-coded).
+    `copy_tools`: cmake/ninja the image lacks may come from this machine via the context."""
+    vllm = require_vllm(facts)
+    require_buildable(vllm.tools, facts.ref)
+    if not vllm.cuda_home:
+        raise Sm121Error(f"image {facts.ref} has no nvcc under /usr/local/cuda*: the builder "
+                         "stage needs the CUDA toolkit of a -devel style image")
+    include = vllm.cuda_include or f"{vllm.cuda_home}/include"
+    lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
+    extensions = choose_extensions(vllm.extensions, extra_ext, source, defaults)
+    labels = provenance_labels(facts, commit or git_ref, arch, extensions, rules_digest())
+    return BuildPlan(
+        base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,
+        extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,
+        cuda_include=include, cuda_lib=lib, jobs=jobs or default_jobs(),
+        nvrtc_fix=vllm.nvrtc_needs_link, buildkit=buildkit, labels=labels,
+        bring=vllm.tools.to_bring if vllm.tools else (),
+        bring_from=(how_to_bring(vllm.tools, facts.platform) if copy_tools else "pip")
+        if vllm.tools and vllm.tools.to_bring else "")
