@@ -10,6 +10,7 @@ from sm121_build.cli.inputs import JOBS, arch_list, extension_names
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.refs import IMAGE_ID
+from sm121_build.image.toolchain import require_buildable
 from sm121_build.jobs.pipeline import Pipeline
 from sm121_build.jobs.render import plan_for, render
 from sm121_build.source.pin import version_to_ref
@@ -30,6 +31,7 @@ def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | Non
     cmake or ninja the image lacks are pip-installed in the builder stage (network)."""
     facts, vllm = Pipeline.connect().resolve_image(base)
     ref = version_to_ref(vllm.version, vllm.commit_id)
+    require_buildable(vllm.tools, facts.ref)
     plan = plan_for(facts, arch, extra_ext, jobs, None, str(ref), None, not no_buildkit,
                     copy_tools=False)
     if plan.base == facts.id:

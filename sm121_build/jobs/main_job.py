@@ -11,15 +11,15 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build import __version__
 from sm121_build.core.console import note, result
-from sm121_build.core.labels import CONTENT_KEY_LABEL, LABEL_PREFIX
+from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
 from sm121_build.cuda.binary import SM121, BinaryReport
-from sm121_build.image.facts import ImageFacts
+from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.image.refs import versioned_tag
 from sm121_build.image.toolchain import (
     host_tools,
@@ -38,7 +38,14 @@ from sm121_build.source.patch import (
     apply_for_build,
     rules_digest,
 )
-from sm121_build.source.pin import check_checkout, copy_into, fetch_source, version_to_ref
+from sm121_build.source.pin import (
+    Checkout,
+    GitRef,
+    check_checkout,
+    copy_into,
+    fetch_source,
+    version_to_ref,
+)
 from sm121_build.verify import run_report
 
 
@@ -113,122 +120,200 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
     return tuple(chosen)
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """The base and what a build of it needs to know."""
+
+    facts: ImageFacts
+    vllm: VllmInstall
+    ref: GitRef  # the vLLM commit (or tag) the image was built from
+    cuda: str  # the image's CUDA toolkit, X.Y
+    arch_cmake: str  # the arch list in CMake's form
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the build compiles: vLLM at `commit` and the external projects' trees."""
+
+    commit: str
+    provenance: str  # commit[+changes], then `\0project@commit+changes` per project
+    external: tuple[tuple[str, str], ...] = ()  # (environment variable, context folder)
+
+
 def run_build(pipeline: Pipeline, opts: Options) -> str:
-    """Returns the tag; the pipeline's record is filled in as the run goes."""
-    record, engine, steps = pipeline.record, pipeline.engine, pipeline.steps
-    arch_cmake = cmake_arch_list(opts.arch)
+    """The main job, a stage a line; returns the tag (the record says how the run ended)."""
+    image = resolve(pipeline, opts)
+    with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
+        context = Path(tmp)
+        checkout = vllm_source(pipeline, opts, image, context / "src")
+        stock = stock_extensions(pipeline, image)
+        patch_vllm(pipeline, opts, image, context / "src")
+        chosen = choose_to_build(pipeline, opts, stock, context / "src", image.arch_cmake,
+                                 image.cuda)
+        if not chosen or opts.plan_only:
+            return planned(pipeline, opts, chosen)
+        sources = external_sources(pipeline, opts, image, context, checkout, chosen)
+        plan = plan_for(image.facts, opts.arch, chosen, opts.jobs, context / "src",
+                        str(image.ref), sources.commit,
+                        buildkit=pipeline.engine.buildkit_client() is not None,
+                        defaults=False, external=sources.external, patches=patches_of(opts))
+        key = content_key(image.facts, sources.provenance, plan, opts.no_patch)
+        target = finish_target(pipeline, opts, image, sources, plan, key)
+        existing = None if opts.force else pipeline.reusable(key)
+        if existing:
+            return up_to_date(pipeline, opts, image, plan, target, existing)
+        return build(pipeline, opts, image, plan, target, context)
+
+
+def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
+    """Pull when asked, inspect, and every check of the base made before any work: the
+    result's tag is free, the image can build (a CUDA toolkit, the tools)."""
     facts, vllm = pipeline.resolve_image(opts.base, opts.pull)
     if not opts.plan_only:
         pipeline.require_tags_free(facts, [opts.tag], opts.replace_tag)
-    ref = version_to_ref(vllm.version, vllm.commit_id)
     require_buildable(vllm.tools, facts.ref)
-    cuda = vllm.cuda_version or DEFAULT_CUDA
-    with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
-        context = Path(tmp)
-        with steps.step(f"source ({ref})"):
-            changes = ""
-            if opts.source:
-                state = check_checkout(opts.source, ref, opts.allow_other_commit)
-                checkout, commit, changes = state.path, state.commit, state.changes
-                if state.other_commit:
-                    record.source_other_commit = state.other_commit
-                    note(f"warning: {state.other_commit} (--allow-other-commit)")
-                if changes:
-                    record.source_changes = changes
-                    note(f"uncommitted changes in {checkout}: built as they are "
-                         f"(sha256 {changes[:12]}, part of the content key)")
-            else:
-                checkout, commit = fetch_source(ref, opts.repo)
-            require_python_headers(vllm.tools, checkout, facts.ref)
-            shutil.copytree(checkout, context / "src", ignore=shutil.ignore_patterns(".git"))
-            note(f"{checkout} @ {commit}")
-        with steps.step("audit the stock extensions"):
-            stock = pipeline.read_stock(facts, vllm.extensions)
-            too_new = ptx_warning(stock, SM121.target, SM121.driver)
-            if too_new:
-                note(too_new)
-        with steps.step("patch"):
-            if opts.no_patch:
-                note("patches skipped (--no-patch)")
-            else:
-                for line in apply_for_build(context / "src", {}, vllm.version, arch_cmake,
-                                            cuda, SM121.target):
-                    note(line)
-        chosen = choose_to_build(pipeline, opts, stock, context / "src", arch_cmake, cuda)
-        if not chosen:
-            return opts.tag
-        if opts.plan_only:
-            record.status = run_report.RunStatus.PLANNED
-            result(f"plan: build {', '.join(chosen)} for {opts.arch}; nothing built "
-                       "(--plan)")
-            return opts.tag
-        plan = plan_for(facts, opts.arch, chosen, opts.jobs, context / "src", str(ref),
-                        commit, buildkit=engine.buildkit_client() is not None,
-                        defaults=False)
-        projects = projects_for(plan.targets, opts.fa_source)
-        provenance = commit + (f"+{changes}" if changes else "")
-        if projects:
-            with steps.step("external sources"):
-                for project in projects:
-                    declared = read_pin(context / "src", project)
-                    got = copy_into(declared, opts.fa_source, context / project.name,
-                                    opts.allow_other_commit)
-                    plan = replace(plan, external=(*plan.external,
-                                                   (project.env, project.name)))
-                    record.external[project.name] = run_report.ExternalSource(
-                        got.commit, declared.repository, got.changes, got.other_commit)
-                    provenance += f"\0{project.name}@{got.commit}+{got.changes}"
-                    if got.other_commit:
-                        note(f"warning: {got.other_commit} (--allow-other-commit)")
-                    note(f"{project.name} {got.commit[:12]} (pinned in "
-                         f"{declared.declared_in}): {got.path}")
-                if not opts.no_patch:
-                    trees = {folder: context / folder for _env, folder in plan.external}
-                    for line in apply_for_build(context / "src", trees, vllm.version,
-                                                arch_cmake, cuda, SM121.target, vllm=False):
-                        note(line)
-        key = content_key(facts, provenance, plan, opts.no_patch)
-        record.vllm_commit, record.arch_list, record.content_key = commit, plan.arch_list, key
-        record.extensions = list(plan.extensions)
-        patches = "none" if opts.no_patch else rules_digest()
-        provenance_of_files = Provenance(
-            base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
-            vllm_commit=commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
-            patches=patches, package_dir=plan.package_dir, tool_version=__version__,
-            external={name: entry.commit for name, entry in record.external.items()},
-            torch_version=vllm.torch_version)
-        also = (versioned_tag(opts.tag, vllm.version, commit, facts.id),) \
-            if opts.versioned_tag else ()
-        target = Finish(opts.tag, opts.out, provenance_of_files, also, opts.replace_tag, key)
-        existing = None if opts.force else pipeline.reusable(key)
-        if existing:
-            record.keep_audit_of(run_report.recall(key) or {})
-            record.status = run_report.RunStatus.UP_TO_DATE
-            if opts.out:  # as after a build: the verified files and their manifest
-                with steps.step("verify"):
-                    pipeline.verify_and_export(facts, existing, plan.extensions, None,
-                                               target)
-            pipeline.tag_result(facts, existing, target)
-            result(f"up to date: {', '.join(target.tags)} (content key {key}); "
-                       "--force rebuilds")
-            return opts.tag
-        log = pipeline.new_log(f"build-{key}")
-        with engine.pinned(facts.id) as pin:
-            plan = replace(plan, base=pin, labels={**plan.labels, CONTENT_KEY_LABEL: key,
-                                                   f"{LABEL_PREFIX}.patches": patches})
-            dockerfile = context / "Dockerfile"
-            dockerfile.write_text(render(plan))
-            if plan.bring:
-                note(f"the builder brings {' and '.join(plan.bring)} ("
-                     f"{'this machine' if plan.bring_from == 'context' else 'pip'})")
-            found = host_tools() if plan.bring_from == "context" else None
-            if found:
-                place_host_tools(found, plan.bring, context)
-            shutil.copy2(Path(__file__).with_name("build_extensions.py"),
-                         context / "build_extensions.py")
-            pipeline.finish(facts, context, dockerfile, plan.extensions, log,
-                            f"build {', '.join(plan.extensions)} for {opts.arch}", target)
-    record.status = run_report.RunStatus.BUILT
-    run_report.remember(record)
+    return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
+                    vllm.cuda_version or DEFAULT_CUDA, cmake_arch_list(opts.arch))
+
+
+def vllm_source(pipeline: Pipeline, opts: Options, image: Resolved, dest: Path) -> Checkout:
+    """The source at the image's commit (a checked --source, or fetched), copied to `dest`."""
+    record = pipeline.record
+    with pipeline.steps.step(f"source ({image.ref})"):
+        if opts.source:
+            checkout = check_checkout(opts.source, image.ref, opts.allow_other_commit)
+            if checkout.other_commit:
+                record.source_other_commit = checkout.other_commit
+                note(f"warning: {checkout.other_commit} (--allow-other-commit)")
+            if checkout.changes:
+                record.source_changes = checkout.changes
+                note(f"uncommitted changes in {checkout.path}: built as they are "
+                     f"(sha256 {checkout.changes[:12]}, part of the content key)")
+        else:
+            checkout = Checkout(*fetch_source(image.ref, opts.repo), "", "")
+        require_python_headers(image.vllm.tools, checkout.path, image.facts.ref)
+        shutil.copytree(checkout.path, dest, ignore=shutil.ignore_patterns(".git"))
+        note(f"{checkout.path} @ {checkout.commit}")
+    return checkout
+
+
+def stock_extensions(pipeline: Pipeline, image: Resolved) -> dict[str, BinaryReport | None]:
+    """The base's extensions, audited (and PTX newer than a Spark's driver, said)."""
+    with pipeline.steps.step("audit the stock extensions"):
+        stock = pipeline.read_stock(image.facts, image.vllm.extensions)
+        too_new = ptx_warning(stock, SM121.target, SM121.driver)
+        if too_new:
+            note(too_new)
+    return stock
+
+
+def patch_vllm(pipeline: Pipeline, opts: Options, image: Resolved, src: Path) -> None:
+    with pipeline.steps.step("patch"):
+        if opts.no_patch:
+            note("patches skipped (--no-patch)")
+            return
+        for line in apply_for_build(src, {}, image.vllm.version, image.arch_cmake, image.cuda,
+                                    SM121.target):
+            note(line)
+
+
+def planned(pipeline: Pipeline, opts: Options, chosen: tuple[str, ...]) -> str:
+    """Nothing to build (said by the decide step), or --plan: say the plan, build nothing."""
+    if chosen:
+        pipeline.record.status = run_report.RunStatus.PLANNED
+        result(f"plan: build {', '.join(chosen)} for {opts.arch}; nothing built (--plan)")
+    return opts.tag
+
+
+def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context: Path,
+                     checkout: Checkout, chosen: tuple[str, ...]) -> Sources:
+    """The trees of the external projects the chosen extensions live in (flash-attention at
+    the commit vLLM pins), copied into the context, with their rules applied."""
+    provenance = checkout.commit + (f"+{checkout.changes}" if checkout.changes else "")
+    projects = projects_for([extension_target(name) for name in chosen], opts.fa_source)
+    if not projects:
+        return Sources(checkout.commit, provenance)
+    external: list[tuple[str, str]] = []
+    with pipeline.steps.step("external sources"):
+        for project in projects:
+            declared = read_pin(context / "src", project)
+            got = copy_into(declared, opts.fa_source, context / project.name,
+                            opts.allow_other_commit)
+            external.append((project.env, project.name))
+            pipeline.record.external[project.name] = run_report.ExternalSource(
+                got.commit, declared.repository, got.changes, got.other_commit)
+            provenance += f"\0{project.name}@{got.commit}+{got.changes}"
+            if got.other_commit:
+                note(f"warning: {got.other_commit} (--allow-other-commit)")
+            note(f"{project.name} {got.commit[:12]} (pinned in {declared.declared_in}): "
+                 f"{got.path}")
+        if not opts.no_patch:
+            trees = {folder: context / folder for _env, folder in external}
+            for line in apply_for_build(context / "src", trees, image.vllm.version,
+                                        image.arch_cmake, image.cuda, SM121.target,
+                                        vllm=False):
+                note(line)
+    return Sources(checkout.commit, provenance, tuple(external))
+
+
+def patches_of(opts: Options) -> str:
+    """The rules digest a build names (labels, manifest): `none` with --no-patch."""
+    return "none" if opts.no_patch else rules_digest()
+
+
+def finish_target(pipeline: Pipeline, opts: Options, image: Resolved, sources: Sources,
+                  plan: BuildPlan, key: str) -> Finish:
+    """Where the verified image goes (tags, --out) and what its files' manifest says."""
+    record, facts, vllm = pipeline.record, image.facts, image.vllm
+    record.vllm_commit, record.arch_list, record.content_key = \
+        sources.commit, plan.arch_list, key
+    record.extensions = list(plan.extensions)
+    provenance = Provenance(
+        base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
+        vllm_commit=sources.commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
+        patches=patches_of(opts), package_dir=plan.package_dir, tool_version=__version__,
+        external={name: entry.commit for name, entry in record.external.items()},
+        torch_version=vllm.torch_version)
+    also = (versioned_tag(opts.tag, vllm.version, sources.commit, facts.id),) \
+        if opts.versioned_tag else ()
+    return Finish(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
+
+
+def up_to_date(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
+               target: Finish, existing: str) -> str:
+    """The content key names an image this tool built: tag it (and export --out, verified
+    as after a build); nothing compiles."""
+    record = pipeline.record
+    record.keep_audit_of(run_report.recall(target.content_key) or {})
+    record.status = run_report.RunStatus.UP_TO_DATE
+    if opts.out:
+        with pipeline.steps.step("verify"):
+            pipeline.verify_and_export(image.facts, existing, plan.extensions, None, target)
+    pipeline.tag_result(image.facts, existing, target)
+    result(f"up to date: {', '.join(target.tags)} (content key {target.content_key}); "
+           "--force rebuilds")
+    return opts.tag
+
+
+def build(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
+          target: Finish, context: Path) -> str:
+    """Render the Dockerfile (FROM a temporary tag of exactly the base), bring what the
+    builder lacks, build -> verify -> tag."""
+    log = pipeline.new_log(f"build-{target.content_key}")
+    dockerfile = context / "Dockerfile"
+    with pipeline.engine.pinned(image.facts.id) as pin:
+        dockerfile.write_text(render(plan, {CONTENT_KEY_LABEL: target.content_key}, base=pin))
+        if plan.bring:
+            note(f"the builder brings {' and '.join(plan.bring)} ("
+                 f"{'this machine' if plan.bring_from == 'context' else 'pip'})")
+        found = host_tools() if plan.bring_from == "context" else None
+        if found:
+            place_host_tools(found, plan.bring, context)
+        shutil.copy2(Path(__file__).with_name("build_extensions.py"),
+                     context / "build_extensions.py")
+        pipeline.finish(image.facts, context, dockerfile, plan.extensions, log,
+                        f"build {', '.join(plan.extensions)} for {opts.arch}", target)
+    pipeline.record.status = run_report.RunStatus.BUILT
+    run_report.remember(pipeline.record)
     result(f"tagged {', '.join(target.tags)}  (log: {log})")
     return opts.tag

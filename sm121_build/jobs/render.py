@@ -16,7 +16,7 @@ from sm121_build.core.labels import LABEL_PREFIX
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, project_of_target
 from sm121_build.image.facts import ImageFacts, require_vllm
-from sm121_build.image.toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring, require_buildable
+from sm121_build.image.toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring
 from sm121_build.source.external import source_targets, stand_in_envs
 from sm121_build.source.patch import rules_digest
 
@@ -133,8 +133,9 @@ def _label_lines(labels: dict[str, str]) -> str:
     return " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(labels.items()))
 
 
-def _labels(plan: BuildPlan) -> str:
-    return _label_lines(plan.labels) or f'"{LABEL_PREFIX}.tool"="sm121-build"'
+def _labels(plan: BuildPlan, more: dict[str, str] | None = None) -> str:
+    return _label_lines({**plan.labels, **(more or {})}) or \
+        f'"{LABEL_PREFIX}.tool"="sm121-build"'
 
 
 def _no_syntax_directive(text: str) -> str:
@@ -154,14 +155,17 @@ def _toolchain(plan: BuildPlan) -> str:
                                       packages=packages).strip()
 
 
-def render(plan: BuildPlan) -> str:
-    """The multi-stage build: compile in a builder FROM the base, copy into the pristine base."""
+def render(plan: BuildPlan, labels: dict[str, str] | None = None,
+           base: str | None = None) -> str:
+    """The multi-stage build: compile in a builder FROM the base, copy into the pristine base;
+    `labels` are added to the plan's (the content key, known once the plan is), `base`
+    replaces its FROM reference (the run's temporary tag for exactly that image)."""
     nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
              if plan.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
     cache = ("--mount=type=cache,target=/root/.cache/ccache " if plan.buildkit else "")
     text = _template("inject.Dockerfile.in").substitute(
         tool_version=__version__,
-        base=plan.base,
+        base=base or plan.base,
         arch_list=plan.arch_list,
         vllm_version=plan.vllm_version,
         git_ref=plan.git_ref,
@@ -179,7 +183,7 @@ def render(plan: BuildPlan) -> str:
                                 stand_in_envs(env for env, _ in plan.external))]),
         external_sources=_external(plan),
         copy_lines=_copy_lines(plan, "--from=builder /sm121/out", flat=True),
-        labels=_labels(plan),
+        labels=_labels(plan, labels),
     )
     return _no_syntax_directive(text)
 
@@ -218,20 +222,26 @@ def provenance_labels(facts: ImageFacts, commit: str, arch: str,
 
 def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
              source: Path | None, git_ref: str, commit: str | None, buildkit: bool,
-             copy_tools: bool = True, defaults: bool = True) -> BuildPlan:
-    """A build plan from what the image says (paths are detected, never hard-coded).
-    `copy_tools`: cmake/ninja the image lacks may come from this machine via the context."""
+             copy_tools: bool = True, defaults: bool = True, *,
+             external: tuple[tuple[str, str], ...] = (),
+             patches: str | None = None) -> BuildPlan:
+    """A build plan from what the image says (paths are detected, never hard-coded), whole:
+    `external` the projects' trees in the context, `patches` the rules digest the labels name
+    (default: the rules shipped).  `copy_tools`: cmake/ninja the
+    image lacks may come from this machine via the context.  The caller has checked that the
+    image can build (`toolchain.require_buildable`)."""
     vllm = require_vllm(facts)
-    require_buildable(vllm.tools, facts.ref)
     if not vllm.cuda_home:
         raise Sm121Error(f"image {facts.ref} has no nvcc under /usr/local/cuda*: the builder "
                          "stage needs the CUDA toolkit of a -devel style image")
     include = vllm.cuda_include or f"{vllm.cuda_home}/include"
     lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
     extensions = choose_extensions(vllm.extensions, extra_ext, source, defaults)
-    labels = provenance_labels(facts, commit or git_ref, arch, extensions, rules_digest())
+    labels = provenance_labels(facts, commit or git_ref, arch, extensions,
+                               rules_digest() if patches is None else patches)
     return BuildPlan(
-        base=facts.digest_ref, arch_list=arch, vllm_version=vllm.version, git_ref=git_ref,
+        base=facts.digest_ref, arch_list=arch, external=external,
+        vllm_version=vllm.version, git_ref=git_ref,
         extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,
         cuda_include=include, cuda_lib=lib, jobs=jobs or default_jobs(),
         nvrtc_fix=vllm.nvrtc_needs_link, buildkit=buildkit, labels=labels,
