@@ -68,6 +68,34 @@ def arch_list_items(text: str) -> list[str]:
     return [a for a in re.split(r"[;\s,]+", text.strip()) if a]
 
 
+@dataclass(frozen=True)
+class ArchList:
+    """An arch list in both its forms: as the user and torch write it (TORCH_CUDA_ARCH_LIST:
+    `12.1`, `9.0 12.1a`, `8.0+PTX;12.1`) and as vLLM's CMake takes it (`9.0;12.1a`: `;`
+    separated, `+PTX` dropped)."""
+
+    torch: str
+
+    @classmethod
+    def parse(cls, text: str) -> ArchList:
+        for item in arch_list_items(text):
+            if not re.fullmatch(r"\d{1,2}\.\d[af]?(\+PTX)?", item):
+                raise Sm121Error(f"unknown arch {item!r} in {text!r}: expected e.g. 12.1 or "
+                                 "12.1a")
+        return cls(text)
+
+    @property
+    def items(self) -> tuple[str, ...]:
+        return tuple(arch_list_items(self.torch))
+
+    @property
+    def cmake(self) -> str:
+        return ";".join(i.replace("+PTX", "") for i in self.items)
+
+    def __str__(self) -> str:
+        return self.torch
+
+
 def dotted_arch(text: str) -> tuple[int, str] | None:
     """(arch, variant) of a CMake/TORCH_CUDA_ARCH_LIST entry: `12.0f` -> (120, "f")."""
     match = _DOTTED.match(text)

@@ -19,6 +19,7 @@ from sm121_build.core.console import note, result
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
 from sm121_build.cuda.binary import SM121, BinaryReport
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.image.refs import versioned_tag
 from sm121_build.image.toolchain import (
@@ -33,7 +34,7 @@ from sm121_build.jobs.render import BuildPlan, plan_for, render, template_digest
 from sm121_build.jobs.warnings import ptx_warning
 from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extensions
 from sm121_build.source.external import projects_for, read_pin
-from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
+from sm121_build.source.guards import DEFAULT_CUDA
 from sm121_build.source.patch import (
     apply_for_build,
     rules_digest,
@@ -128,7 +129,7 @@ class Resolved:
     vllm: VllmInstall
     ref: GitRef  # the vLLM commit (or tag) the image was built from
     cuda: str  # the image's CUDA toolkit, X.Y
-    arch_cmake: str  # the arch list in CMake's form
+    arch: ArchList  # what to build for, in torch's and CMake's forms
 
 
 @dataclass(frozen=True)
@@ -148,12 +149,12 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         checkout = vllm_source(pipeline, opts, image, context / "src")
         stock = stock_extensions(pipeline, image)
         patch_vllm(pipeline, opts, image, context / "src")
-        chosen = choose_to_build(pipeline, opts, stock, context / "src", image.arch_cmake,
+        chosen = choose_to_build(pipeline, opts, stock, context / "src", image.arch.cmake,
                                  image.cuda)
         if not chosen or opts.plan_only:
             return planned(pipeline, opts, chosen)
         sources = external_sources(pipeline, opts, image, context, checkout, chosen)
-        plan = plan_for(image.facts, opts.arch, chosen, opts.jobs, context / "src",
+        plan = plan_for(image.facts, image.arch.torch, chosen, opts.jobs, context / "src",
                         str(image.ref), sources.commit,
                         buildkit=pipeline.engine.buildkit_client() is not None,
                         defaults=False, external=sources.external, patches=patches_of(opts))
@@ -173,7 +174,7 @@ def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
         pipeline.require_tags_free(facts, [opts.tag], opts.replace_tag)
     require_buildable(vllm.tools, facts.ref)
     return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
-                    vllm.cuda_version or DEFAULT_CUDA, cmake_arch_list(opts.arch))
+                    vllm.cuda_version or DEFAULT_CUDA, ArchList.parse(opts.arch))
 
 
 def vllm_source(pipeline: Pipeline, opts: Options, image: Resolved, dest: Path) -> Checkout:
@@ -212,7 +213,7 @@ def patch_vllm(pipeline: Pipeline, opts: Options, image: Resolved, src: Path) ->
         if opts.no_patch:
             note("patches skipped (--no-patch)")
             return
-        for line in apply_for_build(src, {}, image.vllm.version, image.arch_cmake, image.cuda,
+        for line in apply_for_build(src, {}, image.vllm.version, image.arch.cmake, image.cuda,
                                     SM121.target):
             note(line)
 
@@ -250,7 +251,7 @@ def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context
         if not opts.no_patch:
             trees = {folder: context / folder for _env, folder in external}
             for line in apply_for_build(context / "src", trees, image.vllm.version,
-                                        image.arch_cmake, image.cuda, SM121.target,
+                                        image.arch.cmake, image.cuda, SM121.target,
                                         vllm=False):
                 note(line)
     return Sources(checkout.commit, provenance, tuple(external))

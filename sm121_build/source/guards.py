@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
-from sm121_build.cuda.compat import arch_list_items
+from sm121_build.cuda.compat import ArchList
 from sm121_build.source.cmake_lang import (
     Argument,
     CMakeSyntaxError,
@@ -555,8 +555,4 @@ def cmake_error(stderr: str) -> str:
 
 def cmake_arch_list(arch: str) -> str:
     """TORCH_CUDA_ARCH_LIST style (`12.1`, `12.1a`, `9.0 12.1`) to CMake's `12.1;9.0`."""
-    items = arch_list_items(arch)
-    for item in items:
-        if not re.fullmatch(r"\d{1,2}\.\d[af]?(\+PTX)?", item):
-            raise Sm121Error(f"unknown arch {item!r} in {arch!r}: expected e.g. 12.1 or 12.1a")
-    return ";".join(i.replace("+PTX", "") for i in items)
+    return ArchList.parse(arch).cmake

@@ -6,6 +6,7 @@ import pytest
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import (
+    ArchList,
     _ptx_isa_table,
     best,
     dotted_arch,
@@ -129,3 +130,12 @@ def test_unknown_entry_kinds_and_the_best_verdict() -> None:
     assert best(["jit", "native", "none"]) == "native"
     assert best(["none", "jit"]) == "jit"
     assert best(["none"]) == "none" and best([]) == "none"
+
+
+def test_an_arch_list_has_one_type_with_its_torch_and_cmake_forms() -> None:
+    archs = ArchList.parse("8.0+PTX 12.1a")
+    assert (archs.torch, archs.cmake, archs.items) == ("8.0+PTX 12.1a", "8.0;12.1a",
+                                                       ("8.0+PTX", "12.1a"))
+    assert str(archs) == "8.0+PTX 12.1a" and ArchList.parse("12.0;12.1").cmake == "12.0;12.1"
+    with pytest.raises(Sm121Error, match="unknown arch 'sm_121'"):
+        ArchList.parse("sm_121")
