@@ -193,4 +193,4 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
 def _forget_temporary(pipeline: Pipeline, out: Path | None) -> None:
     """The record names an artifacts folder only where the user asked for one (--out)."""
     if out is None:
-        pipeline.record.artifacts = None
+        pipeline.record.took_artifacts(None)

@@ -28,8 +28,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
     found = found or artifacts_mod.load(folder)
     built = found.provenance
     arch_list = built.arch_list
-    record.vllm_version, record.vllm_commit, record.arch_list = \
-        built.vllm_version, built.vllm_commit, arch_list
+    record.took_build(built.vllm_version, built.vllm_commit, arch_list)
     facts, vllm = pipeline.resolve_image(base)
     pipeline.require_tags_free(facts, [tag], replace_tag)
     why = refusal(built, vllm, base)
@@ -54,6 +53,6 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
                         Finish(tag, out, replace(built, base=facts.ref,
                                                  base_digest=facts.digest_ref),
                                replace_tag=replace_tag))
-    record.status = RunStatus.INJECTED
+    record.ended(RunStatus.INJECTED)
     result(f"tagged {tag}  (log: {log})")
     return tag

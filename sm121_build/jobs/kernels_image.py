@@ -169,7 +169,7 @@ def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list
         moving = moving_tag(base)
         tags = publish(pipeline.engine, found, repo, (moving,) if moving else (),
                        pipeline.new_log("kernels", recorded=False))
-        pipeline.record.kernels_to = tags
+        pipeline.record.took_pushed(tags)
     return tags
 
 
@@ -244,7 +244,7 @@ def fetch_step(pipeline: Pipeline, ref: str, dest: Path) -> Fetched:
         note(live.last)
     key = reuse_key(got.artifacts.manifest)
     note(f"{ref} is {got.digest} (reuse key {key})")
-    pipeline.record.kernels_from = run_report.KernelsFrom(ref, "hit", got.digest, key)
+    pipeline.record.took_kernels(run_report.KernelsFrom(ref, "hit", got.digest, key))
     return got
 
 
@@ -269,18 +269,18 @@ def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
             got = fetch_step(pipeline, ref, dest)
         except KernelsNotFound:
             note(f"no kernels image {ref}: a miss")
-            record.kernels_from = run_report.KernelsFrom(ref, "miss", why="not in the registry")
+            record.took_kernels(run_report.KernelsFrom(ref, "miss", why="not in the registry"))
             return None
         except RegistryError as exc:
             note(f"{exc}: no kernels from {repo}")
-            record.kernels_from = run_report.KernelsFrom(ref, "unreachable", why=str(exc))
+            record.took_kernels(run_report.KernelsFrom(ref, "unreachable", why=str(exc)))
             return None
         why = refusal(got.artifacts.provenance, vllm, base)
         if why:
             note(f"{ref} {why[0]}: not used")
-            record.kernels_from = run_report.KernelsFrom(ref, "refused", got.digest,
-                                                         reuse_key(got.artifacts.manifest),
-                                                         why[0])
+            record.took_kernels(run_report.KernelsFrom(ref, "refused", got.digest,
+                                                       reuse_key(got.artifacts.manifest),
+                                                       why[0]))
             return None
         note("a hit: inject and verify, no compile")
     return got.artifacts

@@ -107,10 +107,9 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
     built = [p for p in plans if p.name in chosen]
     reason = "forced (--force)" if opts.force else "; ".join(
         f"{p.target}: {p.reason}" for p in built) or "no extension gains"
-    record.decision = {"rebuild": bool(chosen), "reason": reason, "chosen": list(chosen),
-                       "extensions": {p.name: p.as_record() for p in plans}}
+    record.took_decision({"rebuild": bool(chosen), "reason": reason, "chosen": list(chosen),
+                          "extensions": {p.name: p.as_record() for p in plans}})
     if not chosen:
-        record.status = run_report.RunStatus.NOT_NEEDED
         jit = sum(p.after["jit"] for p in plans)
         kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
                          or p.before["jit"] or p.before["none"])
@@ -183,11 +182,10 @@ def vllm_source(pipeline: Pipeline, opts: Options, image: Resolved, dest: Path) 
     with pipeline.steps.step(f"source ({image.ref})"):
         if opts.source:
             checkout = check_checkout(opts.source, image.ref, opts.allow_other_commit)
+            record.took_source(checkout.other_commit, checkout.changes)
             if checkout.other_commit:
-                record.source_other_commit = checkout.other_commit
                 note(f"warning: {checkout.other_commit} (--allow-other-commit)")
             if checkout.changes:
-                record.source_changes = checkout.changes
                 note(f"uncommitted changes in {checkout.path}: built as they are "
                      f"(sha256 {checkout.changes[:12]}, part of the content key)")
         else:
@@ -221,7 +219,7 @@ def patch_vllm(pipeline: Pipeline, opts: Options, image: Resolved, src: Path) ->
 def planned(pipeline: Pipeline, opts: Options, chosen: tuple[str, ...]) -> str:
     """Nothing to build (said by the decide step), or --plan: say the plan, build nothing."""
     if chosen:
-        pipeline.record.status = run_report.RunStatus.PLANNED
+        pipeline.record.ended(run_report.RunStatus.PLANNED)
         result(f"plan: build {', '.join(chosen)} for {opts.arch}; nothing built (--plan)")
     return opts.tag
 
@@ -241,8 +239,8 @@ def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context
             got = copy_into(declared, opts.fa_source, context / project.name,
                             opts.allow_other_commit)
             external.append((project.env, project.name))
-            pipeline.record.external[project.name] = run_report.ExternalSource(
-                got.commit, declared.repository, got.changes, got.other_commit)
+            pipeline.record.took_external(project.name, run_report.ExternalSource(
+                got.commit, declared.repository, got.changes, got.other_commit))
             provenance += f"\0{project.name}@{got.commit}+{got.changes}"
             if got.other_commit:
                 note(f"warning: {got.other_commit} (--allow-other-commit)")
@@ -266,9 +264,7 @@ def finish_target(pipeline: Pipeline, opts: Options, image: Resolved, sources: S
                   plan: BuildPlan, key: str) -> Finish:
     """Where the verified image goes (tags, --out) and what its files' manifest says."""
     record, facts, vllm = pipeline.record, image.facts, image.vllm
-    record.vllm_commit, record.arch_list, record.content_key = \
-        sources.commit, plan.arch_list, key
-    record.extensions = list(plan.extensions)
+    record.took_build(vllm.version, sources.commit, plan.arch_list, key, plan.extensions)
     provenance = Provenance(
         base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
         vllm_commit=sources.commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
@@ -286,7 +282,7 @@ def up_to_date(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPl
     as after a build); nothing compiles."""
     record = pipeline.record
     record.keep_audit_of(run_report.recall(target.content_key) or {})
-    record.status = run_report.RunStatus.UP_TO_DATE
+    record.ended(run_report.RunStatus.UP_TO_DATE)
     if opts.out:
         with pipeline.steps.step("verify"):
             pipeline.verify_and_export(image.facts, existing, plan.extensions, None, target)
@@ -314,7 +310,7 @@ def build(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
                      context / "build_extensions.py")
         pipeline.finish(image.facts, context, dockerfile, plan.extensions, log,
                         f"build {', '.join(plan.extensions)} for {opts.arch}", target)
-    pipeline.record.status = run_report.RunStatus.BUILT
+    pipeline.record.ended(run_report.RunStatus.BUILT)
     run_report.remember(pipeline.record)
     result(f"tagged {', '.join(target.tags)}  (log: {log})")
     return opts.tag

@@ -79,8 +79,7 @@ class Pipeline:
         with self.steps.step(f"inspect {ref}"):
             facts = inspect_image(self.engine, ref)
             vllm = require_vllm(facts)
-            self.record.vllm_version = vllm.version
-            self.record.base_digest = facts.digest_ref
+            self.record.took_image(vllm.version, facts.digest_ref)
             note(f"vLLM {vllm.version}; {facts.platform}; {facts.digest_ref}")
             if vllm.tools:
                 note(f"build tools: {vllm.tools.describe()}")
@@ -101,7 +100,7 @@ class Pipeline:
             end_status_line()
             if live.last.startswith("pulled "):
                 note(live.last)
-            self.record.pulled = run_report.Pulled(before, after)
+            self.record.took_pull(run_report.Pulled(before, after))
             short = after.split(":")[-1][:12]
             if before is None:
                 line = f"new image {short}"
@@ -140,7 +139,7 @@ class Pipeline:
                                          delete=False) as handle:
             log = Path(handle.name)
         if recorded:
-            self.record.log = str(log)
+            self.record.took_log(log)
         return log
 
     # -- tail ----------------------------------------------------------------------------
@@ -166,15 +165,14 @@ class Pipeline:
                           target: Finish) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`."""
         with verify_image(self.engine, stock, image_id, extensions, log) as verified:
-            self.record.before = run_report.binaries(verified.stock_reports)
-            self.record.after = run_report.binaries(verified.reports)
-            self.record.fp4_excluded = {n: len(c.fp4_excluded)
-                                        for n, c in verified.comparisons.items()}
-            self.record.abi_symbols_checked = verified.abi.checked
+            self.record.took_verification(
+                verified.stock_reports, verified.reports,
+                {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
+                verified.abi.checked)
             if target.out:
                 manifest = artifacts_mod.export(target.out, verified.files, target.provenance,
                                                 manifest_counts(verified))
-                self.record.artifacts = str(target.out)
+                self.record.took_artifacts(target.out)
                 note(f"artifacts: {manifest}")
 
     def require_tags_free(self, stock: ImageFacts, tags: list[str],
@@ -210,8 +208,7 @@ class Pipeline:
         ledger.record_built(image_id, target.tags, stock.id, stock.ref, target.content_key)
         for tag in target.tags:
             self.engine.tag(image_id, tag)
-        self.record.image_id = image_id
-        self.record.tags = target.tags
+        self.record.took_image_tags(image_id, target.tags)
 
     def reusable(self, key: str) -> str | None:
         """An image this tool built and recorded for this content key, still in the engine.

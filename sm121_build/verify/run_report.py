@@ -106,8 +106,10 @@ class KernelsFrom:
 
 @dataclass
 class RunRecord:
-    """What one build or inject run did; filled in as the run goes, written however it ends.
-    `as_json` is its one serializer (report.schema.json); unset fields are left out."""
+    """What one build or inject run did, written however it ends: so it is filled as the
+    run's stages end, each through one method below taking that stage's value (no other
+    module assigns a field).  `as_json` is its one serializer (report.schema.json); unset
+    fields are left out."""
 
     command: str
     base: str
@@ -147,6 +149,60 @@ class RunRecord:
             if item.name in self.REQUIRED or value not in (None, {}):
                 data[item.name] = _plain(value)
         return data
+
+    # -- one method per stage value ----------------------------------------------------------
+    def took_image(self, vllm_version: str, base_digest: str) -> None:
+        self.vllm_version, self.base_digest = vllm_version, base_digest
+
+    def took_pull(self, pulled: Pulled) -> None:
+        self.pulled = pulled
+
+    def took_source(self, other_commit: str, changes: str) -> None:
+        """A --source checkout: why another commit was accepted, its uncommitted changes."""
+        self.source_other_commit = other_commit or None
+        self.source_changes = changes or None
+
+    def took_external(self, name: str, source: ExternalSource) -> None:
+        self.external[name] = source
+
+    def took_decision(self, decision: dict[str, Any]) -> None:
+        self.decision = decision
+        if not decision["chosen"]:
+            self.status = RunStatus.NOT_NEEDED
+
+    def took_build(self, vllm_version: str, commit: str, arch_list: str,
+                   content_key: str | None = None,
+                   extensions: tuple[str, ...] | None = None) -> None:
+        """What is built (or injected): vLLM, commit, arch list; a build's key and files."""
+        self.vllm_version, self.vllm_commit, self.arch_list = vllm_version, commit, arch_list
+        if content_key is not None:
+            self.content_key = content_key
+        if extensions is not None:
+            self.extensions = list(extensions)
+
+    def took_log(self, log: Path) -> None:
+        self.log = str(log)
+
+    def took_verification(self, stock: dict[str, BinaryReport], built: dict[str, BinaryReport],
+                          fp4_excluded: dict[str, int], abi_checked: int) -> None:
+        self.before, self.after = binaries(stock), binaries(built)
+        self.fp4_excluded, self.abi_symbols_checked = fp4_excluded, abi_checked
+
+    def took_artifacts(self, folder: Path | None) -> None:
+        """The --out folder (None: the files went to a temporary folder only)."""
+        self.artifacts = str(folder) if folder else None
+
+    def took_image_tags(self, image_id: str, tags: list[str]) -> None:
+        self.image_id, self.tags = image_id, tags
+
+    def took_kernels(self, used: KernelsFrom) -> None:
+        self.kernels_from = used
+
+    def took_pushed(self, tags: list[str]) -> None:
+        self.kernels_to = tags
+
+    def ended(self, status: RunStatus) -> None:
+        self.status = status
 
     def keep_audit_of(self, kept: dict[str, Any]) -> None:
         """The audit a verified run of the same content key recorded (its `as_json`)."""
