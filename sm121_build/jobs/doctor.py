@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sm121_build.core.paths import cache_dir, state_dir
-from sm121_build.cuda import nvidia_smi
 from sm121_build.cuda.nvidia_smi import output, read
 from sm121_build.image.refs import registry_of
 from sm121_build.image.toolchain import host_tools as packaged
@@ -267,14 +266,6 @@ def _existing_parent(path: Path) -> Path:
     while not os.path.lexists(path) and path != path.parent:
         path = path.parent
     return path
-
-
-def gpu_defaults(probe: Probe | None = None) -> tuple[str | None, str | None]:
-    """(target, driver CUDA version) of this machine's GPU, from nvidia-smi; (None, None)
-    without one: the audit's defaults when the user gives none."""
-    if probe is None:
-        return nvidia_smi.gpu_defaults()
-    return nvidia_smi.gpu_defaults(probe.which, probe.run)
 
 
 def run_checks(probe: Probe, refs: tuple[str, ...] = (),

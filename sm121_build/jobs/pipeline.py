@@ -62,6 +62,7 @@ class Pipeline:
         self.engine = engine
         self.record = record if record is not None else run_report.RunRecord("", "", "", None)
         self.steps = steps or Steps()
+        self._resolved: dict[str, tuple[ImageFacts, VllmInstall]] = {}
 
     @classmethod
     def connect(cls, record: run_report.RunRecord | None = None,
@@ -74,7 +75,12 @@ class Pipeline:
     # -- prelude -------------------------------------------------------------------------
     def resolve_image(self, ref: str, pull: str = "never") -> tuple[ImageFacts, VllmInstall]:
         """`--pull` (always) or `--pull=missing` first, then the image's facts and its vLLM
-        (an error when it has none)."""
+        (an error when it has none).  Once per run: a reference this run resolved already,
+        still naming the same image and not to be pulled, is not inspected again (a
+        `--kernels-from` lookup, then the inject or the build it hands over to)."""
+        known = self._resolved.get(ref)
+        if known and pull == "never" and self.engine.image_id(ref) == known[0].id:
+            return known
         self.pull(ref, pull)
         with self.steps.step(f"inspect {ref}"):
             facts = inspect_image(self.engine, ref)
@@ -86,6 +92,7 @@ class Pipeline:
             stale = age_warning(ref, facts.created)
             if stale:
                 note(stale)
+        self._resolved[ref] = (facts, vllm)
         return facts, vllm
 
     def pull(self, ref: str, mode: str) -> None:
