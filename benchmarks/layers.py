@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import ast
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devkit.helpers import modules_loaded  # noqa: E402
+
 PACKAGE = ROOT / "sm121_build"
 HEAVY = {"docker": "the Docker SDK", "engine": "the engine module", "render": "the renderer",
          "pin": "the git fetcher"}
@@ -98,24 +101,6 @@ def cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
     return out
 
 
-SNIPPET = """
-import runpy, sys
-sys.argv = ["sm121-build", *sys.argv[1:]]
-try:
-    runpy.run_module("sm121_build", run_name="__main__")
-except SystemExit:
-    pass
-print("\\n".join(sorted(sys.modules)), file=sys.stderr)
-"""
-
-
-def audit_loads(file: str) -> list[str]:
-    """Every module `sm121-build audit FILE` has loaded when it ends."""
-    done = subprocess.run([sys.executable, "-c", SNIPPET, "audit", file], capture_output=True,
-                          text=True, cwd=ROOT, check=False)
-    return done.stderr.split()
-
-
 def main_job_lines(known: dict[str, Path]) -> tuple[str, int]:
     for name, path in known.items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -143,7 +128,7 @@ def main() -> int:
         f"\n  {' <-> '.join(c)}" for c in module_cycles))
     print(f"folder cycles: {len(folder_cycles)}" + "".join(
         f"\n  {' <-> '.join(c)}" for c in folder_cycles))
-    loaded = audit_loads(options.file)
+    loaded = modules_loaded("audit", options.file)
     own = [n for n in loaded if n.startswith("sm121_build")]
     heavy = [what for key, what in HEAVY.items()
              if any(n == key or n.endswith(f".{key}") for n in loaded)]

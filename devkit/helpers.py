@@ -117,6 +117,25 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           text=True, check=False, env={**os.environ, **(env or {})})
 
 
+# runs the CLI in the interpreter it is given and prints every module loaded when it ends
+_LOADED = """
+import runpy, sys
+sys.argv = ["sm121-build", *sys.argv[1:]]
+try:
+    runpy.run_module("sm121_build", run_name="__main__")
+except SystemExit:
+    pass
+print("\\n".join(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def modules_loaded(*args: str) -> set[str]:
+    """Every module `sm121-build ARGS` has loaded when it ends, in a fresh interpreter."""
+    done = subprocess.run([sys.executable, "-c", _LOADED, *args], capture_output=True,
+                          text=True, cwd=ROOT, check=False)
+    return set(done.stderr.split())
+
+
 def which_or_fail(name: str) -> str:
     found = shutil.which(name)
     if not found:

@@ -9,53 +9,32 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
+
+from devkit.relay import HOLD, PASS, Relay
 
 
-class StallProxy:
+class StallProxy(Relay):
     def __init__(self, upstream: str) -> None:
         host, port = upstream.rsplit(":", 1)
         self.upstream = (host, int(port))
         self.stalled = threading.Event()
-        self.server = socket.socket()
-        self.server.bind(("127.0.0.1", 0))
-        self.server.listen(16)
-        self.open: list[socket.socket] = []
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        super().__init__(server)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.server.getsockname()[1]}"
 
-    def serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            self.open += [client, upstream]
-            threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._relay, args=(upstream, client), daemon=True).start()
+    def connect_upstream(self) -> socket.socket:
+        return socket.create_connection(self.upstream)
 
-    def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
-        with suppress(OSError):
-            while data := client.recv(65536):
-                if b"/blobs/" in data.split(b"\r\n", 1)[0]:
-                    self.stalled.set()  # hold it: no answer, the connection stays open
-                    return
-                upstream.sendall(data)
-
-    @staticmethod
-    def _relay(source: socket.socket, dest: socket.socket) -> None:
-        with suppress(OSError):
-            while data := source.recv(65536):
-                dest.sendall(data)
-
-    def close(self) -> None:
-        self.server.close()
-        for sock in self.open:
-            with suppress(OSError):
-                sock.close()
+    def on_request(self, first_line: bytes) -> str:
+        if b"/blobs/" in first_line:
+            self.stalled.set()  # hold it: no answer, the connection stays open
+            return HOLD
+        return PASS
 
 
 @contextmanager

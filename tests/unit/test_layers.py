@@ -4,31 +4,13 @@ renderer or any job, and each command's module is loaded only when that command 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
-from devkit.helpers import ROOT
-
-# runs the CLI in a fresh interpreter and prints every module it loaded
-SNIPPET = """
-import runpy, sys
-sys.argv = ["sm121-build", *sys.argv[1:]]
-try:
-    runpy.run_module("sm121_build", run_name="__main__")
-except SystemExit:
-    pass
-print("\\n".join(sorted(sys.modules)), file=sys.stderr)
-"""
-
-
-def _loaded(*args: str) -> set[str]:
-    done = subprocess.run([sys.executable, "-c", SNIPPET, *args], capture_output=True,
-                          text=True, cwd=ROOT, check=False)
-    return set(done.stderr.split())
+from devkit.helpers import modules_loaded
 
 
 def test_the_audit_of_a_file_loads_no_engine_git_renderer_or_job() -> None:
-    loaded = _loaded("audit", sys.executable)  # an ELF without device code
+    loaded = modules_loaded("audit", sys.executable)  # an ELF without device code
     own = {name for name in loaded if name.startswith("sm121_build")}
     assert "sm121_build.cuda.binary" in own and "sm121_build.audit.report" in own
     assert "docker" not in loaded
@@ -40,6 +22,6 @@ def test_the_audit_of_a_file_loads_no_engine_git_renderer_or_job() -> None:
 
 
 def test_a_command_module_is_loaded_when_its_command_runs() -> None:
-    loaded = _loaded("patch", "--help")
+    loaded = modules_loaded("patch", "--help")
     assert "sm121_build.cli.patch" in loaded
     assert "sm121_build.cli.build" not in loaded and "docker" not in loaded
