@@ -108,6 +108,7 @@ COMMANDS = {
     "build": ("sm121_build.cli.build", "build"),
     "inject": ("sm121_build.cli.inject", "inject"),
     "audit": ("sm121_build.cli.audit", "audit"),
+    "aot": ("sm121_build.cli.aot", "aot"),
     "pin": ("sm121_build.cli.pin", "pin"),
     "patch": ("sm121_build.cli.patch", "patch"),
     "dockerfile": ("sm121_build.cli.dockerfile", "dockerfile"),

@@ -161,18 +161,7 @@ class HostBinary:
     def payload(self, entry: Entry) -> bytes:
         """The entry's bytes, decompressed."""
         assert self._map is not None, "binary is closed"
-        raw = self._map[entry.offset:entry.offset + entry.stored_size]
-        try:
-            if entry.compression == "lz4":
-                return bytes(lz4.block.decompress(raw, uncompressed_size=entry.size))
-            if entry.compression == "zstd":
-                return bytes(_zstd().decompress(
-                    raw, max_output_size=entry.size))
-        except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError) as exc:
-            raise CorruptBinaryError(
-                f"{self.path}: entry {entry.index} ({entry.sm}) does not decompress: {exc}"
-            ) from None
-        return raw
+        return entry_payload(self._map, entry, str(self.path))
 
     def kernel_sizes(self, entry: Entry) -> dict[str, int]:
         """The kernels of a cubin entry and the bytes of their code ({} for PTX)."""
@@ -198,6 +187,20 @@ class HostBinary:
         if entry.kind == "elf":
             return cubin_kernels(data, f"{self.path}: entry {entry.index} ({entry.sm})")
         return ()
+
+
+def entry_payload(data: bytes | mmap.mmap, entry: Entry, where: str) -> bytes:
+    """An entry's payload, decompressed (at most the size its header declares)."""
+    raw = data[entry.offset:entry.offset + entry.stored_size]
+    try:
+        if entry.compression == "lz4":
+            return bytes(lz4.block.decompress(raw, uncompressed_size=entry.size))
+        if entry.compression == "zstd":
+            return bytes(_zstd().decompress(raw, max_output_size=entry.size))
+    except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError) as exc:
+        raise CorruptBinaryError(
+            f"{where}: entry {entry.index} ({entry.sm}) does not decompress: {exc}") from None
+    return bytes(raw)
 
 
 def ptx_kernels(text: bytes) -> tuple[str, ...]:
@@ -350,7 +353,7 @@ def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
                 f"{path}: fatbin container at {pos:#x} claims {fat_size} bytes, "
                 f"section has {end - body} left")
         while body + ENTRY_MIN_HEADER <= body_end:
-            entry, body = _read_entry(path, data, body, body_end, container, index)
+            entry, body = read_entry(path, data, body, body_end, container, index)
             if entry is None:
                 break
             index += 1
@@ -359,7 +362,7 @@ def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
         container += 1
 
 
-def _read_entry(path: Path, data: mmap.mmap, pos: int, end: int, container: int,
+def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int, container: int,
                 index: int) -> tuple[Entry | None, int]:
     (kind, _version, header_size, payload_size, compressed, _unknown, minor, major, arch,
      _name_off, _name_len, flags, _zero_field, uncompressed) = _ENTRY.unpack_from(data, pos)

@@ -1,0 +1,80 @@
+"""`sm121-build aot PATH…`: native SASS for the PTX a .so, folder or wheel already ships."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from sm121_build.core.console import notice
+from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import parse_target
+from sm121_build.cuda.ptxas import find_toolchain
+
+DEFAULT_TIMEOUT = 3600.0  # per module: FA2's largest takes ~2 minutes on one core
+
+
+def _target(given: str | None) -> str:
+    if given is not None:
+        return given
+    from sm121_build.cuda.nvidia_smi import gpu_defaults
+
+    found, _driver = gpu_defaults()
+    if found is not None:
+        notice(f"compiling for this machine's GPU (nvidia-smi): {found}; give --target for "
+               "another")
+    return found or "sm_121"
+
+
+def _check_out(out: Path, inputs: tuple[Path, ...]) -> None:
+    for parent in [out, *out.parents]:
+        if parent.is_symlink():
+            raise Sm121Error(f"--out {out}: {parent} is a link; aot writes through no link")
+    if out.exists() and not out.is_dir():
+        raise Sm121Error(f"--out {out} is not a folder")
+    resolved = out.resolve()
+    for source in inputs:
+        if resolved == source.resolve() or (source.is_dir() and
+                                            source.resolve() in [resolved, *resolved.parents]):
+            raise Sm121Error(f"--out {out} is inside {source}: the stock files would be "
+                             "overwritten; give a folder of its own")
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True,
+                type=click.Path(exists=True, path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Folder for the results: each rewritten .so at its path relative to what "
+                   "was given; a wheel as a repaired wheel of the same name.")
+@click.option("--target", "gpu", help="GPU to compile for: sm_121, sm_120, sm_90... "
+              "[default: this machine's GPU (nvidia-smi), else sm_121]")
+@click.option("--cuda-home", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Where ptxas and fatbinary are (DIR/bin) [default: $CUDA_HOME, PATH, "
+                   "PyPI's nvidia-cuda-nvcc, /usr/local/cuda]")
+@click.option("-j", "--jobs", type=click.IntRange(1, 1024),
+              default=lambda: len(os.sched_getaffinity(0)),
+              help="ptxas processes at a time [default: every core]")
+@click.option("--timeout", type=click.FloatRange(1.0), default=DEFAULT_TIMEOUT,
+              show_default=True, help="Seconds one ptxas run may take.")
+def aot(paths: tuple[Path, ...], out: Path, gpu: str | None, cuda_home: Path | None,
+        jobs: int, timeout: float) -> None:
+    """Compile the PTX of JIT-only kernels for the GPU ahead of time, into the same file.
+
+    For each fatbin with no cubin the GPU loads but PTX it can JIT, ptxas compiles that PTX
+    (as the driver would at first start) and the cubin is added beside the stock code; host
+    code, symbols, stock cubins and PTX stay byte for byte.  Each file is verified before it
+    is written; one that cannot be rewritten is one error line and is not written.
+    """
+    from sm121_build.jobs.aot import AotRequest, run_aot, say_results
+
+    target = parse_target(_target(gpu))
+    _check_out(out, paths)
+    toolchain = find_toolchain(cuda_home)
+    outcome = run_aot(AotRequest(paths, out, target, toolchain, jobs, timeout))
+    say_results(outcome)
+    if outcome.failed:
+        raise SystemExit(Sm121Error.exit_code)
+    if not outcome.files:
+        notice(f"nothing to compile: every fatbin in {', '.join(map(str, paths))} loads "
+               f"natively on {target} or has no PTX it can JIT")

@@ -1,0 +1,312 @@
+"""Add entries to the fatbin containers of a host ELF, inside its own `.nv_fatbin` section.
+
+How a shared object registers its device code (read off nvcc's output): `.nvFatBinSegment`
+holds one 24-byte wrapper per translation unit (u32 magic 0x466243b1, u32 version, u64 data
+pointer, u64 file-name pointer); each data pointer is filled at load time by an
+`R_X86_64_RELATIVE` / `R_AARCH64_RELATIVE` relocation whose addend is the address of that
+unit's container in `.nv_fatbin`.  Host code passes the wrapper to
+`__cudaRegisterFatBinary`; the runtime reads the one container the pointer names and the
+driver picks the best entry of it.
+
+The rewrite keeps the section where it is, at its size: the containers are laid out again
+from the section's start, in their order, each followed by the entries it gains, and each
+relocation's addend is moved to its container's new address.  Nothing outside the section
+and those 8-byte addends changes, so host code, symbols, the program headers and every other
+section stay byte for byte, and a reader of the first `.nv_fatbin` (cuobjdump) sees all of
+it.  Room for the new entries comes from storing a gaining container's uncompressed stock
+cubins compressed (the caller's choice, made with NVIDIA's `fatbinary`); a section with too
+little room is refused with `NoRoom`, the file untouched.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.cuda.elf import SHT_NOBITS, Elf, ElfError
+from sm121_build.cuda.fatbin import Entry, read_entry
+
+WRAPPER_MAGIC = 0x466243B1
+_WRAPPER = struct.Struct("<IIQQ")
+_CONTAINER = struct.Struct("<IHHQ")
+_ENTRY_HEAD = struct.Struct("<HHIQ")  # kind, version, header size, payload size
+_RELA = struct.Struct("<QQq")  # r_offset, r_info, r_addend
+CONTAINER_MAGIC = 0xBA55ED50
+CONTAINER_ALIGN = 8
+SHT_RELA = 4
+SHF_ALLOC = 2
+EM_X86_64, EM_AARCH64 = 62, 183
+RELATIVE = {EM_X86_64: 8, EM_AARCH64: 1027}  # R_X86_64_RELATIVE, R_AARCH64_RELATIVE
+MACHINES = {EM_X86_64: "x86_64", EM_AARCH64: "aarch64"}
+
+
+@dataclass(frozen=True)
+class Container:
+    """One fatbin container as it lies in the file: its entries' raw bytes (header and
+    payload each), in order."""
+
+    offset: int  # file offset of the container header
+    entries: tuple[bytes, ...]
+    described: tuple[Entry, ...]  # the same entries as the fatbin reader describes them
+
+    @property
+    def size(self) -> int:
+        return _CONTAINER.size + sum(len(e) for e in self.entries)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A wrapper's data pointer: the file offsets of its relocation's addend (and of the
+    pointer's own bytes), and the container it names."""
+
+    addend_at: int
+    pointer_at: int
+    container: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a host ELF keeps its fatbins and how it registers them."""
+
+    machine: str
+    offset: int  # the section's file offset
+    address: int  # its virtual address
+    size: int
+    containers: tuple[Container, ...]
+    registrations: tuple[Registration, ...]
+
+    def address_of(self, container_offset: int) -> int:
+        return self.address + container_offset - self.offset
+
+
+def read_layout(data: bytes, where: str) -> Layout:
+    """The `.nv_fatbin` section, its containers and their registrations; a file this module
+    cannot rewrite safely is a `CorruptBinaryError` that says why."""
+    if data[:4] != b"\x7fELF" or len(data) < 64:
+        raise CorruptBinaryError(f"{where}: not an ELF file")
+    if data[4] != 2 or data[5] != 1:
+        raise CorruptBinaryError(f"{where}: not a 64-bit little-endian ELF file")
+    e_type, machine = struct.unpack_from("<HH", data, 16)
+    if machine not in RELATIVE:
+        raise CorruptBinaryError(f"{where}: ELF machine {machine} is neither x86_64 nor aarch64")
+    if e_type != 3:  # ET_DYN: a shared object, whose fatbin pointers are relocated
+        raise CorruptBinaryError(f"{where}: not a shared object (ELF type {e_type})")
+    try:
+        elf = Elf.read(data)
+        sections = elf.sections
+    except ElfError as exc:
+        raise CorruptBinaryError(f"{where}: not a readable ELF file: {exc}") from None
+    fatbin = next((s for s in sections if s.name == ".nv_fatbin" and s.type != SHT_NOBITS),
+                  None)
+    segment = next((s for s in sections if s.name == ".nvFatBinSegment"), None)
+    if fatbin is None or segment is None:
+        raise CorruptBinaryError(f"{where}: no .nv_fatbin and .nvFatBinSegment sections")
+    index = sections.index(fatbin)
+    address = elf.rows[index][3]
+    containers = _containers(data, fatbin.offset, fatbin.size, where)
+    starts = {elf_address: i for i, elf_address in enumerate(
+        address + c.offset - fatbin.offset for c in containers)}
+    seg_index = sections.index(segment)
+    seg_address = elf.rows[seg_index][3]
+    relocations = _relative_addends(elf, RELATIVE[machine], where)
+    registrations = []
+    raw = elf.section_data(segment)
+    for at in range(0, len(raw) - _WRAPPER.size + 1, _WRAPPER.size):
+        magic, _version, _data, _name = _WRAPPER.unpack_from(raw, at)
+        if magic != WRAPPER_MAGIC:
+            continue
+        field = seg_address + at + 8
+        found = relocations.get(field)
+        if found is None:
+            raise CorruptBinaryError(
+                f"{where}: the fatbin wrapper at {seg_address + at:#x} has no RELATIVE "
+                "relocation for its data pointer (packed or absolute relocations are not "
+                "rewritten)")
+        addend_at, addend = found
+        if addend not in starts:
+            raise CorruptBinaryError(
+                f"{where}: the fatbin wrapper at {seg_address + at:#x} points at {addend:#x}, "
+                "not at a container of .nv_fatbin")
+        registrations.append(Registration(addend_at, segment.offset + at + 8, starts[addend]))
+    if not registrations:
+        raise CorruptBinaryError(f"{where}: .nvFatBinSegment holds no fatbin wrapper")
+    return Layout(MACHINES[machine], fatbin.offset, address, fatbin.size, tuple(containers),
+                  tuple(registrations))
+
+
+def _containers(data: bytes, start: int, size: int, where: str) -> list[Container]:
+    """The containers of a section, as the fatbin reader walks them (zero padding skipped)."""
+    found: list[Container] = []
+    pos, end = start, start + size
+    while pos + _CONTAINER.size <= end:
+        magic, _version, header_size, body = _CONTAINER.unpack_from(data, pos)
+        if magic != CONTAINER_MAGIC:
+            if not any(data[pos:pos + CONTAINER_ALIGN]):
+                pos += CONTAINER_ALIGN
+                continue
+            raise CorruptBinaryError(f"{where}: bad fatbin container magic at {pos:#x}")
+        if header_size != _CONTAINER.size or pos + header_size + body > end:
+            raise CorruptBinaryError(f"{where}: fatbin container at {pos:#x} has a header of "
+                                     f"{header_size} bytes or runs past its section")
+        entries: list[bytes] = []
+        described: list[Entry | None] = []
+        at, stop = pos + header_size, pos + header_size + body
+        while at + _ENTRY_HEAD.size <= stop:
+            kind, _v, head, payload = _ENTRY_HEAD.unpack_from(data, at)
+            if kind == 0 and head == 0:
+                break
+            if head < 64 or at + head + payload > stop:
+                raise CorruptBinaryError(f"{where}: fatbin entry at {at:#x} has a nonsense size")
+            entries.append(bytes(data[at:at + head + payload]))
+            described.append(read_entry(Path(where), data, at, stop, len(found),
+                                        len(described))[0])
+            at += head + payload
+        if any(data[at:stop]):
+            raise CorruptBinaryError(f"{where}: fatbin container at {pos:#x} holds bytes "
+                                     "after its last entry")
+        found.append(Container(pos, tuple(entries), tuple(e for e in described if e)))
+        pos = stop
+    return found
+
+
+def _relative_addends(elf: Elf, relative: int, where: str) -> dict[int, tuple[int, int]]:
+    """Every RELATIVE relocation of the allocated RELA sections: the address it fills ->
+    (the file offset of its addend, the addend)."""
+    found: dict[int, tuple[int, int]] = {}
+    for index, row in enumerate(elf.rows):
+        kind, flags = row[1], row[2]
+        if kind != SHT_RELA or not flags & SHF_ALLOC:
+            continue  # REL or RELR: a wrapper covered only by those is refused by the caller
+        section = elf.at(index)
+        raw = elf.section_data(section)
+        if len(raw) % _RELA.size:
+            raise CorruptBinaryError(f"{where}: {section.name} is not whole RELA entries")
+        for n, (offset, info, addend) in enumerate(_RELA.iter_unpack(raw)):
+            if info & 0xFFFFFFFF == relative:
+                found[offset] = (section.offset + n * _RELA.size + 16, addend)
+    return found
+
+
+def entry_options(raw: bytes) -> str:
+    """The ptxas options an entry records (fatbinary's `--cmdline`, nvcc's `-Xptxas`), which
+    the driver applies when it JIT-compiles the entry's PTX: a (u32 offset, u32 length) pair
+    after the 64-byte header names them."""
+    head = struct.unpack_from("<I", raw, 4)[0]
+    if head < 72:
+        return ""
+    at, length = struct.unpack_from("<II", raw, 64)
+    if not length or at + length > head:
+        return ""
+    return raw[at:at + length].split(b"\0", 1)[0].decode("ascii", "replace").strip()
+
+
+def container_bytes(entries: Sequence[bytes]) -> bytes:
+    body = b"".join(entries)
+    return _CONTAINER.pack(CONTAINER_MAGIC, 1, _CONTAINER.size, len(body)) + body
+
+
+def laid_out_size(layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> int:
+    """The bytes the containers take, laid out from the section's start, with `replaced`
+    (container index -> its new entries) in place of their stock entries."""
+    pos = 0
+    for index, container in enumerate(layout.containers):
+        pos = _aligned(pos)
+        entries = replaced.get(index, container.entries)
+        pos += _CONTAINER.size + sum(len(e) for e in entries)
+    return pos
+
+
+def rewrite(data: bytes, layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> bytes:
+    """The file with its containers laid out again and the addends moved.  They stay in
+    the section's place when they fit it; else the section moves to a new read-only PT_LOAD
+    at the end of the file (the program header table moves there too, as patchelf does, since
+    the old table has no room for one more entry) and its old bytes are zeroed."""
+    needed = laid_out_size(layout, replaced)
+    out = bytearray(data)
+    if needed <= layout.size:
+        address, offset, size = layout.address, layout.offset, layout.size
+    else:
+        address, offset = _new_segment(out, needed)
+        size = needed
+        out[layout.offset:layout.offset + layout.size] = bytes(layout.size)
+        _move_section(out, layout, address, offset, size)
+    section = bytearray(size)
+    moved: list[int] = []
+    pos = 0
+    for index, container in enumerate(layout.containers):
+        pos = _aligned(pos)
+        if index in replaced:
+            raw = container_bytes(replaced[index])
+        else:
+            raw = data[container.offset:container.offset + container.size]
+        section[pos:pos + len(raw)] = raw
+        moved.append(address + pos)
+        pos += len(raw)
+    out[offset:offset + size] = section
+    for registration in layout.registrations:
+        new = moved[registration.container]
+        struct.pack_into("<q", out, registration.addend_at, new)
+        # a linker that also wrote the value in place (--apply-dynamic-relocs) gets it moved
+        old = layout.address_of(layout.containers[registration.container].offset)
+        if struct.unpack_from("<Q", data, registration.pointer_at)[0] == old:
+            struct.pack_into("<Q", out, registration.pointer_at, new)
+    return bytes(out)
+
+
+SEGMENT_ALIGN = 0x10000  # a 64 KiB page: what aarch64 kernels may use, a multiple of 4 KiB
+_PHDR = struct.Struct("<IIQQQQQQ")  # type, flags, offset, vaddr, paddr, filesz, memsz, align
+PT_LOAD, PT_PHDR, PF_R = 1, 6, 4
+
+
+def _new_segment(out: bytearray, size: int) -> tuple[int, int]:
+    """Append a PT_LOAD (read-only) for `size` bytes and the program header table that maps
+    it; the (address, file offset) where the section goes."""
+    phoff, = struct.unpack_from("<Q", out, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", out, 0x36)
+    if phentsize != _PHDR.size:
+        raise CorruptBinaryError(f"program header size {phentsize}, not {_PHDR.size}")
+    rows = [list(_PHDR.unpack_from(out, phoff + i * phentsize)) for i in range(phnum)]
+    loads = [r for r in rows if r[0] == PT_LOAD]
+    if not loads:
+        raise CorruptBinaryError("no PT_LOAD segment")
+    start = _round(len(out), SEGMENT_ALIGN)
+    address = _round(max(r[3] + r[6] for r in loads), SEGMENT_ALIGN)
+    table = (phnum + 1) * _PHDR.size
+    at = _round(table, 64)
+    segment = [PT_LOAD, PF_R, start, address, address, at + size, at + size, SEGMENT_ALIGN]
+    last = max(i for i, r in enumerate(rows) if r[0] == PT_LOAD)
+    rows.insert(last + 1, segment)
+    for row in rows:
+        if row[0] == PT_PHDR:  # it names the table: now the new one
+            row[2:7] = [start, address, address, table, table]
+    out.extend(bytes(start - len(out) + at))
+    for i, row in enumerate(rows):
+        _PHDR.pack_into(out, start + i * _PHDR.size, *row)
+    struct.pack_into("<Q", out, 0x20, start)
+    struct.pack_into("<H", out, 0x38, phnum + 1)
+    return address + at, start + at
+
+
+def _move_section(out: bytearray, layout: Layout, address: int, offset: int,
+                  size: int) -> None:
+    """Point the `.nv_fatbin` section header at its new place."""
+    shoff, = struct.unpack_from("<Q", out, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", out, 0x3A)
+    for i in range(shnum):
+        at = shoff + i * shentsize
+        sh_addr, sh_offset, sh_size = struct.unpack_from("<QQQ", out, at + 16)
+        if (sh_addr, sh_offset, sh_size) == (layout.address, layout.offset, layout.size):
+            struct.pack_into("<QQQ", out, at + 16, address, offset, size)
+            return
+    raise CorruptBinaryError(".nv_fatbin's section header was not found again")
+
+
+def _round(value: int, to: int) -> int:
+    return -(-value // to) * to
+
+
+def _aligned(pos: int) -> int:
+    return -(-pos // CONTAINER_ALIGN) * CONTAINER_ALIGN

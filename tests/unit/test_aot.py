@@ -1,0 +1,222 @@
+"""`sm121-build aot`: real nvcc-built shared objects, the real ptxas 13.0 and fatbinary, with
+PyPI's cuobjdump, binutils' readelf and pyelftools as the independent oracles."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from devkit.helpers import (
+    DATA,
+    cli,
+    compile_cached,
+    cuda_home,
+    cuobjdump,
+    gencode,
+    link_cached,
+    one_line_error,
+    run_cuobjdump,
+)
+from sm121_build.cuda.fatbin_rewrite import entry_options, read_layout
+
+pytestmark = pytest.mark.slow
+ENV = {"CUDA_HOME": str(cuda_home())}
+SM80_PTX = gencode("compute_80:compute_80", "compute_80:sm_80")
+
+
+@pytest.fixture(scope="module")
+def jit_only_so() -> Path:
+    """Two translation units: each an sm_80 cubin and compute_80 PTX (FA2's shape), one
+    with ptxas options recorded in its PTX entry."""
+    return link_cached("aot_two", [
+        (DATA / "two_tus" / "a.cu", SM80_PTX),
+        (DATA / "two_tus" / "b.cu", [*SM80_PTX, "-Xptxas", "--maxrregcount=32"]),
+    ])
+
+
+def _listing(path: Path) -> list[str]:
+    done = run_cuobjdump("-lelf", "-lptx", str(path))
+    return [re.sub(r"^(\w+ file)\s+\d+: \S+?\.\d+\.", r"\1 ", line)
+            for line in done.stdout.splitlines()]
+
+
+def _sections(path: Path) -> dict[str, bytes]:
+    with open(path, "rb") as handle:
+        elf = ELFFile(handle)
+        return {s.name: s.data() for s in elf.iter_sections() if s.header.sh_type != "SHT_NOBITS"}
+
+
+def test_aot_makes_every_jit_only_kernel_native_and_keeps_everything_else(
+        jit_only_so: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = cli("aot", str(jit_only_so), "--out", str(out), "--target", "sm_121", env=ENV)
+    assert done.returncode == 0, done.stderr
+    made = out / jit_only_so.name
+    assert "2 module(s) native now" in done.stdout
+    # the oracle: every stock cubin and PTX still listed, and one sm_121 cubin per unit
+    before, after = _listing(jit_only_so), _listing(made)
+    assert sorted(before + ["ELF file sm_121.cubin"] * 2) == sorted(after)
+    # binutils reads it without a word
+    readelf = subprocess.run(["readelf", "-aW", str(made)], capture_output=True, text=True,
+                             check=False)
+    assert readelf.returncode == 0 and not readelf.stderr, readelf.stderr
+    # pyelftools: every section but .nv_fatbin and .rela.dyn is byte for byte the stock's
+    stock, new = _sections(jit_only_so), _sections(made)
+    assert set(stock) == set(new)
+    changed = {name for name in stock if stock[name] != new[name]}
+    assert changed <= {".nv_fatbin", ".rela.dyn", ".nvFatBinSegment"}, changed
+    # the wrappers: only their data pointers (which the linker also wrote in place) moved
+    wrapper = struct.Struct("<IIQQ")
+    for a, b in zip(wrapper.iter_unpack(stock[".nvFatBinSegment"]),
+                    wrapper.iter_unpack(new[".nvFatBinSegment"]), strict=True):
+        assert (a[0], a[1], a[3]) == (b[0], b[1], b[3])
+    # .rela.dyn: the same relocations, only the addends of the fatbin pointers moved
+    rela = struct.Struct("<QQq")
+    moved = [(a, b) for a, b in zip(rela.iter_unpack(stock[".rela.dyn"]),
+                                    rela.iter_unpack(new[".rela.dyn"]), strict=True) if a != b]
+    assert moved and all(a[:2] == b[:2] for a, b in moved)
+    # the audit: every kernel native on sm_121 now (it was JIT only)
+    audit = cli("audit", str(made), "--target", "sm_121", "--driver", "13.0", "--require",
+                "native")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    stock_audit = cli("audit", str(jit_only_so), "--target", "sm_121", "--driver", "13.0",
+                      "--require", "native")
+    assert stock_audit.returncode == 1
+
+
+def test_the_added_code_is_what_ptxas_gives_for_the_recorded_options(
+        jit_only_so: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert cli("aot", str(jit_only_so), "--out", str(out), "--target", "sm_121",
+               env=ENV).returncode == 0
+    made = out / jit_only_so.name
+    # b.cu's PTX entry records --maxrregcount=32 (nvcc's -Xptxas), which the JIT applies
+    layout = read_layout(jit_only_so.read_bytes(), "stock")
+    recorded = [entry_options(raw) for c in layout.containers for raw in c.entries]
+    assert "--maxrregcount=32" in recorded
+    work = tmp_path / "x"
+    work.mkdir()
+    subprocess.run([cuobjdump(), "-xptx", "all", str(made)],
+                   cwd=work, check=True, capture_output=True)
+    subprocess.run([cuobjdump(), "-xelf", "all", str(made)],
+                   cwd=work, check=True, capture_output=True)
+    ptxs = sorted(work.glob("*.ptx"))
+    cubins = sorted(work.glob("*sm_121*.cubin"))
+    assert len(ptxs) == 2 and len(cubins) == 2
+    ptxas = str(cuda_home() / "bin" / "ptxas")
+    fresh = []
+    for ptx, options in zip(ptxs, ([], ["--maxrregcount=32"]), strict=True):
+        target = work / (ptx.stem + ".fresh.cubin")
+        subprocess.run([ptxas, "-arch=sm_121", *options, "-o", str(target), str(ptx)],
+                       check=True)
+        fresh.append(_text(target))
+    assert sorted(map(repr, fresh)) == sorted(map(repr, (_text(c) for c in cubins)))
+
+
+def _text(cubin: Path) -> dict[str, bytes]:
+    with open(cubin, "rb") as handle:
+        return {s.name: s.data() for s in ELFFile(handle).iter_sections()
+                if s.name.startswith(".text")}
+
+
+def test_a_file_that_loads_natively_gives_nothing_to_do(tmp_path: Path) -> None:
+    native = compile_cached("aot_native", DATA / "kernels.cu",
+                            gencode("compute_120:sm_120", "compute_120:compute_120"))
+    done = cli("aot", str(native), "--out", str(tmp_path / "out"), "--target", "sm_121",
+               env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert "nothing to compile" in done.stderr
+    assert not (tmp_path / "out" / native.name).exists()
+
+
+def test_a_file_it_cannot_rewrite_is_one_line_and_not_written(jit_only_so: Path,
+                                                              tmp_path: Path) -> None:
+    data = bytearray(jit_only_so.read_bytes())
+    with open(jit_only_so, "rb") as handle:
+        segment = ELFFile(handle).get_section_by_name(".nvFatBinSegment")
+        at = segment.header.sh_offset
+    # the first wrapper's data pointer relocation now names no container: refused
+    with open(jit_only_so, "rb") as handle:
+        rela = ELFFile(handle).get_section_by_name(".rela.dyn")
+        start, size = rela.header.sh_offset, rela.header.sh_size
+        address = segment.header.sh_addr
+    for pos in range(start, start + size, 24):
+        offset, _info, _addend = struct.unpack_from("<QQq", data, pos)
+        if offset == address + 8:
+            struct.pack_into("<q", data, pos + 16, 8)
+    assert struct.unpack_from("<I", data, at)[0] == 0x466243B1
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    done = cli("aot", str(bad), "--out", str(out), "--target", "sm_121", env=ENV)
+    line = one_line_error(done)
+    assert "not at a container" in line
+    assert not (out / "bad.so").exists()
+    assert bad.read_bytes() == bytes(data)
+
+
+def test_out_inside_the_input_or_through_a_link_is_refused(jit_only_so: Path,
+                                                           tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "x.so").write_bytes(jit_only_so.read_bytes())
+    one_line_error(cli("aot", str(folder), "--out", str(folder / "out"), env=ENV))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "link").symlink_to(victim)
+    line = one_line_error(cli("aot", str(folder), "--out", str(tmp_path / "link"), env=ENV))
+    assert "link" in line
+    assert not any(victim.iterdir())
+
+
+def test_no_ptxas_is_one_line_before_any_work(jit_only_so: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "cuda"
+    (empty / "bin").mkdir(parents=True)
+    line = one_line_error(cli("aot", str(jit_only_so), "--out", str(tmp_path / "o"),
+                              "--cuda-home", str(empty)))
+    assert "nvidia-cuda-nvcc" in line
+
+
+def test_a_wheel_comes_back_repaired_and_pip_installs_it(jit_only_so: Path,
+                                                         tmp_path: Path) -> None:
+    wheel = tmp_path / "demo-1.0-py3-none-linux_x86_64.whl"
+    files = {"demo/__init__.py": b"", "demo/_k.abi3.so": jit_only_so.read_bytes(),
+             "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+             "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+                                         b"Root-Is-Purelib: false\nTag: py3-none-linux_x86_64\n"}
+    record = "".join(f"{name},{_hash(data)},{len(data)}\n" for name, data in files.items())
+    with zipfile.ZipFile(wheel, "w") as out:
+        for name, data in files.items():
+            out.writestr(name, data)
+        out.writestr("demo-1.0.dist-info/RECORD", record + "demo-1.0.dist-info/RECORD,,\n")
+    done = cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
+               env=ENV)
+    assert done.returncode == 0, done.stderr
+    repaired = tmp_path / "out" / wheel.name
+    with zipfile.ZipFile(repaired) as new:
+        so = new.read("demo/_k.abi3.so")
+        rows = {r.split(",")[0]: r for r in new.read("demo-1.0.dist-info/RECORD").decode()
+                .splitlines()}
+        assert new.read("demo/__init__.py") == b""
+    assert so != files["demo/_k.abi3.so"]
+    assert rows["demo/_k.abi3.so"] == f"demo/_k.abi3.so,{_hash(so)},{len(so)}"
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          "--no-index", "--target", str(site), str(repaired)],
+                         capture_output=True, text=True, check=False)
+    assert pip.returncode == 0, pip.stderr
+    assert (site / "demo" / "_k.abi3.so").read_bytes() == so
+
+
+def _hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(
+        b"=").decode()
