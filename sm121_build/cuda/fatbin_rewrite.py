@@ -8,14 +8,15 @@ unit's container in `.nv_fatbin`.  Host code passes the wrapper to
 `__cudaRegisterFatBinary`; the runtime reads the one container the pointer names and the
 driver picks the best entry of it.
 
-The rewrite keeps the section where it is, at its size: the containers are laid out again
-from the section's start, in their order, each followed by the entries it gains, and each
-relocation's addend is moved to its container's new address.  Nothing outside the section
-and those 8-byte addends changes, so host code, symbols, the program headers and every other
-section stay byte for byte, and a reader of the first `.nv_fatbin` (cuobjdump) sees all of
-it.  Room for the new entries comes from storing a gaining container's uncompressed stock
-cubins compressed (the caller's choice, made with NVIDIA's `fatbinary`); a section with too
-little room is refused with `NoRoom`, the file untouched.
+The rewrite lays the containers out again, in their order, each followed by the entries it
+gains, and moves each relocation's addend (and the pointer's own bytes, where the linker
+also wrote the value in place) to its container's new address.  When they fit the section,
+they stay in its place; else the whole section moves to a new read-only PT_LOAD at the end of
+the file (the program header table moves there too, as patchelf does: the old one has no
+room for another entry), the section header follows it, and the old bytes are zeroed (they
+compress to nothing in a wheel or an image layer).  A reader of the first `.nv_fatbin`
+(cuobjdump) sees every container; host code, symbols and every other section stay byte for
+byte.  A file this module cannot rewrite safely is refused before anything is written.
 """
 
 from __future__ import annotations

@@ -103,20 +103,20 @@ class AotResult:
 def run_aot(request: AotRequest) -> AotResult:
     started = time.monotonic()
     outcome = AotResult()
-    for source in request.inputs:
-        if zipfile.is_zipfile(source) and source.suffix == ".whl":
-            _aot_wheel(source, request, outcome)
-        else:
-            _aot_files(source, request, outcome)
+    wheels = [s for s in request.inputs if s.suffix == ".whl" and zipfile.is_zipfile(s)]
+    _aot_files([s for s in request.inputs if s not in wheels], request, outcome)
+    for wheel in wheels:
+        _aot_wheel(wheel, request, outcome)
     outcome.wall_seconds = time.monotonic() - started
     return outcome
 
 
-def _aot_files(source: Path, request: AotRequest, outcome: AotResult) -> None:
-    """A .so or a folder of them: each rewritten file at its relative path under --out."""
+def _aot_files(sources: list[Path], request: AotRequest, outcome: AotResult) -> None:
+    """.so files and folders of them, compiled as one batch: each rewritten file at its
+    path relative to what was given, under --out."""
     works: list[FileWork] = []
     names: dict[str, Path] = {}
-    for path, relative in _elf_files(source):
+    for path, relative in (found for source in sources for found in _elf_files(source)):
         data = path.read_bytes()
         work = _plan(str(path), data, path.stat().st_mode, request.target, outcome)
         if work is not None:
