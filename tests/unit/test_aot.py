@@ -26,7 +26,9 @@ from devkit.helpers import (
     one_line_error,
     run_cuobjdump,
 )
-from sm121_build.cuda.fatbin_rewrite import entry_options, read_layout
+from sm121_build.cuda.compat import parse_target
+from sm121_build.cuda.fatbin_rewrite import entry_options, read_layout, rewrite
+from sm121_build.verify.aot_check import check_aot, jit_ptx
 
 pytestmark = pytest.mark.slow
 ENV = {"CUDA_HOME": str(cuda_home())}
@@ -220,3 +222,50 @@ def test_a_wheel_comes_back_repaired_and_pip_installs_it(jit_only_so: Path,
 def _hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(
         b"=").decode()
+
+
+def _aot_bytes(stock: bytes, entry_for: dict[int, bytes]) -> bytes:
+    layout = read_layout(stock, "stock")
+    return rewrite(stock, layout, {i: (*layout.containers[i].entries, e)
+                                   for i, e in entry_for.items()})
+
+
+def _sm121_entry(jit_only_so: Path, tmp_path: Path) -> bytes:
+    """The entry `aot` added to the first container of the fixture."""
+    out = tmp_path / "made"
+    assert cli("aot", str(jit_only_so), "--out", str(out), "--target", "sm_121",
+               env=ENV).returncode == 0
+    made = read_layout((out / jit_only_so.name).read_bytes(), "made")
+    stock = read_layout(jit_only_so.read_bytes(), "stock")
+    for was, now in zip(stock.registrations, made.registrations, strict=True):
+        old, new = stock.containers[was.container], made.containers[now.container]
+        if len(new.entries) > len(old.entries):
+            return new.entries[len(old.entries)]
+    raise AssertionError("aot added no entry")
+
+
+def test_verification_refuses_changed_host_code_lost_stock_entries_and_no_cubin(
+        jit_only_so: Path, tmp_path: Path) -> None:
+    stock = jit_only_so.read_bytes()
+    layout = read_layout(stock, "stock")
+    entry = _sm121_entry(jit_only_so, tmp_path)
+    target = parse_target("sm_121")
+    everyone = {r.container: entry for r in layout.registrations
+                if jit_ptx(layout.containers[r.container].described, target)}
+    assert len(everyone) == 2
+    good = _aot_bytes(stock, everyone)
+    assert check_aot(stock, good, target, "f") == []
+    # one byte of host code changed
+    with open(jit_only_so, "rb") as handle:
+        text = ELFFile(handle).get_section_by_name(".text").header.sh_offset
+    tampered = bytearray(good)
+    tampered[text + 5] ^= 0xFF
+    assert any("outside .nv_fatbin" in p for p in check_aot(stock, bytes(tampered), target, "f"))
+    # a container that lost its stock entries (only the new cubin left)
+    first = min(everyone)
+    lost = rewrite(stock, layout, {**{i: (*layout.containers[i].entries, entry)
+                                      for i in everyone}, first: (entry,)})
+    assert any("stock entries changed" in p for p in check_aot(stock, lost, target, "f"))
+    # a JIT-only container left without a cubin the GPU loads
+    partial = _aot_bytes(stock, {i: e for i, e in everyone.items() if i != first})
+    assert any("still has no cubin" in p for p in check_aot(stock, partial, target, "f"))
