@@ -57,8 +57,11 @@ def _check_out(out: Path, inputs: tuple[Path, ...]) -> None:
               help="ptxas processes at a time [default: every core]")
 @click.option("--timeout", type=click.FloatRange(1.0), default=DEFAULT_TIMEOUT,
               show_default=True, help="Seconds one ptxas run may take.")
+@click.option("--no-cache", is_flag=True, help="Compile every module, and keep none: by "
+              "default a module this ptxas compiled before for the GPU is taken from "
+              "$XDG_CACHE_HOME/sm121-build/aot.")
 def aot(paths: tuple[Path, ...], out: Path, gpu: str | None, cuda_home: Path | None,
-        jobs: int, timeout: float) -> None:
+        jobs: int, timeout: float, no_cache: bool) -> None:
     """Compile the PTX of JIT-only kernels for the GPU ahead of time, into the same file.
 
     For each fatbin with no cubin the GPU loads but PTX it can JIT, ptxas compiles that PTX
@@ -71,7 +74,10 @@ def aot(paths: tuple[Path, ...], out: Path, gpu: str | None, cuda_home: Path | N
     target = parse_target(_target(gpu))
     _check_out(out, paths)
     toolchain = find_toolchain(cuda_home)
-    outcome = run_aot(AotRequest(paths, out, target, toolchain, jobs, timeout))
+    from sm121_build.core.paths import cache_dir
+
+    cache = None if no_cache else cache_dir() / "aot"
+    outcome = run_aot(AotRequest(paths, out, target, toolchain, jobs, timeout, cache))
     say_results(outcome)
     if outcome.failed:
         raise SystemExit(Sm121Error.exit_code)

@@ -43,8 +43,13 @@ def state_dir() -> Path:
 
 def store_cache(path: Path, text: str) -> None:
     """Write the cache atomically; a cache that cannot be written is only a lost speed-up."""
+    store_bytes(path, text.encode())
+
+
+def store_bytes(path: Path, data: bytes) -> None:
+    """`store_cache` for bytes (threads may store at once: each its own temporary name)."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(text)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}")
+        tmp.write_bytes(data)
         os.replace(tmp, path)

@@ -22,7 +22,7 @@ byte.  A file this module cannot rewrite safely is refused before anything is wr
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,20 +221,15 @@ def laid_out_size(layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> in
 
 
 def rewrite(data: bytes, layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> bytes:
-    """The file with its containers laid out again and the addends moved.  They stay in
-    the section's place when they fit it; else the section moves to a new read-only PT_LOAD
-    at the end of the file (the program header table moves there too, as patchelf does, since
-    the old table has no room for one more entry) and its old bytes are zeroed."""
+    """The file with its containers laid out again and the addends moved (the module's
+    docstring says where they go)."""
     needed = laid_out_size(layout, replaced)
-    out = bytearray(data)
+    shift: Callable[[int], int] = _same
     if needed <= layout.size:
-        address, offset, size = layout.address, layout.offset, layout.size
+        out, place = bytearray(data), (layout.address, layout.offset)
     else:
-        address, offset = _new_segment(out, needed)
-        size = needed
-        out[layout.offset:layout.offset + layout.size] = bytes(layout.size)
-        _move_section(out, layout, address, offset, size)
-    section = bytearray(size)
+        out, place, shift = _cut_and_append(data, layout, needed)
+    address, offset = place
     moved: list[int] = []
     pos = 0
     for index, container in enumerate(layout.containers):
@@ -243,66 +238,110 @@ def rewrite(data: bytes, layout: Layout, replaced: Mapping[int, Sequence[bytes]]
             raw = container_bytes(replaced[index])
         else:
             raw = data[container.offset:container.offset + container.size]
-        section[pos:pos + len(raw)] = raw
+        out[offset + pos:offset + pos + len(raw)] = raw
         moved.append(address + pos)
         pos += len(raw)
-    out[offset:offset + size] = section
+    if needed <= layout.size:  # what the stock containers took past the new ones: zeros
+        out[offset + pos:offset + layout.size] = bytes(layout.size - pos)
     for registration in layout.registrations:
         new = moved[registration.container]
-        struct.pack_into("<q", out, registration.addend_at, new)
+        struct.pack_into("<q", out, shift(registration.addend_at), new)
         # a linker that also wrote the value in place (--apply-dynamic-relocs) gets it moved
         old = layout.address_of(layout.containers[registration.container].offset)
         if struct.unpack_from("<Q", data, registration.pointer_at)[0] == old:
-            struct.pack_into("<Q", out, registration.pointer_at, new)
+            struct.pack_into("<Q", out, shift(registration.pointer_at), new)
     return bytes(out)
 
 
+def _same(pos: int) -> int:
+    return pos
+
+
 SEGMENT_ALIGN = 0x10000  # a 64 KiB page: what aarch64 kernels may use, a multiple of 4 KiB
-_PHDR = struct.Struct("<IIQQQQQQ")  # type, flags, offset, vaddr, paddr, filesz, memsz, align
+PHDR = struct.Struct("<IIQQQQQQ")  # type, flags, offset, vaddr, paddr, filesz, memsz, align
+SHDR = struct.Struct("<IIQQQQIIQQ")  # name, type, flags, addr, offset, size, link, info, ...
 PT_LOAD, PT_PHDR, PF_R = 1, 6, 4
 
 
-def _new_segment(out: bytearray, size: int) -> tuple[int, int]:
-    """Append a PT_LOAD (read-only) for `size` bytes and the program header table that maps
-    it; the (address, file offset) where the section goes."""
-    phoff, = struct.unpack_from("<Q", out, 0x20)
-    phentsize, phnum = struct.unpack_from("<HH", out, 0x36)
-    if phentsize != _PHDR.size:
-        raise CorruptBinaryError(f"program header size {phentsize}, not {_PHDR.size}")
-    rows = [list(_PHDR.unpack_from(out, phoff + i * phentsize)) for i in range(phnum)]
+def program_headers(data: bytes) -> list[list[int]]:
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    if phentsize != PHDR.size or phoff + phnum * PHDR.size > len(data):
+        raise CorruptBinaryError(f"program headers of {phentsize} bytes at {phoff:#x}: "
+                                 "not an ELF64 table inside the file")
+    return [list(PHDR.unpack_from(data, phoff + i * PHDR.size)) for i in range(phnum)]
+
+
+def section_headers(data: bytes) -> tuple[int, list[list[int]]]:
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    if shentsize != SHDR.size or shoff + shnum * SHDR.size > len(data):
+        raise CorruptBinaryError("section headers are not an ELF64 table inside the file")
+    return shoff, [list(SHDR.unpack_from(data, shoff + i * SHDR.size)) for i in range(shnum)]
+
+
+def _cut_and_append(data: bytes, layout: Layout,
+                    needed: int) -> tuple[bytearray, tuple[int, int], Callable[[int], int]]:
+    """The file with the section's old bytes cut out (in whole pages, so every later
+    segment keeps its address; the segment that held the section is split in two around the
+    hole) and a new read-only PT_LOAD appended for the section and the program header table.
+    Returns the file, the section's new (address, offset) and the map of old file offsets."""
+    rows = program_headers(data)
     loads = [r for r in rows if r[0] == PT_LOAD]
-    if not loads:
-        raise CorruptBinaryError("no PT_LOAD segment")
-    start = _round(len(out), SEGMENT_ALIGN)
-    address = _round(max(r[3] + r[6] for r in loads), SEGMENT_ALIGN)
-    table = (phnum + 1) * _PHDR.size
-    at = _round(table, 64)
-    segment = [PT_LOAD, PF_R, start, address, address, at + size, at + size, SEGMENT_ALIGN]
-    last = max(i for i, r in enumerate(rows) if r[0] == PT_LOAD)
-    rows.insert(last + 1, segment)
+    start, end = layout.offset, layout.offset + layout.size
+    holder = next((r for r in loads if r[2] <= start and end <= r[2] + r[5]), None)
+    if holder is None:
+        raise CorruptBinaryError(".nv_fatbin lies in no PT_LOAD segment")
+    align = max([SEGMENT_ALIGN, *(r[7] for r in loads)])
+    delta = layout.size // align * align
+    cut_end = start + delta
     for row in rows:
+        if row is not holder and row[2] < cut_end and row[2] + row[5] > start and row[5]:
+            raise CorruptBinaryError(f"segment type {row[0]:#x} overlaps .nv_fatbin")
+
+    def shift(pos: int) -> int:
+        return pos - delta if pos >= cut_end else pos
+
+    # the section's bytes past the cut stay as zeros: the split segment still maps them
+    out = bytearray(data[:start]) + bytearray(layout.size - delta) + bytearray(data[end:])
+    new_rows: list[list[int]] = []
+    for row in rows:
+        if row is holder and delta:
+            head = start - row[2]
+            tail = cut_end - row[2]
+            new_rows.append([*row[:5], head, head, row[7]])
+            new_rows.append([row[0], row[1], start, row[3] + tail, row[4] + tail,
+                             row[5] - tail, row[6] - tail, row[7]])
+        else:
+            new_rows.append([row[0], row[1], shift(row[2]), *row[3:]])
+    shoff, sections = section_headers(data)
+    fatbin = next((s for s in sections if (s[3], s[4], s[5]) == (layout.address,
+                                                                  layout.offset, layout.size)),
+                  None)
+    if fatbin is None:
+        raise CorruptBinaryError(".nv_fatbin's section header was not found again")
+    for section in sections:
+        if section is not fatbin:
+            section[4] = shift(section[4])
+    base = _round(len(out), SEGMENT_ALIGN)
+    address = _round(max(r[3] + r[6] for r in loads), SEGMENT_ALIGN)
+    table = (len(new_rows) + 1) * PHDR.size
+    at = _round(table, 64)
+    segment = [PT_LOAD, PF_R, base, address, address, at + needed, at + needed, SEGMENT_ALIGN]
+    new_rows.insert(max(i for i, r in enumerate(new_rows) if r[0] == PT_LOAD) + 1, segment)
+    for row in new_rows:
         if row[0] == PT_PHDR:  # it names the table: now the new one
-            row[2:7] = [start, address, address, table, table]
-    out.extend(bytes(start - len(out) + at))
-    for i, row in enumerate(rows):
-        _PHDR.pack_into(out, start + i * _PHDR.size, *row)
-    struct.pack_into("<Q", out, 0x20, start)
-    struct.pack_into("<H", out, 0x38, phnum + 1)
-    return address + at, start + at
-
-
-def _move_section(out: bytearray, layout: Layout, address: int, offset: int,
-                  size: int) -> None:
-    """Point the `.nv_fatbin` section header at its new place."""
-    shoff, = struct.unpack_from("<Q", out, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", out, 0x3A)
-    for i in range(shnum):
-        at = shoff + i * shentsize
-        sh_addr, sh_offset, sh_size = struct.unpack_from("<QQQ", out, at + 16)
-        if (sh_addr, sh_offset, sh_size) == (layout.address, layout.offset, layout.size):
-            struct.pack_into("<QQQ", out, at + 16, address, offset, size)
-            return
-    raise CorruptBinaryError(".nv_fatbin's section header was not found again")
+            row[2:7] = [base, address, address, table, table]
+    fatbin[3:6] = [address + at, base + at, needed]
+    out.extend(bytes(base + at + needed - len(out)))
+    for i, row in enumerate(new_rows):
+        PHDR.pack_into(out, base + i * PHDR.size, *row)
+    for i, section in enumerate(sections):
+        SHDR.pack_into(out, shift(shoff) + i * SHDR.size, *section)
+    struct.pack_into("<Q", out, 0x20, base)
+    struct.pack_into("<Q", out, 0x28, shift(shoff))
+    struct.pack_into("<H", out, 0x38, len(new_rows))
+    return out, (address + at, base + at), shift
 
 
 def _round(value: int, to: int) -> int:

@@ -28,10 +28,11 @@ import click
 
 from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+from sm121_build.core.paths import store_bytes
 from sm121_build.core.units import duration, human_size
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import Elf
-from sm121_build.cuda.fatbin import entry_payload
+from sm121_build.cuda.fatbin import entry_payload, read_entry
 from sm121_build.cuda.fatbin_rewrite import Layout, entry_options, read_layout, rewrite
 from sm121_build.cuda.ptxas import (
     Toolchain,
@@ -56,6 +57,7 @@ class AotRequest:
     toolchain: Toolchain
     jobs: int
     timeout: float
+    cache: Path | None  # compiled entries by content (None: --no-cache)
 
 
 @dataclass(frozen=True)
@@ -235,11 +237,36 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
 
 
 def _compile_one(module: Module, request: AotRequest) -> tuple[bytes, bytes]:
+    """The module's cubin and fatbin entry: from the cache when this ptxas already compiled
+    this PTX with these options for this GPU (ptxas is deterministic but for its notes, and
+    each file's verification compiles one module again), else compiled now and kept."""
+    key = hashlib.sha256(b"\0".join([module.ptx, module.arch.encode(),
+                                      " ".join(module.options).encode(),
+                                      request.toolchain.version.encode()])).hexdigest()
+    cached = _cached_entry(request.cache / key[:2] / key, module) if request.cache else None
+    if cached is not None:
+        return cached
     cubin = compile_ptx(request.toolchain, module.ptx, module.arch, list(module.options),
                         request.timeout)
     entry = fatbin_entry(request.toolchain, cubin, module.arch.removeprefix("sm_"),
                          request.timeout)
+    if request.cache:
+        store_bytes(request.cache / key[:2] / key, entry)
     return cubin, entry
+
+
+def _cached_entry(path: Path, module: Module) -> tuple[bytes, bytes] | None:
+    """A cached entry that reads as a cubin for the module's GPU, with that cubin."""
+    try:
+        entry = path.read_bytes()
+        described, _end = read_entry(path, entry, 0, len(entry), 0, 0)
+        if described is None or described.kind != "elf" or \
+                f"sm_{described.arch}" != module.arch.rstrip("a"):
+            return None
+        cubin = entry_payload(entry, described, str(path))
+        return (cubin, entry) if cubin[:4] == ELF_MAGIC else None
+    except (OSError, CorruptBinaryError):
+        return None
 
 
 def _rewrite_checked(number: int, work: FileWork, request: AotRequest,

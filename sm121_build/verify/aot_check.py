@@ -11,12 +11,20 @@
 
 from __future__ import annotations
 
-import struct
-
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.compat import Target, cubin_loads, ptx_loads
+from sm121_build.cuda.elf import SHT_NOBITS
 from sm121_build.cuda.fatbin import Entry
-from sm121_build.cuda.fatbin_rewrite import Container, Layout, read_layout
+from sm121_build.cuda.fatbin_rewrite import (
+    PT_LOAD,
+    PT_PHDR,
+    SHF_ALLOC,
+    Container,
+    Layout,
+    program_headers,
+    read_layout,
+    section_headers,
+)
 
 ANY_DRIVER = (99, 0)  # ahead of time, no driver limits which PTX ptxas reads
 
@@ -63,27 +71,87 @@ def check_aot(stock: bytes, new: bytes, target: Target, where: str) -> list[str]
 
 
 def _outside_fatbin(stock: bytes, new: bytes, layout: Layout) -> list[str]:
-    """Bytes of the stock file's extent that changed outside what the rewrite may touch."""
-    allowed = [(layout.offset, layout.offset + layout.size)]
-    for registration in layout.registrations:
-        allowed.append((registration.addend_at, registration.addend_at + 8))
-        allowed.append((registration.pointer_at, registration.pointer_at + 8))
-    if len(new) != len(stock):
-        allowed += [(0x20, 0x28), (0x38, 0x3A)]  # e_phoff, e_phnum
-        shoff, = struct.unpack_from("<Q", stock, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", stock, 0x3A)
-        for i in range(shnum):
-            row = shoff + i * shentsize
-            if struct.unpack_from("<QQ", stock, row + 16) == (layout.address, layout.offset):
-                allowed.append((row + 16, row + 40))
-    if len(new) < len(stock):
-        return [f"the file shrank from {len(stock)} to {len(new)} bytes"]
-    problems: list[str] = []
-    at = 0
-    was, now = memoryview(stock), memoryview(new)
-    for start, end in [*sorted(allowed), (len(stock), len(stock))]:
-        if start > at and was[at:start] != now[at:start]:
-            first = next(i for i in range(at, start) if stock[i] != new[i])
-            problems.append(f"byte {first:#x} outside .nv_fatbin changed")
-        at = max(at, end)
+    """What must not have changed, compared as the loader and the linkers see it (the file
+    offsets after the section move when its old pages are cut out):
+    - every byte any stock segment maps, at its address, but the old `.nv_fatbin` range and
+      the fatbin pointers' addends and in-place values;
+    - every other program header (type, flags, address, sizes, alignment);
+    - every section header but its file offset (and `.nv_fatbin`'s place), every section
+      that is not mapped (symbols, strings, notes), the ELF header but e_phoff/e_shoff/e_phnum.
+    """
+    try:
+        was, now = program_headers(stock), program_headers(new)
+        (_, old_sections), (_, new_sections) = section_headers(stock), section_headers(new)
+    except CorruptBinaryError as exc:
+        return [str(exc)]
+    problems = []
+    header = [(0, 0x20), (0x30, 0x38), (0x3A, 0x40)]
+    if any(stock[a:b] != new[a:b] for a, b in header):
+        problems.append("the ELF header changed")
+    skip = [(layout.address, layout.address + layout.size)]
+    fields = [(0x20, 16), (0x38, 2)]  # e_phoff, e_shoff, e_phnum (the first page is mapped)
+    fields += [(r.addend_at, 8) for r in layout.registrations]
+    fields += [(r.pointer_at, 8) for r in layout.registrations]
+    for at, size in fields:
+        address = _address_of(was, at)
+        if address is not None:
+            skip.append((address, address + size))
+    for row in was:
+        if row[0] == PT_LOAD:
+            problems += _mapped_equal(stock, new, row, now, sorted(skip))
+    others = [r for r in was if r[0] != PT_LOAD]
+    kept = [r for r in now if r[0] != PT_LOAD]
+    if [[r[0], r[1], *r[3:]] for r in others if r[0] != PT_PHDR] != \
+            [[r[0], r[1], *r[3:]] for r in kept if r[0] != PT_PHDR]:
+        problems.append("a program header other than PT_LOAD changed")
+    if len(old_sections) != len(new_sections):
+        return [*problems, "the number of sections changed"]
+    fatbin = (layout.address, layout.offset, layout.size)
+    for before, after in zip(old_sections, new_sections, strict=True):
+        if (before[3], before[4], before[5]) == fatbin:
+            continue
+        if before[:4] + before[5:] != after[:4] + after[5:]:
+            problems.append(f"section header {before[0]} changed")
+        elif not before[2] & SHF_ALLOC and before[1] != SHT_NOBITS and \
+                stock[before[4]:before[4] + before[5]] != new[after[4]:after[4] + after[5]]:
+            problems.append(f"an unmapped section (name {before[0]}) changed")
     return problems
+
+
+def _address_of(rows: list[list[int]], offset: int) -> int | None:
+    for row in rows:
+        if row[0] == PT_LOAD and row[2] <= offset < row[2] + row[5]:
+            return offset - row[2] + row[3]
+    return None
+
+
+def _mapped_equal(stock: bytes, new: bytes, segment: list[int], now: list[list[int]],
+                  skip: list[tuple[int, int]]) -> list[str]:
+    """The bytes a stock segment maps from the file, compared at each address with what the
+    new file maps there, but the `skip` address ranges."""
+    start, end = segment[3], segment[3] + segment[5]
+    runs, at = [], start
+    for a, b in [*skip, (end, end)]:
+        if b <= at or a >= end:
+            continue
+        if a > at:
+            runs.append((at, a))
+        at = max(at, b)
+    if at < end:
+        runs.append((at, end))
+    was = memoryview(stock)
+    for a, b in runs:
+        while a < b:
+            holder = next((r for r in now if r[0] == PT_LOAD and r[3] <= a < r[3] + r[5]),
+                          None)
+            if holder is None or holder[1] != segment[1]:
+                return [f"address {a:#x} is no longer mapped from the file as it was"]
+            stop = min(b, holder[3] + holder[5])
+            mine = stock_at = a - segment[3] + segment[2]
+            theirs = a - holder[3] + holder[2]
+            if was[mine:mine + stop - a] != memoryview(new)[theirs:theirs + stop - a]:
+                first = next(i for i in range(stop - a)
+                             if stock[stock_at + i] != new[theirs + i])
+                return [f"byte {a + first:#x} outside .nv_fatbin changed"]
+            a = stop
+    return []

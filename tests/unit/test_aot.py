@@ -51,6 +51,13 @@ def _listing(path: Path) -> list[str]:
             for line in done.stdout.splitlines()]
 
 
+def _readelf_warnings(path: Path) -> str:
+    done = subprocess.run(["readelf", "-aW", str(path)], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
 def _sections(path: Path) -> dict[str, bytes]:
     with open(path, "rb") as handle:
         elf = ELFFile(handle)
@@ -68,9 +75,7 @@ def test_aot_makes_every_jit_only_kernel_native_and_keeps_everything_else(
     before, after = _listing(jit_only_so), _listing(made)
     assert sorted(before + ["ELF file sm_121.cubin"] * 2) == sorted(after)
     # binutils reads it without a word
-    readelf = subprocess.run(["readelf", "-aW", str(made)], capture_output=True, text=True,
-                             check=False)
-    assert readelf.returncode == 0 and not readelf.stderr, readelf.stderr
+    assert _readelf_warnings(made) == _readelf_warnings(jit_only_so) == ""
     # pyelftools: every section but .nv_fatbin and .rela.dyn is byte for byte the stock's
     stock, new = _sections(jit_only_so), _sections(made)
     assert set(stock) == set(new)
@@ -269,3 +274,41 @@ def test_verification_refuses_changed_host_code_lost_stock_entries_and_no_cubin(
     # a JIT-only container left without a cubin the GPU loads
     partial = _aot_bytes(stock, {i: e for i, e in everyone.items() if i != first})
     assert any("still has no cubin" in p for p in check_aot(stock, partial, target, "f"))
+
+
+def test_a_full_section_moves_to_a_new_segment_and_its_old_pages_are_cut(tmp_path: Path) -> None:
+    """.nv_fatbin of several 64 KiB pages and no room: the section moves to a new PT_LOAD,
+    the whole pages it left are cut from the file (every later segment keeps its address),
+    so the file grows by about the new entries, not by the section."""
+    big = compile_cached("aot_big", DATA / "big_ptx.cu", SM80_PTX)
+    with open(big, "rb") as handle:
+        section = ELFFile(handle).get_section_by_name(".nv_fatbin").header.sh_size
+    assert section > 3 * 65536
+    out = tmp_path / "out"
+    done = cli("aot", str(big), "--out", str(out), "--target", "sm_121", "--no-cache", env=ENV)
+    assert done.returncode == 0, done.stderr
+    made = out / big.name
+    layout = read_layout(big.read_bytes(), "stock")
+    new_layout = read_layout(made.read_bytes(), "made")
+    added = new_layout.size - layout.size
+    assert 0 < added < section // 4  # the new sm_121 cubin, zstd: not a copy of the section
+    assert made.stat().st_size - big.stat().st_size < added + 2 * 65536
+    assert _readelf_warnings(made) == _readelf_warnings(big)
+    with open(big, "rb") as a, open(made, "rb") as b:
+        before = {s.name: (s.header.sh_addr, s.data()) for s in ELFFile(a).iter_sections()
+                  if s.header.sh_type != "SHT_NOBITS"}
+        after = {s.name: (s.header.sh_addr, s.data()) for s in ELFFile(b).iter_sections()
+                 if s.header.sh_type != "SHT_NOBITS"}
+        loads = [(p.header.p_vaddr, p.header.p_memsz) for p in ELFFile(b).iter_segments()
+                 if p.header.p_type == "PT_LOAD"]
+    assert {n for n in before if before[n] != after[n]} <= {".nv_fatbin", ".rela.dyn",
+                                                            ".nvFatBinSegment"}
+    # the new section lies in a mapped segment of its own, above every other
+    address = after[".nv_fatbin"][0]
+    assert any(v <= address < v + m for v, m in loads)
+    assert address > max(v + m for v, m in loads[:-1])
+    assert sorted([*_listing(big), "ELF file sm_121.cubin"]) == sorted(_listing(made))
+    audit = cli("audit", str(made), "--target", "sm_121", "--driver", "13.0", "--require",
+                "native")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert check_aot(big.read_bytes(), made.read_bytes(), parse_target("sm_121"), "f") == []
