@@ -201,21 +201,23 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
     failed_files: set[int] = set()
     line = LiveLine(every=30.0, gap=0.2)
     started, done_bytes, done, before = time.monotonic(), 0, 0, os.times()
+    busy = 0.0  # seconds the finished modules took, each on its own core
     with ThreadPoolExecutor(request.jobs) as pool:
         futures = {pool.submit(_compile_one, m, request): m for m in modules}
         for future in as_completed(futures):
             module = futures[future]
             work = works[module.file]
             try:
-                cubin, entry = future.result()
+                cubin, entry, seconds = future.result()
             except ToolchainError as exc:
                 outcome.failed.append(f"{work.name}: container {module.container}: {exc}")
                 failed_files.add(module.file)
                 continue
             work.cubins[module.container], work.entries[module.container] = cubin, entry
             done, done_bytes = done + 1, done_bytes + len(module.ptx)
-            elapsed = time.monotonic() - started
-            left = elapsed * (total - done_bytes) / max(done_bytes, 1)
+            elapsed, busy = time.monotonic() - started, busy + seconds
+            # seconds per byte of PTX on one core, so far, over the cores at work
+            left = busy / done_bytes * (total - done_bytes) / request.jobs
             line(f"aot [{done}/{len(modules)}] {100 * done_bytes // total}% of the PTX, "
                  f"{duration(elapsed)}; about {duration(left)} left")
     end_status_line()
@@ -236,7 +238,12 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
         yield work, new
 
 
-def _compile_one(module: Module, request: AotRequest) -> tuple[bytes, bytes]:
+def _compile_one(module: Module, request: AotRequest) -> tuple[bytes, bytes, float]:
+    started = time.monotonic()
+    return (*_compiled(module, request), time.monotonic() - started)
+
+
+def _compiled(module: Module, request: AotRequest) -> tuple[bytes, bytes]:
     """The module's cubin and fatbin entry: from the cache when this ptxas already compiled
     this PTX with these options for this GPU (ptxas is deterministic but for its notes, and
     each file's verification compiles one module again), else compiled now and kept."""
