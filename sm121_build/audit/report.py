@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from sm121_build.core.units import human_size
-from sm121_build.cuda.binary import BinaryReport, FileVerdict, Policy
+from sm121_build.cuda.binary import AotAble, BinaryReport, FileVerdict, Policy, aot_able
 from sm121_build.rebuild.decide import Rebuild, rebuild_verdict
 
 # Verdicts given by the source (`audit --source`) in place of the binary-only ones, by name
@@ -30,6 +30,19 @@ def _rebuild(report: BinaryReport, policy: Policy, verdicts: Verdicts | None) ->
     if verdicts and report.name in verdicts:
         return verdicts[report.name]
     return rebuild_verdict(report, policy.target)
+
+
+def _aot_words(able: AotAble, policy: Policy) -> str:
+    kernels = f"{able.kernels} JIT-only kernel(s), " if able.kernels is not None else ""
+    return (f"{able.fatbins} fatbin(s) with PTX and no {policy.target} cubin ({kernels}"
+            f"{human_size(able.ptx_bytes)} of PTX): `sm121-build aot FILE --target "
+            f"{policy.target}` makes them native, about {able.cpu_seconds:,.0f} CPU-s of ptxas")
+
+
+def _aot_json(able: AotAble | None) -> dict[str, Any] | None:
+    return None if able is None else {"fatbins": able.fatbins, "kernels": able.kernels,
+                                      "ptx_bytes": able.ptx_bytes,
+                                      "cpu_seconds": round(able.cpu_seconds, 1)}
 
 
 def package_of(name: str) -> str:
@@ -106,6 +119,9 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
         rebuild = _rebuild(report, policy, verdicts)
         if rebuild is not None and rebuild.verdict != "native":
             lines.append(f"  rebuild  {rebuild.verdict}: {rebuild.reason}")
+        able = aot_able(report, policy.target)
+        if able is not None:
+            lines.append(f"  aot      aot-able: {_aot_words(able, policy)}")
     if len(with_code) > 1:
         lines.append("")
         lines.append(f"per package, on {policy.target}:")
@@ -154,6 +170,7 @@ def as_json(reports: list[BinaryReport], policy: Policy,
                 "kernel_counts": r.kernel_counts() if r.kernels is not None else None,
                 "rebuild": rebuild.__dict__ if (rebuild := _rebuild(r, policy, verdicts))
                 else None,
+                "aot": _aot_json(aot_able(r, policy.target)),
             }
             for r in reports
         ],

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sm121_build.cuda.compat import VERDICT_RANK, Target, Verdict, best, entry_verdict, parse_target
+from sm121_build.cuda.compat import (
+    VERDICT_RANK,
+    Target,
+    Verdict,
+    best,
+    cubin_loads,
+    entry_verdict,
+    parse_target,
+    ptx_loads,
+)
 from sm121_build.cuda.fatbin import Entry, HostBinary, cuobjdump_listing
 
 FileVerdict = Literal["native", "jit", "partial", "none"]
@@ -108,6 +117,46 @@ def _kernel_verdicts(binary: HostBinary, policy: Policy) -> dict[str, Verdict]:
         previous = kernels.get(kernel, "native")
         kernels[kernel] = min(previous, verdict, key=VERDICT_RANK.__getitem__)
     return dict(sorted(kernels.items()))
+
+
+ANY_DRIVER = (99, 0)  # ahead of time no driver limits which PTX ptxas reads
+# ptxas's own time for PTX: 2,443 CPU-s for 436.1 MB (vLLM 0.22.0's FA2, sm_90, lent H100's
+# CPUs) and 258 CPU-s for 34.7 MB (0.33.0's `_C`/`_moe_C`, sm_121, a 2-core CI machine)
+PTXAS_CPU_SECONDS_PER_MB = 6.5
+
+
+def jit_ptx(described: tuple[Entry, ...] | list[Entry], target: Target) -> Entry | None:
+    """The PTX the driver would JIT for one container (the newest it can) when no cubin of
+    it loads natively: what `aot` compiles; None when a cubin loads or no PTX can."""
+    if any(e.kind == "elf" and cubin_loads(e.arch, e.variant, target) for e in described):
+        return None
+    candidates = [e for e in described if e.kind == "ptx"
+                  and ptx_loads(e.arch, e.variant, e.version, target, ANY_DRIVER)]
+    return max(candidates, key=lambda e: (e.arch, e.version), default=None)
+
+
+@dataclass(frozen=True)
+class AotAble:
+    """What `sm121-build aot` would make native in one file."""
+
+    fatbins: int
+    kernels: int | None  # the JIT-only kernels, when kernel names were read
+    ptx_bytes: int
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.ptx_bytes / 1e6 * PTXAS_CPU_SECONDS_PER_MB
+
+
+def aot_able(report: BinaryReport, target: Target) -> AotAble | None:
+    by_container: dict[int, list[Entry]] = defaultdict(list)
+    for entry in report.entries:
+        by_container[entry.container].append(entry)
+    chosen = [found for found in (jit_ptx(e, target) for e in by_container.values()) if found]
+    if not chosen:
+        return None
+    kernels = report.kernel_counts()["jit"] if report.kernels is not None else None
+    return AotAble(len(chosen), kernels, sum(e.size for e in chosen))
 
 
 # the GPU this tool builds for, and the oldest driver a DGX Spark ships with

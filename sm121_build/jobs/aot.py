@@ -30,6 +30,7 @@ from sm121_build.core.console import LiveLine, end_status_line, note, notice, re
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.paths import store_bytes
 from sm121_build.core.units import duration, human_size
+from sm121_build.cuda.binary import jit_ptx
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import Elf
 from sm121_build.cuda.fatbin import entry_payload, read_entry
@@ -42,7 +43,7 @@ from sm121_build.cuda.ptxas import (
     compile_ptx,
     fatbin_entry,
 )
-from sm121_build.verify.aot_check import check_aot, jit_ptx
+from sm121_build.verify.aot_check import check_aot
 
 ELF_MAGIC = b"\x7fELF"
 

@@ -12,9 +12,9 @@
 from __future__ import annotations
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.cuda.compat import Target, cubin_loads, ptx_loads
+from sm121_build.cuda.binary import jit_ptx
+from sm121_build.cuda.compat import Target, cubin_loads
 from sm121_build.cuda.elf import SHT_NOBITS
-from sm121_build.cuda.fatbin import Entry
 from sm121_build.cuda.fatbin_rewrite import (
     PT_LOAD,
     PT_PHDR,
@@ -26,22 +26,10 @@ from sm121_build.cuda.fatbin_rewrite import (
     section_headers,
 )
 
-ANY_DRIVER = (99, 0)  # ahead of time, no driver limits which PTX ptxas reads
-
 
 def loads_natively(container: Container, target: Target) -> bool:
     return any(e.kind == "elf" and cubin_loads(e.arch, e.variant, target)
                for e in container.described)
-
-
-def jit_ptx(described: tuple[Entry, ...], target: Target) -> Entry | None:
-    """The PTX the driver would JIT for a container (the newest it can) when no cubin of it
-    loads natively: what `aot` compiles; None when a cubin loads or no PTX can."""
-    if any(e.kind == "elf" and cubin_loads(e.arch, e.variant, target) for e in described):
-        return None
-    candidates = [e for e in described if e.kind == "ptx"
-                  and ptx_loads(e.arch, e.variant, e.version, target, ANY_DRIVER)]
-    return max(candidates, key=lambda e: (e.arch, e.version), default=None)
 
 
 def check_aot(stock: bytes, new: bytes, target: Target, where: str) -> list[str]:

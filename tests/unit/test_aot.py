@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 import struct
 import subprocess
@@ -26,9 +27,10 @@ from devkit.helpers import (
     one_line_error,
     run_cuobjdump,
 )
+from sm121_build.cuda.binary import jit_ptx
 from sm121_build.cuda.compat import parse_target
 from sm121_build.cuda.fatbin_rewrite import entry_options, read_layout, rewrite
-from sm121_build.verify.aot_check import check_aot, jit_ptx
+from sm121_build.verify.aot_check import check_aot
 
 pytestmark = pytest.mark.slow
 ENV = {"CUDA_HOME": str(cuda_home())}
@@ -312,3 +314,23 @@ def test_a_full_section_moves_to_a_new_segment_and_its_old_pages_are_cut(tmp_pat
                 "native")
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert check_aot(big.read_bytes(), made.read_bytes(), parse_target("sm_121"), "f") == []
+
+
+def test_the_audit_calls_jit_only_fatbins_with_ptx_aot_able_and_the_result_not(
+        jit_only_so: Path, tmp_path: Path) -> None:
+    def aot_field(path: Path) -> object:
+        done = cli("audit", str(path), "--target", "sm_121", "--driver", "13.0", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["binaries"][0]["aot"]
+
+    before = aot_field(jit_only_so)
+    assert isinstance(before, dict) and before["fatbins"] == 2 and before["kernels"] > 0
+    assert before["ptx_bytes"] > 0 and before["cpu_seconds"] >= 0
+    table = cli("audit", str(jit_only_so), "--target", "sm_121", "--driver", "13.0").stdout
+    assert "aot-able: 2 fatbin(s) with PTX and no sm_121 cubin" in table
+    assert cli("aot", str(jit_only_so), "--out", str(tmp_path / "o"), "--target", "sm_121",
+               env=ENV).returncode == 0
+    assert aot_field(tmp_path / "o" / jit_only_so.name) is None
+    # a GPU whose cubins the file has (sm_80 runs on sm_86): nothing to aot
+    done = cli("audit", str(jit_only_so), "--target", "sm_86", "--driver", "13.0", "--json")
+    assert json.loads(done.stdout)["binaries"][0]["aot"] is None
