@@ -72,6 +72,9 @@ def run_session(command: str, base: str, tag: str, arch: str | None, report: Pat
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Export the built .so files and manifest.json here.")
 @click.option("--force", is_flag=True, help="Rebuild even when the content key is unchanged.")
+@click.option("--from-source", is_flag=True,
+              help="Build every extension that gains from the source, as before aot: no "
+                   "extension is made native from its stock PTX (`aot`) instead.")
 @click.option("--pull", type=click.Choice(["always", "missing", "never"]), is_flag=False,
               flag_value="always", default="never", show_default=True,
               help="Pull the base first: --pull (always, like `docker build --pull`, for a "
@@ -113,7 +116,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
           plan_only: bool, replace_tag: bool, as_json: bool, kernels_from: str | None,
-          kernels_to: str | None, no_build: bool) -> None:
+          kernels_to: str | None, no_build: bool, from_source: bool) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
     if local:
@@ -182,7 +185,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
                           no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
                           allow_other_commit=allow_other_commit, fa_source=fa_source,
                           only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
-                          replace_tag=replace_tag))
+                          replace_tag=replace_tag, from_source=from_source))
         if kernels_to and export and pipeline.record.status in PUBLISHABLE:
             publish_step(pipeline, export, kernels_to, base)
         elif kernels_to and not plan_only:

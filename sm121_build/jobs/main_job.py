@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm121_build import __version__
 from sm121_build.core.console import note, result
+from sm121_build.core.errors import Sm121Error
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
 from sm121_build.cuda.binary import SM121, BinaryReport
@@ -28,9 +29,23 @@ from sm121_build.image.toolchain import (
     require_buildable,
     require_python_headers,
 )
+from sm121_build.jobs.aot_step import (
+    AotAction,
+    aot_actions,
+    aot_key,
+    aot_toolchain,
+    compile_into,
+)
 from sm121_build.jobs.artifacts import Provenance
 from sm121_build.jobs.pipeline import Finish, Pipeline
-from sm121_build.jobs.render import BuildPlan, plan_for, render, template_digest
+from sm121_build.jobs.render import (
+    BuildPlan,
+    plan_for,
+    provenance_labels,
+    render,
+    render_inject,
+    template_digest,
+)
 from sm121_build.jobs.warnings import ptx_warning
 from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extensions
 from sm121_build.source.external import projects_for, read_pin
@@ -69,6 +84,7 @@ class Options:
     only: tuple[str, ...] = ()  # --only: build no other extension than these
     plan_only: bool = False  # --plan: decide, say the plan, build nothing
     replace_tag: bool = False  # --replace-tag: --tag may move off an image we did not build
+    from_source: bool = False  # --from-source: build every gaining extension, no aot
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
@@ -78,7 +94,8 @@ def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool)
 
 
 def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryReport | None],
-                    source: Path, arch_cmake: str, cuda: str) -> tuple[str, ...]:
+                    source: Path, arch_cmake: str, cuda: str,
+                    aot: tuple[AotAction, ...] = ()) -> tuple[str, ...]:
     """The decide step: per stock extension, whether the build gives sm_121 native code it
     lacks (`decide.plan_extensions`); then --ext adds and --only restricts.  Empty: nothing
     to build (said, and recorded as not-needed)."""
@@ -92,6 +109,7 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
         with steps.step("decide"):
             plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, SM121.target),
                                     {t: p.name for p in projects() for t in p.targets})
+            plans = [p for p in plans if not _aot_does_as_well(p, aot)]
             for item in plans:
                 note(item.line())
                 for why in item.remains:
@@ -106,10 +124,15 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
         chosen = [n for n in chosen if extension_target(n) in wanted]
     built = [p for p in plans if p.name in chosen]
     reason = "forced (--force)" if opts.force else "; ".join(
-        f"{p.target}: {p.reason}" for p in built) or "no extension gains"
-    record.took_decision({"rebuild": bool(chosen), "reason": reason, "chosen": list(chosen),
-                          "extensions": {p.name: p.as_record() for p in plans}})
-    if not chosen:
+        [f"{p.target}: {p.reason}" for p in built] + [a.line() for a in aot]) \
+        or "no extension gains"
+    extensions = {p.name: {**p.as_record(), "action": "build" if p.build else "keep"}
+                  for p in plans}
+    extensions.update({a.name: a.as_record(_before(stock, a.name)) for a in aot})
+    record.took_decision({"rebuild": bool(chosen or aot), "reason": reason,
+                          "chosen": [*chosen, *(a.name for a in aot)],
+                          "extensions": extensions})
+    if not chosen and not aot:
         jit = sum(p.after["jit"] for p in plans)
         kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
                          or p.before["jit"] or p.before["none"])
@@ -118,6 +141,21 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
                    f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
                    "--force builds _C/_moe_C anyway, --ext NAME builds NAME")
     return tuple(chosen)
+
+
+def _aot_does_as_well(plan: ExtensionPlan, aot: tuple[AotAction, ...]) -> bool:
+    """A source build of this extension makes no more kernels native than aot of its stock
+    file: aot it (no compile of the source)."""
+    action = next((a for a in aot if a.name == plan.name), None)
+    return action is not None and plan.after["native"] <= plan.before["native"] + (
+        action.able.kernels or 0)
+
+
+def _before(stock: dict[str, BinaryReport | None], name: str) -> dict[str, int]:
+    report = stock.get(name)
+    if report is None or report.kernels is None:
+        return {"native": 0, "jit": 0, "none": 0}
+    return {str(verdict): n for verdict, n in report.kernel_counts().items()}
 
 
 @dataclass(frozen=True)
@@ -145,8 +183,11 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
     image = resolve(pipeline, opts)
     with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
         context = Path(tmp)
+        aot, stock = planned_aot(pipeline, opts, image)
+        if aot:
+            return run_with_aot(pipeline, opts, image, aot, stock, context)
         checkout = vllm_source(pipeline, opts, image, context / "src")
-        stock = stock_extensions(pipeline, image)
+        stock = stock or stock_extensions(pipeline, image)
         patch_vllm(pipeline, opts, image, context / "src")
         chosen = choose_to_build(pipeline, opts, stock, context / "src", image.arch.cmake,
                                  image.cuda)
@@ -163,6 +204,130 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         if existing:
             return up_to_date(pipeline, opts, image, plan, target, existing)
         return build(pipeline, opts, image, plan, target, context)
+
+
+def planned_aot(pipeline: Pipeline, opts: Options, image: Resolved
+                ) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport | None]]:
+    """The extensions aot makes native (none with --from-source or --force), and the stock
+    audit it read for them (empty when it read none)."""
+    if opts.from_source or opts.force or opts.no_patch:
+        return (), {}
+    stock = stock_extensions(pipeline, image)
+    aot = aot_actions(stock)
+    if opts.only:
+        wanted = {extension_target(o) for o in opts.only}
+        aot = tuple(a for a in aot if extension_target(a.name) in wanted)
+    return aot, stock
+
+
+def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
+                 aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
+                 context: Path) -> str:
+    """A plan with aot actions: the source is read only when a kernel aot cannot make native
+    remains (and only where it can be had: else what only a source build could change is
+    said and left); extensions the source build would make no more native than aot are
+    aot'd; the rest (e.g. `_qutlass_C`) are built from source into the same image."""
+    toolchain = aot_toolchain()
+    checkout = _source_if_needed(pipeline, opts, image, aot, stock, context / "src")
+    chosen: tuple[str, ...] = ()
+    if checkout is not None:
+        patch_vllm(pipeline, opts, image, context / "src")
+        chosen = choose_to_build(pipeline, opts, stock, context / "src", image.arch.cmake,
+                                 image.cuda, aot)
+    else:
+        with pipeline.steps.step("decide"):
+            for action in aot:
+                note(action.line())
+            choose_record(pipeline, aot, stock)
+    if opts.plan_only:
+        pipeline.record.ended(run_report.RunStatus.PLANNED)
+        result(f"plan: aot {', '.join(a.name for a in aot)}"
+               f"{'; build ' + ', '.join(chosen) if chosen else ''} for {opts.arch}; nothing "
+               "built (--plan)")
+        return opts.tag
+    with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
+        compile_into(pipeline.engine, image.facts.id, image.vllm.package_dir, aot,
+                     context / "aot", toolchain)
+    prebuilt = tuple(a.name for a in aot)
+    if chosen and checkout is not None:
+        sources = external_sources(pipeline, opts, image, context, checkout, chosen)
+        plan = replace(plan_for(image.facts, image.arch.torch, chosen, opts.jobs,
+                                context / "src", str(image.ref), sources.commit,
+                                buildkit=pipeline.engine.buildkit_client() is not None,
+                                defaults=False, external=sources.external,
+                                patches=patches_of(opts)), prebuilt=prebuilt)
+        key = content_key(image.facts, sources.provenance + "\0" +
+                          aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
+        target = finish_target(pipeline, opts, image, sources, plan, key)
+        existing = pipeline.reusable(key)
+        if existing:
+            return up_to_date(pipeline, opts, image, plan, target, existing)
+        return build(pipeline, opts, image, plan, target, context)
+    commit = image.vllm.commit_id or image.ref.value
+    plan = aot_plan(image, prebuilt, commit)
+    key = aot_key(image.facts.id, aot, toolchain)
+    target = finish_target(pipeline, opts, image, Sources(commit, commit), plan, key)
+    existing = pipeline.reusable(key)
+    if existing:
+        return up_to_date(pipeline, opts, image, plan, target, existing)
+    return inject_aot(pipeline, opts, image, plan, target, context)
+
+
+def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
+                  stock: dict[str, BinaryReport | None]) -> None:
+    """The decision of a run without the source: the aot actions."""
+    pipeline.record.took_decision({
+        "rebuild": True, "reason": "; ".join(a.line() for a in aot),
+        "chosen": [a.name for a in aot],
+        "extensions": {a.name: a.as_record(_before(stock, a.name)) for a in aot}})
+
+
+def _source_if_needed(pipeline: Pipeline, opts: Options, image: Resolved,
+                      aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
+                      dest: Path) -> Checkout | None:
+    """The source, when a kernel remains that aot cannot make native and the source can be
+    had (a given --source always is); None otherwise, said."""
+    covered = {a.name: a.able.kernels or 0 for a in aot}
+    left = [name for name, report in stock.items() if report is not None
+            and report.kernels is not None and sum(report.kernel_counts().values())
+            - report.kernel_counts()["native"] > covered.get(name, 0)]
+    if opts.only and opts.source is None:
+        return None
+    if not left and opts.source is None:
+        note("every kernel that is not native has PTX: aot alone, no source needed")
+        return None
+    try:
+        return vllm_source(pipeline, opts, image, dest)
+    except Sm121Error as exc:
+        if opts.source is not None:
+            raise
+        note(f"the vLLM source cannot be had ({exc}): what only a source build could change "
+             f"is left as it is ({', '.join(left)}); aot goes on; --source DIR builds them")
+        return None
+
+
+def aot_plan(image: Resolved, files: tuple[str, ...], commit: str) -> BuildPlan:
+    """The plan of an aot-only run: its files copied into the pristine base."""
+    labels = provenance_labels(image.facts, commit, "aot", files, "none")
+    return BuildPlan(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
+                     git_ref=commit, extensions=files, package_dir=image.vllm.package_dir,
+                     cuda_home="", cuda_include="", cuda_lib="", jobs=1, labels=labels)
+
+
+def inject_aot(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
+               target: Finish, context: Path) -> str:
+    """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
+    log = pipeline.new_log(f"aot-{target.content_key}")
+    dockerfile = context / "Dockerfile"
+    with pipeline.engine.pinned(image.facts.id) as pin:
+        dockerfile.write_text(render_inject(replace(plan, base=pin), artifacts="aot",
+                                            more={CONTENT_KEY_LABEL: target.content_key}))
+        pipeline.finish(image.facts, context, dockerfile, plan.extensions, log,
+                        f"inject the aot'd {', '.join(plan.extensions)}", target)
+    pipeline.record.ended(run_report.RunStatus.BUILT)
+    run_report.remember(pipeline.record)
+    result(f"tagged {', '.join(target.tags)}  (log: {log})")
+    return opts.tag
 
 
 def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
@@ -308,8 +473,9 @@ def build(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
             place_host_tools(found, plan.bring, context)
         shutil.copy2(Path(__file__).with_name("build_extensions.py"),
                      context / "build_extensions.py")
-        pipeline.finish(image.facts, context, dockerfile, plan.extensions, log,
-                        f"build {', '.join(plan.extensions)} for {opts.arch}", target)
+        aot = f", with the aot'd {', '.join(plan.prebuilt)}" if plan.prebuilt else ""
+        pipeline.finish(image.facts, context, dockerfile, (*plan.extensions, *plan.prebuilt),
+                        log, f"build {', '.join(plan.extensions)} for {opts.arch}{aot}", target)
     pipeline.record.ended(run_report.RunStatus.BUILT)
     run_report.remember(pipeline.record)
     result(f"tagged {', '.join(target.tags)}  (log: {log})")

@@ -43,6 +43,7 @@ class BuildPlan:
     labels: dict[str, str] = field(default_factory=dict)
     # external project sources in the context: (environment variable, context folder)
     external: tuple[tuple[str, str], ...] = ()
+    prebuilt: tuple[str, ...] = ()  # files made before the build (aot), in the context's aot/
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -111,12 +112,15 @@ def _quote(value: str) -> str:
 
 def _copy_lines(plan: BuildPlan, copy_from: str, flat: bool) -> str:
     """One COPY per extension to its place in the package; the builder's out folder is flat
-    (`flat`), an artifacts folder keeps the package's sub-folders."""
+    (`flat`), an artifacts folder keeps the package's sub-folders; the prebuilt (aot'd)
+    files come from the context's aot/."""
+    copies = [(copy_from, extension.rsplit("/", 1)[-1] if flat else extension, extension)
+              for extension in plan.extensions]
+    copies += [("aot", extension, extension) for extension in plan.prebuilt]
     return "\n".join(
         _template("copy-extension.Dockerfile.in").substitute(
-            copy_from=copy_from, built=extension.rsplit("/", 1)[-1] if flat else extension,
-            extension=extension, package_dir=plan.package_dir)
-        .strip() for extension in plan.extensions)
+            copy_from=source, built=built, extension=extension, package_dir=plan.package_dir)
+        .strip() for source, built, extension in copies)
 
 
 def _external(plan: BuildPlan) -> str:
@@ -188,13 +192,15 @@ def render(plan: BuildPlan, labels: dict[str, str] | None = None,
     return _no_syntax_directive(text)
 
 
-def render_inject(plan: BuildPlan, artifacts: str = "artifacts") -> str:
-    """One stage: prebuilt files from the context folder `artifacts` into the pristine base."""
+def render_inject(plan: BuildPlan, artifacts: str = "artifacts",
+                  more: dict[str, str] | None = None) -> str:
+    """One stage: prebuilt files from the context folder `artifacts` into the pristine base
+    (`more` labels beside the plan's)."""
     return _no_syntax_directive(_template("inject-artifacts.Dockerfile.in").substitute(
         tool_version=__version__, base=plan.base, arch_list=plan.arch_list,
         vllm_version=plan.vllm_version, git_ref=plan.git_ref,
         extensions=", ".join(plan.extensions),
-        copy_lines=_copy_lines(plan, artifacts, flat=False), labels=_labels(plan)))
+        copy_lines=_copy_lines(plan, artifacts, flat=False), labels=_labels(plan, more)))
 
 
 def render_kernels(labels: dict[str, str], root: str = "root") -> str:

@@ -616,8 +616,69 @@ FA2 = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
 
 @pytest.fixture(scope="module")
 def with_fa2(e2e: E2E) -> subprocess.CompletedProcess[str]:
+    """Every extension from the source (`--from-source`): FA2 through the sass-from-ptx
+    rule."""
     return e2e.build(f"{PREFIX}:fa2", "--out", str(e2e.work / "fa2-artifacts"),
-                     "--report", str(e2e.work / "fa2-report.json"), scope=())
+                     "--report", str(e2e.work / "fa2-report.json"), "--from-source",
+                     scope=())
+
+
+@pytest.fixture(scope="module")
+def with_aot(e2e: E2E) -> subprocess.CompletedProcess[str]:
+    """The default run: _C/_moe_C (sm_90 cubins only, no PTX) from the source, FA2 (sm_80
+    cubins + PTX) by aot of its stock file."""
+    return e2e.build(f"{PREFIX}:aot", "--report", str(e2e.work / "aot-report.json"),
+                     "--out", str(e2e.work / "aot-artifacts"), scope=())
+
+
+def test_the_default_run_aots_the_ptx_only_extension_and_builds_the_rest(
+        e2e: E2E, with_aot: subprocess.CompletedProcess[str]) -> None:
+    assert with_aot.returncode == 0, with_aot.stderr
+    assert f"{FA2}: aot (2 JIT-only kernel(s) in 2 fatbin(s) get SASS from the stock file's " \
+        "own PTX" in with_aot.stderr
+    assert "sass-from-ptx (vllm-flash-attn" not in with_aot.stderr  # FA2's source unused
+    assert "external sources" not in with_aot.stderr
+    labels = e2e.client.images.get(f"{PREFIX}:aot").labels
+    assert labels["io.github.sm121-build.extensions"] == ",".join(INJECTED)
+    audit = json.loads(e2e.run("audit", "--json", "--include", "*/vllm*/_*.so",
+                               f"{PREFIX}:aot").stdout)["binaries"]
+    found = {Path(b["name"]).name: (b["verdict"], b["cubins"]) for b in audit}
+    assert found["_vllm_fa2_C.abi3.so"] == ("native", {"sm_80": 2, "sm_121": 2})
+    assert found["_C.abi3.so"][0] == found["_moe_C.abi3.so"][0] == "native"
+    record = json.loads((e2e.work / "aot-report.json").read_text())
+    jsonschema.Draft202012Validator(schema("report")).validate(record)
+    actions = {n: x["action"] for n, x in record["decision"]["extensions"].items()}
+    assert actions[FA2] == "aot"
+    assert {actions[n] for n in INJECTED} == {"build"}
+    before = _flat_files(e2e.client, e2e.stock.tag)
+    after = _flat_files(e2e.client, f"{PREFIX}:aot")
+    changed = {path for path in before.keys() | after.keys()
+               if before.get(path) != after.get(path)}
+    package = e2e.stock.package_dir.lstrip("/")
+    assert changed == {f"{package}/{name}" for name in (*INJECTED, FA2)}
+    assert (e2e.work / "aot-artifacts" / FA2).is_file()
+
+
+def test_an_aot_only_run_needs_no_source_and_fetches_nothing(e2e: E2E) -> None:
+    """`--only` FA2 with no --source and a repository that does not exist: the plan is aot
+    alone, nothing is fetched, the image is verified and tagged; again: up to date."""
+    nowhere = str(e2e.work / "no-such-repository")
+    plan = e2e.run("--base", e2e.stock.tag, "--tag", f"{PREFIX}:aot-only", "--only",
+                   "_vllm_fa2_C", "--repo", nowhere, "--plan")
+    assert plan.returncode == 0, plan.stderr
+    assert f"plan: aot {FA2} for 12.1; nothing built (--plan)" in plan.stdout
+    done = e2e.run("--base", e2e.stock.tag, "--tag", f"{PREFIX}:aot-only", "--only",
+                   "_vllm_fa2_C", "--repo", nowhere)
+    assert done.returncode == 0, done.stderr
+    assert "source (" not in done.stderr
+    assert f"tagged {PREFIX}:aot-only" in done.stdout
+    audit = json.loads(e2e.run("audit", "--json", "--include", "*/vllm_flash_attn/*.so",
+                               f"{PREFIX}:aot-only").stdout)["binaries"]
+    assert [b["kernel_counts"] for b in audit] == [{"native": 2, "jit": 0, "none": 0}]
+    again = e2e.run("--base", e2e.stock.tag, "--tag", f"{PREFIX}:aot-only", "--only",
+                    "_vllm_fa2_C", "--repo", nowhere)
+    assert again.returncode == 0, again.stderr
+    assert "up to date" in again.stdout
 
 
 def test_the_default_run_makes_the_ptx_only_flash_attention_native(
