@@ -114,6 +114,8 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
                 note(item.line())
                 for why in item.remains:
                     note(f"  {why}")
+            for action in aot:
+                note(action.line())
             chosen = [p.name for p in plans if p.build]
     for name in extra:
         file = names.get(extension_target(name), name)
