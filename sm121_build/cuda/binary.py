@@ -120,9 +120,10 @@ def _kernel_verdicts(binary: HostBinary, policy: Policy) -> dict[str, Verdict]:
 
 
 ANY_DRIVER = (99, 0)  # ahead of time no driver limits which PTX ptxas reads
-# ptxas's own time for PTX: 2,443 CPU-s for 436.1 MB (vLLM 0.22.0's FA2, sm_90, lent H100's
-# CPUs) and 258 CPU-s for 34.7 MB (0.33.0's `_C`/`_moe_C`, sm_121, a 2-core CI machine)
-PTXAS_CPU_SECONDS_PER_MB = 6.5
+# ptxas 13.0's own time for PTX, for sm_121 on a 2-core CI machine (2026-11-25): 2,017 CPU-s
+# for vLLM 0.33.0's FA2 (681.6 MB of PTX), 258 CPU-s for its `_C`/`_moe_C` (34.7 MB); for
+# sm_90 on the lent H100's CPUs 0.22.0's FA2 took 2,443 CPU-s for 436.1 MB
+PTXAS_CPU_SECONDS_PER_MB = 3.2
 
 
 def jit_ptx(described: tuple[Entry, ...] | list[Entry], target: Target) -> Entry | None:
