@@ -109,7 +109,7 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
         with steps.step("decide"):
             plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, SM121.target),
                                     {t: p.name for p in projects() for t in p.targets})
-            plans = [p for p in plans if not _aot_does_as_well(p, aot)]
+            plans = [p for p in plans if not aot_does_as_well(p, aot)]
             for item in plans:
                 note(item.line())
                 for why in item.remains:
@@ -145,7 +145,7 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
     return tuple(chosen)
 
 
-def _aot_does_as_well(plan: ExtensionPlan, aot: tuple[AotAction, ...]) -> bool:
+def aot_does_as_well(plan: ExtensionPlan, aot: tuple[AotAction, ...]) -> bool:
     """A source build of this extension makes no more kernels native than aot of its stock
     file: aot it (no compile of the source)."""
     action = next((a for a in aot if a.name == plan.name), None)

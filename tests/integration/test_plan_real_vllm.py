@@ -13,6 +13,8 @@ import pytest
 from devkit.helpers import CACHE, pypi_download
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import SM121, audit_binary
+from sm121_build.jobs.aot_step import aot_actions
+from sm121_build.jobs.main_job import aot_does_as_well
 from sm121_build.rebuild.decide import decide_inputs, plan_extensions
 from sm121_build.source.patch import apply_for_build
 
@@ -70,3 +72,12 @@ def test_the_default_run_plans_fa2_qutlass_and_c_on_0_33_0(tmp_path: Path) -> No
         assert plans[name].remains[0].endswith("(arch/family-specific instructions of other "
                                                "GPUs: no sm_12x implementation)")
     assert plans["_flashkda_C.abi3.so"].reason == "every kernel is already native on sm_121"
+    # the plan actions: every extension with JIT-only kernels that carry PTX is aot'd (FA2's
+    # 2224, `_C`'s 281, `_moe_C`'s one Marlin kernel); a source build would make no more of
+    # them native, so only `_qutlass_C` (no PTX, 12.0f from its guard) is built
+    aot = {a.name: a.able.kernels for a in aot_actions(stock)}
+    assert aot == {"_C_stable_libtorch.abi3.so": 281, "_moe_C_stable_libtorch.abi3.so": 1,
+                   "vllm_flash_attn/_vllm_fa2_C.abi3.so": 2224}
+    actions = aot_actions(stock)
+    assert {n for n, p in plans.items() if p.build and not aot_does_as_well(p, actions)} == {
+        "_qutlass_C.abi3.so"}
