@@ -86,15 +86,15 @@ def main() -> None:
     scaled = source_cpu / cores
     print(f"real vLLM {VERSION} ({args.platform}): {', '.join(names)}; {cores} core(s) here")
     print(done.stdout.strip())
-    print(f"{'':34}{'aot (measured)':>16}{'source (recorded)':>20}{'ratio':>9}")
+    print(f"{'':46}{'aot (measured)':>16}{'source (recorded)':>20}{'ratio':>9}")
     rows = [("CPU-s", cpu, source_cpu),
             (f"wall s on {cores} core(s) (source: CPU-s/cores)", wall, scaled),
             ("bytes fetched", 0.0, float(sdist.stat().st_size))]
     for label, mine, theirs in rows:
         ratio = f"{mine / theirs:.3f}" if theirs else "-"
-        print(f"{label:34}{mine:>16,.0f}{theirs:>20,.0f}{ratio:>9}")
-    print(f"{'peak memory of one ptxas (bytes)':34}{peak:>16,}{'30-42 GiB (nvcc)':>20}")
-    print(f"{'bytes added to the files':34}{added:>16,}")
+        print(f"{label:46}{mine:>16,.0f}{theirs:>20,.0f}{ratio:>9}")
+    print(f"{'peak memory of one ptxas (bytes)':46}{peak:>16,}{'30-42 GiB (nvcc)':>20}")
+    print(f"{'bytes added to the files':46}{added:>16,}")
     print("source: the recorded 16-job builds of docs/real-build.md "
           f"({', '.join(RECORDINGS[n] for n in names if n in RECORDINGS)}); recorded wall "
           f"{source_wall:,.0f} s on 16 cores; bytes fetched: the vLLM sdist alone "

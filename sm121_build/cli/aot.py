@@ -42,11 +42,13 @@ def _check_out(out: Path, inputs: tuple[Path, ...]) -> None:
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True,
-                type=click.Path(exists=True, path_type=Path))
-@click.option("--out", required=True, type=click.Path(path_type=Path),
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--out", type=click.Path(path_type=Path),
               help="Folder for the results: each rewritten .so at its path relative to what "
-                   "was given; a wheel as a repaired wheel of the same name.")
+                   "was given; a wheel as a repaired wheel of the same name (for an image: "
+                   "the verified files and their manifest, optional).")
+@click.option("--tag", help="For an image: the result's tag (default: the base tag with "
+                            "-sm121).")
 @click.option("--target", "gpu", help="GPU to compile for: sm_121, sm_120, sm_90... "
               "[default: this machine's GPU (nvidia-smi), else sm_121]")
 @click.option("--cuda-home", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -60,8 +62,8 @@ def _check_out(out: Path, inputs: tuple[Path, ...]) -> None:
 @click.option("--no-cache", is_flag=True, help="Compile every module, and keep none: by "
               "default a module this ptxas compiled before for the GPU is taken from "
               "$XDG_CACHE_HOME/sm121-build/aot.")
-def aot(paths: tuple[Path, ...], out: Path, gpu: str | None, cuda_home: Path | None,
-        jobs: int, timeout: float, no_cache: bool) -> None:
+def aot(paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | None,
+        cuda_home: Path | None, jobs: int, timeout: float, no_cache: bool) -> None:
     """Compile the PTX of JIT-only kernels for the GPU ahead of time, into the same file.
 
     For each fatbin with no cubin the GPU loads but PTX it can JIT, ptxas compiles that PTX
@@ -71,16 +73,53 @@ def aot(paths: tuple[Path, ...], out: Path, gpu: str | None, cuda_home: Path | N
     """
     from sm121_build.jobs.aot import AotRequest, run_aot, say_results
 
+    if len(paths) == 1 and not Path(paths[0]).exists():
+        _aot_image(paths[0], out, tag, gpu)
+        return
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise Sm121Error(f"{missing[0]} does not exist (an image goes alone: one image, or "
+                         ".so files, folders and wheels)")
+    if out is None:
+        raise click.UsageError("--out is required for files, folders and wheels")
+    if tag is not None:
+        raise click.UsageError("--tag names the result of an image: no image was given")
+    files = tuple(Path(p) for p in paths)
     target = parse_target(_target(gpu))
-    _check_out(out, paths)
+    _check_out(out, files)
     toolchain = find_toolchain(cuda_home)
     from sm121_build.core.paths import cache_dir
 
     cache = None if no_cache else cache_dir() / "aot"
-    outcome = run_aot(AotRequest(paths, out, target, toolchain, jobs, timeout, cache))
+    outcome = run_aot(AotRequest(files, out, target, toolchain, jobs, timeout, cache))
     say_results(outcome)
     if outcome.failed:
         raise SystemExit(Sm121Error.exit_code)
     if not outcome.files:
-        notice(f"nothing to compile: every fatbin in {', '.join(map(str, paths))} loads "
+        notice(f"nothing to compile: every fatbin in {', '.join(paths)} loads "
                f"natively on {target} or has no PTX it can JIT")
+
+
+def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) -> None:
+    """An image: the main job with its aot actions alone (no source), for sm_121."""
+    from sm121_build.cli.build import run_session
+    from sm121_build.cli.inputs import require_outputs
+    from sm121_build.image.refs import (
+        default_tag,
+        require_not_base,
+        validate_image_ref,
+        validate_tag,
+    )
+    from sm121_build.jobs.main_job import Options, run_build
+
+    validate_image_ref(base)
+    if gpu is not None and parse_target(gpu) != parse_target("sm_121"):
+        raise Sm121Error(f"--target {gpu}: an image is aot'd for sm_121 only (the main job's "
+                         "GPU); aot its files for another GPU")
+    result_tag = validate_tag(tag) if tag else default_tag(base)
+    require_not_base(result_tag, base)
+    require_outputs(out, None, None)
+    with run_session("build", base, result_tag, "12.1", None, None, False) as (pipeline, _):
+        run_build(pipeline, Options(base=base, tag=result_tag, arch="12.1", extra_ext=(),
+                                    jobs=None, source=None, repo="", out=out, force=False,
+                                    no_patch=False, aot_only=True))

@@ -85,6 +85,7 @@ class Options:
     plan_only: bool = False  # --plan: decide, say the plan, build nothing
     replace_tag: bool = False  # --replace-tag: --tag may move off an image we did not build
     from_source: bool = False  # --from-source: build every gaining extension, no aot
+    aot_only: bool = False  # `aot IMAGE`: the aot actions alone, never the source
 
 
 def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
@@ -188,6 +189,12 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         aot, stock = planned_aot(pipeline, opts, image)
         if aot:
             return run_with_aot(pipeline, opts, image, aot, stock, context)
+        if opts.aot_only:
+            pipeline.record.took_decision({"rebuild": False, "reason": "nothing to aot",
+                                           "chosen": [], "extensions": {}})
+            result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
+                   "on sm_121; nothing tagged")
+            return opts.tag
         checkout = vllm_source(pipeline, opts, image, context / "src")
         stock = stock or stock_extensions(pipeline, image)
         patch_vllm(pipeline, opts, image, context / "src")
@@ -293,7 +300,7 @@ def _source_if_needed(pipeline: Pipeline, opts: Options, image: Resolved,
     left = [name for name, report in stock.items() if report is not None
             and report.kernels is not None and sum(report.kernel_counts().values())
             - report.kernel_counts()["native"] > covered.get(name, 0)]
-    if opts.only and opts.source is None:
+    if opts.aot_only or (opts.only and opts.source is None):
         return None
     if not left and opts.source is None:
         note("every kernel that is not native has PTX: aot alone, no source needed")
@@ -338,7 +345,8 @@ def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
     facts, vllm = pipeline.resolve_image(opts.base, opts.pull)
     if not opts.plan_only:
         pipeline.require_tags_free(facts, [opts.tag], opts.replace_tag)
-    require_buildable(vllm.tools, facts.ref)
+    if not opts.aot_only:  # aot compiles on this machine: the image needs no compiler
+        require_buildable(vllm.tools, facts.ref)
     return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
                     vllm.cuda_version or DEFAULT_CUDA, ArchList.parse(opts.arch))
 

@@ -746,3 +746,23 @@ def test_flash_attention_artifacts_inject_to_the_same_image(
     built = _flat_files(e2e.client, f"{PREFIX}:fa2")
     injected = _flat_files(e2e.client, f"{PREFIX}:fa2-injected")
     assert built == injected
+
+
+def test_aot_of_an_image_tags_it_like_the_main_job(e2e: E2E) -> None:
+    """`sm121-build aot IMAGE`: the main job's aot actions alone (FA2), no source."""
+    tag = f"{PREFIX}:aot-image"
+    done = e2e.run("aot", e2e.stock.tag, "--tag", tag)
+    assert done.returncode == 0, done.stderr
+    # tagged, or up to date where an aot-only run of this base made the same image already
+    assert f"tagged {tag}" in done.stdout or f"up to date: {tag} " in done.stdout
+    assert "source (" not in done.stderr
+    audit = json.loads(e2e.run("audit", "--json", "--include", "*/vllm*/_*.so", tag).stdout)
+    found = {Path(b["name"]).name: b["kernel_counts"] for b in audit["binaries"]}
+    assert found["_vllm_fa2_C.abi3.so"] == {"native": 2, "jit": 0, "none": 0}
+    before = _flat_files(e2e.client, e2e.stock.tag)
+    after = _flat_files(e2e.client, tag)
+    package = e2e.stock.package_dir.lstrip("/")
+    assert {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)} == {
+        f"{package}/{FA2}"}
+    other = e2e.run("aot", e2e.stock.tag, "--target", "sm_90")
+    assert other.returncode == 2 and "sm_121 only" in other.stderr
