@@ -21,6 +21,7 @@ from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
 from sm121_build.cuda.binary import SM121, BinaryReport
 from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.ptxas import Toolchain
 from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.image.refs import versioned_tag
 from sm121_build.image.toolchain import (
@@ -267,15 +268,17 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
                                 patches=patches_of(opts)), prebuilt=prebuilt)
         key = content_key(image.facts, sources.provenance + "\0" +
                           aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
-        target = finish_target(pipeline, opts, image, sources, plan, key)
+        target = finish_target(pipeline, opts, image, sources, plan, key,
+                               f"{patches_of(opts)}+{aot_patches(toolchain)}")
         existing = pipeline.reusable(key)
         if existing:
             return up_to_date(pipeline, opts, image, plan, target, existing)
         return build(pipeline, opts, image, plan, target, context)
     commit = image.vllm.commit_id or image.ref.value
-    plan = aot_plan(image, prebuilt, commit)
+    plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
     key = aot_key(image.facts.id, aot, toolchain)
-    target = finish_target(pipeline, opts, image, Sources(commit, commit), plan, key)
+    target = finish_target(pipeline, opts, image, Sources(commit, commit), plan, key,
+                           aot_patches(toolchain))
     existing = pipeline.reusable(key)
     if existing:
         return up_to_date(pipeline, opts, image, plan, target, existing)
@@ -315,9 +318,15 @@ def _source_if_needed(pipeline: Pipeline, opts: Options, image: Resolved,
         return None
 
 
-def aot_plan(image: Resolved, files: tuple[str, ...], commit: str) -> BuildPlan:
+def aot_patches(toolchain: Toolchain) -> str:
+    """What the manifest's and labels' `patches` say of aot'd files: no guard rule, and the
+    ptxas that compiled them (so a kernels image's reuse key tells them apart)."""
+    return f"aot-ptxas-{toolchain.version}"
+
+
+def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str) -> BuildPlan:
     """The plan of an aot-only run: its files copied into the pristine base."""
-    labels = provenance_labels(image.facts, commit, "aot", files, "none")
+    labels = provenance_labels(image.facts, commit, str(image.arch), files, patches)
     return BuildPlan(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
                      git_ref=commit, extensions=files, package_dir=image.vllm.package_dir,
                      cuda_home="", cuda_include="", cuda_lib="", jobs=1, labels=labels)
@@ -436,14 +445,15 @@ def patches_of(opts: Options) -> str:
 
 
 def finish_target(pipeline: Pipeline, opts: Options, image: Resolved, sources: Sources,
-                  plan: BuildPlan, key: str) -> Finish:
+                  plan: BuildPlan, key: str, patches: str | None = None) -> Finish:
     """Where the verified image goes (tags, --out) and what its files' manifest says."""
     record, facts, vllm = pipeline.record, image.facts, image.vllm
     record.took_build(vllm.version, sources.commit, plan.arch_list, key, plan.extensions)
     provenance = Provenance(
         base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
         vllm_commit=sources.commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
-        patches=patches_of(opts), package_dir=plan.package_dir, tool_version=__version__,
+        patches=patches or patches_of(opts), package_dir=plan.package_dir,
+        tool_version=__version__,
         external={name: entry.commit for name, entry in record.external.items()},
         torch_version=vllm.torch_version)
     also = (versioned_tag(opts.tag, vllm.version, sources.commit, facts.id),) \
