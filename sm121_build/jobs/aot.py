@@ -391,6 +391,7 @@ def _write_wheel(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
                             copy.write(chunk)
         if target.is_symlink():
             raise Sm121Error(f"{target} is a link: aot writes over no link")
+        os.chmod(temporary, stat.S_IMODE(os.stat(str(wheel.filename)).st_mode))
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

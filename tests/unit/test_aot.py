@@ -211,6 +211,7 @@ def test_a_wheel_comes_back_repaired_and_pip_installs_it(jit_only_so: Path,
                env=ENV)
     assert done.returncode == 0, done.stderr
     repaired = tmp_path / "out" / wheel.name
+    assert repaired.stat().st_mode == wheel.stat().st_mode
     with zipfile.ZipFile(repaired) as new:
         so = new.read("demo/_k.abi3.so")
         rows = {r.split(",")[0]: r for r in new.read("demo-1.0.dist-info/RECORD").decode()
