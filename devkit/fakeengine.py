@@ -183,6 +183,7 @@ class FakeEngine:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.unlink(missing_ok=True)
                 target.write_bytes(data)
+                shutil.copymode(origin, target)  # COPY keeps the source's permission bits
                 layers.append("sha256:" + hashlib.sha256(data).hexdigest())
                 history.insert(0, HistoryStep(f"COPY {source} {dest} # buildkit", len(data)))
             elif word == "LABEL":

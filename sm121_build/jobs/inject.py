@@ -19,6 +19,19 @@ from sm121_build.jobs.render import BuildPlan, provenance_labels, render_inject
 from sm121_build.verify.run_report import RunStatus
 
 
+def require_known_paths(files: tuple[str, ...], extensions: tuple[str, ...], folder: Path,
+                        base: str) -> None:
+    """What may be placed is exactly what the base has: a file at a path where the base has
+    no extension (`vllm/_version.abi3.so` would be imported before `_version.py`, running its
+    code at every `import vllm`) is refused, naming it, before anything is built or tagged."""
+    unknown = sorted(set(files) - set(extensions))
+    if unknown:
+        raise Sm121Error(f"artifacts in {folder} would place {unknown[0]}"
+                         f"{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''}, "
+                         f"which {base} has no extension file at: only the base's own "
+                         "extension files are replaced; refusing to inject")
+
+
 def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
                out: Path | None = None, replace_tag: bool = False,
                found: artifacts_mod.Artifacts | None = None) -> str:
@@ -34,6 +47,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
     why = refusal(built, vllm, base)
     if why:
         raise Sm121Error(f"artifacts in {folder} {why[0]}: refusing to inject{why[1]}")
+    require_known_paths(tuple(found.files), vllm.extensions, folder, base)
     extensions = tuple(sorted(found.files))
     with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
             pipeline.engine.pinned(facts.id) as pin:
@@ -52,7 +66,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
                         f"inject {', '.join(extensions)}",
                         Finish(tag, out, replace(built, base=facts.ref,
                                                  base_digest=facts.digest_ref),
-                               replace_tag=replace_tag))
+                               replace_tag=replace_tag, prebuilt=extensions))
     record.ended(RunStatus.INJECTED)
     result(f"tagged {tag}  (log: {log})")
     return tag

@@ -268,8 +268,9 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
                                 patches=patches_of(opts)), prebuilt=prebuilt)
         key = content_key(image.facts, sources.provenance + "\0" +
                           aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
-        target = finish_target(pipeline, opts, image, sources, plan, key,
-                               f"{patches_of(opts)}+{aot_patches(toolchain)}")
+        target = replace(finish_target(pipeline, opts, image, sources, plan, key,
+                                       f"{patches_of(opts)}+{aot_patches(toolchain)}"),
+                         prebuilt=prebuilt)
         existing = pipeline.reusable(key)
         if existing:
             return up_to_date(pipeline, opts, image, plan, target, existing)
@@ -277,8 +278,8 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
     commit = image.vllm.commit_id or image.ref.value
     plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
     key = aot_key(image.facts.id, aot, toolchain)
-    target = finish_target(pipeline, opts, image, Sources(commit, commit), plan, key,
-                           aot_patches(toolchain))
+    target = replace(finish_target(pipeline, opts, image, Sources(commit, commit), plan, key,
+                                   aot_patches(toolchain)), prebuilt=prebuilt)
     existing = pipeline.reusable(key)
     if existing:
         return up_to_date(pipeline, opts, image, plan, target, existing)

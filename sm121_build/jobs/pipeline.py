@@ -41,6 +41,7 @@ class Finish:
     also: tuple[str, ...] = ()  # more tags for the same image (e.g. the immutable one)
     replace_tag: bool = False  # --replace-tag: a tag may move off an image we did not build
     content_key: str = ""  # written in the ledger with the image
+    prebuilt: tuple[str, ...] = ()  # files not built from source (inject, aot): host code checked
 
     @property
     def tags(self) -> list[str]:
@@ -171,7 +172,8 @@ class Pipeline:
                           extensions: tuple[str, ...], log: Path | None,
                           target: Finish) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`."""
-        with verify_image(self.engine, stock, image_id, extensions, log) as verified:
+        with verify_image(self.engine, stock, image_id, extensions, log,
+                          target.prebuilt) as verified:
             self.record.took_verification(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},

@@ -27,12 +27,13 @@ from pathlib import Path
 import yaml
 
 from sm121_build.core.console import Progress, note
-from sm121_build.core.errors import VerificationError
+from sm121_build.core.errors import CorruptBinaryError, VerificationError
 from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, store_cache
 from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
 from sm121_build.cuda.compat import Target, cubin_loads
 from sm121_build.cuda.fatbin import Entry, HostBinary, demangle, dynamic_symbols
+from sm121_build.cuda.host import host_side
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep, ImageEngine, ImageFiles, ImageInfo
 from sm121_build.image.facts import ImageFacts, VllmInstall, facts_from_files, require_vllm
 from sm121_build.image.spill import write_stream
@@ -414,6 +415,45 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
     return exported, libraries
 
 
+def check_host_code(name: str, stock: Path | None, built: Path, modes: tuple[int | None, int],
+                    prebuilt: bool) -> list[str]:
+    """The host side of a placed file against the stock file it replaces: the same ELF class
+    and machine (an aarch64 file in an amd64 image cannot load), the module's `PyInit_*`
+    export, no library needed that the stock file did not need; for a file not built from
+    source here also no new exported symbol, no more initialisers (DT_INIT, .init_array) and
+    the stock file's mode: a prebuilt file's host code is the stock's."""
+    if stock is None:
+        return []
+    try:
+        was, now = host_side(stock), host_side(built)
+    except CorruptBinaryError as exc:
+        return [f"{name}: {exc}"]
+    problems = []
+    if was.ident != now.ident:
+        problems.append(f"{name}: ELF class/machine {now.ident} is not the stock file's "
+                        f"{was.ident} (a file for another platform)")
+    lost = sorted(s for s in was.symbols.exported - now.symbols.exported
+                  if s.startswith("PyInit_"))
+    if lost:
+        problems.append(f"{name}: no longer exports {lost[0]}: Python cannot import it")
+    needed = sorted(now.needed - was.needed)
+    if needed:
+        problems.append(f"{name}: needs {', '.join(needed)}, which the stock file did not")
+    if not prebuilt:
+        return problems
+    added = sorted(now.symbols.exported - was.symbols.exported)
+    if added:
+        problems.append(f"{name}: exports {len(added)} symbol(s) the stock file did not, e.g. "
+                        f"{added[0][:80]} (a prebuilt file carries the stock file's host code)")
+    if now.initialisers > was.initialisers:
+        problems.append(f"{name}: {now.initialisers} initialiser(s) run at load, the stock "
+                        f"file {was.initialisers}")
+    if modes[0] is not None and modes[0] & 0o7777 != modes[1] & 0o7777:
+        problems.append(f"{name}: mode {modes[1] & 0o7777:o}, the stock file's "
+                        f"{modes[0] & 0o7777:o}")
+    return problems
+
+
 @dataclass
 class Verified:
     """What verification found; `files` are the built .so files (valid inside the context)."""
@@ -429,8 +469,11 @@ class Verified:
 
 @contextmanager
 def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
-                 extensions: tuple[str, ...], log: Path | None = None) -> Iterator[Verified]:
-    """Run every check on a built image; raises VerificationError listing what failed."""
+                 extensions: tuple[str, ...], log: Path | None = None,
+                 prebuilt: tuple[str, ...] = ()) -> Iterator[Verified]:
+    """Run every check on a built image; raises VerificationError listing what failed.
+    `prebuilt`: the files not built from source here (injected artifacts, a kernels image,
+    aot'd files), whose host code must be the stock file's (`check_host_code`)."""
     stock_vllm = require_vllm(stock)
     package = stock_vllm.package_dir
     stock_info, built_info = engine.image(stock.id), engine.image(image_id)
@@ -469,6 +512,10 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
                 stock_copy.unlink(missing_ok=True)
             if stock_copy.exists():
                 stock_reports[name] = audit_binary(stock_copy, name, SM121, with_kernels=True)
+            stock_stat = stock_files.stat(path) if stock_copy.exists() else None
+            problems += check_host_code(name, stock_copy if stock_copy.exists() else None,
+                                        files[name], (stock_stat.mode if stock_stat else None,
+                                                      found.mode), name in prebuilt)
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems() + check_still_loadable(

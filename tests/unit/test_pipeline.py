@@ -7,6 +7,8 @@ against a real engine are tests/integration/test_e2e_docker.py."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -222,3 +224,40 @@ def test_only_restricts_the_plan(tmp_path: Path, matrix: dict[str, Path],
     engine = _engine(tmp_path, matrix, checkout[1])
     record = _run(engine, replace(_options(checkout[0]), plan_only=True, only=("_moe_C",)))
     assert record.decision is not None and record.decision["chosen"] == ["_moe_C.abi3.so"]
+
+
+def test_inject_refuses_a_file_at_a_path_where_the_base_has_no_extension(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """`vllm/_version.abi3.so` would be imported before `_version.py`: any extra module in
+    the package runs its code at `import vllm`.  Only the base's own extension files are
+    replaced; the rest is refused before the engine builds anything."""
+    from sm121_build.jobs.artifacts import sha256_of
+
+    engine = _engine(tmp_path, matrix, checkout[1])
+    _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))
+    for name in ("_version.abi3.so", "vllm_flash_attn/__init__.abi3.so"):
+        folder = tmp_path / name.replace("/", "-")
+        shutil.copytree(tmp_path / "out", folder)
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(folder / "_C.abi3.so", folder / name)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["files"][name] = {**manifest["files"]["_C.abi3.so"],
+                                   "sha256": sha256_of(folder / name)}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        engine.calls.clear()
+        with pytest.raises(Sm121Error, match=rf"would place {re.escape(name)}, which {BASE} "
+                                             "has no extension file at"):
+            run_inject(Pipeline(engine), folder, BASE, "x:extra")
+        assert engine.calls == [] and "x:extra" not in engine.tags
+
+
+def test_an_injected_file_must_carry_the_stock_files_mode(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    engine = _engine(tmp_path, matrix, checkout[1])
+    _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest["files"]["_C.abi3.so"]["mode"] = "777"  # placed with the mode it records
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(VerificationError, match=r"_C.abi3.so: mode 777, the stock file's"):
+        run_inject(Pipeline(engine), tmp_path / "out", BASE, "x:mode")
+    assert "x:mode" not in engine.tags
