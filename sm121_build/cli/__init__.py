@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import signal
 import sys
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from sm121_build import __version__
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
+
+SIGPIPE_STATUS = 128 + signal.SIGPIPE  # 141, as `yes | head -1` leaves `yes`
 
 
 class _Group(click.Group):
@@ -49,6 +53,8 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             notice("interrupted: temporary files and containers were removed")
             sys.exit(INTERRUPTED)
+        except BrokenPipeError:
+            closed_pipe()
         except OSError as exc:
             if _engine_connection(exc):
                 report_error(engine_lost_line(exc))
@@ -57,6 +63,15 @@ class _Group(click.Group):
             where = f"{exc.filename}: " if exc.filename else ""
             report_error(f"{where}{exc.strerror or exc}")
             sys.exit(Sm121Error.exit_code)
+
+
+def closed_pipe() -> NoReturn:
+    """The reader of our output went away (`sm121-build audit … | head -1`): end quietly with
+    the status a shell gives a command SIGPIPE ended, and let no later flush complain."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(SIGPIPE_STATUS)
 
 
 def _engine_connection(exc: BaseException) -> bool:
@@ -133,6 +148,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminated)
     try:
         code = cli.main(prog_name="sm121-build", standalone_mode=False)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        closed_pipe()
     except click.UsageError as exc:
         # click would print usage and a hint over several lines: one `error:` line instead
         where = exc.ctx.command_path if exc.ctx else "sm121-build"

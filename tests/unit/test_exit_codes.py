@@ -4,6 +4,7 @@ socket nothing listens on (a true boundary)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -119,3 +120,16 @@ def test_no_module_shadows_the_standard_library() -> None:
     shadowing = sorted(p.stem for p in (ROOT / "sm121_build").glob("*.py")
                        if p.stem in sys.stdlib_module_names)
     assert shadowing == []
+
+
+def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(tmp_path: Path) -> None:
+    """`sm121-build audit … | head -1`: the reader went away; no `error:` line, status 141."""
+    so = compile_cached("pipe", DATA / "kernels.cu", gencode("compute_80:sm_80"))
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    done = subprocess.run([sys.executable, "-m", "sm121_build", "audit", str(so), "--target",
+                           "sm_121", "--driver", "13.0", "--kernels"], stdout=write,
+                          stderr=subprocess.PIPE, text=True, check=False)
+    os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""
