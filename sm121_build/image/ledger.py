@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sm121_build.core.paths import cache_dir, state_dir, store_cache
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.paths import cache_dir, state_dir
 
 FORMAT = 1
 
@@ -78,7 +81,7 @@ def _path() -> Path:
 
 def _typed(item: object, kind: type[Built] | type[Replaced]) -> Built | Replaced | None:
     """One ledger entry as written by `save`, or None for a damaged one (a hand edit, a
-    half-written file from another tool): prune then forgets it, which only keeps more."""
+    half-written file from another tool)."""
     if not isinstance(item, dict):
         return None
     try:
@@ -95,22 +98,60 @@ def _typed(item: object, kind: type[Built] | type[Replaced]) -> Built | Replaced
 
 
 def load() -> Ledger:
+    """The ledger; an empty one where there is none yet.  A damaged one (not JSON, not the
+    shape `save` writes, any entry unreadable) is refused with one line and never read as
+    empty: the next save would overwrite it, and prune would forget what it listed."""
+    path = _path()
     try:
-        raw = json.loads(_path().read_text())
-    except (OSError, ValueError, RecursionError):
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
         return Ledger()
-    if not isinstance(raw, dict):
-        return Ledger()
-    built = [e for b in raw.get("built") or [] if isinstance(e := _typed(b, Built), Built)] \
-        if isinstance(raw.get("built"), list) else []
-    replaced = [e for r in raw.get("replaced") or []
-                if isinstance(e := _typed(r, Replaced), Replaced)] \
-        if isinstance(raw.get("replaced"), list) else []
-    return Ledger(built, replaced)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _damaged(path, type(exc).__name__) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("built", []), list) or \
+            not isinstance(raw.get("replaced", []), list):
+        raise _damaged(path, "not the ledger's shape")
+    built = [_typed(b, Built) for b in raw.get("built", [])]
+    replaced = [_typed(r, Replaced) for r in raw.get("replaced", [])]
+    if not all(isinstance(b, Built) for b in built) or \
+            not all(isinstance(r, Replaced) for r in replaced):
+        raise _damaged(path, "an entry is not one this tool writes")
+    return Ledger([b for b in built if isinstance(b, Built)],
+                  [r for r in replaced if isinstance(r, Replaced)])
+
+
+def _damaged(path: Path, why: str) -> Sm121Error:
+    return Sm121Error(f"the ledger {path} is damaged ({why}): it is left as it is; move it "
+                      f"aside (`mv {path} {path}.damaged`) and run again: sm121-build then "
+                      "starts a new one, and `prune` no longer knows the images it listed")
 
 
 def save(ledger: Ledger) -> None:
-    store_cache(_path(), json.dumps({"format": FORMAT, **asdict(ledger)}, indent=2))
+    """Write the ledger atomically: a temporary file beside it, fsync'd, renamed over it,
+    the folder fsync'd; a write that fails (a full disk) is an error, and the old ledger
+    stays."""
+    path = _path()
+    text = json.dumps({"format": FORMAT, **asdict(ledger)}, indent=2).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".ledger-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise Sm121Error(f"could not write the ledger {path}: {exc.strerror or exc}; it "
+                         "keeps what it listed before this run (free the disk, then "
+                         "`sm121-build prune` knows this run's images only once re-run)") \
+            from None
 
 
 def record_built(image_id: str, tags: list[str], base_id: str, base_ref: str = "",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sm121_build.core.console import LiveLine, end_status_line, note
 from sm121_build.core.errors import EngineUnavailable, Sm121Error
 from sm121_build.core.labels import LABEL_PREFIX
+from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
 from sm121_build.image.facts import VllmInstall
 from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
@@ -140,6 +141,8 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
         shutil.copyfile(found.folder / artifacts_mod.MANIFEST, context / "root" / MANIFEST_PATH)
         (context / "Dockerfile").write_text(render_kernels(_labels(manifest)))
         image_id = engine.build(context, context / "Dockerfile", log)
+    # written before the tags exist: `prune` knows every local tag this run gives
+    ledger.record_built(image_id, tags, "", f"kernels image of {manifest.get('base', '')}")
     for tag in tags:
         engine.tag(image_id, tag)
     for tag in tags:

@@ -199,20 +199,54 @@ def test_prune_removes_what_inject_made(tmp_path: Path, matrix: dict[str, Path],
     assert result.removed == [f"{record.image_id.split(':')[1][:12]} (x:injected)"]
 
 
-def test_a_damaged_ledger_entry_is_skipped(tmp_path: Path) -> None:
+def test_a_damaged_ledger_is_refused_and_never_overwritten(tmp_path: Path) -> None:
+    """Read as empty, the next save would overwrite it and prune would forget every image it
+    listed: a damaged ledger is one line that says how to recover, and stays as it is."""
     from sm121_build.core.paths import state_dir
 
     path = state_dir() / "ledger.json"
     path.parent.mkdir(parents=True)
     good = {"image_id": "sha256:" + "a" * 64, "tags": ["x:y"], "base_id": "b", "at": 1.0}
-    path.write_text(json.dumps({"built": [good, {"image_id": 5, "tags": "x", "base_id": "b",
-                                                 "at": 1}, [1], {"unknown": 1}],
-                                "replaced": {"not": "a list"}}))
-    book = ledger.load()
-    assert [b.image_id for b in book.built] == [good["image_id"]] and book.replaced == []
-    for raw in ("[1, 2]", "{" * 100000, "\"text\"", "null"):
+    damaged = [json.dumps({"built": [good, {"image_id": 5, "tags": "x", "base_id": "b",
+                                            "at": 1}]}),
+               json.dumps({"built": [good, [1]]}), json.dumps({"built": [good, {"x": 1}]}),
+               json.dumps({"built": [good], "replaced": {"not": "a list"}}),
+               "[1, 2]", "{" * 100000, "\"text\"", "null", "", "\xff\xfe"]
+    for raw in damaged:
         path.write_text(raw)
-        assert ledger.load() == ledger.Ledger()
+        with pytest.raises(Sm121Error, match=r"is damaged .*: it is left as it is; move it "
+                                             r"aside \(`mv .*ledger.json .*\.damaged`\)"):
+            ledger.load()
+        with pytest.raises(Sm121Error):
+            ledger.record_built("sha256:" + "c" * 64, ["n:t"], "b")
+        assert path.read_text() == raw
+    path.write_text(json.dumps({"built": [good]}))
+    assert [b.image_id for b in ledger.load().built] == [good["image_id"]]
+    path.unlink()
+    assert ledger.load() == ledger.Ledger()
+
+
+def test_a_ledger_write_that_fails_is_an_error_and_keeps_the_old_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk: the write fails at fsync; the error says so, no temporary file is left,
+    the ledger keeps what it had."""
+    import os
+
+    from sm121_build.core.paths import state_dir
+
+    ledger.record_built("sha256:" + "a" * 64, ["x:y"], "b")
+    path = state_dir() / "ledger.json"
+    before = path.read_text()
+
+    def no_space(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)  # FAKE: the disk filling up mid-write
+    with pytest.raises(Sm121Error, match=r"could not write the ledger .*No space left"):
+        ledger.record_built("sha256:" + "b" * 64, ["x:z"], "b")
+    monkeypatch.undo()
+    assert path.read_text() == before
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".ledger-")] == []
 
 
 def test_two_runs_of_one_key_never_share_a_log(tmp_path: Path, matrix: dict[str, Path],
