@@ -7,8 +7,10 @@ without blocking (a FIFO with no reader would hang the run after its work is don
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
@@ -58,3 +60,32 @@ def replace_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def replace_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write a file durably and atomically: a temporary file beside it (created exclusively,
+    so never through a link), fsync'd, given `mode`, renamed over the name, the folder
+    fsync'd.  A name that is a link or not a regular file is refused; an OSError (a full
+    disk) leaves the old file as it was and no temporary file behind."""
+    what = not_regular(path)
+    if what:
+        raise Sm121Error(f"{path}: {what}: not written over")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, path)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.outputs import replace_bytes
 from sm121_build.core.paths import cache_dir, state_dir
 
 FORMAT = 1
@@ -132,22 +131,9 @@ def save(ledger: Ledger) -> None:
     stays."""
     path = _path()
     text = json.dumps({"format": FORMAT, **asdict(ledger)}, indent=2).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".ledger-")
     try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        replace_bytes(path, text)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
         raise Sm121Error(f"could not write the ledger {path}: {exc.strerror or exc}; it "
                          "keeps what it listed before this run (free the disk, then "
                          "`sm121-build prune` knows this run's images only once re-run)") \

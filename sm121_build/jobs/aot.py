@@ -28,6 +28,7 @@ import click
 
 from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+from sm121_build.core.outputs import replace_bytes
 from sm121_build.core.paths import store_bytes
 from sm121_build.core.units import duration, human_size
 from sm121_build.cuda.binary import jit_ptx
@@ -127,7 +128,7 @@ def _aot_files(sources: list[Path], request: AotRequest, outcome: AotResult) -> 
             names[work.name] = relative
     for work, new in _compile_and_rewrite(works, request, outcome):
         target = request.out / names[work.name]
-        _write_new(target, new, stat.S_IMODE(work.mode))
+        _write_new(request.out, target, new, stat.S_IMODE(work.mode))
         outcome.written.append(target)
 
 
@@ -313,26 +314,17 @@ def _code(cubin: bytes) -> dict[str, bytes]:
     return {s.name: elf.section_data(s) for s in elf.sections if s.name.startswith(".text")}
 
 
-def _write_new(target: Path, data: bytes, mode: int) -> None:
-    """Write a new file, never through a link and never over one: a temporary file in the
-    same folder (O_EXCL, O_NOFOLLOW), fsync'd, renamed over the name."""
+def _write_new(root: Path, target: Path, data: bytes, mode: int) -> None:
+    """Write a file under `root` (--out), never through a link found there (a folder of it
+    that is one) and never over one: `replace_bytes`."""
+    folders = [root, *(root / p for p in reversed(target.relative_to(root).parents[:-1]))]
+    for folder in folders:
+        if folder.is_symlink():
+            raise Sm121Error(f"{folder} is a link: aot writes through no link")
     target.parent.mkdir(parents=True, exist_ok=True)
-    for parent in [target.parent, *target.parent.parents]:
-        if parent.is_symlink():
-            raise Sm121Error(f"{parent} is a link: aot writes through no link")
     if target.is_symlink():
         raise Sm121Error(f"{target} is a link: aot writes over no link")
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".sm121-aot-")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_bytes(target, data, mode)
 
 
 def _aot_wheel(source: Path, request: AotRequest, outcome: AotResult) -> None:

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -335,3 +336,26 @@ def test_the_audit_calls_jit_only_fatbins_with_ptx_aot_able_and_the_result_not(
     # a GPU whose cubins the file has (sm_80 runs on sm_86): nothing to aot
     done = cli("audit", str(jit_only_so), "--target", "sm_86", "--driver", "13.0", "--json")
     assert json.loads(done.stdout)["binaries"][0]["aot"] is None
+
+
+def test_links_already_in_out_are_never_written_through(jit_only_so: Path,
+                                                        tmp_path: Path) -> None:
+    """--out DIR holding a link (a folder, or the file's own name) that leads out of it: one
+    line, nothing written outside."""
+    tree = tmp_path / "in" / "vllm"
+    tree.mkdir(parents=True)
+    shutil.copy2(jit_only_so, tree / "_C.abi3.so")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "vllm").symlink_to(victim)
+    line = one_line_error(cli("aot", str(tmp_path / "in"), "--out", str(out), "--target",
+                              "sm_121", env=ENV))
+    assert "is a link" in line and not any(victim.iterdir())
+    (out / "vllm").unlink()
+    (out / "vllm").mkdir()
+    (out / "vllm" / "_C.abi3.so").symlink_to(victim / "file")
+    line = one_line_error(cli("aot", str(tmp_path / "in"), "--out", str(out), "--target",
+                              "sm_121", env=ENV))
+    assert "is a link" in line and not any(victim.iterdir())
