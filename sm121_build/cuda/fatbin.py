@@ -62,6 +62,9 @@ STO_CUDA_ENTRY = 0x10
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
 
 MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged header
+# nvcc's entries compress up to ~97x (vLLM 0.33.0's sm_90a cubins, zstd); more than this is
+# an entry made to expand: memory is bounded by the file's size times this
+MAX_RATIO = 512
 
 Kind = Literal["elf", "ptx", "other"]
 Variant = Literal["", "a", "f"]
@@ -382,6 +385,10 @@ def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int, containe
         raise CorruptBinaryError(
             f"{path}: compressed fatbin entry at {pos:#x} has nonsense sizes "
             f"(compressed {compressed}, uncompressed {uncompressed}, payload {payload_size})")
+    if compression and uncompressed > compressed * MAX_RATIO:
+        raise CorruptBinaryError(
+            f"{path}: compressed fatbin entry at {pos:#x} declares {uncompressed} bytes from "
+            f"{compressed} (over {MAX_RATIO}x: a decompression bomb?); refused")
     variant: Variant = ""
     if flags & FLAG_ARCH_SPECIFIC:
         variant = "a"

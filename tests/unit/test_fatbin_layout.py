@@ -26,6 +26,7 @@ from sm121_build.cuda.fatbin import (
     FLAG_LZ4,
     FLAG_ZSTD,
     MAX_ENTRY_SIZE,
+    MAX_RATIO,
     Entry,
     _walk_section,
     cuobjdump_listing,
@@ -132,8 +133,8 @@ def test_compression_flags(flags: int, codec: str | None) -> None:
 
 
 @pytest.mark.parametrize(("compressed", "uncompressed", "ok"), [
-    (10, 1, True), (1, MAX_ENTRY_SIZE - 1, True), (11, 1, False), (0, 1, False),
-    (10, 0, False), (10, MAX_ENTRY_SIZE, False)])
+    (10, 1, True), (1, MAX_RATIO, True), (10, 10 * MAX_RATIO, True), (11, 1, False),
+    (0, 1, False), (10, 0, False), (10, MAX_ENTRY_SIZE, False)])
 def test_compressed_sizes_at_their_bounds(compressed: int, uncompressed: int, ok: bool) -> None:
     data = entry(payload=b"x" * 10, flags=FLAG_ZSTD, compressed=compressed,
                  uncompressed=uncompressed)
@@ -144,6 +145,19 @@ def test_compressed_sizes_at_their_bounds(compressed: int, uncompressed: int, ok
                        match=rf"^x.so: compressed fatbin entry at 0x0 has nonsense sizes "
                              rf"\(compressed {compressed}, uncompressed {uncompressed}, "
                              rf"payload 10\)$"):
+        read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("compressed", "uncompressed"), [
+    (1, MAX_RATIO + 1), (10, 10 * MAX_RATIO + 1), (1, MAX_ENTRY_SIZE - 1)])
+def test_an_entry_made_to_expand_is_refused_before_decompressing(compressed: int,
+                                                                 uncompressed: int) -> None:
+    """A decompression bomb: a few bytes declaring gigabytes (real nvcc entries expand at
+    most ~97x) is refused from its header, before any memory is taken for it."""
+    data = entry(payload=b"x" * 10, flags=FLAG_ZSTD, compressed=compressed,
+                 uncompressed=uncompressed)
+    with pytest.raises(CorruptBinaryError, match=rf"declares {uncompressed} bytes from "
+                                                 rf"{compressed} \(over {MAX_RATIO}x"):
         read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
 
 
