@@ -359,3 +359,16 @@ def test_links_already_in_out_are_never_written_through(jit_only_so: Path,
     line = one_line_error(cli("aot", str(tmp_path / "in"), "--out", str(out), "--target",
                               "sm_121", env=ENV))
     assert "is a link" in line and not any(victim.iterdir())
+
+
+def test_aot_for_another_gpu_adds_its_cubins(jit_only_so: Path, tmp_path: Path) -> None:
+    """RTX 50-series (sm_120) JITs the same PTX: `--target sm_120` adds sm_120 cubins."""
+    done = cli("aot", str(jit_only_so), "--out", str(tmp_path / "o"), "--target", "sm_120",
+               env=ENV)
+    assert done.returncode == 0, done.stderr
+    made = tmp_path / "o" / jit_only_so.name
+    assert sorted(_listing(made)) == sorted([*_listing(jit_only_so),
+                                             *["ELF file sm_120.cubin"] * 2])
+    audit = cli("audit", str(made), "--target", "sm_120", "--driver", "13.0", "--require",
+                "native")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
