@@ -57,13 +57,17 @@ class Provenance:
     vllm_commit_id: str | None = None
     external: dict[str, str] = field(default_factory=dict)  # project -> commit
     torch_version: str | None = None  # the base's torch, which the files link against
+    platform: str | None = None  # the base's, `linux/arm64`: what the files run on
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Provenance:
         external = data.get("external") or {}
         commit_id, torch = data.get("vllm_commit_id"), data.get("torch_version")
+        platform = data.get("platform")
         return cls(**{f.name: str(data.get(f.name) or "") for f in fields(cls)
-                      if f.name not in ("vllm_commit_id", "external", "torch_version")},
+                      if f.name not in ("vllm_commit_id", "external", "torch_version",
+                                        "platform")},
+                   platform=str(platform) if platform else None,
                    vllm_commit_id=str(commit_id) if commit_id else None,
                    external={str(k): str(v) for k, v in external.items()}
                    if isinstance(external, dict) else {},
@@ -73,6 +77,8 @@ class Provenance:
         data = asdict(self)
         if not self.external:
             del data["external"]
+        if not self.platform:
+            del data["platform"]
         return data
 
 

@@ -44,7 +44,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
     record.took_build(built.vllm_version, built.vllm_commit, arch_list)
     facts, vllm = pipeline.resolve_image(base)
     pipeline.require_tags_free(facts, [tag], replace_tag)
-    why = refusal(built, vllm, base)
+    why = refusal(built, vllm, base, facts.platform)
     if why:
         raise Sm121Error(f"artifacts in {folder} {why[0]}: refusing to inject{why[1]}")
     require_known_paths(tuple(found.files), vllm.extensions, folder, base)
@@ -65,7 +65,8 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
         pipeline.finish(facts, context, dockerfile, extensions, log,
                         f"inject {', '.join(extensions)}",
                         Finish(tag, out, replace(built, base=facts.ref,
-                                                 base_digest=facts.digest_ref),
+                                                 base_digest=facts.digest_ref,
+                                                 platform=facts.platform),
                                replace_tag=replace_tag, prebuilt=extensions))
     record.ended(RunStatus.INJECTED)
     result(f"tagged {tag}  (log: {log})")

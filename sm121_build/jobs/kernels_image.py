@@ -56,6 +56,8 @@ def reuse_key(manifest: dict[str, Any]) -> str:
     parts = [str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or ""),
              str(manifest.get("torch_version") or ""), str(manifest.get("arch_list") or ""),
              str(manifest.get("patches") or ""), ",".join(sorted(manifest.get("files") or {}))]
+    if manifest.get("platform"):  # arm64 and amd64 files of one build are two kernels images
+        parts.append(str(manifest["platform"]))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -264,7 +266,7 @@ def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
     (`<version>-<commit>-<cuXYZ>-<arch>`), fetched and checked, or None when there is none
     to use: a miss, the registry unreachable, or one built for another vLLM or torch (each
     said in one line and recorded).  The base is resolved (and pulled) first."""
-    _facts, vllm = pipeline.resolve_image(base, pull)
+    facts, vllm = pipeline.resolve_image(base, pull)
     ref = f"{repo}:{pinned_tag(vllm.version, vllm.commit_id or '', arch, vllm.torch_version or '')}"
     record = pipeline.record
     with pipeline.steps.step(f"kernels {ref}"):
@@ -278,7 +280,7 @@ def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
             note(f"{exc}: no kernels from {repo}")
             record.took_kernels(run_report.KernelsFrom(ref, "unreachable", why=str(exc)))
             return None
-        why = refusal(got.artifacts.provenance, vllm, base)
+        why = refusal(got.artifacts.provenance, vllm, base, facts.platform)
         if why:
             note(f"{ref} {why[0]}: not used")
             record.took_kernels(run_report.KernelsFrom(ref, "refused", got.digest,
@@ -289,10 +291,13 @@ def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
     return got.artifacts
 
 
-def refusal(built: artifacts_mod.Provenance, vllm: VllmInstall,
-            base: str) -> tuple[str, str] | None:
-    """Why files built as `built` say cannot go into `base` (another vLLM version or commit,
-    or another torch), and the hint; None when they fit."""
+def refusal(built: artifacts_mod.Provenance, vllm: VllmInstall, base: str,
+            platform: str = "") -> tuple[str, str] | None:
+    """Why files built as `built` say cannot go into `base` (another platform, another vLLM
+    version or commit, or another torch), and the hint; None when they fit."""
+    if built.platform and platform and built.platform != platform:
+        return (f"were made for {built.platform}; {base} is {platform}",
+                " (an extension loads only on the platform it was compiled for)")
     if (vllm.version, vllm.commit_id or "") != (built.vllm_version, built.vllm_commit_id or ""):
         return (f"were built for vLLM {built.vllm_version} "
                 f"({built.vllm_commit_id or 'no commit id'}); {base} has {vllm.version} "

@@ -456,7 +456,7 @@ def finish_target(pipeline: Pipeline, opts: Options, image: Resolved, sources: S
         patches=patches or patches_of(opts), package_dir=plan.package_dir,
         tool_version=__version__,
         external={name: entry.commit for name, entry in record.external.items()},
-        torch_version=vllm.torch_version)
+        torch_version=vllm.torch_version, platform=facts.platform)
     also = (versioned_tag(opts.tag, vllm.version, sources.commit, facts.id),) \
         if opts.versioned_tag else ()
     return Finish(opts.tag, opts.out, provenance, also, opts.replace_tag, key)

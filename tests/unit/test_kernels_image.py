@@ -37,8 +37,12 @@ def test_the_reuse_key_ignores_the_base_and_names_what_injection_needs() -> None
     assert reuse_key(other_base) == key  # the arm64 image, a re-push, a mirror
     for field, value in (("vllm_commit_id", "b" * 40), ("torch_version", "2.11.0+cu129"),
                          ("arch_list", "12.1a"), ("patches", "rules-2"),
-                         ("files", {"_C_stable_libtorch.abi3.so": {}})):
+                         ("files", {"_C_stable_libtorch.abi3.so": {}}),
+                         ("platform", "linux/arm64")):
         assert reuse_key({**MANIFEST, field: value}) != key, field
+    # the same build's arm64 and amd64 files: two kernels images, never one key
+    assert reuse_key({**MANIFEST, "platform": "linux/arm64"}) != \
+        reuse_key({**MANIFEST, "platform": "linux/amd64"})
 
 
 def test_tags_pin_the_build_and_carry_the_moving_tag() -> None:
@@ -83,6 +87,11 @@ def test_files_built_for_another_vllm_or_torch_are_refused_with_the_reason() -> 
     assert why is not None and why[0] == (f"were built for vLLM 0.33.0 ({'a' * 40}); base:1 "
                                           f"has 0.33.0 ({'b' * 40})")
     assert refusal(built, _vllm("0.33.1", "a" * 40, "2.11.0+cu130"), "base:1") is not None
+    arm = Provenance.from_json({**MANIFEST, "platform": "linux/arm64"})
+    why = refusal(arm, fits, "base:1", "linux/amd64")
+    assert why is not None and why[0] == "were made for linux/arm64; base:1 is linux/amd64"
+    assert refusal(arm, fits, "base:1", "linux/arm64") is None
+    assert Provenance.from_json(arm.as_json()) == arm  # the field travels through manifests
 
 
 def _vllm(version: str, commit: str, torch: str | None) -> VllmInstall:
