@@ -11,7 +11,9 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from sm121_build.core.errors import Sm121Error
 
@@ -63,10 +65,16 @@ def replace_text(path: Path, text: str) -> None:
 
 
 def replace_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write a file durably and atomically: `replace_file` with these bytes."""
+    replace_file(path, lambda out: out.write(data), mode)
+
+
+def replace_file(path: Path, write: Callable[[BinaryIO], object],
+                 mode: int | None = None) -> None:
     """Write a file durably and atomically: a temporary file beside it (created exclusively,
-    so never through a link), fsync'd, given `mode`, renamed over the name, the folder
-    fsync'd.  A name that is a link or not a regular file is refused; an OSError (a full
-    disk) leaves the old file as it was and no temporary file behind."""
+    so never through a link) that `write` fills, fsync'd, given `mode`, renamed over the
+    name, the folder fsync'd.  A name that is a link or not a regular file is refused; an
+    OSError (a full disk) leaves the old file as it was and no temporary file behind."""
     what = not_regular(path)
     if what:
         raise Sm121Error(f"{path}: {what}: not written over")
@@ -74,7 +82,7 @@ def replace_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "wb") as out:
-            out.write(data)
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         if mode is not None:
@@ -89,3 +97,12 @@ def replace_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def refuse_links_below(root: Path, target: Path) -> None:
+    """`root` and every folder between it and `target` must not be a link (one already in
+    an output folder, leading out of it); the user's own path to `root` may hold links."""
+    folders = [root, *(root / p for p in reversed(target.relative_to(root).parents[:-1]))]
+    for folder in folders:
+        if folder.is_symlink():
+            raise Sm121Error(f"{folder} is a link: nothing is written through a link")

@@ -28,7 +28,7 @@ import click
 
 from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
-from sm121_build.core.outputs import replace_bytes
+from sm121_build.core.outputs import refuse_links_below, replace_bytes
 from sm121_build.core.paths import store_bytes
 from sm121_build.core.units import duration, human_size
 from sm121_build.cuda.binary import jit_ptx
@@ -316,14 +316,8 @@ def _code(cubin: bytes) -> dict[str, bytes]:
 
 def _write_new(root: Path, target: Path, data: bytes, mode: int) -> None:
     """Write a file under `root` (--out), never through a link found there (a folder of it
-    that is one) and never over one: `replace_bytes`."""
-    folders = [root, *(root / p for p in reversed(target.relative_to(root).parents[:-1]))]
-    for folder in folders:
-        if folder.is_symlink():
-            raise Sm121Error(f"{folder} is a link: aot writes through no link")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.is_symlink():
-        raise Sm121Error(f"{target} is a link: aot writes over no link")
+    that is one) and never over one."""
+    refuse_links_below(root, target)
     replace_bytes(target, data, mode)
 
 

@@ -12,11 +12,13 @@ import hashlib
 import json
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
 
 MANIFEST = "manifest.json"
@@ -123,18 +125,28 @@ def export(out: Path, files: dict[str, Path], provenance: Provenance,
            counts: dict[str, tuple[dict[str, int], int]]) -> Path:
     """Copy the files to `out` and write the manifest last (a folder without one is partial).
     `counts`: per file, its cubins per arch and its kernels native on sm_121."""
+    refuse_links_below(out, out / MANIFEST)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)
+    if not not_regular(out / MANIFEST):
+        (out / MANIFEST).unlink(missing_ok=True)
     listed = {}
     for name, path in sorted(files.items()):
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, out / name)
+        refuse_links_below(out, out / name)
+        replace_file(out / name, _copier(path), path.stat().st_mode & 0o777)
         cubins, native = counts.get(name, ({}, 0))
         listed[name] = asdict(FileRecord(sha256_of(out / name),
                                          f"{path.stat().st_mode & 0o777:o}", cubins, native))
     manifest = {"format": FORMAT, **provenance.as_json(), "files": listed}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    replace_bytes(out / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+                  .encode())
     return out / MANIFEST
+
+
+def _copier(source: Path) -> Callable[[BinaryIO], None]:
+    def copy(out: BinaryIO) -> None:
+        with open(source, "rb") as handle:
+            shutil.copyfileobj(handle, out, 1 << 20)
+    return copy
 
 
 def load(folder: Path) -> Artifacts:

@@ -261,3 +261,20 @@ def test_an_injected_file_must_carry_the_stock_files_mode(
     with pytest.raises(VerificationError, match=r"_C.abi3.so: mode 777, the stock file's"):
         run_inject(Pipeline(engine), tmp_path / "out", BASE, "x:mode")
     assert "x:mode" not in engine.tags
+
+
+def test_out_never_writes_through_a_link_already_in_it(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
+    """--out DIR holding a link named like a file it exports (or the manifest) that leads
+    out of it: one line, nothing tagged, the file the link names untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for name in ("_C.abi3.so", "manifest.json"):
+        (tmp_path / name).mkdir()
+        engine = _engine(tmp_path / name, matrix, checkout[1])
+        out = tmp_path / name / "out"
+        out.mkdir()
+        (out / name).symlink_to(victim)
+        with pytest.raises(Sm121Error, match=r"a symlink: not written over"):
+            _run(engine, _options(checkout[0], out=out, no_patch=True))
+        assert victim.read_text() == "keep me" and TAG not in engine.tags
