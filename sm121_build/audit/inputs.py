@@ -365,7 +365,9 @@ def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], platform: s
     dest.mkdir(parents=True, exist_ok=True)
     with _bar(show_progress, None, "reading layers") as bar:
         fs = layers.extract_files(archive, dest, wanted, platform, bar.update)
-    return [Binary("/" + p, dest / p) for p in sorted(fs.extracted) if is_auditable(dest / p)]
+    found = [Binary("/" + p, dest / p) for p in sorted(fs.extracted) if is_auditable(dest / p)]
+    return found + [Binary("/" + p, dest / p, skipped=why) for p, why in sorted(fs.broken.items())
+                    if p in fs.files and p not in fs.extracted]
 
 
 class _NoBar:

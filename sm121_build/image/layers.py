@@ -158,6 +158,7 @@ class Filesystem:
     root: Path
     files: set[str] = field(default_factory=set)
     extracted: set[str] = field(default_factory=set)
+    broken: dict[str, str] = field(default_factory=dict)  # wanted path -> why it is unreadable
 
     def remove(self, path: str, keep_dir: bool = False) -> None:
         prefix = path.rstrip("/") + "/" if path else ""
@@ -197,6 +198,11 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                     if again is not None:
                         with again, _open_layer(again) as layer:
                             _resolve_links(layer, fs, pending)
+                for linked, paths in pending.items():  # links to members the layer lacks
+                    for path in paths:
+                        if path in fs.files and path not in fs.extracted:
+                            fs.broken[path] = (f"hard link to /{linked}, which layer "
+                                               f"{layer_name} does not hold: unreadable")
             except (tarfile.TarError, zstandard.ZstdError, OSError, EOFError) as exc:
                 raise _bad(archive, f"layer {layer_name} is unreadable: {exc}") from None
             if progress:

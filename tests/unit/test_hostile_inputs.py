@@ -50,6 +50,20 @@ def test_a_hard_linked_extension_in_an_image_tarball_is_audited(
     assert cli("audit", "--require", "native", str(image)).returncode == 1
 
 
+def test_a_hard_link_to_a_member_the_layer_lacks_is_unreadable_not_dropped(
+        tmp_path: Path, matrix: dict[str, Path]) -> None:
+    """A hard link whose target no layer member holds: said as unreadable, and
+    `--require native` cannot pass with an extension it never read."""
+    layer = {f"{SITE}/_moe_C.abi3.so": matrix["sm121"].read_bytes(),
+             f"{SITE}/_C.abi3.so": HardLink("opt/cache/missing.bin")}
+    image = docker_save(tmp_path / "image.tar", [layer])
+    result = cli("audit", "--require", "native", str(image))
+    assert result.returncode == 2, result.stderr
+    assert f"unreadable: /{SITE}/_C.abi3.so: hard link to /opt/cache/missing.bin" in \
+        result.stderr
+    assert "1 of 2 file(s) or folder(s)" in one_line_error(result)
+
+
 def test_a_tarball_made_with_tar_dot_is_read(tmp_path: Path, matrix: dict[str, Path]) -> None:
     image = docker_save(tmp_path / "dot.tar", [{f"{SITE}/_C.abi3.so":
                                                 matrix["sm121"].read_bytes()}], prefix="./")
