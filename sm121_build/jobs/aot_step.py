@@ -87,8 +87,10 @@ def compile_into(engine: ImageEngine, image_id: str, package_dir: str,
             for action in actions:
                 local = stock / action.name
                 local.parent.mkdir(parents=True, exist_ok=True)
-                if files.copy_file(f"{package_dir}/{action.name}", local) is None:
+                found = files.copy_file(f"{package_dir}/{action.name}", local)
+                if found is None:
                     raise Sm121Error(f"{package_dir}/{action.name} vanished from the image")
+                local.chmod(found.mode & 0o7777)  # the aot'd file keeps the stock file's mode
         outcome = run_aot(AotRequest((stock,), dest, SM121.target, toolchain,
                                      len(os.sched_getaffinity(0)), AOT_TIMEOUT,
                                      cache_dir() / "aot"))

@@ -32,6 +32,17 @@ def require_known_paths(files: tuple[str, ...], extensions: tuple[str, ...], fol
                          "extension files are replaced; refusing to inject")
 
 
+def stock_modes(pipeline: Pipeline, image_id: str, package_dir: str, folder: Path,
+                files: tuple[str, ...]) -> None:
+    """Give each file to be placed the mode of the stock file it replaces (COPY keeps the
+    context's mode): a placed file never changes who may run or write it."""
+    with pipeline.engine.reader(image_id) as image:
+        for name in files:
+            found = image.stat(f"{package_dir}/{name}")
+            if found is not None:
+                (folder / name).chmod(found.mode & 0o7777)
+
+
 def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
                out: Path | None = None, replace_tag: bool = False,
                found: artifacts_mod.Artifacts | None = None) -> str:
@@ -53,6 +64,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
             pipeline.engine.pinned(facts.id) as pin:
         context = Path(tmp)
         found.place(context / "artifacts")
+        stock_modes(pipeline, facts.id, vllm.package_dir, context / "artifacts", extensions)
         labels = provenance_labels(facts, built.vllm_commit, arch_list, extensions,
                                    built.patches)
         plan = BuildPlan(base=pin, arch_list=arch_list, vllm_version=vllm.version,
