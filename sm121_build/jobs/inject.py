@@ -79,7 +79,8 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
                         Finish(tag, out, replace(built, base=facts.ref,
                                                  base_digest=facts.digest_ref,
                                                  platform=facts.platform),
-                               replace_tag=replace_tag, prebuilt=extensions))
+                               replace_tag=replace_tag,
+                               origins=tuple((name, "placed") for name in extensions)))
     record.ended(RunStatus.INJECTED)
     result(f"tagged {tag}  (log: {log})")
     return tag

@@ -270,7 +270,7 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
                           aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
         target = replace(finish_target(pipeline, opts, image, sources, plan, key,
                                        f"{patches_of(opts)}+{aot_patches(toolchain)}"),
-                         prebuilt=prebuilt)
+                         origins=tuple((name, "aot") for name in prebuilt))
         existing = pipeline.reusable(key)
         if existing:
             return up_to_date(pipeline, opts, image, plan, target, existing)
@@ -279,7 +279,8 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
     plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
     key = aot_key(image.facts.id, aot, toolchain)
     target = replace(finish_target(pipeline, opts, image, Sources(commit, commit), plan, key,
-                                   aot_patches(toolchain)), prebuilt=prebuilt)
+                                   aot_patches(toolchain)),
+                     origins=tuple((name, "aot") for name in prebuilt))
     existing = pipeline.reusable(key)
     if existing:
         return up_to_date(pipeline, opts, image, plan, target, existing)

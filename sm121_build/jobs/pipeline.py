@@ -27,7 +27,7 @@ from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, requ
 from sm121_build.jobs import artifacts as artifacts_mod
 from sm121_build.jobs.warnings import age_warning
 from sm121_build.verify import run_report
-from sm121_build.verify.checks import Verified, verify_image
+from sm121_build.verify.checks import Origin, Verified, verify_image
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Finish:
     also: tuple[str, ...] = ()  # more tags for the same image (e.g. the immutable one)
     replace_tag: bool = False  # --replace-tag: a tag may move off an image we did not build
     content_key: str = ""  # written in the ledger with the image
-    prebuilt: tuple[str, ...] = ()  # files not built from source (inject, aot): host code checked
+    origins: tuple[tuple[str, Origin], ...] = ()  # files not built here: where they come from
 
     @property
     def tags(self) -> list[str]:
@@ -173,7 +173,7 @@ class Pipeline:
                           target: Finish) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`."""
         with verify_image(self.engine, stock, image_id, extensions, log,
-                          target.prebuilt) as verified:
+                          dict(target.origins)) as verified:
             self.record.took_verification(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},

@@ -17,12 +17,13 @@ import posixpath
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -415,13 +416,20 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
     return exported, libraries
 
 
+# Where a placed file comes from: compiled from source in this run, placed as it came
+# (injected artifacts, a kernels image), or the stock file with cubins added by aot
+Origin = Literal["built", "placed", "aot"]
+
+
 def check_host_code(name: str, stock: Path | None, built: Path, modes: tuple[int | None, int],
-                    prebuilt: bool) -> list[str]:
+                    origin: Origin) -> list[str]:
     """The host side of a placed file against the stock file it replaces: the same ELF class
     and machine (an aarch64 file in an amd64 image cannot load), the module's `PyInit_*`
-    export, no library needed that the stock file did not need; for a file not built from
-    source here also no new exported symbol, no more initialisers (DT_INIT, .init_array) and
-    the stock file's mode: a prebuilt file's host code is the stock's."""
+    export, no library needed that the stock file did not need; a file not compiled here
+    also has the stock file's mode; an aot'd file, whose host code is the stock file's,
+    exports nothing new and runs no more initialisers (DT_INIT, .init_array).  (A file built
+    from source here or elsewhere registers its own kernels: its initialisers and exports
+    may differ, and are not judged.)"""
     if stock is None:
         return []
     try:
@@ -439,18 +447,19 @@ def check_host_code(name: str, stock: Path | None, built: Path, modes: tuple[int
     needed = sorted(now.needed - was.needed)
     if needed:
         problems.append(f"{name}: needs {', '.join(needed)}, which the stock file did not")
-    if not prebuilt:
+    if origin != "built" and modes[0] is not None and \
+            modes[0] & 0o7777 != modes[1] & 0o7777:
+        problems.append(f"{name}: mode {modes[1] & 0o7777:o}, the stock file's "
+                        f"{modes[0] & 0o7777:o}")
+    if origin != "aot":
         return problems
     added = sorted(now.symbols.exported - was.symbols.exported)
     if added:
         problems.append(f"{name}: exports {len(added)} symbol(s) the stock file did not, e.g. "
-                        f"{added[0][:80]} (a prebuilt file carries the stock file's host code)")
+                        f"{added[0][:80]} (an aot'd file carries the stock file's host code)")
     if now.initialisers > was.initialisers:
         problems.append(f"{name}: {now.initialisers} initialiser(s) run at load, the stock "
                         f"file {was.initialisers}")
-    if modes[0] is not None and modes[0] & 0o7777 != modes[1] & 0o7777:
-        problems.append(f"{name}: mode {modes[1] & 0o7777:o}, the stock file's "
-                        f"{modes[0] & 0o7777:o}")
     return problems
 
 
@@ -470,10 +479,10 @@ class Verified:
 @contextmanager
 def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
                  extensions: tuple[str, ...], log: Path | None = None,
-                 prebuilt: tuple[str, ...] = ()) -> Iterator[Verified]:
+                 origins: Mapping[str, Origin] | None = None) -> Iterator[Verified]:
     """Run every check on a built image; raises VerificationError listing what failed.
-    `prebuilt`: the files not built from source here (injected artifacts, a kernels image,
-    aot'd files), whose host code must be the stock file's (`check_host_code`)."""
+    `origins`: where each file comes from (`Origin`; "built" where not named), which says
+    how much of its host code must be the stock file's (`check_host_code`)."""
     stock_vllm = require_vllm(stock)
     package = stock_vllm.package_dir
     stock_info, built_info = engine.image(stock.id), engine.image(image_id)
@@ -515,7 +524,8 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
             stock_stat = stock_files.stat(path) if stock_copy.exists() else None
             problems += check_host_code(name, stock_copy if stock_copy.exists() else None,
                                         files[name], (stock_stat.mode if stock_stat else None,
-                                                      found.mode), name in prebuilt)
+                                                      found.mode),
+                                        (origins or {}).get(name, "built"))
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems() + check_still_loadable(
