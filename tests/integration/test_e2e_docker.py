@@ -333,10 +333,9 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     assert record["kernels_to"][1:] == [
         f"{repo}:0.19.1-{e2e.stock.commit[:12]}-cu130-sm121", f"{repo}:{moving}"]
     assert f"==> publish kernels to {repo}" in done.stderr
-    # the local tags the push needed are in the ledger: `prune` knows them
-    from sm121_build.image import ledger
-
-    listed = {t for entry in ledger.load().built for t in entry.tags}
+    # the local tags the push needed are in the ledger the run wrote: `prune` knows them
+    book = Path(e2e.env["XDG_STATE_HOME"]) / "sm121-build" / "ledger.json"
+    listed = {t for entry in json.loads(book.read_text())["built"] for t in entry["tags"]}
     assert set(record["kernels_to"]) <= listed
     with urllib.request.urlopen(f"http://{registry}/v2/sm121-test/published/tags/list",
                                 timeout=10) as response:
