@@ -44,6 +44,10 @@ RELATIVE = {EM_X86_64: 8, EM_AARCH64: 1027}  # R_X86_64_RELATIVE, R_AARCH64_RELA
 MACHINES = {EM_X86_64: "x86_64", EM_AARCH64: "aarch64"}
 
 
+class NoFatbin(CorruptBinaryError):
+    """A host ELF with no registered device code: nothing to rewrite (not a damaged file)."""
+
+
 @dataclass(frozen=True)
 class Container:
     """One fatbin container as it lies in the file: its entries' raw bytes (header and
@@ -104,7 +108,7 @@ def read_layout(data: bytes, where: str) -> Layout:
                   None)
     segment = next((s for s in sections if s.name == ".nvFatBinSegment"), None)
     if fatbin is None or segment is None:
-        raise CorruptBinaryError(f"{where}: no .nv_fatbin and .nvFatBinSegment sections")
+        raise NoFatbin(f"{where}: no .nv_fatbin and .nvFatBinSegment sections")
     index = sections.index(fatbin)
     address = elf.rows[index][3]
     containers = _containers(data, fatbin.offset, fatbin.size, where)

@@ -16,26 +16,32 @@ import base64
 import hashlib
 import os
 import stat
-import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import click
 
 from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
-from sm121_build.core.outputs import refuse_links_below, replace_bytes
+from sm121_build.core.outputs import refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.paths import store_bytes
 from sm121_build.core.units import duration, human_size
 from sm121_build.cuda.binary import jit_ptx
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import Elf
 from sm121_build.cuda.fatbin import entry_payload, read_entry
-from sm121_build.cuda.fatbin_rewrite import Layout, entry_options, read_layout, rewrite
+from sm121_build.cuda.fatbin_rewrite import (
+    Layout,
+    NoFatbin,
+    entry_options,
+    read_layout,
+    rewrite,
+)
 from sm121_build.cuda.ptxas import (
     Toolchain,
     ToolchainError,
@@ -152,13 +158,13 @@ def _plan(name: str, data: bytes, mode: int, target: Target,
           outcome: AotResult) -> FileWork | None:
     """The file's layout when it has JIT-only containers to compile; None when it has none
     (host code only, or everything loads natively already)."""
-    if b".nv_fatbin" not in data[-65536:] and b".nv_fatbin" not in data:
+    if b".nv_fatbin" not in data:  # the section's name: host code only
         return None
     try:
         layout = read_layout(data, name)
+    except NoFatbin:
+        return None
     except CorruptBinaryError as exc:
-        if "no .nv_fatbin" in str(exc):
-            return None
         outcome.failed.append(str(exc))
         return None
     work = FileWork(name, data, layout, mode)
@@ -343,6 +349,7 @@ def _aot_wheel(source: Path, request: AotRequest, outcome: AotResult) -> None:
         if not replaced:
             return
         target = request.out / source.name
+        refuse_links_below(request.out, target)
         _write_wheel(wheel, infos, replaced, target)
         outcome.written.append(target)
 
@@ -360,28 +367,21 @@ def _write_wheel(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
             digest = base64.urlsafe_b64encode(hashlib.sha256(replaced[path]).digest())
             row = f"{path},sha256={digest.rstrip(b'=').decode()},{len(replaced[path])}"
         lines.append(row)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".sm121-aot-")
-    os.close(handle)
-    try:
-        with zipfile.ZipFile(temporary, "w") as out:
+
+    def write(out: BinaryIO) -> None:
+        with zipfile.ZipFile(out, "w") as copy:
             for info in infos:
                 if info.filename == record:
-                    out.writestr(info, "\n".join(lines) + "\n")
+                    copy.writestr(info, "\n".join(lines) + "\n")
                 elif info.filename in replaced:
-                    out.writestr(info, replaced[info.filename],
-                                 compress_type=zipfile.ZIP_DEFLATED)
+                    copy.writestr(info, replaced[info.filename],
+                                  compress_type=zipfile.ZIP_DEFLATED)
                 else:
-                    with wheel.open(info) as member, out.open(info, "w") as copy:
+                    with wheel.open(info) as member, copy.open(info, "w") as to:
                         while chunk := member.read(1 << 20):
-                            copy.write(chunk)
-        if target.is_symlink():
-            raise Sm121Error(f"{target} is a link: aot writes over no link")
-        os.chmod(temporary, stat.S_IMODE(os.stat(str(wheel.filename)).st_mode))
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+                            to.write(chunk)
+
+    replace_file(target, write, stat.S_IMODE(os.stat(str(wheel.filename)).st_mode))
 
 
 def say_results(outcome: AotResult) -> None:
