@@ -472,7 +472,8 @@ def up_to_date(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPl
     record.ended(run_report.RunStatus.UP_TO_DATE)
     if opts.out:
         with pipeline.steps.step("verify"):
-            pipeline.verify_and_export(image.facts, existing, plan.extensions, None, target)
+            pipeline.verify_and_export(image.facts, existing,
+                                       (*plan.extensions, *plan.prebuilt), None, target)
     pipeline.tag_result(image.facts, existing, target)
     result(f"up to date: {', '.join(target.tags)} (content key {target.content_key}); "
            "--force rebuilds")
