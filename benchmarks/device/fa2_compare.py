@@ -1,4 +1,5 @@
-"""Compare two fa2_outputs.py results element by element: `python3 fa2_compare.py A.pt B.pt`."""
+"""Compare two saved output files (fa2_outputs.py, marlin_outputs.py) element by element:
+`python3 fa2_compare.py A.pt B.pt`."""
 import json
 import sys
 
