@@ -226,7 +226,16 @@ def laid_out_size(layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> in
 
 def rewrite(data: bytes, layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> bytes:
     """The file with its containers laid out again and the addends moved (the module's
-    docstring says where they go)."""
+    docstring says where they go); headers whose values do not fit (a crafted file) are a
+    `CorruptBinaryError`."""
+    try:
+        return _rewrite(data, layout, replaced)
+    except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as exc:
+        raise CorruptBinaryError(f"cannot be rewritten: its headers do not hold together "
+                                 f"({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+def _rewrite(data: bytes, layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> bytes:
     needed = laid_out_size(layout, replaced)
     shift: Callable[[int], int] = _same
     if needed <= layout.size:

@@ -235,7 +235,11 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
     for number, work in enumerate(works):
         if number in failed_files or not work.entries:
             continue
-        new = _rewrite_checked(number, work, request, modules)
+        try:
+            new = _rewrite_checked(number, work, request, modules)
+        except CorruptBinaryError as exc:
+            outcome.failed.append(f"{work.name}: {exc}; left as it was")
+            continue
         if new is None:
             outcome.failed.append(f"{work.name}: verification failed; left as it was")
             continue

@@ -372,3 +372,20 @@ def test_aot_for_another_gpu_adds_its_cubins(jit_only_so: Path, tmp_path: Path) 
     audit = cli("audit", str(made), "--target", "sm_120", "--driver", "13.0", "--require",
                 "native")
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+@pytest.mark.parametrize("field", [0x20, 0x28, 0x36, 0x38, 0x3A, 0x3C])
+def test_a_file_with_damaged_headers_is_one_line_never_a_traceback(
+        jit_only_so: Path, tmp_path: Path, field: int) -> None:
+    """The ELF header's table offsets and counts set to nonsense (what a crafted file hands
+    the rewrite): one `error:` line or nothing to do, no traceback, nothing half-written."""
+    data = bytearray(jit_only_so.read_bytes())
+    struct.pack_into("<H", data, field, 0xFFFF)
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    done = cli("aot", str(bad), "--out", str(tmp_path / "out"), "--target", "sm_121", env=ENV)
+    assert "Traceback" not in done.stderr
+    assert done.returncode in (0, 2), done.stderr
+    if done.returncode == 2:
+        one_line_error(done)
+    assert not (tmp_path / "out" / "bad.so").exists() or done.returncode == 0
