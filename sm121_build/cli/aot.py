@@ -69,6 +69,10 @@ def aot(paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | No
     (as the driver would at first start) and the cubin is added beside the stock code; host
     code, symbols, stock cubins and PTX stay byte for byte.  Each file is verified before it
     is written; one that cannot be rewritten is one error line and is not written.
+
+    PATHS are .so files, folders and wheels; or one image in the local engine, whose
+    extensions are aot'd and injected into an untouched copy tagged like the main job's
+    (the main job's aot actions, with no source).
     """
     from sm121_build.jobs.aot import AotRequest, run_aot, say_results
 
