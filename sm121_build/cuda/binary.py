@@ -126,10 +126,15 @@ ANY_DRIVER = (99, 0)  # ahead of time no driver limits which PTX ptxas reads
 PTXAS_CPU_SECONDS_PER_MB = 3.2
 
 
+def has_native_cubin(described: tuple[Entry, ...] | list[Entry], target: Target) -> bool:
+    """Whether one container has a cubin the GPU loads."""
+    return any(e.kind == "elf" and cubin_loads(e.arch, e.variant, target) for e in described)
+
+
 def jit_ptx(described: tuple[Entry, ...] | list[Entry], target: Target) -> Entry | None:
     """The PTX the driver would JIT for one container (the newest it can) when no cubin of
     it loads natively: what `aot` compiles; None when a cubin loads or no PTX can."""
-    if any(e.kind == "elf" and cubin_loads(e.arch, e.variant, target) for e in described):
+    if has_native_cubin(described, target):
         return None
     candidates = [e for e in described if e.kind == "ptx"
                   and ptx_loads(e.arch, e.variant, e.version, target, ANY_DRIVER)]

@@ -259,7 +259,7 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
         compile_into(pipeline.engine, image.facts.id, image.vllm.package_dir, aot,
                      context / "aot", toolchain)
     prebuilt = tuple(a.name for a in aot)
-    if chosen and checkout is not None:
+    if chosen and checkout is not None:  # mixed: a source build with the aot'd files in it
         sources = external_sources(pipeline, opts, image, context, checkout, chosen)
         plan = replace(plan_for(image.facts, image.arch.torch, chosen, opts.jobs,
                                 context / "src", str(image.ref), sources.commit,
@@ -268,23 +268,19 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
                                 patches=patches_of(opts)), prebuilt=prebuilt)
         key = content_key(image.facts, sources.provenance + "\0" +
                           aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
-        target = replace(finish_target(pipeline, opts, image, sources, plan, key,
-                                       f"{patches_of(opts)}+{aot_patches(toolchain)}"),
-                         origins=tuple((name, "aot") for name in prebuilt))
-        existing = pipeline.reusable(key)
-        if existing:
-            return up_to_date(pipeline, opts, image, plan, target, existing)
-        return build(pipeline, opts, image, plan, target, context)
-    commit = image.vllm.commit_id or image.ref.value
-    plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
-    key = aot_key(image.facts.id, aot, toolchain)
-    target = replace(finish_target(pipeline, opts, image, Sources(commit, commit), plan, key,
-                                   aot_patches(toolchain)),
+        patches, run = f"{patches_of(opts)}+{aot_patches(toolchain)}", build
+    else:  # aot alone: the aot'd files into the pristine base
+        commit = image.vllm.commit_id or image.ref.value
+        sources = Sources(commit, commit)
+        plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
+        key = aot_key(image.facts.id, aot, toolchain)
+        patches, run = aot_patches(toolchain), inject_aot
+    target = replace(finish_target(pipeline, opts, image, sources, plan, key, patches),
                      origins=tuple((name, "aot") for name in prebuilt))
     existing = pipeline.reusable(key)
     if existing:
         return up_to_date(pipeline, opts, image, plan, target, existing)
-    return inject_aot(pipeline, opts, image, plan, target, context)
+    return run(pipeline, opts, image, plan, target, context)
 
 
 def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
@@ -301,12 +297,13 @@ def _source_if_needed(pipeline: Pipeline, opts: Options, image: Resolved,
                       dest: Path) -> Checkout | None:
     """The source, when a kernel remains that aot cannot make native and the source can be
     had (a given --source always is); None otherwise, said."""
-    covered = {a.name: a.able.kernels or 0 for a in aot}
-    left = [name for name, report in stock.items() if report is not None
-            and report.kernels is not None and sum(report.kernel_counts().values())
-            - report.kernel_counts()["native"] > covered.get(name, 0)]
     if opts.aot_only or (opts.only and opts.source is None):
         return None
+    covered = {a.name: a.able.kernels or 0 for a in aot}
+    left = [name for name, report in stock.items() if report is not None
+            and report.kernels is not None
+            and sum(n for v, n in report.kernel_counts().items() if v != "native")
+            > covered.get(name, 0)]
     if not left and opts.source is None:
         note("every kernel that is not native has PTX: aot alone, no source needed")
         return None

@@ -12,24 +12,18 @@
 from __future__ import annotations
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.cuda.binary import jit_ptx
-from sm121_build.cuda.compat import Target, cubin_loads
+from sm121_build.cuda.binary import has_native_cubin, jit_ptx
+from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import SHT_NOBITS
 from sm121_build.cuda.fatbin_rewrite import (
     PT_LOAD,
     PT_PHDR,
     SHF_ALLOC,
-    Container,
     Layout,
     program_headers,
     read_layout,
     section_headers,
 )
-
-
-def loads_natively(container: Container, target: Target) -> bool:
-    return any(e.kind == "elf" and cubin_loads(e.arch, e.variant, target)
-               for e in container.described)
 
 
 def check_aot(stock: bytes, new: bytes, target: Target, where: str) -> list[str]:
@@ -52,7 +46,7 @@ def check_aot(stock: bytes, new: bytes, target: Target, where: str) -> list[str]
         if any(e.kind != "elf" for e in added):
             problems.append(f"{where}: container {old.container} gained an entry that is "
                             "not a cubin")
-        if jit_ptx(was.described, target) and not loads_natively(got, target):
+        if jit_ptx(was.described, target) and not has_native_cubin(got.described, target):
             problems.append(f"{where}: container {old.container} still has no cubin "
                             f"{target} loads")
     return problems
