@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA, compile_cached, gencode
+from sm121_build.source.cmake_run import HostCMake, evaluating_with
+from sm121_build.source.guards import find_cmake
 
 # Each build is one .so; nvcc refuses sm_120 and sm_120f in one fatbin, hence several.
 MATRIX: dict[str, list[str]] = {
@@ -41,6 +43,21 @@ def pytest_configure(config: pytest.Config) -> None:
 def _state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test keeps its ledger and logs in its own state dir, never the user's."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture(autouse=True)
+def _cmake_on_this_host(request: pytest.FixtureRequest,
+                        monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests without an engine evaluate their own test trees' CMake on this host, as
+    SM121_CMAKE_ON_HOST=1 asks; tests marked `docker` take the default path, the throwaway
+    container (tests/integration/test_cmake_sandbox.py tries it with hostile trees)."""
+    if request.node.get_closest_marker("docker"):
+        monkeypatch.delenv("SM121_CMAKE_ON_HOST", raising=False)
+        yield
+        return
+    monkeypatch.setenv("SM121_CMAKE_ON_HOST", "1")
+    with evaluating_with(HostCMake(find_cmake, 60.0)):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from sm121_build.cuda.compat import Target
 from sm121_build.rebuild.decide import ExtensionPlan, Rebuild, decide_inputs, plan_extensions
 from sm121_build.source.guards import cmake_arch_list
 from sm121_build.source.patch import apply_for_build, read_source_version
+from sm121_build.source.tree import require_contained
 
 _WHEEL_VERSION = re.compile(r"^vllm-([^-]+)-.*\.whl\Z")
 
@@ -39,6 +40,7 @@ def source_version(source: Path, target: str) -> str:
     a version), of the audited wheel's version when the target is a vLLM wheel."""
     if not source.is_dir() or not (source / "CMakeLists.txt").is_file():
         raise Sm121Error(f"--source {source}: not a vLLM source tree (no CMakeLists.txt)")
+    require_contained(source)
     version = read_source_version(source)
     if version is None:
         raise Sm121Error(f"--source {source}: no vLLM version found (vllm/_version.py or "

@@ -7,8 +7,9 @@ import importlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -16,7 +17,41 @@ from sm121_build import __version__
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
 
-SIGPIPE_STATUS = 128 + signal.SIGPIPE  # 141, as `yes | head -1` leaves `yes`
+if TYPE_CHECKING:
+    from sm121_build.image.api import ImageEngine
+    from sm121_build.source.cmake_run import CMakeOutput, CMakeRunner, CMakeScript
+
+SIGPIPE_STATUS = 128 + signal.SIGPIPE
+
+
+def _connect() -> ImageEngine:
+    from sm121_build.image.engine import Engine
+
+    return Engine.connect()
+
+
+class _Confined:
+    """The runner every command evaluates a source tree's CMake with: a throwaway container
+    (`jobs/cmake_sandbox.py`), made when a tree is first evaluated, so a command that
+    evaluates none loads no job module and asks no engine."""
+
+    def __init__(self) -> None:
+        self.runner: CMakeRunner | None = None
+
+    def run(self, script: CMakeScript) -> CMakeOutput:
+        if self.runner is None:
+            from sm121_build.jobs.cmake_sandbox import source_runner
+
+            self.runner = source_runner(_connect)
+        return self.runner.run(script)
+
+
+@contextlib.contextmanager
+def _tree_code_confined() -> Iterator[None]:
+    from sm121_build.source.cmake_run import evaluating_with
+
+    with evaluating_with(_Confined()):
+        yield  # 141, as `yes | head -1` leaves `yes`
 
 
 class _Group(click.Group):
@@ -45,7 +80,8 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _tree_code_confined():
+                return super().invoke(ctx)
         except Sm121Error as exc:
             report_error(str(exc) + (left_behind() if isinstance(exc, EngineUnavailable)
                                      else ""))

@@ -8,6 +8,7 @@
 | 4    | EngineUnavailable     | the Docker engine cannot be reached or lost the connection   |
 | 5    | BuildFailed           | the compile (docker build or --local) failed                 |
 | 6    | PatchDrift            | a guard rule cannot be applied to this source                |
+| 7    | RegistryUnavailable   | a registry did not answer in time, or refused the request    |
 | 130  | (KeyboardInterrupt)   | Ctrl-C / SIGTERM: temporary files and containers removed     |
 """
 
@@ -59,6 +60,13 @@ class PatchDrift(Sm121Error):
     exit_code = 6
 
 
+class RegistryUnavailable(Sm121Error):
+    """A registry could not be asked: it gave no answer within the limit, is down, or
+    refused the login (not the image's fault)."""
+
+    exit_code = 7
+
+
 EXIT_CODES: dict[str, int] = {cls.__name__: cls.exit_code for cls in (
     RequirementNotMet, Sm121Error, VerificationError, EngineUnavailable, BuildFailed,
-    PatchDrift)}
+    PatchDrift, RegistryUnavailable)}

@@ -54,6 +54,28 @@ class ImageInfo:
 
 
 @dataclass(frozen=True)
+class ConfinedJob:
+    """A program to run in a throwaway container that can only compute (`run_confined`)."""
+
+    what: str  # for messages: "the source tree's CMake"
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    seconds: float  # killed after this
+    scratch: str = "/scratch"  # its only writable folder: a 16 MiB tmpfs
+    memory: int = 256 << 20
+
+
+@dataclass(frozen=True)
+class ConfinedResult:
+    """How a confined job ended: its exit status (None: killed at its time limit) and
+    output."""
+
+    status: int | None
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
 class HistoryStep:
     """One step of an image's history: what made it and how many bytes its layer adds."""
 
@@ -160,6 +182,8 @@ class ImageEngine(Protocol):
                ) -> contextlib.AbstractContextManager[ImageFiles]: ...
 
     def history(self, image_id: str) -> list[HistoryStep]: ...
+
+    def run_confined(self, image_id: str, job: ConfinedJob) -> ConfinedResult: ...
 
     def build(self, context: Path, dockerfile: Path, log: Path,
               status: Status | None = None) -> str: ...

@@ -33,13 +33,23 @@ from typing import IO, Any, cast
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
+import urllib3.exceptions
 
 from sm121_build.core.console import note
-from sm121_build.core.errors import BuildFailed, EngineUnavailable, Sm121Error
+from sm121_build.core.errors import (
+    BuildFailed,
+    EngineUnavailable,
+    RegistryUnavailable,
+    Sm121Error,
+)
+from sm121_build.core.limits import ENGINE_VARIABLE, REGISTRY_VARIABLE, Limits
 from sm121_build.core.pull_progress import PullProgress
 from sm121_build.image.api import (
     RUNTIME_FIELDS,
+    ConfinedJob,
+    ConfinedResult,
     HistoryStep,
     ImageInfo,
     PathLookups,
@@ -55,6 +65,10 @@ READER_LABEL = "io.github.sm121-build.reader"
 # the engine goes away mid-run, the error line names what may be left there.
 LEFT_BEHIND: set[str] = set()
 _LOST = (docker.errors.APIError, requests.exceptions.RequestException)
+# what a streamed read raises when its socket timed out (urllib3 is not wrapped by the SDK there)
+_NO_ANSWER = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
+# a legacy (API) build may compile one file for an hour without a line of output
+BUILD_SILENCE_S = 3600.0
 __all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "failure_cause"]
 
 
@@ -71,20 +85,47 @@ def version_and_info(timeout: int = 10) -> tuple[dict[str, Any], dict[str, Any]]
 class Engine:
     """A connected Docker engine."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, limits: Limits | None = None) -> None:
         self.client = client
+        self.limits = limits or Limits.from_environment()
 
     @classmethod
     def connect(cls) -> Engine:
+        """The engine DOCKER_HOST names, answering a ping within SM121_ENGINE_TIMEOUT; every
+        later call waits that long for an answer (registry calls: SM121_REGISTRY_TIMEOUT)."""
+        limits = Limits.from_environment()
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
-            client = docker.from_env(timeout=600)
+            client = docker.from_env(timeout=limits.engine_s)
             client.ping()
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        except (docker.errors.DockerException, *_NO_ANSWER) as exc:
+            if _timed_out(exc):
+                raise EngineUnavailable(
+                    f"the Docker engine at {host} gave no answer in {limits.engine_s:g} s "
+                    f"(set {ENGINE_VARIABLE} to wait longer)") from None
             raise EngineUnavailable(
                 f"cannot reach the Docker engine at {host}: start it (e.g. `dockerd &` or "
                 f"`systemctl start docker`) or set DOCKER_HOST ({type(exc).__name__})") from None
-        return cls(client)
+        return cls(client, limits)
+
+    @contextmanager
+    def _waiting(self, seconds: float) -> Iterator[None]:
+        """Calls made inside wait `seconds` for each answer (a stream: for each chunk)."""
+        saved = self.client.api.timeout
+        self.client.api.timeout = seconds
+        try:
+            yield
+        finally:
+            self.client.api.timeout = saved
+
+    def _registry_failed(self, verb: str, ref: str, exc: BaseException) -> Sm121Error:
+        """The error a failed registry call through the engine is: no answer in time (the
+        registry's, exit 7) or the engine connection lost (exit 4)."""
+        if _timed_out(exc):
+            return RegistryUnavailable(
+                f"cannot {verb} {ref}: no answer in {self.limits.registry_s:g} s (set "
+                f"{REGISTRY_VARIABLE} to wait longer)")
+        return EngineUnavailable(f"cannot {verb} {ref}: engine connection lost ({exc})")
 
     def image(self, ref: str) -> ImageInfo:
         validate_image_ref(ref)
@@ -119,8 +160,10 @@ class Engine:
         progress = PullProgress(ref, time.monotonic())
         shown = 0.0
         try:
-            for event in self.client.api.pull(name, tag=digest or tag or "latest", stream=True,
-                                              decode=True):
+            with self._waiting(self.limits.registry_s):
+                events = self.client.api.pull(name, tag=digest or tag or "latest",
+                                              stream=True, decode=True)
+            for event in events:
                 if "error" in event:
                     raise Sm121Error(f"cannot pull {ref}: {event['error']}")
                 progress.feed(event)
@@ -131,8 +174,8 @@ class Engine:
         except docker.errors.APIError as exc:
             raise Sm121Error(f"cannot pull {ref}: "
                              f"{exc.explanation or exc}") from None
-        except requests.exceptions.RequestException as exc:
-            raise EngineUnavailable(f"cannot pull {ref}: engine connection lost ({exc})") from None
+        except _NO_ANSWER as exc:
+            raise self._registry_failed("pull", ref, exc) from None
         if status:
             status(progress.summary(time.monotonic()))  # the last word: what came, how fast
         return self.image(ref).id
@@ -142,12 +185,12 @@ class Engine:
         engine (its login, mirrors and insecure-registry settings): what a later pull by
         digest gets, however the tag moves meanwhile."""
         try:
-            data = self.client.api.inspect_distribution(ref)
+            with self._waiting(self.limits.registry_s):
+                data = self.client.api.inspect_distribution(ref)
         except docker.errors.APIError as exc:
             raise Sm121Error(f"cannot resolve {ref}: {exc.explanation or exc}") from None
-        except requests.exceptions.RequestException as exc:
-            raise EngineUnavailable(f"cannot resolve {ref}: engine connection lost "
-                                    f"({exc})") from None
+        except _NO_ANSWER as exc:
+            raise self._registry_failed("resolve", ref, exc) from None
         digest = str((data.get("Descriptor") or {}).get("digest") or "")
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
             raise Sm121Error(f"cannot resolve {ref}: the registry gave no digest")
@@ -157,14 +200,16 @@ class Engine:
         """Push a local tag to its registry, as `docker push` (the engine's credentials)."""
         name, tag, _digest = split_ref(ref)
         try:
-            for event in self.client.api.push(name, tag=tag or "latest", stream=True,
-                                              decode=True):
+            with self._waiting(self.limits.registry_s):
+                events = self.client.api.push(name, tag=tag or "latest", stream=True,
+                                              decode=True)
+            for event in events:
                 if "error" in event:
                     raise Sm121Error(f"cannot push {ref}: {event['error']}")
         except docker.errors.APIError as exc:
             raise Sm121Error(f"cannot push {ref}: {exc.explanation or exc}") from None
-        except requests.exceptions.RequestException as exc:
-            raise EngineUnavailable(f"cannot push {ref}: engine connection lost ({exc})") from None
+        except _NO_ANSWER as exc:
+            raise self._registry_failed("push", ref, exc) from None
 
     def image_id(self, ref: str) -> str | None:
         """The local image ID `ref` names, or None when there is none."""
@@ -238,6 +283,52 @@ class Engine:
         LEFT_BEHIND.add(f"container {name}")
         try:
             yield ImageReader(self.client, container["Id"], image_id, on_read)
+        finally:
+            with suppress(*_LOST):
+                self.client.api.remove_container(container["Id"], force=True, v=True)
+                LEFT_BEHIND.discard(f"container {name}")
+
+    def run_confined(self, image_id: str, job: ConfinedJob) -> ConfinedResult:
+        """Run `job.argv` in a throwaway container of `image_id` that can do nothing but
+        compute: no network, a read-only root, not root, no capabilities, no new
+        privileges, one CPU, `job.memory` bytes, 64 processes, a small `job.scratch`, a bounded
+        log.
+        It is killed after `job.seconds` and removed on every exit."""
+        name = f"sm121-build-confined-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            container = self.client.api.create_container(
+                image_id, command=list(job.argv), environment=dict(job.env), name=name,
+                user="65534:65534", network_disabled=True, labels={READER_LABEL: "confined"},
+                host_config=self.client.api.create_host_config(
+                    network_mode="none", read_only=True, cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"], mem_limit=job.memory,
+                    memswap_limit=job.memory, nano_cpus=1_000_000_000, pids_limit=64,
+                    # a folder the image does not have: over an existing one (`/tmp` of a
+                    # FROM scratch image) Docker 20.10 leaves the mount unwritable to uid 65534
+                    mounts=[docker.types.Mount(job.scratch, "", type="tmpfs",
+                                               tmpfs_size=16 << 20, tmpfs_mode=0o1777)],
+                    log_config={"Type": "json-file",
+                                "Config": {"max-size": "1m", "max-file": "1"}}))
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"engine refused to create a container of {image_id}: "
+                             f"{exc.explanation}") from None
+        LEFT_BEHIND.add(f"container {name}")
+        try:
+            self.client.api.start(container["Id"])
+            try:
+                # (wait's own timeout: None there would override the client's)
+                status = self.client.api.wait(container["Id"], timeout=job.seconds)
+            except _NO_ANSWER as exc:
+                if not _timed_out(exc):
+                    raise EngineUnavailable(f"engine connection lost while {job.what} ran: "
+                                            f"{exc}") from None
+                return ConfinedResult(None, "", "")
+            out = self.client.api.logs(container["Id"], stdout=True, stderr=False)
+            err = self.client.api.logs(container["Id"], stdout=False, stderr=True)
+            return ConfinedResult(int(status.get("StatusCode", -1)),
+                                  out.decode(errors="replace"), err.decode(errors="replace"))
+        except docker.errors.APIError as exc:
+            raise Sm121Error(f"engine refused to run {job.what}: {exc.explanation}") from None
         finally:
             with suppress(*_LOST):
                 self.client.api.remove_container(container["Id"], force=True, v=True)
@@ -320,8 +411,10 @@ class Engine:
             return iidfile.read_text().strip()
         image_id = ""
         try:
-            for chunk in self.client.api.build(path=str(context), dockerfile=str(dockerfile),
-                                               rm=True, forcerm=True, decode=True):
+            with self._waiting(max(BUILD_SILENCE_S, self.limits.engine_s)):
+                chunks = self.client.api.build(path=str(context), dockerfile=str(dockerfile),
+                                               rm=True, forcerm=True, decode=True)
+            for chunk in chunks:
                 if "stream" in chunk:
                     _stream_to(log, chunk["stream"], status)
                 if "error" in chunk:
@@ -368,6 +461,23 @@ def kept_pin(tag: str) -> None:
     and the user is told."""
     note(f"the base image has no tag of its own: its pin tag {tag} stays (removing it would "
          f"delete the image); `docker rmi {tag}` once you no longer need the base")
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) is a socket read or connect that got no answer in
+    time, however the SDK, requests or urllib3 phrased it."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError,
+                             TimeoutError)):
+            return True
+        todo += [*item.args, item.__cause__, item.__context__]
+    return False
 
 
 class ImageReader(PathLookups):

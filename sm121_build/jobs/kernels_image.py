@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm121_build.core.console import LiveLine, end_status_line, note
-from sm121_build.core.errors import EngineUnavailable, Sm121Error
+from sm121_build.core.errors import EngineUnavailable, RegistryUnavailable, Sm121Error
 from sm121_build.core.labels import LABEL_PREFIX
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
@@ -153,8 +153,9 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
     return tags
 
 
-class RegistryError(Sm121Error):
-    """The registry could not be asked (down, refused the login, ...): not the image's fault."""
+class RegistryError(RegistryUnavailable):
+    """The registry could not be asked (down, refused the login, no answer in time, ...):
+    not the image's fault (exit 7)."""
 
 
 @dataclass(frozen=True)

@@ -17,20 +17,23 @@ from pathlib import Path
 from sm121_build.core.compile_progress import shipped_histories
 from sm121_build.core.console import BuildStatus, note
 from sm121_build.core.errors import BuildFailed, Sm121Error
+from sm121_build.core.limits import Limits
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.binary import SM121
 from sm121_build.image.facts import cuda_h_version
 from sm121_build.jobs import build_extensions
 from sm121_build.jobs.render import choose_extensions, default_file
+from sm121_build.source.cmake_run import HostCMake, evaluating_with
 from sm121_build.source.external import (
     projects_for,
     read_pin,
     source_targets,
     stand_in_envs,
 )
-from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list
+from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, find_cmake
 from sm121_build.source.patch import apply_for_build, read_source_version
 from sm121_build.source.pin import copy_into
+from sm121_build.source.tree import require_contained
 
 
 def host_cuda_version(home: Path) -> str:
@@ -65,7 +68,9 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
     cuda = host_cuda_version(home)
     with tempfile.TemporaryDirectory(prefix="sm121-local-") as tmp:
         copy = Path(tmp) / "src"
-        shutil.copytree(source, copy, ignore=shutil.ignore_patterns(".git", "build*"))
+        require_contained(source)  # the copy keeps links as links, all inside
+        shutil.copytree(source, copy, ignore=shutil.ignore_patterns(".git", "build*"),
+                        symlinks=True)
         sources: list[str] = []
         trees: dict[str, Path] = {}
         for project in projects:  # flash-attention at the commit the source pins
@@ -73,9 +78,11 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
             got = copy_into(read_pin(copy, project), fa_source, trees[project.name])
             note(f"{project.name} {got.commit[:12]}: {got.path}")
             sources += ["--define", f"{project.env}={trees[project.name]}"]
-        if not no_patch:
-            for line in apply_for_build(copy, trees, version, archs, cuda, SM121.target):
-                note(line)
+        # --local runs the tree's whole CMake on this host anyway: its guards may too
+        with evaluating_with(HostCMake(find_cmake, Limits.from_environment().cmake_s)):
+            if not no_patch:
+                for line in apply_for_build(copy, trees, version, archs, cuda, SM121.target):
+                    note(line)
         environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
                    "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")}
         if jobs:

@@ -63,6 +63,7 @@ from sm121_build.source.pin import (
     fetch_source,
     version_to_ref,
 )
+from sm121_build.source.tree import require_contained
 from sm121_build.verify import run_report
 
 
@@ -374,7 +375,9 @@ def vllm_source(pipeline: Pipeline, opts: Options, image: Resolved, dest: Path) 
         else:
             checkout = Checkout(*fetch_source(image.ref, opts.repo), "", "")
         require_python_headers(image.vllm.tools, checkout.path, image.facts.ref)
-        shutil.copytree(checkout.path, dest, ignore=shutil.ignore_patterns(".git"))
+        require_contained(checkout.path)  # the copy keeps links as links, all inside
+        shutil.copytree(checkout.path, dest, ignore=shutil.ignore_patterns(".git"),
+                        symlinks=True)
         note(f"{checkout.path} @ {checkout.commit}")
     return checkout
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -29,6 +28,8 @@ from sm121_build.source.cmake_lang import (
     read_source,
     variables_in,
 )
+from sm121_build.source.cmake_run import UTILS_AT, CMakeScript, current_runner
+from sm121_build.source.tree import require_contained
 
 GUARD_FUNCTION = "cuda_archs_loose_intersection"
 PLAIN_SM12X = re.compile(r"^12\.\d+$")
@@ -125,8 +126,8 @@ def find_cmake(candidates: tuple[str, ...] | None = None) -> str:
     for candidate in candidates or cmake_candidates():
         try:
             out = subprocess.run([candidate, "--version"], capture_output=True, text=True,
-                                 check=True).stdout
-        except (OSError, subprocess.CalledProcessError):
+                                 check=True, timeout=30).stdout
+        except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
             continue
         match = re.search(r"version (\d+)\.(\d+)", out)
         if match and (int(match.group(1)), int(match.group(2))) >= MIN_CMAKE:
@@ -136,7 +137,9 @@ def find_cmake(candidates: tuple[str, ...] | None = None) -> str:
 
 
 def scan_files(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[str]:
-    """The files (relative, sorted, each once) the patterns name in a source tree."""
+    """The files (relative, sorted, each once) the patterns name in a source tree; a tree
+    with a link that leads out of it is refused first (`tree.require_contained`)."""
+    require_contained(source)
     found: list[str] = []
     for pattern in patterns:
         for path in sorted(source.glob(pattern)):
@@ -500,6 +503,10 @@ def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# where a runner's copy of the tree's utils.cmake is, as CMake's messages name it
+_UTILS_COPY = rf"\S*{re.escape(UTILS_AT)}"
+
+
 def _run(source: Path, archs: str, cuda_version: str,
          invocations: list[Invocation]) -> tuple[dict[int, tuple[str, ...]], str]:
     utils = source.resolve() / UTILS
@@ -507,7 +514,7 @@ def _run(source: Path, archs: str, cuda_version: str,
         raise Sm121Error(f"{source}: no {UTILS}; is this a vLLM source tree?")
     if not re.fullmatch(r"\d+\.\d+", cuda_version):
         raise Sm121Error(f"unknown CUDA version {cuda_version!r}: expected e.g. 13.0")
-    script = [f'include("{utils.as_posix()}")', f'set(CUDA_ARCHS "{archs}")',
+    script = [f'set(CUDA_ARCHS "{archs}")',
               f'set(CMAKE_CUDA_COMPILER_VERSION "{cuda_version}")']
     supported = supported_archs_block(source)
     if supported:
@@ -520,13 +527,14 @@ def _run(source: Path, archs: str, cuda_version: str,
         script.append(_within(
             f"set(SM121OUT)\n{function}(SM121OUT {' '.join(map(_quote, args))})\n"
             f'message(STATUS "SM121GUARD|{index}|${{SM121OUT}}")', levels))
-    with tempfile.TemporaryDirectory(prefix="sm121-explain-") as tmp:
-        path = Path(tmp) / "explain.cmake"
-        path.write_text("\n".join(script) + "\n")
-        result = subprocess.run([find_cmake(), "-P", str(path)], capture_output=True, text=True,
-                                check=False, cwd=tmp)
-    if result.returncode != 0:
-        raise Sm121Error(f"cmake -P could not evaluate {utils}: {cmake_error(result.stderr)}")
+    # the tree's code runs where the command's context says: a throwaway container
+    result = current_runner().run(CMakeScript(read_source(utils), "\n".join(script) + "\n"))
+    if result.status is None:
+        raise Sm121Error(f"cmake -P of {utils} gave no result within its time limit (a loop "
+                         "in the tree's CMake?): stopped")
+    if result.status != 0:  # the runner's copy of utils.cmake named as the tree's own
+        said = re.sub(rf"(?<![^\s(]){_UTILS_COPY}", str(utils), result.stderr)
+        raise Sm121Error(f"cmake -P could not evaluate {utils}: {cmake_error(said)}")
     results: dict[int, tuple[str, ...]] = {}
     effective = ""
     for out_line in result.stdout.splitlines():

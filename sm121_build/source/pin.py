@@ -23,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.paths import cache_dir
 from sm121_build.source.external import ProjectPin, require_project_tree
+from sm121_build.source.tree import require_contained
 
 UPSTREAM = "https://github.com/vllm-project/vllm.git"
 _HASH = re.compile(r"^g?([0-9a-f]{7,40})$")
@@ -227,7 +228,8 @@ def copy_into(pin: ProjectPin, local: Path | None, dest: Path,
               allow_other_commit: bool = False) -> Checkout:
     """`bring` the project, then copy its tree (without .git) to `dest` for the build."""
     got = bring(pin, local, allow_other_commit)
-    shutil.copytree(got.path, dest, ignore=shutil.ignore_patterns(".git"))
+    require_contained(got.path)  # the copy keeps links as links, all inside
+    shutil.copytree(got.path, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
     return got
 
 

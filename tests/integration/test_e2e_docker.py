@@ -27,6 +27,7 @@ import jsonschema
 import pytest
 
 from devkit.registry import local_registry
+from devkit.silent import silent_listener
 from devkit.stallproxy import stalling
 from devkit.stockimage import TORCH_VERSION, StockImage, stock_workspace
 from sm121_build.core.compile_progress import CompileProgress
@@ -386,6 +387,25 @@ def _kernels_refused_or_unreachable(e2e: E2E, tmp_path: Path, registry: str,
     assert line.strip().startswith(f"cannot resolve {down}/k:{pinned}: ")
     assert json.loads((tmp_path / "down.json").read_text())["kernels_from"]["outcome"] == \
         "unreachable"
+    with silent_listener() as silent:  # a registry that accepts and never answers
+        e2e.env["SM121_REGISTRY_TIMEOUT"] = "3"
+        try:
+            waited = e2e.build(f"{PREFIX}:patched", "--kernels-from", f"{silent}/k",
+                               "--report", str(tmp_path / "silent.json"))
+            injected = e2e.run("inject", "--from", f"{silent}/k:{pinned}", "--base",
+                               e2e.stock.tag, "--tag", f"{PREFIX}:never")
+        finally:
+            del e2e.env["SM121_REGISTRY_TIMEOUT"]
+    assert waited.returncode == 0, waited.stderr
+    assert (f"cannot resolve {silent}/k:{pinned}: no answer in 3 s (set SM121_REGISTRY_TIMEOUT "
+            f"to wait longer): no kernels from {silent}/k") in waited.stderr
+    assert json.loads((tmp_path / "silent.json").read_text())["kernels_from"]["outcome"] == \
+        "unreachable"
+    assert injected.returncode == 7, injected.stderr
+    errors = [x for x in injected.stderr.splitlines() if x.startswith("error: ")]
+    assert errors == [f"error: cannot resolve {silent}/k:{pinned}: no answer in 3 s (set "
+                      "SM121_REGISTRY_TIMEOUT to wait longer)"], injected.stderr
+    assert not e2e.exists(f"{PREFIX}:never")
     for source in (repo, f"{down}/k"):
         failed = e2e.build(f"{PREFIX}:patched", "--kernels-from", source, "--no-build")
         assert failed.returncode == 2, failed.stderr

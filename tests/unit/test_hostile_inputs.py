@@ -350,7 +350,7 @@ def test_a_symlinked_cmakelists_stays_a_symlink(tmp_path: Path) -> None:
     (source / "CMakeLists.txt").unlink()
     (source / "CMakeLists.txt").symlink_to(outside)
     line = one_line_error(_patch(source))
-    assert "is a symlink to" in line and "outside the source tree" in line
+    assert "CMakeLists.txt is a link to" in line and "leads out of the source tree" in line
     assert outside.read_text() == GUARD
 
 
@@ -481,3 +481,37 @@ def test_fuzzed_archives_are_one_line_errors(tmp_path_factory: pytest.TempPathFa
     path.write_bytes(head + data)
     with contextlib.suppress(Sm121Error), binaries(str(path)):
         pass
+
+
+# -- links that leave the source tree --------------------------------------------------------
+def _patch_cli(source: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return cli("patch", "--version", "0.19.1", str(source), *extra)
+
+
+@pytest.mark.parametrize("linked", ["cmake", "cmake/external_projects"])
+def test_a_folder_linked_out_of_the_tree_is_refused_and_nothing_outside_is_written(
+        tmp_path: Path, linked: str) -> None:
+    """`cmake/` linked out: a patch would rewrite the files it names; `external_projects/`
+    linked out: its guard would silently stay unpatched.  Both are one line naming the link,
+    for `patch`, `patch --explain` and `audit --source`, and the outside files keep their
+    bytes."""
+    source = Path(shutil.copytree(ROOT / "tests" / "data" / "vllm_like", tmp_path / "src"))
+    outside = tmp_path / "elsewhere"
+    shutil.move(source / linked, outside)
+    (source / linked).symlink_to(outside)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    expected = (f"error: {source}: {linked} is a link to {outside}, which leads out of the "
+                "source tree: refused (replace the link by the files it names)")
+    for result in (_patch_cli(source), _patch_cli(source, "--explain"),
+                   cli("audit", str(ROOT / "tests" / "data"), "--source", str(source))):
+        assert one_line_error(result, alone=True) == expected
+    assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
+
+
+def test_links_inside_the_tree_are_followed_and_kept(tmp_path: Path) -> None:
+    source = Path(shutil.copytree(ROOT / "tests" / "data" / "vllm_like", tmp_path / "src"))
+    shutil.move(source / "cmake", source / "cmake-real")
+    (source / "cmake").symlink_to("cmake-real")
+    (source / "dangling").symlink_to("nowhere")
+    assert _patch_cli(source).returncode == 0
+    assert (source / "cmake").is_symlink()

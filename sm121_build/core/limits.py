@@ -1,0 +1,60 @@
+"""How long the tool waits on something outside it: the Docker engine and a registry.
+
+Each limit is the time without an answer, not the length of the work: a 20 GB pull that keeps
+sending progress runs as long as it needs, a registry that accepts the connection and then
+says nothing ends the wait after `registry` seconds.  Both are set by environment variables
+(seconds; README's "Time limits"), read and checked before any work:
+
+| variable                | default | what waits                                              |
+|-------------------------|---------|---------------------------------------------------------|
+| SM121_ENGINE_TIMEOUT    | 120     | any call to the engine (ping, inspect, read a file, tag) |
+| SM121_REGISTRY_TIMEOUT  | 60      | a registry lookup, and a pull or push with no progress   |
+| SM121_CMAKE_TIMEOUT     | 60      | one evaluation of a source tree's CMake (then killed)    |
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from sm121_build.core.errors import Sm121Error
+
+ENGINE_VARIABLE = "SM121_ENGINE_TIMEOUT"
+REGISTRY_VARIABLE = "SM121_REGISTRY_TIMEOUT"
+CMAKE_VARIABLE = "SM121_CMAKE_TIMEOUT"
+DEFAULT_ENGINE_S = 120.0
+DEFAULT_REGISTRY_S = 60.0
+DEFAULT_CMAKE_S = 60.0
+MAX_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Seconds without an answer before a call is given up."""
+
+    engine_s: float
+    registry_s: float
+    cmake_s: float = DEFAULT_CMAKE_S
+
+    @classmethod
+    def from_environment(cls) -> Limits:
+        """The limits the environment sets (defaults otherwise); a value that is not a
+        number of seconds in (0, 86400] is refused with one line."""
+        return cls(_seconds(ENGINE_VARIABLE, DEFAULT_ENGINE_S),
+                   _seconds(REGISTRY_VARIABLE, DEFAULT_REGISTRY_S),
+                   _seconds(CMAKE_VARIABLE, DEFAULT_CMAKE_S))
+
+
+def _seconds(variable: str, default: float) -> float:
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= MAX_S):
+        raise Sm121Error(f"{variable}={raw!r}: expected a number of seconds above 0 and at "
+                         f"most {MAX_S:.0f}")
+    return value
