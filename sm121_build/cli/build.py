@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_out
 from sm121_build.core.console import Steps, note, results_to_stderr
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
+from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.image.refs import (
     IMAGE_ID,
     default_tag,
@@ -96,6 +98,15 @@ def run_session(command: str, base: str, tag: str, arch: str | None, report: Pat
               help="After verification, push the rebuilt files as a kernels image to REPO "
                    "(tags k-<reuse key>, <version>-<commit>-<cuXYZ>-<arch> and the base's "
                    "tag), with the engine's `docker login`.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="With --kernels-to: sign the pushed kernels image with this ECDSA P-256 "
+                   "PEM key, in cosign's format (`cosign verify --key` reads it); a "
+                   "passphrase from COSIGN_PASSWORD.")
+@click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              envvar="SM121_TRUST_KEY",
+              help="With --kernels-from: use a hit only when this public key (cosign.pub) "
+                   "signed it; an unsigned or wrongly signed one is refused and the run "
+                   "builds.  Default: $SM121_TRUST_KEY.")
 @click.option("--no-build", is_flag=True,
               help="With --kernels-from: fail on a miss instead of building.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)
@@ -116,7 +127,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
           offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
           plan_only: bool, replace_tag: bool, as_json: bool, kernels_from: str | None,
-          kernels_to: str | None, no_build: bool, from_source: bool) -> None:
+          kernels_to: str | None, no_build: bool, from_source: bool, sign_key: Path | None,
+          trust_key: Path | None) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
     if local:
@@ -127,7 +139,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
             ("--versioned-tag", versioned_tag), ("--replace-tag", replace_tag),
             ("--plan", plan_only), ("--only", only), ("--report", report),
             ("--summary-md", summary_md), ("--json", as_json),
-            ("--kernels-from", kernels_from), ("--kernels-to", kernels_to)) if given]
+            ("--kernels-from", kernels_from), ("--kernels-to", kernels_to),
+            ("--sign-key", sign_key)) if given]
         if ignored:
             raise click.UsageError(f"--local builds on this machine, no image: "
                                    f"{', '.join(ignored)} do(es) not apply")
@@ -148,6 +161,10 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     validate_image_ref(base)
     if no_build and not kernels_from:
         raise click.UsageError("--no-build goes with --kernels-from REPO")
+    if sign_key and not kernels_to:
+        raise click.UsageError("--sign-key goes with --kernels-to REPO")
+    signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
+    trusted = TrustKey.load(trust_key) if trust_key and kernels_from else None
     for option, repository in (("--kernels-from", kernels_from), ("--kernels-to", kernels_to)):
         if repository:
             require_repository(repository, option)
@@ -164,6 +181,7 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     require_outputs(out, report, summary_md)
     with run_session("build", base, result_tag, arch, report, summary_md, as_json) as (
             pipeline, tmp):
+        pipeline.sign_key, pipeline.trust_key = signing, trusted
         export = out or (tmp / "kernels-to" if kernels_to else None)
         if kernels_from and not plan_only:
             found = look_up(pipeline, kernels_from, base, arch, pull, tmp / "kernels")

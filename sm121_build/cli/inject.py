@@ -8,6 +8,7 @@ import click
 
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP, run_session
 from sm121_build.cli.inputs import require_outputs
+from sm121_build.image.cosign import TrustKey
 from sm121_build.image.refs import (
     default_tag,
     require_not_base,
@@ -36,9 +37,13 @@ from sm121_build.jobs.kernels_image import fetch_step
               help=SUMMARY_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="The run's record (the --report schema) on stdout, however it ends.")
+@click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              envvar="SM121_TRUST_KEY",
+              help="With --from: refuse the kernels image (exit 3) unless this public key "
+                   "(cosign.pub) signed it.  Default: $SM121_TRUST_KEY.")
 def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | None,
            out: Path | None, report: Path | None, summary_md: Path | None, replace_tag: bool,
-           as_json: bool) -> None:
+           as_json: bool, trust_key: Path | None) -> None:
     """Copy prebuilt .so files into BASE (no compile), verify, tag.
 
     Refuses artifacts built for another vLLM version or commit.
@@ -51,10 +56,12 @@ def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | N
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
+    trusted = TrustKey.load(trust_key) if trust_key and kernels_ref else None
     # the manifest and every file checked before the engine is asked
     found = load(folder) if folder is not None else None
     with run_session("inject", base, result_tag, None, report, summary_md, as_json) as (
             pipeline, tmp):
+        pipeline.trust_key = trusted
         if kernels_ref is not None:
             with pipeline.steps.step(f"kernels {kernels_ref}"):
                 found = fetch_step(pipeline, kernels_ref, tmp / "artifacts").artifacts

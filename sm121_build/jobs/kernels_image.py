@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 from sm121_build.core.console import LiveLine, end_status_line, note
 from sm121_build.core.errors import EngineUnavailable, RegistryUnavailable, Sm121Error
 from sm121_build.core.labels import LABEL_PREFIX
-from sm121_build.image import ledger
+from sm121_build.image import cosign, ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
 from sm121_build.image.facts import VllmInstall
 from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
+from sm121_build.image.registry import Registry
 from sm121_build.jobs import artifacts as artifacts_mod
 from sm121_build.jobs.render import render_kernels
 from sm121_build.verify import run_report
@@ -131,8 +132,10 @@ def package_root(manifest: dict[str, Any]) -> str:
 
 
 def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
-            extra_tags: tuple[str, ...], log: Path) -> list[str]:
-    """Build the kernels image of a checked artifacts folder, tag it, push every tag."""
+            extra_tags: tuple[str, ...], log: Path,
+            sign_key: cosign.SigningKey | None = None) -> list[str]:
+    """Build the kernels image of a checked artifacts folder, tag it, push every tag, and
+    sign what the registry now holds (with `sign_key`: cosign's format, beside it)."""
     manifest = found.manifest
     tags = tags_for(repo, manifest, extra_tags)
     root = package_root(manifest)
@@ -150,6 +153,9 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
     for tag in tags:
         engine.push(tag)
         note(f"pushed {tag}")
+    if sign_key is not None:
+        digest = engine.resolve_digest(tags[0])  # what every tag names in the registry
+        note(f"signed {repo}@{digest}: {cosign.sign(Registry(repo), digest, sign_key)}")
     return tags
 
 
@@ -174,16 +180,18 @@ def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list
     with pipeline.steps.step(f"publish kernels to {repo}"):
         moving = moving_tag(base)
         tags = publish(pipeline.engine, found, repo, (moving,) if moving else (),
-                       pipeline.new_log("kernels", recorded=False))
+                       pipeline.new_log("kernels", recorded=False), pipeline.sign_key)
         pipeline.record.took_pushed(tags)
     return tags
 
 
-def fetch(engine: ImageEngine, ref: str, dest: Path,
-          status: Status | None = None) -> Fetched:
-    """Resolve `ref` to its digest, pull exactly that, and read it back into an artifacts
-    folder at `dest`, checked: a kernels image (its label), the manifest's files and nothing
-    else, every sha256.  The pulled image is removed again unless it was here before."""
+def fetch(engine: ImageEngine, ref: str, dest: Path, status: Status | None = None,
+          trust: cosign.TrustKey | None = None) -> Fetched:
+    """Resolve `ref` to its digest, (with `trust`: refuse it unless that key signed that
+    digest, before anything is pulled), pull exactly that, and read it back into an
+    artifacts folder at `dest`, checked: a kernels image (its label), the manifest's files
+    and nothing else, every sha256.  The pulled image is removed again unless it was here
+    before."""
     name, _tag, digest = split_ref(ref)
     try:
         digest = digest or engine.resolve_digest(ref)
@@ -193,6 +201,8 @@ def fetch(engine: ImageEngine, ref: str, dest: Path,
         if _MISSING.search(str(exc)):
             raise KernelsNotFound(str(exc)) from None
         raise RegistryError(str(exc)) from None
+    if trust is not None:
+        cosign.require_signed(Registry(name), digest, trust)
     before = engine.image_ids()
     try:
         image_id = engine.pull(f"{name}@{digest}", status)
@@ -244,7 +254,7 @@ def _read_back(engine: ImageEngine, ref: str, image_id: str,
 def fetch_step(pipeline: Pipeline, ref: str, dest: Path) -> Fetched:
     """`fetch` as a step of the run, with the pull's progress and what it brought."""
     live = LiveLine()
-    got = fetch(pipeline.engine, ref, dest, live)
+    got = fetch(pipeline.engine, ref, dest, live, pipeline.trust_key)
     end_status_line()
     if live.last.startswith("pulled "):
         note(live.last)
@@ -280,6 +290,10 @@ def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
         except RegistryError as exc:
             note(f"{exc}: no kernels from {repo}")
             record.took_kernels(run_report.KernelsFrom(ref, "unreachable", why=str(exc)))
+            return None
+        except cosign.Untrusted as exc:
+            note(f"{exc}: not used")
+            record.took_kernels(run_report.KernelsFrom(ref, "refused", why=str(exc)))
             return None
         why = refusal(got.artifacts.provenance, vllm, base, facts.platform)
         if why:

@@ -23,6 +23,7 @@ from sm121_build.core.paths import state_dir
 from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
+from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, require_vllm
 from sm121_build.jobs import artifacts as artifacts_mod
 from sm121_build.jobs.warnings import age_warning
@@ -63,6 +64,9 @@ class Pipeline:
         self.engine = engine
         self.record = record if record is not None else run_report.RunRecord("", "", "", None)
         self.steps = steps or Steps()
+        # kernels images: the key `--kernels-to` signs with, the key a hit must be signed by
+        self.sign_key: SigningKey | None = None
+        self.trust_key: TrustKey | None = None
         self._resolved: dict[str, tuple[ImageFacts, VllmInstall]] = {}
 
     @classmethod

@@ -325,9 +325,12 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     torch (a local re-build of the stock image: another image ID) finds them, on a machine
     with a fresh cache and state."""
     repo = f"{registry}/sm121-test/published"
-    done = e2e.build(f"{PREFIX}:patched", "--kernels-to", repo, "--report",
-                     str(tmp_path / "to.json"))
+    signing, trusted = _key_pair(tmp_path, "ours")
+    _other, untrusted = _key_pair(tmp_path, "theirs")
+    done = e2e.build(f"{PREFIX}:patched", "--kernels-to", repo, "--sign-key", str(signing),
+                     "--report", str(tmp_path / "to.json"))
     assert done.returncode == 0, done.stderr
+    assert f"signed {repo}@sha256:" in done.stderr
     record = json.loads((tmp_path / "to.json").read_text())
     assert record["status"] == "up-to-date" and "artifacts" not in record  # no --out asked
     moving = e2e.stock.tag.rsplit(":", 1)[1]
@@ -349,16 +352,40 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     assert image.id != e2e.client.images.get(e2e.stock.tag).id
     fresh = {**e2e.env, "XDG_CACHE_HOME": str(tmp_path / "fresh-cache"),  # another machine:
              "XDG_STATE_HOME": str(tmp_path / "fresh-state")}  # no facts, ledger or logs yet
+    refused = subprocess.run(  # signed, but not by the key this machine trusts
+        [sys.executable, "-m", "sm121_build", "--base", f"{PREFIX}:other-base",
+         "--kernels-from", repo, "--no-build", "--tag", f"{PREFIX}:other-base-sm121"],
+        capture_output=True, text=True, check=False,
+        env={**fresh, "SM121_TRUST_KEY": str(untrusted)})
+    assert refused.returncode == 2, refused.stderr
+    assert f"verifies with {untrusted}: not used" in refused.stderr
+    assert not e2e.exists(f"{PREFIX}:other-base-sm121")
     hit = subprocess.run(
         [sys.executable, "-m", "sm121_build", "--base", f"{PREFIX}:other-base",
          "--kernels-from", repo, "--no-build", "--tag", f"{PREFIX}:other-base-sm121",
-         "--report", str(tmp_path / "re.json")],
+         "--trust-key", str(trusted), "--report", str(tmp_path / "re.json")],
         capture_output=True, text=True, check=False, env=fresh)
     assert hit.returncode == 0, hit.stderr
     used = json.loads((tmp_path / "re.json").read_text())["kernels_from"]
     assert used["outcome"] == "hit"
     assert record["kernels_to"][0] == f"{repo}:k-{used['reuse_key']}"  # the key that matched
     assert "==> build" not in hit.stderr and e2e.exists(f"{PREFIX}:other-base-sm121")
+
+
+def _key_pair(folder: Path, name: str) -> tuple[Path, Path]:
+    """An ECDSA P-256 key pair as PEM files (what `cosign generate-key-pair` makes, but
+    unencrypted): the private key and its public half."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / f"{name}.key", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
 
 
 def _kernels_refused_or_unreachable(e2e: E2E, tmp_path: Path, registry: str,
