@@ -14,7 +14,10 @@ version (its `+cuXYZ` names the CUDA build), arch list, guard rules, extensions.
 Consuming reads the manifest and the files back through the engine's reader (never starting
 anything), refuses an image holding anything it does not declare, and hands the folder to
 `artifacts.load`, which checks every sha256: the local verification of `inject` then runs as
-for any artifacts folder, so a kernels image is exactly as safe as a local build.
+for any artifacts folder (paths, host code, kernels, ABI), and with a trusted key
+(`--trust-key`) the image must carry that key's signature of its digest, checked before the
+pull (`image/cosign.py`).  What verification cannot judge without one is who compiled the
+code: a signature says that.
 """
 
 from __future__ import annotations
