@@ -26,7 +26,7 @@ from pathlib import Path
 
 from devkit.dirfiles import DirectoryFiles, make_tree
 from sm121_build.core.errors import BuildFailed, Sm121Error
-from sm121_build.image.api import HistoryStep, ImageInfo
+from sm121_build.image.api import ConfinedJob, ConfinedResult, HistoryStep, ImageInfo
 from sm121_build.image.refs import validate_image_ref
 
 
@@ -111,6 +111,11 @@ class FakeEngine:
 
     def history(self, image_id: str) -> list[HistoryStep]:
         return list(self.images[image_id].history)
+
+    def run_confined(self, image_id: str, job: ConfinedJob) -> ConfinedResult:
+        """The fake has no containers: the unit tests evaluate their own trees' CMake on the
+        host (tests/conftest.py), the real sandbox is tested against the real engine."""
+        raise AssertionError(f"FAKE engine asked to run {job.what} in a container")
 
     def buildkit_client(self) -> str | None:
         return "/usr/bin/docker" if self.buildkit else None
