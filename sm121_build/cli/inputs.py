@@ -49,7 +49,7 @@ def arch_list(ctx: click.Context | None, param: click.Parameter | None, value: s
         raise click.BadParameter(
             f"{value!r} gives {SM121} no native code (its cubins cannot load there): "
             "include 12.1, 12.1a or 12.0f")
-    return value
+    return ";".join(items)  # one spelling from here on: `12.0f,12.1` is `12.0f;12.1`
 
 
 def _order(arch: str) -> tuple[int, int]:

@@ -185,7 +185,9 @@ def load(folder: Path) -> Artifacts:
     return Artifacts(folder, manifest)
 
 
-_ARCH_LIST = re.compile(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?([; ][0-9]{1,2}\.[0-9][af]?(\+PTX)?)*")
+# the command line's separators (`;`, space, `,`): a manifest written before the arch list
+# was spelt one way (`12.0f,12.1`) is still read
+_ARCH_LIST = re.compile(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?([;, ][0-9]{1,2}\.[0-9][af]?(\+PTX)?)*")
 
 
 def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:

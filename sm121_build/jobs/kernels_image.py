@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from sm121_build.core.console import LiveLine, end_status_line, note
 from sm121_build.core.errors import EngineUnavailable, RegistryUnavailable, Sm121Error
 from sm121_build.core.labels import LABEL_PREFIX
+from sm121_build.cuda.compat import arch_list_items
 from sm121_build.image import cosign, ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
 from sm121_build.image.facts import VllmInstall
@@ -75,7 +76,7 @@ def cuda_flavour(torch_version: str) -> str:
 def pinned_tag(version: str, commit: str, arch_list: str, torch_version: str = "") -> str:
     """`<vLLM version>-<commit12>[-cuXYZ]-<arch>`: the tag a base's own facts name (the
     lookup); immutable, for pinning and rollback."""
-    arch = "-".join("sm" + a.replace(".", "") for a in re.split(r"[; ]+", arch_list) if a)
+    arch = "-".join("sm" + a.replace(".", "") for a in arch_list_items(arch_list))
     parts = [version, commit[:12], cuda_flavour(torch_version), arch]
     return _TAG_UNSAFE.sub("_", "-".join(p for p in parts if p))[:128]
 

@@ -154,11 +154,14 @@ def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message
     assert message in line and line.endswith("--help)")
 
 
-@pytest.mark.parametrize("arch", ["12.1", "12.1a", "9.0 12.1", "12.0f", "8.0+PTX;12.1"])
-def test_arch_lists_that_give_sm121_native_code_pass(arch: str) -> None:
+@pytest.mark.parametrize(("arch", "spelt"), [
+    ("12.1", "12.1"), ("12.1a", "12.1a"), ("9.0 12.1", "9.0;12.1"), ("12.0f", "12.0f"),
+    ("8.0+PTX;12.1", "8.0+PTX;12.1"), ("12.0f,12.1", "12.0f;12.1")])
+def test_arch_lists_that_give_sm121_native_code_pass(arch: str, spelt: str) -> None:
+    """Accepted, and spelt one way from here on (`;`-separated)."""
     from sm121_build.cli.inputs import arch_list
 
-    assert arch_list(None, None, arch) == arch
+    assert arch_list(None, None, arch) == spelt
 
 
 def test_a_fifo_is_skipped_in_a_directory_and_refused_alone(plain_so: Path,
