@@ -2,20 +2,52 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import click
 
-from sm121_build.image.cosign import SigningKey
+from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
+from sm121_build.image.refs import split_ref, validate_image_ref
+from sm121_build.image.registry import Registry
 from sm121_build.jobs.artifacts import load
-from sm121_build.jobs.kernels_image import publish, require_repository
+from sm121_build.jobs.kernels_image import (
+    PROVENANCE_TYPE,
+    Publication,
+    publish,
+    require_repository,
+)
 from sm121_build.jobs.pipeline import Pipeline
 
 
 @click.group()
 def kernels() -> None:
     """Kernels images: the rebuilt .so files of a verified run, in any container registry."""
+
+
+@kernels.command("verify")
+@click.argument("ref")
+@click.option("--trust-key", required=True, envvar="SM121_TRUST_KEY",
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The public key (cosign.pub) the image must be signed with.")
+def verify_command(ref: str, trust_key: Path) -> None:
+    """Check that REF (REPO:TAG or REPO@DIGEST) carries a signature by the key for exactly
+    its digest, and print the signed provenance (exit 3 when it does not hold).  Asks the
+    registry only: nothing is pulled."""
+    validate_image_ref(ref)
+    trust = TrustKey.load(trust_key)
+    name, tag, digest = split_ref(ref)
+    registry = Registry(name)
+    digest = digest or registry.digest(tag or "latest")
+    require_signed(registry, digest, trust)
+    click.echo(f"{name}@{digest}: signed by {trust_key}", err=True)
+    try:
+        provenance = attested(registry, digest, trust, PROVENANCE_TYPE)
+    except Untrusted as exc:
+        click.echo(f"note: {exc}", err=True)
+        return
+    click.echo(json.dumps(provenance, indent=2, sort_keys=True))
 
 
 @kernels.command("publish")
@@ -40,5 +72,5 @@ def publish_command(folder: Path, repo: str, extra: tuple[str, ...],
     found = load(folder)  # every file and its sha256 before the engine is asked
     pipeline = Pipeline.connect()
     log = pipeline.new_log("kernels")
-    for tag in publish(pipeline.engine, found, repo, extra, log, signing):
+    for tag in publish(pipeline.engine, found, Publication(repo, extra, signing), log):
         click.echo(tag)

@@ -33,6 +33,9 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.image.registry import OCI_MANIFEST, Registry, digest_of
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+DSSE_ENVELOPE = "application/vnd.dsse.envelope.v1+json"
+IN_TOTO = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v0.1"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 COSIGN_TYPE = "cosign container image signature"
@@ -60,8 +63,9 @@ def payload(repo: str, digest: str) -> bytes:
                                   "type": COSIGN_TYPE}, "optional": None})
 
 
-def signature_tag(digest: str) -> str:
-    return digest.replace(":", "-", 1) + ".sig"
+def signature_tag(digest: str, suffix: str = "sig") -> str:
+    """`sha256-<hex>.sig` (signatures) or `.att` (attestations), beside the image."""
+    return digest.replace(":", "-", 1) + "." + suffix
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,8 @@ class TrustKey:
         return True
 
 
-def _layers(registry: Registry, digest: str) -> list[dict[str, object]]:
-    raw = registry.manifest(signature_tag(digest))
+def _layers(registry: Registry, digest: str, suffix: str = "sig") -> list[dict[str, object]]:
+    raw = registry.manifest(signature_tag(digest, suffix))
     if raw is None:
         return []
     try:
@@ -123,29 +127,88 @@ def _layers(registry: Registry, digest: str) -> list[dict[str, object]]:
     except (ValueError, AttributeError):
         layers = None
     if not isinstance(layers, list) or len(layers) > MAX_SIGNATURES:
-        raise Untrusted(f"{registry.repo}:{signature_tag(digest)} is not a signature manifest")
+        raise Untrusted(f"{registry.repo}:{signature_tag(digest, suffix)} is not a signature "
+                        "manifest")
     return [layer for layer in layers if isinstance(layer, dict)]
 
 
-def sign(registry: Registry, digest: str, key: SigningKey) -> str:
-    """Sign the image at `digest` in `registry`'s repository; returns the signature tag."""
-    body = payload(registry.repo, digest)
-    blob = registry.put_blob(body)
-    layers = [*_layers(registry, digest),
-              {"mediaType": SIMPLE_SIGNING, "size": len(body), "digest": blob,
-               "annotations": {SIGNATURE_ANNOTATION: key.sign(body)}}]
+def _append(registry: Registry, digest: str, suffix: str, layer: dict[str, object]) -> str:
+    """Add `layer` to the `.sig`/`.att` manifest beside `digest` (made when there is none),
+    as cosign does: an OCI manifest with an empty-image config listing every layer."""
+    layers = [*_layers(registry, digest, suffix), layer]
     config = _go_json({"architecture": "", "created": "0001-01-01T00:00:00Z",
                        "history": [{"created": "0001-01-01T00:00:00Z"} for _ in layers],
                        "os": "", "rootfs": {"type": "layers",
-                                            "diff_ids": [layer["digest"] for layer in layers]},
+                                            "diff_ids": [item["digest"] for item in layers]},
                        "config": {}})
     registry.put_blob(config)
     manifest = _go_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                          "config": {"mediaType": OCI_CONFIG, "size": len(config),
                                     "digest": digest_of(config)},
                          "layers": layers})
-    registry.put_manifest(signature_tag(digest), manifest)
-    return f"{registry.repo}:{signature_tag(digest)}"
+    registry.put_manifest(signature_tag(digest, suffix), manifest)
+    return f"{registry.repo}:{signature_tag(digest, suffix)}"
+
+
+def sign(registry: Registry, digest: str, key: SigningKey) -> str:
+    """Sign the image at `digest` in `registry`'s repository; returns the signature tag."""
+    body = payload(registry.repo, digest)
+    return _append(registry, digest, "sig", {
+        "mediaType": SIMPLE_SIGNING, "size": len(body), "digest": registry.put_blob(body),
+        "annotations": {SIGNATURE_ANNOTATION: key.sign(body)}})
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what a DSSE signature signs."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(body), body)
+
+
+def attest(registry: Registry, digest: str, key: SigningKey, predicate_type: str,
+           predicate: dict[str, object]) -> str:
+    """Attach a signed in-toto statement about the image at `digest` (cosign's `attest`
+    layout: a DSSE envelope in the `.att` manifest beside it); returns that tag."""
+    statement = _go_json({"_type": STATEMENT_TYPE, "predicateType": predicate_type,
+                          "subject": [{"name": registry.repo,
+                                       "digest": {"sha256": digest.split(":", 1)[1]}}],
+                          "predicate": predicate})
+    envelope = _go_json({"payloadType": IN_TOTO,
+                         "payload": base64.b64encode(statement).decode(),
+                         "signatures": [{"keyid": "", "sig": key.sign(pae(IN_TOTO,
+                                                                           statement))}]})
+    return _append(registry, digest, "att", {
+        "mediaType": DSSE_ENVELOPE, "size": len(envelope),
+        "digest": registry.put_blob(envelope),
+        "annotations": {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type}})
+
+
+def attested(registry: Registry, digest: str, trust: TrustKey,
+             predicate_type: str) -> dict[str, object]:
+    """The predicate of a statement of `predicate_type` about exactly this image that
+    `trust` signed; Untrusted when there is none."""
+    for layer in _layers(registry, digest, "att"):
+        blob = layer.get("digest")
+        if layer.get("mediaType") != DSSE_ENVELOPE or not isinstance(blob, str):
+            continue
+        try:
+            envelope = json.loads(registry.blob(blob))
+            statement = base64.b64decode(envelope["payload"], validate=True)
+            signatures = [str(item["sig"]) for item in envelope["signatures"]]
+            data = json.loads(statement)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if envelope.get("payloadType") != IN_TOTO or not any(
+                trust.signed(pae(IN_TOTO, statement), sig) for sig in signatures):
+            continue
+        subjects = data.get("subject") if isinstance(data, dict) else None
+        names = {(str(item.get("name")), str((item.get("digest") or {}).get("sha256")))
+                 for item in subjects or [] if isinstance(item, dict)}
+        if data.get("predicateType") == predicate_type and \
+                (registry.repo, digest.split(":", 1)[1]) in names and \
+                isinstance(data.get("predicate"), dict):
+            return dict(data["predicate"])
+    raise Untrusted(f"no {predicate_type} statement about {registry.repo}@{digest} verifies "
+                    f"with {trust.path}")
 
 
 def require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:

@@ -25,6 +25,10 @@ from sm121_build.core.errors import RegistryUnavailable, Sm121Error
 from sm121_build.core.limits import REGISTRY_VARIABLE, Limits
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+# what a pushed image's manifest may be: the digest is of the bytes the registry serves
+IMAGE_MANIFESTS = ", ".join([OCI_MANIFEST, "application/vnd.oci.image.index.v1+json",
+                             "application/vnd.docker.distribution.manifest.v2+json",
+                             "application/vnd.docker.distribution.manifest.list.v2+json"])
 MAX_MANIFEST = 4 << 20
 MAX_BLOB = 1 << 20  # a signature's payload or envelope
 
@@ -129,6 +133,15 @@ class Registry:
         if len(response.content) > MAX_MANIFEST:
             raise Sm121Error(f"{self.repo}:{reference}: a manifest above {MAX_MANIFEST} bytes")
         return response.content
+
+    def digest(self, reference: str) -> str:
+        """The manifest digest `reference` (a tag) names now: sha256 of the exact bytes."""
+        response = self._request("GET", f"{self.base}/manifests/{reference}",
+                                 {"Accept": IMAGE_MANIFESTS})
+        self._ok(response, f"read {reference}")
+        if len(response.content) > MAX_MANIFEST:
+            raise Sm121Error(f"{self.repo}:{reference}: a manifest above {MAX_MANIFEST} bytes")
+        return digest_of(response.content)
 
     def blob(self, digest: str, limit: int = MAX_BLOB) -> bytes:
         response = self._request("GET", f"{self.base}/blobs/{digest}")

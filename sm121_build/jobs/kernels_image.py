@@ -29,7 +29,7 @@ import re
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,13 +135,29 @@ def package_root(manifest: dict[str, Any]) -> str:
     return root
 
 
-def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
-            extra_tags: tuple[str, ...], log: Path,
-            sign_key: cosign.SigningKey | None = None) -> list[str]:
-    """Build the kernels image of a checked artifacts folder, tag it, push every tag, and
-    sign what the registry now holds (with `sign_key`: cosign's format, beside it)."""
+PROVENANCE_TYPE = "https://sm121-build.dev/provenance/v1"
+
+
+@dataclass(frozen=True)
+class Publication:
+    """Where a kernels image goes and how it is vouched for: the repository, tags beyond
+    the two it always gets, the key that signs it, and what the run adds to its provenance
+    (the plan, the content key, the sources)."""
+
+    repo: str
+    extra_tags: tuple[str, ...] = ()
+    sign_key: cosign.SigningKey | None = None
+    run: dict[str, Any] = field(default_factory=dict)
+
+
+def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publication,
+            log: Path) -> list[str]:
+    """Build the kernels image of a checked artifacts folder, tag it, push every tag; with a
+    key, sign what the registry now holds and attach the build's provenance (the manifest
+    and the run) as a signed statement, both in cosign's format beside it."""
     manifest = found.manifest
-    tags = tags_for(repo, manifest, extra_tags)
+    repo = target.repo
+    tags = tags_for(repo, manifest, target.extra_tags)
     root = package_root(manifest)
     with tempfile.TemporaryDirectory(prefix="sm121-kernels-") as tmp:
         context = Path(tmp)
@@ -157,9 +173,13 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, repo: str,
     for tag in tags:
         engine.push(tag)
         note(f"pushed {tag}")
-    if sign_key is not None:
+    if target.sign_key is not None:
         digest = engine.resolve_digest(tags[0])  # what every tag names in the registry
-        note(f"signed {repo}@{digest}: {cosign.sign(Registry(repo), digest, sign_key)}")
+        registry = Registry(repo)
+        note(f"signed {repo}@{digest}: {cosign.sign(registry, digest, target.sign_key)}")
+        attached = cosign.attest(registry, digest, target.sign_key, PROVENANCE_TYPE,
+                                 {"manifest": manifest, "run": target.run})
+        note(f"provenance attached: {attached}")
     return tags
 
 
@@ -183,8 +203,15 @@ def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list
     found = artifacts_mod.load(folder)
     with pipeline.steps.step(f"publish kernels to {repo}"):
         moving = moving_tag(base)
-        tags = publish(pipeline.engine, found, repo, (moving,) if moving else (),
-                       pipeline.new_log("kernels", recorded=False), pipeline.sign_key)
+        record = pipeline.record
+        run = {"decision": record.decision, "content_key": record.content_key,
+               "base_digest": record.base_digest, "source_changes": record.source_changes,
+               "source_other_commit": record.source_other_commit,
+               "external": {k: asdict(v) for k, v in record.external.items()}}
+        tags = publish(pipeline.engine, found,
+                       Publication(repo, (moving,) if moving else (), pipeline.sign_key,
+                                   {k: v for k, v in run.items() if v}),
+                       pipeline.new_log("kernels", recorded=False))
         pipeline.record.took_pushed(tags)
     return tags
 

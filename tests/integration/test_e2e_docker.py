@@ -330,7 +330,16 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     done = e2e.build(f"{PREFIX}:patched", "--kernels-to", repo, "--sign-key", str(signing),
                      "--report", str(tmp_path / "to.json"))
     assert done.returncode == 0, done.stderr
-    assert f"signed {repo}@sha256:" in done.stderr
+    assert f"signed {repo}@sha256:" in done.stderr and "provenance attached: " in done.stderr
+    pinned = f"{repo}:0.19.1-{e2e.stock.commit[:12]}-cu130-sm121"
+    vouched = e2e.run("kernels", "verify", pinned, "--trust-key", str(trusted))
+    assert vouched.returncode == 0, vouched.stderr
+    provenance = json.loads(vouched.stdout)
+    assert provenance["manifest"]["vllm_commit"] == e2e.stock.commit
+    assert provenance["manifest"]["base_digest"] and provenance["run"]["content_key"]
+    denied = e2e.run("kernels", "verify", pinned, "--trust-key", str(untrusted))
+    assert denied.returncode == 3, denied.stderr
+    assert denied.stderr.strip().startswith("error: no signature of ")
     record = json.loads((tmp_path / "to.json").read_text())
     assert record["status"] == "up-to-date" and "artifacts" not in record  # no --out asked
     moving = e2e.stock.tag.rsplit(":", 1)[1]
@@ -343,8 +352,11 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     assert set(record["kernels_to"]) <= listed
     with urllib.request.urlopen(f"http://{registry}/v2/sm121-test/published/tags/list",
                                 timeout=10) as response:
-        assert sorted(json.load(response)["tags"]) == sorted(
-            t.rsplit(":", 1)[1] for t in record["kernels_to"])
+        listed_tags = json.load(response)["tags"]
+    assert sorted(t for t in listed_tags if not t.endswith((".sig", ".att"))) == sorted(
+        t.rsplit(":", 1)[1] for t in record["kernels_to"])
+    assert sorted(t.rsplit(".", 1)[1] for t in listed_tags if t.startswith("sha256-")) == \
+        ["att", "sig"]  # one signature and one attestation, beside the one image
     other = e2e.work / "other-base"
     other.mkdir(exist_ok=True)
     (other / "Dockerfile").write_text(f"FROM {e2e.stock.tag}\nLABEL sm121.test.rebuilt=1\n")

@@ -153,3 +153,49 @@ def test_a_key_that_is_not_p256_or_not_a_key_is_refused_first(tmp_path: Path) ->
         assert result.returncode == 2
         assert result.stderr.strip().startswith(f"error: {option} {tmp_path / 'junk.pem'}: "
                                                 "not a PEM public key")
+
+
+def test_the_provenance_is_a_signed_in_toto_statement_openssl_verifies(
+        registry: str, tmp_path: Path) -> None:
+    """cosign's `attest` layout: a DSSE envelope in the `.att` manifest; its signature is
+    over DSSE's pre-authentication encoding, which the test writes out from the DSSE spec
+    and hands to openssl."""
+    from sm121_build.image.cosign import attest, attested
+
+    client = docker.from_env()
+    repo = f"{registry}/sm121-test/kernels"
+    digest = _push_small(client, tmp_path, f"{repo}:one", "one")
+    private, public = _keys(tmp_path, "a")
+    predicate = {"manifest": {"vllm_commit": "c" * 40, "patches": "aot-ptxas-13.0.88"},
+                 "run": {"decision": {"_C": {"action": "aot"}}}}
+    kind = "https://sm121-build.dev/provenance/v1"
+    attest(Registry(repo), digest, SigningKey.load(private, None), kind, predicate)
+    raw = _get(f"http://{registry}/v2/sm121-test/kernels/manifests/sha256-"
+               f"{digest.split(':')[1]}.att", "application/vnd.oci.image.manifest.v1+json")
+    (layer,) = json.loads(raw)["layers"]
+    assert layer["mediaType"] == "application/vnd.dsse.envelope.v1+json"
+    assert layer["annotations"]["predicateType"] == kind
+    envelope = json.loads(_get(f"http://{registry}/v2/sm121-test/kernels/blobs/"
+                               f"{layer['digest']}"))
+    statement = base64.b64decode(envelope["payload"])
+    assert json.loads(statement) == {
+        "_type": "https://in-toto.io/Statement/v0.1", "predicateType": kind,
+        "subject": [{"name": repo, "digest": {"sha256": digest.split(":")[1]}}],
+        "predicate": predicate}
+    kind_type = b"application/vnd.in-toto+json"
+    (tmp_path / "pae").write_bytes(b"DSSEv1 " + str(len(kind_type)).encode() + b" " +
+                                   kind_type + b" " + str(len(statement)).encode() + b" " +
+                                   statement)
+    (tmp_path / "sig").write_bytes(base64.b64decode(envelope["signatures"][0]["sig"]))
+    checked = subprocess.run(["openssl", "dgst", "-sha256", "-verify", str(public),
+                              "-signature", str(tmp_path / "sig"), str(tmp_path / "pae")],
+                             capture_output=True, text=True, check=False)
+    assert checked.stdout.strip() == "Verified OK", checked.stdout + checked.stderr
+    assert attested(Registry(repo), digest, TrustKey.load(public), kind) == predicate
+    _, other = _keys(tmp_path, "b")
+    with pytest.raises(Untrusted, match=r"no .* statement about"):
+        attested(Registry(repo), digest, TrustKey.load(other), kind)
+    two = _push_small(client, tmp_path, f"{repo}:two", "two")  # the statement is about `one`
+    Registry(repo).put_manifest(f"sha256-{two.split(':')[1]}.att", raw)
+    with pytest.raises(Untrusted, match=r"no .* statement about"):
+        attested(Registry(repo), two, TrustKey.load(public), kind)
