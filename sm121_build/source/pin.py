@@ -59,9 +59,21 @@ def version_to_ref(version: str, commit_id: str | None = None) -> GitRef:
     return GitRef("tag", f"v{parsed.public}")
 
 
+# What a tree's own git config could make `git` run (a hostile tree handed over with its
+# `.git/`): hooks, the file-system monitor, an external diff, textconv; all turned off.
+_SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+             "-c", "diff.external=")
+GIT_TIMEOUT_S = 1800.0  # a fetch of vLLM over a slow link; a local call takes milliseconds
+
+
 def _git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    try:
+        return subprocess.run(["git", *_SAFE_GIT, *args], cwd=cwd, capture_output=True,
+                              text=True, check=False, timeout=GIT_TIMEOUT_S,
+                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except subprocess.TimeoutExpired:
+        raise Sm121Error(f"git {args[0]} gave no result in {GIT_TIMEOUT_S:g} s: "
+                         "stopped") from None
 
 
 def resolve_checkout(path: Path) -> str:
@@ -115,8 +127,12 @@ def check_git_tree(path: Path, ref: GitRef, allow_other_commit: bool, what: str,
 
 def _changes(path: Path) -> str:
     """sha256 over `git diff HEAD` and every untracked, not ignored file (name and bytes)."""
-    diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=path, capture_output=True,
-                          check=False)
+    try:
+        diff = subprocess.run(["git", *_SAFE_GIT, "diff", "--no-ext-diff", "--no-textconv",
+                               "HEAD", "--binary"], cwd=path, capture_output=True,
+                              check=False, timeout=GIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise Sm121Error(f"{path}: git diff gave no result in {GIT_TIMEOUT_S:g} s") from None
     others = _git("ls-files", "--others", "--exclude-standard", "-z", cwd=path)
     if diff.returncode != 0 or others.returncode != 0:
         raise Sm121Error(f"{path}: git cannot list its changes: "

@@ -515,3 +515,30 @@ def test_links_inside_the_tree_are_followed_and_kept(tmp_path: Path) -> None:
     (source / "dangling").symlink_to("nowhere")
     assert _patch_cli(source).returncode == 0
     assert (source / "cmake").is_symlink()
+
+
+def test_a_trees_own_git_config_runs_nothing(tmp_path: Path) -> None:
+    """A tree handed over with its `.git/` may configure git to run programs (the file-system
+    monitor, an external diff, hooks): hashing its changes runs none of them."""
+    from sm121_build.source.pin import GitRef, check_git_tree
+
+    source = Path(shutil.copytree(ROOT / "tests" / "data" / "vllm_like", tmp_path / "src"))
+    marker = tmp_path / "ran"
+    script = tmp_path / "evil.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    script.chmod(0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=source, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=source, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=source, check=True)
+    for key in ("core.fsmonitor", "diff.external"):
+        subprocess.run(["git", "config", key, str(script)], cwd=source, check=True)
+    (source / ".git" / "hooks" / "post-checkout").write_text(script.read_text())
+    (source / ".git" / "hooks" / "post-checkout").chmod(0o755)
+    (source / "CMakeLists.txt").write_text("# changed\n")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    checkout = check_git_tree(source, GitRef("commit", head), False, "x", "--source")
+    assert checkout.changes and not marker.exists()
+    subprocess.run(["git", "diff", "HEAD"], cwd=source, capture_output=True, check=False)
+    assert marker.exists()  # plain git does run it: the test can fail
