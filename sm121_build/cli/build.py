@@ -92,8 +92,8 @@ def run_session(command: str, base: str, tag: str, arch: str | None, report: Pat
 @click.option("--replace-tag", is_flag=True, help=REPLACE_TAG_HELP)
 @click.option("--kernels-from", "kernels_from", metavar="REPO",
               help="Look for a kernels image of this base's vLLM build in REPO (tag "
-                   "<version>-<commit>-<arch>): on a hit, inject and verify it, no compile; on "
-                   "a miss, build as usual.")
+                   "<version>-<commit>-<cuXYZ>-<arch>): on a hit, inject and verify it, no "
+                   "compile; on a miss, build as usual.")
 @click.option("--kernels-to", "kernels_to", metavar="REPO",
               help="After verification, push the rebuilt files as a kernels image to REPO "
                    "(tags k-<reuse key>, <version>-<commit>-<cuXYZ>-<arch> and the base's "

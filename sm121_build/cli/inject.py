@@ -26,7 +26,8 @@ from sm121_build.jobs.kernels_image import fetch_step
               help="Folder written by `sm121-build --base IMAGE --out DIR`.")
 @click.option("--from", "kernels_ref", metavar="REF",
               help="A kernels image instead (`sm121-build kernels publish`), pulled with the "
-                   "engine's login: e.g. REPO:k-<reuse key> or REPO:<version>-<commit>-<arch>.")
+                   "engine's login: e.g. REPO:k-<reuse key> or "
+                   "REPO:<version>-<commit>-<cuXYZ>-<arch>.")
 @click.option("--base", required=True, help="Stock vLLM image of the same version and commit.")
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),

@@ -65,7 +65,7 @@ def verify_command(ref: str, trust_key: Path) -> None:
 def publish_command(folder: Path, repo: str, extra: tuple[str, ...],
                     sign_key: Path | None) -> None:
     """Build the kernels image of DIR (FROM scratch: the files at their paths in the base,
-    the manifest, labels) and push it as REPO:k-<reuse key>, REPO:<version>-<commit>-<arch>
+    the manifest, labels) and push it as REPO:k-<reuse key>, REPO:<version>-<commit>-<cuXYZ>-<arch>
     and REPO:<TAG>."""
     require_repository(repo, "--to")
     signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None

@@ -60,6 +60,10 @@ class PatchDrift(Sm121Error):
     exit_code = 6
 
 
+class ManifestUnknown(Sm121Error):
+    """The registry answered that it has no such tag or manifest (a miss, not a failure)."""
+
+
 class RegistryUnavailable(Sm121Error):
     """A registry could not be asked: it gave no answer within the limit, is down, or
     refused the login (not the image's fault)."""

@@ -12,6 +12,9 @@ import yaml
 
 from sm121_build.core.shipped import package_data
 
+# vLLM's `cmake_minimum_required`: what its build needs of cmake (pip install cmake)
+MIN_CMAKE = (3, 26)
+
 # the extensions the main job builds by default (vLLM's own, with or without stable libtorch)
 DEFAULT_EXTENSIONS = re.compile(r"^(_C|_moe_C)(_stable_libtorch)?\.(abi3\.)?so$")
 

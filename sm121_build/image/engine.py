@@ -41,6 +41,7 @@ from sm121_build.core.console import note
 from sm121_build.core.errors import (
     BuildFailed,
     EngineUnavailable,
+    ManifestUnknown,
     RegistryUnavailable,
     Sm121Error,
 )
@@ -65,6 +66,10 @@ READER_LABEL = "io.github.sm121-build.reader"
 # the engine goes away mid-run, the error line names what may be left there.
 LEFT_BEHIND: set[str] = set()
 _LOST = (docker.errors.APIError, requests.exceptions.RequestException)
+# how the engine words a registry's "no such manifest" (distribution's MANIFEST_UNKNOWN,
+# NAME_UNKNOWN, Docker Hub's "not found")
+_UNKNOWN_MANIFEST = re.compile(r"not found|manifest unknown|unknown manifest|does not exist",
+                               re.I)
 # what a streamed read raises when its socket timed out (urllib3 is not wrapped by the SDK there)
 _NO_ANSWER = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
 # a legacy (API) build may compile one file for an hour without a line of output
@@ -188,7 +193,11 @@ class Engine:
             with self._waiting(self.limits.registry_s):
                 data = self.client.api.inspect_distribution(ref)
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"cannot resolve {ref}: {exc.explanation or exc}") from None
+            said = f"cannot resolve {ref}: {exc.explanation or exc}"
+            # the engine relays the registry's answer as text: told apart here, once
+            if exc.status_code == 404 or _UNKNOWN_MANIFEST.search(str(exc.explanation or "")):
+                raise ManifestUnknown(said) from None
+            raise Sm121Error(said) from None
         except _NO_ANSWER as exc:
             raise self._registry_failed("resolve", ref, exc) from None
         digest = str((data.get("Descriptor") or {}).get("digest") or "")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.image.api import ImageFiles
 
-MIN_CMAKE = (3, 26)
 CXX_NAMES = ("c++", "g++")
 _GCC_MAJOR = re.compile(r"g\+\+-(\d+)$")
 _GCC_LIMIT = re.compile(r"#if\s+__GNUC__\s*>\s*(\d+)")

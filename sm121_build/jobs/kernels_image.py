@@ -6,7 +6,7 @@ labels saying what they fit.  It is a normal image, so the engine pushes and pul
 the user's `docker login`, credential helpers, mirrors and insecure-registry settings: no
 registry client here.
 
-Tags: `k-<reuse key>` (what a consumer looks up), `<vLLM version>-<commit>-<arch>`
+Tags: `k-<reuse key>` (what a consumer looks up), `<vLLM version>-<commit>-<cuXYZ>-<arch>`
 (immutable, for pinning and rollback) and any the publisher adds (the base's moving tag).
 The reuse key is what injection needs to match, not the base image: vLLM commit, torch
 version (its `+cuXYZ` names the CUDA build), arch list, guard rules, extensions.
@@ -34,8 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sm121_build.core.console import LiveLine, end_status_line, note
-from sm121_build.core.errors import EngineUnavailable, RegistryUnavailable, Sm121Error
-from sm121_build.core.labels import LABEL_PREFIX
+from sm121_build.core.errors import (
+    EngineUnavailable,
+    ManifestUnknown,
+    RegistryUnavailable,
+    Sm121Error,
+)
+from sm121_build.core.labels import FIELD_LABELS, KIND_LABEL, REUSE_KEY_LABEL
 from sm121_build.cuda.compat import arch_list_items
 from sm121_build.image import cosign, ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
@@ -50,8 +55,6 @@ if TYPE_CHECKING:
     from sm121_build.jobs.pipeline import Pipeline
 
 MANIFEST_PATH = "sm121-build/manifest.json"
-REUSE_KEY_LABEL = f"{LABEL_PREFIX}.reuse-key"
-KIND_LABEL = f"{LABEL_PREFIX}.kind"
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -106,22 +109,14 @@ class KernelsNotFound(Sm121Error):
     """The registry has no such kernels image (a miss, not a failure)."""
 
 
-_MISSING = re.compile(r"not found|manifest unknown|unknown manifest|does not exist", re.I)
 
 
 def _labels(manifest: dict[str, Any]) -> dict[str, str]:
     """The names the built images use (`render.provenance_labels`), plus what a kernels
     image adds: torch, the commit id, the reuse key, its kind."""
-    names = {"base_digest": "org.opencontainers.image.base.digest",
-             "base": "org.opencontainers.image.base.name",
-             "vllm_version": f"{LABEL_PREFIX}.vllm.version",
-             "vllm_commit": f"{LABEL_PREFIX}.vllm.commit",
-             "vllm_commit_id": f"{LABEL_PREFIX}.vllm.commit-id",
-             "torch_version": f"{LABEL_PREFIX}.torch.version",
-             "patches": f"{LABEL_PREFIX}.patches", "arch_list": f"{LABEL_PREFIX}.arch-list",
-             "tool_version": f"{LABEL_PREFIX}.tool-version"}
-    labels = {label: str(manifest[key]) for key, label in names.items() if manifest.get(key)}
-    labels[f"{LABEL_PREFIX}.extensions"] = ",".join(sorted(manifest.get("files") or {}))
+    labels = {label: str(manifest[key]) for key, label in FIELD_LABELS.items()
+              if key != "extensions" and manifest.get(key)}
+    labels[FIELD_LABELS["extensions"]] = ",".join(sorted(manifest.get("files") or {}))
     labels[REUSE_KEY_LABEL] = reuse_key(manifest)
     labels[KIND_LABEL] = "kernels"
     return labels
@@ -228,9 +223,9 @@ def fetch(engine: ImageEngine, ref: str, dest: Path, status: Status | None = Non
         digest = digest or engine.resolve_digest(ref)
     except EngineUnavailable:
         raise
+    except ManifestUnknown as exc:
+        raise KernelsNotFound(str(exc)) from None
     except Sm121Error as exc:
-        if _MISSING.search(str(exc)):
-            raise KernelsNotFound(str(exc)) from None
         raise RegistryError(str(exc)) from None
     if trust is not None:
         cosign.require_signed(Registry(name), digest, trust)

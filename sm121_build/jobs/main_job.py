@@ -47,7 +47,7 @@ from sm121_build.jobs.render import (
     render_inject,
     template_digest,
 )
-from sm121_build.jobs.warnings import ptx_warning
+from sm121_build.jobs.run_warnings import ptx_warning
 from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extensions
 from sm121_build.source.external import projects_for, read_pin
 from sm121_build.source.guards import DEFAULT_CUDA

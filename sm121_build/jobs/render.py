@@ -12,11 +12,11 @@ from string import Template
 
 from sm121_build import __version__
 from sm121_build.core.errors import Sm121Error
-from sm121_build.core.labels import LABEL_PREFIX
+from sm121_build.core.labels import FIELD_LABELS, LABEL_PREFIX
 from sm121_build.core.shipped import shipped_dir
-from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, project_of_target
+from sm121_build.core.vllm import DEFAULT_EXTENSIONS, MIN_CMAKE, extension_target, project_of_target
 from sm121_build.image.facts import ImageFacts, require_vllm
-from sm121_build.image.toolchain import MIN_CMAKE, TOOLS_PREFIX, how_to_bring
+from sm121_build.image.toolchain import TOOLS_PREFIX, how_to_bring
 from sm121_build.source.external import source_targets, stand_in_envs
 from sm121_build.source.patch import rules_digest
 
@@ -214,16 +214,11 @@ def provenance_labels(facts: ImageFacts, commit: str, arch: str,
                       extensions: tuple[str, ...], patches: str) -> dict[str, str]:
     """OCI labels saying what the image was made from, and by what."""
     vllm = require_vllm(facts)
-    return {
-        "org.opencontainers.image.base.name": facts.ref,
-        "org.opencontainers.image.base.digest": facts.digest_ref,
-        f"{LABEL_PREFIX}.vllm.version": vllm.version,
-        f"{LABEL_PREFIX}.vllm.commit": commit,
-        f"{LABEL_PREFIX}.patches": patches,
-        f"{LABEL_PREFIX}.arch-list": arch,
-        f"{LABEL_PREFIX}.extensions": ",".join(extensions),
-        f"{LABEL_PREFIX}.tool-version": __version__,
-    }
+    values = {"base": facts.ref, "base_digest": facts.digest_ref,
+              "vllm_version": vllm.version, "vllm_commit": commit, "patches": patches,
+              "arch_list": arch, "extensions": ",".join(extensions),
+              "tool_version": __version__}
+    return {FIELD_LABELS[field]: value for field, value in values.items()}
 
 
 def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,

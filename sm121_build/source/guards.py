@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.cuda.compat import ArchList
 from sm121_build.source.cmake_lang import (
     Argument,
@@ -38,7 +39,6 @@ NARROWING = "CUDA_ARCHS"
 TARGET_REF = "${CUDA_ARCHS}"
 DEFAULT_FILES = ("CMakeLists.txt", "cmake/**/*.cmake")
 UTILS = "cmake/utils.cmake"
-MIN_CMAKE = (3, 26)
 DEFAULT_CUDA = "13.0"
 # list() operations that change a variable in ways not followed (APPEND/PREPEND/INSERT are)
 LIST_MODIFIERS = {"remove_item", "remove_at", "filter", "transform", "remove_duplicates",
