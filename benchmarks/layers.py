@@ -1,7 +1,8 @@
 """The shape of the package, on any commit: the import graph between its folders (module-level
 and in-function imports), the cycles in it, how many of its modules `sm121-build audit FILE`
-loads (and whether Docker, the engine, git or the Dockerfile renderer are among them), and the
-length of the main job's procedure.
+loads (and whether Docker, the engine, git or the Dockerfile renderer are among them), the
+length of the main job's procedure, the functions (outside click commands) that take more
+than five parameters, and the parameters that carry an arch list as a `str`.
 
 Run from a checkout (any commit: `git stash; git checkout REV; python benchmarks/layers.py`):
 
@@ -109,6 +110,39 @@ def main_job_lines(known: dict[str, Path]) -> tuple[str, int]:
     return "?", 0
 
 
+ARCH_PARAMETER = ("arch", "archs", "arch_list", "arch_cmake")
+MAX_PARAMETERS = 5
+
+
+def _is_click_command(node: ast.FunctionDef) -> bool:
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        text = ast.unparse(target)
+        if text.startswith("click.") or text.endswith((".command", ".group")):
+            return True
+    return False
+
+
+def signatures(known: dict[str, Path]) -> tuple[list[tuple[str, int]], int, int]:
+    """(functions of more than MAX_PARAMETERS parameters, not click commands, with their
+    count), how many functions there are, and how many parameters named as an arch list
+    are annotated `str`."""
+    wide: list[tuple[str, int]] = []
+    total = arch_str = 0
+    for name, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            total += 1
+            args = [a for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)
+                    if a.arg not in ("self", "cls")]
+            arch_str += sum(1 for a in args if a.arg in ARCH_PARAMETER and a.annotation is not None
+                            and "str" in ast.unparse(a.annotation))
+            if len(args) > MAX_PARAMETERS and not _is_click_command(node):
+                wide.append((f"{name}.{node.name}", len(args)))
+    return sorted(wide, key=lambda item: -item[1]), total, arch_str
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--file", default=sys.executable, help="what `audit` reads (any ELF)")
@@ -137,6 +171,11 @@ def main() -> int:
           f"{' among them' if heavy else ''}")
     where, length = main_job_lines(known)
     print(f"main job: {where}.run_build, {length} lines")
+    wide, total, arch_str = signatures(known)
+    print(f"functions with more than {MAX_PARAMETERS} parameters (click commands aside): "
+          f"{len(wide)} of {total}; the widest: "
+          + ", ".join(f"{n.rsplit('.', 1)[1]} {c}" for n, c in wide[:5]))
+    print(f"parameters carrying an arch list as str: {arch_str}")
     return 0
 
 
