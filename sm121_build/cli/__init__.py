@@ -157,6 +157,7 @@ def cli(quiet: int, verbose: int, progress: str) -> None:
 # renderer) is loaded only when that command runs, so `audit FILE` loads no Docker code.
 COMMANDS = {
     "build": ("sm121_build.cli.build", "build"),
+    "local": ("sm121_build.cli.local", "local"),
     "inject": ("sm121_build.cli.inject", "inject"),
     "audit": ("sm121_build.cli.audit", "audit"),
     "aot": ("sm121_build.cli.aot", "aot"),

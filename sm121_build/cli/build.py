@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,6 @@ from sm121_build.image.refs import (
 )
 from sm121_build.jobs.inject import run_inject
 from sm121_build.jobs.kernels_image import look_up, publish_step, require_repository
-from sm121_build.jobs.local import run_local
 from sm121_build.jobs.main_job import Options, run_build
 from sm121_build.jobs.pipeline import Pipeline
 from sm121_build.source.external import projects_for, require_project_tree
@@ -115,49 +113,24 @@ def run_session(command: str, base: str, tag: str, arch: str | None, report: Pat
                    "result lines go to stderr.")
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
-@click.option("--local", is_flag=True,
-              help="No Docker: patch a copy of --source and build it on this machine (its "
-                   "torch and nvcc) into --out.")
-@click.option("--offline", is_flag=True, help="With --local: fetch nothing at configure time.")
-@click.option("--cutlass", type=click.Path(exists=True, path_type=Path),
-              help="With --local: CUTLASS checkout or the nvidia-cutlass wheel.")
+@click.option("--local", is_flag=True, hidden=True,
+              help="Moved: `sm121-build local --source SRC --out OUT`.")
 def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
-          offline: bool, cutlass: Path | None, pull: str, versioned_tag: bool,
+          pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
           plan_only: bool, replace_tag: bool, as_json: bool, kernels_from: str | None,
           kernels_to: str | None, no_build: bool, from_source: bool, sign_key: Path | None,
           trust_key: Path | None) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
-    if local:
-        if not source or not out:
-            raise click.UsageError("--local builds --source into --out: name both")
-        ignored = [name for name, given in (
-            ("--base", base), ("--tag", tag), ("--pull", pull != "never"),
-            ("--versioned-tag", versioned_tag), ("--replace-tag", replace_tag),
-            ("--plan", plan_only), ("--only", only), ("--report", report),
-            ("--summary-md", summary_md), ("--json", as_json),
-            ("--kernels-from", kernels_from), ("--kernels-to", kernels_to),
-            ("--sign-key", sign_key)) if given]
-        if ignored:
-            raise click.UsageError(f"--local builds on this machine, no image: "
-                                   f"{', '.join(ignored)} do(es) not apply")
-        if cutlass and not (cutlass.is_dir() or zipfile.is_zipfile(cutlass)):
-            raise click.UsageError(f"--cutlass {cutlass}: neither a CUTLASS checkout nor the "
-                                   "nvidia-cutlass wheel")
-        script_args = (["--offline"] if offline else []) + (
-            ["--cutlass", str(cutlass)] if cutlass else [])
-        for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args),
-                              fa_source):
-            click.echo(f"built {path}")
-        return
+    if local:  # its own command now, with only its own options
+        raise click.UsageError("--local is its own command now: sm121-build local --source "
+                               "SRC --out OUT [--arch …] [--ext …] [--jobs N]")
     if not base:
-        raise click.UsageError("name the stock image: --base IMAGE (or --local --source DIR)")
-    if offline or cutlass:
-        raise click.UsageError("--offline and --cutlass go with --local (the image build "
-                               "fetches what vLLM's CMake needs inside the builder)")
+        raise click.UsageError("name the stock image: --base IMAGE (or `sm121-build local "
+                               "--source DIR --out DIR` to build on this machine)")
     validate_image_ref(base)
     if no_build and not kernels_from:
         raise click.UsageError("--no-build goes with --kernels-from REPO")

@@ -6,7 +6,7 @@
 | 2    | Sm121Error            | bad input: a reference, tag, path, arch, name, file, source  |
 | 3    | VerificationError     | a built image failed verification (nothing was tagged)       |
 | 4    | EngineUnavailable     | the Docker engine cannot be reached or lost the connection   |
-| 5    | BuildFailed           | the compile (docker build or --local) failed                 |
+| 5    | BuildFailed           | the compile (docker build or `local`) failed                 |
 | 6    | PatchDrift            | a guard rule cannot be applied to this source                |
 | 7    | RegistryUnavailable   | a registry did not answer in time, or refused the request    |
 | 130  | (KeyboardInterrupt)   | Ctrl-C / SIGTERM: temporary files and containers removed     |

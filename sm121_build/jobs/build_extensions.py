@@ -63,7 +63,7 @@ class ScriptError(Exception):
 
 def _run(args: list[str], log: Path, env: dict[str, str],
          output: Callable[[str], object] = sys.stdout.write) -> int:
-    """Run one step, streaming its output (to stdout, or to `output`: `--local`'s progress
+    """Run one step, streaming its output (to stdout, or to `output`: `local`'s progress
     line) and appending it to the log."""
     print("+ " + " ".join(args), flush=True)
     with open(log, "a", encoding="utf-8") as out:

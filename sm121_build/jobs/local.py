@@ -1,4 +1,4 @@
-"""`sm121-build --local --source SRC --out OUT`: the build step on this machine, no Docker.
+"""`sm121-build local --source SRC --out OUT`: the build step on this machine, no Docker.
 
 The same script the builder stage runs (build_extensions.py), on a patched copy of SRC, with
 this machine's torch and nvcc.  For testing the build step on its own, and for machines that
@@ -78,7 +78,7 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
             got = copy_into(read_pin(copy, project), fa_source, trees[project.name])
             note(f"{project.name} {got.commit[:12]}: {got.path}")
             sources += ["--define", f"{project.env}={trees[project.name]}"]
-        # --local runs the tree's whole CMake on this host anyway: its guards may too
+        # `local` runs the tree's whole CMake on this host anyway: its guards may too
         with evaluating_with(HostCMake(find_cmake, Limits.from_environment().cmake_s)):
             if not no_patch:
                 for line in apply_for_build(copy, trees, version, archs, cuda, SM121.target):

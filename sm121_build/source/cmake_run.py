@@ -7,7 +7,7 @@ or loop forever.  So `guards` hands every evaluation to the runner of the curren
 
 - `jobs.cmake_sandbox.ContainerCMake`, what every command uses: a throwaway container with
   no network, a read-only root, not root, one CPU and a time limit;
-- `HostCMake`, only where the user asked for the tree's code to run here: `build --local`
+- `HostCMake`, only where the user asked for the tree's code to run here: `sm121-build local`
   (which runs the tree's whole CMake here anyway) or `SM121_CMAKE_ON_HOST=1`.
 
 With no runner chosen, an evaluation is refused: code from a tree never runs by default.
@@ -62,7 +62,7 @@ class CMakeRunner(Protocol):
 @dataclass(frozen=True)
 class HostCMake:
     """`cmake -P` on this host: the tree's code runs with this user's rights.  Only for a
-    run that asked for it (`build --local`, SM121_CMAKE_ON_HOST=1)."""
+    run that asked for it (`sm121-build local`, SM121_CMAKE_ON_HOST=1)."""
 
     cmake: Callable[[], str]  # finds the binary
     seconds: float

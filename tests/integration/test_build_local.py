@@ -77,13 +77,13 @@ def test_arch_121a_keeps_fp4_without_patch(source: Path, tmp_path: Path) -> None
 
 
 def test_cli_local_patches_a_copy_and_builds(source: Path, tmp_path: Path) -> None:
-    """`sm121-build --local`: the same script, driven by the CLI, no Docker."""
+    """`sm121-build local`: the same script, driven by the CLI, no Docker."""
     home = cuda_home()
     env = {**os.environ, "CUDA_HOME": str(home), "MAX_JOBS": "2",
            "PATH": f"{home / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
     before = (source / "CMakeLists.txt").read_text()
     result = subprocess.run(
-        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(source),
+        [sys.executable, "-m", "sm121_build", "local", "--source", str(source),
          "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert "fp4-sm12x-arch-specific: applied" in result.stderr
@@ -92,10 +92,10 @@ def test_cli_local_patches_a_copy_and_builds(source: Path, tmp_path: Path) -> No
                   if line.startswith("built ")) == ["_C.abi3.so", "_moe_C.abi3.so"]
     assert set(_kernels(tmp_path / "out" / "_C.abi3.so").values()) == {"native"}
     missing = subprocess.run(
-        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(source)],
+        [sys.executable, "-m", "sm121_build", "local", "--source", str(source)],
         capture_output=True, text=True, env=env, check=False)
     assert missing.returncode == 2
-    assert "--local builds --source into --out" in missing.stderr
+    assert "Missing option '--out'" in missing.stderr
 
 
 def test_cli_local_builds_flash_attention_from_the_pinned_commit(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_cli_local_builds_flash_attention_from_the_pinned_commit(tmp_path: Path)
            "XDG_CACHE_HOME": str(tmp_path / "cache"),
            "PATH": f"{home / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
     result = subprocess.run(
-        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(checkout),
+        [sys.executable, "-m", "sm121_build", "local", "--source", str(checkout),
          "--out", str(tmp_path / "out"), "--ext", "_vllm_fa2_C"],
         capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
@@ -119,7 +119,7 @@ def test_cli_local_builds_flash_attention_from_the_pinned_commit(tmp_path: Path)
     fa2 = tmp_path / "out" / "_vllm_fa2_C.abi3.so"
     assert set(_kernels(fa2).values()) == {"native"}
     fa3 = subprocess.run(
-        [sys.executable, "-m", "sm121_build", "build", "--local", "--source", str(checkout),
+        [sys.executable, "-m", "sm121_build", "local", "--source", str(checkout),
          "--out", str(tmp_path / "out3"), "--ext", "_vllm_fa3_C"],
         capture_output=True, text=True, env=env, check=False)
     assert fa3.returncode == 2

@@ -252,7 +252,7 @@ def test_a_symlink_loop_in_the_source_is_one_line(tmp_path: Path) -> None:
 
     source = Path(shutil.copytree(DATA / "vllm_like", tmp_path / "src"))
     (source / "loop").symlink_to(source / "loop")
-    result = cli("build", "--local", "--source", str(source), "--out", str(tmp_path / "out"))
+    result = cli("local", "--source", str(source), "--out", str(tmp_path / "out"))
     line = one_line_error(result, alone=True)
     assert "loop" in line and "Too many levels of symbolic links" in line
 

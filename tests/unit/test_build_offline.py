@@ -70,7 +70,7 @@ def test_cutlass_from_the_pypi_wheel_layout(tmp_path: Path) -> None:
 
 def test_in_process_the_script_returns_and_leaves_the_environment_alone(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`build --local` calls main() in-process: a bad input is a return code, not SystemExit,
+    """`sm121-build local` calls main() in-process: a bad input is a return code, not SystemExit,
     and the caller's os.environ is not changed (the compile steps get a copy)."""
     import os
 

@@ -67,8 +67,8 @@ def test_summary_markdown(matrix: dict[str, Path], tmp_path: Path) -> None:
     assert "sm_90 x2 | - | none | 0 of 4 |" in text
 
 
-COMMANDS = ("build", "inject", "audit", "pin", "patch", "dockerfile", "prune", "doctor", "kernels",
-            "aot")
+COMMANDS = ("build", "local", "inject", "audit", "pin", "patch", "dockerfile", "prune",
+            "doctor", "kernels", "aot")
 
 
 def test_help_lists_every_command_and_each_has_its_own() -> None:

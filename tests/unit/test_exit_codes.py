@@ -75,7 +75,7 @@ def test_build_failure_is_5(tmp_path: Path) -> None:
     from devkit.helpers import cuda_home
 
     home = cuda_home()
-    result = _run("build", "--local", "--source", str(source), "--out", str(tmp_path / "out"),
+    result = _run("local", "--source", str(source), "--out", str(tmp_path / "out"),
                   env={"CUDA_HOME": str(home), "MAX_JOBS": "2",
                        "PATH": f"{home / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin"})
     assert result.returncode == 5, result.stderr[-2000:]

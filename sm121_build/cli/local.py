@@ -1,0 +1,49 @@
+"""`sm121-build local --source SRC --out OUT`: no Docker, the tree built on this machine."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import click
+
+from sm121_build.cli.inputs import JOBS, arch_list, extension_names
+from sm121_build.jobs.local import run_local
+from sm121_build.source.external import require_project_tree
+from sm121_build.source.pin import require_vllm_tree
+
+
+@click.command()
+@click.option("--source", required=True,
+              type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="The vLLM checkout to build (a copy of it is patched and built).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the built .so files go.")
+@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
+              help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
+@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
+              help="Also build this extension (e.g. _moe_C_stable_libtorch).")
+@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
+@click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
+@click.option("--fa-source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Existing flash-attention checkout at the commit vLLM pins (else fetched "
+                   "from the GIT_REPOSITORY vLLM's CMake names).")
+@click.option("--offline", is_flag=True, help="Fetch nothing at configure time.")
+@click.option("--cutlass", type=click.Path(exists=True, path_type=Path),
+              help="CUTLASS checkout or the nvidia-cutlass wheel.")
+def local(source: Path, out: Path, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+          no_patch: bool, fa_source: Path | None, offline: bool, cutlass: Path | None) -> None:
+    """Patch a copy of SOURCE and build its extensions on this machine (its torch and nvcc)
+    into OUT: no Docker, no image.  The tree's CMake runs here, as you ask by choosing
+    this command."""
+    if cutlass and not (cutlass.is_dir() or zipfile.is_zipfile(cutlass)):
+        raise click.UsageError(f"--cutlass {cutlass}: neither a CUTLASS checkout nor the "
+                               "nvidia-cutlass wheel")
+    require_vllm_tree(source)
+    if fa_source:
+        require_project_tree(fa_source, "vllm-flash-attn")
+    script_args = (["--offline"] if offline else []) + (
+        ["--cutlass", str(cutlass)] if cutlass else [])
+    for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args),
+                          fa_source):
+        click.echo(f"built {path}")
