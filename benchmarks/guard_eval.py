@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from devkit.helpers import CACHE, median_timed, pypi_download  # noqa: E402
 from sm121_build.source import guards  # noqa: E402
-from sm121_build.source.patch import RuleResult, apply_all  # noqa: E402
+from sm121_build.source.patch import PatchFor, RuleResult, apply_all  # noqa: E402
 
 
 def _launcher_each_time() -> str:
@@ -58,8 +58,7 @@ def main() -> int:
         tree = _cmake_tree(args.version, Path(tmp))
 
         def decide() -> list[RuleResult]:
-            return apply_all(tree, args.version, args.archs, check=True,
-                             cuda_version=args.cuda)
+            return apply_all(tree, PatchFor(args.version, args.archs, args.cuda), check=True)
 
         binary = guards.find_cmake
         guards.find_cmake = _launcher_each_time  # type: ignore[assignment]

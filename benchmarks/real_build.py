@@ -44,6 +44,7 @@ from sm121_build.cuda.compat import parse_target  # noqa: E402
 from sm121_build.jobs.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.source.patch import (  # noqa: E402
+    PatchFor,
     apply_all,
     apply_macros,
     breaks_ptxas,
@@ -226,7 +227,7 @@ def main() -> int:
     policy = Policy(gpu, SM121.driver)
     report["gpu"] = str(gpu)
     report["patch"] = [{"set": r.name, "outcome": r.outcome, "replacements": r.replacements}
-                       for r in apply_all(source, version, arch)]
+                       for r in apply_all(source, PatchFor(version, arch))]
     report["patch"] += [{"set": r.name, "outcome": r.outcome, "detail": r.detail}
                         for r in apply_macros(source, "vllm", effective_archs(source, arch),
                                               gpu)]
@@ -234,8 +235,8 @@ def main() -> int:
     if args.flash_attn:
         flash = unpack(args.flash_attn, args.work / "flash-attn")
         handed = effective_archs(source, arch)
-        results = apply_all(flash, version, handed, project="vllm-flash-attn",
-                            gpu=SM121.target)
+        results = apply_all(flash,
+                PatchFor(version, handed, gpu=SM121.target), project="vllm-flash-attn")
         report["flash_attn"] = {"cuda_archs_from_vllm": handed, "rules": [
             {"set": r.name, "outcome": r.outcome, "detail": r.detail, "rewrites": [
                 {"at": w.guard.location, "list": w.new_list, "gives": list(w.result)}

@@ -29,7 +29,7 @@ from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import Target
 from sm121_build.rebuild.decide import ExtensionPlan, Rebuild, decide_inputs, plan_extensions
 from sm121_build.source.guards import cmake_arch_list
-from sm121_build.source.patch import apply_for_build, read_source_version
+from sm121_build.source.patch import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.tree import require_contained
 
 _WHEEL_VERSION = re.compile(r"^vllm-([^-]+)-.*\.whl\Z")
@@ -82,7 +82,7 @@ def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arc
         shutil.copy2(source / "CMakeLists.txt", tree / "CMakeLists.txt")
         if (source / "cmake").is_dir():
             shutil.copytree(source / "cmake", tree / "cmake", symlinks=True)
-        apply_for_build(tree, {}, version, arch_cmake, cuda, gpu)
+        apply_for_build(tree, {}, PatchFor(version, arch_cmake, cuda, gpu))
         plans = plan_extensions(stock, decide_inputs(tree, arch_cmake, cuda, gpu),
                                 {t: p.name for p in projects() for t in p.targets})
     return {audited[p.name]: judged(p, gpu) for p in plans}

@@ -13,6 +13,7 @@ from sm121_build.cuda.compat import loads_natively
 from sm121_build.source.external import tree_project
 from sm121_build.source.guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
 from sm121_build.source.patch import (
+    PatchFor,
     RuleResult,
     apply_all,
     apply_macros,
@@ -71,9 +72,8 @@ def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explai
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
     name = project.name if project else "vllm"
-    results: list[RuleResult] = apply_all(source, version, archs, check=check or explain,
-                                         cuda_version=cuda_version, project=name,
-                                         gpu=SM121.target)
+    want = PatchFor(version, archs, cuda_version, SM121.target)
+    results: list[RuleResult] = apply_all(source, want, check=check or explain, project=name)
     if explain:
         effective = effective_archs(source, archs, cuda_version)
         what = f"vLLM {version}" if project is None else f"{name} (as vLLM builds it)"

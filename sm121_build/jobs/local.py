@@ -31,7 +31,7 @@ from sm121_build.source.external import (
     stand_in_envs,
 )
 from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, find_cmake
-from sm121_build.source.patch import apply_for_build, read_source_version
+from sm121_build.source.patch import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.pin import copy_into
 from sm121_build.source.tree import require_contained
 
@@ -81,7 +81,8 @@ def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: 
         # `local` runs the tree's whole CMake on this host anyway: its guards may too
         with evaluating_with(HostCMake(find_cmake, Limits.from_environment().cmake_s)):
             if not no_patch:
-                for line in apply_for_build(copy, trees, version, archs, cuda, SM121.target):
+                want = PatchFor(version, archs, cuda, SM121.target)
+                for line in apply_for_build(copy, trees, want):
                     note(line)
         environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
                    "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")}

@@ -52,6 +52,7 @@ from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extens
 from sm121_build.source.external import projects_for, read_pin
 from sm121_build.source.guards import DEFAULT_CUDA
 from sm121_build.source.patch import (
+    PatchFor,
     apply_for_build,
     rules_digest,
 )
@@ -172,6 +173,11 @@ class Resolved:
     ref: GitRef  # the vLLM commit (or tag) the image was built from
     cuda: str  # the image's CUDA toolkit, X.Y
     arch: ArchList  # what to build for, in torch's and CMake's forms
+
+    @property
+    def patch_for(self) -> PatchFor:
+        """What the source trees are patched for: this vLLM, arch list, CUDA, sm_121."""
+        return PatchFor(self.vllm.version, self.arch.cmake, self.cuda, SM121.target)
 
 
 @dataclass(frozen=True)
@@ -397,8 +403,7 @@ def patch_vllm(pipeline: Pipeline, opts: Options, image: Resolved, src: Path) ->
         if opts.no_patch:
             note("patches skipped (--no-patch)")
             return
-        for line in apply_for_build(src, {}, image.vllm.version, image.arch.cmake, image.cuda,
-                                    SM121.target):
+        for line in apply_for_build(src, {}, image.patch_for):
             note(line)
 
 
@@ -434,9 +439,7 @@ def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context
                  f"{got.path}")
         if not opts.no_patch:
             trees = {folder: context / folder for _env, folder in external}
-            for line in apply_for_build(context / "src", trees, image.vllm.version,
-                                        image.arch.cmake, image.cuda, SM121.target,
-                                        vllm=False):
+            for line in apply_for_build(context / "src", trees, image.patch_for, vllm=False):
                 note(line)
     return Sources(checkout.commit, provenance, tuple(external))
 

@@ -300,22 +300,42 @@ def _argument_text(guard: Guard, new_list: str, text: str) -> str:
     return new_list
 
 
-def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool = False,
-               cuda_version: str = DEFAULT_CUDA, gpu: Target | None = None) -> RuleResult:
+@dataclass(frozen=True)
+class PatchFor:
+    """What a tree is patched for: the vLLM version (its version-keyed exceptions; for an
+    external project, vLLM's), the CMake arch list (for an external project, the CUDA_ARCHS
+    vLLM hands it), the CUDA toolkit's version and the GPU (by default that of the first
+    12.x arch)."""
+
+    version: str
+    archs: str
+    cuda_version: str = DEFAULT_CUDA
+    gpu: Target | None = None
+
+    @property
+    def target(self) -> Target:
+        return self.gpu or target_gpu(self.archs)
+
+    def handed(self, archs: str) -> PatchFor:
+        """The same build, for a project vLLM hands `archs`."""
+        return PatchFor(self.version, archs, self.cuda_version, self.gpu)
+
+
+def apply_rule(rule: Rule, source: Path, want: PatchFor, check: bool = False) -> RuleResult:
     """Decide with the guards' evaluation, then rewrite every breaking call or none."""
+    version, archs, cuda_version = want.version, want.archs, want.cuda_version
     parsed = parse_version(version)
     files = scan_files(source, rule.files)
     originals = {rel: read_source(source / rel) for rel in files}
     texts = _apply_exceptions(rule, version, parsed, dict(originals))
-    before = _evaluate(source, _changed(texts, originals), files, archs, cuda_version,
-                       rule.files)
+    before = _evaluate(source, _changed(texts, originals), files, want, rule.files)
     mine = [g for g in before if rule.covers(g)]
     unreadable = [g for g in mine if g.result is None and g.call.may_give_sm12x]
     if unreadable:
         g = unreadable[0]
         raise PatchDrift(f"{g.location}: cannot evaluate {g.variable} ({g.call.unresolved}); "
                          f"rule {rule.name} covers it, so not building blind")
-    gpu = gpu or target_gpu(archs)
+    gpu = want.target
     if rule.action == "add":
         built = effective_archs(source, archs, cuda_version).split(";")
         relevant = [g for g in mine if g.taken] if any(
@@ -332,7 +352,7 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
                              f"{guard.call.function}, whose list is inside that function: "
                              f"rule {rule.name} cannot {rule.action} "
                              f"{'it' if rule.action == 'rewrite' else 'to it'}")
-        rewrites.append(_choose(rule, source, guard, archs, cuda_version, gpu))
+        rewrites.append(_choose(rule, source, guard, want))
     # last first: a rewrite that changes a list's length moves every later offset in its file
     for rewrite in sorted(rewrites, key=lambda r: (r.guard.file, r.list_arg.start),
                           reverse=True):
@@ -348,7 +368,7 @@ def apply_rule(rule: Rule, source: Path, version: str, archs: str, check: bool =
             "rewrite" else f"no guard the rule covers is built for a {archs} build here")
         return RuleResult(rule.name, "not needed" if relevant else "not applicable", detail,
                           before=before, after=before, action=rule.action)
-    after = _evaluate(source, changed, files, archs, cuda_version, rule.files)
+    after = _evaluate(source, changed, files, want, rule.files)
     _check_after(rule, before, after, version, gpu)
     diff = "".join(
         "".join(difflib.unified_diff(originals[rel].splitlines(True), new.splitlines(True),
@@ -382,11 +402,11 @@ def added_list(guard: Guard, entries: list[str]) -> str:
     return ";".join(written + [e for e in entries if e not in written])
 
 
-def _choose(rule: Rule, source: Path, guard: Guard, archs: str, cuda_version: str,
-            gpu: Target) -> Rewrite:
+def _choose(rule: Rule, source: Path, guard: Guard, want: PatchFor) -> Rewrite:
     make = rewritten_list if rule.action == "rewrite" else added_list
-    lists = [make(guard, candidate_entries(form, archs)) for form in rule.rewrite]
-    results = intersect(source, archs, lists, cuda_version)
+    gpu = want.target
+    lists = [make(guard, candidate_entries(form, want.archs)) for form in rule.rewrite]
+    results = intersect(source, want.archs, lists, want.cuda_version)
     for new_list, got in zip(lists, results, strict=True):
         if not rule.needs(Guard(guard.call, got), gpu):
             return Rewrite(guard, new_list, got)
@@ -427,10 +447,11 @@ def _apply_exceptions(rule: Rule, version: str, parsed: Version,
     return texts
 
 
-def _evaluate(source: Path, changed: dict[str, str], files: list[str], archs: str,
-              cuda_version: str, patterns: tuple[str, ...]) -> list[Guard]:
+def _evaluate(source: Path, changed: dict[str, str], files: list[str], want: PatchFor,
+              patterns: tuple[str, ...]) -> list[Guard]:
     """The guards of `source`, or of a scratch copy of its scanned `files` (and
     cmake/utils.cmake) with the `changed` texts, when there are any."""
+    archs, cuda_version = want.archs, want.cuda_version
     if not changed:
         return evaluate(source, archs, cuda_version, patterns)
     with tempfile.TemporaryDirectory(prefix="sm121-patched-") as tmp:
@@ -470,25 +491,19 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
             tmp_path.unlink(missing_ok=True)
 
 
-def apply_external(vllm_tree: Path, tree: Path, project: str, version: str, archs: str,
-                   cuda_version: str, gpu: Target) -> tuple[str, list[RuleResult]]:
+def apply_external(vllm_tree: Path, tree: Path, project: str,
+                   want: PatchFor) -> tuple[str, list[RuleResult]]:
     """An external project's rules on its tree, for the CUDA_ARCHS the vLLM tree hands it
     (vLLM narrows the requested archs before including the project).  Returns those archs
     and the results."""
-    handed = effective_archs(vllm_tree, archs, cuda_version)
-    return handed, apply_all(tree, version, handed, cuda_version=cuda_version, project=project,
-                             gpu=gpu)
+    handed = effective_archs(vllm_tree, want.archs, want.cuda_version)
+    return handed, apply_all(tree, want.handed(handed), project=project)
 
 
-def apply_all(source: Path, version: str, archs: str, check: bool = False,
-              cuda_version: str = DEFAULT_CUDA, project: str = "vllm",
-              gpu: Target | None = None) -> list[RuleResult]:
-    """Every rule of `project` on the tree.  For an external project, `archs` is the
-    CUDA_ARCHS vLLM hands it (`guards.effective_archs` of the vLLM tree) and `version`
-    vLLM's, for the version-keyed exceptions; `gpu` the GPU the build is for (by default
-    that of the first 12.x arch)."""
-    return [apply_rule(r, source, version, archs, check, cuda_version, gpu)
-            for r in rules_for(project)]
+def apply_all(source: Path, want: PatchFor, check: bool = False,
+              project: str = "vllm") -> list[RuleResult]:
+    """Every rule of `project` on the tree (`PatchFor` says what for)."""
+    return [apply_rule(r, source, want, check) for r in rules_for(project)]
 
 
 def read_source_version(source: Path) -> str | None:
@@ -504,19 +519,21 @@ def read_source_version(source: Path) -> str | None:
     return None
 
 
-def apply_for_build(source: Path, external: dict[str, Path], version: str, archs: str,
-                    cuda_version: str, gpu: Target, vllm: bool = True) -> list[str]:
+def apply_for_build(source: Path, external: dict[str, Path], want: PatchFor,
+                    vllm: bool = True) -> list[str]:
     """The build's patch step: vLLM's rules on `source`, then each external project's
     (`external`: project name -> its tree) for the archs vLLM hands it.  One line per rule."""
     lines: list[str] = []
+    gpu = want.target
     if vllm:
         lines += [f"{r.name}: {r.outcome} ({r.detail})"
-                  for r in apply_all(source, version, archs, cuda_version=cuda_version)]
-        effective = effective_archs(source, archs, cuda_version)
+                  for r in apply_all(source, PatchFor(want.version, want.archs,
+                                                      want.cuda_version))]
+        effective = effective_archs(source, want.archs, want.cuda_version)
         lines += [f"{r.name}: {r.outcome} ({r.detail})"
                   for r in apply_macros(source, "vllm", effective, gpu)]
     for name, tree in external.items():
-        handed, results = apply_external(source, tree, name, version, archs, cuda_version, gpu)
+        handed, results = apply_external(source, tree, name, want)
         lines += [f"{r.name} ({name}, CUDA_ARCHS {handed}): {r.outcome} ({r.detail})"
                   for r in results]
         lines += [f"{r.name} ({name}, CUDA_ARCHS {handed}): {r.outcome} ({r.detail})"

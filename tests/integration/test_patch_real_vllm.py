@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from devkit.helpers import CACHE, cli, pypi_download
 from sm121_build.source.guards import effective_archs, evaluate
-from sm121_build.source.patch import apply_all, breaks_ptxas, covered
+from sm121_build.source.patch import PatchFor, apply_all, breaks_ptxas, covered
 
 pytestmark = [pytest.mark.vllm]
 
@@ -72,7 +72,7 @@ def _files(source: Path) -> dict[str, list[str]]:
 def survey_one(version: str, cuda: str, profile: str, work: Path) -> tuple[str, list[str]]:
     source = _copy(version, work)
     before = _files(source)
-    (result,) = apply_all(source, version, profile, cuda_version=cuda)
+    (result,) = apply_all(source, PatchFor(version, profile, cuda))
     after = _files(source)
     rewritten = {(r.guard.file, r.guard.line) for r in result.rewrites}
     for name, lines in before.items():
@@ -85,7 +85,7 @@ def survey_one(version: str, cuda: str, profile: str, work: Path) -> tuple[str, 
     assert not [g.location for g in guards if breaks_ptxas(g)], (version, cuda, profile)
     others = [(g.location, g.arch_list, g.result) for g in result.before if not covered(g)]
     assert others == [(g.location, g.arch_list, g.result) for g in guards if not covered(g)]
-    (again,) = apply_all(source, version, profile, cuda_version=cuda)
+    (again,) = apply_all(source, PatchFor(version, profile, cuda))
     assert again.outcome in ("not needed", "not applicable") and not again.rewrites
     assert _files(source) == after
     return result.outcome, [f"{r.guard.variable} \"{r.guard.arch_list}\" -> \"{r.new_list}\""
@@ -144,7 +144,7 @@ def test_a_nightly_that_renames_splits_and_adds_a_family(tmp_path: Path) -> None
     text, lists = re.subn(r'(set\(CUDA_SUPPORTED_ARCHS "[^"]*;12\.0)"\)', r'\1;12.1")', text)
     assert lists >= 2, "0.33.0's CUDA 13 lists"
     cmake.write_text(text)
-    (result,) = apply_all(source, "0.33.0", "12.1")
+    (result,) = apply_all(source, PatchFor("0.33.0", "12.1"))
     assert sorted((r.guard.variable, r.new_list) for r in result.rewrites) == [
         ("MXFP4_ARCHS", "10.0f;11.0f;12.1a"), ("NVFP4_SM12X_ARCHS", "12.1a"),
         ("QUTLASS_SM120_ARCHS", "12.1a")]

@@ -16,7 +16,7 @@ from sm121_build.cuda.binary import SM121, audit_binary
 from sm121_build.jobs.aot_step import aot_actions
 from sm121_build.jobs.main_job import aot_does_as_well
 from sm121_build.rebuild.decide import decide_inputs, plan_extensions
-from sm121_build.source.patch import apply_for_build
+from sm121_build.source.patch import PatchFor, apply_for_build
 
 pytestmark = [pytest.mark.vllm]
 VERSION = "0.33.0"
@@ -43,7 +43,7 @@ def test_the_default_run_plans_fa2_qutlass_and_c_on_0_33_0(tmp_path: Path) -> No
             m for m in tar.getmembers() if m.name == prefix + "CMakeLists.txt"
             or m.name.startswith(prefix + "cmake/")])
     source = tmp_path / "sdist" / prefix
-    lines = apply_for_build(source, {}, VERSION, "12.1", "13.0", SM121.target)
+    lines = apply_for_build(source, {}, PatchFor(VERSION, "12.1", "13.0", SM121.target))
     assert lines[-1].startswith("sass-from-ptx: applied (set_gencode_flags_for_srcs in "
                                 "cmake/utils.cmake:")
     plans = {p.name: p for p in plan_extensions(
