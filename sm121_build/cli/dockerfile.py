@@ -12,7 +12,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.image.refs import IMAGE_ID
 from sm121_build.image.toolchain import require_buildable
 from sm121_build.jobs.pipeline import Pipeline
-from sm121_build.jobs.render import plan_for, render
+from sm121_build.jobs.render import PlanRequest, plan_for, render
 from sm121_build.source.pin import version_to_ref
 
 
@@ -32,8 +32,8 @@ def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | Non
     facts, vllm = Pipeline.connect().resolve_image(base)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     require_buildable(vllm.tools, facts.ref)
-    plan = plan_for(facts, arch, extra_ext, jobs, None, str(ref), None, not no_buildkit,
-                    copy_tools=False)
+    plan = plan_for(facts, PlanRequest(arch, extra_ext, str(ref), not no_buildkit, jobs,
+                                       copy_tools=False))
     if plan.base == facts.id:
         # No registry digest to pin: `FROM sha256:<id>` sends BuildKit to Docker Hub, so
         # the Dockerfile names the image as the user did (a tag both builders resolve here).

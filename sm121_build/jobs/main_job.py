@@ -41,6 +41,7 @@ from sm121_build.jobs.artifacts import Provenance
 from sm121_build.jobs.pipeline import Finish, Pipeline
 from sm121_build.jobs.render import (
     BuildPlan,
+    PlanRequest,
     plan_for,
     provenance_labels,
     render,
@@ -187,6 +188,7 @@ class Sources:
     commit: str
     provenance: str  # commit[+changes], then `\0project@commit+changes` per project
     external: tuple[tuple[str, str], ...] = ()  # (environment variable, context folder)
+    tree: Path | None = None  # vLLM's tree in the build context (None: no source build)
 
 
 def run_build(pipeline: Pipeline, opts: Options) -> str:
@@ -211,10 +213,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         if not chosen or opts.plan_only:
             return planned(pipeline, opts, chosen)
         sources = external_sources(pipeline, opts, image, context, checkout, chosen)
-        plan = plan_for(image.facts, image.arch.torch, chosen, opts.jobs, context / "src",
-                        str(image.ref), sources.commit,
-                        buildkit=pipeline.engine.buildkit_client() is not None,
-                        defaults=False, external=sources.external, patches=patches_of(opts))
+        plan = plan_for(image.facts, source_plan(pipeline, opts, image, chosen, sources))
         key = content_key(image.facts, sources.provenance, plan, opts.no_patch)
         target = finish_target(pipeline, opts, image, sources, plan, key)
         existing = None if opts.force else pipeline.reusable(key)
@@ -268,11 +267,8 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
     prebuilt = tuple(a.name for a in aot)
     if chosen and checkout is not None:  # mixed: a source build with the aot'd files in it
         sources = external_sources(pipeline, opts, image, context, checkout, chosen)
-        plan = replace(plan_for(image.facts, image.arch.torch, chosen, opts.jobs,
-                                context / "src", str(image.ref), sources.commit,
-                                buildkit=pipeline.engine.buildkit_client() is not None,
-                                defaults=False, external=sources.external,
-                                patches=patches_of(opts)), prebuilt=prebuilt)
+        plan = replace(plan_for(image.facts, source_plan(pipeline, opts, image, chosen,
+                                                         sources)), prebuilt=prebuilt)
         key = content_key(image.facts, sources.provenance + "\0" +
                           aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
         patches, run = f"{patches_of(opts)}+{aot_patches(toolchain)}", build
@@ -422,7 +418,7 @@ def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context
     provenance = checkout.commit + (f"+{checkout.changes}" if checkout.changes else "")
     projects = projects_for([extension_target(name) for name in chosen], opts.fa_source)
     if not projects:
-        return Sources(checkout.commit, provenance)
+        return Sources(checkout.commit, provenance, tree=context / "src")
     external: list[tuple[str, str]] = []
     with pipeline.steps.step("external sources"):
         for project in projects:
@@ -441,7 +437,16 @@ def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context
             trees = {folder: context / folder for _env, folder in external}
             for line in apply_for_build(context / "src", trees, image.patch_for, vllm=False):
                 note(line)
-    return Sources(checkout.commit, provenance, tuple(external))
+    return Sources(checkout.commit, provenance, tuple(external), context / "src")
+
+
+def source_plan(pipeline: Pipeline, opts: Options, image: Resolved, chosen: tuple[str, ...],
+                sources: Sources) -> PlanRequest:
+    """What a source build of `chosen` asks the plan for."""
+    return PlanRequest(image.arch.torch, chosen, str(image.ref),
+                       pipeline.engine.buildkit_client() is not None, opts.jobs,
+                       sources.tree, sources.commit, defaults=False,
+                       external=sources.external, patches=patches_of(opts))
 
 
 def patches_of(opts: Options) -> str:

@@ -221,31 +221,49 @@ def provenance_labels(facts: ImageFacts, commit: str, arch: str,
     return {FIELD_LABELS[field]: value for field, value in values.items()}
 
 
-def plan_for(facts: ImageFacts, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
-             source: Path | None, git_ref: str, commit: str | None, buildkit: bool,
-             copy_tools: bool = True, defaults: bool = True, *,
-             external: tuple[tuple[str, str], ...] = (),
-             patches: str | None = None) -> BuildPlan:
-    """A build plan from what the image says (paths are detected, never hard-coded), whole:
-    `external` the projects' trees in the context, `patches` the rules digest the labels name
-    (default: the rules shipped).  `copy_tools`: cmake/ninja the
-    image lacks may come from this machine via the context.  The caller has checked that the
-    image can build (`toolchain.require_buildable`)."""
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a build plan is asked for, beside the image: the arch list (torch's form), the
+    extensions asked for (`extra_ext`; with `defaults`, the default ones too), MAX_JOBS,
+    the source tree (None: not read), the git ref and commit the labels name, whether
+    BuildKit builds it, whether cmake/ninja the image lacks may come from this machine
+    (`copy_tools`), the external projects' trees in the context, and the rules digest the
+    labels name (None: the rules shipped)."""
+
+    arch: str
+    extra_ext: tuple[str, ...]
+    git_ref: str
+    buildkit: bool
+    jobs: int | None = None
+    source: Path | None = None
+    commit: str | None = None
+    copy_tools: bool = True
+    defaults: bool = True
+    external: tuple[tuple[str, str], ...] = ()
+    patches: str | None = None
+
+
+def plan_for(facts: ImageFacts, asked: PlanRequest) -> BuildPlan:
+    """A build plan from what the image says (paths are detected, never hard-coded), whole.
+    The caller has checked that the image can build (`toolchain.require_buildable`)."""
+    arch, jobs, copy_tools = asked.arch, asked.jobs, asked.copy_tools
+    external, patches = asked.external, asked.patches
     vllm = require_vllm(facts)
     if not vllm.cuda_home:
         raise Sm121Error(f"image {facts.ref} has no nvcc under /usr/local/cuda*: the builder "
                          "stage needs the CUDA toolkit of a -devel style image")
     include = vllm.cuda_include or f"{vllm.cuda_home}/include"
     lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
-    extensions = choose_extensions(vllm.extensions, extra_ext, source, defaults)
-    labels = provenance_labels(facts, commit or git_ref, arch, extensions,
+    extensions = choose_extensions(vllm.extensions, asked.extra_ext, asked.source,
+                                   asked.defaults)
+    labels = provenance_labels(facts, asked.commit or asked.git_ref, arch, extensions,
                                rules_digest() if patches is None else patches)
     return BuildPlan(
         base=facts.digest_ref, arch_list=arch, external=external,
-        vllm_version=vllm.version, git_ref=git_ref,
+        vllm_version=vllm.version, git_ref=asked.git_ref,
         extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,
         cuda_include=include, cuda_lib=lib, jobs=jobs or default_jobs(),
-        nvrtc_fix=vllm.nvrtc_needs_link, buildkit=buildkit, labels=labels,
+        nvrtc_fix=vllm.nvrtc_needs_link, buildkit=asked.buildkit, labels=labels,
         bring=vllm.tools.to_bring if vllm.tools else (),
         bring_from=(how_to_bring(vllm.tools, facts.platform) if copy_tools else "pip")
         if vllm.tools and vllm.tools.to_bring else "")
