@@ -122,7 +122,7 @@ def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) ->
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, None, None)
-    with run_session("build", base, result_tag, "12.1", None, None, False) as (pipeline, _):
+    with run_session("build", base, result_tag, "12.1") as (pipeline, _):
         run_build(pipeline, Options(base=base, tag=result_tag, arch="12.1", extra_ext=(),
                                     jobs=None, source=None, repo="", out=out, force=False,
                                     no_patch=False, aot_only=True))

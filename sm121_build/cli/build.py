@@ -6,6 +6,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -36,17 +37,28 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
                     "(that image stays; the base's own tag never moves).")
 
 
+@dataclass(frozen=True)
+class Reporting:
+    """Where a run's record goes: `--report` (JSON), `--summary-md` (Markdown), `--json`
+    (stdout)."""
+
+    report: Path | None = None
+    summary_md: Path | None = None
+    as_json: bool = False
+
+
 @contextmanager
-def run_session(command: str, base: str, tag: str, arch: str | None, report: Path | None,
-                summary_md: Path | None, as_json: bool) -> Iterator[tuple[Pipeline, Path]]:
+def run_session(command: str, base: str, tag: str, arch: str | None,
+                reporting: Reporting = Reporting()) -> Iterator[tuple[Pipeline, Path]]:
     """A run of the main job or inject: its record (written however it ends, with the step
     times), the pipeline on the engine, and a temp folder; `--json` moves the result lines
     to stderr."""
-    if as_json:
+    if reporting.as_json:
         results_to_stderr()
     steps = Steps()
-    with recorded(new_record(command, base, tag, arch), report, summary_md, steps,
-                  as_json) as record, tempfile.TemporaryDirectory(prefix="sm121-run-") as tmp:
+    with recorded(new_record(command, base, tag, arch), reporting.report,
+                  reporting.summary_md, steps, reporting.as_json) as record, \
+            tempfile.TemporaryDirectory(prefix="sm121-run-") as tmp:
         yield Pipeline.connect(record, steps), Path(tmp)
 
 
@@ -152,7 +164,8 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
-    with run_session("build", base, result_tag, arch, report, summary_md, as_json) as (
+    with run_session("build", base, result_tag, arch,
+                     Reporting(report, summary_md, as_json)) as (
             pipeline, tmp):
         pipeline.sign_key, pipeline.trust_key = signing, trusted
         export = out or (tmp / "kernels-to" if kernels_to else None)

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP, run_session
+from sm121_build.cli.build import (
+    REPLACE_TAG_HELP,
+    REPORT_HELP,
+    SUMMARY_HELP,
+    Reporting,
+    run_session,
+)
 from sm121_build.cli.inputs import require_outputs
 from sm121_build.image.cosign import TrustKey
 from sm121_build.image.refs import (
@@ -60,7 +66,8 @@ def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | N
     trusted = TrustKey.load(trust_key) if trust_key and kernels_ref else None
     # the manifest and every file checked before the engine is asked
     found = load(folder) if folder is not None else None
-    with run_session("inject", base, result_tag, None, report, summary_md, as_json) as (
+    with run_session("inject", base, result_tag, None,
+                     Reporting(report, summary_md, as_json)) as (
             pipeline, tmp):
         pipeline.trust_key = trusted
         if kernels_ref is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names
-from sm121_build.jobs.local import run_local
+from sm121_build.jobs.local import LocalBuild, run_local
 from sm121_build.source.external import require_project_tree
 from sm121_build.source.pin import require_vllm_tree
 
@@ -44,6 +44,6 @@ def local(source: Path, out: Path, arch: str, extra_ext: tuple[str, ...], jobs: 
         require_project_tree(fa_source, "vllm-flash-attn")
     script_args = (["--offline"] if offline else []) + (
         ["--cutlass", str(cutlass)] if cutlass else [])
-    for path in run_local(source, out, arch, extra_ext, jobs, no_patch, tuple(script_args),
-                          fa_source):
+    for path in run_local(LocalBuild(source, out, arch, extra_ext, jobs, no_patch,
+                                     tuple(script_args), fa_source)):
         click.echo(f"built {path}")

@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.compile_progress import shipped_histories
@@ -53,9 +54,26 @@ def local_targets(source: Path, extra: tuple[str, ...]) -> list[str]:
     return [extension_target(e) for e in choose_extensions(every, extra, source)]
 
 
-def run_local(source: Path, out: Path, arch: str, extra: tuple[str, ...], jobs: int | None,
-              no_patch: bool, build_args: tuple[str, ...],
-              fa_source: Path | None = None) -> list[Path]:
+@dataclass(frozen=True)
+class LocalBuild:
+    """`sm121-build local`: the tree, where the files go, the arch list, the extensions asked
+    for beyond the default ones, MAX_JOBS, whether the rules are applied, the build script's
+    own arguments (`--offline`, `--cutlass`), and a flash-attention checkout."""
+
+    source: Path
+    out: Path
+    arch: str
+    extra: tuple[str, ...] = ()
+    jobs: int | None = None
+    no_patch: bool = False
+    build_args: tuple[str, ...] = ()
+    fa_source: Path | None = None
+
+
+def run_local(asked: LocalBuild) -> list[Path]:
+    source, out, arch, extra, jobs = (asked.source, asked.out, asked.arch, asked.extra,
+                                      asked.jobs)
+    no_patch, build_args, fa_source = asked.no_patch, asked.build_args, asked.fa_source
     version = read_source_version(source)
     if version is None:
         raise Sm121Error(f"cannot read the vLLM version of {source} (no vllm/_version.py)")
