@@ -105,7 +105,6 @@ def aot(paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | No
 
 def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) -> None:
     """An image: the main job with its aot actions alone (no source), for sm_121."""
-    from sm121_build.cli.build import run_session
     from sm121_build.cli.inputs import require_outputs
     from sm121_build.image.refs import (
         default_tag,
@@ -114,6 +113,7 @@ def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) ->
         validate_tag,
     )
     from sm121_build.jobs.main_job import Options, run_build
+    from sm121_build.jobs.session import run_session
 
     validate_image_ref(base)
     if gpu is not None and parse_target(gpu) != parse_target("sm_121"):

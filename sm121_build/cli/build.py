@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
-from sm121_build.core.console import Steps, note, results_to_stderr
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
 from sm121_build.image.cosign import SigningKey, TrustKey
@@ -23,43 +18,17 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.jobs.inject import run_inject
-from sm121_build.jobs.kernels_image import look_up, publish_step, require_repository
-from sm121_build.jobs.main_job import Options, run_build
-from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.kernels_image import require_repository
+from sm121_build.jobs.main_job import Options
+from sm121_build.jobs.run import Kernels, RunRequest, run_main
+from sm121_build.jobs.session import Reporting
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.pin import UPSTREAM, require_vllm_tree
-from sm121_build.verify.run_report import PUBLISHABLE, new_record, recorded
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
 SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."
 REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from this base "
                     "(that image stays; the base's own tag never moves).")
-
-
-@dataclass(frozen=True)
-class Reporting:
-    """Where a run's record goes: `--report` (JSON), `--summary-md` (Markdown), `--json`
-    (stdout)."""
-
-    report: Path | None = None
-    summary_md: Path | None = None
-    as_json: bool = False
-
-
-@contextmanager
-def run_session(command: str, base: str, tag: str, arch: str | None,
-                reporting: Reporting = Reporting()) -> Iterator[tuple[Pipeline, Path]]:
-    """A run of the main job or inject: its record (written however it ends, with the step
-    times), the pipeline on the engine, and a temp folder; `--json` moves the result lines
-    to stderr."""
-    if reporting.as_json:
-        results_to_stderr()
-    steps = Steps()
-    with recorded(new_record(command, base, tag, arch), reporting.report,
-                  reporting.summary_md, steps, reporting.as_json) as record, \
-            tempfile.TemporaryDirectory(prefix="sm121-run-") as tmp:
-        yield Pipeline.connect(record, steps), Path(tmp)
 
 
 @click.command()
@@ -164,40 +133,11 @@ def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ..
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
-    with run_session("build", base, result_tag, arch,
-                     Reporting(report, summary_md, as_json)) as (
-            pipeline, tmp):
-        pipeline.sign_key, pipeline.trust_key = signing, trusted
-        export = out or (tmp / "kernels-to" if kernels_to else None)
-        if kernels_from and not plan_only:
-            found = look_up(pipeline, kernels_from, base, arch, pull, tmp / "kernels")
-            if found is not None:
-                run_inject(pipeline, found.folder, base, result_tag, export, replace_tag, found)
-                if kernels_to and kernels_to != kernels_from:
-                    publish_step(pipeline, export or found.folder, kernels_to, base)
-                _forget_temporary(pipeline, out)
-                return
-            if no_build:
-                why = pipeline.record.kernels_from.why if pipeline.record.kernels_from else ""
-                raise Sm121Error(f"no kernels image for {base} in {kernels_from} ({why}; "
-                                 "--no-build): publish one with `sm121-build kernels "
-                                 "publish`, or drop --no-build to compile")
-            pull = "never"  # pulled for the lookup already
-        run_build(pipeline,
-                  Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext,
-                          jobs=jobs, source=source, repo=repo, out=export, force=force,
-                          no_patch=no_patch, pull=pull, versioned_tag=versioned_tag,
-                          allow_other_commit=allow_other_commit, fa_source=fa_source,
-                          only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
-                          replace_tag=replace_tag, from_source=from_source))
-        if kernels_to and export and pipeline.record.status in PUBLISHABLE:
-            publish_step(pipeline, export, kernels_to, base)
-        elif kernels_to and not plan_only:
-            note(f"--kernels-to {kernels_to}: nothing was built, nothing to publish")
-        _forget_temporary(pipeline, out)
-
-
-def _forget_temporary(pipeline: Pipeline, out: Path | None) -> None:
-    """The record names an artifacts folder only where the user asked for one (--out)."""
-    if out is None:
-        pipeline.record.took_artifacts(None)
+    options = Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
+                      source=source, repo=repo, out=out, force=force, no_patch=no_patch,
+                      pull=pull, versioned_tag=versioned_tag,
+                      allow_other_commit=allow_other_commit, fa_source=fa_source,
+                      only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
+                      replace_tag=replace_tag, from_source=from_source)
+    run_main(RunRequest(options, Kernels(kernels_from, kernels_to, no_build, signing, trusted),
+                        Reporting(report, summary_md, as_json)))

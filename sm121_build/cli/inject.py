@@ -6,13 +6,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.build import (
-    REPLACE_TAG_HELP,
-    REPORT_HELP,
-    SUMMARY_HELP,
-    Reporting,
-    run_session,
-)
+from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
 from sm121_build.cli.inputs import require_outputs
 from sm121_build.image.cosign import TrustKey
 from sm121_build.image.refs import (
@@ -24,6 +18,7 @@ from sm121_build.image.refs import (
 from sm121_build.jobs.artifacts import load
 from sm121_build.jobs.inject import run_inject
 from sm121_build.jobs.kernels_image import fetch_step
+from sm121_build.jobs.session import Reporting, run_session
 
 
 @click.command()

@@ -1,0 +1,38 @@
+"""A run's session: its record (written however the run ends, with the step times), the
+pipeline on the engine, and a temp folder that goes with it."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm121_build.core.console import Steps, results_to_stderr
+from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.verify.run_report import new_record, recorded
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """Where a run's record goes: `--report` (JSON), `--summary-md` (Markdown), `--json`
+    (stdout)."""
+
+    report: Path | None = None
+    summary_md: Path | None = None
+    as_json: bool = False
+
+
+@contextmanager
+def run_session(command: str, base: str, tag: str, arch: str | None,
+                reporting: Reporting = Reporting()) -> Iterator[tuple[Pipeline, Path]]:
+    """A run of the main job, inject or aot: its record, the pipeline on the engine, and a
+    temp folder; `--json` moves the result lines to stderr."""
+    if reporting.as_json:
+        results_to_stderr()
+    steps = Steps()
+    with recorded(new_record(command, base, tag, arch), reporting.report,
+                  reporting.summary_md, steps, reporting.as_json) as record, \
+            tempfile.TemporaryDirectory(prefix="sm121-run-") as tmp:
+        yield Pipeline.connect(record, steps), Path(tmp)
