@@ -117,10 +117,9 @@ def _engine_connection(exc: BaseException) -> bool:
 
 def left_behind() -> str:
     """What this run made in the engine and could not remove (the engine went away)."""
-    engine = sys.modules.get("sm121_build.image.engine")
-    left = sorted(getattr(engine, "LEFT_BEHIND", ()) or ())
-    return (f"; this run may have left {', '.join(left)} there: remove them once the engine "
-            "is back (`docker rmi TAG`, `docker rm -f CONTAINER`)" if left else "")
+    from sm121_build.core.leftovers import left_behind_line
+
+    return left_behind_line()
 
 
 def engine_lost_line(exc: BaseException) -> str:

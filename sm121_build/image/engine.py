@@ -45,6 +45,7 @@ from sm121_build.core.errors import (
     RegistryUnavailable,
     Sm121Error,
 )
+from sm121_build.core.leftovers import LEFT_BEHIND
 from sm121_build.core.limits import ENGINE_VARIABLE, REGISTRY_VARIABLE, Limits
 from sm121_build.core.pull_progress import PullProgress
 from sm121_build.image.api import (
@@ -62,9 +63,6 @@ from sm121_build.image.spill import write_stream
 
 BUILDKIT_CLIENT_CANDIDATES = ("/usr/bin/docker", "docker")
 READER_LABEL = "io.github.sm121-build.reader"
-# What this process made in the engine and has not removed yet ("tag X", "container Y"): when
-# the engine goes away mid-run, the error line names what may be left there.
-LEFT_BEHIND: set[str] = set()
 _LOST = (docker.errors.APIError, requests.exceptions.RequestException)
 # how the engine words a registry's "no such manifest" (distribution's MANIFEST_UNKNOWN,
 # NAME_UNKNOWN, Docker Hub's "not found")
