@@ -47,7 +47,7 @@ from sm121_build.cuda.binary import (  # noqa: E402
 )
 from sm121_build.image.engine import Engine  # noqa: E402
 from sm121_build.image.facts import inspect_image, require_vllm  # noqa: E402
-from sm121_build.jobs.artifacts import Provenance, export  # noqa: E402
+from sm121_build.jobs.formats.artifacts import Provenance, export  # noqa: E402
 from sm121_build.source.patch import rules_digest  # noqa: E402
 
 # `_moe_C` only: the real `_C` of the wheel holds 42 kernels with sm_120a code alone, which a

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.binary import SM121, Policy, audit_binary  # noqa: E402
 from sm121_build.cuda.compat import parse_target  # noqa: E402
-from sm121_build.jobs.build_extensions import PTXAS_FP4  # noqa: E402
+from sm121_build.jobs.payload.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.source.patch import (  # noqa: E402
     PatchFor,
@@ -131,9 +131,9 @@ def build_env(arch: str, jobs: int) -> dict[str, str]:
 
 def script(source: Path, build: Path, out: Path, targets: list[str], cutlass: Path,
            extra: list[str]) -> list[str]:
-    args = [sys.executable, "-m", "sm121_build.jobs.build_extensions", "--source", str(source),
-            "--out", str(out), "--build-dir", str(build), "--offline", "--cutlass",
-            str(cutlass), "--cmake", find_cmake()]
+    args = [sys.executable, "-m", "sm121_build.jobs.payload.build_extensions",
+            "--source", str(source), "--out", str(out), "--build-dir", str(build),
+            "--offline", "--cutlass", str(cutlass), "--cmake", find_cmake()]
     for target in targets:
         args += ["--target", target]
     return args + extra

@@ -100,8 +100,8 @@ def stock_extensions() -> Path:
                "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc"), "MAX_JOBS": "2",
                "VLLM_FLASH_ATTN_SRC_DIR": str(DATA / "fa_like"),
                "PATH": f"{home / 'bin'}:{bindir}:{os.environ['PATH']}"}
-        subprocess.run([sys.executable, "-m", "sm121_build.jobs.build_extensions", "--source",
-                        str(src), "--out", str(Path(tmp) / "out"), "--target", "_C",
+        subprocess.run([sys.executable, "-m", "sm121_build.jobs.payload.build_extensions",
+                        "--source", str(src), "--out", str(Path(tmp) / "out"), "--target", "_C",
                         "--target", "_moe_C", "--target", "_vllm_fa2_C",
                         "--cmake", str(bindir / "cmake")],
                        check=True, env=env, stdout=subprocess.DEVNULL)

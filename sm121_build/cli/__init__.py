@@ -32,7 +32,7 @@ def _connect() -> ImageEngine:
 
 class _Confined:
     """The runner every command evaluates a source tree's CMake with: a throwaway container
-    (`jobs/cmake_sandbox.py`), made when a tree is first evaluated, so a command that
+    (`jobs/framework/cmake_sandbox.py`), made when a tree is first evaluated, so a command that
     evaluates none loads no job module and asks no engine."""
 
     def __init__(self) -> None:
@@ -40,7 +40,7 @@ class _Confined:
 
     def run(self, script: CMakeScript) -> CMakeOutput:
         if self.runner is None:
-            from sm121_build.jobs.cmake_sandbox import source_runner
+            from sm121_build.jobs.framework.cmake_sandbox import source_runner
 
             self.runner = source_runner(_connect)
         return self.runner.run(script)

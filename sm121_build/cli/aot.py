@@ -74,7 +74,7 @@ def aot(paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | No
     extensions are aot'd and injected into an untouched copy tagged like the main job's
     (the main job's aot actions, with no source).
     """
-    from sm121_build.jobs.aot import AotRequest, run_aot, say_results
+    from sm121_build.jobs.commands.aot import AotRequest, run_aot, say_results
 
     if len(paths) == 1 and not Path(paths[0]).exists():
         _aot_image(paths[0], out, tag, gpu)
@@ -112,8 +112,8 @@ def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) ->
         validate_image_ref,
         validate_tag,
     )
-    from sm121_build.jobs.main_job import Options, run_build
-    from sm121_build.jobs.session import run_session
+    from sm121_build.jobs.commands.main_job import Options, run_build
+    from sm121_build.jobs.framework.session import run_session
 
     validate_image_ref(base)
     if gpu is not None and parse_target(gpu) != parse_target("sm_121"):

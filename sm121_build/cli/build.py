@@ -18,10 +18,10 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.jobs.kernels_image import require_repository
-from sm121_build.jobs.main_job import Options
-from sm121_build.jobs.run import Kernels, RunRequest, run_main
-from sm121_build.jobs.session import Reporting
+from sm121_build.jobs.commands.kernels_image import require_repository
+from sm121_build.jobs.commands.main_job import Options
+from sm121_build.jobs.commands.run import Kernels, RunRequest, run_main
+from sm121_build.jobs.framework.session import Reporting
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.pin import UPSTREAM, require_vllm_tree
 

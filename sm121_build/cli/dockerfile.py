@@ -11,8 +11,8 @@ from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.refs import IMAGE_ID
 from sm121_build.image.toolchain import require_buildable
-from sm121_build.jobs.pipeline import Pipeline
-from sm121_build.jobs.render import PlanRequest, plan_for, render
+from sm121_build.jobs.formats.render import PlanRequest, plan_for, render
+from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.pin import version_to_ref
 
 

@@ -9,7 +9,7 @@ import sys
 import click
 
 from sm121_build.image.refs import validate_image_ref
-from sm121_build.jobs.doctor import RANK, Probe, docker_engine, run_checks, worst
+from sm121_build.jobs.commands.doctor import RANK, Probe, docker_engine, run_checks, worst
 
 
 @click.command()

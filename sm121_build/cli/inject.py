@@ -15,10 +15,10 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.jobs.artifacts import load
-from sm121_build.jobs.inject import run_inject
-from sm121_build.jobs.kernels_image import fetch_step
-from sm121_build.jobs.session import Reporting, run_session
+from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.kernels_image import fetch_step
+from sm121_build.jobs.formats.artifacts import load
+from sm121_build.jobs.framework.session import Reporting, run_session
 
 
 @click.command()

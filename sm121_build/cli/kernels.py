@@ -11,14 +11,14 @@ import click
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
-from sm121_build.jobs.artifacts import load
-from sm121_build.jobs.kernels_image import (
+from sm121_build.jobs.commands.kernels_image import (
     PROVENANCE_TYPE,
     Publication,
     publish,
     require_repository,
 )
-from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.formats.artifacts import load
+from sm121_build.jobs.framework.pipeline import Pipeline
 
 
 @click.group()

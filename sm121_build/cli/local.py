@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names
-from sm121_build.jobs.local import LocalBuild, run_local
+from sm121_build.jobs.commands.local import LocalBuild, run_local
 from sm121_build.source.external import require_project_tree
 from sm121_build.source.pin import require_vllm_tree
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from sm121_build.image.engine import Engine
-from sm121_build.jobs.prune import prune
+from sm121_build.jobs.commands.prune import prune
 
 
 @click.command(name="prune")

@@ -5,7 +5,7 @@ Evaluating a guard runs the tree's own `cmake/utils.cmake` (and the CMake text a
 call) through `cmake -P`: that is code from the tree, which can `execute_process()` anything
 or loop forever.  So `guards` hands every evaluation to the runner of the current context:
 
-- `jobs.cmake_sandbox.ContainerCMake`, what every command uses: a throwaway container with
+- `jobs.framework.cmake_sandbox.ContainerCMake`, what every command uses: a throwaway container with
   no network, a read-only root, not root, one CPU and a time limit;
 - `HostCMake`, only where the user asked for the tree's code to run here: `sm121-build local`
   (which runs the tree's whole CMake here anyway) or `SM121_CMAKE_ON_HOST=1`.

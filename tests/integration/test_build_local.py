@@ -25,7 +25,7 @@ def _build(source: Path, out: Path, arch: str) -> subprocess.CompletedProcess[st
            "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc"),
            "PATH": f"{home / 'bin'}:{bindir}:{os.environ['PATH']}", "MAX_JOBS": "2"}
     return subprocess.run(
-        [sys.executable, "-m", "sm121_build.jobs.build_extensions", "--source", str(source),
+        [sys.executable, "-m", "sm121_build.jobs.payload.build_extensions", "--source", str(source),
          "--out", str(out), "--target", "_C", "--target", "_moe_C",
          "--stand-in", "VLLM_FLASH_ATTN_SRC_DIR",  # not built here: nothing fetched
          "--cmake", str(bindir / "cmake") if (bindir / "cmake").exists() else "cmake"],

@@ -1,5 +1,5 @@
 """Code from a source tree never runs on this host: a guard evaluation runs the tree's CMake in
-a throwaway container (`jobs/cmake_sandbox.py`).  Hostile trees, against the real engine:
+a throwaway container (`jobs/framework/cmake_sandbox.py`).  Hostile trees, against the real engine:
 one that writes a file and runs a program on the host where it is evaluated, one that loops
 forever, one that reaches for the network; and the same tree's answers, container and host
 alike.  With SM121_CMAKE_ON_HOST=1 (the user's explicit ask) the first one does write its
@@ -98,7 +98,7 @@ def test_the_container_has_no_network_no_root_and_no_host_files(tmp_path: Path) 
     assert "SM121PROBE end" in line
     # what the probe printed is not shown to the user; evaluate it directly instead
     from sm121_build.image.engine import Engine
-    from sm121_build.jobs.cmake_sandbox import ContainerCMake
+    from sm121_build.jobs.framework.cmake_sandbox import ContainerCMake
     from sm121_build.source.cmake_run import CMakeScript
 
     output = ContainerCMake(Engine.connect, 30.0).run(CMakeScript("", probe.rsplit("\n", 1)[0]))

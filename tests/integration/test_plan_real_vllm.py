@@ -13,8 +13,8 @@ import pytest
 from devkit.helpers import CACHE, pypi_download
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import SM121, audit_binary
-from sm121_build.jobs.aot_step import aot_actions
-from sm121_build.jobs.main_job import aot_does_as_well
+from sm121_build.jobs.commands.aot_step import aot_actions
+from sm121_build.jobs.commands.main_job import aot_does_as_well
 from sm121_build.rebuild.decide import decide_inputs, plan_extensions
 from sm121_build.source.patch import PatchFor, apply_for_build
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.jobs import build_extensions
+from sm121_build.jobs.payload import build_extensions
 from sm121_build.verify.checks import kernel_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,3 +124,25 @@ def test_stand_ins_hold_the_files_their_project_cmake_names(tmp_path: Path) -> N
     assert (empty / "csrc" / "api" / "api.cpp").is_file()
     assert (empty / "csrc" / "sm90" / "k.cu").is_file()
     assert not (empty.parent / "escape.cu").exists()
+
+
+def test_the_payload_runs_alone_on_a_bare_python(tmp_path: Path) -> None:
+    """The builder stage runs the copied file with the image's python3 and nothing else:
+    isolated (-I), without site-packages (-S), from a folder of its own, it answers its
+    interface (the command line) and refuses a missing source in one line."""
+    import shutil
+    import subprocess
+    import sys
+
+    from sm121_build.jobs.payload import PAYLOAD
+
+    alone = Path(shutil.copy(PAYLOAD, tmp_path / "build_extensions.py"))
+    shown = subprocess.run([sys.executable, "-I", "-S", str(alone), "--help"],
+                           capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "--source" in shown.stdout and "--target" in shown.stdout
+    missing = subprocess.run([sys.executable, "-I", "-S", str(alone), "--source",
+                              str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"),
+                              "--target", "_C"], capture_output=True, text=True, check=False,
+                             cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr, missing.stderr

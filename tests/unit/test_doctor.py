@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import ROOT, cli
-from sm121_build.jobs.doctor import (
+from sm121_build.jobs.commands.doctor import (
     GB,
     Check,
     EngineFacts,

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from devkit.helpers import ROOT, cli, one_line_error
 from devkit.imagetar import HardLink, docker_save
 from sm121_build.core.errors import Sm121Error
-from sm121_build.jobs.artifacts import load
+from sm121_build.jobs.formats.artifacts import load
 
 SITE = "usr/local/lib/python3.12/dist-packages/vllm"
 
@@ -217,7 +217,7 @@ def test_a_50_gb_sparse_wheel_is_refused_at_once(tmp_path: Path) -> None:
 
 # -- inject's manifest ---------------------------------------------------------------------
 def _artifacts(folder: Path, so: Path, **changes: object) -> Path:
-    from sm121_build.jobs.artifacts import sha256_of
+    from sm121_build.jobs.formats.artifacts import sha256_of
 
     folder.mkdir(exist_ok=True)
     shutil.copy(so, folder / "_C.abi3.so")

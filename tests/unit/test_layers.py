@@ -15,7 +15,8 @@ def test_the_audit_of_a_file_loads_no_engine_git_renderer_or_job() -> None:
     assert "sm121_build.cuda.binary" in own and "sm121_build.audit.report" in own
     assert "docker" not in loaded
     for forbidden in ("sm121_build.image.engine", "sm121_build.source.pin",
-                      "sm121_build.jobs", "sm121_build.jobs.render", "sm121_build.cli.build",
+                      "sm121_build.jobs", "sm121_build.jobs.formats.render",
+                      "sm121_build.cli.build",
                       "sm121_build.verify.checks"):
         assert forbidden not in own, forbidden
     assert not {name for name in own if name.startswith("sm121_build.jobs")}

@@ -19,9 +19,9 @@ from devkit.stockimage import VERSION
 from sm121_build.core.errors import BuildFailed, Sm121Error, VerificationError
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.shipped import schema
-from sm121_build.jobs.inject import run_inject
-from sm121_build.jobs.main_job import Options, run_build
-from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.main_job import Options, run_build
+from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
 BASE = "vllm/vllm-openai:fixture"
@@ -231,7 +231,7 @@ def test_inject_refuses_a_file_at_a_path_where_the_base_has_no_extension(
     """`vllm/_version.abi3.so` would be imported before `_version.py`: any extra module in
     the package runs its code at `import vllm`.  Only the base's own extension files are
     replaced; the rest is refused before the engine builds anything."""
-    from sm121_build.jobs.artifacts import sha256_of
+    from sm121_build.jobs.formats.artifacts import sha256_of
 
     engine = _engine(tmp_path, matrix, checkout[1])
     _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))

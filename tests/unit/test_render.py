@@ -10,7 +10,7 @@ import pytest
 from sm121_build import __version__
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
-from sm121_build.jobs.render import BuildPlan, choose_extensions, render, render_kernels
+from sm121_build.jobs.formats.render import BuildPlan, choose_extensions, render, render_kernels
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -61,7 +61,7 @@ def _compare_golden(golden: Path, text: str) -> None:
 
 def test_golden_kernels_image() -> None:
     """The kernels image: FROM scratch, the root folder, the labels (quoted, sorted)."""
-    from sm121_build.jobs.kernels_image import _labels
+    from sm121_build.jobs.commands.kernels_image import _labels
 
     manifest = {"base_digest": "vllm/vllm-openai@sha256:" + "ab" * 32,
                 "vllm_version": "0.19.1", "vllm_commit": "v0.19.1", "arch_list": "12.1",
@@ -103,7 +103,7 @@ def test_default_extensions_follow_the_image(tmp_path: Path) -> None:
 
 
 def test_inject_golden() -> None:
-    from sm121_build.jobs.render import render_inject
+    from sm121_build.jobs.formats.render import render_inject
 
     text = render_inject(PLAN).replace(__version__, "<VERSION>")
     _compare_golden(GOLDEN / "inject-artifacts.Dockerfile", text)

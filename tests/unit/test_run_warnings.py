@@ -7,7 +7,7 @@ from pathlib import Path
 
 from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.cuda.binary import SM121, audit_binary
-from sm121_build.jobs.run_warnings import STALE_DAYS, age_warning, ptx_warning
+from sm121_build.jobs.framework.run_warnings import STALE_DAYS, age_warning, ptx_warning
 
 NOW = datetime(2026, 11, 24, tzinfo=timezone.utc)
 

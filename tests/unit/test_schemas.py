@@ -18,7 +18,7 @@ import pytest
 from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.binary import SM121, audit_binary
-from sm121_build.jobs import artifacts
+from sm121_build.jobs.formats import artifacts
 from sm121_build.verify import run_report
 
 

@@ -18,10 +18,10 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.image import ledger
 from sm121_build.image.refs import require_not_base
-from sm121_build.jobs.inject import run_inject
-from sm121_build.jobs.main_job import Options, run_build
-from sm121_build.jobs.pipeline import Pipeline
-from sm121_build.jobs.prune import prune
+from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.main_job import Options, run_build
+from sm121_build.jobs.commands.prune import prune
+from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
 BASE = "vllm/vllm-openai:fixture"

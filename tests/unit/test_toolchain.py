@@ -14,7 +14,7 @@ import pytest
 from devkit.dirfiles import DirectoryFiles, make_tree
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.toolchain import BuildTools, find_build_tools, require_buildable, runs_here
-from sm121_build.jobs.build_extensions import _explain_failure
+from sm121_build.jobs.payload.build_extensions import _explain_failure
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
 PATH = ["/usr/local/bin", "/usr/bin", "/bin"]

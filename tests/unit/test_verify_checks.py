@@ -17,7 +17,7 @@ from sm121_build.cuda.fatbin import dynamic_symbols
 from sm121_build.image.api import HistoryStep, ImageInfo
 from sm121_build.image.engine import failure_cause
 from sm121_build.image.facts import VllmInstall
-from sm121_build.jobs import artifacts
+from sm121_build.jobs.formats import artifacts
 from sm121_build.verify.checks import (
     KernelComparison,
     check_abi,

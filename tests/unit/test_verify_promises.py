@@ -24,8 +24,8 @@ from devkit.helpers import DATA, gencode, link_cached
 from devkit.stockimage import VERSION
 from sm121_build.core.errors import VerificationError
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep
-from sm121_build.jobs.main_job import Options, run_build
-from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.commands.main_job import Options, run_build
+from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
 BASE = "vllm/vllm-openai:fixture"

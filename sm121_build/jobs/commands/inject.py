@@ -12,10 +12,10 @@ from pathlib import Path
 
 from sm121_build.core.console import result
 from sm121_build.core.errors import Sm121Error
-from sm121_build.jobs import artifacts as artifacts_mod
-from sm121_build.jobs.kernels_image import refusal
-from sm121_build.jobs.pipeline import Finish, Pipeline
-from sm121_build.jobs.render import BuildPlan, provenance_labels, render_inject
+from sm121_build.jobs.commands.kernels_image import refusal
+from sm121_build.jobs.formats import artifacts as artifacts_mod
+from sm121_build.jobs.formats.render import BuildPlan, provenance_labels, render_inject
+from sm121_build.jobs.framework.pipeline import Finish, Pipeline
 from sm121_build.verify.run_report import RunStatus
 
 

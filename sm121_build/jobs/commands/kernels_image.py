@@ -47,12 +47,12 @@ from sm121_build.image.api import ImageEngine, ImageFiles, Status
 from sm121_build.image.facts import VllmInstall
 from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
-from sm121_build.jobs import artifacts as artifacts_mod
-from sm121_build.jobs.render import render_kernels
+from sm121_build.jobs.formats import artifacts as artifacts_mod
+from sm121_build.jobs.formats.render import render_kernels
 from sm121_build.verify import run_report
 
 if TYPE_CHECKING:
-    from sm121_build.jobs.pipeline import Pipeline
+    from sm121_build.jobs.framework.pipeline import Pipeline
 
 MANIFEST_PATH = "sm121-build/manifest.json"
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")

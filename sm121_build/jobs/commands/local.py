@@ -22,8 +22,8 @@ from sm121_build.core.limits import Limits
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.binary import SM121
 from sm121_build.image.facts import cuda_h_version
-from sm121_build.jobs import build_extensions
-from sm121_build.jobs.render import choose_extensions, default_file
+from sm121_build.jobs.formats.render import choose_extensions, default_file
+from sm121_build.jobs.payload import build_extensions
 from sm121_build.source.cmake_run import HostCMake, evaluating_with
 from sm121_build.source.external import (
     projects_for,

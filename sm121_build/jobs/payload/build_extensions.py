@@ -1,8 +1,8 @@
 """Build only the injected vLLM extensions (CMake + Ninja), inside the builder stage or locally.
 
 Standard library only: this file is copied into the Docker build context and run with the
-image's own python3.  Outside Docker: `python -m sm121_build.jobs.build_extensions --source SRC
---out OUT --target _C --target _moe_C` with TORCH_CUDA_ARCH_LIST, CUDA_HOME, CPATH,
+image's own python3.  Outside Docker: `python -m sm121_build.jobs.payload.build_extensions
+--source SRC --out OUT --target _C --target _moe_C` with TORCH_CUDA_ARCH_LIST, CUDA_HOME, CPATH,
 LIBRARY_PATH set as in the Dockerfile.
 """
 

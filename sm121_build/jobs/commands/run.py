@@ -16,11 +16,11 @@ from pathlib import Path
 from sm121_build.core.console import note
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.cosign import SigningKey, TrustKey
-from sm121_build.jobs.inject import run_inject
-from sm121_build.jobs.kernels_image import look_up, publish_step
-from sm121_build.jobs.main_job import Options, run_build
-from sm121_build.jobs.pipeline import Pipeline
-from sm121_build.jobs.session import Reporting, run_session
+from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.kernels_image import look_up, publish_step
+from sm121_build.jobs.commands.main_job import Options, run_build
+from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.framework.session import Reporting, run_session
 from sm121_build.verify.run_report import PUBLISHABLE
 
 

@@ -25,8 +25,8 @@ from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, require_vllm
-from sm121_build.jobs import artifacts as artifacts_mod
-from sm121_build.jobs.run_warnings import age_warning
+from sm121_build.jobs.formats import artifacts as artifacts_mod
+from sm121_build.jobs.framework.run_warnings import age_warning
 from sm121_build.verify import run_report
 from sm121_build.verify.checks import Origin, Verified, verify_image
 

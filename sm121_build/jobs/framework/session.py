@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.console import Steps, results_to_stderr
-from sm121_build.jobs.pipeline import Pipeline
+from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify.run_report import new_record, recorded
 
 

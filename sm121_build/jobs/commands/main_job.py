@@ -30,16 +30,15 @@ from sm121_build.image.toolchain import (
     require_buildable,
     require_python_headers,
 )
-from sm121_build.jobs.aot_step import (
+from sm121_build.jobs.commands.aot_step import (
     AotAction,
     aot_actions,
     aot_key,
     aot_toolchain,
     compile_into,
 )
-from sm121_build.jobs.artifacts import Provenance
-from sm121_build.jobs.pipeline import Finish, Pipeline
-from sm121_build.jobs.render import (
+from sm121_build.jobs.formats.artifacts import Provenance
+from sm121_build.jobs.formats.render import (
     BuildPlan,
     PlanRequest,
     plan_for,
@@ -48,7 +47,9 @@ from sm121_build.jobs.render import (
     render_inject,
     template_digest,
 )
-from sm121_build.jobs.run_warnings import ptx_warning
+from sm121_build.jobs.framework.pipeline import Finish, Pipeline
+from sm121_build.jobs.framework.run_warnings import ptx_warning
+from sm121_build.jobs.payload import PAYLOAD
 from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extensions
 from sm121_build.source.external import projects_for, read_pin
 from sm121_build.source.guards import DEFAULT_CUDA
@@ -502,8 +503,7 @@ def build(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
         found = host_tools() if plan.bring_from == "context" else None
         if found:
             place_host_tools(found, plan.bring, context)
-        shutil.copy2(Path(__file__).with_name("build_extensions.py"),
-                     context / "build_extensions.py")
+        shutil.copy2(PAYLOAD, context / "build_extensions.py")
         aot = f", with the aot'd {', '.join(plan.prebuilt)}" if plan.prebuilt else ""
         pipeline.finish(image.facts, context, dockerfile, (*plan.extensions, *plan.prebuilt),
                         log, f"build {', '.join(plan.extensions)} for {opts.arch}{aot}", target)

@@ -1,0 +1,2 @@
+"""The files the tool writes and reads: the artifacts folder and its manifest, the rendered
+Dockerfiles."""
