@@ -60,6 +60,16 @@ class PatchDrift(Sm121Error):
     exit_code = 6
 
 
+class EngineRefused(Sm121Error):
+    """The engine answered and said no (an image it cannot inspect, tag, build from, push):
+    the request's fault or the engine's state, not a lost connection (exit 2)."""
+
+
+class ToolchainError(Sm121Error):
+    """A tool the work needs is missing, too old, or failed: ptxas/fatbinary, cmake, an
+    image without a compiler (exit 2)."""
+
+
 class ManifestUnknown(Sm121Error):
     """The registry answered that it has no such tag or manifest (a miss, not a failure)."""
 

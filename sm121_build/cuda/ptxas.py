@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm121_build.core.errors import Sm121Error
+from sm121_build.core.errors import ToolchainError
 from sm121_build.cuda.compat import Target, max_ptx_isa
 
 _RELEASE = re.compile(r"release (\d+)\.(\d+), V([\d.]+)")
@@ -28,10 +28,6 @@ _OPTION = re.compile(r"^(-{1,2}(maxrregcount|maxntid|minnctapersm)[= ]?\d+(,\d+)
                      r"warn-on-local-memory-usage|warn-on-double-precision-use|"
                      r"allow-expensive-optimizations(=true|=false)?))$")
 VERSION_TIMEOUT = 60.0
-
-
-class ToolchainError(Sm121Error):
-    """ptxas or fatbinary is missing, too old, or failed."""
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ import urllib3.exceptions
 from sm121_build.core.console import note
 from sm121_build.core.errors import (
     BuildFailed,
+    EngineRefused,
     EngineUnavailable,
     ManifestUnknown,
     RegistryUnavailable,
@@ -139,7 +140,7 @@ class Engine:
                 f"image {ref} not found in the local Docker engine: `docker pull {ref}` "
                 "or `docker load` it first") from None
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"engine refused to inspect {ref}: {exc.explanation}") from None
+            raise EngineRefused(f"engine refused to inspect {ref}: {exc.explanation}") from None
         attrs: dict[str, Any] = image.attrs
         config = attrs.get("Config") or {}
         return ImageInfo(
@@ -285,7 +286,7 @@ class Engine:
             raise Sm121Error(f"image {image_id} was removed from the engine while it was "
                              "being read") from None
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"engine refused to open {image_id} for reading: "
+            raise EngineRefused(f"engine refused to open {image_id} for reading: "
                              f"{exc.explanation}") from None
         LEFT_BEHIND.add(f"container {name}")
         try:
@@ -317,7 +318,7 @@ class Engine:
                     log_config={"Type": "json-file",
                                 "Config": {"max-size": "1m", "max-file": "1"}}))
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"engine refused to create a container of {image_id}: "
+            raise EngineRefused(f"engine refused to create a container of {image_id}: "
                              f"{exc.explanation}") from None
         LEFT_BEHIND.add(f"container {name}")
         try:
@@ -335,7 +336,7 @@ class Engine:
             return ConfinedResult(int(status.get("StatusCode", -1)),
                                   out.decode(errors="replace"), err.decode(errors="replace"))
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"engine refused to run {job.what}: {exc.explanation}") from None
+            raise EngineRefused(f"engine refused to run {job.what}: {exc.explanation}") from None
         finally:
             with suppress(*_LOST):
                 self.client.api.remove_container(container["Id"], force=True, v=True)
@@ -347,7 +348,7 @@ class Engine:
             return [HistoryStep(str(h.get("CreatedBy") or ""), int(h.get("Size") or 0))
                     for h in self.client.api.history(image_id)]
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"engine refused the history of {image_id}: "
+            raise EngineRefused(f"engine refused the history of {image_id}: "
                              f"{exc.explanation}") from None
 
     def tag(self, image_id: str, tag: str) -> None:
@@ -509,7 +510,7 @@ class ImageReader(PathLookups):
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise Sm121Error(f"engine refused to stat {path} in {self.image_id}: "
+            raise EngineRefused(f"engine refused to stat {path} in {self.image_id}: "
                              f"HTTP {response.status_code}")
         raw = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
         return PathStat(path, int(raw.get("size", 0)), int(raw.get("mode", 0)),
@@ -529,7 +530,7 @@ class ImageReader(PathLookups):
             if response.status_code == 404:
                 raise FileNotFoundError(path)
             if response.status_code != 200:
-                raise Sm121Error(f"engine refused to read {path} in {self.image_id}: "
+                raise EngineRefused(f"engine refused to read {path} in {self.image_id}: "
                                  f"HTTP {response.status_code}")
             stream = cast(IO[bytes], _CountingReader(response.raw, self.on_read))
             with tarfile.open(fileobj=stream, mode="r|") as archive:

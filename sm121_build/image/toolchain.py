@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm121_build.core.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.image.api import ImageFiles
 
@@ -267,4 +267,4 @@ def require_buildable(tools: BuildTools | None, ref: str) -> None:
         return
     reason = tools.blocking(ref)
     if reason:
-        raise Sm121Error(reason)
+        raise ToolchainError(reason)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from sm121_build.core.errors import Sm121Error
+from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.cuda.compat import ArchList
 from sm121_build.source.cmake_lang import (
@@ -132,7 +132,7 @@ def find_cmake(candidates: tuple[str, ...] | None = None) -> str:
         match = re.search(r"version (\d+)\.(\d+)", out)
         if match and (int(match.group(1)), int(match.group(2))) >= MIN_CMAKE:
             return candidate
-    raise Sm121Error(
+    raise ToolchainError(
         f"cmake >= {MIN_CMAKE[0]}.{MIN_CMAKE[1]} not found: `pip install cmake` (vLLM needs it)")
 
 

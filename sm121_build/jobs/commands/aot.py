@@ -27,7 +27,7 @@ from typing import BinaryIO
 import click
 
 from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
-from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+from sm121_build.core.errors import CorruptBinaryError, Sm121Error, ToolchainError
 from sm121_build.core.outputs import refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.paths import store_bytes
 from sm121_build.core.units import duration, human_size
@@ -44,7 +44,6 @@ from sm121_build.cuda.fatbin_rewrite import (
 )
 from sm121_build.cuda.ptxas import (
     Toolchain,
-    ToolchainError,
     arch_for,
     checked_options,
     compile_ptx,
