@@ -81,15 +81,15 @@ def test_files_built_for_another_vllm_or_torch_are_refused_with_the_reason() -> 
     assert refusal(built, fits, "base:1") is None
     assert refusal(built, _vllm("0.33.0", "a" * 40, None), "base:1") is None  # torch unknown
     why = refusal(built, _vllm("0.33.0", "a" * 40, "2.10.0+cu130"), "base:1")
-    assert why is not None and why[0] == ("were built against torch 2.11.0+cu130; base:1 has "
+    assert why is not None and why.what == ("were built against torch 2.11.0+cu130; base:1 has "
                                           "torch 2.10.0+cu130")
     why = refusal(built, _vllm("0.33.0", "b" * 40, "2.11.0+cu130"), "base:1")
-    assert why is not None and why[0] == (f"were built for vLLM 0.33.0 ({'a' * 40}); base:1 "
+    assert why is not None and why.what == (f"were built for vLLM 0.33.0 ({'a' * 40}); base:1 "
                                           f"has 0.33.0 ({'b' * 40})")
     assert refusal(built, _vllm("0.33.1", "a" * 40, "2.11.0+cu130"), "base:1") is not None
     arm = Provenance.from_json({**MANIFEST, "platform": "linux/arm64"})
     why = refusal(arm, fits, "base:1", "linux/amd64")
-    assert why is not None and why[0] == "were made for linux/arm64; base:1 is linux/amd64"
+    assert why is not None and why.what == "were made for linux/arm64; base:1 is linux/amd64"
     assert refusal(arm, fits, "base:1", "linux/arm64") is None
     assert Provenance.from_json(arm.as_json()) == arm  # the field travels through manifests
 

@@ -57,7 +57,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
     pipeline.require_tags_free(facts, [tag], replace_tag)
     why = refusal(built, vllm, base, facts.platform)
     if why:
-        raise Sm121Error(f"artifacts in {folder} {why[0]}: refusing to inject{why[1]}")
+        raise Sm121Error(f"artifacts in {folder} {why.what}: refusing to inject{why.hint}")
     require_known_paths(tuple(found.files), vllm.extensions, folder, base)
     extensions = tuple(sorted(found.files))
     with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \

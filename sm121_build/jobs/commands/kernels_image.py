@@ -323,30 +323,39 @@ def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
             return None
         why = refusal(got.artifacts.provenance, vllm, base, facts.platform)
         if why:
-            note(f"{ref} {why[0]}: not used")
+            note(f"{ref} {why.what}: not used")
             record.took_kernels(run_report.KernelsFrom(ref, "refused", got.digest,
                                                        reuse_key(got.artifacts.manifest),
-                                                       why[0]))
+                                                       why.what))
             return None
         note("a hit: inject and verify, no compile")
     return got.artifacts
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why files cannot go into a base (`what`: "were built for vLLM …"), and what would
+    explain it to the user (`hint`: "" or " (torch's C++ ABI changes …)")."""
+
+    what: str
+    hint: str = ""
+
+
 def refusal(built: artifacts_mod.Provenance, vllm: VllmInstall, base: str,
-            platform: str = "") -> tuple[str, str] | None:
+            platform: str = "") -> Refusal | None:
     """Why files built as `built` say cannot go into `base` (another platform, another vLLM
-    version or commit, or another torch), and the hint; None when they fit."""
+    version or commit, or another torch); None when they fit."""
     if built.platform and platform and built.platform != platform:
-        return (f"were made for {built.platform}; {base} is {platform}",
-                " (an extension loads only on the platform it was compiled for)")
+        return Refusal(f"were made for {built.platform}; {base} is {platform}",
+                       " (an extension loads only on the platform it was compiled for)")
     if (vllm.version, vllm.commit_id or "") != (built.vllm_version, built.vllm_commit_id or ""):
-        return (f"were built for vLLM {built.vllm_version} "
-                f"({built.vllm_commit_id or 'no commit id'}); {base} has {vllm.version} "
-                f"({vllm.commit_id or 'no commit id'})", "")
+        return Refusal(f"were built for vLLM {built.vllm_version} "
+                       f"({built.vllm_commit_id or 'no commit id'}); {base} has "
+                       f"{vllm.version} ({vllm.commit_id or 'no commit id'})")
     if built.torch_version and vllm.torch_version and built.torch_version != vllm.torch_version:
-        return (f"were built against torch {built.torch_version}; {base} has torch "
-                f"{vllm.torch_version}", " (torch's C++ ABI changes between versions: build "
-                "for this image instead)")
+        return Refusal(f"were built against torch {built.torch_version}; {base} has torch "
+                       f"{vllm.torch_version}", " (torch's C++ ABI changes between versions: "
+                       "build for this image instead)")
     return None
 
 
