@@ -106,6 +106,7 @@ def aot(paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | No
 def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) -> None:
     """An image: the main job with its aot actions alone (no source), for sm_121."""
     from sm121_build.cli.inputs import require_outputs
+    from sm121_build.cuda.compat import ArchList
     from sm121_build.image.refs import (
         default_tag,
         require_not_base,
@@ -122,7 +123,8 @@ def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) ->
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, None, None)
-    with run_session("build", base, result_tag, "12.1") as (pipeline, _):
-        run_build(pipeline, Options(base=base, tag=result_tag, arch="12.1", extra_ext=(),
+    sm121 = ArchList.parse("12.1")
+    with run_session("build", base, result_tag, sm121) as (pipeline, _):
+        run_build(pipeline, Options(base=base, tag=result_tag, arch=sm121, extra_ext=(),
                                     jobs=None, source=None, repo="", out=out, force=False,
                                     no_patch=False, aot_only=True))

@@ -10,6 +10,7 @@ import click
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.image.refs import (
     IMAGE_ID,
@@ -96,7 +97,7 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
               help=SUMMARY_HELP)
 @click.option("--local", is_flag=True, hidden=True,
               help="Moved: `sm121-build local --source SRC --out OUT`.")
-def build(base: str | None, tag: str | None, arch: str, extra_ext: tuple[str, ...],
+def build(base: str | None, tag: str | None, arch: ArchList, extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           pull: str, versioned_tag: bool,

@@ -9,6 +9,7 @@ import click
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image.refs import IMAGE_ID
 from sm121_build.image.toolchain import require_buildable
 from sm121_build.jobs.formats.render import PlanRequest, plan_for, render
@@ -24,7 +25,7 @@ from sm121_build.source.pin import version_to_ref
               help="Another extension to rebuild.")
 @click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--no-buildkit", is_flag=True, help="No RUN --mount cache (legacy builder).")
-def dockerfile(base: str, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+def dockerfile(base: str, arch: ArchList, extra_ext: tuple[str, ...], jobs: int | None,
                no_buildkit: bool) -> None:
     """Print the multi-stage Dockerfile; the build context needs src/ and build_extensions.py.
 

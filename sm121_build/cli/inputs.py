@@ -17,7 +17,13 @@ import click
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.outputs import not_regular
-from sm121_build.cuda.compat import arch_list_items, cubin_loads, dotted_arch, parse_target
+from sm121_build.cuda.compat import (
+    ArchList,
+    arch_list_items,
+    cubin_loads,
+    dotted_arch,
+    parse_target,
+)
 
 SM121 = parse_target("sm_121")
 # CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
@@ -29,7 +35,8 @@ ARCH_ENTRY = re.compile(r"^(\d{1,2}\.\d)([af]?)(\+PTX)?\Z")
 EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.abi3)?(?:\.[A-Za-z0-9_-]+)?(?:\.so)?\Z")
 
 
-def arch_list(ctx: click.Context | None, param: click.Parameter | None, value: str) -> str:
+def arch_list(ctx: click.Context | None, param: click.Parameter | None,
+              value: str) -> ArchList:
     """A TORCH_CUDA_ARCH_LIST of real archs with at least one that sm_121 loads natively."""
     if not value.isprintable():  # a newline would reach the Dockerfile as an instruction
         raise click.BadParameter(f"{value!r} holds a control character: expected e.g. 12.1 or "
@@ -49,7 +56,7 @@ def arch_list(ctx: click.Context | None, param: click.Parameter | None, value: s
         raise click.BadParameter(
             f"{value!r} gives {SM121} no native code (its cubins cannot load there): "
             "include 12.1, 12.1a or 12.0f")
-    return ";".join(items)  # one spelling from here on: `12.0f,12.1` is `12.0f;12.1`
+    return ArchList.parse(value)  # one value from here on: `12.0f,12.1` is `12.0f;12.1`
 
 
 def _order(arch: str) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names
+from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.local import LocalBuild, run_local
 from sm121_build.source.external import require_project_tree
 from sm121_build.source.pin import require_vllm_tree
@@ -31,7 +32,7 @@ from sm121_build.source.pin import require_vllm_tree
 @click.option("--offline", is_flag=True, help="Fetch nothing at configure time.")
 @click.option("--cutlass", type=click.Path(exists=True, path_type=Path),
               help="CUTLASS checkout or the nvidia-cutlass wheel.")
-def local(source: Path, out: Path, arch: str, extra_ext: tuple[str, ...], jobs: int | None,
+def local(source: Path, out: Path, arch: ArchList, extra_ext: tuple[str, ...], jobs: int | None,
           no_patch: bool, fa_source: Path | None, offline: bool, cutlass: Path | None) -> None:
     """Patch a copy of SOURCE and build its extensions on this machine (its torch and nvcc)
     into OUT: no Docker, no image.  The tree's CMake runs here, as you ask by choosing

@@ -9,9 +9,9 @@ import click
 
 from sm121_build.cli.inputs import arch_list
 from sm121_build.cuda.binary import SM121
-from sm121_build.cuda.compat import loads_natively
+from sm121_build.cuda.compat import ArchList, loads_natively
 from sm121_build.source.external import tree_project
-from sm121_build.source.guards import DEFAULT_CUDA, Guard, cmake_arch_list, effective_archs
+from sm121_build.source.guards import DEFAULT_CUDA, Guard, effective_archs
 from sm121_build.source.patch import (
     PatchFor,
     RuleResult,
@@ -61,13 +61,13 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 @click.option("--all-guards", is_flag=True, help="With --explain: also guards no rule covers.")
 @click.option("--cuda-version", default=DEFAULT_CUDA, show_default=True,
               help="CUDA toolkit the build uses: vLLM narrows the arch list per CUDA version.")
-def patch(source: Path, arch: str, vllm_version: str | None, check: bool, explain: bool,
+def patch(source: Path, arch: ArchList, vllm_version: str | None, check: bool, explain: bool,
           all_guards: bool, cuda_version: str) -> None:
     """Rewrite a vLLM checkout's arch guards by the rules in patches/ (atomic, idempotent)."""
     project = tree_project(source)
     if project is None:
         require_vllm_tree(source)
-    archs = cmake_arch_list(arch)
+    archs = arch.cmake
     version = vllm_version or (read_source_version(source) if project is None else "0")
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")

@@ -74,15 +74,17 @@ class ArchList:
     `12.1`, `9.0 12.1a`, `8.0+PTX;12.1`) and as vLLM's CMake takes it (`9.0;12.1a`: `;`
     separated, `+PTX` dropped)."""
 
-    torch: str
+    torch: str  # `;`-separated once parsed: one spelling in every file and label
 
     @classmethod
     def parse(cls, text: str) -> ArchList:
-        for item in arch_list_items(text):
+        """Parsed once at the edge; `,`, spaces and `;` all separate."""
+        items = arch_list_items(text)
+        for item in items:
             if not re.fullmatch(r"\d{1,2}\.\d[af]?(\+PTX)?", item):
                 raise Sm121Error(f"unknown arch {item!r} in {text!r}: expected e.g. 12.1 or "
                                  "12.1a")
-        return cls(text)
+        return cls(";".join(items))
 
     @property
     def items(self) -> tuple[str, ...]:
@@ -90,7 +92,13 @@ class ArchList:
 
     @property
     def cmake(self) -> str:
+        """vLLM's CMake form (CUDA_ARCHS): `+PTX` dropped."""
         return ";".join(i.replace("+PTX", "") for i in self.items)
+
+    @property
+    def tag(self) -> str:
+        """The form a kernels image's pinned tag carries: `sm120f-sm121`."""
+        return "-".join("sm" + a.replace(".", "") for a in self.items)
 
     def __str__(self) -> str:
         return self.torch

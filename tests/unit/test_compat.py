@@ -134,8 +134,10 @@ def test_unknown_entry_kinds_and_the_best_verdict() -> None:
 
 def test_an_arch_list_has_one_type_with_its_torch_and_cmake_forms() -> None:
     archs = ArchList.parse("8.0+PTX 12.1a")
-    assert (archs.torch, archs.cmake, archs.items) == ("8.0+PTX 12.1a", "8.0;12.1a",
+    assert (archs.torch, archs.cmake, archs.items) == ("8.0+PTX;12.1a", "8.0;12.1a",
                                                        ("8.0+PTX", "12.1a"))
-    assert str(archs) == "8.0+PTX 12.1a" and ArchList.parse("12.0;12.1").cmake == "12.0;12.1"
+    assert str(archs) == "8.0+PTX;12.1a" and ArchList.parse("12.0;12.1").cmake == "12.0;12.1"
+    assert ArchList.parse("12.0f, 12.1") == ArchList.parse("12.0f;12.1")  # one spelling
+    assert ArchList.parse("12.0f 12.1").tag == "sm120f-sm121"
     with pytest.raises(Sm121Error, match="unknown arch 'sm_121'"):
         ArchList.parse("sm_121")

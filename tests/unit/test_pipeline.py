@@ -19,6 +19,7 @@ from devkit.stockimage import VERSION
 from sm121_build.core.errors import BuildFailed, Sm121Error, VerificationError
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.shipped import schema
+from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.inject import run_inject
 from sm121_build.jobs.commands.main_job import Options, run_build
 from sm121_build.jobs.framework.pipeline import Pipeline
@@ -43,7 +44,8 @@ def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str, stock: str = "
 
 def _options(source: Path, out: Path | None = None, force: bool = False,
              no_patch: bool = False) -> Options:
-    return Options(base=BASE, tag=TAG, arch="12.1", extra_ext=(), jobs=2, source=source,
+    return Options(base=BASE, tag=TAG, arch=ArchList.parse("12.1"), extra_ext=(), jobs=2,
+                   source=source,
                    repo="/nonexistent", out=out, force=force, no_patch=no_patch)
 
 
@@ -54,7 +56,7 @@ def _quick(source: Path) -> Options:
 
 
 def _run(engine: FakeEngine, opts: Options) -> run_report.RunRecord:
-    record = run_report.new_record("build", opts.base, opts.tag, opts.arch)
+    record = run_report.new_record("build", opts.base, opts.tag, str(opts.arch))
     with run_report.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     jsonschema.validate(record.as_json(), schema("report"))

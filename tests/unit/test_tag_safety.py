@@ -16,6 +16,7 @@ from devkit.fakeengine import FakeEngine, stock_image
 from devkit.stockimage import VERSION
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.labels import CONTENT_KEY_LABEL
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image import ledger
 from sm121_build.image.refs import require_not_base
 from sm121_build.jobs.commands.inject import run_inject
@@ -41,7 +42,8 @@ def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str) -> FakeEngine:
 
 def _run(engine: FakeEngine, source: Path, tag: str = TAG, force: bool = True,
          replace_tag: bool = False, out: Path | None = None) -> run_report.RunRecord:
-    opts = Options(base=BASE, tag=tag, arch="12.1", extra_ext=(), jobs=2, source=source,
+    opts = Options(base=BASE, tag=tag, arch=ArchList.parse("12.1"), extra_ext=(), jobs=2,
+                   source=source,
                    repo="/nonexistent", out=out, force=force, no_patch=True,
                    replace_tag=replace_tag)
     record = run_report.new_record("build", BASE, tag, "12.1")

@@ -23,6 +23,7 @@ from devkit.fakeengine import SITE, FakeEngine, FakeImage, stock_image
 from devkit.helpers import DATA, gencode, link_cached
 from devkit.stockimage import VERSION
 from sm121_build.core.errors import VerificationError
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep
 from sm121_build.jobs.commands.main_job import Options, run_build
 from sm121_build.jobs.framework.pipeline import Pipeline
@@ -97,7 +98,8 @@ def _engine(tmp_path: Path, files: dict[str, Path], commit: str, built: str = "b
 
 
 def _run(engine: FakeEngine, source: Path) -> run_report.RunRecord:
-    opts = Options(base=BASE, tag=TAG, arch="12.1", extra_ext=(), jobs=2, source=source,
+    opts = Options(base=BASE, tag=TAG, arch=ArchList.parse("12.1"), extra_ext=(), jobs=2,
+                   source=source,
                    repo="/nonexistent", out=None, force=True, no_patch=True)
     record = run_report.new_record("build", BASE, TAG, "12.1")
     with run_report.recorded(record, None, None):

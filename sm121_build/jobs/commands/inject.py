@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sm121_build.core.console import result
 from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.kernels_image import refusal
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.formats.render import BuildPlan, provenance_labels, render_inject
@@ -65,8 +66,8 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
         context = Path(tmp)
         found.place(context / "artifacts")
         stock_modes(pipeline, facts.id, vllm.package_dir, context / "artifacts", extensions)
-        labels = provenance_labels(facts, built.vllm_commit, arch_list, extensions,
-                                   built.patches)
+        labels = provenance_labels(facts, built.vllm_commit, ArchList.parse(arch_list),
+                                   extensions, built.patches)
         plan = BuildPlan(base=pin, arch_list=arch_list, vllm_version=vllm.version,
                          git_ref=built.vllm_commit, extensions=extensions,
                          package_dir=vllm.package_dir, cuda_home="", cuda_include="",

@@ -41,7 +41,7 @@ from sm121_build.core.errors import (
     Sm121Error,
 )
 from sm121_build.core.labels import FIELD_LABELS, KIND_LABEL, REUSE_KEY_LABEL
-from sm121_build.cuda.compat import arch_list_items
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image import cosign, ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
 from sm121_build.image.facts import VllmInstall
@@ -76,11 +76,11 @@ def cuda_flavour(torch_version: str) -> str:
     return local if re.fullmatch(r"cu\d+", local) else ""
 
 
-def pinned_tag(version: str, commit: str, arch_list: str, torch_version: str = "") -> str:
+def pinned_tag(version: str, commit: str, arch_list: ArchList,
+               torch_version: str = "") -> str:
     """`<vLLM version>-<commit12>[-cuXYZ]-<arch>`: the tag a base's own facts name (the
     lookup); immutable, for pinning and rollback."""
-    arch = "-".join("sm" + a.replace(".", "") for a in arch_list_items(arch_list))
-    parts = [version, commit[:12], cuda_flavour(torch_version), arch]
+    parts = [version, commit[:12], cuda_flavour(torch_version), arch_list.tag]
     return _TAG_UNSAFE.sub("_", "-".join(p for p in parts if p))[:128]
 
 
@@ -89,7 +89,7 @@ def tags_for(repo: str, manifest: dict[str, Any], extra: tuple[str, ...] = ()) -
     each."""
     commit = str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or "")
     pinned = pinned_tag(str(manifest.get("vllm_version")), commit,
-                        str(manifest.get("arch_list", "")),
+                        ArchList.parse(str(manifest.get("arch_list", ""))),
                         str(manifest.get("torch_version") or ""))
     return list(dict.fromkeys([
         f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
@@ -297,7 +297,7 @@ def require_repository(repo: str, option: str) -> None:
         raise Sm121Error(f"{option} {repo}: a repository without a tag (tags are chosen here)")
 
 
-def look_up(pipeline: Pipeline, repo: str, base: str, arch: str, pull: str,
+def look_up(pipeline: Pipeline, repo: str, base: str, arch: ArchList, pull: str,
             dest: Path) -> artifacts_mod.Artifacts | None:
     """The kernels image of this base's vLLM build in `repo`
     (`<version>-<commit>-<cuXYZ>-<arch>`), fetched and checked, or None when there is none

@@ -21,6 +21,7 @@ from sm121_build.core.errors import BuildFailed, Sm121Error
 from sm121_build.core.limits import Limits
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.binary import SM121
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image.facts import cuda_h_version
 from sm121_build.jobs.formats.render import choose_extensions, default_file
 from sm121_build.jobs.payload import build_extensions
@@ -31,7 +32,7 @@ from sm121_build.source.external import (
     source_targets,
     stand_in_envs,
 )
-from sm121_build.source.guards import DEFAULT_CUDA, cmake_arch_list, find_cmake
+from sm121_build.source.guards import DEFAULT_CUDA, find_cmake
 from sm121_build.source.patch import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.pin import copy_into
 from sm121_build.source.tree import require_contained
@@ -62,7 +63,7 @@ class LocalBuild:
 
     source: Path
     out: Path
-    arch: str
+    arch: ArchList
     extra: tuple[str, ...] = ()
     jobs: int | None = None
     no_patch: bool = False
@@ -77,7 +78,7 @@ def run_local(asked: LocalBuild) -> list[Path]:
     version = read_source_version(source)
     if version is None:
         raise Sm121Error(f"cannot read the vLLM version of {source} (no vllm/_version.py)")
-    archs = cmake_arch_list(arch)
+    archs = arch.cmake
     home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     if not (home / "bin" / "nvcc").exists():
         raise Sm121Error(f"no nvcc under {home}: set CUDA_HOME to a CUDA 13 toolkit")
@@ -102,7 +103,7 @@ def run_local(asked: LocalBuild) -> list[Path]:
                 want = PatchFor(version, archs, cuda, SM121.target)
                 for line in apply_for_build(copy, trees, want):
                     note(line)
-        environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch, "CUDA_HOME": str(home),
+        environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch.torch, "CUDA_HOME": str(home),
                    "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")}
         if jobs:
             environ["MAX_JOBS"] = str(jobs)

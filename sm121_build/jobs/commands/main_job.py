@@ -74,7 +74,7 @@ from sm121_build.verify import run_report
 class Options:
     base: str
     tag: str
-    arch: str
+    arch: ArchList
     extra_ext: tuple[str, ...]
     jobs: int | None
     source: Path | None
@@ -329,7 +329,7 @@ def aot_patches(toolchain: Toolchain) -> str:
 
 def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str) -> BuildPlan:
     """The plan of an aot-only run: its files copied into the pristine base."""
-    labels = provenance_labels(image.facts, commit, str(image.arch), files, patches)
+    labels = provenance_labels(image.facts, commit, image.arch, files, patches)
     return BuildPlan(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
                      git_ref=commit, extensions=files, package_dir=image.vllm.package_dir,
                      cuda_home="", cuda_include="", cuda_lib="", jobs=1, labels=labels)
@@ -360,7 +360,7 @@ def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
     if not opts.aot_only:  # aot compiles on this machine: the image needs no compiler
         require_buildable(vllm.tools, facts.ref)
     return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
-                    vllm.cuda_version or DEFAULT_CUDA, ArchList.parse(opts.arch))
+                    vllm.cuda_version or DEFAULT_CUDA, opts.arch)
 
 
 def vllm_source(pipeline: Pipeline, opts: Options, image: Resolved, dest: Path) -> Checkout:
@@ -444,7 +444,7 @@ def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context
 def source_plan(pipeline: Pipeline, opts: Options, image: Resolved, chosen: tuple[str, ...],
                 sources: Sources) -> PlanRequest:
     """What a source build of `chosen` asks the plan for."""
-    return PlanRequest(image.arch.torch, chosen, str(image.ref),
+    return PlanRequest(image.arch, chosen, str(image.ref),
                        pipeline.engine.buildkit_client() is not None, opts.jobs,
                        sources.tree, sources.commit, defaults=False,
                        external=sources.external, patches=patches_of(opts))

@@ -15,6 +15,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.labels import FIELD_LABELS, LABEL_PREFIX
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, MIN_CMAKE, extension_target, project_of_target
+from sm121_build.cuda.compat import ArchList
 from sm121_build.image.facts import ImageFacts, require_vllm
 from sm121_build.image.toolchain import TOOLS_PREFIX, how_to_bring
 from sm121_build.source.external import source_targets, stand_in_envs
@@ -210,13 +211,13 @@ def render_kernels(labels: dict[str, str], root: str = "root") -> str:
         tool_version=__version__, root=root, labels=_label_lines(labels)))
 
 
-def provenance_labels(facts: ImageFacts, commit: str, arch: str,
+def provenance_labels(facts: ImageFacts, commit: str, arch: ArchList,
                       extensions: tuple[str, ...], patches: str) -> dict[str, str]:
     """OCI labels saying what the image was made from, and by what."""
     vllm = require_vllm(facts)
     values = {"base": facts.ref, "base_digest": facts.digest_ref,
               "vllm_version": vllm.version, "vllm_commit": commit, "patches": patches,
-              "arch_list": arch, "extensions": ",".join(extensions),
+              "arch_list": arch.torch, "extensions": ",".join(extensions),
               "tool_version": __version__}
     return {FIELD_LABELS[field]: value for field, value in values.items()}
 
@@ -230,7 +231,7 @@ class PlanRequest:
     (`copy_tools`), the external projects' trees in the context, and the rules digest the
     labels name (None: the rules shipped)."""
 
-    arch: str
+    arch: ArchList
     extra_ext: tuple[str, ...]
     git_ref: str
     buildkit: bool
@@ -259,7 +260,7 @@ def plan_for(facts: ImageFacts, asked: PlanRequest) -> BuildPlan:
     labels = provenance_labels(facts, asked.commit or asked.git_ref, arch, extensions,
                                rules_digest() if patches is None else patches)
     return BuildPlan(
-        base=facts.digest_ref, arch_list=arch, external=external,
+        base=facts.digest_ref, arch_list=arch.torch, external=external,
         vllm_version=vllm.version, git_ref=asked.git_ref,
         extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,
         cuda_include=include, cuda_lib=lib, jobs=jobs or default_jobs(),

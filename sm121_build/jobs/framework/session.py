@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.console import Steps, results_to_stderr
+from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify.run_report import new_record, recorded
 
@@ -25,14 +26,15 @@ class Reporting:
 
 
 @contextmanager
-def run_session(command: str, base: str, tag: str, arch: str | None,
+def run_session(command: str, base: str, tag: str, arch: ArchList | None,
                 reporting: Reporting = Reporting()) -> Iterator[tuple[Pipeline, Path]]:
     """A run of the main job, inject or aot: its record, the pipeline on the engine, and a
     temp folder; `--json` moves the result lines to stderr."""
     if reporting.as_json:
         results_to_stderr()
     steps = Steps()
-    with recorded(new_record(command, base, tag, arch), reporting.report,
+    with recorded(new_record(command, base, tag, str(arch) if arch else None),
+                  reporting.report,
                   reporting.summary_md, steps, reporting.as_json) as record, \
             tempfile.TemporaryDirectory(prefix="sm121-run-") as tmp:
         yield Pipeline.connect(record, steps), Path(tmp)
