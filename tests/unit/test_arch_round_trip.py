@@ -59,4 +59,4 @@ def test_the_manifest_a_run_writes_for_it_is_loaded(tmp_path: Path, written: str
     except Exception as exc:  # the arch list must not be what refuses it
         assert "arch_list" not in str(exc), exc
         return
-    assert found.manifest["arch_list"] == manifest["arch_list"]
+    assert found.provenance.arch_list == manifest["arch_list"]

@@ -20,7 +20,7 @@ from sm121_build.jobs.commands.kernels_image import (
     reuse_key,
     tags_for,
 )
-from sm121_build.jobs.formats.artifacts import Provenance
+from sm121_build.jobs.formats.artifacts import Manifest, Provenance
 
 MANIFEST: dict[str, Any] = {
     "format": 1, "base": "vllm/vllm-openai:nightly", "base_digest": "vllm/vllm-openai@sha256:1",
@@ -31,33 +31,34 @@ MANIFEST: dict[str, Any] = {
 
 
 def test_the_reuse_key_ignores_the_base_and_names_what_injection_needs() -> None:
-    key = reuse_key(MANIFEST)
+    key = reuse_key(Manifest.from_json(MANIFEST))
     other_base = {**MANIFEST, "base": "mirror.local/vllm:nightly", "base_digest": "x@sha256:2",
                   "package_dir": "/opt/venv/lib/python3.12/site-packages/vllm"}
-    assert reuse_key(other_base) == key  # the arm64 image, a re-push, a mirror
+    assert reuse_key(Manifest.from_json(other_base)) == key  # the arm64 image, a re-push, a mirror
     for field, value in (("vllm_commit_id", "b" * 40), ("torch_version", "2.11.0+cu129"),
                          ("arch_list", "12.1a"), ("patches", "rules-2"),
                          ("files", {"_C_stable_libtorch.abi3.so": {}}),
                          ("platform", "linux/arm64")):
-        assert reuse_key({**MANIFEST, field: value}) != key, field
+        assert reuse_key(Manifest.from_json({**MANIFEST, field: value})) != key, field
     # the same build's arm64 and amd64 files: two kernels images, never one key
-    assert reuse_key({**MANIFEST, "platform": "linux/arm64"}) != \
-        reuse_key({**MANIFEST, "platform": "linux/amd64"})
+    assert reuse_key(Manifest.from_json({**MANIFEST, "platform": "linux/arm64"})) != \
+        reuse_key(Manifest.from_json({**MANIFEST, "platform": "linux/amd64"}))
 
 
 def test_tags_pin_the_build_and_carry_the_moving_tag() -> None:
-    tags = tags_for("ghcr.io/me/kernels", MANIFEST, ("nightly", "bad/tag"))
-    assert tags == [f"ghcr.io/me/kernels:k-{reuse_key(MANIFEST)}",
+    tags = tags_for("ghcr.io/me/kernels", Manifest.from_json(MANIFEST), ("nightly", "bad/tag"))
+    assert tags == [f"ghcr.io/me/kernels:k-{reuse_key(Manifest.from_json(MANIFEST))}",
                     "ghcr.io/me/kernels:0.33.0-aaaaaaaaaaaa-cu130-sm121",
                     "ghcr.io/me/kernels:nightly", "ghcr.io/me/kernels:bad_tag"]
-    two = tags_for("r", {**MANIFEST, "arch_list": "12.0;12.1a"})
+    two = tags_for("r", Manifest.from_json({**MANIFEST, "arch_list": "12.0;12.1a"}))
     assert two[1] == "r:0.33.0-aaaaaaaaaaaa-cu130-sm120-sm121a"
     # one vLLM commit ships as several CUDA builds (nightly, cu129-nightly): never one tag
-    cu129 = tags_for("r", {**MANIFEST, "torch_version": "2.11.0+cu129"})
+    cu129 = tags_for("r", Manifest.from_json({**MANIFEST, "torch_version": "2.11.0+cu129"}))
     assert cu129[1] == "r:0.33.0-aaaaaaaaaaaa-cu129-sm121"
-    assert tags_for("r", {**MANIFEST, "torch_version": "2.11.0"})[1] == \
+    assert tags_for("r", Manifest.from_json({**MANIFEST, "torch_version": "2.11.0"}))[1] == \
         "r:0.33.0-aaaaaaaaaaaa-sm121"  # a torch naming no CUDA build
-    assert tags_for("r", MANIFEST, ("nightly", "nightly")).count("r:nightly") == 1
+    twice = tags_for("r", Manifest.from_json(MANIFEST), ("nightly", "nightly"))
+    assert twice.count("r:nightly") == 1
 
 
 @pytest.mark.parametrize(("torch", "flavour"), [
@@ -101,10 +102,12 @@ def _vllm(version: str, commit: str, torch: str | None) -> VllmInstall:
 
 
 def test_the_package_folder_must_stay_inside_the_image() -> None:
-    assert package_root(MANIFEST) == "usr/local/lib/python3.12/dist-packages/vllm"
-    assert package_root({"package_dir": "../../etc"}) == "etc"  # normalised under /
+    root = package_root(Manifest.from_json(MANIFEST))
+    assert root == "usr/local/lib/python3.12/dist-packages/vllm"
+    outside = Manifest.from_json({"package_dir": "../../etc"})
+    assert package_root(outside) == "etc"  # normalised under /
     with pytest.raises(Sm121Error, match="names no package folder"):
-        package_root({"package_dir": "/"})
+        package_root(Manifest.from_json({"package_dir": "/"}))
 
 
 def test_publish_and_inject_from_are_refused_before_the_engine(tmp_path: Path) -> None:
@@ -127,9 +130,9 @@ def test_publish_and_inject_from_are_refused_before_the_engine(tmp_path: Path) -
 def test_labels_use_the_built_images_names() -> None:
     from sm121_build.jobs.commands.kernels_image import _labels
 
-    labels = _labels(MANIFEST)
+    labels = _labels(Manifest.from_json(MANIFEST))
     assert labels["io.github.sm121-build.kind"] == "kernels"
-    assert labels["io.github.sm121-build.reuse-key"] == reuse_key(MANIFEST)
+    assert labels["io.github.sm121-build.reuse-key"] == reuse_key(Manifest.from_json(MANIFEST))
     assert labels["io.github.sm121-build.vllm.version"] == "0.33.0"
     assert labels["io.github.sm121-build.torch.version"] == "2.11.0+cu130"
     assert labels["io.github.sm121-build.arch-list"] == "12.1"

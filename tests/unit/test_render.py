@@ -10,6 +10,7 @@ import pytest
 from sm121_build import __version__
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
+from sm121_build.jobs.formats.artifacts import Manifest
 from sm121_build.jobs.formats.render import BuildPlan, choose_extensions, render, render_kernels
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -67,7 +68,7 @@ def test_golden_kernels_image() -> None:
                 "vllm_version": "0.19.1", "vllm_commit": "v0.19.1", "arch_list": "12.1",
                 "torch_version": "2.11.0+cu130", "patches": "0123456789abcdef",
                 "files": {"_C.abi3.so": {}, "_moe_C.abi3.so": {}}}
-    text = render_kernels(_labels(manifest)).replace(__version__, "<VERSION>")
+    text = render_kernels(_labels(Manifest.from_json(manifest))).replace(__version__, "<VERSION>")
     _compare_golden(GOLDEN / "kernels.Dockerfile", text)
 
 

@@ -58,14 +58,14 @@ MANIFEST_PATH = "sm121-build/manifest.json"
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def reuse_key(manifest: dict[str, Any]) -> str:
+def reuse_key(manifest: artifacts_mod.Manifest) -> str:
     """What injection needs to match: the same vLLM commit, torch, arch list, rules and
     extensions give the same key on any base (arm64 or a re-pushed tag alike)."""
-    parts = [str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or ""),
-             str(manifest.get("torch_version") or ""), str(manifest.get("arch_list") or ""),
-             str(manifest.get("patches") or ""), ",".join(sorted(manifest.get("files") or {}))]
-    if manifest.get("platform"):  # arm64 and amd64 files of one build are two kernels images
-        parts.append(str(manifest["platform"]))
+    built = manifest.provenance
+    parts = [built.vllm_commit_id or built.vllm_commit, built.torch_version or "",
+             built.arch_list, built.patches, ",".join(manifest.names)]
+    if built.platform:  # arm64 and amd64 files of one build are two kernels images
+        parts.append(built.platform)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -84,13 +84,12 @@ def pinned_tag(version: str, commit: str, arch_list: ArchList,
     return _TAG_UNSAFE.sub("_", "-".join(p for p in parts if p))[:128]
 
 
-def tags_for(repo: str, manifest: dict[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
+def tags_for(repo: str, manifest: artifacts_mod.Manifest, extra: tuple[str, ...] = ()) -> list[str]:
     """`repo:k-<key>`, `repo:<version>-<commit12>[-cuXYZ]-<arch>`, and `repo:<extra>` for
     each."""
-    commit = str(manifest.get("vllm_commit_id") or manifest.get("vllm_commit") or "")
-    pinned = pinned_tag(str(manifest.get("vllm_version")), commit,
-                        ArchList.parse(str(manifest.get("arch_list", ""))),
-                        str(manifest.get("torch_version") or ""))
+    built = manifest.provenance
+    pinned = pinned_tag(built.vllm_version, built.vllm_commit_id or built.vllm_commit,
+                        ArchList.parse(built.arch_list), built.torch_version or "")
     return list(dict.fromkeys([
         f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
         *(f"{repo}:{_TAG_UNSAFE.sub('_', t)[:128]}" for t in extra)]))
@@ -111,22 +110,24 @@ class KernelsNotFound(Sm121Error):
 
 
 
-def _labels(manifest: dict[str, Any]) -> dict[str, str]:
+def _labels(manifest: artifacts_mod.Manifest) -> dict[str, str]:
     """The names the built images use (`render.provenance_labels`), plus what a kernels
     image adds: torch, the commit id, the reuse key, its kind."""
-    labels = {label: str(manifest[key]) for key, label in FIELD_LABELS.items()
-              if key != "extensions" and manifest.get(key)}
-    labels[FIELD_LABELS["extensions"]] = ",".join(sorted(manifest.get("files") or {}))
+    values: dict[str, object] = manifest.provenance.as_json()
+    labels = {label: str(values[key]) for key, label in FIELD_LABELS.items()
+              if key != "extensions" and values.get(key)}
+    labels[FIELD_LABELS["extensions"]] = ",".join(manifest.names)
     labels[REUSE_KEY_LABEL] = reuse_key(manifest)
     labels[KIND_LABEL] = "kernels"
     return labels
 
 
-def package_root(manifest: dict[str, Any]) -> str:
+def package_root(manifest: artifacts_mod.Manifest) -> str:
     """The folder of the base the files go to, relative (`usr/local/lib/.../vllm`)."""
-    root = posixpath.normpath("/" + str(manifest.get("package_dir") or "")).lstrip("/")
+    written = manifest.provenance.package_dir
+    root = posixpath.normpath("/" + written).lstrip("/")
     if not root or root.startswith(".."):
-        raise Sm121Error(f"the manifest names no package folder ({manifest.get('package_dir')!r})")
+        raise Sm121Error(f"the manifest names no package folder ({written!r})")
     return root
 
 
@@ -162,7 +163,7 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
         (context / "Dockerfile").write_text(render_kernels(_labels(manifest)))
         image_id = engine.build(context, context / "Dockerfile", log)
     # written before the tags exist: `prune` knows every local tag this run gives
-    ledger.record_built(image_id, tags, "", f"kernels image of {manifest.get('base', '')}")
+    ledger.record_built(image_id, tags, "", f"kernels image of {manifest.provenance.base}")
     for tag in tags:
         engine.tag(image_id, tag)
     for tag in tags:
@@ -173,7 +174,7 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
         registry = Registry(repo)
         note(f"signed {repo}@{digest}: {cosign.sign(registry, digest, target.sign_key)}")
         attached = cosign.attest(registry, digest, target.sign_key, PROVENANCE_TYPE,
-                                 {"manifest": manifest, "run": target.run})
+                                 {"manifest": manifest.as_json(), "run": target.run})
         note(f"provenance attached: {attached}")
     return tags
 
@@ -255,21 +256,22 @@ def _read_back(engine: ImageEngine, ref: str, image_id: str,
             raise Sm121Error(f"{ref}: no /{MANIFEST_PATH}")
         (dest / artifacts_mod.MANIFEST).write_bytes(raw)
         try:
-            manifest = json.loads(raw)
+            data = json.loads(raw)
         except (ValueError, RecursionError):
             raise Sm121Error(f"{ref}: /{MANIFEST_PATH} is not valid JSON") from None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
             raise Sm121Error(f"{ref}: /{MANIFEST_PATH} lists no files")
+        manifest = artifacts_mod.Manifest.from_json(data)
         root = package_root(manifest)
-        declared = {f"{root}/{name}" for name in manifest["files"]}
+        declared = {f"{root}/{name}" for name in manifest.names}
         held = _regular_files(files, "/" + root)
         extra = sorted(held - declared)
         if extra:
             raise Sm121Error(f"{ref} holds {', '.join(extra[:3])}"
                              f"{' and more' if len(extra) > 3 else ''}, which its manifest does "
                              "not declare: refused")
-        for name in manifest["files"]:
-            if not isinstance(name, str) or not artifacts_mod.is_file_name(name):
+        for name in manifest.names:
+            if not artifacts_mod.is_file_name(name):
                 raise Sm121Error(f"{ref}: {name!r} is not a .so file name")
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             if files.copy_file(f"/{root}/{name}", dest / name) is None:

@@ -94,20 +94,56 @@ class FileRecord:
     kernels_native_sm121: int
 
 
+    @classmethod
+    def from_json(cls, data: object) -> FileRecord:
+        entry = data if isinstance(data, dict) else {}
+        cubins = entry.get("cubins")
+        native = entry.get("kernels_native_sm121")
+        return cls(str(entry.get("sha256") or ""), str(entry.get("mode") or "755"),
+                   {str(k): int(v) for k, v in cubins.items() if isinstance(v, int)}
+                   if isinstance(cubins, dict) else {},
+                   native if isinstance(native, int) else 0)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json, typed and versioned (`FORMAT`): what the files were built from and for
+    (`Provenance`) and each file's record.  Read and written by this module only; every other
+    module takes this value, never the JSON."""
+
+    provenance: Provenance
+    files: dict[str, FileRecord]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        files = data.get("files")
+        return cls(Provenance.from_json(data),
+                   {str(name): FileRecord.from_json(entry)
+                    for name, entry in (files.items() if isinstance(files, dict) else ())})
+
+    def as_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **self.provenance.as_json(),
+                "files": {name: asdict(record) for name, record in self.files.items()}}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.files))
+
+
 @dataclass(frozen=True)
 class Artifacts:
     """A checked artifacts folder: every listed file present with the listed sha256."""
 
     folder: Path
-    manifest: dict[str, Any]  # as read (checked)
+    manifest: Manifest
 
     @property
     def provenance(self) -> Provenance:
-        return Provenance.from_json(self.manifest)
+        return self.manifest.provenance
 
     @property
     def files(self) -> dict[str, Path]:
-        return {name: self.folder / name for name in self.manifest["files"]}
+        return {name: self.folder / name for name in self.manifest.files}
 
     def place(self, dest: Path) -> None:
         """Copy the files into a folder with the modes the manifest records (artifact stores
@@ -116,7 +152,7 @@ class Artifacts:
         for name, path in self.files.items():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest / name)
-            mode = str(self.manifest["files"][name].get("mode", "755"))
+            mode = self.manifest.files[name].mode
             (dest / name).chmod(int(mode, 8) & 0o777 if re.fullmatch(r"[0-7]{3,4}", mode)
                                 else 0o755)
 
@@ -129,14 +165,14 @@ def export(out: Path, files: dict[str, Path], provenance: Provenance,
     out.mkdir(parents=True, exist_ok=True)
     if not not_regular(out / MANIFEST):
         (out / MANIFEST).unlink(missing_ok=True)
-    listed = {}
+    listed: dict[str, FileRecord] = {}
     for name, path in sorted(files.items()):
         refuse_links_below(out, out / name)
         replace_file(out / name, _copier(path), path.stat().st_mode & 0o777)
         cubins, native = counts.get(name, ({}, 0))
-        listed[name] = asdict(FileRecord(sha256_of(out / name),
-                                         f"{path.stat().st_mode & 0o777:o}", cubins, native))
-    manifest = {"format": FORMAT, **provenance.as_json(), "files": listed}
+        listed[name] = FileRecord(sha256_of(out / name), f"{path.stat().st_mode & 0o777:o}",
+                                  cubins, native)
+    manifest = Manifest(provenance, listed).as_json()
     replace_bytes(out / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n")
                   .encode())
     return out / MANIFEST
@@ -182,7 +218,7 @@ def load(folder: Path) -> Artifacts:
         with open(folder / name, "rb") as handle:
             if handle.read(4) != b"\x7fELF":
                 raise Sm121Error(f"{folder / name}: not an ELF file (a .so extension is one)")
-    return Artifacts(folder, manifest)
+    return Artifacts(folder, Manifest.from_json(manifest))
 
 
 # the command line's separators (`;`, space, `,`): a manifest written before the arch list
