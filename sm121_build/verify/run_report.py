@@ -126,7 +126,7 @@ class RunRecord:
     external: dict[str, ExternalSource] = field(default_factory=dict)
     content_key: str | None = None
     extensions: list[str] | None = None
-    decision: dict[str, Any] | None = None  # main_job.choose_to_build: per extension
+    decision: Decision | None = None  # main_job.choose_to_build: per extension
     log: str | None = None
     before: dict[str, Binary] | None = None
     after: dict[str, Binary] | None = None
@@ -165,9 +165,9 @@ class RunRecord:
     def took_external(self, name: str, source: ExternalSource) -> None:
         self.external[name] = source
 
-    def took_decision(self, decision: dict[str, Any]) -> None:
+    def took_decision(self, decision: Decision) -> None:
         self.decision = decision
-        if not decision["chosen"]:
+        if not decision.chosen:
             self.status = RunStatus.NOT_NEEDED
 
     def took_build(self, vllm_version: str, commit: str, arch_list: str,
@@ -213,7 +213,25 @@ class RunRecord:
             self.log = str(kept["log"])
 
 
+@dataclass(frozen=True)
+class Decision:
+    """The run's decision, made once: rebuild or not and why, the extensions chosen (to build
+    or aot), and per extension of the base what its plan says (its `action`: build, aot or
+    keep; kernels before and after; the reason; what stays non-native)."""
+
+    rebuild: bool
+    reason: str
+    chosen: tuple[str, ...] = ()
+    extensions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"rebuild": self.rebuild, "reason": self.reason, "chosen": list(self.chosen),
+                "extensions": self.extensions}
+
+
 def _plain(value: Any) -> Any:
+    if isinstance(value, Decision):
+        return value.as_json()
     if isinstance(value, Enum):
         return value.value
     if is_dataclass(value) and not isinstance(value, type):
@@ -275,11 +293,11 @@ def markdown(record: RunRecord) -> str:
     lines += kernels_lines(record, "- ", "`")
     decision = record.decision
     if decision:
-        lines += ["", f"Rebuild decision: **{'rebuild' if decision['rebuild'] else 'no rebuild'}"
-                  f"**: {decision['reason']}"]
+        lines += ["", f"Rebuild decision: **{'rebuild' if decision.rebuild else 'no rebuild'}"
+                  f"**: {decision.reason}"]
         lines += ["", "| extension | built | native | JIT only | none | why |",
                   "| --- | --- | --- | --- | --- | --- |"]
-        for name, e in sorted(decision["extensions"].items()):
+        for name, e in sorted(decision.extensions.items()):
             b, a = e["before"], e["after"]
             why = "; ".join([e["reason"], *e["remains"]]).replace("|", "\\|")
             lines.append(f"| `{name}` | {'yes' if e['build'] else 'no'} | "
@@ -369,7 +387,7 @@ def summary_lines(record: RunRecord) -> list[str]:
             total = sum(after.kernels.values())
             lines.append(f"  {name}: {was}{after.kernels['native']} of {total} kernels "
                          "native on sm_121")
-    plans = (record.decision or {}).get("extensions", {})
+    plans = record.decision.extensions if record.decision else {}
     stays = [(name, why) for name, plan in plans.items() for why in plan.get("remains", [])]
     if stays:
         lines.append("  stays non-native:")

@@ -72,7 +72,7 @@ def test_build_fills_the_record_and_tags_only_after_verification(
     assert (record.vllm_version, record.vllm_commit, record.arch_list) == (
         VERSION, checkout[1], "12.1")
     assert record.extensions == ["_C.abi3.so", "_moe_C.abi3.so"]
-    assert record.decision is not None and record.decision["rebuild"]
+    assert record.decision is not None and record.decision.rebuild
     assert record.before and set(record.before["_C.abi3.so"].cubins) == {"sm_90"}
     assert record.after and set(record.after["_C.abi3.so"].cubins) == {"sm_121"}
     assert record.after["_C.abi3.so"].kernels["native"] > 0
@@ -140,7 +140,7 @@ def test_a_stock_image_that_already_runs_natively_is_not_rebuilt(
     engine = _engine(tmp_path, matrix, checkout[1], stock="sm121")
     record = _run(engine, _options(checkout[0], no_patch=True))
     assert record.status == "not-needed"
-    assert record.decision is not None and not record.decision["rebuild"]
+    assert record.decision is not None and not record.decision.rebuild
     assert engine.calls == [] and TAG not in engine.tags
 
 
@@ -209,9 +209,9 @@ def test_plan_decides_per_extension_and_builds_nothing(
     engine = _engine(tmp_path, matrix, checkout[1])
     record = _run(engine, replace(_options(checkout[0]), plan_only=True))
     assert record.status == "planned"
-    assert record.decision is not None and record.decision["chosen"] == [
-        "_C.abi3.so", "_moe_C.abi3.so"]
-    c = record.decision["extensions"]["_C.abi3.so"]
+    assert record.decision is not None and record.decision.chosen == (
+        "_C.abi3.so", "_moe_C.abi3.so")
+    c = record.decision.extensions["_C.abi3.so"]
     assert c["build"] and c["reason"] == (
         "the main arch list (CUDA_ARCHS) gives 12.1; FP4_ARCHS (CMakeLists.txt:16) gives 12.1a"
         ", which the stock file has no cubins for")
@@ -225,7 +225,7 @@ def test_only_restricts_the_plan(tmp_path: Path, matrix: dict[str, Path],
 
     engine = _engine(tmp_path, matrix, checkout[1])
     record = _run(engine, replace(_options(checkout[0]), plan_only=True, only=("_moe_C",)))
-    assert record.decision is not None and record.decision["chosen"] == ["_moe_C.abi3.so"]
+    assert record.decision is not None and record.decision.chosen == ("_moe_C.abi3.so",)
 
 
 def test_inject_refuses_a_file_at_a_path_where_the_base_has_no_extension(

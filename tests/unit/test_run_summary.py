@@ -11,6 +11,7 @@ from sm121_build.core.console import Steps
 from sm121_build.core.errors import Sm121Error
 from sm121_build.verify.run_report import (
     Binary,
+    Decision,
     KernelsFrom,
     markdown,
     new_record,
@@ -26,9 +27,9 @@ def _record() -> object:
                     {"name": "build", "seconds": 1104.9, "ok": True}]
     record.before = {"_C.abi3.so": Binary({}, {}, {"native": 4149, "jit": 281, "none": 239})}
     record.after = {"_C.abi3.so": Binary({}, {}, {"native": 4352, "jit": 0, "none": 0})}
-    record.decision = {"extensions": {"_C.abi3.so": {"remains": [
+    record.decision = Decision(True, "", (), {"_C.abi3.so": {"remains": [
         "239 kernel(s) have no code sm_121 loads: only sm_90a"]}, "_moe_C.abi3.so": {
-        "remains": ["1 kernel(s) stay JIT-only (PTX compiled by the driver at first use)"]}}}
+        "remains": ["1 kernel(s) stay JIT-only (PTX compiled by the driver at first use)"]}})
     return record
 
 

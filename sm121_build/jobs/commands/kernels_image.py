@@ -200,7 +200,8 @@ def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list
     with pipeline.steps.step(f"publish kernels to {repo}"):
         moving = moving_tag(base)
         record = pipeline.record
-        run = {"decision": record.decision, "content_key": record.content_key,
+        run = {"decision": record.decision.as_json() if record.decision else None,
+               "content_key": record.content_key,
                "base_digest": record.base_digest, "source_changes": record.source_changes,
                "source_other_commit": record.source_other_commit,
                "external": {k: asdict(v) for k, v in record.external.items()}}

@@ -68,6 +68,7 @@ from sm121_build.source.pin import (
 )
 from sm121_build.source.tree import require_contained
 from sm121_build.verify import run_report
+from sm121_build.verify.run_report import Decision
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,8 @@ def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryRe
     extensions = {p.name: {**p.as_record(), "action": "build" if p.build else "keep"}
                   for p in plans}
     extensions.update({a.name: a.as_record(_before(stock, a.name)) for a in aot})
-    record.took_decision({"rebuild": bool(chosen or aot), "reason": reason,
-                          "chosen": [*chosen, *(a.name for a in aot)],
-                          "extensions": extensions})
+    record.took_decision(Decision(bool(chosen or aot), reason,
+                                  (*chosen, *(a.name for a in aot)), extensions))
     if not chosen and not aot:
         jit = sum(p.after["jit"] for p in plans)
         kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
@@ -201,8 +201,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         if aot:
             return run_with_aot(pipeline, opts, image, aot, stock, context)
         if opts.aot_only:
-            pipeline.record.took_decision({"rebuild": False, "reason": "nothing to aot",
-                                           "chosen": [], "extensions": {}})
+            pipeline.record.took_decision(Decision(False, "nothing to aot"))
             result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
                    "on sm_121; nothing tagged")
             return opts.tag
@@ -290,10 +289,9 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
 def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
                   stock: dict[str, BinaryReport | None]) -> None:
     """The decision of a run without the source: the aot actions."""
-    pipeline.record.took_decision({
-        "rebuild": True, "reason": "; ".join(a.line() for a in aot),
-        "chosen": [a.name for a in aot],
-        "extensions": {a.name: a.as_record(_before(stock, a.name)) for a in aot}})
+    pipeline.record.took_decision(Decision(
+        True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot),
+        {a.name: a.as_record(_before(stock, a.name)) for a in aot}))
 
 
 def _source_if_needed(pipeline: Pipeline, opts: Options, image: Resolved,
