@@ -18,7 +18,6 @@ import stat
 import struct
 import sys
 import tarfile
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from isal import isal_zlib
 
 from sm121_build.core.console import Progress
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
 from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
@@ -87,7 +87,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
         if is_auditable(path):
             yield [Binary(str(path), path)]
             return
-        with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
+        with temp_dir("sm121-audit-") as tmp:
             try:
                 kind = archive_kind(path)
                 if kind == "zip":
@@ -114,7 +114,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
         engine = Engine.connect
     connected = engine()
     info = connected.image(target)
-    with tempfile.TemporaryDirectory(prefix="sm121-audit-") as tmp:
+    with temp_dir("sm121-audit-") as tmp:
         progress = Progress(f"reading {target}")  # live on a terminal, else plain lines
         with connected.reader(info.id, progress.add) as files:
             found = _stream_image(info, files, include, wanted, Path(tmp), progress)

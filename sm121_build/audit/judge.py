@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from pathlib import Path, PurePosixPath
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import Target
@@ -76,7 +76,7 @@ def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arc
     if not stock:
         return {}
     arch_cmake = cmake_arch_list(arch)
-    with tempfile.TemporaryDirectory(prefix="sm121-audit-source-") as tmp:
+    with temp_dir("sm121-audit-source-") as tmp:
         tree = Path(tmp) / "src"
         tree.mkdir()
         shutil.copy2(source / "CMakeLists.txt", tree / "CMakeLists.txt")

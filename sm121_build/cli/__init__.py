@@ -7,6 +7,7 @@ import importlib
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -16,6 +17,7 @@ import click
 from sm121_build import __version__
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
+from sm121_build.core.interrupts import hold_from_start, release
 
 if TYPE_CHECKING:
     from sm121_build.image.api import ImageEngine
@@ -80,6 +82,7 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
+            release()  # Ctrl-C and SIGTERM from here on: handled below
             with _tree_code_confined():
                 return super().invoke(ctx)
         except Sm121Error as exc:
@@ -180,8 +183,13 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
 def main() -> None:
     # Ctrl-C and a CI runner's cancel (SIGINT, then SIGTERM) both clean up and exit 130, also
     # when a shell started this in the background with SIGINT ignored.
+    # Held until the command's own handler (`_Group.invoke`) is in place: a signal that
+    # lands before it would end in a traceback.  Python's first look for its temp folder
+    # (a probe file written and removed) happens in that window too, not cut in two.
+    hold_from_start()
     signal.signal(signal.SIGINT, _terminated)
     signal.signal(signal.SIGTERM, _terminated)
+    tempfile.gettempdir()
     try:
         code = cli.main(prog_name="sm121-build", standalone_mode=False)
         sys.stdout.flush()

@@ -14,11 +14,11 @@ import re
 import shutil
 import struct
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.errors import ToolchainError
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import Target, max_ptx_isa
 
 _RELEASE = re.compile(r"release (\d+)\.(\d+), V([\d.]+)")
@@ -109,7 +109,7 @@ def checked_options(recorded: str) -> list[str]:
 def compile_ptx(toolchain: Toolchain, ptx: bytes, arch: str, options: list[str],
                 timeout: float) -> bytes:
     """ptxas -arch=ARCH on the PTX text (its trailing NULs dropped): the cubin."""
-    with tempfile.TemporaryDirectory(prefix="sm121-aot-") as tmp:
+    with temp_dir("sm121-aot-") as tmp:
         source, cubin = Path(tmp) / "module.ptx", Path(tmp) / "module.cubin"
         source.write_bytes(ptx.rstrip(b"\0"))
         _run([str(toolchain.ptxas), f"-arch={arch}", *options, "-o", str(cubin), str(source)],
@@ -119,7 +119,7 @@ def compile_ptx(toolchain: Toolchain, ptx: bytes, arch: str, options: list[str],
 
 def fatbin_entry(toolchain: Toolchain, cubin: bytes, sm: str, timeout: float) -> bytes:
     """The cubin as one fatbin entry (header and payload), made by NVIDIA's fatbinary."""
-    with tempfile.TemporaryDirectory(prefix="sm121-aot-") as tmp:
+    with temp_dir("sm121-aot-") as tmp:
         source, fatbin = Path(tmp) / "module.cubin", Path(tmp) / "module.fatbin"
         source.write_bytes(cubin)
         _run([str(toolchain.fatbinary), f"--create={fatbin}", "--64", "--compress-all",

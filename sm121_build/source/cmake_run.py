@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.interrupts import temp_dir
 
 ON_HOST_VARIABLE = "SM121_CMAKE_ON_HOST"
 # what the script finds where the tree's utils.cmake is included from
@@ -68,7 +68,7 @@ class HostCMake:
     seconds: float
 
     def run(self, script: CMakeScript) -> CMakeOutput:
-        with tempfile.TemporaryDirectory(prefix="sm121-explain-") as tmp:
+        with temp_dir("sm121-explain-") as tmp:
             utils = Path(tmp) / UTILS_AT
             utils.parent.mkdir(parents=True)
             utils.write_text(script.utils, errors="surrogateescape")

@@ -28,6 +28,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from sm121_build.core.errors import PatchDrift, Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import read_version_file
 from sm121_build.cuda.compat import Target, loads_natively, parse_target
@@ -454,7 +455,7 @@ def _evaluate(source: Path, changed: dict[str, str], files: list[str], want: Pat
     archs, cuda_version = want.archs, want.cuda_version
     if not changed:
         return evaluate(source, archs, cuda_version, patterns)
-    with tempfile.TemporaryDirectory(prefix="sm121-patched-") as tmp:
+    with temp_dir("sm121-patched-") as tmp:
         copy = Path(tmp)
         for rel in [*files, UTILS]:
             if (source / rel).exists():

@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sm121_build.core.errors import PatchDrift, Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import Target
 from sm121_build.source.cmake_lang import (
     CMakeSyntaxError,
@@ -152,7 +152,7 @@ def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
 def gencode_flags(utils_text: str, cuda_archs: str) -> list[str]:
     """What the given utils.cmake's set_gencode_flags_for_srcs hands nvcc for one source whose
     arch list is `cuda_archs` (`arch=compute_89,code=sm_89`, …), run with CMake."""
-    with tempfile.TemporaryDirectory(prefix="sm121-gencode-") as tmp:
+    with temp_dir("sm121-gencode-") as tmp:
         utils = Path(tmp) / "utils.cmake"
         utils.write_text(utils_text)
         script = Path(tmp) / "gencode.cmake"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -29,6 +28,7 @@ import yaml
 
 from sm121_build.core.console import Progress, note
 from sm121_build.core.errors import CorruptBinaryError, VerificationError
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, store_cache
 from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
@@ -492,7 +492,7 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
     added = built_history[:max(0, len(built_history) - stock_steps)]
 
     progress = Progress("reading the injected files, their stock copies and torch's libraries")
-    with tempfile.TemporaryDirectory(prefix="sm121-verify-") as tmp, \
+    with temp_dir("sm121-verify-") as tmp, \
             engine.reader(image_id, progress.add) as built_files, \
             engine.reader(stock.id, progress.add) as stock_files:
         root = Path(tmp)

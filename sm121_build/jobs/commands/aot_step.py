@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build import __version__
 from sm121_build.core.console import note
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.paths import cache_dir
 from sm121_build.core.units import human_size
 from sm121_build.cuda.binary import SM121, AotAble, BinaryReport, aot_able
@@ -81,7 +81,7 @@ def compile_into(engine: ImageEngine, image_id: str, package_dir: str,
                  actions: tuple[AotAction, ...], dest: Path, toolchain: Toolchain) -> None:
     """Read the stock files out of the image and write their aot'd copies under `dest`, at
     their paths under the package; any file left as it was is an error (nothing is tagged)."""
-    with tempfile.TemporaryDirectory(prefix="sm121-aot-") as tmp:
+    with temp_dir("sm121-aot-") as tmp:
         stock = Path(tmp) / "stock"
         with engine.reader(image_id) as files:
             for action in actions:

@@ -6,12 +6,12 @@ built for another vLLM version or commit.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from sm121_build.core.console import result
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.kernels_image import refusal
 from sm121_build.jobs.formats import artifacts as artifacts_mod
@@ -61,7 +61,7 @@ def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
         raise Sm121Error(f"artifacts in {folder} {why.what}: refusing to inject{why.hint}")
     require_known_paths(tuple(found.files), vllm.extensions, folder, base)
     extensions = tuple(sorted(found.files))
-    with tempfile.TemporaryDirectory(prefix="sm121-inject-") as tmp, \
+    with temp_dir("sm121-inject-") as tmp, \
             pipeline.engine.pinned(facts.id) as pin:
         context = Path(tmp)
         found.place(context / "artifacts")

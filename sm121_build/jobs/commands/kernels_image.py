@@ -28,7 +28,6 @@ import posixpath
 import re
 import shutil
 import tarfile
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from sm121_build.core.errors import (
     RegistryUnavailable,
     Sm121Error,
 )
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import FIELD_LABELS, KIND_LABEL, REUSE_KEY_LABEL
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image import cosign, ledger
@@ -155,7 +155,7 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
     repo = target.repo
     tags = tags_for(repo, manifest, target.extra_tags)
     root = package_root(manifest)
-    with tempfile.TemporaryDirectory(prefix="sm121-kernels-") as tmp:
+    with temp_dir("sm121-kernels-") as tmp:
         context = Path(tmp)
         found.place(context / "root" / root)
         (context / "root" / MANIFEST_PATH).parent.mkdir(parents=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.compile_progress import shipped_histories
 from sm121_build.core.console import BuildStatus, note
 from sm121_build.core.errors import BuildFailed, Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.limits import Limits
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.binary import SM121
@@ -85,7 +85,7 @@ def run_local(asked: LocalBuild) -> list[Path]:
     targets = local_targets(source, extra)
     projects = projects_for(targets, fa_source)
     cuda = host_cuda_version(home)
-    with tempfile.TemporaryDirectory(prefix="sm121-local-") as tmp:
+    with temp_dir("sm121-local-") as tmp:
         copy = Path(tmp) / "src"
         require_contained(source)  # the copy keeps links as links, all inside
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns(".git", "build*"),

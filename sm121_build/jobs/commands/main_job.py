@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm121_build import __version__
 from sm121_build.core.console import note, result
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
 from sm121_build.cuda.binary import SM121, BinaryReport
@@ -195,7 +195,7 @@ class Sources:
 def run_build(pipeline: Pipeline, opts: Options) -> str:
     """The main job, a stage a line; returns the tag (the record says how the run ended)."""
     image = resolve(pipeline, opts)
-    with tempfile.TemporaryDirectory(prefix="sm121-build-") as tmp:
+    with temp_dir("sm121-build-") as tmp:
         context = Path(tmp)
         aot, stock = planned_aot(pipeline, opts, image)
         if aot:

@@ -16,12 +16,12 @@ import hashlib
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.limits import Limits
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.image import ledger
@@ -119,7 +119,7 @@ def evaluator_image(engine: ImageEngine) -> str:
     tag = found.tag()
     if engine.exists(tag):
         return tag
-    with tempfile.TemporaryDirectory(prefix="sm121-cmake-evaluator-") as tmp:
+    with temp_dir("sm121-cmake-evaluator-") as tmp:
         folder = Path(tmp)
         found.context(folder)
         image_id = engine.build(folder, folder / "Dockerfile", folder / "build.log")

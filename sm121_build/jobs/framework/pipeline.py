@@ -18,6 +18,7 @@ from pathlib import Path
 from sm121_build.core.compile_progress import shipped_histories
 from sm121_build.core.console import BuildStatus, LiveLine, Progress, Steps, end_status_line, note
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.paths import state_dir
 from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
@@ -129,7 +130,7 @@ class Pipeline:
         package = require_vllm(facts).package_dir
         reports: dict[str, BinaryReport | None] = {}
         progress = Progress("reading the stock extensions")
-        with tempfile.TemporaryDirectory(prefix="sm121-decide-") as tmp, \
+        with temp_dir("sm121-decide-") as tmp, \
                 self.engine.reader(facts.id, progress.add) as files:
             for name in extensions:
                 local = Path(tmp) / name

@@ -3,13 +3,13 @@ pipeline on the engine, and a temp folder that goes with it."""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.console import Steps, results_to_stderr
+from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify.run_report import new_record, recorded
@@ -36,5 +36,5 @@ def run_session(command: str, base: str, tag: str, arch: ArchList | None,
     with recorded(new_record(command, base, tag, str(arch) if arch else None),
                   reporting.report,
                   reporting.summary_md, steps, reporting.as_json) as record, \
-            tempfile.TemporaryDirectory(prefix="sm121-run-") as tmp:
+            temp_dir("sm121-run-") as tmp:
         yield Pipeline.connect(record, steps), Path(tmp)
