@@ -12,7 +12,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image.refs import IMAGE_ID
 from sm121_build.image.toolchain import require_buildable
-from sm121_build.jobs.formats.render import PlanRequest, plan_for, render
+from sm121_build.jobs.formats.render import PlanRequest, plan_for, render_build
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.pin import version_to_ref
 
@@ -44,4 +44,4 @@ def dockerfile(base: str, arch: ArchList, extra_ext: tuple[str, ...], jobs: int 
         plan = replace(plan, base=base)
         notice(f"note: {base} has no registry digest; FROM names the tag, not pinned to "
                f"{facts.id[:19]}")
-    click.echo(render(plan), nl=False)
+    click.echo(render_build(plan), nl=False)

@@ -11,7 +11,12 @@ from sm121_build import __version__
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
 from sm121_build.jobs.formats.artifacts import Manifest
-from sm121_build.jobs.formats.render import BuildPlan, choose_extensions, render, render_kernels
+from sm121_build.jobs.formats.render import (
+    BuildPlan,
+    choose_extensions,
+    render_build,
+    render_kernels,
+)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -46,7 +51,7 @@ PLAN = BuildPlan(
         "external": (("VLLM_FLASH_ATTN_SRC_DIR", "vllm-flash-attn"),)})),
 ])
 def test_golden(name: str, plan: BuildPlan) -> None:
-    text = render(plan).replace(__version__, "<VERSION>")
+    text = render_build(plan).replace(__version__, "<VERSION>")
     _compare_golden(GOLDEN / name, text)
     assert "syntax" not in text.splitlines()[0]
 
@@ -76,7 +81,7 @@ def test_tools_stay_in_the_builder_stage() -> None:
     """cmake/ninja the image lacks are added before the compile, and never after the
     final stage's FROM."""
     for bring_from, marker in (("context", "COPY tools/"), ("pip", "pip install")):
-        text = render(BuildPlan(**{**PLAN.__dict__, "bring": ("cmake",),
+        text = render_build(BuildPlan(**{**PLAN.__dict__, "bring": ("cmake",),
                                    "bring_from": bring_from}))
         final = text.rindex("\nFROM ")
         assert marker in text[:final] and marker not in text[final:]

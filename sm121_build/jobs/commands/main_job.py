@@ -43,7 +43,7 @@ from sm121_build.jobs.formats.render import (
     PlanRequest,
     plan_for,
     provenance_labels,
-    render,
+    render_build,
     render_inject,
     template_digest,
 )
@@ -494,7 +494,7 @@ def build(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
     log = pipeline.new_log(f"build-{target.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
-        dockerfile.write_text(render(plan, {CONTENT_KEY_LABEL: target.content_key}, base=pin))
+        dockerfile.write_text(render_build(plan, {CONTENT_KEY_LABEL: target.content_key}, base=pin))
         if plan.bring:
             note(f"the builder brings {' and '.join(plan.bring)} ("
                  f"{'this machine' if plan.bring_from == 'context' else 'pip'})")

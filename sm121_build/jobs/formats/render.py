@@ -160,7 +160,7 @@ def _toolchain(plan: BuildPlan) -> str:
                                       packages=packages).strip()
 
 
-def render(plan: BuildPlan, labels: dict[str, str] | None = None,
+def render_build(plan: BuildPlan, labels: dict[str, str] | None = None,
            base: str | None = None) -> str:
     """The multi-stage build: compile in a builder FROM the base, copy into the pristine base;
     `labels` are added to the plan's (the content key, known once the plan is), `base`
