@@ -161,7 +161,7 @@ def _toolchain(plan: BuildPlan) -> str:
 
 
 def render_build(plan: BuildPlan, labels: dict[str, str] | None = None,
-           base: str | None = None) -> str:
+                 base: str | None = None) -> str:
     """The multi-stage build: compile in a builder FROM the base, copy into the pristine base;
     `labels` are added to the plan's (the content key, known once the plan is), `base`
     replaces its FROM reference (the run's temporary tag for exactly that image)."""
