@@ -175,8 +175,8 @@ def disk(probe: Probe, engine: EngineFacts | None, base_bytes: int | None) -> li
 
 
 def host_tools(probe: Probe) -> list[Check]:
-    """This machine's compilers: only `sm121-build local` uses them (the main job compiles
-    inside the image, with its own nvcc)."""
+    """This machine's compilers: `sm121-build local` uses them all, `aot` (and the main
+    job's aot actions) ptxas and fatbinary; a source build compiles inside the image."""
     found = {tool: probe.which(tool) for tool in ("cmake", "ninja", "nvcc", "ptxas")}
     for tool in ("nvcc", "ptxas"):
         if not found[tool]:
@@ -185,13 +185,14 @@ def host_tools(probe: Probe) -> list[Check]:
     missing = [tool for tool, path in found.items() if not path]
     have = ", ".join(f"{tool} {path}" for tool, path in found.items() if path) or "none"
     if not missing:
-        return [Check("host tools", "OK", f"{have} (for sm121-build local)")]
+        return [Check("host tools", "OK", f"{have} (for sm121-build local; ptxas for aot)")]
     if packaged() is not None and set(missing) <= {"cmake", "ninja"}:
         return [Check("host tools", "OK", f"{have}; cmake/ninja from this Python "
                       "environment (for sm121-build local)")]
-    return [Check("host tools", "WARN", f"no {', '.join(missing)} here: only `sm121-build local` "
-                  "needs them (the main job compiles inside the image)",
-                  "install the CUDA toolkit (nvcc, ptxas) for sm121-build local")]
+    return [Check("host tools", "WARN", f"no {', '.join(missing)} here: `sm121-build local` "
+                  "needs them, aot needs ptxas (a source build compiles inside the image)",
+                  "install the CUDA toolkit (nvcc, ptxas), or `pip install nvidia-cuda-nvcc` "
+                  "for aot's ptxas")]
 
 
 def gpu(probe: Probe) -> tuple[list[Check], str | None, str | None]:
