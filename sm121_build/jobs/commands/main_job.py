@@ -100,12 +100,13 @@ def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def choose_to_build(pipeline: Pipeline, opts: Options, stock: dict[str, BinaryReport | None],
-                    source: Path, arch_cmake: str, cuda: str,
+def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Path,
                     aot: tuple[AotAction, ...] = ()) -> tuple[str, ...]:
     """The decide step: per stock extension, whether the build gives sm_121 native code it
     lacks (`decide.plan_extensions`); then --ext adds and --only restricts.  Empty: nothing
     to build (said, and recorded as not-needed)."""
+    pipeline, opts = job.pipeline, job.opts
+    arch_cmake, cuda = job.image.arch.cmake, job.image.cuda
     record, steps = pipeline.record, pipeline.steps
     names = {extension_target(n): n for n in stock}
     extra = tuple(e for e in opts.extra_ext if e != "auto")
@@ -192,40 +193,50 @@ class Sources:
     tree: Path | None = None  # vLLM's tree in the build context (None: no source build)
 
 
+@dataclass(frozen=True)
+class Job:
+    """One run of the main job as its stages see it: the pipeline (engine, record, steps),
+    the options, and the base resolved."""
+
+    pipeline: Pipeline
+    opts: Options
+    image: Resolved
+
+
 def run_build(pipeline: Pipeline, opts: Options) -> str:
     """The main job, a stage a line; returns the tag (the record says how the run ended)."""
     image = resolve(pipeline, opts)
+    job = Job(pipeline, opts, image)
     with temp_dir("sm121-build-") as tmp:
         context = Path(tmp)
-        aot, stock = planned_aot(pipeline, opts, image)
+        aot, stock = planned_aot(job)
         if aot:
-            return run_with_aot(pipeline, opts, image, aot, stock, context)
+            return run_with_aot(job, aot, stock, context)
         if opts.aot_only:
             pipeline.record.took_decision(Decision(False, "nothing to aot"))
             result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
                    "on sm_121; nothing tagged")
             return opts.tag
-        checkout = vllm_source(pipeline, opts, image, context / "src")
+        checkout = vllm_source(job, context / "src")
         stock = stock or stock_extensions(pipeline, image)
-        patch_vllm(pipeline, opts, image, context / "src")
-        chosen = choose_to_build(pipeline, opts, stock, context / "src", image.arch.cmake,
-                                 image.cuda)
+        patch_vllm(job, context / "src")
+        chosen = choose_to_build(job, stock, context / "src")
         if not chosen or opts.plan_only:
             return planned(pipeline, opts, chosen)
-        sources = external_sources(pipeline, opts, image, context, checkout, chosen)
-        plan = plan_for(image.facts, source_plan(pipeline, opts, image, chosen, sources))
+        sources = external_sources(job, context, checkout, chosen)
+        plan = plan_for(image.facts, source_plan(job, chosen, sources))
         key = content_key(image.facts, sources.provenance, plan, opts.no_patch)
-        target = finish_target(pipeline, opts, image, sources, plan, key)
+        target = finish_target(job, sources, plan, key)
         existing = None if opts.force else pipeline.reusable(key)
         if existing:
-            return up_to_date(pipeline, opts, image, plan, target, existing)
-        return build(pipeline, opts, image, plan, target, context)
+            return up_to_date(job, plan, target, existing)
+        return build(job, plan, target, context)
 
 
-def planned_aot(pipeline: Pipeline, opts: Options, image: Resolved
-                ) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport | None]]:
+def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport | None]]:
     """The extensions aot makes native (none with --from-source or --force), and the stock
     audit it read for them (empty when it read none)."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     if opts.from_source or opts.force or opts.no_patch:
         return (), {}
     stock = stock_extensions(pipeline, image)
@@ -236,20 +247,19 @@ def planned_aot(pipeline: Pipeline, opts: Options, image: Resolved
     return aot, stock
 
 
-def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
-                 aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
+def run_with_aot(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
                  context: Path) -> str:
     """A plan with aot actions: the source is read only when a kernel aot cannot make native
     remains (and only where it can be had: else what only a source build could change is
     said and left); extensions the source build would make no more native than aot are
     aot'd; the rest (e.g. `_qutlass_C`) are built from source into the same image."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     toolchain = aot_toolchain()
-    checkout = _source_if_needed(pipeline, opts, image, aot, stock, context / "src")
+    checkout = _source_if_needed(job, aot, stock, context / "src")
     chosen: tuple[str, ...] = ()
     if checkout is not None:
-        patch_vllm(pipeline, opts, image, context / "src")
-        chosen = choose_to_build(pipeline, opts, stock, context / "src", image.arch.cmake,
-                                 image.cuda, aot)
+        patch_vllm(job, context / "src")
+        chosen = choose_to_build(job, stock, context / "src", aot)
     else:
         with pipeline.steps.step("decide"):
             for action in aot:
@@ -266,8 +276,8 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
                      context / "aot", toolchain)
     prebuilt = tuple(a.name for a in aot)
     if chosen and checkout is not None:  # mixed: a source build with the aot'd files in it
-        sources = external_sources(pipeline, opts, image, context, checkout, chosen)
-        plan = replace(plan_for(image.facts, source_plan(pipeline, opts, image, chosen,
+        sources = external_sources(job, context, checkout, chosen)
+        plan = replace(plan_for(image.facts, source_plan(job, chosen,
                                                          sources)), prebuilt=prebuilt)
         key = content_key(image.facts, sources.provenance + "\0" +
                           aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
@@ -278,12 +288,12 @@ def run_with_aot(pipeline: Pipeline, opts: Options, image: Resolved,
         plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
         key = aot_key(image.facts.id, aot, toolchain)
         patches, run = aot_patches(toolchain), inject_aot
-    target = replace(finish_target(pipeline, opts, image, sources, plan, key, patches),
+    target = replace(finish_target(job, sources, plan, key, patches),
                      origins=tuple((name, "aot") for name in prebuilt))
     existing = pipeline.reusable(key)
     if existing:
-        return up_to_date(pipeline, opts, image, plan, target, existing)
-    return run(pipeline, opts, image, plan, target, context)
+        return up_to_date(job, plan, target, existing)
+    return run(job, plan, target, context)
 
 
 def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
@@ -294,11 +304,11 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
         {a.name: a.as_record(_before(stock, a.name)) for a in aot}))
 
 
-def _source_if_needed(pipeline: Pipeline, opts: Options, image: Resolved,
-                      aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
+def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
                       dest: Path) -> Checkout | None:
     """The source, when a kernel remains that aot cannot make native and the source can be
     had (a given --source always is); None otherwise, said."""
+    opts = job.opts
     if opts.aot_only or (opts.only and opts.source is None):
         return None
     covered = {a.name: a.able.kernels or 0 for a in aot}
@@ -310,7 +320,7 @@ def _source_if_needed(pipeline: Pipeline, opts: Options, image: Resolved,
         note("every kernel that is not native has PTX: aot alone, no source needed")
         return None
     try:
-        return vllm_source(pipeline, opts, image, dest)
+        return vllm_source(job, dest)
     except Sm121Error as exc:
         if opts.source is not None:
             raise
@@ -333,9 +343,10 @@ def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str)
                      cuda_home="", cuda_include="", cuda_lib="", jobs=1, labels=labels)
 
 
-def inject_aot(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
+def inject_aot(job: Job, plan: BuildPlan,
                target: Finish, context: Path) -> str:
     """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     log = pipeline.new_log(f"aot-{target.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
@@ -361,8 +372,9 @@ def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
                     vllm.cuda_version or DEFAULT_CUDA, opts.arch)
 
 
-def vllm_source(pipeline: Pipeline, opts: Options, image: Resolved, dest: Path) -> Checkout:
+def vllm_source(job: Job, dest: Path) -> Checkout:
     """The source at the image's commit (a checked --source, or fetched), copied to `dest`."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     record = pipeline.record
     with pipeline.steps.step(f"source ({image.ref})"):
         if opts.source:
@@ -393,7 +405,8 @@ def stock_extensions(pipeline: Pipeline, image: Resolved) -> dict[str, BinaryRep
     return stock
 
 
-def patch_vllm(pipeline: Pipeline, opts: Options, image: Resolved, src: Path) -> None:
+def patch_vllm(job: Job, src: Path) -> None:
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     with pipeline.steps.step("patch"):
         if opts.no_patch:
             note("patches skipped (--no-patch)")
@@ -410,10 +423,11 @@ def planned(pipeline: Pipeline, opts: Options, chosen: tuple[str, ...]) -> str:
     return opts.tag
 
 
-def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context: Path,
+def external_sources(job: Job, context: Path,
                      checkout: Checkout, chosen: tuple[str, ...]) -> Sources:
     """The trees of the external projects the chosen extensions live in (flash-attention at
     the commit vLLM pins), copied into the context, with their rules applied."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     provenance = checkout.commit + (f"+{checkout.changes}" if checkout.changes else "")
     projects = projects_for([extension_target(name) for name in chosen], opts.fa_source)
     if not projects:
@@ -439,9 +453,10 @@ def external_sources(pipeline: Pipeline, opts: Options, image: Resolved, context
     return Sources(checkout.commit, provenance, tuple(external), context / "src")
 
 
-def source_plan(pipeline: Pipeline, opts: Options, image: Resolved, chosen: tuple[str, ...],
+def source_plan(job: Job, chosen: tuple[str, ...],
                 sources: Sources) -> PlanRequest:
     """What a source build of `chosen` asks the plan for."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     return PlanRequest(image.arch, chosen, str(image.ref),
                        pipeline.engine.buildkit_client() is not None, opts.jobs,
                        sources.tree, sources.commit, defaults=False,
@@ -453,9 +468,10 @@ def patches_of(opts: Options) -> str:
     return "none" if opts.no_patch else rules_digest()
 
 
-def finish_target(pipeline: Pipeline, opts: Options, image: Resolved, sources: Sources,
+def finish_target(job: Job, sources: Sources,
                   plan: BuildPlan, key: str, patches: str | None = None) -> Finish:
     """Where the verified image goes (tags, --out) and what its files' manifest says."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     record, facts, vllm = pipeline.record, image.facts, image.vllm
     record.took_build(vllm.version, sources.commit, plan.arch_list, key, plan.extensions)
     provenance = Provenance(
@@ -470,10 +486,11 @@ def finish_target(pipeline: Pipeline, opts: Options, image: Resolved, sources: S
     return Finish(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
 
 
-def up_to_date(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
+def up_to_date(job: Job, plan: BuildPlan,
                target: Finish, existing: str) -> str:
     """The content key names an image this tool built: tag it (and export --out, verified
     as after a build); nothing compiles."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     record = pipeline.record
     record.keep_audit_of(run_report.recall(target.content_key) or {})
     record.ended(run_report.RunStatus.UP_TO_DATE)
@@ -487,10 +504,11 @@ def up_to_date(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPl
     return opts.tag
 
 
-def build(pipeline: Pipeline, opts: Options, image: Resolved, plan: BuildPlan,
+def build(job: Job, plan: BuildPlan,
           target: Finish, context: Path) -> str:
     """Render the Dockerfile (FROM a temporary tag of exactly the base), bring what the
     builder lacks, build -> verify -> tag."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
     log = pipeline.new_log(f"build-{target.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
