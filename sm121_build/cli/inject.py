@@ -15,7 +15,7 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.inject import Destination, run_inject
 from sm121_build.jobs.commands.kernels_image import fetch_step
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.session import Reporting, run_session
@@ -69,4 +69,4 @@ def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | N
             with pipeline.steps.step(f"kernels {kernels_ref}"):
                 found = fetch_step(pipeline, kernels_ref, tmp / "artifacts").artifacts
         assert found is not None
-        run_inject(pipeline, found.folder, base, result_tag, out, replace_tag, found)
+        run_inject(pipeline, found, base, Destination(result_tag, out, replace_tag))

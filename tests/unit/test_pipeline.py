@@ -20,8 +20,9 @@ from sm121_build.core.errors import BuildFailed, Sm121Error, VerificationError
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.inject import Destination, run_inject
 from sm121_build.jobs.commands.main_job import Options, run_build
+from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
@@ -149,7 +150,8 @@ def test_inject_puts_exported_artifacts_into_a_matching_base(
     engine = _engine(tmp_path, matrix, checkout[1])
     _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))
     record = run_report.new_record("inject", BASE, "fixture:injected", None)
-    run_inject(Pipeline(engine, record), tmp_path / "out", BASE, "fixture:injected")
+    run_inject(Pipeline(engine, record), load(tmp_path / "out"), BASE,
+               Destination("fixture:injected"))
     assert record.status == "injected" and record.vllm_commit == checkout[1]
     assert record.tags == ["fixture:injected"] and record.after
     jsonschema.validate(record.as_json(), schema("report"))
@@ -157,7 +159,8 @@ def test_inject_puts_exported_artifacts_into_a_matching_base(
     assert manifest["torch_version"] == "2.11.0+cu130"  # the base's, which the files link to
     other = stock_image(engine, "vllm/vllm-openai:other", {}, "0.20.0", "e" * 40)
     with pytest.raises(Sm121Error, match="refusing to inject"):
-        run_inject(Pipeline(engine), tmp_path / "out", "vllm/vllm-openai:other", "x:y")
+        run_inject(Pipeline(engine), load(tmp_path / "out"), "vllm/vllm-openai:other",
+                   Destination("x:y"))
     assert other in engine.images and "x:y" not in engine.tags
 
 
@@ -171,7 +174,8 @@ def test_inject_refuses_a_base_with_another_torch_before_any_work(
                         VERSION, checkout[1], torch="2.12.0+cu130")
     engine.calls.clear()
     with pytest.raises(Sm121Error) as refused:
-        run_inject(Pipeline(engine), tmp_path / "out", "vllm/vllm-openai:newer-torch", "x:y")
+        run_inject(Pipeline(engine), load(tmp_path / "out"), "vllm/vllm-openai:newer-torch",
+                   Destination("x:y"))
     assert str(refused.value) == (
         f"artifacts in {tmp_path / 'out'} were built against torch 2.11.0+cu130; "
         "vllm/vllm-openai:newer-torch has torch 2.12.0+cu130: refusing to inject (torch's C++ "
@@ -182,7 +186,8 @@ def test_inject_refuses_a_base_with_another_torch_before_any_work(
     del data["torch_version"]
     manifest.write_text(json.dumps(data))
     record = run_report.new_record("inject", BASE, "x:y", None)
-    run_inject(Pipeline(engine, record), tmp_path / "out", "vllm/vllm-openai:newer-torch", "x:y")
+    run_inject(Pipeline(engine, record), load(tmp_path / "out"), "vllm/vllm-openai:newer-torch",
+               Destination("x:y"))
     assert record.status == "injected"  # the ABI check is the judge (the fixture needs none)
 
 
@@ -249,7 +254,7 @@ def test_inject_refuses_a_file_at_a_path_where_the_base_has_no_extension(
         engine.calls.clear()
         with pytest.raises(Sm121Error, match=rf"would place {re.escape(name)}, which {BASE} "
                                              "has no extension file at"):
-            run_inject(Pipeline(engine), folder, BASE, "x:extra")
+            run_inject(Pipeline(engine), load(folder), BASE, Destination("x:extra"))
         assert engine.calls == [] and "x:extra" not in engine.tags
 
 
@@ -263,7 +268,7 @@ def test_an_injected_file_gets_the_stock_files_mode(
     manifest["files"]["_C.abi3.so"]["mode"] = "777"  # placed with the mode it records
     (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
     record = run_report.new_record("inject", BASE, "x:mode", None)
-    run_inject(Pipeline(engine, record), tmp_path / "out", BASE, "x:mode")
+    run_inject(Pipeline(engine, record), load(tmp_path / "out"), BASE, Destination("x:mode"))
     stock = engine.images[engine._id(BASE) or ""].root
     placed = engine.images[engine._id("x:mode") or ""].root
     package = next(stock.rglob("_C.abi3.so")).relative_to(stock)

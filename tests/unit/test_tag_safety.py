@@ -19,9 +19,10 @@ from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image import ledger
 from sm121_build.image.refs import require_not_base
-from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.inject import Destination, run_inject
 from sm121_build.jobs.commands.main_job import Options, run_build
 from sm121_build.jobs.commands.prune import prune
+from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
@@ -153,10 +154,11 @@ def test_inject_refuses_a_users_tag(tmp_path: Path, matrix: dict[str, Path],
     _run(engine, checkout[0], out=tmp_path / "out")
     app = _user_image(engine, "myapp:1", {})
     with pytest.raises(Sm121Error, match="already names image"):
-        run_inject(Pipeline(engine), tmp_path / "out", BASE, "myapp:1")
+        run_inject(Pipeline(engine), load(tmp_path / "out"), BASE, Destination("myapp:1"))
     assert engine.tags["myapp:1"] == app
     with pytest.raises(Sm121Error, match="names the base image itself"):
-        run_inject(Pipeline(engine), tmp_path / "out", BASE, BASE, replace_tag=True)
+        run_inject(Pipeline(engine), load(tmp_path / "out"), BASE,
+                   Destination(BASE, replace_tag=True))
 
 
 def test_prune_never_untags_what_it_cannot_remove(
@@ -189,7 +191,7 @@ def test_prune_removes_what_inject_made(tmp_path: Path, matrix: dict[str, Path],
     engine = _engine(tmp_path, matrix, checkout[1])
     _run(engine, checkout[0], out=tmp_path / "out")
     record = run_report.new_record("inject", BASE, "x:injected", None)
-    run_inject(Pipeline(engine, record), tmp_path / "out", BASE, "x:injected")
+    run_inject(Pipeline(engine, record), load(tmp_path / "out"), BASE, Destination("x:injected"))
     engine.compiled = {n: matrix["lz4"] for n in NAMES}
     _run(engine, checkout[0], tag="vllm/vllm-openai:newer")
     book = ledger.load()

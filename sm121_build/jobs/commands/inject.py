@@ -6,7 +6,7 @@ built for another vLLM version or commit.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm121_build.core.console import result
@@ -44,13 +44,22 @@ def stock_modes(pipeline: Pipeline, image_id: str, package_dir: str, folder: Pat
                 (folder / name).chmod(found.mode & 0o7777)
 
 
-def run_inject(pipeline: Pipeline, folder: Path, base: str, tag: str,
-               out: Path | None = None, replace_tag: bool = False,
-               found: artifacts_mod.Artifacts | None = None) -> str:
-    """Inject prebuilt artifacts into a base whose vLLM version and commit match them, and
+@dataclass(frozen=True)
+class Destination:
+    """Where an injection goes: the tag, an --out folder, and whether the tag may move off
+    an image this tool did not build (--replace-tag)."""
+
+    tag: str
+    out: Path | None = None
+    replace_tag: bool = False
+
+
+def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
+               dest: Destination) -> str:
+    """Inject checked artifacts into a base whose vLLM version and commit match them, and
     whose torch does (where the manifest names the torch they were built against)."""
     record = pipeline.record
-    found = found or artifacts_mod.load(folder)
+    folder, tag, out, replace_tag = found.folder, dest.tag, dest.out, dest.replace_tag
     built = found.provenance
     arch_list = built.arch_list
     record.took_build(built.vllm_version, built.vllm_commit, arch_list)

@@ -16,7 +16,7 @@ from pathlib import Path
 from sm121_build.core.console import note
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.cosign import SigningKey, TrustKey
-from sm121_build.jobs.commands.inject import run_inject
+from sm121_build.jobs.commands.inject import Destination, run_inject
 from sm121_build.jobs.commands.kernels_image import look_up, publish_step
 from sm121_build.jobs.commands.main_job import Options, run_build
 from sm121_build.jobs.framework.pipeline import Pipeline
@@ -75,8 +75,8 @@ def _run(pipeline: Pipeline, opts: Options, kernels: Kernels, tmp: Path) -> RunR
         found = look_up(pipeline, kernels.from_repo, opts.base, opts.arch, opts.pull,
                         tmp / "kernels")
         if found is not None:
-            tag = run_inject(pipeline, found.folder, opts.base, opts.tag, opts.out,
-                             opts.replace_tag, found)
+            tag = run_inject(pipeline, found, opts.base,
+                             Destination(opts.tag, opts.out, opts.replace_tag))
             pushed: tuple[str, ...] = ()
             if kernels.to_repo and kernels.to_repo != kernels.from_repo:
                 pushed = tuple(publish_step(pipeline, opts.out or found.folder,
