@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devkit.helpers import DATA, compile_cached, gencode
+from devkit.keys import key_pair, push_small
 from devkit.registry import local_registry
 from devkit.silent import silent_listener
 
@@ -139,21 +140,20 @@ def _signature_cases(work: Path, registry: str) -> list[tuple[str, Callable[[], 
 
     from sm121_build.image.cosign import SigningKey, sign
     from sm121_build.image.registry import Registry
-    from tests.integration.test_signed_kernels import _keys, _push_small
 
     client = docker.from_env()
     repo = f"{registry}/sweep/kernels"
-    one = _push_small(client, work, f"{repo}:one", "one")
-    two = _push_small(client, work, f"{repo}:two", "two")
-    ours, trusted = _keys(work, "ours")
-    theirs, _ = _keys(work, "theirs")
+    one = push_small(client, work, f"{repo}:one", "one")
+    two = push_small(client, work, f"{repo}:two", "two")
+    ours, trusted = key_pair(work, "ours")
+    theirs, _ = key_pair(work, "theirs")
     sign(Registry(repo), two, SigningKey.load(theirs, None))
     sign(Registry(repo), one, SigningKey.load(ours, None))
     raw = Registry(repo).manifest(f"sha256-{one.split(':')[1]}.sig")
     assert raw is not None
-    three = _push_small(client, work, f"{repo}:three", "three")
+    three = push_small(client, work, f"{repo}:three", "three")
     Registry(repo).put_manifest(f"sha256-{three.split(':')[1]}.sig", raw)
-    four = _push_small(client, work, f"{repo}:four", "four")  # unsigned
+    four = push_small(client, work, f"{repo}:four", "four")  # unsigned
     del four
     cases = []
     for tag, what in (("two", "re-signed by another key"), ("three", "re-pointed signature"),

@@ -26,6 +26,7 @@ import docker
 import jsonschema
 import pytest
 
+from devkit.keys import key_pair
 from devkit.registry import local_registry
 from devkit.silent import silent_listener
 from devkit.stallproxy import stalling
@@ -325,8 +326,8 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     torch (a local re-build of the stock image: another image ID) finds them, on a machine
     with a fresh cache and state."""
     repo = f"{registry}/sm121-test/published"
-    signing, trusted = _key_pair(tmp_path, "ours")
-    _other, untrusted = _key_pair(tmp_path, "theirs")
+    signing, trusted = key_pair(tmp_path, "ours")
+    _other, untrusted = key_pair(tmp_path, "theirs")
     done = e2e.build(f"{PREFIX}:patched", "--kernels-to", repo, "--sign-key", str(signing),
                      "--report", str(tmp_path / "to.json"))
     assert done.returncode == 0, done.stderr
@@ -382,22 +383,6 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     assert used["outcome"] == "hit"
     assert record["kernels_to"][0] == f"{repo}:k-{used['reuse_key']}"  # the key that matched
     assert "==> build" not in hit.stderr and e2e.exists(f"{PREFIX}:other-base-sm121")
-
-
-def _key_pair(folder: Path, name: str) -> tuple[Path, Path]:
-    """An ECDSA P-256 key pair as PEM files (what `cosign generate-key-pair` makes, but
-    unencrypted): the private key and its public half."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / f"{name}.key", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
 
 
 def _kernels_refused_or_unreachable(e2e: E2E, tmp_path: Path, registry: str,

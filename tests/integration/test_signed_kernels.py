@@ -19,9 +19,8 @@ from pathlib import Path
 
 import docker
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
+from devkit.keys import key_pair, push_small
 from devkit.registry import local_registry
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, require_signed, sign
 from sm121_build.image.registry import Registry
@@ -29,34 +28,10 @@ from sm121_build.image.registry import Registry
 pytestmark = [pytest.mark.docker]
 
 
-def _keys(folder: Path, name: str) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / f"{name}.key", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
-
 def _get(url: str, accept: str = "") -> bytes:
     request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     with urllib.request.urlopen(request, timeout=10) as response:
         return bytes(response.read())
-
-
-def _push_small(client: docker.DockerClient, work: Path, ref: str, content: str) -> str:
-    """A one-file image pushed as `ref`; returns its manifest digest in the registry."""
-    folder = work / content
-    folder.mkdir()
-    (folder / "f").write_text(content)
-    (folder / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
-    client.images.build(path=str(folder), rm=True, tag=ref)
-    client.images.push(ref)
-    digest = client.images.get_registry_data(ref).id
-    client.images.remove(ref, force=True)
-    return str(digest)
 
 
 @pytest.fixture
@@ -69,8 +44,8 @@ def test_a_signature_is_cosigns_format_and_openssl_verifies_it(registry: str,
                                                                tmp_path: Path) -> None:
     client = docker.from_env()
     repo = f"{registry}/sm121-test/kernels"
-    digest = _push_small(client, tmp_path, f"{repo}:one", "one")
-    private, public = _keys(tmp_path, "a")
+    digest = push_small(client, tmp_path, f"{repo}:one", "one")
+    private, public = key_pair(tmp_path, "a")
     assert sign(Registry(repo), digest, SigningKey.load(private, None)) == \
         f"{repo}:sha256-{digest.split(':')[1]}.sig"
     raw = _get(f"http://{registry}/v2/sm121-test/kernels/manifests/sha256-"
@@ -92,7 +67,7 @@ def test_a_signature_is_cosigns_format_and_openssl_verifies_it(registry: str,
     assert checked.stdout.strip() == "Verified OK", checked.stdout + checked.stderr
     require_signed(Registry(repo), digest, TrustKey.load(public))  # our own reader agrees
     # a second signature is appended, as cosign does; either key then verifies
-    other_private, other_public = _keys(tmp_path, "b")
+    other_private, other_public = key_pair(tmp_path, "b")
     sign(Registry(repo), digest, SigningKey.load(other_private, None))
     assert len(json.loads(_get(f"http://{registry}/v2/sm121-test/kernels/manifests/sha256-"
                                f"{digest.split(':')[1]}.sig",
@@ -104,10 +79,10 @@ def test_unsigned_resigned_and_repointed_images_are_refused(registry: str,
                                                             tmp_path: Path) -> None:
     client = docker.from_env()
     repo = f"{registry}/sm121-test/kernels"
-    one = _push_small(client, tmp_path, f"{repo}:one", "one")
-    two = _push_small(client, tmp_path, f"{repo}:two", "two")
-    private, public = _keys(tmp_path, "ours")
-    intruder, _ = _keys(tmp_path, "theirs")
+    one = push_small(client, tmp_path, f"{repo}:one", "one")
+    two = push_small(client, tmp_path, f"{repo}:two", "two")
+    private, public = key_pair(tmp_path, "ours")
+    intruder, _ = key_pair(tmp_path, "theirs")
     trust = TrustKey.load(public)
     with pytest.raises(Untrusted, match=r"is not signed"):
         require_signed(Registry(repo), one, trust)
@@ -164,8 +139,8 @@ def test_the_provenance_is_a_signed_in_toto_statement_openssl_verifies(
 
     client = docker.from_env()
     repo = f"{registry}/sm121-test/kernels"
-    digest = _push_small(client, tmp_path, f"{repo}:one", "one")
-    private, public = _keys(tmp_path, "a")
+    digest = push_small(client, tmp_path, f"{repo}:one", "one")
+    private, public = key_pair(tmp_path, "a")
     predicate = {"manifest": {"vllm_commit": "c" * 40, "patches": "aot-ptxas-13.0.88"},
                  "run": {"decision": {"_C": {"action": "aot"}}}}
     kind = "https://sm121-build.dev/provenance/v1"
@@ -192,10 +167,10 @@ def test_the_provenance_is_a_signed_in_toto_statement_openssl_verifies(
                              capture_output=True, text=True, check=False)
     assert checked.stdout.strip() == "Verified OK", checked.stdout + checked.stderr
     assert attested(Registry(repo), digest, TrustKey.load(public), kind) == predicate
-    _, other = _keys(tmp_path, "b")
+    _, other = key_pair(tmp_path, "b")
     with pytest.raises(Untrusted, match=r"no .* statement about"):
         attested(Registry(repo), digest, TrustKey.load(other), kind)
-    two = _push_small(client, tmp_path, f"{repo}:two", "two")  # the statement is about `one`
+    two = push_small(client, tmp_path, f"{repo}:two", "two")  # the statement is about `one`
     Registry(repo).put_manifest(f"sha256-{two.split(':')[1]}.att", raw)
     with pytest.raises(Untrusted, match=r"no .* statement about"):
         attested(Registry(repo), two, TrustKey.load(public), kind)
