@@ -287,13 +287,20 @@ class Engine:
                              "being read") from None
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused to open {image_id} for reading: "
-                             f"{exc.explanation}") from None
+                                f"{exc.explanation}") from None
+        with self._removed_after(name, container["Id"]):
+            yield ImageReader(self.client, container["Id"], image_id, on_read)
+
+    @contextmanager
+    def _removed_after(self, name: str, container: str) -> Iterator[None]:
+        """A container this run made: named in LEFT_BEHIND (the error line if the engine
+        goes away) until it is removed, on every exit."""
         LEFT_BEHIND.add(f"container {name}")
         try:
-            yield ImageReader(self.client, container["Id"], image_id, on_read)
+            yield
         finally:
             with suppress(*_LOST):
-                self.client.api.remove_container(container["Id"], force=True, v=True)
+                self.client.api.remove_container(container, force=True, v=True)
                 LEFT_BEHIND.discard(f"container {name}")
 
     def run_confined(self, image_id: str, job: ConfinedJob) -> ConfinedResult:
@@ -319,28 +326,28 @@ class Engine:
                                 "Config": {"max-size": "1m", "max-file": "1"}}))
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused to create a container of {image_id}: "
-                             f"{exc.explanation}") from None
-        LEFT_BEHIND.add(f"container {name}")
+                                f"{exc.explanation}") from None
+        with self._removed_after(name, container["Id"]):
+            return self._wait_for(container["Id"], job)
+
+    def _wait_for(self, container: str, job: ConfinedJob) -> ConfinedResult:
+        """Start the confined container and wait for it, at most `job.seconds`."""
         try:
-            self.client.api.start(container["Id"])
+            self.client.api.start(container)
             try:
                 # (wait's own timeout: None there would override the client's)
-                status = self.client.api.wait(container["Id"], timeout=job.seconds)
+                status = self.client.api.wait(container, timeout=job.seconds)
             except _NO_ANSWER as exc:
                 if not _timed_out(exc):
                     raise EngineUnavailable(f"engine connection lost while {job.what} ran: "
                                             f"{exc}") from None
                 return ConfinedResult(None, "", "")
-            out = self.client.api.logs(container["Id"], stdout=True, stderr=False)
-            err = self.client.api.logs(container["Id"], stdout=False, stderr=True)
+            out = self.client.api.logs(container, stdout=True, stderr=False)
+            err = self.client.api.logs(container, stdout=False, stderr=True)
             return ConfinedResult(int(status.get("StatusCode", -1)),
                                   out.decode(errors="replace"), err.decode(errors="replace"))
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused to run {job.what}: {exc.explanation}") from None
-        finally:
-            with suppress(*_LOST):
-                self.client.api.remove_container(container["Id"], force=True, v=True)
-                LEFT_BEHIND.discard(f"container {name}")
 
     def history(self, image_id: str) -> list[HistoryStep]:
         """The image's build steps, newest first (`docker history`)."""
@@ -349,7 +356,7 @@ class Engine:
                     for h in self.client.api.history(image_id)]
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused the history of {image_id}: "
-                             f"{exc.explanation}") from None
+                                f"{exc.explanation}") from None
 
     def tag(self, image_id: str, tag: str) -> None:
         name, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
@@ -511,7 +518,7 @@ class ImageReader(PathLookups):
             return None
         if response.status_code != 200:
             raise EngineRefused(f"engine refused to stat {path} in {self.image_id}: "
-                             f"HTTP {response.status_code}")
+                                f"HTTP {response.status_code}")
         raw = json.loads(base64.b64decode(response.headers["X-Docker-Container-Path-Stat"]))
         return PathStat(path, int(raw.get("size", 0)), int(raw.get("mode", 0)),
                         str(raw.get("linkTarget") or ""))
@@ -531,7 +538,7 @@ class ImageReader(PathLookups):
                 raise FileNotFoundError(path)
             if response.status_code != 200:
                 raise EngineRefused(f"engine refused to read {path} in {self.image_id}: "
-                                 f"HTTP {response.status_code}")
+                                    f"HTTP {response.status_code}")
             stream = cast(IO[bytes], _CountingReader(response.raw, self.on_read))
             with tarfile.open(fileobj=stream, mode="r|") as archive:
                 yield archive
