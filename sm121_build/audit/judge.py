@@ -1,6 +1,6 @@
 """`audit --source DIR`: rebuild verdicts that rest on the source's own guards.
 
-From a binary alone the audit says what it sees (`verify/fixable.py`): which archs, `a`/`f`
+From a binary alone the audit says what it sees (`cuda/binary.py`): which archs, `a`/`f`
 or plain, PTX or not.  Whether a rebuild can give the GPU native code is a question about
 the source: the pinned tree's CMake, with the guard rules applied as the main job applies
 them, evaluated for the arch list the build would use.  This is the main job's own decide

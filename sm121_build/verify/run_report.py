@@ -151,26 +151,26 @@ class RunRecord:
         return data
 
     # -- one method per stage value ----------------------------------------------------------
-    def took_image(self, vllm_version: str, base_digest: str) -> None:
+    def base_inspected(self, vllm_version: str, base_digest: str) -> None:
         self.vllm_version, self.base_digest = vllm_version, base_digest
 
-    def took_pull(self, pulled: Pulled) -> None:
+    def base_pulled(self, pulled: Pulled) -> None:
         self.pulled = pulled
 
-    def took_source(self, other_commit: str, changes: str) -> None:
+    def source_checked(self, other_commit: str, changes: str) -> None:
         """A --source checkout: why another commit was accepted, its uncommitted changes."""
         self.source_other_commit = other_commit or None
         self.source_changes = changes or None
 
-    def took_external(self, name: str, source: ExternalSource) -> None:
+    def external_copied(self, name: str, source: ExternalSource) -> None:
         self.external[name] = source
 
-    def took_decision(self, decision: Decision) -> None:
+    def decided(self, decision: Decision) -> None:
         self.decision = decision
         if not decision.chosen:
             self.status = RunStatus.NOT_NEEDED
 
-    def took_build(self, vllm_version: str, commit: str, arch_list: str,
+    def build_named(self, vllm_version: str, commit: str, arch_list: str,
                    content_key: str | None = None,
                    extensions: tuple[str, ...] | None = None) -> None:
         """What is built (or injected): vLLM, commit, arch list; a build's key and files."""
@@ -180,25 +180,25 @@ class RunRecord:
         if extensions is not None:
             self.extensions = list(extensions)
 
-    def took_log(self, log: Path) -> None:
+    def log_opened(self, log: Path) -> None:
         self.log = str(log)
 
-    def took_verification(self, stock: dict[str, BinaryReport], built: dict[str, BinaryReport],
+    def verified(self, stock: dict[str, BinaryReport], built: dict[str, BinaryReport],
                           fp4_excluded: dict[str, int], abi_checked: int) -> None:
         self.before, self.after = binaries(stock), binaries(built)
         self.fp4_excluded, self.abi_symbols_checked = fp4_excluded, abi_checked
 
-    def took_artifacts(self, folder: Path | None) -> None:
+    def exported(self, folder: Path | None) -> None:
         """The --out folder (None: the files went to a temporary folder only)."""
         self.artifacts = str(folder) if folder else None
 
-    def took_image_tags(self, image_id: str, tags: list[str]) -> None:
+    def tagged(self, image_id: str, tags: list[str]) -> None:
         self.image_id, self.tags = image_id, tags
 
-    def took_kernels(self, used: KernelsFrom) -> None:
+    def kernels_looked_up(self, used: KernelsFrom) -> None:
         self.kernels_from = used
 
-    def took_pushed(self, tags: list[str]) -> None:
+    def kernels_pushed(self, tags: list[str]) -> None:
         self.kernels_to = tags
 
     def ended(self, status: RunStatus) -> None:

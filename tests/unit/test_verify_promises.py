@@ -1,8 +1,8 @@
-"""Each promise README makes about verification, broken on purpose, through the whole main job
-(`run_build` -> `Pipeline.finish` -> `verify_image`) on the FAKE engine with real files: the
-run must fail with exit 3, tag nothing, remove the image it built, and name the cause in its
-one line.  Each test also has an unbroken twin (the same run passing), so none can pass by
-failing for another reason.
+"""Each promise README makes about verification, broken on purpose, through the whole main
+job (`run_build` -> `Pipeline.build_verify_tag` -> `verify_image`) on the FAKE engine with real
+files: the run must fail with exit 3, tag nothing, remove the image it built, and name the
+cause in its one line.  Each test also has an unbroken twin (the same run passing), so none can
+pass by failing for another reason.
 
 The files are real: nvcc-built .so files whose kernels carry different code (tests/data/
 promises), a gcc-built torch library exporting what the extensions need, and image configs

@@ -15,8 +15,8 @@ from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.kernels_image import refusal
 from sm121_build.jobs.formats import artifacts as artifacts_mod
-from sm121_build.jobs.formats.render import BuildPlan, provenance_labels, render_inject
-from sm121_build.jobs.framework.pipeline import Finish, Pipeline
+from sm121_build.jobs.formats.render import Placement, provenance_labels, render_inject
+from sm121_build.jobs.framework.pipeline import ImageBuild, Pipeline, Target
 from sm121_build.verify.run_report import RunStatus
 
 
@@ -62,7 +62,7 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
     folder, tag, out, replace_tag = found.folder, dest.tag, dest.out, dest.replace_tag
     built = found.provenance
     arch_list = built.arch_list
-    record.took_build(built.vllm_version, built.vllm_commit, arch_list)
+    record.build_named(built.vllm_version, built.vllm_commit, arch_list)
     facts, vllm = pipeline.resolve_image(base)
     pipeline.require_tags_free(facts, [tag], replace_tag)
     why = refusal(built, vllm, base, facts.platform)
@@ -77,20 +77,18 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
         stock_modes(pipeline, facts.id, vllm.package_dir, context / "artifacts", extensions)
         labels = provenance_labels(facts, built.vllm_commit, ArchList.parse(arch_list),
                                    extensions, built.patches)
-        plan = BuildPlan(base=pin, arch_list=arch_list, vllm_version=vllm.version,
-                         git_ref=built.vllm_commit, extensions=extensions,
-                         package_dir=vllm.package_dir, cuda_home="", cuda_include="",
-                         cuda_lib="", jobs=1, labels=labels)
+        placement = Placement(pin, arch_list, vllm.version, built.vllm_commit, extensions,
+                              vllm.package_dir, labels)
         dockerfile = context / "Dockerfile"
-        dockerfile.write_text(render_inject(plan))
+        dockerfile.write_text(render_inject(placement))
         log = pipeline.new_log(f"inject-{facts.id.split(':')[-1][:12]}")
-        pipeline.finish(facts, context, dockerfile, extensions, log,
-                        f"inject {', '.join(extensions)}",
-                        Finish(tag, out, replace(built, base=facts.ref,
-                                                 base_digest=facts.digest_ref,
-                                                 platform=facts.platform),
-                               replace_tag=replace_tag,
-                               origins=tuple((name, "placed") for name in extensions)))
+        pipeline.build_verify_tag(
+            ImageBuild(facts, context, dockerfile, extensions, log,
+                       f"inject {', '.join(extensions)}"),
+            Target(tag, out, replace(built, base=facts.ref, base_digest=facts.digest_ref,
+                                     platform=facts.platform),
+                   replace_tag=replace_tag,
+                   origins=tuple((name, "placed") for name in extensions)))
     record.ended(RunStatus.INJECTED)
     result(f"tagged {tag}  (log: {log})")
     return tag

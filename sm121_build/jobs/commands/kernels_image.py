@@ -209,7 +209,7 @@ def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list
                        Publication(repo, (moving,) if moving else (), pipeline.sign_key,
                                    {k: v for k, v in run.items() if v}),
                        pipeline.new_log("kernels", recorded=False))
-        pipeline.record.took_pushed(tags)
+        pipeline.record.kernels_pushed(tags)
     return tags
 
 
@@ -289,7 +289,7 @@ def fetch_step(pipeline: Pipeline, ref: str, dest: Path) -> Fetched:
         note(live.last)
     key = reuse_key(got.artifacts.manifest)
     note(f"{ref} is {got.digest} (reuse key {key})")
-    pipeline.record.took_kernels(run_report.KernelsFrom(ref, "hit", got.digest, key))
+    pipeline.record.kernels_looked_up(run_report.KernelsFrom(ref, "hit", got.digest, key))
     return got
 
 
@@ -314,20 +314,20 @@ def look_up(pipeline: Pipeline, repo: str, base: str, arch: ArchList, pull: str,
             got = fetch_step(pipeline, ref, dest)
         except KernelsNotFound:
             note(f"no kernels image {ref}: a miss")
-            record.took_kernels(run_report.KernelsFrom(ref, "miss", why="not in the registry"))
+            record.kernels_looked_up(run_report.KernelsFrom(ref, "miss", why="not in the registry"))
             return None
         except RegistryError as exc:
             note(f"{exc}: no kernels from {repo}")
-            record.took_kernels(run_report.KernelsFrom(ref, "unreachable", why=str(exc)))
+            record.kernels_looked_up(run_report.KernelsFrom(ref, "unreachable", why=str(exc)))
             return None
         except cosign.Untrusted as exc:
             note(f"{exc}: not used")
-            record.took_kernels(run_report.KernelsFrom(ref, "refused", why=str(exc)))
+            record.kernels_looked_up(run_report.KernelsFrom(ref, "refused", why=str(exc)))
             return None
         why = refusal(got.artifacts.provenance, vllm, base, facts.platform)
         if why:
             note(f"{ref} {why.what}: not used")
-            record.took_kernels(run_report.KernelsFrom(ref, "refused", got.digest,
+            record.kernels_looked_up(run_report.KernelsFrom(ref, "refused", got.digest,
                                                        reuse_key(got.artifacts.manifest),
                                                        why.what))
             return None

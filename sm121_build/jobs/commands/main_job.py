@@ -3,7 +3,7 @@
 The pipeline's prelude (`Pipeline.resolve_image`), then what only a build does: the source
 at the image's commit (and the external projects it pins), the content key and its skip, the
 guard rules, the rebuild decision and the rendered Dockerfile; then the pipeline's tail
-(`Pipeline.finish`).  The temporary build context and the pin tag are removed on any exit.
+(`Pipeline.build_verify_tag`).  The temporary build context and the pin tag are removed on any exit.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from sm121_build.jobs.formats.render import (
     render_inject,
     template_digest,
 )
-from sm121_build.jobs.framework.pipeline import Finish, Pipeline
+from sm121_build.jobs.framework.pipeline import ImageBuild, Pipeline, Target
 from sm121_build.jobs.framework.run_warnings import ptx_warning
 from sm121_build.jobs.payload import PAYLOAD
 from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extensions
@@ -139,7 +139,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
     extensions = {p.name: {**p.as_record(), "action": "build" if p.build else "keep"}
                   for p in plans}
     extensions.update({a.name: a.as_record(_before(stock, a.name)) for a in aot})
-    record.took_decision(Decision(bool(chosen or aot), reason,
+    record.decided(Decision(bool(chosen or aot), reason,
                                   (*chosen, *(a.name for a in aot)), extensions))
     if not chosen and not aot:
         jit = sum(p.after["jit"] for p in plans)
@@ -213,7 +213,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         if aot:
             return run_with_aot(job, aot, stock, context)
         if opts.aot_only:
-            pipeline.record.took_decision(Decision(False, "nothing to aot"))
+            pipeline.record.decided(Decision(False, "nothing to aot"))
             result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
                    "on sm_121; nothing tagged")
             return opts.tag
@@ -226,7 +226,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         sources = external_sources(job, context, checkout, chosen)
         plan = plan_for(image.facts, source_plan(job, chosen, sources))
         key = content_key(image.facts, sources.provenance, plan, opts.no_patch)
-        target = finish_target(job, sources, plan, key)
+        target = target_for(job, sources, plan, key)
         existing = None if opts.force else pipeline.reusable(key)
         if existing:
             return up_to_date(job, plan, target, existing)
@@ -288,7 +288,7 @@ def run_with_aot(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryRe
         plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
         key = aot_key(image.facts.id, aot, toolchain)
         patches, run = aot_patches(toolchain), inject_aot
-    target = replace(finish_target(job, sources, plan, key, patches),
+    target = replace(target_for(job, sources, plan, key, patches),
                      origins=tuple((name, "aot") for name in prebuilt))
     existing = pipeline.reusable(key)
     if existing:
@@ -299,7 +299,7 @@ def run_with_aot(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryRe
 def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
                   stock: dict[str, BinaryReport | None]) -> None:
     """The decision of a run without the source: the aot actions."""
-    pipeline.record.took_decision(Decision(
+    pipeline.record.decided(Decision(
         True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot),
         {a.name: a.as_record(_before(stock, a.name)) for a in aot}))
 
@@ -344,16 +344,17 @@ def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str)
 
 
 def inject_aot(job: Job, plan: BuildPlan,
-               target: Finish, context: Path) -> str:
+               target: Target, context: Path) -> str:
     """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     log = pipeline.new_log(f"aot-{target.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
-        dockerfile.write_text(render_inject(replace(plan, base=pin), artifacts="aot",
+        dockerfile.write_text(render_inject(plan.placement(pin), artifacts="aot",
                                             more={CONTENT_KEY_LABEL: target.content_key}))
-        pipeline.finish(image.facts, context, dockerfile, plan.extensions, log,
-                        f"inject the aot'd {', '.join(plan.extensions)}", target)
+        pipeline.build_verify_tag(
+            ImageBuild(image.facts, context, dockerfile, plan.extensions, log,
+                       f"inject the aot'd {', '.join(plan.extensions)}"), target)
     pipeline.record.ended(run_report.RunStatus.BUILT)
     run_report.remember(pipeline.record)
     result(f"tagged {', '.join(target.tags)}  (log: {log})")
@@ -379,7 +380,7 @@ def vllm_source(job: Job, dest: Path) -> Checkout:
     with pipeline.steps.step(f"source ({image.ref})"):
         if opts.source:
             checkout = check_checkout(opts.source, image.ref, opts.allow_other_commit)
-            record.took_source(checkout.other_commit, checkout.changes)
+            record.source_checked(checkout.other_commit, checkout.changes)
             if checkout.other_commit:
                 note(f"warning: {checkout.other_commit} (--allow-other-commit)")
             if checkout.changes:
@@ -439,7 +440,7 @@ def external_sources(job: Job, context: Path,
             got = copy_into(declared, opts.fa_source, context / project.name,
                             opts.allow_other_commit)
             external.append((project.env, project.name))
-            pipeline.record.took_external(project.name, run_report.ExternalSource(
+            pipeline.record.external_copied(project.name, run_report.ExternalSource(
                 got.commit, declared.repository, got.changes, got.other_commit))
             provenance += f"\0{project.name}@{got.commit}+{got.changes}"
             if got.other_commit:
@@ -468,12 +469,12 @@ def patches_of(opts: Options) -> str:
     return "none" if opts.no_patch else rules_digest()
 
 
-def finish_target(job: Job, sources: Sources,
-                  plan: BuildPlan, key: str, patches: str | None = None) -> Finish:
+def target_for(job: Job, sources: Sources,
+                  plan: BuildPlan, key: str, patches: str | None = None) -> Target:
     """Where the verified image goes (tags, --out) and what its files' manifest says."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     record, facts, vllm = pipeline.record, image.facts, image.vllm
-    record.took_build(vllm.version, sources.commit, plan.arch_list, key, plan.extensions)
+    record.build_named(vllm.version, sources.commit, plan.arch_list, key, plan.extensions)
     provenance = Provenance(
         base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
         vllm_commit=sources.commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
@@ -483,11 +484,11 @@ def finish_target(job: Job, sources: Sources,
         torch_version=vllm.torch_version, platform=facts.platform)
     also = (versioned_tag(opts.tag, vllm.version, sources.commit, facts.id),) \
         if opts.versioned_tag else ()
-    return Finish(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
+    return Target(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
 
 
 def up_to_date(job: Job, plan: BuildPlan,
-               target: Finish, existing: str) -> str:
+               target: Target, existing: str) -> str:
     """The content key names an image this tool built: tag it (and export --out, verified
     as after a build); nothing compiles."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
@@ -505,7 +506,7 @@ def up_to_date(job: Job, plan: BuildPlan,
 
 
 def build(job: Job, plan: BuildPlan,
-          target: Finish, context: Path) -> str:
+          target: Target, context: Path) -> str:
     """Render the Dockerfile (FROM a temporary tag of exactly the base), bring what the
     builder lacks, build -> verify -> tag."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
@@ -521,8 +522,9 @@ def build(job: Job, plan: BuildPlan,
             place_host_tools(found, plan.bring, context)
         shutil.copy2(PAYLOAD, context / "build_extensions.py")
         aot = f", with the aot'd {', '.join(plan.prebuilt)}" if plan.prebuilt else ""
-        pipeline.finish(image.facts, context, dockerfile, (*plan.extensions, *plan.prebuilt),
-                        log, f"build {', '.join(plan.extensions)} for {opts.arch}{aot}", target)
+        pipeline.build_verify_tag(
+            ImageBuild(image.facts, context, dockerfile, (*plan.extensions, *plan.prebuilt), log,
+                       f"build {', '.join(plan.extensions)} for {opts.arch}{aot}"), target)
     pipeline.record.ended(run_report.RunStatus.BUILT)
     run_report.remember(pipeline.record)
     result(f"tagged {', '.join(target.tags)}  (log: {log})")

@@ -66,7 +66,7 @@ def run_main(request: RunRequest) -> RunResult:
         export = opts.out or (tmp / "kernels-to" if kernels.to_repo else None)
         result = _run(pipeline, replace(opts, out=export), kernels, tmp)
         if opts.out is None:
-            pipeline.record.took_artifacts(None)
+            pipeline.record.exported(None)
         return result
 
 

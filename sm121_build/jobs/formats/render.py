@@ -50,6 +50,26 @@ class BuildPlan:
     def targets(self) -> tuple[str, ...]:
         return tuple(extension_target(e) for e in self.extensions)
 
+    def placement(self, base: str) -> Placement:
+        """The plan's files placed into `base` by one stage (an aot'd or exported copy)."""
+        return Placement(base, self.arch_list, self.vllm_version, self.git_ref,
+                         self.extensions, self.package_dir, self.labels, self.prebuilt)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a one-stage injection needs (`inject`, aot alone): files from a context folder
+    into the pristine base, with its labels.  Nothing compiles, so no toolchain."""
+
+    base: str
+    arch_list: str
+    vllm_version: str
+    git_ref: str
+    extensions: tuple[str, ...]
+    package_dir: str
+    labels: dict[str, str] = field(default_factory=dict)
+    prebuilt: tuple[str, ...] = ()
+
 
 def templates_dir() -> Path:
     return shipped_dir("dockerfiles")
@@ -111,7 +131,7 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
-def _copy_lines(plan: BuildPlan, copy_from: str, flat: bool) -> str:
+def _copy_lines(plan: BuildPlan | Placement, copy_from: str, flat: bool) -> str:
     """One COPY per extension to its place in the package; the builder's out folder is flat
     (`flat`), an artifacts folder keeps the package's sub-folders; the prebuilt (aot'd)
     files come from the context's aot/."""
@@ -138,7 +158,7 @@ def _label_lines(labels: dict[str, str]) -> str:
     return " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(labels.items()))
 
 
-def _labels(plan: BuildPlan, more: dict[str, str] | None = None) -> str:
+def _labels(plan: BuildPlan | Placement, more: dict[str, str] | None = None) -> str:
     return _label_lines({**plan.labels, **(more or {})}) or \
         f'"{LABEL_PREFIX}.tool"="sm121-build"'
 
@@ -193,7 +213,7 @@ def render_build(plan: BuildPlan, labels: dict[str, str] | None = None,
     return _no_syntax_directive(text)
 
 
-def render_inject(plan: BuildPlan, artifacts: str = "artifacts",
+def render_inject(plan: Placement, artifacts: str = "artifacts",
                   more: dict[str, str] | None = None) -> str:
     """One stage: prebuilt files from the context folder `artifacts` into the pristine base
     (`more` labels beside the plan's)."""

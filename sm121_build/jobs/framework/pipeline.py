@@ -3,8 +3,8 @@
 `Pipeline` owns the engine (anything that implements `image.api.ImageEngine`: Docker, or a
 folder-backed stand-in in the unit tests), the steps log and the run record.  Its prelude,
 `resolve_image` (pull when asked -> inspect -> require vLLM), is what `build`, `inject`,
-`pin` and `dockerfile` all start with; its tail, `finish` (build untagged -> verify -> export
--> tag), is what `build` and `inject` end with.  Nothing is tagged before verification
+`pin` and `dockerfile` all start with; its tail, `build_verify_tag` (build untagged -> verify
+-> export -> tag), is what `build` and `inject` end with.  Nothing is tagged before verification
 passes; on any failure, Ctrl-C included, an image this run created is removed (never one that
 existed before it, such as a build-cache hit the user has tagged).
 """
@@ -33,7 +33,21 @@ from sm121_build.verify.checks import Origin, Verified, verify_image
 
 
 @dataclass(frozen=True)
-class Finish:
+class ImageBuild:
+    """One image to build from a rendered Dockerfile: the base it starts from, the context
+    and its Dockerfile, the files it places (what verification compares with the base's),
+    the log and the step's title."""
+
+    stock: ImageFacts
+    context: Path
+    dockerfile: Path
+    extensions: tuple[str, ...]
+    log: Path
+    title: str
+
+
+@dataclass(frozen=True)
+class Target:
     """Where a verified image goes: its tags, and the artifacts folder with what its
     manifest says the files were built from."""
 
@@ -91,7 +105,7 @@ class Pipeline:
         with self.steps.step(f"inspect {ref}"):
             facts = inspect_image(self.engine, ref)
             vllm = require_vllm(facts)
-            self.record.took_image(vllm.version, facts.digest_ref)
+            self.record.base_inspected(vllm.version, facts.digest_ref)
             note(f"vLLM {vllm.version}; {facts.platform}; {facts.digest_ref}")
             if vllm.tools:
                 note(f"build tools: {vllm.tools.describe()}")
@@ -113,7 +127,7 @@ class Pipeline:
             end_status_line()
             if live.last.startswith("pulled "):
                 note(live.last)
-            self.record.took_pull(run_report.Pulled(before, after))
+            self.record.base_pulled(run_report.Pulled(before, after))
             short = after.split(":")[-1][:12]
             if before is None:
                 line = f"new image {short}"
@@ -152,21 +166,21 @@ class Pipeline:
                                          delete=False) as handle:
             log = Path(handle.name)
         if recorded:
-            self.record.took_log(log)
+            self.record.log_opened(log)
         return log
 
     # -- tail ----------------------------------------------------------------------------
-    def finish(self, stock: ImageFacts, context: Path, dockerfile: Path,
-               extensions: tuple[str, ...], log: Path, title: str, target: Finish) -> str:
+    def build_verify_tag(self, build: ImageBuild, target: Target) -> str:
         """Build (untagged) -> verify -> export -> tag.  Returns the image ID."""
         image_id = ""
         before = self.engine.image_ids()
         try:
-            with self.steps.step(title), BuildStatus(shipped_histories()) as status:
-                image_id = self.engine.build(context, dockerfile, log, status)
+            with self.steps.step(build.title), BuildStatus(shipped_histories()) as status:
+                image_id = self.engine.build(build.context, build.dockerfile, build.log, status)
             with self.steps.step("verify"):
-                self.verify_and_export(stock, image_id, extensions, log, target)
-            self.tag_result(stock, image_id, target)
+                self.verify_and_export(build.stock, image_id, build.extensions, build.log,
+                                       target)
+            self.tag_result(build.stock, image_id, target)
         except BaseException:
             if image_id:
                 self.engine.remove_created(image_id, before)
@@ -175,18 +189,18 @@ class Pipeline:
 
     def verify_and_export(self, stock: ImageFacts, image_id: str,
                           extensions: tuple[str, ...], log: Path | None,
-                          target: Finish) -> None:
+                          target: Target) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`."""
         with verify_image(self.engine, stock, image_id, extensions, log,
                           dict(target.origins)) as verified:
-            self.record.took_verification(
+            self.record.verified(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
                 verified.abi.checked)
             if target.out:
                 manifest = artifacts_mod.export(target.out, verified.files, target.provenance,
                                                 manifest_counts(verified))
-                self.record.took_artifacts(target.out)
+                self.record.exported(target.out)
                 note(f"artifacts: {manifest}")
 
     def require_tags_free(self, stock: ImageFacts, tags: list[str],
@@ -216,13 +230,13 @@ class Pipeline:
             raise Sm121Error(f"--tag {tag} already names image {short} ({why}): choose another "
                              "--tag, or --replace-tag to move it (the image itself stays)")
 
-    def tag_result(self, stock: ImageFacts, image_id: str, target: Finish) -> None:
+    def tag_result(self, stock: ImageFacts, image_id: str, target: Target) -> None:
         """Give the verified image every tag asked for, and write it in the ledger."""
         self.require_tags_free(stock, target.tags, target.replace_tag, image_id)
         ledger.record_built(image_id, target.tags, stock.id, stock.ref, target.content_key)
         for tag in target.tags:
             self.engine.tag(image_id, tag)
-        self.record.took_image_tags(image_id, target.tags)
+        self.record.tagged(image_id, target.tags)
 
     def reusable(self, key: str) -> str | None:
         """An image this tool built and recorded for this content key, still in the engine.
