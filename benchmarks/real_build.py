@@ -39,8 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.cuda.binary import SM121, Policy, audit_binary  # noqa: E402
-from sm121_build.cuda.compat import parse_target  # noqa: E402
+from sm121_build.cuda.binary import SPARK, Policy, audit_binary  # noqa: E402
+from sm121_build.cuda.compat import SM121, parse_target  # noqa: E402
 from sm121_build.jobs.payload.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.source.patch import (  # noqa: E402
@@ -224,7 +224,7 @@ def main() -> int:
         save()
 
     gpu = parse_target(args.gpu)
-    policy = Policy(gpu, SM121.driver)
+    policy = Policy(gpu, SPARK.driver)
     report["gpu"] = str(gpu)
     report["patch"] = [{"set": r.name, "outcome": r.outcome, "replacements": r.replacements}
                        for r in apply_all(source, PatchFor(version, arch))]
@@ -236,7 +236,7 @@ def main() -> int:
         flash = unpack(args.flash_attn, args.work / "flash-attn")
         handed = effective_archs(source, arch)
         results = apply_all(flash,
-                PatchFor(version, handed, gpu=SM121.target), project="vllm-flash-attn")
+                PatchFor(version, handed, gpu=SM121), project="vllm-flash-attn")
         report["flash_attn"] = {"cuda_archs_from_vllm": handed, "rules": [
             {"set": r.name, "outcome": r.outcome, "detail": r.detail, "rewrites": [
                 {"at": w.guard.location, "list": w.new_list, "gives": list(w.result)}

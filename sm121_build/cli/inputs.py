@@ -18,14 +18,13 @@ import click
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.outputs import not_regular
 from sm121_build.cuda.compat import (
+    SM121,
     ArchList,
     arch_list_items,
     cubin_loads,
     dotted_arch,
-    parse_target,
 )
 
-SM121 = parse_target("sm_121")
 # CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
 # spells them.
 KNOWN_ARCHS = frozenset({

@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.inputs import arch_list
-from sm121_build.cuda.binary import SM121
-from sm121_build.cuda.compat import ArchList, loads_natively
+from sm121_build.cuda.compat import SM121, ArchList, loads_natively
 from sm121_build.source.external import tree_project
 from sm121_build.source.guards import DEFAULT_CUDA, Guard, effective_archs
 from sm121_build.source.patch import (
@@ -36,9 +35,9 @@ def _targets(guard: Guard) -> str:
 def _guard_line(guard: Guard, result: RuleResult) -> str:
     mark = "  << plain 12.x: ptxas rejects e2m1x2" if breaks_ptxas(guard) else ""
     unloadable = [a for a in guard.targets if a.startswith("12.") and a not in guard.plain_sm12x
-                  and not loads_natively(a, SM121.target)]
+                  and not loads_natively(a, SM121)]
     if unloadable and covered(guard):
-        mark += f"  << {', '.join(unloadable)}: {SM121.target} cannot load it"
+        mark += f"  << {', '.join(unloadable)}: {SM121} cannot load it"
     line = (f"  {guard.location:<42} {guard.variable:<28} \"{guard.arch_list}\" "
             f"-> {_targets(guard)}{mark}")
     rewrite = next((r for r in result.rewrites if r.guard.location == guard.location), None)
@@ -72,7 +71,7 @@ def patch(source: Path, arch: ArchList, vllm_version: str | None, check: bool, e
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
     name = project.name if project else "vllm"
-    want = PatchFor(version, archs, cuda_version, SM121.target)
+    want = PatchFor(version, archs, cuda_version, SM121)
     results: list[RuleResult] = apply_all(source, want, check=check or explain, project=name)
     if explain:
         effective = effective_archs(source, archs, cuda_version)
@@ -89,9 +88,9 @@ def patch(source: Path, arch: ArchList, vllm_version: str | None, check: bool, e
                     click.echo(_guard_line(guard, result))
         no_native = [g for rule in rules_for(name) if rule.action == "add"
                      for r in results if r.name == rule.name
-                     for g in r.before if rule.covers(g) and rule.needs(g, SM121.target)]
+                     for g in r.before if rule.covers(g) and rule.needs(g, SM121)]
         if no_native and project is not None:
-            click.echo(f"note: {len(no_native)} guard(s) give {SM121.target} no native code "
+            click.echo(f"note: {len(no_native)} guard(s) give {SM121} no native code "
                        "(PTX at best: JIT at first use); the rule adds a target")
         dropped = [r.guard for result in results for r in result.rewrites
                    if not any(a.startswith("12.") for a in r.result)]
@@ -104,7 +103,7 @@ def patch(source: Path, arch: ArchList, vllm_version: str | None, check: bool, e
         if result.diff and not explain:
             sys.stdout.write(result.diff)
     handed = effective_archs(source, archs, cuda_version)
-    for macro in apply_macros(source, name, handed, SM121.target, check=check or explain):
+    for macro in apply_macros(source, name, handed, SM121, check=check or explain):
         verb = "would apply" if (check or explain) and macro.outcome == "applied" else None
         click.echo(f"{macro.name}: {verb or macro.outcome} ({macro.detail})")
         if macro.diff and not explain:

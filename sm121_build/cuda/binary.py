@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Literal
 
 from sm121_build.cuda.compat import (
+    SM121,
     VERDICT_RANK,
     Target,
     Verdict,
     best,
     cubin_loads,
     entry_verdict,
-    parse_target,
     ptx_loads,
 )
 from sm121_build.cuda.fatbin import Entry, HostBinary, cuobjdump_listing
@@ -31,8 +31,7 @@ class Policy:
     driver: tuple[int, int]
 
     def verdict(self, entry: Entry) -> Verdict:
-        return entry_verdict(entry.kind, entry.arch, entry.variant, entry.version,
-                             self.target, self.driver)
+        return entry_verdict(entry, self.target, self.driver)
 
 
 @dataclass
@@ -165,5 +164,5 @@ def aot_able(report: BinaryReport, target: Target) -> AotAble | None:
     return AotAble(len(chosen), kernels, sum(e.size for e in chosen))
 
 
-# the GPU this tool builds for, and the oldest driver a DGX Spark ships with
-SM121 = Policy(parse_target("sm_121"), (13, 0))
+# what the tool judges against: sm_121, and the oldest driver a DGX Spark ships with
+SPARK = Policy(SM121, (13, 0))

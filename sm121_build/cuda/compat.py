@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Literal, Protocol
 
 import yaml
 
@@ -48,6 +48,30 @@ class Target:
 
     def __str__(self) -> str:
         return f"sm_{self.arch}"
+
+
+class Code(Protocol):
+    """What decides whether a fatbin entry loads: its kind, arch, variant and version (a
+    fatbin's `Entry`, or an `EntryCode` where none is at hand)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def arch(self) -> int: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def version(self) -> tuple[int, int]: ...
+
+
+@dataclass(frozen=True)
+class EntryCode:
+    """An entry's code alone: `elf`/`ptx`/..., 121, `a`/`f`/`""`, (ISA or cubin version)."""
+
+    kind: str
+    arch: int
+    variant: str
+    version: tuple[int, int]
 
 
 def parse_target(text: str) -> Target:
@@ -158,15 +182,19 @@ def ptx_loads(arch: int, variant: str, isa: tuple[int, int], target: Target,
     return (arch // 10, arch % 10) <= (target.major, target.minor)
 
 
-def entry_verdict(kind: str, arch: int, variant: str, version: tuple[int, int],
-                  target: Target, driver: tuple[int, int]) -> Verdict:
+def entry_verdict(code: Code, target: Target, driver: tuple[int, int]) -> Verdict:
     """What one fatbin entry gives the target: native code, JIT from PTX, or nothing."""
-    if kind == "elf":
-        return "native" if cubin_loads(arch, variant, target) else "none"
-    if kind == "ptx":
-        return "jit" if ptx_loads(arch, variant, version, target, driver) else "none"
+    if code.kind == "elf":
+        return "native" if cubin_loads(code.arch, code.variant, target) else "none"
+    if code.kind == "ptx":
+        return "jit" if ptx_loads(code.arch, code.variant, code.version, target,
+                                  driver) else "none"
     return "none"
 
 
 def best(verdicts: list[Verdict]) -> Verdict:
     return max(verdicts, key=VERDICT_RANK.__getitem__, default="none")
+
+
+# the GPU this tool builds for: a DGX Spark's GB10
+SM121 = Target(121)

@@ -191,7 +191,7 @@ def _foreign(report: BinaryReport, gpu: Target) -> list[str]:
     for entry in report.entries:
         by_container.setdefault(entry.container, []).append(entry)
     unloadable = [es for es in by_container.values() if all(
-        entry_verdict(e.kind, e.arch, e.variant, e.version, gpu, NEWEST_DRIVER) == "none"
+        entry_verdict(e, gpu, NEWEST_DRIVER) == "none"
         for e in es)]
     entries = [e for es in unloadable for e in es]
     if entries and all(e.variant and e.arch // 10 != gpu.major for e in entries):

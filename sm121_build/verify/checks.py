@@ -31,8 +31,8 @@ from sm121_build.core.errors import CorruptBinaryError, VerificationError
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, store_cache
-from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
-from sm121_build.cuda.compat import Target, cubin_loads
+from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
+from sm121_build.cuda.compat import SM121, Target, cubin_loads
 from sm121_build.cuda.fatbin import Entry, HostBinary, demangle, dynamic_symbols
 from sm121_build.cuda.host import host_side
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep, ImageEngine, ImageFiles, ImageInfo
@@ -148,7 +148,7 @@ def cubin_kernels(path: Path) -> Cubins:
         return [(e, binary.kernel_sizes(e)) for e in binary.entries if e.kind == "elf"]
 
 
-def stub_kernels(path: Path, target: Target = SM121.target) -> dict[str, Stub]:
+def stub_kernels(path: Path, target: Target = SM121) -> dict[str, Stub]:
     """The kernels (by `kernel_key`) whose code `target` loads from this file is a stub."""
     return _stubs(cubin_kernels(path), target)
 
@@ -227,7 +227,7 @@ def compare_kernels(name: str, stock: Path | None, built: BinaryReport) -> Kerne
     arch, kernels = _newest(cubins)
     native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
     return KernelComparison(name, arch, kernels, native, frozenset(_stubs(cubins,
-                                                                         SM121.target)))
+                                                                         SM121)))
 
 
 def check_still_loadable(stock: BinaryReport | None, built: BinaryReport,
@@ -514,13 +514,13 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
                 problems.append(f"the built image lacks {path}")
                 continue
             files[name], sizes[path.lstrip("/")] = root / "built" / name, found.size
-            report = audit_binary(files[name], name, SM121, with_kernels=True)
+            report = audit_binary(files[name], name, SPARK, with_kernels=True)
             reports[name] = report
             stock_copy = root / "stock" / name
             if stock_files.copy_file(path, stock_copy) is None:
                 stock_copy.unlink(missing_ok=True)
             if stock_copy.exists():
-                stock_reports[name] = audit_binary(stock_copy, name, SM121, with_kernels=True)
+                stock_reports[name] = audit_binary(stock_copy, name, SPARK, with_kernels=True)
             stock_stat = stock_files.stat(path) if stock_copy.exists() else None
             problems += check_host_code(name, stock_copy if stock_copy.exists() else None,
                                         files[name], (stock_stat.mode if stock_stat else None,

@@ -7,6 +7,7 @@ import pytest
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import (
     ArchList,
+    EntryCode,
     _ptx_isa_table,
     best,
     dotted_arch,
@@ -46,13 +47,13 @@ CUDA13 = (13, 0)
     ("ptx", 121, "f", "jit"),
 ])
 def test_sm121_rules(kind: str, arch: int, variant: str, expected: str) -> None:
-    assert entry_verdict(kind, arch, variant, (9, 0), SM121, CUDA13) == expected
+    assert entry_verdict(EntryCode(kind, arch, variant, (9, 0)), SM121, CUDA13) == expected
 
 
 def test_ptx_newer_than_driver_cannot_jit() -> None:
-    assert entry_verdict("ptx", 90, "", (8, 8), SM121, (12, 9)) == "jit"
-    assert entry_verdict("ptx", 90, "", (9, 0), SM121, (12, 9)) == "none"
-    assert entry_verdict("ptx", 90, "", (9, 0), SM121, CUDA13) == "jit"
+    assert entry_verdict(EntryCode("ptx", 90, "", (8, 8)), SM121, (12, 9)) == "jit"
+    assert entry_verdict(EntryCode("ptx", 90, "", (9, 0)), SM121, (12, 9)) == "none"
+    assert entry_verdict(EntryCode("ptx", 90, "", (9, 0)), SM121, CUDA13) == "jit"
 
 
 def test_ptx_isa_table() -> None:
@@ -77,19 +78,19 @@ def test_the_reverse_cases_on_sm120() -> None:
     sm120 = parse_target("sm_120")
     for kind, variant in (("elf", ""), ("elf", "a"), ("elf", "f"), ("ptx", ""), ("ptx", "a"),
                           ("ptx", "f")):
-        assert entry_verdict(kind, 121, variant, (9, 0), sm120, CUDA13) == "none", (kind,
+        assert entry_verdict(EntryCode(kind, 121, variant, (9, 0)), sm120, CUDA13) == "none", (kind,
                                                                                      variant)
-    assert entry_verdict("elf", 120, "f", (9, 0), sm120, CUDA13) == "native"
+    assert entry_verdict(EntryCode("elf", 120, "f", (9, 0)), sm120, CUDA13) == "native"
 
 
 def test_other_targets() -> None:
     sm90 = parse_target("sm_90")
-    assert entry_verdict("elf", 90, "a", (1, 8), sm90, CUDA13) == "native"
-    assert entry_verdict("elf", 80, "", (1, 8), sm90, CUDA13) == "none"
-    assert entry_verdict("ptx", 80, "", (8, 0), sm90, CUDA13) == "jit"
+    assert entry_verdict(EntryCode("elf", 90, "a", (1, 8)), sm90, CUDA13) == "native"
+    assert entry_verdict(EntryCode("elf", 80, "", (1, 8)), sm90, CUDA13) == "none"
+    assert entry_verdict(EntryCode("ptx", 80, "", (8, 0)), sm90, CUDA13) == "jit"
     sm103 = parse_target("10.3")
-    assert entry_verdict("elf", 100, "f", (1, 8), sm103, CUDA13) == "native"
-    assert entry_verdict("elf", 100, "a", (1, 8), sm103, CUDA13) == "none"
+    assert entry_verdict(EntryCode("elf", 100, "f", (1, 8)), sm103, CUDA13) == "native"
+    assert entry_verdict(EntryCode("elf", 100, "a", (1, 8)), sm103, CUDA13) == "none"
 
 
 def test_driver_version_parse() -> None:
@@ -126,7 +127,7 @@ def test_the_newest_known_driver_and_an_older_one() -> None:
 
 
 def test_unknown_entry_kinds_and_the_best_verdict() -> None:
-    assert entry_verdict("nvvm", 121, "", (9, 0), SM121, CUDA13) == "none"
+    assert entry_verdict(EntryCode("nvvm", 121, "", (9, 0)), SM121, CUDA13) == "none"
     assert best(["jit", "native", "none"]) == "native"
     assert best(["none", "jit"]) == "jit"
     assert best(["none"]) == "none" and best([]) == "none"

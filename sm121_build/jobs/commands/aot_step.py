@@ -23,7 +23,8 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.paths import cache_dir
 from sm121_build.core.units import human_size
-from sm121_build.cuda.binary import SM121, AotAble, BinaryReport, aot_able
+from sm121_build.cuda.binary import AotAble, BinaryReport, aot_able
+from sm121_build.cuda.compat import SM121
 from sm121_build.cuda.ptxas import Toolchain, find_toolchain
 from sm121_build.image.api import ImageEngine
 from sm121_build.jobs.commands.aot import AotRequest, run_aot
@@ -58,7 +59,7 @@ def aot_actions(stock: dict[str, BinaryReport | None]) -> tuple[AotAction, ...]:
     """Every stock extension with fatbins the GPU could only JIT but that carry PTX."""
     found = []
     for name, report in sorted(stock.items()):
-        able = aot_able(report, SM121.target) if report is not None else None
+        able = aot_able(report, SM121) if report is not None else None
         if able is not None:
             found.append(AotAction(name, able))
     return tuple(found)
@@ -72,7 +73,7 @@ def aot_toolchain() -> Toolchain:
 def aot_key(image_id: str, actions: tuple[AotAction, ...], toolchain: Toolchain) -> str:
     """What makes an aot the same aot: the base (its ID covers the stock files), the files,
     ptxas's version, the GPU and this tool."""
-    parts = [image_id, "aot", toolchain.version, str(SM121.target), __version__,
+    parts = [image_id, "aot", toolchain.version, str(SM121), __version__,
              *(a.name for a in actions)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
@@ -91,7 +92,7 @@ def compile_into(engine: ImageEngine, image_id: str, package_dir: str,
                 if found is None:
                     raise Sm121Error(f"{package_dir}/{action.name} vanished from the image")
                 local.chmod(found.mode & 0o7777)  # the aot'd file keeps the stock file's mode
-        outcome = run_aot(AotRequest((stock,), dest, SM121.target, toolchain,
+        outcome = run_aot(AotRequest((stock,), dest, SM121, toolchain,
                                      len(os.sched_getaffinity(0)), AOT_TIMEOUT,
                                      cache_dir() / "aot"))
     for item in outcome.files:

@@ -20,8 +20,7 @@ from sm121_build.core.errors import BuildFailed, Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.limits import Limits
 from sm121_build.core.vllm import extension_target
-from sm121_build.cuda.binary import SM121
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.compat import SM121, ArchList
 from sm121_build.image.facts import cuda_h_version
 from sm121_build.jobs.formats.render import choose_extensions, default_file
 from sm121_build.jobs.payload import build_extensions
@@ -100,7 +99,7 @@ def run_local(asked: LocalBuild) -> list[Path]:
         # `local` runs the tree's whole CMake on this host anyway: its guards may too
         with evaluating_with(HostCMake(find_cmake, Limits.from_environment().cmake_s)):
             if not no_patch:
-                want = PatchFor(version, archs, cuda, SM121.target)
+                want = PatchFor(version, archs, cuda, SM121)
                 for line in apply_for_build(copy, trees, want):
                     note(line)
         environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch.torch, "CUDA_HOME": str(home),

@@ -19,8 +19,8 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
-from sm121_build.cuda.binary import SM121, BinaryReport
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.binary import SPARK, BinaryReport
+from sm121_build.cuda.compat import SM121, ArchList
 from sm121_build.cuda.ptxas import Toolchain
 from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.image.refs import versioned_tag
@@ -115,7 +115,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
         plans: list[ExtensionPlan] = []
     else:
         with steps.step("decide"):
-            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, SM121.target),
+            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, SM121),
                                     {t: p.name for p in projects() for t in p.targets})
             plans = [p for p in plans if not aot_does_as_well(p, aot)]
             for item in plans:
@@ -180,7 +180,7 @@ class Resolved:
     @property
     def patch_for(self) -> PatchFor:
         """What the source trees are patched for: this vLLM, arch list, CUDA, sm_121."""
-        return PatchFor(self.vllm.version, self.arch.cmake, self.cuda, SM121.target)
+        return PatchFor(self.vllm.version, self.arch.cmake, self.cuda, SM121)
 
 
 @dataclass(frozen=True)
@@ -400,7 +400,7 @@ def stock_extensions(pipeline: Pipeline, image: Resolved) -> dict[str, BinaryRep
     """The base's extensions, audited (and PTX newer than a Spark's driver, said)."""
     with pipeline.steps.step("audit the stock extensions"):
         stock = pipeline.read_stock(image.facts, image.vllm.extensions)
-        too_new = ptx_warning(stock, SM121.target, SM121.driver)
+        too_new = ptx_warning(stock, SM121, SPARK.driver)
         if too_new:
             note(too_new)
     return stock

@@ -21,7 +21,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.paths import state_dir
-from sm121_build.cuda.binary import SM121, BinaryReport, audit_binary
+from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.cosign import SigningKey, TrustKey
@@ -150,7 +150,7 @@ class Pipeline:
                 local = Path(tmp) / name
                 local.parent.mkdir(parents=True, exist_ok=True)
                 found = files.copy_file(f"{package}/{name}", local)
-                reports[name] = audit_binary(local, name, SM121, with_kernels=True) if found \
+                reports[name] = audit_binary(local, name, SPARK, with_kernels=True) if found \
                     else None
                 local.unlink(missing_ok=True)
         progress.done()
