@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 from isal import isal_zlib
@@ -68,6 +68,15 @@ def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
         return not include or any(fnmatch.fnmatch(path, pattern) or
                                   fnmatch.fnmatch("/" + path, pattern) for pattern in include)
     return wanted
+
+
+class Reading(NamedTuple):
+    """How `audit` reads a target: the paths it keeps (globs; none: every shared object),
+    the platform of a multi-platform tarball, and whether progress is shown."""
+
+    include: tuple[str, ...] = ()
+    platform: str | None = None
+    progress: bool = False
 
 
 @contextmanager
@@ -117,7 +126,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
     with temp_dir("sm121-audit-") as tmp:
         progress = Progress(f"reading {target}")  # live on a terminal, else plain lines
         with connected.reader(info.id, progress.add) as files:
-            found = _stream_image(info, files, include, wanted, Path(tmp), progress)
+            found = _stream_image(info, files, include, Path(tmp), progress)
         progress.done()
         yield found
 
@@ -181,10 +190,11 @@ def _literal_prefix(parts: list[str]) -> list[str]:
     return literal
 
 
-def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
-                  wanted: Callable[[str], bool], dest: Path, progress: Progress) -> list[Binary]:
-    """Stream the roots; keep the wanted ELF files that carry device code, and list the
-    others by name and size only (`host_only_size`), so the table still counts them."""
+def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...], dest: Path,
+                  progress: Progress) -> list[Binary]:
+    """Stream the roots; keep the ELF files `include` wants that carry device code, and list
+    the others by name and size only (`host_only_size`), so the table still counts them."""
+    wanted = _wanted(include)
     found: list[Binary] = []
     kept: set[str] = set()
 

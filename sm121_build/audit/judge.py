@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import BinaryReport
-from sm121_build.cuda.compat import Target
+from sm121_build.cuda.compat import ArchList, Target
 from sm121_build.rebuild.decide import ExtensionPlan, Rebuild, decide_inputs, plan_extensions
-from sm121_build.source.guards import cmake_arch_list
 from sm121_build.source.patch import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.tree import require_contained
 
@@ -63,10 +63,27 @@ def package_name(name: str) -> str | None:
     return "/".join(parts[last + 1:]) or None
 
 
-def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arch: str,
-                    cuda: str, gpu: Target) -> dict[str, Rebuild]:
+@dataclass(frozen=True)
+class SourceUnderAudit:
+    """`audit --source`: the vLLM tree the audited files were built from, its version, and
+    the GPU and CUDA toolkit its guards are evaluated for."""
+
+    tree: Path
+    version: str
+    gpu: Target
+    cuda: str
+
+    @property
+    def arch(self) -> ArchList:
+        """The arch list a rebuild would use: the GPU's own (`12.1`)."""
+        return ArchList.parse(f"{self.gpu.major}.{self.gpu.minor}")
+
+
+def source_verdicts(reports: list[BinaryReport],
+                    under: SourceUnderAudit) -> dict[str, Rebuild]:
     """Per audited vLLM extension (by its audited name): the verdict of the main job's
-    decide step on `source` (its CMake files copied, the rules applied to the copy)."""
+    decide step on the source (its CMake files copied, the rules applied to the copy)."""
+    source, version, cuda, gpu = under.tree, under.version, under.cuda, under.gpu
     stock: dict[str, BinaryReport | None] = {}
     audited: dict[str, str] = {}
     for report in reports:
@@ -75,7 +92,7 @@ def source_verdicts(reports: list[BinaryReport], source: Path, version: str, arc
             stock[name], audited[name] = report, report.name
     if not stock:
         return {}
-    arch_cmake = cmake_arch_list(arch)
+    arch_cmake = under.arch.cmake
     with temp_dir("sm121-audit-source-") as tmp:
         tree = Path(tmp) / "src"
         tree.mkdir()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from sm121_build.audit import report
-from sm121_build.audit.inputs import binaries
+from sm121_build.audit.inputs import Reading, binaries
 from sm121_build.cli.inputs import require_writable
 from sm121_build.core.console import notice
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
@@ -18,15 +19,20 @@ from sm121_build.cuda.binary import BinaryReport, Policy, audit_binary, host_onl
 from sm121_build.cuda.compat import parse_cuda_version, parse_target
 from sm121_build.source.guards import DEFAULT_CUDA
 
+if TYPE_CHECKING:
+    from sm121_build.audit.judge import SourceUnderAudit
 
-def run_audit(target: str, policy: Policy, with_kernels: bool, include: tuple[str, ...] = (),
-              platform: str | None = None,
-              progress: bool = False) -> tuple[list[BinaryReport], list[str]]:
+NO_FILTER = Reading()
+
+
+def run_audit(target: str, policy: Policy, with_kernels: bool,
+              reading: Reading = NO_FILTER) -> tuple[list[BinaryReport], list[str]]:
     """Reports of every ELF file the target holds, and `name: why` of each one that could not
     be read: one corrupt file among many is reported, not fatal (a lone file still is)."""
     reports: list[BinaryReport] = []
     unreadable: list[str] = []
-    with binaries(target, include, platform, show_progress=progress) as found:
+    with binaries(target, reading.include, reading.platform,
+                  show_progress=reading.progress) as found:
         for binary in found:
             if binary.skipped is not None:
                 unreadable.append(f"{binary.name}: {binary.skipped}")
@@ -97,26 +103,24 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     gpu, driver = _defaults(gpu, driver)
     policy = Policy(parse_target(gpu), parse_cuda_version(driver))
     parse_cuda_version(cuda)
-    judge: tuple[Path, str, str] | None = None  # source, its vLLM version, the arch list
+    judge: SourceUnderAudit | None = None
     if source is not None:
-        from sm121_build.audit.judge import source_version
+        from sm121_build.audit.judge import SourceUnderAudit, source_version
 
-        judge = (source, source_version(source, target),
-                 f"{policy.target.major}.{policy.target.minor}")
+        judge = SourceUnderAudit(source, source_version(source, target), policy.target, cuda)
     with_kernels = (fmt != "cuobjdump" and not no_kernels) or kernels or require is not None \
         or judge is not None
-    reports, unreadable = run_audit(target, policy, with_kernels, include, platform,
-                                    progress=sys.stderr.isatty())
+    reports, unreadable = run_audit(target, policy, with_kernels,
+                                    Reading(include, platform, sys.stderr.isatty()))
     for line in unreadable:
         notice(f"unreadable: {line}")
     verdicts: report.Verdicts | None = None
     if judge is not None:
         from sm121_build.audit.judge import source_verdicts
 
-        tree, version, arch = judge
-        verdicts = source_verdicts(reports, tree, version, arch, cuda, policy.target)
-        notice(f"rebuild verdicts from the guards of vLLM {version} at {tree} "
-               f"({arch}, CUDA {cuda}, the rules applied)")
+        verdicts = source_verdicts(reports, judge)
+        notice(f"rebuild verdicts from the guards of vLLM {judge.version} at {judge.tree} "
+               f"({judge.arch}, CUDA {cuda}, the rules applied)")
     if fmt == "cuobjdump":
         text = report.cuobjdump(reports)
         if text:
@@ -124,8 +128,8 @@ def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: 
     elif fmt == "json":
         data = report.as_json(reports, policy, verdicts)
         if judge is not None:
-            data["source"] = {"path": str(judge[0]), "version": judge[1], "arch": judge[2],
-                              "cuda": cuda}
+            data["source"] = {"path": str(judge.tree), "version": judge.version,
+                              "arch": str(judge.arch), "cuda": cuda}
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(report.table(reports, policy, show_kernels=kernels, verdicts=verdicts))

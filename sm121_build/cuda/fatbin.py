@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, NamedTuple
 
 import lz4.block
 import zstandard
@@ -356,7 +356,7 @@ def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
                 f"{path}: fatbin container at {pos:#x} claims {fat_size} bytes, "
                 f"section has {end - body} left")
         while body + ENTRY_MIN_HEADER <= body_end:
-            entry, body = read_entry(path, data, body, body_end, container, index)
+            entry, body = read_entry(path, data, body, body_end, EntryAt(container, index))
             if entry is None:
                 break
             index += 1
@@ -365,8 +365,21 @@ def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
         container += 1
 
 
-def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int, container: int,
-                index: int) -> tuple[Entry | None, int]:
+class EntryAt(NamedTuple):
+    """Which entry of the binary: its container's and its own number there."""
+
+    container: int = 0
+    number: int = 0
+
+
+FIRST_ENTRY = EntryAt()
+
+
+def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int,
+               at: EntryAt = FIRST_ENTRY) -> tuple[Entry | None, int]:
+    """The entry whose header starts at `pos` of a container ending at `end`, and where the
+    next one starts (None at the zero padding that closes the container)."""
+    container, index = at
     (kind, _version, header_size, payload_size, compressed, _unknown, minor, major, arch,
      _name_off, _name_len, flags, _zero_field, uncompressed) = _ENTRY.unpack_from(data, pos)
     if kind == 0 and header_size == 0:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.elf import SHT_NOBITS, Elf, ElfError
-from sm121_build.cuda.fatbin import Entry, read_entry
+from sm121_build.cuda.fatbin import Entry, EntryAt, read_entry
 
 WRAPPER_MAGIC = 0x466243B1
 _WRAPPER = struct.Struct("<IIQQ")
@@ -166,8 +166,8 @@ def _containers(data: bytes, start: int, size: int, where: str) -> list[Containe
             if head < 64 or at + head + payload > stop:
                 raise CorruptBinaryError(f"{where}: fatbin entry at {at:#x} has a nonsense size")
             entries.append(bytes(data[at:at + head + payload]))
-            described.append(read_entry(Path(where), data, at, stop, len(found),
-                                        len(described))[0])
+            described.append(read_entry(Path(where), data, at, stop,
+                                        EntryAt(len(found), len(described)))[0])
             at += head + payload
         if any(data[at:stop]):
             raise CorruptBinaryError(f"{where}: fatbin container at {pos:#x} holds bytes "

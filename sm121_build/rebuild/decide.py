@@ -228,13 +228,13 @@ def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
         mine = [g for g in build_guards if feeds(owners, g.location, target)]
         if target in top:
             mine.insert(0, main)
-        plans.append(_plan_one(name, target, report, mine, inputs,
-                               project_of.get(target, "vllm")))
+        plans.append(_plan_one(name, report, mine, inputs, project_of.get(target, "vllm")))
     return plans
 
 
-def _plan_one(name: str, target: str, report: BinaryReport, guards: list[Guard],
-              inputs: Inputs, project: str) -> ExtensionPlan:
+def _plan_one(name: str, report: BinaryReport, guards: list[Guard], inputs: Inputs,
+              project: str) -> ExtensionPlan:
+    target = extension_target(name)
     counted = report.kernel_counts() if report.kernels is not None else report.containers
     before: dict[str, int] = {k: counted.get(k, 0) for k in ("native", "jit", "none")}
     gpu = inputs.gpu

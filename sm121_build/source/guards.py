@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.vllm import MIN_CMAKE
@@ -327,7 +328,7 @@ def find_calls(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
             elif cmd.key in ("endfunction", "endmacro"):
                 depth = max(depth - 1, 0)
             elif depth == 0 and cmd.key in functions:
-                call = _call(rel, cmd, branch, levels, cmd.key, functions[cmd.key], defs)
+                call = _call(_Written(rel, cmd, branch, levels), functions[cmd.key], defs)
                 if call is not None:
                     calls.append(call)
     return calls
@@ -368,8 +369,20 @@ def _possible_sm12x(value: str, defs: _Definitions) -> bool:
     return any(SM12X_ENTRY.match(e) for e in entries)
 
 
-def _call(rel: str, cmd: Command, branch: str, levels: tuple[Level, ...], function: str,
-          defined_in: str, defs: _Definitions) -> Call | None:
+class _Written(NamedTuple):
+    """Where a command is written: its file, itself, and the branches around it."""
+
+    rel: str
+    cmd: Command
+    branch: str
+    levels: tuple[Level, ...]
+
+
+def _call(written: _Written, defined_in: str, defs: _Definitions) -> Call | None:
+    """A guard call (the guard function, or a wrapper of it defined in `defined_in`), its
+    arguments resolved with `defs`."""
+    rel, cmd, branch, levels = written
+    function = cmd.key
     words = cmd.words
     if not words:
         return None

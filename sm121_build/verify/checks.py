@@ -476,13 +476,25 @@ class Verified:
     problems: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """An image to verify against the base it was made from: the files it placed (by their
+    paths under the vLLM package), the log to write problems to, and where each file comes
+    from (`Origin`; "built" where not named), which says how much of its host code must be
+    the stock file's (`check_host_code`)."""
+
+    stock: ImageFacts
+    image_id: str
+    extensions: tuple[str, ...]
+    log: Path | None = None
+    origins: Mapping[str, Origin] = field(default_factory=dict)
+
+
 @contextmanager
-def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
-                 extensions: tuple[str, ...], log: Path | None = None,
-                 origins: Mapping[str, Origin] | None = None) -> Iterator[Verified]:
-    """Run every check on a built image; raises VerificationError listing what failed.
-    `origins`: where each file comes from (`Origin`; "built" where not named), which says
-    how much of its host code must be the stock file's (`check_host_code`)."""
+def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified]:
+    """Run every check on a built image; raises VerificationError listing what failed."""
+    stock, image_id, extensions = candidate.stock, candidate.image_id, candidate.extensions
+    log, origins = candidate.log, candidate.origins
     stock_vllm = require_vllm(stock)
     package = stock_vllm.package_dir
     stock_info, built_info = engine.image(stock.id), engine.image(image_id)
@@ -525,7 +537,7 @@ def verify_image(engine: ImageEngine, stock: ImageFacts, image_id: str,
             problems += check_host_code(name, stock_copy if stock_copy.exists() else None,
                                         files[name], (stock_stat.mode if stock_stat else None,
                                                       found.mode),
-                                        (origins or {}).get(name, "built"))
+                                        origins.get(name, "built"))
             comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems() + check_still_loadable(

@@ -28,6 +28,7 @@ from sm121_build.cuda.fatbin import (
     MAX_ENTRY_SIZE,
     MAX_RATIO,
     Entry,
+    EntryAt,
     _walk_section,
     cuobjdump_listing,
     dynamic_symbols,
@@ -108,26 +109,26 @@ def test_container_sizes_at_their_bounds() -> None:
 
 def test_entry_header_and_payload_at_their_bounds() -> None:
     data = entry(payload=b"abc", header=72)
-    found, after = read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+    found, after = read_entry(P, data, 0, len(data))  # type: ignore[arg-type]
     assert found is not None and (found.offset, found.size, after) == (72, 3, 75)
     with pytest.raises(CorruptBinaryError,
                        match=r"^x.so: fatbin entry at 0x0 has a nonsense size \(header 72, "
                              r"payload 4, 75 bytes left\)$"):
-        read_entry(P, entry(payload=b"abc", header=72, size=4), 0, 75, 0, 0)  # type: ignore[arg-type]
+        read_entry(P, entry(payload=b"abc", header=72, size=4), 0, 75)  # type: ignore[arg-type]
     short = entry(payload=b"abc")[:4] + struct.pack("<I", 63) + entry(payload=b"abc")[8:]
     with pytest.raises(CorruptBinaryError, match=r"\(header 63, payload 3, 67 bytes left\)"):
-        read_entry(P, short, 0, len(short), 0, 0)  # type: ignore[arg-type]
-    end, nothing = read_entry(P, b"\0" * 64, 0, 100, 0, 0)  # type: ignore[arg-type]
+        read_entry(P, short, 0, len(short))  # type: ignore[arg-type]
+    end, nothing = read_entry(P, b"\0" * 64, 0, 100)  # type: ignore[arg-type]
     assert (end, nothing) == (None, 100)
     with pytest.raises(CorruptBinaryError, match="header 0"):
-        read_entry(P, entry(kind=2, header=64)[:4] + b"\0" * 60, 0, 64, 0, 0)  # type: ignore[arg-type]
+        read_entry(P, entry(kind=2, header=64)[:4] + b"\0" * 60, 0, 64)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("flags", "codec"), [(FLAG_LZ4, "lz4"), (FLAG_ZSTD, "zstd"),
                                               (FLAG_LZ4 | FLAG_ZSTD, "lz4"), (0, None)])
 def test_compression_flags(flags: int, codec: str | None) -> None:
     data = entry(payload=b"x" * 10, flags=flags, compressed=10, uncompressed=99)
-    found, _ = read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+    found, _ = read_entry(P, data, 0, len(data))  # type: ignore[arg-type]
     assert found is not None and found.compression == codec
     assert (found.stored_size, found.size) == ((10, 99) if codec else (10, 10))
 
@@ -139,13 +140,13 @@ def test_compressed_sizes_at_their_bounds(compressed: int, uncompressed: int, ok
     data = entry(payload=b"x" * 10, flags=FLAG_ZSTD, compressed=compressed,
                  uncompressed=uncompressed)
     if ok:
-        assert read_entry(P, data, 0, len(data), 0, 0)[0] is not None  # type: ignore[arg-type]
+        assert read_entry(P, data, 0, len(data))[0] is not None  # type: ignore[arg-type]
         return
     with pytest.raises(CorruptBinaryError,
                        match=rf"^x.so: compressed fatbin entry at 0x0 has nonsense sizes "
                              rf"\(compressed {compressed}, uncompressed {uncompressed}, "
                              rf"payload 10\)$"):
-        read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+        read_entry(P, data, 0, len(data))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("compressed", "uncompressed"), [
@@ -158,7 +159,7 @@ def test_an_entry_made_to_expand_is_refused_before_decompressing(compressed: int
                  uncompressed=uncompressed)
     with pytest.raises(CorruptBinaryError, match=rf"declares {uncompressed} bytes from "
                                                  rf"{compressed} \(over {MAX_RATIO}x"):
-        read_entry(P, data, 0, len(data), 0, 0)  # type: ignore[arg-type]
+        read_entry(P, data, 0, len(data))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("flags", "variant"), [
@@ -166,7 +167,7 @@ def test_an_entry_made_to_expand_is_refused_before_decompressing(compressed: int
     (FLAG_ARCH_SPECIFIC | FLAG_FAMILY_SPECIFIC, "a"), (0, "")])
 def test_variant_flags(flags: int, variant: str) -> None:
     data = entry(flags=flags)
-    found, _ = read_entry(P, data, 0, len(data), 3, 7)  # type: ignore[arg-type]
+    found, _ = read_entry(P, data, 0, len(data), EntryAt(3, 7))  # type: ignore[arg-type]
     assert found is not None and (found.variant, found.container, found.index) == (variant, 3, 7)
 
 

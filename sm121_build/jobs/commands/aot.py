@@ -277,7 +277,7 @@ def _cached_entry(path: Path, module: Module) -> tuple[bytes, bytes] | None:
     """A cached entry that reads as a cubin for the module's GPU, with that cubin."""
     try:
         entry = path.read_bytes()
-        described, _end = read_entry(path, entry, 0, len(entry), 0, 0)
+        described, _end = read_entry(path, entry, 0, len(entry))
         if described is None or described.kind != "elf" or \
                 f"sm_{described.arch}" != module.arch.rstrip("a"):
             return None

@@ -78,10 +78,22 @@ def aot_key(image_id: str, actions: tuple[AotAction, ...], toolchain: Toolchain)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def compile_into(engine: ImageEngine, image_id: str, package_dir: str,
-                 actions: tuple[AotAction, ...], dest: Path, toolchain: Toolchain) -> None:
+@dataclass(frozen=True)
+class AotJob:
+    """What one aot compiles: the base (its image ID and vLLM's package folder there), the
+    actions, and the ptxas that compiles them."""
+
+    image_id: str
+    package_dir: str
+    actions: tuple[AotAction, ...]
+    toolchain: Toolchain
+
+
+def compile_into(engine: ImageEngine, job: AotJob, dest: Path) -> None:
     """Read the stock files out of the image and write their aot'd copies under `dest`, at
     their paths under the package; any file left as it was is an error (nothing is tagged)."""
+    image_id, package_dir, actions, toolchain = job.image_id, job.package_dir, job.actions, \
+        job.toolchain
     with temp_dir("sm121-aot-") as tmp:
         stock = Path(tmp) / "stock"
         with engine.reader(image_id) as files:

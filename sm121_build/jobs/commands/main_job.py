@@ -32,6 +32,7 @@ from sm121_build.image.toolchain import (
 )
 from sm121_build.jobs.commands.aot_step import (
     AotAction,
+    AotJob,
     aot_actions,
     aot_key,
     aot_toolchain,
@@ -272,8 +273,9 @@ def run_with_aot(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryRe
                "built (--plan)")
         return opts.tag
     with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
-        compile_into(pipeline.engine, image.facts.id, image.vllm.package_dir, aot,
-                     context / "aot", toolchain)
+        compile_into(pipeline.engine,
+                     AotJob(image.facts.id, image.vllm.package_dir, aot, toolchain),
+                     context / "aot")
     prebuilt = tuple(a.name for a in aot)
     if chosen and checkout is not None:  # mixed: a source build with the aot'd files in it
         sources = external_sources(job, context, checkout, chosen)

@@ -29,7 +29,7 @@ from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, requ
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.framework.run_warnings import age_warning
 from sm121_build.verify import run_report
-from sm121_build.verify.checks import Origin, Verified, verify_image
+from sm121_build.verify.checks import Candidate, Origin, Verified, verify_image
 
 
 @dataclass(frozen=True)
@@ -191,8 +191,8 @@ class Pipeline:
                           extensions: tuple[str, ...], log: Path | None,
                           target: Target) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`."""
-        with verify_image(self.engine, stock, image_id, extensions, log,
-                          dict(target.origins)) as verified:
+        with verify_image(self.engine, Candidate(stock, image_id, extensions, log,
+                                                 dict(target.origins))) as verified:
             self.record.verified(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
