@@ -300,13 +300,24 @@ def require_repository(repo: str, option: str) -> None:
         raise Sm121Error(f"{option} {repo}: a repository without a tag (tags are chosen here)")
 
 
-def look_up(pipeline: Pipeline, repo: str, base: str, arch: ArchList, pull: str,
+@dataclass(frozen=True)
+class Wanted:
+    """What a kernels image must have been built for: this base (pulled first as `pull`
+    says) and this arch list."""
+
+    base: str
+    arch: ArchList
+    pull: str = "never"
+
+
+def look_up(pipeline: Pipeline, repo: str, wanted: Wanted,
             dest: Path) -> artifacts_mod.Artifacts | None:
     """The kernels image of this base's vLLM build in `repo`
     (`<version>-<commit>-<cuXYZ>-<arch>`), fetched and checked, or None when there is none
     to use: a miss, the registry unreachable, or one built for another vLLM or torch (each
     said in one line and recorded).  The base is resolved (and pulled) first."""
-    facts, vllm = pipeline.resolve_image(base, pull)
+    base, arch = wanted.base, wanted.arch
+    facts, vllm = pipeline.resolve_image(base, wanted.pull)
     ref = f"{repo}:{pinned_tag(vllm.version, vllm.commit_id or '', arch, vllm.torch_version or '')}"
     record = pipeline.record
     with pipeline.steps.step(f"kernels {ref}"):

@@ -1,24 +1,31 @@
 """The main job's one owner: a request in, a result out.  The command line parses and checks
-the options and prints nothing of its own; which path a run takes lives here, as actions in
-order:
+the options and prints nothing of its own; which path a run takes lives here, as a list of
+actions (`ACTIONS`), each of which says when it applies and what it does:
 
 1. **look up** (`--kernels-from`): a verified kernels image of this base's vLLM build;
-2. **inject** it on a hit (no compile), or **build** (`main_job.run_build`: per extension
-   `aot`, `build` or `keep`) on a miss, unless `--no-build`;
-3. **publish** (`--kernels-to`) what was verified, signed when a key is given.
+2. **inject** it on a hit (no compile);
+3. **build** on a miss, unless `--no-build`: `main_job.run_build`, whose plan gives each
+   extension its own action (`aot` from the stock file's PTX, `build` from the source, or
+   `keep`);
+4. **publish** (`--kernels-to`) what was verified, signed when a key is given.
+
+A new path is one more `Action` here, placed in `ACTIONS`: the actions before it leave what
+they found in the `Run`, the ones after read it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 from sm121_build.core.console import note
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.jobs.commands.inject import Destination, run_inject
-from sm121_build.jobs.commands.kernels_image import look_up, publish_step
+from sm121_build.jobs.commands.kernels_image import Wanted, look_up, publish_step
 from sm121_build.jobs.commands.main_job import Options, run_build
+from sm121_build.jobs.formats.artifacts import Artifacts
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.jobs.framework.session import Reporting, run_session
 from sm121_build.verify.run_report import PUBLISHABLE
@@ -48,50 +55,128 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a run did: the tag it made or kept, the path it took, what it pushed."""
+    """What a run did: the tag it made or kept, the actions it took, what it pushed."""
 
     tag: str
-    path: str  # "kernels-hit", "build" or "planned"
+    path: str  # "kernels-hit", "build" or "planned": how the run got its image (or none)
     pushed: tuple[str, ...] = ()
+    actions: tuple[str, ...] = ()  # the names of the actions taken, in order
+
+
+@dataclass
+class Run:
+    """One run as its actions see it: what was asked, and what the actions so far found."""
+
+    pipeline: Pipeline
+    opts: Options
+    kernels: Kernels
+    tmp: Path  # the run's temporary folder, removed when it ends
+    found: Artifacts | None = None  # a verified kernels image of this base (look up)
+    tag: str | None = None  # the tag given to the result (inject or build)
+    path: str = ""
+    pushed: tuple[str, ...] = ()
+    taken: list[str] = field(default_factory=list)
+
+
+class Action(Protocol):
+    """One step of the path a run takes."""
+
+    name: ClassVar[str]
+
+    def applies(self, run: Run) -> bool: ...
+
+    def __call__(self, run: Run) -> None: ...
+
+
+class LookUp:
+    """`--kernels-from`: a verified, trusted kernels image of this base's build, or a miss
+    (said); a miss with `--no-build` ends the run."""
+
+    name: ClassVar[str] = "look up"
+
+    def applies(self, run: Run) -> bool:
+        return bool(run.kernels.from_repo) and not run.opts.plan_only
+
+    def __call__(self, run: Run) -> None:
+        repo, opts = run.kernels.from_repo or "", run.opts
+        run.found = look_up(run.pipeline, repo, Wanted(opts.base, opts.arch, opts.pull),
+                            run.tmp / "kernels")
+        if run.found is None and run.kernels.no_build:
+            used = run.pipeline.record.kernels_from
+            raise Sm121Error(f"no kernels image for {opts.base} in {repo} "
+                             f"({used.why if used else ''}; --no-build): publish one with "
+                             "`sm121-build kernels publish`, or drop --no-build to compile")
+        run.opts = replace(opts, pull="never")  # pulled for the lookup already
+
+
+class InjectHit:
+    """A hit goes into the pristine base, verified as a build would be; nothing compiles."""
+
+    name: ClassVar[str] = "inject"
+
+    def applies(self, run: Run) -> bool:
+        return run.found is not None
+
+    def __call__(self, run: Run) -> None:
+        assert run.found is not None
+        opts = run.opts
+        run.tag = run_inject(run.pipeline, run.found, opts.base,
+                             Destination(opts.tag, opts.out, opts.replace_tag))
+        run.path = "kernels-hit"
+
+
+class Build:
+    """No hit: the main job, whose plan gives each extension aot, build or keep (`--plan`:
+    the plan alone)."""
+
+    name: ClassVar[str] = "build"
+
+    def applies(self, run: Run) -> bool:
+        return run.tag is None
+
+    def __call__(self, run: Run) -> None:
+        run.tag = run_build(run.pipeline, run.opts)
+        run.path = "planned" if run.opts.plan_only else "build"
+
+
+class Publish:
+    """`--kernels-to`: what this run verified (a build's files, or a hit from another
+    repository), pushed as a kernels image; a run that built nothing says so."""
+
+    name: ClassVar[str] = "publish"
+
+    def applies(self, run: Run) -> bool:
+        return bool(run.kernels.to_repo) and not run.opts.plan_only
+
+    def __call__(self, run: Run) -> None:
+        to_repo, opts = run.kernels.to_repo or "", run.opts
+        if run.found is not None:
+            if to_repo != run.kernels.from_repo:
+                run.pushed = tuple(publish_step(run.pipeline, opts.out or run.found.folder,
+                                                to_repo, opts.base))
+        elif opts.out and run.pipeline.record.status in PUBLISHABLE:
+            run.pushed = tuple(publish_step(run.pipeline, opts.out, to_repo, opts.base))
+        else:
+            note(f"--kernels-to {to_repo}: nothing was built, nothing to publish")
+
+
+# the path of every run, in order: each action that applies runs
+ACTIONS: tuple[Action, ...] = (LookUp(), InjectHit(), Build(), Publish())
 
 
 def run_main(request: RunRequest) -> RunResult:
-    """The main job, whole: the session, the lookup, the build or the injection, the
-    publication."""
+    """The main job, whole: the session, then every action that applies, in order."""
     opts, kernels = request.options, request.kernels
     with run_session("build", opts.base, opts.tag, opts.arch, request.reporting) as (
             pipeline, tmp):
         pipeline.sign_key, pipeline.trust_key = kernels.sign_key, kernels.trust_key
         # --kernels-to without --out exports to a temporary folder the record does not name
         export = opts.out or (tmp / "kernels-to" if kernels.to_repo else None)
-        result = _run(pipeline, replace(opts, out=export), kernels, tmp)
+        run = Run(pipeline, replace(opts, out=export), kernels, tmp)
+        for action in ACTIONS:
+            if action.applies(run):
+                action(run)
+                run.taken.append(action.name)
         if opts.out is None:
             pipeline.record.exported(None)
-        return result
-
-
-def _run(pipeline: Pipeline, opts: Options, kernels: Kernels, tmp: Path) -> RunResult:
-    if kernels.from_repo and not opts.plan_only:
-        found = look_up(pipeline, kernels.from_repo, opts.base, opts.arch, opts.pull,
-                        tmp / "kernels")
-        if found is not None:
-            tag = run_inject(pipeline, found, opts.base,
-                             Destination(opts.tag, opts.out, opts.replace_tag))
-            pushed: tuple[str, ...] = ()
-            if kernels.to_repo and kernels.to_repo != kernels.from_repo:
-                pushed = tuple(publish_step(pipeline, opts.out or found.folder,
-                                            kernels.to_repo, opts.base))
-            return RunResult(tag, "kernels-hit", pushed)
-        if kernels.no_build:
-            why = pipeline.record.kernels_from.why if pipeline.record.kernels_from else ""
-            raise Sm121Error(f"no kernels image for {opts.base} in {kernels.from_repo} ({why}; "
-                             "--no-build): publish one with `sm121-build kernels publish`, or "
-                             "drop --no-build to compile")
-        opts = replace(opts, pull="never")  # pulled for the lookup already
-    tag = run_build(pipeline, opts)
-    if kernels.to_repo and opts.out and pipeline.record.status in PUBLISHABLE:
-        pushed = tuple(publish_step(pipeline, opts.out, kernels.to_repo, opts.base))
-        return RunResult(tag, "build", pushed)
-    if kernels.to_repo and not opts.plan_only:
-        note(f"--kernels-to {kernels.to_repo}: nothing was built, nothing to publish")
-    return RunResult(tag, "planned" if opts.plan_only else "build")
+        return RunResult(run.tag or opts.tag, run.path, run.pushed, tuple(run.taken))
