@@ -173,8 +173,9 @@ def main() -> int:
     print(f"main job: {where}.run_build, {length} lines")
     wide, total, arch_str = signatures(known)
     print(f"functions with more than {MAX_PARAMETERS} parameters (click commands aside): "
-          f"{len(wide)} of {total}; the widest: "
-          + ", ".join(f"{n.rsplit('.', 1)[1]} {c}" for n, c in wide[:5]))
+          f"{len(wide)} of {total}"
+          + ("; the widest: " + ", ".join(f"{n.rsplit('.', 1)[1]} {c}" for n, c in wide[:5])
+             if wide else ""))
     print(f"parameters carrying an arch list as str: {arch_str}")
     return 0
 

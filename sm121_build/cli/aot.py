@@ -61,7 +61,8 @@ def _check_out(out: Path, inputs: tuple[Path, ...]) -> None:
 @click.option("--no-cache", is_flag=True, help="Compile every module, and keep none: by "
               "default a module this ptxas compiled before for the GPU is taken from "
               "$XDG_CACHE_HOME/sm121-build/aot.")
-def aot(paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | None,
+def aot(  # noqa: PLR0913 (a click command: a parameter per option)
+        paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | None,
         cuda_home: Path | None, jobs: int, timeout: float, no_cache: bool) -> None:
     """Compile the PTX of JIT-only kernels for the GPU ahead of time, into the same file.
 

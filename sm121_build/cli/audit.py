@@ -93,7 +93,8 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
 @click.option("--cuda", default=DEFAULT_CUDA, show_default=True,
               help="With --source: the CUDA toolkit a rebuild would use (guards depend on "
                    "it: with 13.x, 12.1 narrows to 12.0).")
-def audit(target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: bool,
+def audit(  # noqa: PLR0913 (a click command: a parameter per option)
+          target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: bool,
           no_kernels: bool, require: str | None, include: tuple[str, ...],
           platform: str | None, summary_md: Path | None, source: Path | None,
           cuda: str) -> None:

@@ -97,7 +97,8 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
               help=SUMMARY_HELP)
 @click.option("--local", is_flag=True, hidden=True,
               help="Moved: `sm121-build local --source SRC --out OUT`.")
-def build(base: str | None, tag: str | None, arch: ArchList, extra_ext: tuple[str, ...],
+def build(  # noqa: PLR0913 (a click command: a parameter per option)
+          base: str | None, tag: str | None, arch: ArchList, extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           pull: str, versioned_tag: bool,

@@ -43,7 +43,8 @@ from sm121_build.jobs.framework.session import Reporting, run_session
               envvar="SM121_TRUST_KEY",
               help="With --from: refuse the kernels image (exit 3) unless this public key "
                    "(cosign.pub) signed it.  Default: $SM121_TRUST_KEY.")
-def inject(folder: Path | None, kernels_ref: str | None, base: str, tag: str | None,
+def inject(  # noqa: PLR0913 (a click command: a parameter per option)
+           folder: Path | None, kernels_ref: str | None, base: str, tag: str | None,
            out: Path | None, report: Path | None, summary_md: Path | None, replace_tag: bool,
            as_json: bool, trust_key: Path | None) -> None:
     """Copy prebuilt .so files into BASE (no compile), verify, tag.

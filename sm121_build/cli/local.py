@@ -32,7 +32,8 @@ from sm121_build.source.pin import require_vllm_tree
 @click.option("--offline", is_flag=True, help="Fetch nothing at configure time.")
 @click.option("--cutlass", type=click.Path(exists=True, path_type=Path),
               help="CUTLASS checkout or the nvidia-cutlass wheel.")
-def local(source: Path, out: Path, arch: ArchList, extra_ext: tuple[str, ...], jobs: int | None,
+def local(  # noqa: PLR0913 (a click command: a parameter per option)
+          source: Path, out: Path, arch: ArchList, extra_ext: tuple[str, ...], jobs: int | None,
           no_patch: bool, fa_source: Path | None, offline: bool, cutlass: Path | None) -> None:
     """Patch a copy of SOURCE and build its extensions on this machine (its torch and nvcc)
     into OUT: no Docker, no image.  The tree's CMake runs here, as you ask by choosing

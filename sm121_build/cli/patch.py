@@ -60,7 +60,8 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 @click.option("--all-guards", is_flag=True, help="With --explain: also guards no rule covers.")
 @click.option("--cuda-version", default=DEFAULT_CUDA, show_default=True,
               help="CUDA toolkit the build uses: vLLM narrows the arch list per CUDA version.")
-def patch(source: Path, arch: ArchList, vllm_version: str | None, check: bool, explain: bool,
+def patch(  # noqa: PLR0913 (a click command: a parameter per option)
+          source: Path, arch: ArchList, vllm_version: str | None, check: bool, explain: bool,
           all_guards: bool, cuda_version: str) -> None:
     """Rewrite a vLLM checkout's arch guards by the rules in patches/ (atomic, idempotent)."""
     project = tree_project(source)
