@@ -188,7 +188,7 @@ def render_build(plan: BuildPlan, labels: dict[str, str] | None = None,
     nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
              if plan.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
     cache = ("--mount=type=cache,target=/root/.cache/ccache " if plan.buildkit else "")
-    text = _template("inject.Dockerfile.in").substitute(
+    text = _template("build.Dockerfile.in").substitute(
         tool_version=__version__,
         base=base or plan.base,
         arch_list=plan.arch_list,
