@@ -204,34 +204,70 @@ class Job:
     image: Resolved
 
 
+@dataclass(frozen=True)
+class ExtensionActions:
+    """The run's plan, per extension: the files aot makes native from their own PTX, and the
+    ones built from the source (every other extension is kept as the base has it); with the
+    source they were decided on, when it was read, and the ptxas aot uses."""
+
+    aot: tuple[AotAction, ...]
+    build: tuple[str, ...]
+    checkout: Checkout | None
+    toolchain: Toolchain | None  # None: nothing to aot
+
+    def line(self, arch: ArchList) -> str:
+        """`aot A, B; build C for 12.1`."""
+        parts = ([f"aot {', '.join(a.name for a in self.aot)}"] if self.aot else []) + \
+            ([f"build {', '.join(self.build)}"] if self.build else [])
+        return f"{'; '.join(parts)} for {arch}"
+
+
 def run_build(pipeline: Pipeline, opts: Options) -> str:
     """The main job, a stage a line; returns the tag (the record says how the run ended)."""
     image = resolve(pipeline, opts)
     job = Job(pipeline, opts, image)
     with temp_dir("sm121-build-") as tmp:
         context = Path(tmp)
-        aot, stock = planned_aot(job)
-        if aot:
-            return run_with_aot(job, aot, stock, context)
-        if opts.aot_only:
-            pipeline.record.decided(Decision(False, "nothing to aot"))
-            result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
-                   "on sm_121; nothing tagged")
+        actions = plan_actions(job, context)
+        if actions is None:  # nothing gains (said and recorded)
             return opts.tag
+        if opts.plan_only:
+            pipeline.record.ended(run_report.RunStatus.PLANNED)
+            result(f"plan: {actions.line(opts.arch)}; nothing built (--plan)")
+            return opts.tag
+        return carry_out(job, actions, context)
+
+
+def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
+    """The decide step: which extensions aot makes native (none with --from-source, --force
+    or --no-patch), and which a source build improves, read from the source when it is
+    needed (always without aot; with aot, only when a kernel aot cannot make native remains
+    and the source can be had).  None: nothing to do, said and recorded."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
+    aot, stock = planned_aot(job)
+    if not aot and opts.aot_only:
+        pipeline.record.decided(Decision(False, "nothing to aot"))
+        result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
+               "on sm_121; nothing tagged")
+        return None
+    toolchain = aot_toolchain() if aot else None  # this machine's ptxas, before any work
+    if aot:
+        checkout = _source_if_needed(job, aot, stock, context / "src")
+    else:
         checkout = vllm_source(job, context / "src")
         stock = stock or stock_extensions(pipeline, image)
+    chosen: tuple[str, ...] = ()
+    if checkout is not None:
         patch_vllm(job, context / "src")
-        chosen = choose_to_build(job, stock, context / "src")
-        if not chosen or opts.plan_only:
-            return planned(pipeline, opts, chosen)
-        sources = external_sources(job, context, checkout, chosen)
-        plan = plan_for(image.facts, source_plan(job, chosen, sources))
-        key = content_key(image.facts, sources.provenance, plan, opts.no_patch)
-        target = target_for(job, sources, plan, key)
-        existing = None if opts.force else pipeline.reusable(key)
-        if existing:
-            return up_to_date(job, plan, target, existing)
-        return build(job, plan, target, context)
+        chosen = choose_to_build(job, stock, context / "src", aot)
+    else:
+        with pipeline.steps.step("decide"):
+            for action in aot:
+                note(action.line())
+            choose_record(pipeline, aot, stock)
+    if not chosen and not aot:
+        return None
+    return ExtensionActions(aot, chosen, checkout, toolchain)
 
 
 def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport | None]]:
@@ -248,51 +284,41 @@ def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport
     return aot, stock
 
 
-def run_with_aot(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
-                 context: Path) -> str:
-    """A plan with aot actions: the source is read only when a kernel aot cannot make native
-    remains (and only where it can be had: else what only a source build could change is
-    said and left); extensions the source build would make no more native than aot are
-    aot'd; the rest (e.g. `_qutlass_C`) are built from source into the same image."""
+def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
+    """The plan's actions: aot on this machine, then a source build with the aot'd files
+    copied in (when anything is built from source) or the aot'd files alone into the pristine
+    base; an image this tool built for the same content key is tagged instead."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
-    toolchain = aot_toolchain()
-    checkout = _source_if_needed(job, aot, stock, context / "src")
-    chosen: tuple[str, ...] = ()
-    if checkout is not None:
-        patch_vllm(job, context / "src")
-        chosen = choose_to_build(job, stock, context / "src", aot)
-    else:
-        with pipeline.steps.step("decide"):
-            for action in aot:
-                note(action.line())
-            choose_record(pipeline, aot, stock)
-    if opts.plan_only:
-        pipeline.record.ended(run_report.RunStatus.PLANNED)
-        result(f"plan: aot {', '.join(a.name for a in aot)}"
-               f"{'; build ' + ', '.join(chosen) if chosen else ''} for {opts.arch}; nothing "
-               "built (--plan)")
-        return opts.tag
-    with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
-        compile_into(pipeline.engine,
-                     AotJob(image.facts.id, image.vllm.package_dir, aot, toolchain),
-                     context / "aot")
+    aot, chosen, checkout, toolchain = actions.aot, actions.build, actions.checkout, \
+        actions.toolchain
+    if toolchain is not None:
+        with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
+            compile_into(pipeline.engine,
+                         AotJob(image.facts.id, image.vllm.package_dir, aot, toolchain),
+                         context / "aot")
     prebuilt = tuple(a.name for a in aot)
-    if chosen and checkout is not None:  # mixed: a source build with the aot'd files in it
+    if chosen and checkout is not None:  # from source, with the aot'd files in it if any
         sources = external_sources(job, context, checkout, chosen)
-        plan = replace(plan_for(image.facts, source_plan(job, chosen,
-                                                         sources)), prebuilt=prebuilt)
-        key = content_key(image.facts, sources.provenance + "\0" +
-                          aot_key(image.facts.id, aot, toolchain), plan, opts.no_patch)
-        patches, run = f"{patches_of(opts)}+{aot_patches(toolchain)}", build
-    else:  # aot alone: the aot'd files into the pristine base
+        plan = replace(plan_for(image.facts, source_plan(job, chosen, sources)),
+                       prebuilt=prebuilt)
+        provenance, patches = sources.provenance, patches_of(opts)
+        if toolchain is not None:
+            provenance += "\0" + aot_key(image.facts.id, aot, toolchain)
+            patches += f"+{aot_patches(toolchain)}"
+        key = content_key(image.facts, provenance, plan, opts.no_patch)
+        run = build
+    elif toolchain is not None:  # aot alone: the aot'd files into the pristine base
         commit = image.vllm.commit_id or image.ref.value
         sources = Sources(commit, commit)
-        plan = aot_plan(image, prebuilt, commit, aot_patches(toolchain))
+        patches = aot_patches(toolchain)
+        plan = aot_plan(image, prebuilt, commit, patches)
         key = aot_key(image.facts.id, aot, toolchain)
-        patches, run = aot_patches(toolchain), inject_aot
+        run = inject_aot
+    else:  # plan_actions returns None when there is neither
+        raise AssertionError("a plan with nothing to aot or build")
     target = replace(target_for(job, sources, plan, key, patches),
                      origins=tuple((name, "aot") for name in prebuilt))
-    existing = pipeline.reusable(key)
+    existing = None if opts.force else pipeline.reusable(key)
     if existing:
         return up_to_date(job, plan, target, existing)
     return run(job, plan, target, context)
@@ -416,14 +442,6 @@ def patch_vllm(job: Job, src: Path) -> None:
             return
         for line in apply_for_build(src, {}, image.patch_for):
             note(line)
-
-
-def planned(pipeline: Pipeline, opts: Options, chosen: tuple[str, ...]) -> str:
-    """Nothing to build (said by the decide step), or --plan: say the plan, build nothing."""
-    if chosen:
-        pipeline.record.ended(run_report.RunStatus.PLANNED)
-        result(f"plan: build {', '.join(chosen)} for {opts.arch}; nothing built (--plan)")
-    return opts.tag
 
 
 def external_sources(job: Job, context: Path,
