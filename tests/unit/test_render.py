@@ -111,7 +111,7 @@ def test_default_extensions_follow_the_image(tmp_path: Path) -> None:
 def test_inject_golden() -> None:
     from sm121_build.jobs.formats.render import render_inject
 
-    text = render_inject(PLAN.placement(PLAN.base)).replace(__version__, "<VERSION>")
+    text = render_inject(PLAN).replace(__version__, "<VERSION>")
     _compare_golden(GOLDEN / "inject-artifacts.Dockerfile", text)
     assert [line for line in text.splitlines() if line.startswith(("FROM", "RUN"))] == [
         f"FROM {PLAN.base}"]  # one stage, nothing compiled

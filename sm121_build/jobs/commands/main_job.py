@@ -41,6 +41,7 @@ from sm121_build.jobs.commands.aot_step import (
 from sm121_build.jobs.formats.artifacts import Provenance
 from sm121_build.jobs.formats.render import (
     BuildPlan,
+    Placement,
     PlanRequest,
     plan_for,
     provenance_labels,
@@ -95,7 +96,7 @@ class Options:
     aot_only: bool = False  # `aot IMAGE`: the aot actions alone, never the source
 
 
-def content_key(facts: ImageFacts, commit: str, plan: BuildPlan, no_patch: bool) -> str:
+def content_key(facts: ImageFacts, commit: str, plan: Placement, no_patch: bool) -> str:
     parts = [facts.id, commit, "nopatch" if no_patch else rules_digest(), plan.arch_list,
              template_digest(), ",".join(plan.extensions), __version__]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
@@ -299,21 +300,19 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
     prebuilt = tuple(a.name for a in aot)
     if chosen and checkout is not None:  # from source, with the aot'd files in it if any
         sources = external_sources(job, context, checkout, chosen)
-        plan = replace(plan_for(image.facts, source_plan(job, chosen, sources)),
-                       prebuilt=prebuilt)
+        plan: Placement = replace(plan_for(image.facts, source_plan(job, chosen, sources)),
+                                  prebuilt=prebuilt)
         provenance, patches = sources.provenance, patches_of(opts)
         if toolchain is not None:
             provenance += "\0" + aot_key(image.facts.id, aot, toolchain)
             patches += f"+{aot_patches(toolchain)}"
         key = content_key(image.facts, provenance, plan, opts.no_patch)
-        run = build
     elif toolchain is not None:  # aot alone: the aot'd files into the pristine base
         commit = image.vllm.commit_id or image.ref.value
         sources = Sources(commit, commit)
         patches = aot_patches(toolchain)
         plan = aot_plan(image, prebuilt, commit, patches)
         key = aot_key(image.facts.id, aot, toolchain)
-        run = inject_aot
     else:  # plan_actions returns None when there is neither
         raise AssertionError("a plan with nothing to aot or build")
     target = replace(target_for(job, sources, plan, key, patches),
@@ -321,7 +320,9 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
     existing = None if opts.force else pipeline.reusable(key)
     if existing:
         return up_to_date(job, plan, target, existing)
-    return run(job, plan, target, context)
+    if isinstance(plan, BuildPlan):
+        return build(job, plan, target, context)
+    return inject_aot(job, plan, target, context)
 
 
 def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
@@ -363,22 +364,22 @@ def aot_patches(toolchain: Toolchain) -> str:
     return f"aot-ptxas-{toolchain.version}"
 
 
-def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str) -> BuildPlan:
+def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str) -> Placement:
     """The plan of an aot-only run: its files copied into the pristine base."""
     labels = provenance_labels(image.facts, commit, image.arch, files, patches)
-    return BuildPlan(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
+    return Placement(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
                      git_ref=commit, extensions=files, package_dir=image.vllm.package_dir,
-                     cuda_home="", cuda_include="", cuda_lib="", jobs=1, labels=labels)
+                     labels=labels)
 
 
-def inject_aot(job: Job, plan: BuildPlan,
+def inject_aot(job: Job, plan: Placement,
                target: Target, context: Path) -> str:
     """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     log = pipeline.new_log(f"aot-{target.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
-        dockerfile.write_text(render_inject(plan.placement(pin), artifacts="aot",
+        dockerfile.write_text(render_inject(replace(plan, base=pin), artifacts="aot",
                                             more={CONTENT_KEY_LABEL: target.content_key}))
         pipeline.build_verify_tag(
             ImageBuild(image.facts, context, dockerfile, plan.extensions, log,
@@ -490,7 +491,7 @@ def patches_of(opts: Options) -> str:
 
 
 def target_for(job: Job, sources: Sources,
-                  plan: BuildPlan, key: str, patches: str | None = None) -> Target:
+                  plan: Placement, key: str, patches: str | None = None) -> Target:
     """Where the verified image goes (tags, --out) and what its files' manifest says."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     record, facts, vllm = pipeline.record, image.facts, image.vllm
@@ -507,7 +508,7 @@ def target_for(job: Job, sources: Sources,
     return Target(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
 
 
-def up_to_date(job: Job, plan: BuildPlan,
+def up_to_date(job: Job, plan: Placement,
                target: Target, existing: str) -> str:
     """The content key names an image this tool built: tag it (and export --out, verified
     as after a build); nothing compiles."""

@@ -23,8 +23,9 @@ from sm121_build.source.patch import rules_digest
 
 
 @dataclass(frozen=True)
-class BuildPlan:
-    """Everything the Dockerfile needs; all of it derived from the image and the source."""
+class Placement:
+    """What places files into the pristine base (every rendered image ends so): the base,
+    what the files are (labels and the Dockerfile's header say it), and where they go."""
 
     base: str
     arch_list: str
@@ -32,6 +33,19 @@ class BuildPlan:
     git_ref: str
     extensions: tuple[str, ...]
     package_dir: str
+    labels: dict[str, str] = field(default_factory=dict)
+    prebuilt: tuple[str, ...] = ()  # files made before the build (aot), in the context's aot/
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(extension_target(e) for e in self.extensions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildPlan(Placement):
+    """A placement whose files a builder stage FROM the base compiles first: the toolchain
+    and what the builder is handed; all of it derived from the image and the source."""
+
     cuda_home: str
     cuda_include: str
     cuda_lib: str
@@ -41,34 +55,8 @@ class BuildPlan:
     buildkit: bool = True
     bring: tuple[str, ...] = ()  # build tools the image lacks: cmake, ninja
     bring_from: str = ""  # "context" (this machine's copies) or "pip" (in the builder)
-    labels: dict[str, str] = field(default_factory=dict)
     # external project sources in the context: (environment variable, context folder)
     external: tuple[tuple[str, str], ...] = ()
-    prebuilt: tuple[str, ...] = ()  # files made before the build (aot), in the context's aot/
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return tuple(extension_target(e) for e in self.extensions)
-
-    def placement(self, base: str) -> Placement:
-        """The plan's files placed into `base` by one stage (an aot'd or exported copy)."""
-        return Placement(base, self.arch_list, self.vllm_version, self.git_ref,
-                         self.extensions, self.package_dir, self.labels, self.prebuilt)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """What a one-stage injection needs (`inject`, aot alone): files from a context folder
-    into the pristine base, with its labels.  Nothing compiles, so no toolchain."""
-
-    base: str
-    arch_list: str
-    vllm_version: str
-    git_ref: str
-    extensions: tuple[str, ...]
-    package_dir: str
-    labels: dict[str, str] = field(default_factory=dict)
-    prebuilt: tuple[str, ...] = ()
 
 
 def templates_dir() -> Path:
@@ -131,7 +119,7 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
-def _copy_lines(plan: BuildPlan | Placement, copy_from: str, flat: bool) -> str:
+def _copy_lines(plan: Placement, copy_from: str, flat: bool) -> str:
     """One COPY per extension to its place in the package; the builder's out folder is flat
     (`flat`), an artifacts folder keeps the package's sub-folders; the prebuilt (aot'd)
     files come from the context's aot/."""
@@ -158,7 +146,7 @@ def _label_lines(labels: dict[str, str]) -> str:
     return " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(labels.items()))
 
 
-def _labels(plan: BuildPlan | Placement, more: dict[str, str] | None = None) -> str:
+def _labels(plan: Placement, more: dict[str, str] | None = None) -> str:
     return _label_lines({**plan.labels, **(more or {})}) or \
         f'"{LABEL_PREFIX}.tool"="sm121-build"'
 
