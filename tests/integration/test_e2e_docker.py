@@ -719,6 +719,7 @@ def test_an_aot_only_run_needs_no_source_and_fetches_nothing(e2e: E2E) -> None:
                    "_vllm_fa2_C", "--repo", nowhere)
     assert done.returncode == 0, done.stderr
     assert "source (" not in done.stderr
+    assert "aot (1 file(s), " in done.stderr  # the aot step
     assert f"tagged {PREFIX}:aot-only" in done.stdout
     audit = json.loads(e2e.run("audit", "--json", "--include", "*/vllm_flash_attn/*.so",
                                f"{PREFIX}:aot-only").stdout)["binaries"]
@@ -727,6 +728,7 @@ def test_an_aot_only_run_needs_no_source_and_fetches_nothing(e2e: E2E) -> None:
                     "_vllm_fa2_C", "--repo", nowhere)
     assert again.returncode == 0, again.stderr
     assert "up to date" in again.stdout
+    assert "aot (1 file(s), " not in again.stderr  # the key is known before aot: no ptxas
 
 
 def test_the_default_run_makes_the_ptx_only_flash_attention_native(

@@ -286,17 +286,13 @@ def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport
 
 
 def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
-    """The plan's actions: aot on this machine, then a source build with the aot'd files
+    """The plan's actions: an image this tool built for the same content key is tagged
+    (nothing compiles); else aot on this machine, then a source build with the aot'd files
     copied in (when anything is built from source) or the aot'd files alone into the pristine
-    base; an image this tool built for the same content key is tagged instead."""
+    base."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     aot, chosen, checkout, toolchain = actions.aot, actions.build, actions.checkout, \
         actions.toolchain
-    if toolchain is not None:
-        with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
-            compile_into(pipeline.engine,
-                         AotJob(image.facts.id, image.vllm.package_dir, aot, toolchain),
-                         context / "aot")
     prebuilt = tuple(a.name for a in aot)
     if chosen and checkout is not None:  # from source, with the aot'd files in it if any
         sources = external_sources(job, context, checkout, chosen)
@@ -319,7 +315,12 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
                      origins=tuple((name, "aot") for name in prebuilt))
     existing = None if opts.force else pipeline.reusable(key)
     if existing:
-        return up_to_date(job, plan, target, existing)
+        return up_to_date(job, plan, target, existing)  # nothing compiles, aot included
+    if toolchain is not None:
+        with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
+            compile_into(pipeline.engine,
+                         AotJob(image.facts.id, image.vllm.package_dir, aot, toolchain),
+                         context / "aot")
     if isinstance(plan, BuildPlan):
         return build(job, plan, target, context)
     return inject_aot(job, plan, target, context)
