@@ -86,7 +86,7 @@ class Options:
     force: bool
     no_patch: bool
     pull: str = "never"  # "always" (like docker build --pull), "missing" or "never"
-    versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>
+    versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>-b<base ID>
     allow_other_commit: bool = False  # build a --source at another commit than the image's
     fa_source: Path | None = None  # a local flash-attention checkout
     only: tuple[str, ...] = ()  # --only: build no other extension than these
