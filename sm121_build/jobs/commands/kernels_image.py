@@ -339,8 +339,8 @@ def look_up(pipeline: Pipeline, repo: str, wanted: Wanted,
         if why:
             note(f"{ref} {why.what}: not used")
             record.kernels_looked_up(run_report.KernelsFrom(ref, "refused", got.digest,
-                                                       reuse_key(got.artifacts.manifest),
-                                                       why.what))
+                                                            reuse_key(got.artifacts.manifest),
+                                                            why.what))
             return None
         note("a hit: inject and verify, no compile")
     return got.artifacts

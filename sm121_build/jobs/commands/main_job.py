@@ -3,7 +3,8 @@
 The pipeline's prelude (`Pipeline.resolve_image`), then what only a build does: the source
 at the image's commit (and the external projects it pins), the content key and its skip, the
 guard rules, the rebuild decision and the rendered Dockerfile; then the pipeline's tail
-(`Pipeline.build_verify_tag`).  The temporary build context and the pin tag are removed on any exit.
+(`Pipeline.build_verify_tag`).  The temporary build context and the pin tag are removed on
+any exit.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
                   for p in plans}
     extensions.update({a.name: a.as_record(_before(stock, a.name)) for a in aot})
     record.decided(Decision(bool(chosen or aot), reason,
-                                  (*chosen, *(a.name for a in aot)), extensions))
+                            (*chosen, *(a.name for a in aot)), extensions))
     if not chosen and not aot:
         jit = sum(p.after["jit"] for p in plans)
         kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
@@ -251,8 +252,9 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
         result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
                "on sm_121; nothing tagged")
         return None
-    toolchain = aot_toolchain() if aot else None  # this machine's ptxas, before any work
+    toolchain: Toolchain | None = None
     if aot:
+        toolchain = aot_toolchain()  # this machine's ptxas, before any work
         checkout = _source_if_needed(job, aot, stock, context / "src")
     else:
         checkout = vllm_source(job, context / "src")
