@@ -80,3 +80,42 @@ def test_a_failed_run_says_so_and_json_still_comes(capsys: pytest.CaptureFixture
     assert "summary:" not in err  # a failed run ends with its error line (printed by the CLI)
     assert summary_lines(record)[:2] == ["summary: failed",
                                          "  steps: inspect b:1 0.0s, build 0.0s (failed)"]
+
+
+def _report(name: str, kernels: dict[str, str]) -> object:
+    from sm121_build.cuda.binary import BinaryReport
+
+    return BinaryReport(name, 1, [], [], {"native": 0, "jit": 0, "none": 0},
+                        kernels)  # type: ignore[arg-type]
+
+
+def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
+    """aot alone (the source not read: --only, `aot IMAGE`, or none to be had): every
+    extension with kernels aot cannot make native is kept with the reason, so the summary
+    never says "nothing" stays while it does; what aot covers whole stays out."""
+    from sm121_build.cuda.binary import AotAble
+    from sm121_build.jobs.commands.aot_step import AotAction
+    from sm121_build.jobs.commands.main_job import choose_record, left_by_aot
+    from sm121_build.jobs.framework.pipeline import Pipeline
+
+    fa2, c, moe = "vllm_flash_attn/_vllm_fa2_C.abi3.so", "_C.abi3.so", "_moe_C.abi3.so"
+    stock = {fa2: _report(fa2, {"k1": "jit", "k2": "jit"}),
+             c: _report(c, {"a": "native", "b": "none", "c": "none", "d": "jit"}),
+             moe: _report(moe, {"m": "native"}), "gone.abi3.so": None}
+    aot = (AotAction(fa2, AotAble(2, 2, 100)), AotAction(c, AotAble(1, 1, 10)))
+    assert left_by_aot(aot, stock) == {c: 2}  # type: ignore[arg-type]
+    assert left_by_aot(aot[:1], stock) == {c: 3}  # type: ignore[arg-type]
+    record = new_record("build", "base", "tag", "12.1")
+    choose_record(Pipeline(None, record), aot[:1], stock)  # type: ignore[arg-type]
+    assert record.decision is not None
+    assert record.decision.chosen == (fa2,)
+    kept = record.decision.extensions[c]
+    assert (kept["action"], kept["build"], kept["after"]) == ("keep", False, kept["before"])
+    assert summary_lines(record)[-2:] == [
+        "  stays non-native:",
+        "    _C.abi3.so: 2 kernel(s) load nothing on sm_121 and 1 stay JIT-only: aot cannot "
+        "change them; whether a source build can was not decided (the source was not read; "
+        "--source DIR reads it)"]
+    covered = new_record("build", "base", "tag", "12.1")
+    choose_record(Pipeline(None, covered), aot, {fa2: stock[fa2]})  # type: ignore[arg-type]
+    assert summary_lines(covered)[-1] == "  stays non-native: nothing the plan knows of"

@@ -330,10 +330,40 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
 
 def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
                   stock: dict[str, BinaryReport | None]) -> None:
-    """The decision of a run without the source: the aot actions."""
+    """The decision of a run without the source: the aot actions, and every extension left
+    with kernels aot cannot make native (kept, its reason in `remains`, so the summary and
+    the report say what stays non-native)."""
+    extensions = {a.name: a.as_record(_before(stock, a.name)) for a in aot}
+    covered = {a.name: a.able.kernels or 0 for a in aot}
+    for name in left_by_aot(aot, stock):
+        before = _before(stock, name)
+        jit = before["jit"] - covered.get(name, 0)
+        what = [f"{before['none']} kernel(s) load nothing on sm_121"] if before["none"] else []
+        what += [f"{jit} stay JIT-only"] if jit > 0 else []
+        why = (f"{' and '.join(what)}: aot cannot change them; whether a source build can was "
+               "not decided (the source was not read; --source DIR reads it)")
+        extensions.setdefault(name, {
+            "name": name, "target": extension_target(name), "before": before, "after": before,
+            "build": False, "action": "keep", "reason": "kept: no source read", "remains": []})
+        extensions[name]["remains"] = [why]
     pipeline.record.decided(Decision(
-        True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot),
-        {a.name: a.as_record(_before(stock, a.name)) for a in aot}))
+        True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot), extensions))
+
+
+def left_by_aot(aot: tuple[AotAction, ...],
+                stock: dict[str, BinaryReport | None]) -> dict[str, int]:
+    """Per stock extension, how many of its kernels stay non-native after aot (only those
+    with any)."""
+    covered = {a.name: a.able.kernels or 0 for a in aot}
+    left = {}
+    for name, report in stock.items():
+        if report is None or report.kernels is None:
+            continue
+        counts = _before(stock, name)
+        count = counts["jit"] + counts["none"] - covered.get(name, 0)
+        if count > 0:
+            left[name] = count
+    return left
 
 
 def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
@@ -343,11 +373,7 @@ def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, Bin
     opts = job.opts
     if opts.aot_only or (opts.only and opts.source is None):
         return None
-    covered = {a.name: a.able.kernels or 0 for a in aot}
-    left = [name for name, report in stock.items() if report is not None
-            and report.kernels is not None
-            and sum(n for v, n in report.kernel_counts().items() if v != "native")
-            > covered.get(name, 0)]
+    left = list(left_by_aot(aot, stock))
     if not left and opts.source is None:
         note("every kernel that is not native has PTX: aot alone, no source needed")
         return None
