@@ -114,8 +114,8 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
     assert summary_lines(record)[-2:] == [
         "  stays non-native:",
         "    _C.abi3.so: 2 kernel(s) load nothing on sm_121 and 1 stay JIT-only: aot cannot "
-        "change them; whether a source build can was not decided (the source was not read; "
-        "--source DIR reads it)"]
+        "change them; whether a source build can was not decided (the source was not read: "
+        "`sm121-build --base IMAGE --source DIR` reads it)"]
     covered = new_record("build", "base", "tag", "12.1")
     choose_record(Pipeline(None, covered), aot, {fa2: stock[fa2]})  # type: ignore[arg-type]
     assert summary_lines(covered)[-1] == "  stays non-native: nothing the plan knows of"

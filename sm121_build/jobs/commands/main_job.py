@@ -341,7 +341,8 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
         what = [f"{before['none']} kernel(s) load nothing on sm_121"] if before["none"] else []
         what += [f"{jit} stay JIT-only"] if jit > 0 else []
         why = (f"{' and '.join(what)}: aot cannot change them; whether a source build can was "
-               "not decided (the source was not read; --source DIR reads it)")
+               "not decided (the source was not read: `sm121-build --base IMAGE --source DIR` "
+               "reads it)")
         extensions.setdefault(name, {
             "name": name, "target": extension_target(name), "before": before, "after": before,
             "build": False, "action": "keep", "reason": "kept: no source read", "remains": []})
@@ -550,8 +551,9 @@ def up_to_date(job: Job, plan: Placement,
             pipeline.verify_and_export(image.facts, existing,
                                        (*plan.extensions, *plan.prebuilt), None, target)
     pipeline.tag_result(image.facts, existing, target)
-    result(f"up to date: {', '.join(target.tags)} (content key {target.content_key}); "
-           "--force rebuilds")
+    # `aot IMAGE` has no --force: the same aot makes the same image
+    result(f"up to date: {', '.join(target.tags)} (content key {target.content_key})"
+           f"{'' if opts.aot_only else '; --force rebuilds'}")
     return opts.tag
 
 
