@@ -805,5 +805,8 @@ def test_aot_of_an_image_tags_it_like_the_main_job(e2e: E2E) -> None:
     found = {Path(b["name"]).name: b["kernel_counts"] for b in audit["binaries"]}
     assert found["_vllm_fa2_C.abi3.so"] == {"native": 2, "jit": 0, "none": 0}
     assert _changed_files(e2e, tag) == {FA2}
+    again = e2e.run("aot", e2e.stock.tag, "--tag", tag)
+    assert again.returncode == 0, again.stderr
+    assert f"up to date: {tag} " in again.stdout and "--force" not in again.stdout  # none
     other = e2e.run("aot", e2e.stock.tag, "--target", "sm_90")
     assert other.returncode == 2 and "sm_121 only" in other.stderr
