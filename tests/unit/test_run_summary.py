@@ -103,8 +103,8 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
              c: _report(c, {"a": "native", "b": "none", "c": "none", "d": "jit"}),
              moe: _report(moe, {"m": "native"}), "gone.abi3.so": None}
     aot = (AotAction(fa2, AotAble(2, 2, 100)), AotAction(c, AotAble(1, 1, 10)))
-    assert left_by_aot(aot, stock) == {c: 2}  # type: ignore[arg-type]
-    assert left_by_aot(aot[:1], stock) == {c: 3}  # type: ignore[arg-type]
+    assert left_by_aot(aot, stock) == {c: (0, 2)}  # type: ignore[arg-type]
+    assert left_by_aot(aot[:1], stock) == {c: (1, 2)}  # type: ignore[arg-type]
     record = new_record("build", "base", "tag", "12.1")
     choose_record(Pipeline(None, record), aot[:1], stock)  # type: ignore[arg-type]
     assert record.decision is not None

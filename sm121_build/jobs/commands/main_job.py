@@ -334,12 +334,10 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
     with kernels aot cannot make native (kept, its reason in `remains`, so the summary and
     the report say what stays non-native)."""
     extensions = {a.name: a.as_record(_before(stock, a.name)) for a in aot}
-    covered = {a.name: a.able.kernels or 0 for a in aot}
-    for name in left_by_aot(aot, stock):
+    for name, (jit, none) in left_by_aot(aot, stock).items():
         before = _before(stock, name)
-        jit = before["jit"] - covered.get(name, 0)
-        what = [f"{before['none']} kernel(s) load nothing on sm_121"] if before["none"] else []
-        what += [f"{jit} stay JIT-only"] if jit > 0 else []
+        what = [f"{none} kernel(s) load nothing on sm_121"] if none else []
+        what += [f"{jit} stay JIT-only"] if jit else []
         why = (f"{' and '.join(what)}: aot cannot change them; whether a source build can was "
                "not decided (the source was not read: `sm121-build --base IMAGE --source DIR` "
                "reads it)")
@@ -352,18 +350,18 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
 
 
 def left_by_aot(aot: tuple[AotAction, ...],
-                stock: dict[str, BinaryReport | None]) -> dict[str, int]:
-    """Per stock extension, how many of its kernels stay non-native after aot (only those
-    with any)."""
+                stock: dict[str, BinaryReport | None]) -> dict[str, tuple[int, int]]:
+    """Per stock extension with any, its kernels that stay non-native after aot: (still
+    JIT-only, loading nothing); aot makes JIT-only kernels native and no others."""
     covered = {a.name: a.able.kernels or 0 for a in aot}
     left = {}
     for name, report in stock.items():
         if report is None or report.kernels is None:
             continue
         counts = _before(stock, name)
-        count = counts["jit"] + counts["none"] - covered.get(name, 0)
-        if count > 0:
-            left[name] = count
+        jit, none = max(counts["jit"] - covered.get(name, 0), 0), counts["none"]
+        if jit or none:
+            left[name] = (jit, none)
     return left
 
 
