@@ -27,17 +27,20 @@ def _target(given: str | None) -> str:
     return found or "sm_121"
 
 
-def _check_out(out: Path, inputs: tuple[Path, ...]) -> None:
-    if out.is_symlink():
-        raise Sm121Error(f"--out {out} is a link; aot writes through no link")
-    if out.exists() and not out.is_dir():
-        raise Sm121Error(f"--out {out} is not a folder")
-    resolved = out.resolve()
-    for source in inputs:
-        if resolved == source.resolve() or (source.is_dir() and
-                                            source.resolve() in [resolved, *resolved.parents]):
-            raise Sm121Error(f"--out {out} is inside {source}: the stock files would be "
-                             "overwritten; give a folder of its own")
+def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
+    """Each input a regular file or a folder (links followed), checked before any work: a
+    FIFO, socket or device is refused at once, never opened for reading."""
+    from sm121_build.core.inputs import kind_of
+
+    for path in paths:
+        kind = kind_of(path)
+        if kind == "missing":
+            raise Sm121Error(f"{path} does not exist (an image goes alone: one image, or "
+                             ".so files, folders and wheels)")
+        if kind == "other":
+            raise Sm121Error(f"{path}: not a regular file or a folder (a FIFO, socket or "
+                             "device); aot reads .so files, folders and wheels")
+    return tuple(Path(p) for p in paths)
 
 
 @click.command()
@@ -77,20 +80,18 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     """
     from sm121_build.jobs.commands.aot import AotRequest, run_aot, say_results
 
-    if len(paths) == 1 and not Path(paths[0]).exists():
+    if len(paths) == 1 and not os.path.lexists(paths[0]):
         _aot_image(paths[0], out, tag, gpu)
         return
-    missing = [p for p in paths if not Path(p).exists()]
-    if missing:
-        raise Sm121Error(f"{missing[0]} does not exist (an image goes alone: one image, or "
-                         ".so files, folders and wheels)")
+    files = _check_inputs(paths)
     if out is None:
         raise click.UsageError("--out is required for files, folders and wheels")
     if tag is not None:
         raise click.UsageError("--tag names the result of an image: no image was given")
-    files = tuple(Path(p) for p in paths)
     target = parse_target(_target(gpu))
-    _check_out(out, files)
+    from sm121_build.core.outputs import Results
+
+    Results(out, files)  # --out checked against the inputs before any work
     toolchain = find_toolchain(cuda_home)
     from sm121_build.core.paths import cache_dir
 

@@ -106,3 +106,70 @@ def refuse_links_below(root: Path, target: Path) -> None:
     for folder in folders:
         if folder.is_symlink():
             raise Sm121Error(f"{folder} is a link: nothing is written through a link")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def refuse_onto_inputs(output: Path, inputs: tuple[Path, ...], what: str) -> None:
+    """An output may be no input, by any spelling (the same file by its resolved path or
+    its inode, a hard link of it), nor lie inside an input folder (links resolved)."""
+    resolved = output.resolve()
+    same = _identity(output)
+    for source in inputs:
+        inside = source.is_dir() and _inside(resolved, source.resolve())
+        if inside or resolved == source.resolve() or (same is not None
+                                                        and same == _identity(source)):
+            where = "inside" if inside else "the same file as"
+            raise Sm121Error(f"{what} {output} is {where} the input {source}: nothing is "
+                             "written over, into or through an input; give a folder of its "
+                             "own")
+
+
+class Results:
+    """Where one command's results go, under `root` (`--out`): each result claims its path
+    before any work (two results never map to one path), and is written by `write` (atomic,
+    never through a link under `root`, never onto or into an input)."""
+
+    def __init__(self, root: Path, inputs: tuple[Path, ...]) -> None:
+        if root.is_symlink():
+            raise Sm121Error(f"--out {root} is a link; nothing is written through a link")
+        if root.exists() and not root.is_dir():
+            raise Sm121Error(f"--out {root} is not a folder")
+        refuse_onto_inputs(root, inputs, "--out")
+        self.root = root
+        self.inputs = inputs
+        self._claimed: dict[Path, str] = {}
+
+    def claim(self, relative: Path, source: str) -> Path:
+        """The path the result of `source` goes to; refused when another result has it, or
+        when it is an input or lies through one."""
+        target = self.root / relative
+        key = Path(os.path.normpath(target.absolute()))
+        other = self._claimed.get(key)
+        if other is not None and other != source:
+            raise Sm121Error(f"{other} and {source} would both be written to {target}: give "
+                             "them in separate runs or with separate --out folders")
+        self._claimed[key] = source
+        refuse_links_below(self.root, target)
+        refuse_onto_inputs(target, self.inputs, "the result")
+        return target
+
+    def write(self, target: Path, write: Callable[[BinaryIO], object],
+              mode: int | None = None) -> None:
+        """Write a claimed result (checked again: a link may have appeared since)."""
+        key = Path(os.path.normpath(target.absolute()))
+        if key not in self._claimed:
+            raise Sm121Error(f"{target}: written without being claimed (a bug)")
+        refuse_links_below(self.root, target)
+        refuse_onto_inputs(target, self.inputs, "the result")
+        replace_file(target, write, mode)

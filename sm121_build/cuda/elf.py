@@ -166,3 +166,28 @@ def _string(table: bytes, at: int, what: str) -> str:
         return table[at:end].decode()
     except UnicodeDecodeError:
         raise ElfError(f"{what} at {at} is not UTF-8") from None
+
+
+def declared_extent(head: bytes) -> int | None:
+    """How many bytes an ELF file's headers account for, from its first bytes alone: the
+    end of its section header table and of every segment the program headers (when `head`
+    holds them) name.  A file larger than that holds bytes no header names (a zero-filled
+    member made to cost memory, say); None when `head` is no ELF header."""
+    if len(head) < 0x34 or head[:4] != MAGIC or head[4] not in _CLASS or head[5] not in (1, 2):
+        return None
+    order = "<" if head[5] == 1 else ">"
+    wide = head[4] == 2
+    if len(head) < (0x40 if wide else 0x34):
+        return None
+    phoff, shoff = struct.unpack_from(order + ("QQ" if wide else "II"), head,
+                                      0x20 if wide else 0x1C)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from(
+        order + "HHHH", head, 0x36 if wide else 0x2A)
+    extent: int = max(0x40 if wide else 0x34, shoff + shentsize * shnum,
+                      phoff + phentsize * phnum)
+    layout = struct.Struct(order + ("IIQQQQQQ" if wide else "IIIIIIII"))
+    if phnum and phentsize == layout.size and phoff + phnum * layout.size <= len(head):
+        for row in layout.iter_unpack(head[phoff:phoff + phnum * layout.size]):
+            offset, filesz = (row[2], row[5]) if wide else (row[1], row[4])
+            extent = max(extent, int(offset) + int(filesz))
+    return extent

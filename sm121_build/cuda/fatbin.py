@@ -27,7 +27,6 @@ import mmap
 import os
 import re
 import struct
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,10 +34,8 @@ from functools import cache
 from pathlib import Path
 from typing import BinaryIO, Literal, NamedTuple
 
-import lz4.block
-import zstandard
-
 from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.core.inputs import InputRefused, inflate, open_regular, read_head
 from sm121_build.cuda.elf import SHT_NOBITS, Elf, ElfError
 from sm121_build.cuda.elf import name as symbol_name
 
@@ -112,10 +109,7 @@ class HostBinary:
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> HostBinary:
         binary = cls(Path(path))
-        try:
-            binary._file = open(binary.path, "rb")  # noqa: SIM115 - closed by close()
-        except OSError as exc:
-            raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+        binary._file = os.fdopen(open_regular(binary.path), "rb")  # closed by close()
         try:
             binary._load()
         except BaseException:
@@ -194,16 +188,14 @@ class HostBinary:
 
 def entry_payload(data: bytes | mmap.mmap, entry: Entry, where: str) -> bytes:
     """An entry's payload, decompressed (at most the size its header declares)."""
+    if entry.offset + entry.stored_size > len(data):
+        raise CorruptBinaryError(f"{where}: entry {entry.index} ({entry.sm}) runs past the "
+                                 "end of the file")
     raw = data[entry.offset:entry.offset + entry.stored_size]
-    try:
-        if entry.compression == "lz4":
-            return bytes(lz4.block.decompress(raw, uncompressed_size=entry.size))
-        if entry.compression == "zstd":
-            return bytes(_zstd().decompress(raw, max_output_size=entry.size))
-    except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError) as exc:
-        raise CorruptBinaryError(
-            f"{where}: entry {entry.index} ({entry.sm}) does not decompress: {exc}") from None
-    return bytes(raw)
+    if entry.compression is None:
+        return bytes(raw)
+    return inflate(bytes(raw), entry.compression, entry.size,
+                   f"{where}: entry {entry.index} ({entry.sm})")
 
 
 def ptx_kernels(text: bytes) -> tuple[str, ...]:
@@ -426,9 +418,8 @@ def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int,
 def is_elf(path: Path) -> bool:
     """True when the file starts with the ELF magic (cheap: reads 4 bytes)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(4) == b"\x7fELF"
-    except OSError:
+        return read_head(path, 4) == b"\x7fELF"
+    except InputRefused:
         return False
 
 
@@ -474,10 +465,7 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
     """`.dynsym` (what `nm -D` shows), unpacked with `struct` from the raw section: torch's
     libraries hold ~10^5 symbols, which pyelftools read one at a time (~1.8 s for
     libtorch_cpu.so)."""
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise CorruptBinaryError(f"{path}: cannot open: {exc.strerror}") from None
+    handle = os.fdopen(open_regular(path), "rb")  # closed below
     undefined: set[str] = set()
     exported: set[str] = set()
     try:
@@ -501,17 +489,6 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
     except (ElfError, ValueError, OSError) as exc:  # ValueError: mmap of an empty file
         raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
     return DynamicSymbols(frozenset(undefined), frozenset(exported))
-
-
-_THREAD = threading.local()
-
-
-def _zstd() -> zstandard.ZstdDecompressor:
-    """One decompressor per thread (one object may not be used by two threads at once)."""
-    decompressor: zstandard.ZstdDecompressor | None = getattr(_THREAD, "zstd", None)
-    if decompressor is None:
-        decompressor = _THREAD.zstd = zstandard.ZstdDecompressor()
-    return decompressor
 
 
 @cache

@@ -89,7 +89,18 @@ class Layout:
 
 def read_layout(data: bytes, where: str) -> Layout:
     """The `.nv_fatbin` section, its containers and their registrations; a file this module
-    cannot rewrite safely is a `CorruptBinaryError` that says why."""
+    cannot rewrite safely is a `CorruptBinaryError` that says why (any offset or size past
+    the end of the file among them: never an exception of the parser's own)."""
+    try:
+        return _read_layout(data, where)
+    except ElfError as exc:
+        raise CorruptBinaryError(f"{where}: not a readable ELF file: {exc}") from None
+    except (struct.error, ValueError, IndexError, OverflowError) as exc:
+        raise CorruptBinaryError(f"{where}: its headers do not hold together "
+                                 f"({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+def _read_layout(data: bytes, where: str) -> Layout:
     if data[:4] != b"\x7fELF" or len(data) < 64:
         raise CorruptBinaryError(f"{where}: not an ELF file")
     if data[4] != 2 or data[5] != 1:
@@ -109,6 +120,11 @@ def read_layout(data: bytes, where: str) -> Layout:
     segment = next((s for s in sections if s.name == ".nvFatBinSegment"), None)
     if fatbin is None or segment is None:
         raise NoFatbin(f"{where}: no .nv_fatbin and .nvFatBinSegment sections")
+    for section in (fatbin, segment):
+        if section.type != SHT_NOBITS and section.offset + section.size > len(data):
+            raise CorruptBinaryError(
+                f"{where}: {section.name} at {section.offset:#x}, {section.size} bytes, runs "
+                f"past the end of the file ({len(data)} bytes; truncated?)")
     index = sections.index(fatbin)
     address = elf.rows[index][3]
     containers = _containers(data, fatbin.offset, fatbin.size, where)

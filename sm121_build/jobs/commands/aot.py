@@ -13,28 +13,35 @@ and is left as it was.
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import os
 import stat
+import struct
+import threading
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
 import click
 
 from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
-from sm121_build.core.errors import CorruptBinaryError, Sm121Error, ToolchainError
-from sm121_build.core.outputs import refuse_links_below, replace_bytes, replace_file
-from sm121_build.core.paths import store_bytes
+from sm121_build.core.errors import CorruptBinaryError, ToolchainError
+from sm121_build.core.inputs import InputRefused, kind_of, opened, read_head, read_input
+from sm121_build.core.outputs import Results
+from sm121_build.core.paths import state_dir, store_bytes
 from sm121_build.core.units import duration, human_size
 from sm121_build.cuda.binary import jit_ptx
 from sm121_build.cuda.compat import Target
-from sm121_build.cuda.elf import Elf
-from sm121_build.cuda.fatbin import entry_payload, read_entry
+from sm121_build.cuda.elf import Elf, ElfError, declared_extent
+from sm121_build.cuda.fatbin import MAX_ENTRY_SIZE, entry_payload, read_entry
 from sm121_build.cuda.fatbin_rewrite import (
     Layout,
     NoFatbin,
@@ -52,6 +59,21 @@ from sm121_build.cuda.ptxas import (
 from sm121_build.verify.aot_check import check_aot
 
 ELF_MAGIC = b"\x7fELF"
+HEAD_WINDOW = 1 << 16  # a member's first bytes: the ELF header and program headers
+MAX_RECORD = 64 << 20  # a wheel's RECORD: torch's is ~2 MB
+
+
+@dataclass
+class CacheDoubts:
+    """Cache entries a run would not use (not written by this tool, or changed since): said
+    once, at the end of the run."""
+
+    count: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self) -> None:
+        with self.lock:
+            self.count += 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +87,7 @@ class AotRequest:
     jobs: int
     timeout: float
     cache: Path | None  # compiled entries by content (None: --no-cache)
+    doubts: CacheDoubts = field(default_factory=CacheDoubts)
 
 
 @dataclass(frozen=True)
@@ -110,53 +133,98 @@ class AotResult:
 
 
 def run_aot(request: AotRequest) -> AotResult:
+    """Every input planned, each result's path claimed (before any work: two results never
+    share a path, none is an input), then compiled and written; a file that fails is one
+    line in `failed` and every other file is still done."""
     started = time.monotonic()
     outcome = AotResult()
-    wheels = [s for s in request.inputs if s.suffix == ".whl" and zipfile.is_zipfile(s)]
-    _aot_files([s for s in request.inputs if s not in wheels], request, outcome)
-    for wheel in wheels:
-        _aot_wheel(wheel, request, outcome)
+    results = Results(request.out, request.inputs)
+    wheels = [s for s in request.inputs if s.suffix == ".whl" and kind_of(s) == "file"]
+    files = [found for source in request.inputs if source not in wheels
+             for found in _elf_files(source, outcome)]
+    targets = {path: results.claim(relative, str(path)) for path, relative in files}
+    wheel_targets = {wheel: results.claim(Path(wheel.name), str(wheel)) for wheel in wheels}
+    _aot_files(targets, request, outcome, results)
+    for wheel, target in wheel_targets.items():
+        try:
+            _aot_wheel(wheel, target, request, outcome, results)
+        except (zipfile.BadZipFile, CorruptBinaryError, InputRefused, EOFError,
+                zlib.error) as exc:
+            outcome.failed.append(f"{wheel}: {exc}" if str(wheel) not in str(exc) else str(exc))
+    if request.doubts.count:
+        notice(f"aot: {request.doubts.count} cached module(s) were not written by this tool "
+               "or changed since (no matching digest in its state folder): compiled again")
     outcome.wall_seconds = time.monotonic() - started
     return outcome
 
 
-def _aot_files(sources: list[Path], request: AotRequest, outcome: AotResult) -> None:
+MAX_FILE = 1 << 34  # 16 GiB: a larger file is not a CUDA extension (torch's largest: ~1.5 GB)
+
+
+def _aot_files(targets: dict[Path, Path], request: AotRequest, outcome: AotResult,
+               results: Results) -> None:
     """.so files and folders of them, compiled as one batch: each rewritten file at its
-    path relative to what was given, under --out."""
+    claimed path under --out."""
     works: list[FileWork] = []
     names: dict[str, Path] = {}
-    for path, relative in (found for source in sources for found in _elf_files(source)):
-        data = path.read_bytes()
-        work = _plan(str(path), data, path.stat().st_mode, request.target, outcome)
+    for path, target in targets.items():
+        try:
+            data = read_input(path, MAX_FILE)
+            mode = os.stat(path).st_mode
+        except (InputRefused, OSError) as exc:
+            outcome.failed.append(str(exc))
+            continue
+        work = _plan(str(path), data, mode, request.target, outcome)
         if work is not None:
             works.append(work)
-            names[work.name] = relative
+            names[work.name] = target
     for work, new in _compile_and_rewrite(works, request, outcome):
-        target = request.out / names[work.name]
-        _write_new(request.out, target, new, stat.S_IMODE(work.mode))
+        target = names[work.name]
+        results.write(target, partial(_write_bytes, new), stat.S_IMODE(work.mode))
         outcome.written.append(target)
 
 
-def _elf_files(source: Path) -> Iterator[tuple[Path, Path]]:
-    """(path, path relative to what was given) of the ELF files; links are not followed."""
-    if source.is_file():
+def _write_bytes(data: bytes, out: BinaryIO) -> None:
+    out.write(data)
+
+
+def _elf_files(source: Path, outcome: AotResult) -> Iterator[tuple[Path, Path]]:
+    """(path, path relative to what was given) of the files to plan: a file given by name
+    whatever it holds (one that is no ELF file is said, as the audit says it), the ELF files
+    of a folder; links inside a folder are not followed, and what is not a regular file
+    there is skipped and said."""
+    if kind_of(source) == "file":
         yield source, Path(source.name)
         return
     for root, dirs, files in os.walk(source, followlinks=False):
         dirs.sort()
         for name in sorted(files):
             path = Path(root) / name
-            if path.is_symlink() or not path.is_file():
+            if path.is_symlink():
                 continue
-            with open(path, "rb") as handle:
-                if handle.read(4) == ELF_MAGIC:
-                    yield path, path.relative_to(source)
+            try:
+                head = read_head(path, 4)
+            except InputRefused as exc:
+                notice(f"skipped: {exc}")
+                continue
+            if head == ELF_MAGIC:
+                yield path, path.relative_to(source)
 
 
 def _plan(name: str, data: bytes, mode: int, target: Target,
           outcome: AotResult) -> FileWork | None:
     """The file's layout when it has JIT-only containers to compile; None when it has none
-    (host code only, or everything loads natively already)."""
+    (host code only, or everything loads natively already).  A file that is no readable
+    ELF file is one line in `failed` (as `audit` refuses it), never "nothing to compile"."""
+    if data[:4] != ELF_MAGIC:
+        outcome.failed.append(f"{name}: not an ELF file: aot reads shared objects (.so), "
+                              "folders of them and wheels")
+        return None
+    try:
+        Elf.read(data)
+    except ElfError as exc:
+        outcome.failed.append(f"{name}: not a readable ELF file (truncated?): {exc}")
+        return None
     if b".nv_fatbin" not in data:  # the section's name: host code only
         return None
     try:
@@ -167,33 +235,50 @@ def _plan(name: str, data: bytes, mode: int, target: Target,
         outcome.failed.append(str(exc))
         return None
     work = FileWork(name, data, layout, mode)
-    return work if any(jit_ptx(c.described, target) for c in layout.containers) \
-        else None
+    try:
+        return work if any(jit_ptx(c.described, target) for c in layout.containers) \
+            else None
+    except CorruptBinaryError as exc:
+        outcome.failed.append(str(exc))
+        return None
 
 
 def _modules(works: list[FileWork], request: AotRequest,
              outcome: AotResult) -> list[Module]:
     modules = []
     for number, work in enumerate(works):
-        for index, container in enumerate(work.layout.containers):
-            entry = jit_ptx(container.described, request.target)
-            if entry is None:
-                continue
-            raw = container.entries[container.described.index(entry)]
-            if entry.version > request.toolchain.newest_isa:
-                outcome.failed.append(
-                    f"{work.name}: container {index}'s PTX is ISA {entry.version[0]}."
-                    f"{entry.version[1]}, newer than {request.toolchain} reads; left JIT-only")
-                continue
-            try:
-                options = tuple(checked_options(entry_options(raw)))
-            except ToolchainError as exc:
-                outcome.failed.append(f"{work.name}: container {index}: {exc}")
-                continue
-            ptx = entry_payload(work.data, entry, work.name)
-            modules.append(Module(number, index, ptx, options,
-                                  arch_for(request.target, entry.variant)))
+        try:
+            modules += _file_modules(number, work, request, outcome)
+        except CorruptBinaryError as exc:  # one bad entry: this file is left, the rest done
+            outcome.failed.append(f"{exc}; {work.name} left as it was"
+                                  if work.name in str(exc) else f"{work.name}: {exc}")
     return sorted(modules, key=lambda m: -len(m.ptx))
+
+
+def _file_modules(number: int, work: FileWork, request: AotRequest,
+                  outcome: AotResult) -> list[Module]:
+    """The modules of one file; a damaged entry is a `CorruptBinaryError` for the whole
+    file (half a file is never written)."""
+    modules = []
+    for index, container in enumerate(work.layout.containers):
+        entry = jit_ptx(container.described, request.target)
+        if entry is None:
+            continue
+        raw = container.entries[container.described.index(entry)]
+        if entry.version > request.toolchain.newest_isa:
+            outcome.failed.append(
+                f"{work.name}: container {index}'s PTX is ISA {entry.version[0]}."
+                f"{entry.version[1]}, newer than {request.toolchain} reads; left JIT-only")
+            continue
+        try:
+            options = tuple(checked_options(entry_options(raw)))
+        except ToolchainError as exc:
+            outcome.failed.append(f"{work.name}: container {index}: {exc}")
+            continue
+        ptx = entry_payload(work.data, entry, work.name)
+        modules.append(Module(number, index, ptx, options,
+                              arch_for(request.target, entry.variant)))
+    return modules
 
 
 def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
@@ -255,35 +340,56 @@ def _compile_one(module: Module, request: AotRequest) -> tuple[bytes, bytes, flo
 
 
 def _compiled(module: Module, request: AotRequest) -> tuple[bytes, bytes]:
-    """The module's cubin and fatbin entry: from the cache when this ptxas already compiled
-    this PTX with these options for this GPU (ptxas is deterministic but for its notes, and
-    each file's verification compiles one module again), else compiled now and kept."""
+    """The module's cubin and fatbin entry: from the cache when this tool compiled this PTX
+    with these options for this GPU with this ptxas before, and the entry is unchanged since
+    (its digest, kept in the state folder when it was written, says so), else compiled now
+    and kept with its digest."""
     key = hashlib.sha256(b"\0".join([module.ptx, module.arch.encode(),
                                       " ".join(module.options).encode(),
                                       request.toolchain.version.encode()])).hexdigest()
-    cached = _cached_entry(request.cache / key[:2] / key, module) if request.cache else None
-    if cached is not None:
-        return cached
+    if request.cache is not None:
+        cached = _cached_entry(request.cache / key[:2] / key, _digest_path(key), module,
+                               request.doubts)
+        if cached is not None:
+            return cached
     cubin = compile_ptx(request.toolchain, module.ptx, module.arch, list(module.options),
                         request.timeout)
     entry = fatbin_entry(request.toolchain, cubin, module.arch.removeprefix("sm_"),
                          request.timeout)
-    if request.cache:
+    if request.cache is not None:
+        store_bytes(_digest_path(key), hashlib.sha256(entry).hexdigest().encode())
         store_bytes(request.cache / key[:2] / key, entry)
     return cubin, entry
 
 
-def _cached_entry(path: Path, module: Module) -> tuple[bytes, bytes] | None:
-    """A cached entry that reads as a cubin for the module's GPU, with that cubin."""
+def _digest_path(key: str) -> Path:
+    """Where the digest of the cache entry `key` is kept: the state folder, which no cache
+    restore (a CI's actions/cache, a copied ~/.cache) brings along."""
+    return state_dir() / "aot-cache-digests" / key[:2] / key
+
+
+def _cached_entry(path: Path, digest_at: Path, module: Module,
+                  request_doubts: CacheDoubts) -> tuple[bytes, bytes] | None:
+    """A cached entry whose digest this tool recorded when it wrote it, still unchanged,
+    that reads as a cubin for the module's GPU, with that cubin; None (and counted when an
+    entry was there) otherwise."""
+    if not path.exists() and not path.is_symlink():
+        return None
     try:
-        entry = path.read_bytes()
+        recorded = read_input(digest_at, 64, "aot cache digest").decode("ascii")
+        entry = read_input(path, MAX_ENTRY_SIZE, "aot cache entry")
+        if hashlib.sha256(entry).hexdigest() != recorded:
+            raise CorruptBinaryError(f"{path}: changed since it was written")
         described, _end = read_entry(path, entry, 0, len(entry))
         if described is None or described.kind != "elf" or \
                 f"sm_{described.arch}" != module.arch.rstrip("a"):
-            return None
+            raise CorruptBinaryError(f"{path}: not a cubin for {module.arch}")
         cubin = entry_payload(entry, described, str(path))
-        return (cubin, entry) if cubin[:4] == ELF_MAGIC else None
-    except (OSError, CorruptBinaryError):
+        if cubin[:4] != ELF_MAGIC:
+            raise CorruptBinaryError(f"{path}: not a cubin")
+        return cubin, entry
+    except (InputRefused, CorruptBinaryError, UnicodeDecodeError, struct.error, OSError):
+        request_doubts.add()
         return None
 
 
@@ -319,28 +425,34 @@ def _stored_cubin(new: bytes, work: FileWork, container: int) -> bytes:
 
 def _code(cubin: bytes) -> dict[str, bytes]:
     """A cubin's code: its `.text.*` sections (the rest holds ptxas's own notes)."""
-    elf = Elf.read(cubin)
-    return {s.name: elf.section_data(s) for s in elf.sections if s.name.startswith(".text")}
+    try:
+        elf = Elf.read(cubin)
+        return {s.name: elf.section_data(s) for s in elf.sections
+                if s.name.startswith(".text")}
+    except ElfError as exc:
+        raise CorruptBinaryError(f"an added cubin is not a readable ELF file: {exc}") from None
 
 
-def _write_new(root: Path, target: Path, data: bytes, mode: int) -> None:
-    """Write a file under `root` (--out), never through a link found there (a folder of it
-    that is one) and never over one."""
-    refuse_links_below(root, target)
-    replace_bytes(target, data, mode)
-
-
-def _aot_wheel(source: Path, request: AotRequest, outcome: AotResult) -> None:
-    """A wheel: its rewritten members in a copy under --out, RECORD updated (sha256 and
-    size of each), every other member byte for byte."""
-    with zipfile.ZipFile(source) as wheel:
+def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResult,
+               results: Results) -> None:
+    """A wheel: its rewritten members in a copy at `target`, RECORD updated (sha256 and
+    size of each, read and written as CSV), every other member byte for byte.  A wheel with
+    two members of one name is refused; a member is read only when its first bytes are an
+    ELF header whose declared extent holds its size."""
+    with opened(source, "wheel") as (fd, _size), os.fdopen(os.dup(fd), "rb") as handle, \
+            zipfile.ZipFile(handle) as wheel:
         infos = wheel.infolist()
+        names = [info.filename for info in infos]
+        if len(set(names)) != len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise CorruptBinaryError(f"{source}: holds two members named {twice}: not a "
+                                     "wheel pip would install the same way twice; refused")
         works: list[FileWork] = []
         for info in infos:
             if info.is_dir() or not (info.filename.endswith(".so") or ".so." in info.filename):
                 continue
-            data = wheel.read(info)
-            if data[:4] != ELF_MAGIC:
+            data = _elf_member(wheel, info, f"{source.name}!{info.filename}")
+            if data is None:
                 continue
             mode = (info.external_attr >> 16) or 0o755
             work = _plan(f"{source.name}!{info.filename}", data, mode, request.target,
@@ -351,40 +463,71 @@ def _aot_wheel(source: Path, request: AotRequest, outcome: AotResult) -> None:
                     for w, new in _compile_and_rewrite(works, request, outcome)}
         if not replaced:
             return
-        target = request.out / source.name
-        refuse_links_below(request.out, target)
-        _write_wheel(wheel, infos, replaced, target)
+        record = _new_record(wheel, infos, replaced)
+        results.write(target, lambda out: _copy_wheel(wheel, infos, replaced, record, out),
+                      stat.S_IMODE(os.fstat(fd).st_mode))
         outcome.written.append(target)
 
 
-def _write_wheel(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
-                 replaced: dict[str, bytes], target: Path) -> None:
+def _elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> bytes | None:
+    """A member's bytes when it is an ELF file whose headers account for its size; None
+    when it is no ELF file (read no further than its first bytes)."""
+    with wheel.open(info) as member:
+        head = member.read(HEAD_WINDOW)
+        if head[:4] != ELF_MAGIC:
+            return None
+        extent = declared_extent(head)
+        if extent is None or info.file_size > extent:
+            raise CorruptBinaryError(
+                f"{name}: {info.file_size} bytes, more than the "
+                f"{extent or 0} its ELF headers account for; refused (not read)")
+        return head + member.read(info.file_size - len(head) + 1)
+
+
+def _new_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
+                replaced: dict[str, bytes]) -> tuple[str, bytes]:
+    """The RECORD member's name and its new text: the rows of the replaced members with
+    their new sha256 and size, every other row as it was (CSV, as PEP 376 writes it)."""
     record = next((i.filename for i in infos if i.filename.endswith(".dist-info/RECORD")),
                   None)
     if record is None:
-        raise Sm121Error(f"{wheel.filename}: no .dist-info/RECORD: not a wheel")
-    lines = []
-    for row in wheel.read(record).decode().splitlines():
-        path = row.rsplit(",", 2)[0]
-        if path in replaced:
-            digest = base64.urlsafe_b64encode(hashlib.sha256(replaced[path]).digest())
-            row = f"{path},sha256={digest.rstrip(b'=').decode()},{len(replaced[path])}"
-        lines.append(row)
+        raise CorruptBinaryError(f"{wheel.filename}: no .dist-info/RECORD: not a wheel")
+    info = wheel.getinfo(record)
+    if info.file_size > MAX_RECORD:
+        raise CorruptBinaryError(f"{wheel.filename}: its RECORD holds {info.file_size} "
+                                 f"bytes, more than {MAX_RECORD}")
+    try:
+        rows = list(csv.reader(io.StringIO(wheel.read(info).decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise CorruptBinaryError(f"{wheel.filename}: its RECORD is not CSV: {exc}") from None
+    seen = set()
+    for row in rows:
+        if row and row[0] in replaced:
+            data = replaced[row[0]]
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            row[1:] = [f"sha256={digest.decode()}", str(len(data))]
+            seen.add(row[0])
+    missing = sorted(set(replaced) - seen)
+    if missing:
+        raise CorruptBinaryError(f"{wheel.filename}: its RECORD has no row for {missing[0]}")
+    text = io.StringIO(newline="")
+    csv.writer(text, lineterminator="\n").writerows(rows)
+    return record, text.getvalue().encode()
 
-    def write(out: BinaryIO) -> None:
-        with zipfile.ZipFile(out, "w") as copy:
-            for info in infos:
-                if info.filename == record:
-                    copy.writestr(info, "\n".join(lines) + "\n")
-                elif info.filename in replaced:
-                    copy.writestr(info, replaced[info.filename],
-                                  compress_type=zipfile.ZIP_DEFLATED)
-                else:
-                    with wheel.open(info) as member, copy.open(info, "w") as to:
-                        while chunk := member.read(1 << 20):
-                            to.write(chunk)
 
-    replace_file(target, write, stat.S_IMODE(os.stat(str(wheel.filename)).st_mode))
+def _copy_wheel(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
+                replaced: dict[str, bytes], record: tuple[str, bytes], out: BinaryIO) -> None:
+    with zipfile.ZipFile(out, "w") as copy:
+        for info in infos:
+            if info.filename == record[0]:
+                copy.writestr(info, record[1])
+            elif info.filename in replaced:
+                copy.writestr(info, replaced[info.filename],
+                              compress_type=zipfile.ZIP_DEFLATED)
+            else:
+                with wheel.open(info) as member, copy.open(info, "w") as to:
+                    while chunk := member.read(1 << 20):
+                        to.write(chunk)
 
 
 def say_results(outcome: AotResult) -> None:

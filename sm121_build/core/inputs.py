@@ -1,0 +1,185 @@
+"""The one way in: every file the tool reads from outside is opened here, and every
+compressed payload is inflated here.
+
+An input is opened without blocking (a FIFO, a tty or a device answers at once, and is
+refused as not a regular file), checked to be a regular file (or a folder where one is
+expected), and read in bounded windows, never more than the format declares or the caller
+bounds it by.  A compressed payload is inflated to at most the size its container declares:
+a frame that states more, or yields more, is refused in one line, never inflated first.
+The errors are `InputRefused` (a bad input: exit 2), or the caller's own class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import lz4.block
+import zstandard
+
+from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+
+WINDOW = 1 << 20  # bytes read at a time
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+class InputRefused(CorruptBinaryError):
+    """An input that is not what it must be: not a regular file, too large, unreadable (a
+    `CorruptBinaryError`, so every reader of binaries reports it as it reports damage)."""
+
+
+def what_it_is(mode: int) -> str:
+    """A file type in words ("a FIFO", "a directory", ...)."""
+    for test, words in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                        (stat.S_ISLNK, "a symlink"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return words
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def open_regular(path: str | os.PathLike[str], what: str = "input") -> int:
+    """A read-only descriptor of a regular file (the caller closes it).  Opened with
+    O_NONBLOCK, so a FIFO with no writer or a device never blocks the run; anything but a
+    regular file (after links) is an `InputRefused` naming what it is."""
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError as exc:
+        raise InputRefused(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputRefused(f"{path}: {what} is {what_it_is(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def opened(path: str | os.PathLike[str], what: str = "input") -> Iterator[tuple[int, int]]:
+    """(descriptor, size) of a regular file, closed on exit."""
+    fd = open_regular(path, what)
+    try:
+        yield fd, os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def read_input(path: str | os.PathLike[str], limit: int, what: str = "input") -> bytes:
+    """A regular file's bytes, when it holds at most `limit` of them (else refused before
+    anything is read), read in windows."""
+    with opened(path, what) as (fd, size):
+        if size > limit:
+            raise InputRefused(f"{path}: {what} holds {size} bytes, more than the {limit} "
+                               "it may")
+        return _read_exactly(fd, size, f"{path}")
+
+
+def read_head(path: str | os.PathLike[str], count: int, what: str = "input") -> bytes:
+    """The first `count` bytes (or fewer: the whole file) of a regular file."""
+    with opened(path, what) as (fd, _size):
+        return os.read(fd, count)
+
+
+def _read_exactly(fd: int, size: int, where: str) -> bytes:
+    """`size` bytes (what fstat said: a file that grows meanwhile is read no further)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        chunk = os.read(fd, min(WINDOW, size - got))
+        if not chunk:
+            raise InputRefused(f"{where}: cut short while read ({got} of {size} bytes)")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def map_input(path: str | os.PathLike[str], what: str = "input") -> tuple[mmap.mmap | bytes, int]:
+    """A regular file mapped read-only (b"" when empty), and its size: pages are read when
+    touched, so a parser reads only what it looks at."""
+    with opened(path, what) as (fd, size):
+        if size == 0:
+            return b"", 0
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), size
+        except (OSError, ValueError) as exc:
+            raise InputRefused(f"{path}: {what} cannot be mapped: {exc}") from None
+
+
+def require_folder(path: str | os.PathLike[str], what: str = "folder") -> Path:
+    """The path, when it is a folder (after links); else refused naming what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise InputRefused(f"{path}: {what}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(mode):
+        raise InputRefused(f"{path}: {what} is {what_it_is(mode)}, not a folder")
+    return Path(path)
+
+
+def kind_of(path: str | os.PathLike[str]) -> Literal["file", "folder", "missing", "other"]:
+    """What a path is, links followed, without opening it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "folder" if stat.S_ISDIR(mode) else "other"
+
+
+# -- the one way to decompress ---------------------------------------------------------------
+
+Compression = Literal["lz4", "zstd"]
+_THREAD = threading.local()
+
+
+def _zstd() -> zstandard.ZstdDecompressor:
+    """One decompressor per thread (one object may not be used by two threads at once)."""
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_THREAD, "zstd", None)
+    if decompressor is None:
+        decompressor = _THREAD.zstd = zstandard.ZstdDecompressor()
+    return decompressor
+
+
+def inflate(raw: bytes, compression: Compression, declared: int, where: str) -> bytes:
+    """`raw` decompressed, never to more than `declared` bytes (what the container's header
+    says the payload is): a frame that states a larger size is refused before anything is
+    inflated, one that states none is inflated in windows and stopped one byte past the
+    bound.  Damage of any kind is a `CorruptBinaryError` naming `where`."""
+    try:
+        if compression == "lz4":  # the block format: the output buffer is the bound
+            return bytes(lz4.block.decompress(raw, uncompressed_size=declared))
+        stated = zstandard.frame_content_size(raw)
+        if stated > declared:
+            raise CorruptBinaryError(
+                f"{where}: its zstd frame states {stated} bytes, more than the {declared} its "
+                "header declares (a decompression bomb?); refused")
+        if stated >= 0:  # zstd checks the frame yields exactly what it states
+            return bytes(_zstd().decompress(raw))
+        return _zstd_windowed(raw, declared, where)
+    except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError,
+            ValueError) as exc:
+        raise CorruptBinaryError(f"{where} does not decompress: {exc}") from None
+
+
+def _zstd_windowed(raw: bytes, declared: int, where: str) -> bytes:
+    out = bytearray()
+    with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+        while True:
+            chunk = reader.read(min(WINDOW, declared + 1 - len(out)))
+            if not chunk:
+                return bytes(out)
+            out += chunk
+            if len(out) > declared:
+                raise CorruptBinaryError(
+                    f"{where}: its zstd frame yields more than the {declared} bytes its header "
+                    "declares (a decompression bomb?); refused")
