@@ -20,7 +20,7 @@ import sys
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,7 +33,9 @@ from isal import isal_zlib
 
 from sm121_build.core.console import Progress
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+from sm121_build.core.inputs import InputRefused, read_head
 from sm121_build.core.interrupts import temp_dir
+from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
 from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
@@ -107,7 +109,8 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
                     raise Sm121Error(
                         f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
                         "those, a directory, or an image in the local Docker engine")
-            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error,
+                    isal_zlib.error) as exc:
                 raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
             yield found
         return
@@ -137,8 +140,7 @@ TAR_MAGICS = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
 def archive_kind(path: Path) -> str | None:
     """"zip", "tar" (plain or compressed) or None, from the first block only: tarfile's own
     probe reads a file of zeros to its end (50 GB of a sparse file)."""
-    with open(path, "rb") as handle:
-        head = handle.read(512)
+    head = read_head(path, 512, "archive")
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")) or zipfile.is_zipfile(path):
         return "zip"
     if head.startswith(TAR_MAGICS):
@@ -253,9 +255,8 @@ def _auditable_head(head: bytes) -> bool:
 def is_auditable(path: Path) -> bool:
     """What the audit reads: `_auditable_head` of the file (False when it cannot be read)."""
     try:
-        with open(path, "rb") as handle:
-            return _auditable_head(handle.read(RAW_PROBE))
-    except OSError:
+        return _auditable_head(read_head(path, RAW_PROBE))
+    except InputRefused:
         return False
 
 
@@ -288,10 +289,10 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
                 print(f"skipped: {rel}: not a regular file", file=sys.stderr)
                 continue
             try:
-                with open(full, "rb") as handle:
-                    head = handle.read(RAW_PROBE)
-            except OSError as exc:
-                found.append(Binary(rel, full, skipped=f"not read: {exc.strerror or exc}"))
+                head = read_head(full, RAW_PROBE)
+            except InputRefused as exc:
+                why = str(exc).removeprefix(f"{full}: ").removeprefix("cannot open: ")
+                found.append(Binary(rel, full, skipped=f"not read: {why}"))
                 continue
             if _auditable_head(head):
                 found.append(Binary(rel, full))
@@ -322,31 +323,53 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
 
 def _extract(archive: Path, member: tuple[zipfile.ZipInfo, Path]) -> Binary | None:
     """One member written to its path (an own handle: threads do not share a file offset);
-    the Binary to audit, a skipped one, or None when it is not device code at all."""
+    the Binary to audit, a skipped one, or None when it is not device code at all.  Its
+    first bytes decide before anything is written: a member that is not device code costs
+    one window of memory and no temp space, and an ELF member larger than its headers
+    account for is skipped, said, and not written."""
     info, target = member
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if info.compress_type == zipfile.ZIP_DEFLATED and not info.flag_bits & 1:
-            _inflate(archive, info, target)
-        else:  # stored, or what zipfile refuses in its own words (deflate64, encrypted)
-            with zipfile.ZipFile(archive) as wheel, wheel.open(info) as source, \
-                    open(target, "wb") as out:
-                while chunk := source.read(1 << 20):
-                    out.write(chunk)
-    except (NotImplementedError, RuntimeError) as exc:
+        chunks = _member_chunks(archive, info)
+        head = b""
+        for chunk in chunks:
+            head += chunk
+            if len(head) >= RAW_PROBE:
+                break
+        if not _auditable_head(head[:RAW_PROBE]):
+            chunks.close()
+            return None
+        extent = declared_extent(head[:_HEAD_WINDOW]) if head[:4] == b"\x7fELF" else info.file_size
+        if extent is None or info.file_size > extent:
+            chunks.close()
+            return Binary(info.filename, target, skipped=(
+                f"{info.file_size} bytes, more than the {extent or 0} its ELF headers account "
+                "for (not extracted)"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as out:
+            out.write(head)
+            for chunk in chunks:
+                out.write(chunk)
+    except (NotImplementedError, RuntimeError, OSError, ValueError) as exc:  # a bad offset
         target.unlink(missing_ok=True)
         return Binary(info.filename, target, skipped=f"not extracted: {exc}")
-    return Binary(info.filename, target) if is_auditable(target) else None
+    return Binary(info.filename, target)
 
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
 _CHUNK = 4 << 20
+_HEAD_WINDOW = 1 << 16
 
 
-def _inflate(archive: Path, info: zipfile.ZipInfo, target: Path) -> None:
-    """A deflated member through ISA-L's inflate (twice zlib's speed on a wheel's `.so`
-    files), its size and CRC-32 checked as zipfile checks them."""
-    with open(archive, "rb") as handle, open(target, "wb") as out:
+def _member_chunks(archive: Path, info: zipfile.ZipInfo) -> Generator[bytes, None, None]:
+    """A member's bytes in windows: deflated ones through ISA-L's inflate (twice zlib's
+    speed on a wheel's `.so` files), size and CRC-32 checked as zipfile checks them; stored
+    ones, or what zipfile refuses in its own words (deflate64, encrypted), through zipfile."""
+    if info.compress_type != zipfile.ZIP_DEFLATED or info.flag_bits & 1:
+        with zipfile.ZipFile(archive) as wheel, wheel.open(info) as source:
+            while chunk := source.read(_CHUNK):
+                yield chunk
+        return
+    with open(archive, "rb") as handle:
         handle.seek(info.header_offset)
         signature, name_length, extra_length = _LOCAL_HEADER.unpack(
             handle.read(_LOCAL_HEADER.size).ljust(_LOCAL_HEADER.size, b"\0"))
@@ -360,12 +383,18 @@ def _inflate(archive: Path, info: zipfile.ZipInfo, target: Path) -> None:
             if not chunk:
                 raise zipfile.BadZipFile(f"{info.filename}: cut short")
             left -= len(chunk)
-            data = inflater.decompress(chunk)
-            crc, size = isal_zlib.crc32(data, crc), size + len(data)
-            out.write(data)
+            data = inflater.decompress(chunk, _CHUNK)
+            while data:
+                crc, size = isal_zlib.crc32(data, crc), size + len(data)
+                if size > info.file_size:
+                    raise zipfile.BadZipFile(f"{info.filename}: inflates past the "
+                                             f"{info.file_size} bytes it declares")
+                yield data
+                data = inflater.decompress(inflater.unconsumed_tail, _CHUNK) \
+                    if inflater.unconsumed_tail else b""
         data = inflater.flush()
         crc, size = isal_zlib.crc32(data, crc), size + len(data)
-        out.write(data)
+        yield data
         if (crc, size) != (info.CRC, info.file_size):
             raise zipfile.BadZipFile(f"{info.filename}: bad CRC-32 or size (damaged member)")
 

@@ -51,6 +51,9 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
                    "the verified files and their manifest, optional).")
 @click.option("--tag", help="For an image: the result's tag (default: the base tag with "
                             "-sm121).")
+@click.option("--replace-tag", is_flag=True,
+              help="For an image: move --tag off an image this tool did not give it (the "
+                   "image itself stays).")
 @click.option("--target", "gpu", help="GPU to compile for: sm_121, sm_120, sm_90... "
               "[default: this machine's GPU (nvidia-smi), else sm_121]")
 @click.option("--cuda-home", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -65,8 +68,9 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
               "default a module this ptxas compiled before for the GPU is taken from "
               "$XDG_CACHE_HOME/sm121-build/aot.")
 def aot(  # noqa: PLR0913 (a click command: a parameter per option)
-        paths: tuple[str, ...], out: Path | None, tag: str | None, gpu: str | None,
-        cuda_home: Path | None, jobs: int, timeout: float, no_cache: bool) -> None:
+        paths: tuple[str, ...], out: Path | None, tag: str | None, replace_tag: bool,
+        gpu: str | None, cuda_home: Path | None, jobs: int, timeout: float,
+        no_cache: bool) -> None:
     """Compile the PTX of JIT-only kernels for the GPU ahead of time, into the same file.
 
     For each fatbin with no cubin the GPU loads but PTX it can JIT, ptxas compiles that PTX
@@ -81,13 +85,14 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     from sm121_build.jobs.commands.aot import AotRequest, run_aot, say_results
 
     if len(paths) == 1 and not os.path.lexists(paths[0]):
-        _aot_image(paths[0], out, tag, gpu)
+        _aot_image(paths[0], out, (tag, replace_tag), gpu)
         return
     files = _check_inputs(paths)
     if out is None:
         raise click.UsageError("--out is required for files, folders and wheels")
-    if tag is not None:
-        raise click.UsageError("--tag names the result of an image: no image was given")
+    if tag is not None or replace_tag:
+        raise click.UsageError("--tag and --replace-tag name the result of an image: no image "
+                               "was given")
     target = parse_target(_target(gpu))
     from sm121_build.core.outputs import Results
 
@@ -105,7 +110,8 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
                f"natively on {target} or has no PTX it can JIT")
 
 
-def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) -> None:
+def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
+               gpu: str | None) -> None:
     """An image: the main job with its aot actions alone (no source), for sm_121."""
     from sm121_build.cli.inputs import require_outputs
     from sm121_build.cuda.compat import ArchList
@@ -119,6 +125,7 @@ def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) ->
     from sm121_build.jobs.framework.session import run_session
 
     validate_image_ref(base)
+    tag, replace_tag = tagging
     if gpu is not None and parse_target(gpu) != parse_target("sm_121"):
         raise Sm121Error(f"--target {gpu}: an image is aot'd for sm_121 only (the main job's "
                          "GPU); aot its files for another GPU")
@@ -129,4 +136,4 @@ def _aot_image(base: str, out: Path | None, tag: str | None, gpu: str | None) ->
     with run_session("build", base, result_tag, sm121) as (pipeline, _):
         run_build(pipeline, Options(base=base, tag=result_tag, arch=sm121, extra_ext=(),
                                     jobs=None, source=None, repo="", out=out, force=False,
-                                    no_patch=False, aot_only=True))
+                                    no_patch=False, aot_only=True, replace_tag=replace_tag))

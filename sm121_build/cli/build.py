@@ -80,7 +80,9 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
                    "tag), with the engine's `docker login`.")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="With --kernels-to: sign the pushed kernels image with this ECDSA P-256 "
-                   "PEM key, in cosign's format (`cosign verify --key` reads it); a "
+                   "PEM key, in cosign's format (`cosign verify --key` reads it); with --out: "
+                   "sign the folder's manifest.json (manifest.json.sig, as `cosign sign-blob` "
+                   "makes it), which `inject --artifacts DIR --trust-key` requires; a "
                    "passphrase from COSIGN_PASSWORD.")
 @click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               envvar="SM121_TRUST_KEY",
@@ -117,8 +119,8 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
     validate_image_ref(base)
     if no_build and not kernels_from:
         raise click.UsageError("--no-build goes with --kernels-from REPO")
-    if sign_key and not kernels_to:
-        raise click.UsageError("--sign-key goes with --kernels-to REPO")
+    if sign_key and not (kernels_to or out):
+        raise click.UsageError("--sign-key goes with --kernels-to REPO or --out DIR")
     signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
     trusted = TrustKey.load(trust_key) if trust_key and kernels_from else None
     for option, repository in (("--kernels-from", kernels_from), ("--kernels-to", kernels_to)):

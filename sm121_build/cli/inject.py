@@ -41,8 +41,10 @@ from sm121_build.jobs.framework.session import Reporting, run_session
               help="The run's record (the --report schema) on stdout, however it ends.")
 @click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               envvar="SM121_TRUST_KEY",
-              help="With --from: refuse the kernels image (exit 3) unless this public key "
-                   "(cosign.pub) signed it.  Default: $SM121_TRUST_KEY.")
+              help="Refuse the kernels (exit 3) unless this public key (cosign.pub) signed "
+                   "them: the kernels image of --from, or the manifest.json of --artifacts "
+                   "(manifest.json.sig, written by `--out DIR --sign-key KEY`).  Default: "
+                   "$SM121_TRUST_KEY.")
 def inject(  # noqa: PLR0913 (a click command: a parameter per option)
            folder: Path | None, kernels_ref: str | None, base: str, tag: str | None,
            out: Path | None, report: Path | None, summary_md: Path | None, replace_tag: bool,
@@ -59,9 +61,10 @@ def inject(  # noqa: PLR0913 (a click command: a parameter per option)
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md)
-    trusted = TrustKey.load(trust_key) if trust_key and kernels_ref else None
-    # the manifest and every file checked before the engine is asked
-    found = load(folder) if folder is not None else None
+    trusted = TrustKey.load(trust_key) if trust_key else None
+    # the manifest (signed by the trusted key, with one) and every file checked before the
+    # engine is asked
+    found = load(folder, trusted) if folder is not None else None
     with run_session("inject", base, result_tag, None,
                      Reporting(report, summary_md, as_json)) as (
             pipeline, tmp):

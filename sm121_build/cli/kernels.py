@@ -62,15 +62,25 @@ def verify_command(ref: str, trust_key: Path) -> None:
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Sign what was pushed with this ECDSA P-256 PEM key, in cosign's format "
                    "(a passphrase from COSIGN_PASSWORD).")
-def publish_command(folder: Path, repo: str, extra: tuple[str, ...],
-                    sign_key: Path | None) -> None:
+@click.option("--replace-tag", is_flag=True,
+              help="Move a local tag that names an image this tool did not give it (the "
+                   "image itself stays); without it such a tag is refused.")
+@click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              envvar="SM121_TRUST_KEY",
+              help="Publish DIR only when its manifest.json is signed by this public key "
+                   "(manifest.json.sig, written by `--out DIR --sign-key KEY`); exit 3 "
+                   "otherwise.  Default: $SM121_TRUST_KEY.")
+def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PLR0913
+                    sign_key: Path | None, replace_tag: bool, trust_key: Path | None) -> None:
     """Build the kernels image of DIR (FROM scratch: the files at their paths in the base,
     the manifest, labels) and push it as REPO:k-<reuse key>, REPO:<version>-<commit>-<cuXYZ>-<arch>
     and REPO:<TAG>."""
     require_repository(repo, "--to")
     signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
-    found = load(folder)  # every file and its sha256 before the engine is asked
+    trusted = TrustKey.load(trust_key) if trust_key else None
+    found = load(folder, trusted)  # every file and its sha256 before the engine is asked
     pipeline = Pipeline.connect()
     log = pipeline.new_log("kernels")
-    for tag in publish(pipeline.engine, found, Publication(repo, extra, signing), log):
+    for tag in publish(pipeline.engine, found,
+                       Publication(repo, extra, signing, replace_tag=replace_tag), log):
         click.echo(tag)

@@ -23,7 +23,7 @@ from typing import Literal
 import lz4.block
 import zstandard
 
-from sm121_build.core.errors import CorruptBinaryError, Sm121Error
+from sm121_build.core.errors import CorruptBinaryError
 
 WINDOW = 1 << 20  # bytes read at a time
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)

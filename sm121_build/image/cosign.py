@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from sm121_build.core.errors import Sm121Error
-from sm121_build.image.registry import OCI_MANIFEST, Registry, digest_of
+from sm121_build.core.inputs import InputRefused, read_input
+from sm121_build.image.registry import OCI_MANIFEST, BlobRefused, Registry, digest_of
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE_ENVELOPE = "application/vnd.dsse.envelope.v1+json"
@@ -40,6 +41,7 @@ OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 COSIGN_TYPE = "cosign container image signature"
 MAX_SIGNATURES = 64
+MAX_KEY_FILE = 64 << 10  # a PEM key is a few hundred bytes
 
 
 class Untrusted(Sm121Error):
@@ -78,7 +80,10 @@ class SigningKey:
     def load(cls, path: Path, password: str | None) -> SigningKey:
         try:
             key = serialization.load_pem_private_key(
-                path.read_bytes(), password.encode() if password else None)
+                read_input(path, MAX_KEY_FILE, "--sign-key"),
+                password.encode() if password else None)
+        except InputRefused:
+            raise
         except (OSError, ValueError, TypeError) as exc:
             raise Sm121Error(f"--sign-key {path}: not a PEM private key this tool can use "
                              f"({exc})") from None
@@ -102,7 +107,10 @@ class TrustKey:
     @classmethod
     def load(cls, path: Path) -> TrustKey:
         try:
-            key = serialization.load_pem_public_key(path.read_bytes())
+            key = serialization.load_pem_public_key(
+                read_input(path, MAX_KEY_FILE, "--trust-key"))
+        except InputRefused:
+            raise
         except (OSError, ValueError) as exc:
             raise Sm121Error(f"--trust-key {path}: not a PEM public key ({exc})") from None
         if not isinstance(key, ec.EllipticCurvePublicKey):
@@ -119,12 +127,15 @@ class TrustKey:
 
 
 def _layers(registry: Registry, digest: str, suffix: str = "sig") -> list[dict[str, object]]:
-    raw = registry.manifest(signature_tag(digest, suffix))
+    try:
+        raw = registry.manifest(signature_tag(digest, suffix))
+    except BlobRefused as exc:  # the registry's malice is a refusal, not an outage
+        raise Untrusted(str(exc)) from None
     if raw is None:
         return []
     try:
         layers = json.loads(raw).get("layers")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         layers = None
     if not isinstance(layers, list) or len(layers) > MAX_SIGNATURES:
         raise Untrusted(f"{registry.repo}:{signature_tag(digest, suffix)} is not a signature "
@@ -187,22 +198,26 @@ def attested(registry: Registry, digest: str, trust: TrustKey,
     """The predicate of a statement of `predicate_type` about exactly this image that
     `trust` signed; Untrusted when there is none."""
     for layer in _layers(registry, digest, "att"):
-        blob = layer.get("digest")
-        if layer.get("mediaType") != DSSE_ENVELOPE or not isinstance(blob, str):
+        blob = layer.get("digest") if isinstance(layer, dict) else None
+        if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_ENVELOPE or \
+                not isinstance(blob, str):
             continue
         try:
             envelope = json.loads(registry.blob(blob))
             statement = base64.b64decode(envelope["payload"], validate=True)
             signatures = [str(item["sig"]) for item in envelope["signatures"]]
             data = json.loads(statement)
-        except (ValueError, KeyError, TypeError):
+        except (Sm121Error, ValueError, KeyError, TypeError, RecursionError):
+            continue  # an unreadable attestation is skipped: another may verify
+        if not isinstance(envelope, dict) or not isinstance(data, dict):
             continue
         if envelope.get("payloadType") != IN_TOTO or not any(
                 trust.signed(pae(IN_TOTO, statement), sig) for sig in signatures):
             continue
-        subjects = data.get("subject") if isinstance(data, dict) else None
-        names = {(str(item.get("name")), str((item.get("digest") or {}).get("sha256")))
-                 for item in subjects or [] if isinstance(item, dict)}
+        subjects = data.get("subject")
+        names = {(str(item.get("name")), str(item["digest"].get("sha256")))
+                 for item in (subjects if isinstance(subjects, list) else [])
+                 if isinstance(item, dict) and isinstance(item.get("digest"), dict)}
         if data.get("predicateType") == predicate_type and \
                 (registry.repo, digest.split(":", 1)[1]) in names and \
                 isinstance(data.get("predicate"), dict):
@@ -213,28 +228,40 @@ def attested(registry: Registry, digest: str, trust: TrustKey,
 
 def require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:
     """Refuse (Untrusted) unless a signature beside the image at `digest` verifies with
-    `trust`, for exactly that digest and this repository."""
+    `trust`, for exactly that digest and this repository.  As cosign does, each signature
+    is read with a size bound and one that cannot be read (a missing or oversized blob,
+    damaged JSON) or does not verify is skipped and counted: one valid signature is
+    enough, so whoever can push beside the image cannot stop a consumer's run."""
     layers = _layers(registry, digest)
     if not layers:
         raise Untrusted(f"{registry.repo}@{digest} is not signed ({trust.path} is trusted)")
     why = f"no signature of {registry.repo}@{digest} verifies with {trust.path}"
+    unreadable = invalid = 0
     for layer in layers:
-        annotations = layer.get("annotations")
+        annotations = layer.get("annotations") if isinstance(layer, dict) else None
         signature = annotations.get(SIGNATURE_ANNOTATION) if isinstance(annotations,
                                                                          dict) else None
-        blob = layer.get("digest")
-        if layer.get("mediaType") != SIMPLE_SIGNING or not isinstance(signature, str) or \
-                not isinstance(blob, str):
+        blob = layer.get("digest") if isinstance(layer, dict) else None
+        if not isinstance(layer, dict) or layer.get("mediaType") != SIMPLE_SIGNING or \
+                not isinstance(signature, str) or not isinstance(blob, str):
+            invalid += 1
             continue
-        body = registry.blob(blob)
+        try:
+            body = registry.blob(blob)
+        except Sm121Error:
+            unreadable += 1
+            continue
         if not trust.signed(body, signature):
+            invalid += 1
             continue
         claim = _claim(body)
         if claim == (registry.repo, digest):
             return
+        invalid += 1
         why = (f"the signature by {trust.path} beside {registry.repo}@{digest} is for "
                f"{claim[0]}@{claim[1]}")
-    raise Untrusted(why)
+    raise Untrusted(f"{why} ({len(layers)} signature(s): {unreadable} unreadable, "
+                    f"{invalid} not valid)")
 
 
 def _claim(body: bytes) -> tuple[str, str]:
@@ -245,5 +272,5 @@ def _claim(body: bytes) -> tuple[str, str]:
             return ("(not a cosign payload)", "")
         return (str(critical["identity"]["docker-reference"]),
                 str(critical["image"]["docker-manifest-digest"]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return ("(an unreadable payload)", "")

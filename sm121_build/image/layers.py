@@ -12,6 +12,7 @@ import json
 import posixpath
 import shutil
 import tarfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,8 +176,19 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                   progress: Callable[[int], None] | None = None) -> Filesystem:
     """Apply the layers: list every final file, write those `wanted(path)` accepts to dest.
 
-    Paths are relative, without a leading slash.
+    Paths are relative, without a leading slash.  Damage anywhere (the outer tarball, its
+    index, a layer) is one `Sm121Error` naming the archive, never the tar reader's own.
     """
+    try:
+        return _extract_files(archive, dest, wanted, platform, progress)
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, zlib.error, OSError,
+            UnicodeError) as exc:
+        raise _bad(archive, f"{type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+def _extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
+                   platform: str | None,
+                   progress: Callable[[int], None] | None) -> Filesystem:
     fs = Filesystem(dest)
     try:
         outer = tarfile.open(archive, mode="r:*")  # noqa: SIM115 - closed by the with below

@@ -70,6 +70,11 @@ def _credentials(host: str) -> tuple[str, str] | None:
     return user, password
 
 
+class BlobRefused(Sm121Error):
+    """A registry's answer that is not what was asked for: larger than it may be, or not
+    what its digest names (the registry's fault or malice, not an outage)."""
+
+
 @dataclass
 class Registry:
     """One repository of one registry."""
@@ -85,17 +90,19 @@ class Registry:
         return f"{'http' if _loopback(host) else 'https'}://{host}/v2/{name}"
 
     def _request(self, method: str, url: str, headers: dict[str, str] | None = None,
-                 data: bytes | None = None) -> requests.Response:
+                 data: bytes | None = None, stream: bool = False) -> requests.Response:
         sent = dict(headers or {})
         if self._token:
             sent["Authorization"] = f"Bearer {self._token}"
         try:
             response = requests.request(method, url, headers=sent, data=data, auth=self._basic,
-                                        timeout=self.limits.registry_s, allow_redirects=True)
+                                        timeout=self.limits.registry_s, allow_redirects=True,
+                                        stream=stream)
             if response.status_code == 401 and not (self._token or self._basic):
                 challenge = response.headers.get("WWW-Authenticate", "")
+                response.close()
                 if self._login(challenge):
-                    return self._request(method, url, headers, data)
+                    return self._request(method, url, headers, data, stream)
         except requests.exceptions.Timeout:
             raise RegistryUnavailable(f"{self.repo}: no answer in {self.limits.registry_s:g} s "
                                       f"(set {REGISTRY_VARIABLE} to wait longer)") from None
@@ -126,29 +133,48 @@ class Registry:
         """The OCI manifest `reference` names (exactly its bytes), or None when there is
         none."""
         response = self._request("GET", f"{self.base}/manifests/{reference}",
-                                 {"Accept": OCI_MANIFEST})
+                                 {"Accept": OCI_MANIFEST}, stream=True)
         if response.status_code == 404:
+            response.close()
             return None
         self._ok(response, f"read {reference}")
-        if len(response.content) > MAX_MANIFEST:
-            raise Sm121Error(f"{self.repo}:{reference}: a manifest above {MAX_MANIFEST} bytes")
-        return response.content
+        return self._body(response, MAX_MANIFEST, f"{self.repo}:{reference}: a manifest")
 
     def digest(self, reference: str) -> str:
         """The manifest digest `reference` (a tag) names now: sha256 of the exact bytes."""
         response = self._request("GET", f"{self.base}/manifests/{reference}",
-                                 {"Accept": IMAGE_MANIFESTS})
+                                 {"Accept": IMAGE_MANIFESTS}, stream=True)
         self._ok(response, f"read {reference}")
-        if len(response.content) > MAX_MANIFEST:
-            raise Sm121Error(f"{self.repo}:{reference}: a manifest above {MAX_MANIFEST} bytes")
-        return digest_of(response.content)
+        return digest_of(self._body(response, MAX_MANIFEST,
+                                    f"{self.repo}:{reference}: a manifest"))
 
     def blob(self, digest: str, limit: int = MAX_BLOB) -> bytes:
-        response = self._request("GET", f"{self.base}/blobs/{digest}")
+        """A blob's bytes, read no further than `limit` (`BlobRefused` past it, or when the
+        bytes are not what the digest names)."""
+        response = self._request("GET", f"{self.base}/blobs/{digest}", stream=True)
         self._ok(response, f"read {digest}")
-        if len(response.content) > limit or digest_of(response.content) != digest:
-            raise Sm121Error(f"{self.repo}: blob {digest} is not what its digest names")
-        return response.content
+        body = self._body(response, limit, f"{self.repo}: blob {digest}")
+        if digest_of(body) != digest:
+            raise BlobRefused(f"{self.repo}: blob {digest} is not what its digest names")
+        return body
+
+    def _body(self, response: requests.Response, limit: int, what: str) -> bytes:
+        """A streamed answer's body, read in windows and never past `limit` bytes."""
+        with response:
+            declared = response.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise BlobRefused(f"{what} of {declared} bytes, above the {limit} it may be")
+            parts: list[bytes] = []
+            got = 0
+            try:
+                for chunk in response.iter_content(64 << 10):
+                    got += len(chunk)
+                    if got > limit:
+                        raise BlobRefused(f"{what} above the {limit} bytes it may be")
+                    parts.append(chunk)
+            except requests.exceptions.RequestException as exc:
+                raise RegistryUnavailable(f"{what}: {type(exc).__name__}") from None
+            return b"".join(parts)
 
     def put_blob(self, data: bytes) -> str:
         digest = digest_of(data)

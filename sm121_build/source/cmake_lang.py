@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import read_input
 
 ArgKind = Literal["quoted", "unquoted", "bracket", "paren"]
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -61,9 +62,17 @@ class _Reader:
     def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0
+        self._counted = (0, 1)  # (offset, its line) of the last line_of
 
     def line_of(self, offset: int) -> int:
-        return self.text.count("\n", 0, offset) + 1
+        """The line of an offset, counted on from the last one asked for (commands come in
+        order: counting from the start each time was quadratic in the file's size)."""
+        last, line = self._counted
+        if offset < last:
+            last, line = 0, 1
+        line += self.text.count("\n", last, offset)
+        self._counted = (offset, line)
+        return line
 
     def read(self) -> Iterator[Command]:
         text = self.text
@@ -74,7 +83,9 @@ class _Reader:
             elif char.isalpha() or char == "_":
                 start = self.pos
                 name = IDENTIFIER.match(text, self.pos)
-                assert name is not None
+                if name is None:  # a letter CMake's identifiers do not take (`é`)
+                    self.pos += 1
+                    continue
                 self.pos = name.end()
                 while self.pos < len(text) and text[self.pos] in " \t":
                     self.pos += 1
@@ -157,10 +168,15 @@ def variables_in(value: str) -> list[str]:
     return VARIABLE_REF.findall(value)
 
 
-def read_source(path: Path) -> str:
-    """A CMake (or any source) file as text; bytes that are not UTF-8 (a Latin-1 comment)
-    are kept as they are, and written back unchanged by `source_text_bytes`."""
-    return path.read_text(encoding="utf-8", errors="surrogateescape")
+MAX_SOURCE_FILE = 4 << 20  # vLLM 0.33.0's largest CMake file (CMakeLists.txt): ~60 KB
+
+
+def read_source(path: Path, errors: str = "surrogateescape") -> str:
+    """A CMake (or any source) file of a tree as text, through the one way in (a regular
+    file, opened without blocking, at most `MAX_SOURCE_FILE` bytes: a larger one is one
+    line); bytes that are not UTF-8 (a Latin-1 comment) are kept as they are, and written
+    back unchanged by `source_text_bytes`."""
+    return read_input(path, MAX_SOURCE_FILE, "source file").decode("utf-8", errors=errors)
 
 
 def source_text_bytes(text: str) -> bytes:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import Project, project_named, project_of_target, projects
-from sm121_build.source.cmake_lang import CMakeSyntaxError, commands
+from sm121_build.source.cmake_lang import CMakeSyntaxError, commands, read_source
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def read_pin(vllm_source: Path, project: Project) -> ProjectPin:
         raise Sm121Error(f"the vLLM source has no {project.cmake}: it does not build "
                          f"{project.name}")
     try:
-        found = commands(path.read_text(errors="replace"))
+        found = commands(read_source(path, "replace"))
     except CMakeSyntaxError as exc:
         raise Sm121Error(f"{project.cmake}: not readable as CMake: {exc}") from None
     for cmd in found:
@@ -119,5 +119,5 @@ def source_targets(source: Path) -> set[str]:
     files = [source / "CMakeLists.txt", *sorted(source.glob("cmake/external_projects/*.cmake"))]
     for path in files:
         if path.is_file():
-            own |= set(_TARGET.findall(path.read_text(errors="replace")))
+            own |= set(_TARGET.findall(read_source(path, "replace")))
     return own | declared_targets(source)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sm121_build.core.errors import Sm121Error, ToolchainError
+from sm121_build.core.inputs import InputRefused
 from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.cuda.compat import ArchList
 from sm121_build.source.cmake_lang import (
@@ -147,7 +148,14 @@ def scan_files(source: Path, patterns: tuple[str, ...] = DEFAULT_FILES) -> list[
             rel = path.relative_to(source).as_posix()
             if path.is_file() and rel not in found:
                 found.append(rel)
+                if len(found) > MAX_SCANNED_FILES:
+                    raise Sm121Error(f"{source}: more than {MAX_SCANNED_FILES} files match "
+                                     f"{', '.join(patterns)} (vLLM has ~40): not a source "
+                                     "tree this tool reads")
     return found
+
+
+MAX_SCANNED_FILES = 2000
 
 
 def parse(path: Path, rel: str) -> tuple[str, list[Command]]:
@@ -157,6 +165,9 @@ def parse(path: Path, rel: str) -> tuple[str, list[Command]]:
         return text, commands(text)
     except CMakeSyntaxError as exc:
         raise Sm121Error(f"{rel}: cannot read it as CMake: {exc}") from None
+    except InputRefused as exc:
+        why = str(exc).removeprefix(f"{path}: ")
+        raise Sm121Error(f"{rel}: cannot read it: {why}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise Sm121Error(f"{rel}: cannot read it: {exc}") from None
 

@@ -510,12 +510,12 @@ def apply_all(source: Path, want: PatchFor, check: bool = False,
 def read_source_version(source: Path) -> str | None:
     """The vLLM version of a source tree (`vllm/_version.py` or an sdist's PKG-INFO)."""
     version_py = source / "vllm" / "_version.py"
-    text = version_py.read_text(errors="replace") if version_py.exists() else ""
+    text = read_source(version_py, "replace") if version_py.exists() else ""
     if text and (version := read_version_file(text)[0]):
         return version
     pkg_info = source / "PKG-INFO"
     if pkg_info.exists():
-        found: str | None = HeaderParser().parsestr(pkg_info.read_text(errors="replace"))["Version"]
+        found: str | None = HeaderParser().parsestr(read_source(pkg_info, "replace"))["Version"]
         return found
     return None
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sm121_build.core.errors import PatchDrift, Sm121Error
-from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import Target
 from sm121_build.source.cmake_lang import (
     CMakeSyntaxError,
@@ -27,7 +25,8 @@ from sm121_build.source.cmake_lang import (
     real_file,
     source_text_bytes,
 )
-from sm121_build.source.guards import cmake_error, find_cmake
+from sm121_build.source.cmake_run import CMakeScript, current_runner
+from sm121_build.source.guards import cmake_error
 
 KIND = "macro-insert"
 PLAIN_PTX = re.compile(r"^(\d+)\.(\d+)\+PTX$")
@@ -151,21 +150,21 @@ def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
 
 def gencode_flags(utils_text: str, cuda_archs: str) -> list[str]:
     """What the given utils.cmake's set_gencode_flags_for_srcs hands nvcc for one source whose
-    arch list is `cuda_archs` (`arch=compute_89,code=sm_89`, …), run with CMake."""
-    with temp_dir("sm121-gencode-") as tmp:
-        utils = Path(tmp) / "utils.cmake"
-        utils.write_text(utils_text)
-        script = Path(tmp) / "gencode.cmake"
-        script.write_text(
-            f'include("{utils.as_posix()}")\n'
-            "macro(set_gencode_flag_for_srcs)\n"
+    arch list is `cuda_archs` (`arch=compute_89,code=sm_89`, …), run with CMake where the
+    command's context runs a tree's code (`cmake_run.current_runner`: a throwaway container
+    by default, never this host unless asked)."""
+    if '"' in cuda_archs or "\\" in cuda_archs or "\n" in cuda_archs:
+        raise PatchDrift(f"not an arch list: {cuda_archs!r}")
+    body = ("macro(set_gencode_flag_for_srcs)\n"
             '  cmake_parse_arguments(sm121 "" "ARCH;CODE" "SRCS" ${ARGN})\n'
             '  message(STATUS "SM121GENCODE|arch=${sm121_ARCH},code=${sm121_CODE}")\n'
             "endmacro()\n"
             f'set_gencode_flags_for_srcs(SRCS "x.cu" CUDA_ARCHS "{cuda_archs}")\n')
-        result = subprocess.run([find_cmake(), "-P", str(script)], capture_output=True,
-                                text=True, check=False, cwd=tmp)
-    if result.returncode != 0:
+    result = current_runner().run(CMakeScript(utils_text, body))
+    if result.status is None:
+        raise PatchDrift("cmake -P of set_gencode_flags_for_srcs gave no result within its "
+                         "time limit (a loop in the tree's CMake?): stopped")
+    if result.status != 0:
         raise PatchDrift(f"cmake -P could not run set_gencode_flags_for_srcs: "
                          f"{cmake_error(result.stderr)}")
     return [line.split("SM121GENCODE|", 1)[1].strip() for line in result.stdout.splitlines()

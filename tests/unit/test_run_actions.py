@@ -42,7 +42,8 @@ class Recorder:
         pipeline.record.ended(RunStatus.PLANNED if opts.plan_only else self.status)
         return opts.tag
 
-    def publish_step(self, pipeline: Pipeline, folder: Path, repo: str, base: str) -> list[str]:
+    def publish_step(self, pipeline: Pipeline, folder: Path, repo: str, base: str,
+                     replace_tag: bool = False) -> list[str]:
         self.calls.append(("publish", repo))
         return [f"{repo}:k-1"]
 

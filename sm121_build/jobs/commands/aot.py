@@ -13,6 +13,7 @@ and is left as it was.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
@@ -147,10 +148,10 @@ def run_aot(request: AotRequest) -> AotResult:
     _aot_files(targets, request, outcome, results)
     for wheel, target in wheel_targets.items():
         try:
-            _aot_wheel(wheel, target, request, outcome, results)
-        except (zipfile.BadZipFile, CorruptBinaryError, InputRefused, EOFError,
-                zlib.error) as exc:
-            outcome.failed.append(f"{wheel}: {exc}" if str(wheel) not in str(exc) else str(exc))
+            with wheel_errors(wheel):
+                _aot_wheel(wheel, target, request, outcome, results)
+        except CorruptBinaryError as exc:
+            outcome.failed.append(str(exc))
     if request.doubts.count:
         notice(f"aot: {request.doubts.count} cached module(s) were not written by this tool "
                "or changed since (no matching digest in its state folder): compiled again")
@@ -467,6 +468,22 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
         results.write(target, lambda out: _copy_wheel(wheel, infos, replaced, record, out),
                       stat.S_IMODE(os.fstat(fd).st_mode))
         outcome.written.append(target)
+
+
+@contextlib.contextmanager
+def wheel_errors(source: Path) -> Iterator[None]:
+    """Whatever a damaged zip raises while it is read (a bad header, CRC or deflate stream,
+    a member zipfile cannot read) as one `CorruptBinaryError` naming the wheel."""
+    try:
+        yield
+    except CorruptBinaryError as exc:
+        if str(source) in str(exc):
+            raise
+        raise CorruptBinaryError(f"{source}: {exc}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
+            ValueError, OSError) as exc:
+        raise CorruptBinaryError(f"{source}: damaged wheel ({type(exc).__name__}: "
+                                 f"{str(exc)[:80]})") from None
 
 
 def _elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> bytes | None:

@@ -28,7 +28,7 @@ import posixpath
 import re
 import shutil
 import tarfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.formats.render import render_kernels
+from sm121_build.jobs.framework.pipeline import TagRule, require_tags_free
 from sm121_build.verify import run_report
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class Publication:
     extra_tags: tuple[str, ...] = ()
     sign_key: cosign.SigningKey | None = None
     run: dict[str, Any] = field(default_factory=dict)
+    replace_tag: bool = False  # a local tag on an image this tool did not give it may move
 
 
 def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publication,
@@ -155,6 +157,8 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
     repo = target.repo
     tags = tags_for(repo, manifest, target.extra_tags)
     root = package_root(manifest)
+    rule = TagRule(target.replace_tag, "", None, _a_kernels_image, "the tag")
+    require_tags_free(engine, tags, rule)  # before the build: a user's tag never moves
     with temp_dir("sm121-kernels-") as tmp:
         context = Path(tmp)
         found.place(context / "root" / root)
@@ -163,7 +167,8 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
         (context / "Dockerfile").write_text(render_kernels(_labels(manifest)))
         image_id = engine.build(context, context / "Dockerfile", log)
     # written before the tags exist: `prune` knows every local tag this run gives
-    ledger.record_built(image_id, tags, "", f"kernels image of {manifest.provenance.base}")
+    require_tags_free(engine, tags, replace(rule, image_id=image_id))  # and just before
+    ledger.record_built(image_id, tags, "", f"{KERNELS_OF}{manifest.provenance.base}")
     for tag in tags:
         engine.tag(image_id, tag)
     for tag in tags:
@@ -179,6 +184,14 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
     return tags
 
 
+KERNELS_OF = "kernels image of "
+
+
+def _a_kernels_image(entry: ledger.Built) -> bool:
+    """A kernels image this tool built may give up its tags to another (`nightly` moves)."""
+    return entry.base_ref.startswith(KERNELS_OF)
+
+
 class RegistryError(RegistryUnavailable):
     """The registry could not be asked (down, refused the login, no answer in time, ...):
     not the image's fault (exit 7)."""
@@ -192,7 +205,8 @@ class Fetched:
     digest: str
 
 
-def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list[str]:
+def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str,
+                 replace_tag: bool = False) -> list[str]:
     """`--kernels-to`: the run's verified artifacts as a kernels image, pushed (after
     verification, never before) as `k-<reuse key>`, `<version>-<commit>-<cuXYZ>-<arch>` and
     the base's moving tag."""
@@ -207,7 +221,7 @@ def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str) -> list
                "external": {k: asdict(v) for k, v in record.external.items()}}
         tags = publish(pipeline.engine, found,
                        Publication(repo, (moving,) if moving else (), pipeline.sign_key,
-                                   {k: v for k, v in run.items() if v}),
+                                   {k: v for k, v in run.items() if v}, replace_tag),
                        pipeline.new_log("kernels", recorded=False))
         pipeline.record.kernels_pushed(tags)
     return tags

@@ -153,9 +153,10 @@ class Publish:
         if run.found is not None:
             if to_repo != run.kernels.from_repo:
                 run.pushed = tuple(publish_step(run.pipeline, opts.out or run.found.folder,
-                                                to_repo, opts.base))
+                                                to_repo, opts.base, opts.replace_tag))
         elif opts.out and run.pipeline.record.status in PUBLISHABLE:
-            run.pushed = tuple(publish_step(run.pipeline, opts.out, to_repo, opts.base))
+            run.pushed = tuple(publish_step(run.pipeline, opts.out, to_repo, opts.base,
+                                            opts.replace_tag))
         else:
             note(f"--kernels-to {to_repo}: nothing was built, nothing to publish")
 

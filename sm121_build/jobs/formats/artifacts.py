@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -18,10 +19,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import kind_of, opened, read_head, read_input
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
+from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
 
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.json.sig"
 FORMAT = 1
 # A file name, or one under an external project's folder (vllm_flash_attn/_vllm_fa2_C.abi3.so)
 _FILE_NAME = re.compile(
@@ -38,7 +42,7 @@ def is_file_name(name: str) -> bool:
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with opened(path, "artifact") as (fd, _size), os.fdopen(os.dup(fd), "rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
@@ -147,24 +151,34 @@ class Artifacts:
 
     def place(self, dest: Path) -> None:
         """Copy the files into a folder with the modes the manifest records (artifact stores
-        such as GitHub's drop permission bits)."""
+        such as GitHub's drop permission bits); each copy is what the manifest's digest
+        names (a file changed since `load` is refused, not placed)."""
         dest.mkdir(parents=True, exist_ok=True)
         for name, path in self.files.items():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dest / name)
+            with opened(path, "artifact") as (fd, _size), os.fdopen(os.dup(fd), "rb") as src, \
+                    open(dest / name, "wb") as copy:
+                shutil.copyfileobj(src, copy, 1 << 20)
+            if sha256_of(dest / name) != self.manifest.files[name].sha256:
+                raise Sm121Error(f"{path}: sha256 differs from the manifest; the artifacts "
+                                 "were changed after they were checked")
             mode = self.manifest.files[name].mode
             (dest / name).chmod(int(mode, 8) & 0o777 if re.fullmatch(r"[0-7]{3,4}", mode)
                                 else 0o755)
 
 
 def export(out: Path, files: dict[str, Path], provenance: Provenance,
-           counts: dict[str, tuple[dict[str, int], int]]) -> Path:
+           counts: dict[str, tuple[dict[str, int], int]],
+           sign_key: SigningKey | None = None) -> Path:
     """Copy the files to `out` and write the manifest last (a folder without one is partial).
-    `counts`: per file, its cubins per arch and its kernels native on sm_121."""
+    `counts`: per file, its cubins per arch and its kernels native on sm_121.  With a key,
+    `manifest.json.sig` beside it: the key's signature over the manifest's exact bytes (as
+    `cosign sign-blob --key` makes it), which lists every file's sha256."""
     refuse_links_below(out, out / MANIFEST)
     out.mkdir(parents=True, exist_ok=True)
-    if not not_regular(out / MANIFEST):
-        (out / MANIFEST).unlink(missing_ok=True)
+    for stale in (MANIFEST, SIGNATURE):
+        if not not_regular(out / stale):
+            (out / stale).unlink(missing_ok=True)
     listed: dict[str, FileRecord] = {}
     for name, path in sorted(files.items()):
         refuse_links_below(out, out / name)
@@ -173,26 +187,40 @@ def export(out: Path, files: dict[str, Path], provenance: Provenance,
         listed[name] = FileRecord(sha256_of(out / name), f"{path.stat().st_mode & 0o777:o}",
                                   cubins, native)
     manifest = Manifest(provenance, listed).as_json()
-    replace_bytes(out / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-                  .encode())
+    written = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    replace_bytes(out / MANIFEST, written)
+    if sign_key is not None:
+        refuse_links_below(out, out / SIGNATURE)
+        replace_bytes(out / SIGNATURE, sign_key.sign(written).encode() + b"\n")
     return out / MANIFEST
 
 
 def _copier(source: Path) -> Callable[[BinaryIO], None]:
     def copy(out: BinaryIO) -> None:
-        with open(source, "rb") as handle:
+        with opened(source, "artifact") as (fd, _size), \
+                os.fdopen(os.dup(fd), "rb") as handle:
             shutil.copyfileobj(handle, out, 1 << 20)
     return copy
 
 
-def load(folder: Path) -> Artifacts:
-    """Read and check an artifacts folder; any problem is a one-line Sm121Error."""
+MAX_MANIFEST = 16 << 20
+MAX_SIGNATURE = 4 << 10
+
+
+def load(folder: Path, trust: TrustKey | None = None) -> Artifacts:
+    """Read and check an artifacts folder; any problem is a one-line Sm121Error.  With a
+    trust key, the manifest must carry that key's signature (`manifest.json.sig`, written
+    by `--out DIR --sign-key KEY`) over the very bytes read here, or the folder is refused
+    (`Untrusted`, exit 3); the files are then checked against the manifest's digests."""
     path = folder / MANIFEST
-    if not path.is_file():
+    if kind_of(path) != "file":
         raise Sm121Error(f"{folder}: no {MANIFEST}; export artifacts with "
                          "`sm121-build --base IMAGE --out DIR`")
+    raw = read_input(path, MAX_MANIFEST, MANIFEST)
+    if trust is not None:
+        _require_signed(folder, raw, trust)
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(raw.decode())
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise Sm121Error(f"{path}: not valid JSON ({str(exc)[:80] or type(exc).__name__})") \
             from None
@@ -209,16 +237,31 @@ def load(folder: Path) -> Artifacts:
         if not _FILE_NAME.match(name):
             raise Sm121Error(f"{path}: {name!r} is not a .so file name (plain, or under "
                              "vllm_flash_attn/)")
-        if not (folder / name).is_file():
+        if kind_of(folder / name) != "file":
             raise Sm121Error(f"{folder / name}: listed in the manifest but missing")
         expected = entry.get("sha256") if isinstance(entry, dict) else None
         if sha256_of(folder / name) != expected:
             raise Sm121Error(f"{folder / name}: sha256 differs from the manifest; "
                              "the artifacts were changed after export")
-        with open(folder / name, "rb") as handle:
-            if handle.read(4) != b"\x7fELF":
-                raise Sm121Error(f"{folder / name}: not an ELF file (a .so extension is one)")
+        if read_head(folder / name, 4, "artifact") != b"\x7fELF":
+            raise Sm121Error(f"{folder / name}: not an ELF file (a .so extension is one)")
     return Artifacts(folder, Manifest.from_json(manifest))
+
+
+def _require_signed(folder: Path, manifest: bytes, trust: TrustKey) -> None:
+    """The folder's manifest signed by `trust`, or `Untrusted` (exit 3) saying why."""
+    signature_at = folder / SIGNATURE
+    if kind_of(signature_at) != "file":
+        raise Untrusted(f"{folder}: not signed (no {SIGNATURE}; {trust.path} is trusted): "
+                        "write it with `--out DIR --sign-key KEY`")
+    signature = read_input(signature_at, MAX_SIGNATURE, SIGNATURE)
+    try:
+        text = signature.decode("ascii").strip()
+    except UnicodeDecodeError:
+        text = ""
+    if not trust.signed(manifest, text):
+        raise Untrusted(f"{folder}: {MANIFEST} is not signed by {trust.path} (changed since "
+                        "it was signed, or signed by another key)")
 
 
 # the command line's separators (`;`, space, `,`): a manifest written before the arch list

@@ -12,6 +12,7 @@ existed before it, such as a build-cache hit the user has tagged).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,7 +200,7 @@ class Pipeline:
                 verified.abi.checked)
             if target.out:
                 manifest = artifacts_mod.export(target.out, verified.files, target.provenance,
-                                                manifest_counts(verified))
+                                                manifest_counts(verified), self.sign_key)
                 self.record.exported(target.out)
                 note(f"artifacts: {manifest}")
 
@@ -209,26 +210,9 @@ class Pipeline:
         built from the same base (a rebuild moving its own tag); never the base itself, and
         a user's image only with --replace-tag.  Checked before any work and again just
         before tagging."""
-        book = ledger.load()
-        for tag in tags:
-            holder = self.engine.image_id(tag)
-            if holder is None or holder == image_id:
-                continue
-            short = holder.split(":")[-1][:12]
-            if holder == stock.id:
-                raise Sm121Error(f"--tag {tag} names the base image itself ({short}): choose "
-                                 "another --tag (the base's own tag is never moved)")
-            entry = book.entry(holder)
-            if entry and tag in entry.tags and entry.base_ref in ("", stock.ref):
-                continue
-            why = (f"sm121-build built it from {entry.base_ref}" if entry and entry.base_ref
-                   else "sm121-build did not give it that tag" if entry
-                   else "sm121-build did not build it")
-            if replace_tag:
-                note(f"--replace-tag: {tag} moves off image {short} ({why}); that image stays")
-                continue
-            raise Sm121Error(f"--tag {tag} already names image {short} ({why}): choose another "
-                             "--tag, or --replace-tag to move it (the image itself stays)")
+        require_tags_free(self.engine, tags, TagRule(
+            replace_tag, image_id, stock.id,
+            lambda entry: entry.base_ref in ("", stock.ref), ""))
 
     def tag_result(self, stock: ImageFacts, image_id: str, target: Target) -> None:
         """Give the verified image every tag asked for, and write it in the ledger."""
@@ -248,3 +232,44 @@ class Pipeline:
             if entry and entry.content_key == key:
                 return info.id
         return None
+
+
+@dataclass(frozen=True)
+class TagRule:
+    """When a tag may be given: what `--replace-tag` said, the image about to get it, a
+    base that may never lose its tag, which of this tool's own images may give up theirs
+    (an entry of the ledger), and what to call the holder's kind in a refusal."""
+
+    replace_tag: bool
+    image_id: str
+    base_id: str | None
+    ours: Callable[[ledger.Built], bool]
+    what: str
+
+
+def require_tags_free(engine: ImageEngine, tags: list[str], rule: TagRule) -> None:
+    """The one tag rule of every command that tags (the main job, aot IMAGE, inject, kernels
+    publish, --kernels-to): a tag may name nothing yet, the image about to get it, or an
+    image this tool gave that tag to that the rule calls its own; never the base itself,
+    and any other image only with --replace-tag (the image itself stays)."""
+    book = ledger.load()
+    for tag in tags:
+        holder = engine.image_id(tag)
+        if holder is None or holder == rule.image_id:
+            continue
+        short = holder.split(":")[-1][:12]
+        if holder == rule.base_id:
+            raise Sm121Error(f"--tag {tag} names the base image itself ({short}): choose "
+                             "another --tag (the base's own tag is never moved)")
+        entry = book.entry(holder)
+        if entry and tag in entry.tags and rule.ours(entry):
+            continue
+        why = (f"sm121-build built it from {entry.base_ref}" if entry and entry.base_ref
+               else "sm121-build did not give it that tag" if entry
+               else "sm121-build did not build it")
+        if rule.replace_tag:
+            note(f"--replace-tag: {tag} moves off image {short} ({why}); that image stays")
+            continue
+        raise Sm121Error(f"{rule.what or '--tag'} {tag} already names image {short} ({why}): "
+                         "choose another --tag, or --replace-tag to move it (the image itself "
+                         "stays)")
