@@ -44,6 +44,10 @@ from sm121_build.image.spill import write_stream
 if TYPE_CHECKING:
     from sm121_build.image.engine import Engine, ImageInfo, ImageReader
 
+# ISA-L's inflate raises its own error on a damaged deflate stream (its stubs declare an
+# instance, not the class)
+ISAL_ERROR: type[Exception] = type(isal_zlib.error) if not isinstance(isal_zlib.error, type) \
+    else isal_zlib.error
 GLOB_CHARS = re.compile(r"[*?\[]")
 
 # What is audited in a folder, archive or image: shared objects, and device code as files
@@ -110,7 +114,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
                         f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
                         "those, a directory, or an image in the local Docker engine")
             except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error,
-                    isal_zlib.error) as exc:
+                    ISAL_ERROR) as exc:
                 raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
             yield found
         return

@@ -55,13 +55,7 @@ def replace_text(path: Path, text: str) -> None:
     what = not_regular(path)
     if what:
         raise Sm121Error(f"{path}: {what}: not written (name a regular file)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    try:
-        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_bytes(path, text.encode("utf-8", errors="backslashreplace"))
 
 
 def replace_bytes(path: Path, data: bytes, mode: int | None = None) -> None:

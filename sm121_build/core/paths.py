@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import tempfile
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
@@ -50,6 +51,11 @@ def store_bytes(path: Path, data: bytes) -> None:
     """`store_cache` for bytes (threads may store at once: each its own temporary name)."""
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(data)}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(handle, "wb") as out:  # created exclusively: never through a link
+                out.write(data)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from sm121_build.core.console import Progress
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import read_input
 from sm121_build.core.paths import cache_dir, store_cache
 from sm121_build.core.vllm import read_version_file
 from sm121_build.image.api import ImageEngine, ImageFiles, ImageInfo
@@ -316,7 +317,7 @@ def inspect_image(engine: ImageEngine, ref: str, use_cache: bool = True) -> Imag
 def _load_facts(path: Path, info: ImageInfo) -> ImageFacts | None:
     """The cached facts, or None when the file is unreadable (then they are read again)."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_input(path, 16 << 20, "cached image facts"))
         vllm = raw.pop("vllm")
         raw.update(ref=info.ref, digest_ref=info.digest_ref, labels=info.labels)
         if vllm:

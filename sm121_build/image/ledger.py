@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.outputs import replace_bytes
 from sm121_build.core.paths import cache_dir, state_dir
 
 FORMAT = 1
+MAX_LEDGER = 64 << 20  # thousands of runs' entries take a few MB
 
 
 @dataclass
@@ -102,9 +104,13 @@ def load() -> Ledger:
     empty: the next save would overwrite it, and prune would forget what it listed."""
     path = _path()
     try:
-        raw = json.loads(path.read_text())
+        if not path.exists() and not path.is_symlink():
+            return Ledger()
+        raw = json.loads(read_input(path, MAX_LEDGER, "the ledger"))
     except FileNotFoundError:
         return Ledger()
+    except InputRefused as exc:
+        raise _damaged(path, str(exc).removeprefix(f"{path}: ")) from None
     except (OSError, ValueError, RecursionError) as exc:
         raise _damaged(path, type(exc).__name__) from None
     if not isinstance(raw, dict) or not isinstance(raw.get("built", []), list) or \

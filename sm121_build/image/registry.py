@@ -22,6 +22,7 @@ from pathlib import Path
 import requests
 
 from sm121_build.core.errors import RegistryUnavailable, Sm121Error
+from sm121_build.core.inputs import read_input
 from sm121_build.core.limits import REGISTRY_VARIABLE, Limits
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -60,12 +61,14 @@ def _loopback(host: str) -> bool:
 def _credentials(host: str) -> tuple[str, str] | None:
     folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
     try:
-        auths = json.loads((folder / "config.json").read_text()).get("auths") or {}
+        auths = json.loads(read_input(folder / "config.json", 1 << 20,
+                                      "Docker's config.json")).get("auths") or {}
         encoded = (auths.get(host) or auths.get(f"https://{host}") or {}).get("auth")
         if not encoded:
             return None
         user, _, password = base64.b64decode(encoded).decode().partition(":")
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError, RecursionError,
+            Sm121Error):
         return None
     return user, password
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error, ToolchainError
+from sm121_build.core.inputs import read_head, read_input
 from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.image.api import ImageFiles
 
@@ -165,7 +166,8 @@ def needs_python_headers(source: Path) -> bool:
     cmake/utils.cmake: `find_package(Python COMPONENTS Interpreter Development.Module …)`)."""
     for rel in ("CMakeLists.txt", "cmake/utils.cmake"):
         path = source / rel
-        if path.is_file() and _DEVELOPMENT.search(path.read_text(errors="replace")):
+        if path.is_file() and _DEVELOPMENT.search(
+                read_input(path, 4 << 20, "source file").decode(errors="replace")):
             return True
     return False
 
@@ -225,8 +227,7 @@ def host_tools() -> HostTools | None:
 
 
 def _is_elf(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return handle.read(4) == b"\x7fELF"
+    return read_head(path, 4, "ninja") == b"\x7fELF"
 
 
 def runs_here(image_platform: str) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.paths import cache_dir
 from sm121_build.source.external import ProjectPin, require_project_tree
 from sm121_build.source.tree import require_contained
@@ -37,6 +38,8 @@ class GitRef:
 
     def __str__(self) -> str:
         return f"{self.kind} {self.value}"
+
+MAX_UNTRACKED = 1 << 30  # an untracked file hashed into the source's identity
 
 
 def version_to_ref(version: str, commit_id: str | None = None) -> GitRef:
@@ -144,9 +147,11 @@ def _changes(path: Path) -> str:
     for name in names:
         digest.update(b"\0" + name.encode() + b"\0")
         try:
-            digest.update(hashlib.sha256((path / name).read_bytes()).digest())
-        except OSError as exc:
-            raise Sm121Error(f"{path / name}: cannot read it: {exc.strerror}") from None
+            digest.update(hashlib.sha256(read_input(path / name, MAX_UNTRACKED,
+                                                    "untracked file")).digest())
+        except InputRefused as exc:
+            raise Sm121Error(f"{path / name}: cannot read it: "
+                             f"{str(exc).removeprefix(f'{path / name}: ')}") from None
     return digest.hexdigest()
 
 

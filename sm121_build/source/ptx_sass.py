@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sm121_build.core.errors import PatchDrift, Sm121Error
+from sm121_build.core.outputs import replace_bytes
 from sm121_build.cuda.compat import Target
 from sm121_build.source.cmake_lang import (
     CMakeSyntaxError,
@@ -138,10 +140,8 @@ def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
     patched = original[:line_start] + inserted + original[line_start:]
     _verify(rule, original, patched, gpu, sass)
     if not check:
-        real = real_file(tree, rule.file)
-        tmp = real.with_name(f".{real.name}.sm121")
-        tmp.write_bytes(source_text_bytes(patched))
-        tmp.replace(real)
+        real = real_file(tree, rule.file)  # through the one way out: never through a link
+        replace_bytes(real, source_text_bytes(patched), stat.S_IMODE(real.stat().st_mode))
     diff = "".join(f"+{line}\n" for line in inserted.splitlines())
     line = original.count("\n", 0, line_start) + 1
     return MacroResult(rule.name, "applied", f"{rule.macro} in {rule.file}:{line} gives "

@@ -27,7 +27,8 @@ from typing import Literal
 import yaml
 
 from sm121_build.core.console import Progress, note
-from sm121_build.core.errors import CorruptBinaryError, VerificationError
+from sm121_build.core.errors import CorruptBinaryError, Sm121Error, VerificationError
+from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, store_cache
@@ -391,8 +392,8 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
     """(exported torch symbols, libraries read) of an image's `torch/lib`, streamed one
     library at a time (temp: the largest one), cached per image ID."""
     cached = cache_dir() / "abi" / f"{image_id.replace(':', '-')}.v2.json"  # v2: GNU_UNIQUE
-    with suppress(OSError, ValueError, TypeError, KeyError):
-        raw = json.loads(cached.read_text())
+    with suppress(OSError, ValueError, TypeError, KeyError, RecursionError, Sm121Error):
+        raw = json.loads(read_input(cached, 256 << 20, "cached ABI"))
         return set(raw["exported"]), int(raw["libraries"])
     exported: set[str] = set()
     libraries = 0

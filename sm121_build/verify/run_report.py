@@ -19,6 +19,7 @@ import click
 
 from sm121_build.core.console import Steps, notice
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import read_input
 from sm121_build.core.outputs import append_text, replace_text
 from sm121_build.core.paths import cache_dir
 from sm121_build.cuda.binary import BinaryReport
@@ -258,8 +259,8 @@ def remember(record: RunRecord) -> None:
 def recall(key: str) -> dict[str, Any] | None:
     path = cached_path(key)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_input(path, 64 << 20, "cached record"))
+    except (OSError, ValueError, RecursionError, Sm121Error):
         return None
     return data if isinstance(data, dict) else None
 

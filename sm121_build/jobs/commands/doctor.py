@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import read_input
 from sm121_build.core.paths import cache_dir, state_dir
 from sm121_build.cuda.nvidia_smi import output, read
 from sm121_build.image.refs import registry_of
@@ -220,8 +222,9 @@ def registry_logins(probe: Probe, refs: Iterable[str]) -> list[Check]:
     config_dir = Path(probe.environ.get("DOCKER_CONFIG") or
                       Path(probe.environ.get("HOME", "/")) / ".docker")
     try:
-        config: dict[str, Any] = json.loads((config_dir / "config.json").read_text())
-    except (OSError, ValueError):
+        config: dict[str, Any] = json.loads(read_input(config_dir / "config.json", 1 << 20,
+                                                       "Docker's config.json"))
+    except (OSError, ValueError, RecursionError, Sm121Error):
         config = {}
     auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
     helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}

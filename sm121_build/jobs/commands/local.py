@@ -17,6 +17,7 @@ from pathlib import Path
 from sm121_build.core.compile_progress import shipped_histories
 from sm121_build.core.console import BuildStatus, note
 from sm121_build.core.errors import BuildFailed, Sm121Error
+from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.limits import Limits
 from sm121_build.core.vllm import extension_target
@@ -40,7 +41,8 @@ from sm121_build.source.tree import require_contained
 def host_cuda_version(home: Path) -> str:
     """The toolkit version from `$CUDA_HOME/include/cuda.h`, else the default."""
     header = home / "include" / "cuda.h"
-    found = cuda_h_version(header.read_text(errors="replace")) if header.exists() else None
+    found = cuda_h_version(read_input(header, 16 << 20, "cuda.h").decode(errors="replace")) \
+        if header.exists() else None
     return found or DEFAULT_CUDA
 
 
