@@ -33,7 +33,7 @@ from isal import isal_zlib
 
 from sm121_build.core.console import Progress
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
-from sm121_build.core.inputs import InputRefused, read_head
+from sm121_build.core.inputs import InputRefused, open_file, read_head
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
@@ -145,8 +145,11 @@ def archive_kind(path: Path) -> str | None:
     """"zip", "tar" (plain or compressed) or None, from the first block only: tarfile's own
     probe reads a file of zeros to its end (50 GB of a sparse file)."""
     head = read_head(path, 512, "archive")
-    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")) or zipfile.is_zipfile(path):
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return "zip"
+    with open_file(path, "archive") as handle:
+        if zipfile.is_zipfile(handle):  # a zip behind a prefix (a self-extracting one)
+            return "zip"
     if head.startswith(TAR_MAGICS):
         return "tar"
     if len(head) == 512 and head[257:262] == b"ustar":
@@ -308,7 +311,7 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
     wheel's `.so` files are most of its bytes)."""
     found = []
     members = []
-    with zipfile.ZipFile(archive) as wheel:
+    with open_file(archive, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
         for info in wheel.infolist():
             if info.is_dir() or not wanted(info.filename):
                 continue
@@ -369,11 +372,12 @@ def _member_chunks(archive: Path, info: zipfile.ZipInfo) -> Generator[bytes, Non
     speed on a wheel's `.so` files), size and CRC-32 checked as zipfile checks them; stored
     ones, or what zipfile refuses in its own words (deflate64, encrypted), through zipfile."""
     if info.compress_type != zipfile.ZIP_DEFLATED or info.flag_bits & 1:
-        with zipfile.ZipFile(archive) as wheel, wheel.open(info) as source:
+        with open_file(archive, "wheel") as handle, zipfile.ZipFile(handle) as wheel, \
+                wheel.open(info) as source:
             while chunk := source.read(_CHUNK):
                 yield chunk
         return
-    with open(archive, "rb") as handle:
+    with open_file(archive, "wheel") as handle:
         handle.seek(info.header_offset)
         signature, name_length, extra_length = _LOCAL_HEADER.unpack(
             handle.read(_LOCAL_HEADER.size).ljust(_LOCAL_HEADER.size, b"\0"))

@@ -18,7 +18,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import lz4.block
 import zstandard
@@ -61,6 +61,12 @@ def open_regular(path: str | os.PathLike[str], what: str = "input") -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_file(path: str | os.PathLike[str], what: str = "input") -> BinaryIO:
+    """A regular file opened for reading as a binary file object (`open_regular`'s checks);
+    the caller closes it (a `with` block)."""
+    return os.fdopen(open_regular(path, what), "rb")
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from typing import IO, Any
 import zstandard
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import open_file
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -190,11 +191,13 @@ def _extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                    platform: str | None,
                    progress: Callable[[int], None] | None) -> Filesystem:
     fs = Filesystem(dest)
+    tarball = open_file(archive, "image tarball")
     try:
-        outer = tarfile.open(archive, mode="r:*")  # noqa: SIM115 - closed by the with below
+        outer = tarfile.open(fileobj=tarball, mode="r:*")  # noqa: SIM115 - closed below
     except (tarfile.TarError, OSError) as exc:
+        tarball.close()
         raise _bad(archive, str(exc)) from None
-    with outer:
+    with tarball, outer:
         for layer_name in layer_paths(outer, archive, platform):
             try:
                 handle = outer.extractfile(layer_name)

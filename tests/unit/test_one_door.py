@@ -1,0 +1,130 @@
+"""One way in: no module of the package opens, maps or reads a file by itself but
+`core/inputs.py` (and `core/outputs.py`, the way out), except the calls listed here, each
+with why it is not an input from outside (the tool's own shipped data, a file this run wrote
+in its own temp folder, a handle the door already opened).  A new `open()` of an input fails
+this test until it goes through the door, or is listed here with its reason."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
+READS = {"open", "read_text", "read_bytes", "mmap", "ZipFile", "is_zipfile"}
+DOORS = {"core/inputs.py", "core/outputs.py"}
+# runs inside the builder container, on the standard library only (a contract forbids any
+# import of the package): its inputs are the image's own files
+OUTSIDE = {"jobs/payload/build_extensions.py"}
+
+# (module, the call's source text) -> why it is not an input from outside
+ALLOWED: dict[tuple[str, str], str] = {
+    ("audit/inputs.py", "HostBinary.open(path)"): "the door itself (open_regular)",
+    ("cuda/binary.py", "HostBinary.open(path)"): "the door itself (open_regular)",
+    ("verify/checks.py", "HostBinary.open(path)"): "the door itself (open_regular)",
+    ("audit/inputs.py", 'open(target, "wb")'): "writes the member to the run's temp folder",
+    ("audit/inputs.py", "wheel.open(info)"): "a member of a wheel the door opened",
+    ("audit/inputs.py", "zipfile.is_zipfile(handle)"): "a file the door opened",
+    ("audit/inputs.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
+    ("cuda/fatbin.py", "mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)"):
+        "maps a descriptor open_regular gave",
+    ("cuda/fatbin.py", "mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)"):
+        "maps a descriptor open_regular gave",
+    ("cuda/host.py", "mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)"):
+        "maps a descriptor open_regular gave",
+    ("cuda/ptxas.py", "cubin.read_bytes()"): "ptxas's output in the run's temp folder",
+    ("cuda/ptxas.py", "fatbin.read_bytes()"): "fatbinary's output in the run's temp folder",
+    ("cli/__init__.py", "os.open(os.devnull, os.O_WRONLY)"): "/dev/null, for writing",
+    ("cli/local.py", "zipfile.is_zipfile(cutlass)"):
+        "`local` builds the tree the user asked for on this host, on purpose",
+    ("core/compile_progress.py", "item.read_text()"): "the package's shipped timings",
+    ("core/shipped.py", 'resources.files("sm121_build").joinpath("data", name).read_text()'):
+        "the package's shipped data",
+    ("cuda/compat.py",
+     'resources.files("sm121_build").joinpath("data/ptx_isa.yaml").read_text()'):
+        "the package's shipped data",
+    ("verify/checks.py", 'resources.files("sm121_build").joinpath("data/left_out.yaml")'):
+        "the package's shipped data",
+    ("jobs/formats/render.py", "(templates_dir() / name).read_text()"):
+        "the package's shipped templates",
+    ("jobs/formats/render.py", "path.read_bytes()"): "the package's shipped templates",
+    ("jobs/framework/cmake_sandbox.py", '(shipped_dir("dockerfiles") / DOCKERFILE)'):
+        "the package's shipped Dockerfile",
+    ("source/patch.py", "path.read_text()"): "the package's shipped guard rules",
+    ("source/patch.py", "target.read_bytes()"):
+        "the file this run is about to replace, kept to roll back (a regular file: "
+        "real_file resolved it inside the tree)",
+    ("image/engine.py", 'open(log, "a", encoding="utf-8")'): "the run's own log",
+    ("image/engine.py", 'log.read_text(encoding="utf-8", errors="replace")'):
+        "the run's own log",
+    ("image/engine.py", "iidfile.read_text()"): "docker build's --iidfile in the temp folder",
+    ("image/engine.py", 'tarfile.open(fileobj=stream, mode="r|")'):
+        "the engine's answer, streamed with its limits",
+    ("image/layers.py", 'tarfile.open(fileobj=handle, mode="r|*")'):
+        "a layer of a tarball the door opened",
+    ("image/layers.py", 'tarfile.open(fileobj=stream, mode="r|")'):
+        "a layer of a tarball the door opened",
+    ("image/layers.py", "tarfile.open(fileobj=tarball, mode=\"r:*\")"):
+        "the tarball the door opened",
+    ("image/layers.py", "json.load(handle)"): "a member of a tarball the door opened, bounded",
+    ("image/layers.py", 'open(target, "wb")'): "writes a file to the run's temp folder",
+    ("image/spill.py", 'open(dest, "wb")'): "writes a file to the run's temp folder",
+    ("jobs/commands/aot.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
+    ("jobs/commands/aot.py", "wheel.open(info)"): "a member of a wheel the door opened",
+    ("jobs/commands/aot.py", 'zipfile.ZipFile(out, "w")'): "the result, written by the door",
+    ("jobs/commands/aot.py", 'copy.open(info, "w")'): "the result, written by the door",
+    ("jobs/formats/artifacts.py", 'open(dest / name, "wb")'):
+        "the copy into the run's build context",
+    ("verify/checks.py", 'open(log, "a", encoding="utf-8")'): "the run's own log",
+}
+
+
+def _reads(root: Path = PACKAGE) -> list[tuple[str, str, int]]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = path.relative_to(root).as_posix()
+        if module in DOORS | OUTSIDE:
+            continue
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else \
+                func.attr if isinstance(func, ast.Attribute) else ""
+            owner = func.value.id if isinstance(func, ast.Attribute) and \
+                isinstance(func.value, ast.Name) else ""
+            if owner == "files":  # an image's files: the engine's reader, with a size limit
+                continue
+            if name in READS or (name == "load" and owner == "json") or \
+                    (name == "open" and owner in ("tarfile", "os")):
+                source = ast.get_source_segment(text, node) or name
+                found.append((module, " ".join(source.split()), node.lineno))
+    return found
+
+
+def test_every_input_is_opened_by_the_door() -> None:
+    strays = [f"{module}:{line}: {call}" for module, call, line in _reads()
+              if not any(module == m and call.startswith(c) for m, c in ALLOWED)]
+    assert not strays, "open these through core/inputs.py (or list them with why):\n" + \
+        "\n".join(strays)
+
+
+def test_every_allowed_call_is_still_there() -> None:
+    """A listed call that went away is taken off the list (the list says what is true)."""
+    calls = _reads()
+    stale = [key for key in ALLOWED
+             if not any(module == key[0] and call.startswith(key[1])
+                        for module, call, _ in calls)]
+    assert not stale, stale
+
+
+def test_the_scan_sees_a_stray_open(tmp_path: Path) -> None:
+    """The scan is not blind: every kind of read it must find, in a package of its own."""
+    (tmp_path / "stray.py").write_text(
+        'import json, mmap, os, tarfile, zipfile\nopen("x")\nPath("x").read_bytes()\n'
+        'Path("x").read_text()\ntarfile.open("x")\njson.load(f)\nos.open("x", 0)\n'
+        'mmap.mmap(3, 0)\nzipfile.ZipFile("x")\n')
+    found = [call for _, call, _ in _reads(tmp_path)]
+    assert found == ['open("x")', 'Path("x").read_bytes()', 'Path("x").read_text()',
+                     'tarfile.open("x")', "json.load(f)", 'os.open("x", 0)', "mmap.mmap(3, 0)",
+                     'zipfile.ZipFile("x")'], found
