@@ -522,8 +522,8 @@ def main(argv: list[str]) -> int:
     for number, seed in enumerate(seeds(name, fixture_files())):
         (corpus / f"seed-{number}").write_bytes(seed)
 
-    with atheris.instrument_imports():
-        import sm121_build  # noqa: F401 - instrumented for coverage
+    run_one(name, b"")  # every module the target needs imported, then all instrumented
+    atheris.instrument_all()
 
     def one(data: bytes) -> None:
         outcome = run_one(name, data)

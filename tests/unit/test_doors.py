@@ -434,6 +434,15 @@ def test_a_trust_key_requires_the_folders_signature(jit_so: Path, tmp_path: Path
     with pytest.raises(Untrusted, match="changed since it was signed"):
         load(signed, trust)
     assert (signed / SIGNATURE).is_file()
+    # an independent verifier reads the signature over the manifest's exact bytes
+    export(signed, {"_C.abi3.so": jit_so}, provenance, {}, SigningKey.load(private, None))
+    import base64
+    (tmp_path / "sig.der").write_bytes(base64.b64decode((signed / SIGNATURE).read_text()))
+    openssl = subprocess.run(["openssl", "dgst", "-sha256", "-verify", str(public),
+                              "-signature", str(tmp_path / "sig.der"),
+                              str(signed / "manifest.json")], capture_output=True, text=True,
+                             check=False)
+    assert openssl.stdout.strip() == "Verified OK", openssl.stderr
     # the CLI: refused (exit 3) before the engine is asked (DOCKER_HOST points nowhere)
     done = cli("inject", "--base", "x:y", "--artifacts", str(unsigned), "--trust-key",
                str(public), env=ENV)
