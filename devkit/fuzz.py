@@ -114,7 +114,7 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
     each audited; and aot's member reader and RECORD rewrite."""
     from sm121_build.audit.inputs import binaries
     from sm121_build.cuda.binary import SPARK, audit_binary
-    from sm121_build.jobs.commands.aot import _elf_member, _new_record, wheel_errors
+    from sm121_build.jobs.commands.aot import _new_record, elf_members, wheel_errors
 
     path = _file(tmp, "x.whl", data)
     with binaries(str(path)) as found:
@@ -122,14 +122,10 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
             if binary.skipped is None and binary.host_only_size is None:
                 audit_binary(binary.path, binary.name, SPARK, with_kernels=False)
     with wheel_errors(path), zipfile.ZipFile(path) as wheel:
-        infos = wheel.infolist()
-        for info in infos[:8]:
-            if not info.is_dir():
-                _elf_member(wheel, info, info.filename)
-        members = [i.filename for i in infos if i.filename.endswith(".so")]
+        members = [info.filename for info, _data in elf_members(wheel, path)]
         if members:
-            _new_record(wheel, infos, {members[0]: b"new"})
-    return len(infos)
+            _new_record(wheel, wheel.infolist(), {members[0]: b"new"})
+    return len(members)
 
 
 def image_tarball(data: bytes, tmp: Path) -> object:
@@ -306,9 +302,21 @@ def _member_offset_past_end(wheel: bytes) -> list[bytes]:
             wheel[:at + 42] + struct.pack("<I", 0xFFFFFFFF) + wheel[at + 46:]]
 
 
+def _nameless_member(wheel: bytes) -> list[bytes]:
+    """A member with an empty name (atheris, 2026-11-26: zipfile's `is_dir()` raised
+    IndexError in the audit's and aot's member loops)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(wheel)) as source, zipfile.ZipFile(out, "w") as copy:
+        for info in source.infolist():
+            copy.writestr(info, source.read(info))
+        copy.writestr(zipfile.ZipInfo(""), b"\x7fELF")
+    return [out.getvalue()]
+
+
 # Crashes the fuzzers found, as the seed they grew from and the change that made them
 # (each fixed; kept as seeds for ever):
 FOUND: tuple[tuple[str, Callable[[bytes], list[bytes]]], ...] = (
+    ("wheel", _nameless_member),
     # tarfile's ReadError from the outer tarball's index escaped `extract_files`
     ("image-tarball", lambda tar: [tar[:len(tar) // 2], tar[:1024] + bytes(512)]),
     ("wheel", _inflate_damaged),

@@ -313,6 +313,10 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
     members = []
     with open_file(archive, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
         for info in wheel.infolist():
+            if not info.filename:  # zipfile's own is_dir() fails on it
+                found.append(Binary("(a member with no name)", dest, skipped=(
+                    "a member with no name (a damaged archive): not extracted")))
+                continue
             if info.is_dir() or not wanted(info.filename):
                 continue
             name = os.path.normpath(info.filename)

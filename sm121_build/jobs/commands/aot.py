@@ -24,6 +24,7 @@ import threading
 import time
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -443,18 +444,8 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
     with opened(source, "wheel") as (fd, _size), os.fdopen(os.dup(fd), "rb") as handle, \
             zipfile.ZipFile(handle) as wheel:
         infos = wheel.infolist()
-        names = [info.filename for info in infos]
-        if len(set(names)) != len(names):
-            twice = next(n for n in names if names.count(n) > 1)
-            raise CorruptBinaryError(f"{source}: holds two members named {twice}: not a "
-                                     "wheel pip would install the same way twice; refused")
         works: list[FileWork] = []
-        for info in infos:
-            if info.is_dir() or not (info.filename.endswith(".so") or ".so." in info.filename):
-                continue
-            data = _elf_member(wheel, info, f"{source.name}!{info.filename}")
-            if data is None:
-                continue
+        for info, data in elf_members(wheel, source):
             mode = (info.external_attr >> 16) or 0o755
             work = _plan(f"{source.name}!{info.filename}", data, mode, request.target,
                          outcome)
@@ -468,6 +459,27 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
         results.write(target, lambda out: _copy_wheel(wheel, infos, replaced, record, out),
                       stat.S_IMODE(os.fstat(fd).st_mode))
         outcome.written.append(target)
+
+
+def elf_members(wheel: zipfile.ZipFile, source: Path) -> Iterator[tuple[zipfile.ZipInfo, bytes]]:
+    """The shared objects of a wheel that are ELF files, with their bytes.  A wheel with a
+    member of no name or two members of one name is refused (pip would not install it the
+    same way twice); a member is read only when its first bytes are an ELF header whose
+    declared extent holds its size."""
+    names = Counter(info.filename for info in wheel.infolist())
+    if "" in names:
+        raise CorruptBinaryError(f"{source}: holds a member with no name: a damaged wheel; "
+                                 "refused")
+    twice = [name for name, count in names.items() if count > 1]
+    if twice:
+        raise CorruptBinaryError(f"{source}: holds two members named {twice[0]}: not a "
+                                 "wheel pip would install the same way twice; refused")
+    for info in wheel.infolist():
+        if info.is_dir() or not (info.filename.endswith(".so") or ".so." in info.filename):
+            continue
+        data = _elf_member(wheel, info, f"{source.name}!{info.filename}")
+        if data is not None:
+            yield info, data
 
 
 @contextlib.contextmanager
