@@ -113,8 +113,8 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
                     raise Sm121Error(
                         f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
                         "those, a directory, or an image in the local Docker engine")
-            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error,
-                    ISAL_ERROR) as exc:
+            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, ISAL_ERROR,
+                    NotImplementedError) as exc:  # zipfile's "zip file version 12.6"
                 raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
             yield found
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from sm121_build.audit.inputs import Reading, binaries
 from sm121_build.cli.inputs import require_writable
 from sm121_build.core.console import notice
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
-from sm121_build.core.outputs import append_text
+from sm121_build.core.outputs import append_text, refuse_onto_inputs
 from sm121_build.cuda.binary import BinaryReport, Policy, audit_binary, host_only_report
 from sm121_build.cuda.compat import parse_cuda_version, parse_target
 from sm121_build.source.guards import DEFAULT_CUDA
@@ -100,6 +101,9 @@ def audit(  # noqa: PLR0913 (a click command: a parameter per option)
           cuda: str) -> None:
     """Audit a .so, directory, wheel, image tarball or local image for a GPU target."""
     fmt = "json" if as_json else fmt
+    if summary_md is not None and os.path.lexists(target):  # never onto what it audits
+        refuse_onto_inputs(summary_md, tuple(p for p in (Path(target), source) if p),
+                           "--summary-md")
     require_writable(summary_md, "--summary-md")  # before the audit, not after it
     gpu, driver = _defaults(gpu, driver)
     policy = Policy(parse_target(gpu), parse_cuda_version(driver))

@@ -136,7 +136,7 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
         raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
-    require_outputs(out, report, summary_md)
+    require_outputs(out, report, summary_md, (source, fa_source, sign_key, trust_key))
     options = Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
                       source=source, repo=repo, out=out, force=force, no_patch=no_patch,
                       pull=pull, versioned_tag=versioned_tag,

@@ -60,7 +60,7 @@ def inject(  # noqa: PLR0913 (a click command: a parameter per option)
         validate_image_ref(kernels_ref)
     result_tag = validate_tag(tag) if tag else default_tag(base)
     require_not_base(result_tag, base)
-    require_outputs(out, report, summary_md)
+    require_outputs(out, report, summary_md, (folder, trust_key))
     trusted = TrustKey.load(trust_key) if trust_key else None
     # the manifest (signed by the trusted key, with one) and every file checked before the
     # engine is asked

@@ -99,10 +99,18 @@ def require_writable(path: Path | None, option: str, *, directory: bool = False)
         raise Sm121Error(f"{option} {path}: cannot write there ({exc.strerror or exc})") from None
 
 
-def require_outputs(out: Path | None, report: Path | None, summary_md: Path | None) -> None:
-    """--out, --report, --summary-md and the cache dir, checked before any work."""
+def require_outputs(out: Path | None, report: Path | None, summary_md: Path | None,
+                    inputs: tuple[Path | None, ...] = ()) -> None:
+    """--out, --report, --summary-md and the cache dir, checked before any work: each
+    writable, and none of them an input of the command (`inputs`: its files and folders,
+    keys included) by any spelling, nor inside one."""
+    from sm121_build.core.outputs import refuse_onto_inputs
     from sm121_build.core.paths import cache_dir, state_dir
 
+    given = tuple(path for path in inputs if path is not None)
+    for path, option in ((out, "--out"), (report, "--report"), (summary_md, "--summary-md")):
+        if path is not None:
+            refuse_onto_inputs(path, given, option)
     require_writable(out, "--out", directory=True)
     require_writable(report, "--report")
     require_writable(summary_md, "--summary-md")

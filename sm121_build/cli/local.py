@@ -42,6 +42,9 @@ def local(  # noqa: PLR0913 (a click command: a parameter per option)
         raise click.UsageError(f"--cutlass {cutlass}: neither a CUTLASS checkout nor the "
                                "nvidia-cutlass wheel")
     require_vllm_tree(source)
+    from sm121_build.core.outputs import refuse_onto_inputs
+
+    refuse_onto_inputs(out, tuple(p for p in (source, fa_source, cutlass) if p), "--out")
     if fa_source:
         require_project_tree(fa_source, "vllm-flash-attn")
     script_args = (["--offline"] if offline else []) + (

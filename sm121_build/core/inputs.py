@@ -96,9 +96,13 @@ def read_head(path: str | os.PathLike[str], count: int, what: str = "input") -> 
 
 
 def _read_exactly(fd: int, size: int, where: str) -> bytes:
-    """`size` bytes (what fstat said: a file that grows meanwhile is read no further)."""
-    parts: list[bytes] = []
-    got = 0
+    """`size` bytes (what fstat said: a file that grows meanwhile is read no further), in
+    one allocation where the kernel hands them over at once (no copy of a joined list)."""
+    first = os.read(fd, size) if size else b""
+    if len(first) == size:
+        return first
+    parts: list[bytes] = [first]
+    got = len(first)
     while got < size:
         chunk = os.read(fd, min(WINDOW, size - got))
         if not chunk:
@@ -174,7 +178,8 @@ def inflate(raw: bytes, compression: Compression, declared: int, where: str) -> 
         return _zstd_windowed(raw, declared, where)
     except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError,
             ValueError) as exc:
-        raise CorruptBinaryError(f"{where} does not decompress: {exc}") from None
+        why = f"{type(exc).__name__}: {exc}" if isinstance(exc, MemoryError) else str(exc)
+        raise CorruptBinaryError(f"{where} does not decompress: {why}") from None
 
 
 def _zstd_windowed(raw: bytes, declared: int, where: str) -> bytes:

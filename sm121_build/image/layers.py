@@ -183,7 +183,7 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
     try:
         return _extract_files(archive, dest, wanted, platform, progress)
     except (tarfile.TarError, zstandard.ZstdError, EOFError, zlib.error, OSError,
-            UnicodeError) as exc:
+            UnicodeError, MemoryError, SystemError) as exc:  # SystemError: a decoder's own
         raise _bad(archive, f"{type(exc).__name__}: {str(exc)[:120]}") from None
 
 
@@ -192,6 +192,12 @@ def _extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                    progress: Callable[[int], None] | None) -> Filesystem:
     fs = Filesystem(dest)
     tarball = open_file(archive, "image tarball")
+    if tarball.read(6) == b"\xfd7zXZ\x00":  # xz's decoder takes what the file asks for
+        tarball.close()
+        raise _bad(archive, "an xz-compressed tarball (its decoder's memory is the file's "
+                            "to choose): decompress it first (xz -d), or give it plain or "
+                            "gzip'd")
+    tarball.seek(0)
     try:
         outer = tarfile.open(fileobj=tarball, mode="r:*")  # noqa: SIM115 - closed below
     except (tarfile.TarError, OSError) as exc:

@@ -548,3 +548,81 @@ def test_kernels_publish_never_moves_a_users_tag(tmp_path: Path) -> None:
 
     require_tags_free(engine, ["127.0.0.1:5000/k:nightly"],
                       TagRule(False, "", None, _a_kernels_image, "the tag"))
+
+
+def test_no_command_writes_a_report_or_out_onto_its_inputs(jit_so: Path,
+                                                           tmp_path: Path) -> None:
+    """The second sweep's cases: `--summary-md` onto the audited file (or a hard link of
+    it, or into the audited folder), `--report` onto the trust key or into the artifacts
+    folder, `--out` that is the artifacts folder, `local --out` that is the source tree."""
+    from devkit.keys import key_pair
+
+    audited = tmp_path / "x.so"
+    audited.write_bytes(jit_so.read_bytes())
+    os.link(audited, tmp_path / "notes.md")
+    folder = tmp_path / "artifacts"
+    _artifacts(folder, jit_so)
+    _, public = key_pair(tmp_path, "k")
+    before = {p: _sha(p) for p in (audited, public, folder / "manifest.json")}
+    for args in (("audit", str(audited), "--summary-md", str(audited)),
+                 ("audit", str(audited), "--summary-md", str(tmp_path / "notes.md")),
+                 ("audit", str(folder), "--summary-md", str(folder / "summary.md")),
+                 ("inject", "--base", "x:y", "--artifacts", str(folder), "--trust-key",
+                  str(public), "--report", str(public)),
+                 ("inject", "--base", "x:y", "--artifacts", str(folder), "--report",
+                  str(folder / "manifest.json")),
+                 ("inject", "--base", "x:y", "--artifacts", str(folder), "--out",
+                  str(folder)),
+                 ("local", "--source", str(tmp_path), "--out", str(tmp_path))):
+        line = one_line_error(cli(*args, env=ENV))
+        assert "input" in line or "vLLM" in line, (args, line)
+    assert {p: _sha(p) for p in before} == before
+    assert not (folder / "summary.md").exists()
+
+
+def test_a_large_elf_with_no_device_code_is_never_read_whole(
+        tmp_path: Path, home: dict[str, str]) -> None:
+    """A sparse 2 GiB file behind an ELF header, and a wheel member of 1 GiB whose section
+    header table sits at its end: `aot` reads their headers (the member's streamed through
+    a window), finds no `.nv_fatbin`, and never holds them whole."""
+    header = bytearray(b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHI", 3, 62, 1)
+                       + bytes(40))
+    size = 1 << 30
+    struct.pack_into("<Q", header, 0x28, size - 64)  # e_shoff: one null section at the end
+    struct.pack_into("<HHH", header, 0x3A, 64, 1, 0)  # e_shentsize, e_shnum, e_shstrndx
+    sparse = tmp_path / "big.so"
+    with open(sparse, "wb") as out:
+        out.write(header)
+        out.truncate(2 * size)
+    struct.pack_into("<Q", header, 0x28, 2 * size - 64)
+    with open(sparse, "r+b") as out:
+        out.write(header)
+    done, peak = _with_peak("aot", str(sparse), "--out", str(tmp_path / "o"), env=home)
+    assert peak < 200, f"aot peaked at {peak} MiB on a sparse 2 GiB file"
+    assert "Traceback" not in done.stderr
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    struct.pack_into("<Q", header, 0x28, size - 64)
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        with archive.open("pkg/big.so", "w", force_zip64=True) as member:
+            member.write(bytes(header))
+            for _ in range(1023):
+                member.write(bytes(1 << 20))
+            member.write(bytes((1 << 20) - 64 - 64))
+            member.write(bytes(64))  # the null section header
+        archive.writestr("pkg-1.0.dist-info/RECORD", "pkg/big.so,,\n")
+    done, peak = _with_peak("aot", str(wheel), "--out", str(tmp_path / "o2"), env=home)
+    assert peak < 200, f"aot peaked at {peak} MiB on a 1 GiB member"
+    assert "nothing to compile" in done.stderr, done.stderr
+
+
+def test_an_oversized_folder_signature_is_untrusted_not_a_bad_input(
+        jit_so: Path, tmp_path: Path) -> None:
+    from devkit.keys import key_pair
+
+    folder = tmp_path / "artifacts"
+    _artifacts(folder, jit_so)
+    (folder / "manifest.json.sig").write_bytes(b"A" * (1 << 20))
+    _, public = key_pair(tmp_path, "k")
+    done = cli("inject", "--base", "x:y", "--artifacts", str(folder), "--trust-key",
+               str(public), env=ENV)
+    assert "not signed by" in one_line_error(done, code=3)

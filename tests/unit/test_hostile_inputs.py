@@ -408,8 +408,10 @@ def test_outputs_must_be_regular_files(tmp_path: Path, kind: str) -> None:
                                                   "DOCKER_HOST": "unix:///nonexistent.sock"})
         line = one_line_error(result)
         assert f"is a {'symlink' if kind == 'symlink' else 'FIFO'}; name a regular file" in line
+    audited = tmp_path / "audited"  # a folder of its own: the summary is never inside it
+    audited.mkdir()
     audit = subprocess.run([sys.executable, "-m", "sm121_build", "audit", "--summary-md",
-                            str(out), str(tmp_path)], capture_output=True, text=True,
+                            str(out), str(audited)], capture_output=True, text=True,
                            timeout=60, check=False)
     assert "name a regular file" in one_line_error(audit)
 

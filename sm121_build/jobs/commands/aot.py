@@ -36,7 +36,14 @@ import click
 
 from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
 from sm121_build.core.errors import CorruptBinaryError, ToolchainError
-from sm121_build.core.inputs import InputRefused, kind_of, opened, read_head, read_input
+from sm121_build.core.inputs import (
+    InputRefused,
+    kind_of,
+    map_input,
+    opened,
+    read_head,
+    read_input,
+)
 from sm121_build.core.outputs import Results
 from sm121_build.core.paths import state_dir, store_bytes
 from sm121_build.core.units import duration, human_size
@@ -171,6 +178,8 @@ def _aot_files(targets: dict[Path, Path], request: AotRequest, outcome: AotResul
     names: dict[str, Path] = {}
     for path, target in targets.items():
         try:
+            if not _worth_reading(path, outcome):
+                continue
             data = read_input(path, MAX_FILE)
             mode = os.stat(path).st_mode
         except (InputRefused, OSError) as exc:
@@ -184,6 +193,25 @@ def _aot_files(targets: dict[Path, Path], request: AotRequest, outcome: AotResul
         target = names[work.name]
         results.write(target, partial(_write_bytes, new), stat.S_IMODE(work.mode))
         outcome.written.append(target)
+
+
+def _worth_reading(path: Path, outcome: AotResult) -> bool:
+    """Whether a file is an ELF file with a `.nv_fatbin` section, from its headers alone (a
+    map of it: only the pages of the headers are read), so a large file with no device code
+    is never read whole; a file that is no readable ELF file is one line in `failed`."""
+    data, _size = map_input(path)
+    try:
+        if data[:4] != ELF_MAGIC:
+            outcome.failed.append(f"{path}: not an ELF file: aot reads shared objects (.so), "
+                                  "folders of them and wheels")
+            return False
+        return Elf.read(data).section(".nv_fatbin") is not None
+    except ElfError as exc:
+        outcome.failed.append(f"{path}: not a readable ELF file (truncated?): {exc}")
+        return False
+    finally:
+        if not isinstance(data, bytes):
+            data.close()
 
 
 def _write_bytes(data: bytes, out: BinaryIO) -> None:
@@ -455,7 +483,7 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
                     for w, new in _compile_and_rewrite(works, request, outcome)}
         if not replaced:
             return
-        record = _new_record(wheel, infos, replaced)
+        record = _new_record(wheel, infos, replaced, source)
         results.write(target, lambda out: _copy_wheel(wheel, infos, replaced, record, out),
                       stat.S_IMODE(os.fstat(fd).st_mode))
         outcome.written.append(target)
@@ -499,36 +527,84 @@ def wheel_errors(source: Path) -> Iterator[None]:
 
 
 def _elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> bytes | None:
-    """A member's bytes when it is an ELF file whose headers account for its size; None
-    when it is no ELF file (read no further than its first bytes)."""
+    """A member's bytes when it is an ELF file whose headers account for its size and name
+    a `.nv_fatbin` section; None when it is no ELF file (read no further than its first
+    bytes) or has no device code (its section table and names streamed through a window,
+    never held whole)."""
     with wheel.open(info) as member:
         head = member.read(HEAD_WINDOW)
-        if head[:4] != ELF_MAGIC:
-            return None
-        extent = declared_extent(head)
-        if extent is None or info.file_size > extent:
-            raise CorruptBinaryError(
-                f"{name}: {info.file_size} bytes, more than the "
-                f"{extent or 0} its ELF headers account for; refused (not read)")
-        return head + member.read(info.file_size - len(head) + 1)
+    if head[:4] != ELF_MAGIC:
+        return None
+    extent = declared_extent(head)
+    if extent is None or info.file_size > extent:
+        raise CorruptBinaryError(
+            f"{name}: {info.file_size} bytes, more than the "
+            f"{extent or 0} its ELF headers account for; refused (not read)")
+    if not _streamed_has_fatbin(wheel, info, head, name):
+        return None
+    with wheel.open(info) as member:
+        data = member.read(info.file_size + 1)
+    if len(data) != info.file_size:
+        raise CorruptBinaryError(f"{name}: {len(data)} bytes, not the {info.file_size} the "
+                                 "wheel declares")
+    return data
+
+
+MAX_SECTION_TABLE = 64 << 20  # a section header table, or its name table, held while streamed
+
+
+def _streamed_has_fatbin(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, head: bytes,
+                         name: str) -> bool:
+    """Whether a member's section names include `.nv_fatbin`, reading it in windows: once
+    for its section header table, once more for the name table."""
+    if head[4] != 2 or head[5] != 1 or len(head) < 64:
+        return True  # not ELF64 little-endian: read_layout says why, on the whole bytes
+    shoff = struct.unpack_from("<Q", head, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
+    if shoff == 0 or shnum == 0 or shentsize != 64 or shstrndx >= shnum:
+        return True  # extended numbering or none: decided on the whole bytes
+    table = _stream_range(wheel, info, shoff, shnum * 64, name)
+    row = struct.unpack_from("<IIQQQQIIQQ", table, shstrndx * 64)
+    names = _stream_range(wheel, info, row[4], row[5], name)
+    return b"\0.nv_fatbin\0" in b"\0" + names
+
+
+def _stream_range(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, offset: int, size: int,
+                  name: str) -> bytes:
+    """Bytes [offset, offset + size) of a member, streamed (a window at a time)."""
+    if size > MAX_SECTION_TABLE or offset + size > info.file_size:
+        raise CorruptBinaryError(f"{name}: a section table of {size} bytes at {offset:#x} "
+                                 f"does not fit its {info.file_size} bytes")
+    kept = bytearray()
+    at = 0
+    with wheel.open(info) as member:
+        while len(kept) < size:
+            chunk = member.read(1 << 20)
+            if not chunk:
+                raise CorruptBinaryError(f"{name}: cut short")
+            lo, hi = max(offset - at, 0), min(offset + size - at, len(chunk))
+            if lo < hi:
+                kept += chunk[lo:hi]
+            at += len(chunk)
+    return bytes(kept)
 
 
 def _new_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
-                replaced: dict[str, bytes]) -> tuple[str, bytes]:
+                replaced: dict[str, bytes], where: Path) -> tuple[str, bytes]:
     """The RECORD member's name and its new text: the rows of the replaced members with
     their new sha256 and size, every other row as it was (CSV, as PEP 376 writes it)."""
     record = next((i.filename for i in infos if i.filename.endswith(".dist-info/RECORD")),
                   None)
     if record is None:
-        raise CorruptBinaryError(f"{wheel.filename}: no .dist-info/RECORD: not a wheel")
+        raise CorruptBinaryError(f"{where}: no .dist-info/RECORD: not a wheel")
     info = wheel.getinfo(record)
     if info.file_size > MAX_RECORD:
-        raise CorruptBinaryError(f"{wheel.filename}: its RECORD holds {info.file_size} "
+        raise CorruptBinaryError(f"{where}: its RECORD holds {info.file_size} "
                                  f"bytes, more than {MAX_RECORD}")
     try:
         rows = list(csv.reader(io.StringIO(wheel.read(info).decode("utf-8"), newline="")))
     except (UnicodeDecodeError, csv.Error) as exc:
-        raise CorruptBinaryError(f"{wheel.filename}: its RECORD is not CSV: {exc}") from None
+        raise CorruptBinaryError(f"{where}: its RECORD is not CSV: {exc}") from None
     seen = set()
     for row in rows:
         if row and row[0] in replaced:
@@ -538,7 +614,7 @@ def _new_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
             seen.add(row[0])
     missing = sorted(set(replaced) - seen)
     if missing:
-        raise CorruptBinaryError(f"{wheel.filename}: its RECORD has no row for {missing[0]}")
+        raise CorruptBinaryError(f"{where}: its RECORD has no row for {missing[0]}")
     text = io.StringIO(newline="")
     csv.writer(text, lineterminator="\n").writerows(rows)
     return record, text.getvalue().encode()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sm121_build.core.errors import Sm121Error
-from sm121_build.core.inputs import kind_of, opened, read_head, read_input
+from sm121_build.core.inputs import InputRefused, kind_of, opened, read_head, read_input
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
@@ -254,10 +254,9 @@ def _require_signed(folder: Path, manifest: bytes, trust: TrustKey) -> None:
     if kind_of(signature_at) != "file":
         raise Untrusted(f"{folder}: not signed (no {SIGNATURE}; {trust.path} is trusted): "
                         "write it with `--out DIR --sign-key KEY`")
-    signature = read_input(signature_at, MAX_SIGNATURE, SIGNATURE)
     try:
-        text = signature.decode("ascii").strip()
-    except UnicodeDecodeError:
+        text = read_input(signature_at, MAX_SIGNATURE, SIGNATURE).decode("ascii").strip()
+    except (InputRefused, UnicodeDecodeError):  # oversized, not a file, not text: not signed
         text = ""
     if not trust.signed(manifest, text):
         raise Untrusted(f"{folder}: {MANIFEST} is not signed by {trust.path} (changed since "
