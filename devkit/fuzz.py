@@ -313,6 +313,16 @@ def _nameless_member(wheel: bytes) -> list[bytes]:
     return [out.getvalue()]
 
 
+def _not_utf8_name(wheel: bytes) -> list[bytes]:
+    """A member name flagged UTF-8 that is not (atheris, 2026-11-26: zipfile's
+    UnicodeDecodeError escaped the audit)."""
+    at = wheel.index(b"PK\x01\x02")
+    flags = struct.unpack_from("<H", wheel, at + 8)[0] | 0x800
+    name = at + 46
+    return [wheel[:at + 8] + struct.pack("<H", flags) + wheel[at + 10:name] + b"\x80"
+            + wheel[name + 1:]]
+
+
 def _zip_version(wheel: bytes) -> list[bytes]:
     """A central directory entry that needs "zip file version 12.6" (atheris, 2026-11-26:
     zipfile's NotImplementedError escaped the audit)."""
@@ -325,6 +335,7 @@ def _zip_version(wheel: bytes) -> list[bytes]:
 FOUND: tuple[tuple[str, Callable[[bytes], list[bytes]]], ...] = (
     ("wheel", _nameless_member),
     ("wheel", _zip_version),
+    ("wheel", _not_utf8_name),
     # tarfile's ReadError from the outer tarball's index escaped `extract_files`
     ("image-tarball", lambda tar: [tar[:len(tar) // 2], tar[:1024] + bytes(512)]),
     ("wheel", _inflate_damaged),
@@ -415,6 +426,9 @@ def REGRESSIONS() -> tuple[tuple[str, bytes], ...]:
         # atheris, 2026-11-26: an xz outer tarball (lzma's memory is the file's to choose;
         # under the fuzzer's cap its decoder raised SystemError)
         ("image-tarball", b"\xfd7zXZ\x00" + bytes(4096)),
+        # atheris, 2026-11-26: a legacy .lzma header asking for a 4 GiB dictionary, which
+        # tarfile's "r:*" handed to lzma (a MemoryError under the cap)
+        ("image-tarball", b"l" + bytes(104) + b"\xff\xff\xff\xff" + bytes(27) + b"\x04"),
     )
 
 

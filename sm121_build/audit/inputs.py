@@ -114,7 +114,8 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
                         f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
                         "those, a directory, or an image in the local Docker engine")
             except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, ISAL_ERROR,
-                    NotImplementedError) as exc:  # zipfile's "zip file version 12.6"
+                    NotImplementedError, ValueError) as exc:  # zipfile's "zip file version
+                # 12.6", a name flagged UTF-8 that is not
                 raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
             yield found
         return

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, Literal, cast
 
 import zstandard
 
@@ -187,19 +187,47 @@ def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
         raise _bad(archive, f"{type(exc).__name__}: {str(exc)[:120]}") from None
 
 
+MAX_READ = 256 << 20  # what one read of the outer tarball may ask for (tarfile's own reads
+# are blocks, member headers and long names; a layer is streamed in small reads)
+
+
+class _Capped:
+    """The outer tarball as tarfile reads it, with any one read refused past `MAX_READ`:
+    a member header that states a long name of gigabytes would have tarfile allocate it."""
+
+    def __init__(self, handle: BinaryIO, archive: Path) -> None:
+        self._handle = handle
+        self._archive = archive
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0 or size > MAX_READ:
+            raise _bad(self._archive, f"a member asks for {size} bytes at once (more than "
+                                      f"{MAX_READ}): a damaged or crafted header")
+        return self._handle.read(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
 def _extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                    platform: str | None,
                    progress: Callable[[int], None] | None) -> Filesystem:
     fs = Filesystem(dest)
     tarball = open_file(archive, "image tarball")
-    if tarball.read(6) == b"\xfd7zXZ\x00":  # xz's decoder takes what the file asks for
+    magic = tarball.read(6)
+    # plain, gzip'd or bzip2'd, chosen by the magic: never "r:*", which would try lzma, whose
+    # decoder's memory (an xz or legacy .lzma header's dictionary) is the file's to choose
+    mode: Literal["r:gz", "r:bz2", "r:"] = "r:gz" if magic.startswith(b"\x1f\x8b") else \
+        "r:bz2" if magic.startswith(b"BZh") else "r:"
+    if magic == b"\xfd7zXZ\x00":
         tarball.close()
         raise _bad(archive, "an xz-compressed tarball (its decoder's memory is the file's "
                             "to choose): decompress it first (xz -d), or give it plain or "
                             "gzip'd")
     tarball.seek(0)
     try:
-        outer = tarfile.open(fileobj=tarball, mode="r:*")  # noqa: SIM115 - closed below
+        outer = tarfile.open(fileobj=cast(BinaryIO, _Capped(tarball, archive)),  # noqa: SIM115
+                             mode=mode)  # closed below
     except (tarfile.TarError, OSError) as exc:
         tarball.close()
         raise _bad(archive, str(exc)) from None
