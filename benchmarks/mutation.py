@@ -121,10 +121,13 @@ def promise_mutants(keep: bool = False) -> int:
 
     spec = yaml.safe_load((ROOT / "benchmarks" / "promise_mutants.yaml").read_text())
     suite = [str(t) for t in spec["suite"]]
+    # a mutant may name the tests that hold its promise (`suite:`), the rest run the common one
+    every = list(dict.fromkeys([*suite, *(str(t) for m in spec["mutants"]
+                                          for t in m.get("suite", []))]))
     env = {**os.environ, "SM121_TEST_CACHE": str(ROOT / ".cache")}
     survivors, broken = [], []
     baseline = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               *suite], cwd=ROOT, env=env, capture_output=True, text=True,
+                               *every], cwd=ROOT, env=env, capture_output=True, text=True,
                               check=False)
     if baseline.returncode != 0:  # a mutant "killed" by a test that fails anyway proves nothing
         print(baseline.stdout[-2000:], file=sys.stderr)
@@ -141,8 +144,9 @@ def promise_mutants(keep: bool = False) -> int:
             continue
         target.write_text(text.replace(mutant["find"], mutant["replace"]))
         started = time.monotonic()
+        tests = [str(t) for t in mutant.get("suite", suite)]
         run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
-                              "no:cacheprovider", *suite], cwd=scratch, env=env,
+                              "no:cacheprovider", *tests], cwd=scratch, env=env,
                              capture_output=True, text=True, check=False)
         killed = run.returncode not in (0, 5)
         failed = next((line for line in run.stdout.splitlines()
