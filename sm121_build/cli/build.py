@@ -7,7 +7,13 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.inputs import JOBS, arch_list, extension_names, require_outputs
+from sm121_build.cli.inputs import (
+    JOBS,
+    arch_list,
+    extension_names,
+    require_outputs,
+    trust_key_option,
+)
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.compat import ArchList
@@ -84,11 +90,9 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
                    "sign the folder's manifest.json (manifest.json.sig, as `cosign sign-blob` "
                    "makes it), which `inject --artifacts DIR --trust-key` requires; a "
                    "passphrase from COSIGN_PASSWORD.")
-@click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              envvar="SM121_TRUST_KEY",
-              help="With --kernels-from: use a hit only when this public key (cosign.pub) "
-                   "signed it; an unsigned or wrongly signed one is refused and the run "
-                   "builds.  Default: $SM121_TRUST_KEY.")
+@trust_key_option("With --kernels-from: use a hit only when this public key (cosign.pub) "
+                  "signed it; an unsigned or wrongly signed one is refused and the run "
+                  "builds.")
 @click.option("--no-build", is_flag=True,
               help="With --kernels-from: fail on a miss instead of building.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help=REPORT_HELP)

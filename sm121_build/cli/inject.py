@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
-from sm121_build.cli.inputs import require_outputs
+from sm121_build.cli.inputs import require_outputs, trust_key_option
 from sm121_build.image.cosign import TrustKey
 from sm121_build.image.refs import (
     default_tag,
@@ -39,12 +39,9 @@ from sm121_build.jobs.framework.session import Reporting, run_session
               help=SUMMARY_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="The run's record (the --report schema) on stdout, however it ends.")
-@click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              envvar="SM121_TRUST_KEY",
-              help="Refuse the kernels (exit 3) unless this public key (cosign.pub) signed "
-                   "them: the kernels image of --from, or the manifest.json of --artifacts "
-                   "(manifest.json.sig, written by `--out DIR --sign-key KEY`).  Default: "
-                   "$SM121_TRUST_KEY.")
+@trust_key_option("Refuse the kernels (exit 3) unless this public key (cosign.pub) signed "
+                  "them: the kernels image of --from, or the manifest.json of --artifacts "
+                  "(manifest.json.sig, written by `--out DIR --sign-key KEY`).")
 def inject(  # noqa: PLR0913 (a click command: a parameter per option)
            folder: Path | None, kernels_ref: str | None, base: str, tag: str | None,
            out: Path | None, report: Path | None, summary_md: Path | None, replace_tag: bool,

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -31,6 +33,7 @@ KNOWN_ARCHS = frozenset({
     "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.8",
     "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"})
 ARCH_ENTRY = re.compile(r"^(\d{1,2}\.\d)([af]?)(\+PTX)?\Z")
+F = TypeVar("F", bound=Callable[..., Any])
 EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.abi3)?(?:\.[A-Za-z0-9_-]+)?(?:\.so)?\Z")
 
 
@@ -116,3 +119,14 @@ def require_outputs(out: Path | None, report: Path | None, summary_md: Path | No
     require_writable(summary_md, "--summary-md")
     require_writable(cache_dir(), "cache dir (XDG_CACHE_HOME)", directory=True)
     require_writable(state_dir(), "state dir (XDG_STATE_HOME)", directory=True)
+
+
+KEY_FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
+
+
+def trust_key_option(help_text: str, required: bool = False) -> Callable[[F], F]:
+    """`--trust-key KEY` (default: $SM121_TRUST_KEY), the same option on every command that
+    takes prebuilt kernels; `help_text` says what it refuses there."""
+    return click.option("--trust-key", type=KEY_FILE, envvar="SM121_TRUST_KEY",
+                        required=required,
+                        help=help_text + ("" if required else "  Default: $SM121_TRUST_KEY."))

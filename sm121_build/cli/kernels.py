@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from sm121_build.cli.inputs import trust_key_option
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
@@ -28,9 +29,7 @@ def kernels() -> None:
 
 @kernels.command("verify")
 @click.argument("ref")
-@click.option("--trust-key", required=True, envvar="SM121_TRUST_KEY",
-              type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="The public key (cosign.pub) the image must be signed with.")
+@trust_key_option("The public key (cosign.pub) the image must be signed with.", required=True)
 def verify_command(ref: str, trust_key: Path) -> None:
     """Check that REF (REPO:TAG or REPO@DIGEST) carries a signature by the key for exactly
     its digest, and print the signed provenance (exit 3 when it does not hold).  Asks the
@@ -65,11 +64,9 @@ def verify_command(ref: str, trust_key: Path) -> None:
 @click.option("--replace-tag", is_flag=True,
               help="Move a local tag that names an image this tool did not give it (the "
                    "image itself stays); without it such a tag is refused.")
-@click.option("--trust-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              envvar="SM121_TRUST_KEY",
-              help="Publish DIR only when its manifest.json is signed by this public key "
-                   "(manifest.json.sig, written by `--out DIR --sign-key KEY`); exit 3 "
-                   "otherwise.  Default: $SM121_TRUST_KEY.")
+@trust_key_option("Publish DIR only when its manifest.json is signed by this public key "
+                  "(manifest.json.sig, written by `--out DIR --sign-key KEY`); exit 3 "
+                  "otherwise.")
 def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PLR0913
                     sign_key: Path | None, replace_tag: bool, trust_key: Path | None) -> None:
     """Build the kernels image of DIR (FROM scratch: the files at their paths in the base,

@@ -177,9 +177,10 @@ finally:
 
 
 def _with_peak(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], int]:
-    """Run the CLI and its peak resident memory in MiB (ptxas aside: it is a child)."""
+    """Run the CLI and its peak resident memory in MiB (ptxas aside: it is a child); a run
+    past 300 s fails the test (a bomb that got through would have ptxas chew on it)."""
     done = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True,
-                          check=False, env={**os.environ, **env})
+                          check=False, env={**os.environ, **env}, timeout=300)
     peak = next(int(line.split()[1]) for line in done.stderr.splitlines()
                 if line.startswith("PEAK "))
     done.stderr = "\n".join(line for line in done.stderr.splitlines()
@@ -233,7 +234,8 @@ def test_a_frame_that_states_more_than_its_header_is_refused_before_it_inflates(
         tmp_path: Path, home: dict[str, str]) -> None:
     big = compile_cached("doors_big", DATA / "big_ptx.cu", PLAIN_PTX)
     bomb = _zstd_bomb(big, tmp_path / "bomb.so", 512 << 20)
-    done, peak = _with_peak("aot", str(bomb), "--out", str(tmp_path / "o"), env=home)
+    done, peak = _with_peak("aot", str(bomb), "--out", str(tmp_path / "o"), "--timeout", "5",
+                            env=home)
     assert "more than the" in one_line_error(done)
     assert peak < 200, f"aot peaked at {peak} MiB on a 512 MiB frame"
     done, peak = _with_peak("audit", "--kernels", str(bomb), env=home)

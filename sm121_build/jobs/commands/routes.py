@@ -99,22 +99,14 @@ ROUTES: tuple[Route, ...] = (
         Policy.TAG_RULE: TAGS,
         Policy.TIME_LIMITS: REGISTRY_LIMIT,
     }),
-    Route("--kernels-from (a hit)", ("jobs.commands.run:LookUp.__call__",
-                                     "jobs.commands.run:InjectHit.__call__"), {
-        Policy.PLACEMENT: PLACED,
-        Policy.HOST_CODE: HOST,
-        Policy.TRUST_KEY: Reached("image.cosign:require_signed"),
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: REGISTRY_LIMIT,
-    }),
-    Route("--kernels-from --no-build", ("jobs.commands.run:LookUp.__call__",
-                                        "jobs.commands.run:InjectHit.__call__"), {
-        Policy.PLACEMENT: PLACED,
-        Policy.HOST_CODE: HOST,
-        Policy.TRUST_KEY: Reached("image.cosign:require_signed"),
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: REGISTRY_LIMIT,
-    }),
+    Route("--kernels-from (a hit, and with --no-build)",
+          ("jobs.commands.run:LookUp.__call__", "jobs.commands.run:InjectHit.__call__"), {
+              Policy.PLACEMENT: PLACED,
+              Policy.HOST_CODE: HOST,
+              Policy.TRUST_KEY: Reached("image.cosign:require_signed"),
+              Policy.TAG_RULE: TAGS,
+              Policy.TIME_LIMITS: REGISTRY_LIMIT,
+          }),
     Route("kernels publish", ("cli.kernels:publish_command",), {
         Policy.PLACEMENT: Reached("jobs.formats.artifacts:load"),
         Policy.HOST_CODE: NotApplicable("no base to compare with here: every consumer's "
