@@ -350,12 +350,12 @@ def _extract(archive: Path, member: tuple[zipfile.ZipInfo, Path]) -> Binary | No
         if not _auditable_head(head[:RAW_PROBE]):
             chunks.close()
             return None
-        extent = declared_extent(head[:_HEAD_WINDOW]) if head[:4] == b"\x7fELF" else info.file_size
-        if extent is None or info.file_size > extent:
+        extent = declared_extent(head[:_HEAD_WINDOW]) if head[:4] == b"\x7fELF" else None
+        if extent is not None and info.file_size > extent:
             chunks.close()
             return Binary(info.filename, target, skipped=(
-                f"{info.file_size} bytes, more than the {extent or 0} its ELF headers account "
-                "for (not extracted)"))
+                f"{info.file_size} bytes, more than the {extent} its ELF headers account for "
+                "(not extracted)"))
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "wb") as out:
             out.write(head)

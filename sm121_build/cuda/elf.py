@@ -170,9 +170,11 @@ def _string(table: bytes, at: int, what: str) -> str:
 
 def declared_extent(head: bytes) -> int | None:
     """How many bytes an ELF file's headers account for, from its first bytes alone: the
-    end of its section header table and of every segment the program headers (when `head`
-    holds them) name.  A file larger than that holds bytes no header names (a zero-filled
-    member made to cost memory, say); None when `head` is no ELF header."""
+    ends of its section header table and of every section, and of every segment its program
+    headers name.  None when `head` is no ELF header, or when the tables that say it are not
+    in `head` (a section header table further on ends the file as linkers write it: what
+    lies before it cannot be judged from here).  A file larger than a known extent holds
+    bytes no header names (a zero-filled member made to cost memory, say)."""
     if len(head) < 0x34 or head[:4] != MAGIC or head[4] not in _CLASS or head[5] not in (1, 2):
         return None
     order = "<" if head[5] == 1 else ">"
@@ -183,11 +185,21 @@ def declared_extent(head: bytes) -> int | None:
                                       0x20 if wide else 0x1C)
     phentsize, phnum, shentsize, shnum = struct.unpack_from(
         order + "HHHH", head, 0x36 if wide else 0x2A)
-    extent: int = max(0x40 if wide else 0x34, shoff + shentsize * shnum,
-                      phoff + phentsize * phnum)
-    layout = struct.Struct(order + ("IIQQQQQQ" if wide else "IIIIIIII"))
-    if phnum and phentsize == layout.size and phoff + phnum * layout.size <= len(head):
-        for row in layout.iter_unpack(head[phoff:phoff + phnum * layout.size]):
-            offset, filesz = (row[2], row[5]) if wide else (row[1], row[4])
-            extent = max(extent, int(offset) + int(filesz))
+    extent: int = 0x40 if wide else 0x34
+    # (offset, entry size, count, row layout, the row's offset and size fields, sections?)
+    tables = ((phoff, phentsize, phnum, "IIQQQQQQ" if wide else "IIIIIIII",
+               (2, 5) if wide else (1, 4), False),
+              (shoff, shentsize, shnum, "IIQQQQIIQQ" if wide else "IIIIIIIIII", (4, 5), True))
+    for offset, entsize, count, layout, (at_offset, at_size), sections in tables:
+        if not count or not offset:
+            continue
+        end = offset + entsize * count
+        row = struct.Struct(order + layout)
+        if entsize != row.size or end > len(head):
+            return None  # not in the window: it cannot be judged from here
+        extent = max(extent, end)
+        for fields in row.iter_unpack(head[offset:end]):
+            if sections and fields[1] == SHT_NOBITS:
+                continue  # a section that takes no bytes of the file
+            extent = max(extent, int(fields[at_offset]) + int(fields[at_size]))
     return extent

@@ -260,8 +260,8 @@ def require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:
         invalid += 1
         why = (f"the signature by {trust.path} beside {registry.repo}@{digest} is for "
                f"{claim[0]}@{claim[1]}")
-    raise Untrusted(f"{why} ({len(layers)} signature(s): {unreadable} unreadable, "
-                    f"{invalid} not valid)")
+    raise Untrusted(f"of {len(layers)} signature(s) {unreadable} unreadable and {invalid} "
+                    f"not valid: {why}")
 
 
 def _claim(body: bytes) -> tuple[str, str]:

@@ -63,8 +63,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a layer of a tarball the door opened",
     ("image/layers.py", 'tarfile.open(fileobj=stream, mode="r|")'):
         "a layer of a tarball the door opened",
-    ("image/layers.py", "tarfile.open(fileobj=tarball, mode=\"r:*\")"):
-        "the tarball the door opened",
+    ("image/layers.py", "tarfile.open(fileobj=cast(BinaryIO, _Capped(tarball, archive))"):
+        "the tarball the door opened, its reads capped",
     ("image/layers.py", "json.load(handle)"): "a member of a tarball the door opened, bounded",
     ("image/layers.py", 'open(target, "wb")'): "writes a file to the run's temp folder",
     ("image/spill.py", 'open(dest, "wb")'): "writes a file to the run's temp folder",

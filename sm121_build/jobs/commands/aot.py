@@ -535,8 +535,8 @@ def _elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> byt
         head = member.read(HEAD_WINDOW)
     if head[:4] != ELF_MAGIC:
         return None
-    extent = declared_extent(head)
-    if extent is None or info.file_size > extent:
+    extent = declared_extent(head)  # None: not judged from the first bytes
+    if extent is not None and info.file_size > extent:
         raise CorruptBinaryError(
             f"{name}: {info.file_size} bytes, more than the "
             f"{extent or 0} its ELF headers account for; refused (not read)")

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sm121_build.core.errors import Sm121Error
-from sm121_build.core.inputs import InputRefused, kind_of, opened, read_head, read_input
+from sm121_build.core.inputs import (
+    InputRefused,
+    kind_of,
+    opened,
+    read_head,
+    read_input,
+    require_folder,
+)
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
@@ -212,6 +219,7 @@ def load(folder: Path, trust: TrustKey | None = None) -> Artifacts:
     trust key, the manifest must carry that key's signature (`manifest.json.sig`, written
     by `--out DIR --sign-key KEY`) over the very bytes read here, or the folder is refused
     (`Untrusted`, exit 3); the files are then checked against the manifest's digests."""
+    require_folder(folder, "the artifacts folder")
     path = folder / MANIFEST
     if kind_of(path) != "file":
         raise Sm121Error(f"{folder}: no {MANIFEST}; export artifacts with "
