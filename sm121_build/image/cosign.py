@@ -260,8 +260,13 @@ def require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:
         invalid += 1
         why = (f"the signature by {trust.path} beside {registry.repo}@{digest} is for "
                f"{claim[0]}@{claim[1]}")
-    raise Untrusted(f"of {len(layers)} signature(s) {unreadable} unreadable and {invalid} "
-                    f"not valid: {why}")
+    counted = (f"{len(layers)} signature(s): {unreadable} unreadable, {invalid} not valid")
+    if why.startswith("no signature of "):  # the count beside what was looked for
+        why = (f"no signature of {registry.repo}@{digest} ({counted}) verifies with "
+               f"{trust.path}")
+    else:
+        why = f"{why} ({counted})"
+    raise Untrusted(why)
 
 
 def _claim(body: bytes) -> tuple[str, str]:
