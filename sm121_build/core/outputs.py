@@ -120,13 +120,19 @@ def refuse_onto_inputs(output: Path, inputs: tuple[Path, ...], what: str) -> Non
     resolved = output.resolve()
     same = _identity(output)
     for source in inputs:
-        inside = source.is_dir() and _inside(resolved, source.resolve())
-        if inside or resolved == source.resolve() or (same is not None
-                                                        and same == _identity(source)):
+        where_source = source.resolve()
+        inside = source.is_dir() and _inside(resolved, where_source)
+        if inside or resolved == where_source or (same is not None
+                                                  and same == _identity(source)):
             where = "inside" if inside else "the same file as"
             raise Sm121Error(f"{what} {output} is {where} the input {source}: nothing is "
                              "written over, into or through an input; give a folder of its "
                              "own")
+
+
+def _claim_key(target: Path) -> Path:
+    """One spelling of a result's path (absolute, `.` and `..` folded)."""
+    return Path(os.path.normpath(target.absolute()))
 
 
 class Results:
@@ -148,7 +154,7 @@ class Results:
         """The path the result of `source` goes to; refused when another result has it, or
         when it is an input or lies through one."""
         target = self.root / relative
-        key = Path(os.path.normpath(target.absolute()))
+        key = _claim_key(target)
         other = self._claimed.get(key)
         if other is not None and other != source:
             raise Sm121Error(f"{other} and {source} would both be written to {target}: give "
@@ -161,8 +167,7 @@ class Results:
     def write(self, target: Path, write: Callable[[BinaryIO], object],
               mode: int | None = None) -> None:
         """Write a claimed result (checked again: a link may have appeared since)."""
-        key = Path(os.path.normpath(target.absolute()))
-        if key not in self._claimed:
+        if _claim_key(target) not in self._claimed:
             raise Sm121Error(f"{target}: written without being claimed (a bug)")
         refuse_links_below(self.root, target)
         refuse_onto_inputs(target, self.inputs, "the result")

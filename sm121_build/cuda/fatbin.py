@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, NamedTuple
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.core.inputs import InputRefused, inflate, open_regular, read_head
+from sm121_build.core.inputs import InputRefused, inflate, open_file, read_head
 from sm121_build.cuda.elf import SHT_NOBITS, Elf, ElfError
 from sm121_build.cuda.elf import name as symbol_name
 
@@ -109,7 +109,7 @@ class HostBinary:
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> HostBinary:
         binary = cls(Path(path))
-        binary._file = os.fdopen(open_regular(binary.path), "rb")  # closed by close()
+        binary._file = open_file(binary.path)  # closed by close()
         try:
             binary._load()
         except BaseException:
@@ -465,7 +465,7 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
     """`.dynsym` (what `nm -D` shows), unpacked with `struct` from the raw section: torch's
     libraries hold ~10^5 symbols, which pyelftools read one at a time (~1.8 s for
     libtorch_cpu.so)."""
-    handle = os.fdopen(open_regular(path), "rb")  # closed below
+    handle = open_file(path)  # closed below
     undefined: set[str] = set()
     exported: set[str] = set()
     try:

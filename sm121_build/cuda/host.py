@@ -4,13 +4,12 @@ it needs, what it exports, and how many initialisers run when it loads."""
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.core.inputs import open_regular
+from sm121_build.core.inputs import open_file
 from sm121_build.cuda.elf import Elf, ElfError, name
 from sm121_build.cuda.fatbin import DynamicSymbols, dynamic_symbols
 
@@ -29,7 +28,7 @@ class HostSide:
 
 def host_side(path: Path) -> HostSide:
     try:
-        with os.fdopen(open_regular(path), "rb") as handle, \
+        with open_file(path) as handle, \
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
             if data[:4] != b"\x7fELF" or len(data) < 64:
                 raise CorruptBinaryError(f"{path.name}: not an ELF file")

@@ -198,9 +198,8 @@ def attested(registry: Registry, digest: str, trust: TrustKey,
     """The predicate of a statement of `predicate_type` about exactly this image that
     `trust` signed; Untrusted when there is none."""
     for layer in _layers(registry, digest, "att"):
-        blob = layer.get("digest") if isinstance(layer, dict) else None
-        if not isinstance(layer, dict) or layer.get("mediaType") != DSSE_ENVELOPE or \
-                not isinstance(blob, str):
+        blob = layer.get("digest")
+        if layer.get("mediaType") != DSSE_ENVELOPE or not isinstance(blob, str):
             continue
         try:
             envelope = json.loads(registry.blob(blob))
@@ -238,12 +237,12 @@ def require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:
     why = f"no signature of {registry.repo}@{digest} verifies with {trust.path}"
     unreadable = invalid = 0
     for layer in layers:
-        annotations = layer.get("annotations") if isinstance(layer, dict) else None
+        annotations = layer.get("annotations")
         signature = annotations.get(SIGNATURE_ANNOTATION) if isinstance(annotations,
                                                                          dict) else None
-        blob = layer.get("digest") if isinstance(layer, dict) else None
-        if not isinstance(layer, dict) or layer.get("mediaType") != SIMPLE_SIGNING or \
-                not isinstance(signature, str) or not isinstance(blob, str):
+        blob = layer.get("digest")
+        if layer.get("mediaType") != SIMPLE_SIGNING or not isinstance(signature, str) or \
+                not isinstance(blob, str):
             invalid += 1
             continue
         try:

@@ -107,8 +107,6 @@ def load() -> Ledger:
         if not path.exists() and not path.is_symlink():
             return Ledger()
         raw = json.loads(read_input(path, MAX_LEDGER, "the ledger"))
-    except FileNotFoundError:
-        return Ledger()
     except InputRefused as exc:
         raise _damaged(path, str(exc).removeprefix(f"{path}: ")) from None
     except (OSError, ValueError, RecursionError) as exc:

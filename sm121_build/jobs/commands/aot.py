@@ -17,6 +17,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import mmap
 import os
 import stat
 import struct
@@ -40,7 +41,7 @@ from sm121_build.core.inputs import (
     InputRefused,
     kind_of,
     map_input,
-    opened,
+    open_file,
     read_head,
     read_input,
 )
@@ -201,17 +202,25 @@ def _worth_reading(path: Path, outcome: AotResult) -> bool:
     is never read whole; a file that is no readable ELF file is one line in `failed`."""
     data, _size = map_input(path)
     try:
-        if data[:4] != ELF_MAGIC:
-            outcome.failed.append(f"{path}: not an ELF file: aot reads shared objects (.so), "
-                                  "folders of them and wheels")
-            return False
-        return Elf.read(data).section(".nv_fatbin") is not None
-    except ElfError as exc:
-        outcome.failed.append(f"{path}: not a readable ELF file (truncated?): {exc}")
-        return False
+        elf = _readable_elf(str(path), data, outcome)
+        return elf is not None and elf.section(".nv_fatbin") is not None
     finally:
         if not isinstance(data, bytes):
             data.close()
+
+
+def _readable_elf(name: str, data: bytes | mmap.mmap, outcome: AotResult) -> Elf | None:
+    """The file's section table; None, with one line in `failed`, when it is no readable
+    ELF file (as `audit` refuses it), never "nothing to compile"."""
+    if data[:4] != ELF_MAGIC:
+        outcome.failed.append(f"{name}: not an ELF file: aot reads shared objects (.so), "
+                              "folders of them and wheels")
+        return None
+    try:
+        return Elf.read(data)
+    except ElfError as exc:
+        outcome.failed.append(f"{name}: not a readable ELF file (truncated?): {exc}")
+        return None
 
 
 def _write_bytes(data: bytes, out: BinaryIO) -> None:
@@ -245,17 +254,9 @@ def _plan(name: str, data: bytes, mode: int, target: Target,
           outcome: AotResult) -> FileWork | None:
     """The file's layout when it has JIT-only containers to compile; None when it has none
     (host code only, or everything loads natively already).  A file that is no readable
-    ELF file is one line in `failed` (as `audit` refuses it), never "nothing to compile"."""
-    if data[:4] != ELF_MAGIC:
-        outcome.failed.append(f"{name}: not an ELF file: aot reads shared objects (.so), "
-                              "folders of them and wheels")
-        return None
-    try:
-        Elf.read(data)
-    except ElfError as exc:
-        outcome.failed.append(f"{name}: not a readable ELF file (truncated?): {exc}")
-        return None
-    if b".nv_fatbin" not in data:  # the section's name: host code only
+    ELF file is one line in `failed` (`_readable_elf`)."""
+    elf = _readable_elf(name, data, outcome)
+    if elf is None or elf.section(".nv_fatbin") is None:  # host code only
         return None
     try:
         layout = read_layout(data, name)
@@ -469,8 +470,7 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
     size of each, read and written as CSV), every other member byte for byte.  A wheel with
     two members of one name is refused; a member is read only when its first bytes are an
     ELF header whose declared extent holds its size."""
-    with opened(source, "wheel") as (fd, _size), os.fdopen(os.dup(fd), "rb") as handle, \
-            zipfile.ZipFile(handle) as wheel:
+    with open_file(source, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
         infos = wheel.infolist()
         works: list[FileWork] = []
         for info, data in elf_members(wheel, source):
@@ -485,7 +485,7 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
             return
         record = _new_record(wheel, infos, replaced, source)
         results.write(target, lambda out: _copy_wheel(wheel, infos, replaced, record, out),
-                      stat.S_IMODE(os.fstat(fd).st_mode))
+                      stat.S_IMODE(os.fstat(handle.fileno()).st_mode))
         outcome.written.append(target)
 
 
@@ -539,7 +539,7 @@ def _elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> byt
     if extent is not None and info.file_size > extent:
         raise CorruptBinaryError(
             f"{name}: {info.file_size} bytes, more than the "
-            f"{extent or 0} its ELF headers account for; refused (not read)")
+            f"{extent} its ELF headers account for; refused (not read)")
     if not _streamed_has_fatbin(wheel, info, head, name):
         return None
     with wheel.open(info) as member:

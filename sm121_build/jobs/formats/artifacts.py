@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -22,7 +20,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import (
     InputRefused,
     kind_of,
-    opened,
+    open_file,
     read_head,
     read_input,
     require_folder,
@@ -48,10 +46,18 @@ def is_file_name(name: str) -> bool:
 
 
 def sha256_of(path: Path) -> str:
+    return _copied(path, None)
+
+
+def _copied(source: Path, out: BinaryIO | None) -> str:
+    """The sha256 of a file, read through the door in windows, each window also written to
+    `out` when one is given (a copy and its digest in one pass)."""
     digest = hashlib.sha256()
-    with opened(path, "artifact") as (fd, _size), os.fdopen(os.dup(fd), "rb") as handle:
+    with open_file(source, "artifact") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
+            if out is not None:
+                out.write(chunk)
     return digest.hexdigest()
 
 
@@ -163,10 +169,9 @@ class Artifacts:
         dest.mkdir(parents=True, exist_ok=True)
         for name, path in self.files.items():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            with opened(path, "artifact") as (fd, _size), os.fdopen(os.dup(fd), "rb") as src, \
-                    open(dest / name, "wb") as copy:
-                shutil.copyfileobj(src, copy, 1 << 20)
-            if sha256_of(dest / name) != self.manifest.files[name].sha256:
+            with open(dest / name, "wb") as copy:
+                copied = _copied(path, copy)
+            if copied != self.manifest.files[name].sha256:
                 raise Sm121Error(f"{path}: sha256 differs from the manifest; the artifacts "
                                  "were changed after they were checked")
             mode = self.manifest.files[name].mode
@@ -204,9 +209,7 @@ def export(out: Path, files: dict[str, Path], provenance: Provenance,
 
 def _copier(source: Path) -> Callable[[BinaryIO], None]:
     def copy(out: BinaryIO) -> None:
-        with opened(source, "artifact") as (fd, _size), \
-                os.fdopen(os.dup(fd), "rb") as handle:
-            shutil.copyfileobj(handle, out, 1 << 20)
+        _copied(source, out)
     return copy
 
 
