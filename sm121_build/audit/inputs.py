@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 from isal import isal_zlib
 
+from sm121_build.audit.owners import MAX_RECORD, Owners, is_record, wheel_distribution
 from sm121_build.core.console import Progress
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
-from sm121_build.core.inputs import InputRefused, open_file, read_head
+from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
@@ -64,6 +65,7 @@ class Binary:
     path: Path
     host_only_size: int | None = None  # set when the file was dropped: an ELF of no device code
     skipped: str | None = None  # why it could not be audited (unreadable, outside the archive)
+    package: str | None = None  # the distribution that installs it (its RECORD, its wheel)
 
 
 def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
@@ -93,7 +95,13 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
     path = Path(target)
     wanted = _wanted(include)
     if path.is_dir():
-        yield _walk(path, wanted)
+        folder = _walk(path, wanted)
+        if not folder.archives:
+            yield _owned(folder.found, folder.owners)
+            return
+        with temp_dir("sm121-audit-") as tmp:
+            yield _owned(folder.found + _expand(folder.archives, Path(tmp), wanted),
+                         folder.owners)
         return
     if path.exists() and not path.is_file():
         raise Sm121Error(f"{path}: not a regular file (a FIFO, socket or device); audit reads "
@@ -103,21 +111,12 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
             yield [Binary(str(path), path)]
             return
         with temp_dir("sm121-audit-") as tmp:
-            try:
-                kind = archive_kind(path)
-                if kind == "zip":
-                    found = _unzip(path, Path(tmp), wanted)
-                elif kind == "tar":
-                    found = _untar(path, Path(tmp), wanted, platform, show_progress)
-                else:
-                    raise Sm121Error(
-                        f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
-                        "those, a directory, or an image in the local Docker engine")
-            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, ISAL_ERROR,
-                    NotImplementedError, ValueError) as exc:  # zipfile's "zip file version
-                # 12.6", a name flagged UTF-8 that is not
-                raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
-            yield found
+            kind = archive_kind(path)
+            if kind is None:
+                raise Sm121Error(
+                    f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
+                    "those, a directory, or an image in the local Docker engine")
+            yield _archive(path, kind, Path(tmp), Reading(include, platform, show_progress))
         return
     if target.startswith((".", "/", "~")) or FILE_LIKE.search(target):
         raise Sm121Error(f"{target}: no such file or directory")
@@ -137,6 +136,54 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
             found = _stream_image(info, files, include, Path(tmp), progress)
         progress.done()
         yield found
+
+
+ARCHIVE_ERRORS = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, ISAL_ERROR,
+                  NotImplementedError, ValueError)  # zipfile's "zip file version 12.6", a
+# name flagged UTF-8 that is not
+
+
+def _archive(path: Path, kind: str, dest: Path, reading: Reading) -> list[Binary]:
+    """A wheel's or an image tarball's files to audit, each named by the distribution
+    that installs it: a wheel's own, or the RECORD of the image's `.dist-info` that lists
+    it."""
+    wanted = _wanted(reading.include)
+    try:
+        if kind == "zip":
+            owner = wheel_distribution(path.name)
+            return [replace(b, package=owner) for b in _unzip(path, dest, wanted)]
+        owners = Owners()
+        found = _untar(path, dest, lambda p: wanted(p) or is_record(p), reading, owners)
+        return _owned(found, owners)
+    except ARCHIVE_ERRORS as exc:
+        raise CorruptBinaryError(f"{path}: damaged archive ({exc})") from None
+
+
+def _expand(archives: list[tuple[str, Path]], dest: Path,
+            wanted: Callable[[str], bool]) -> list[Binary]:
+    """The wheels and tarballs of a folder, each audited as its own (members named
+    `ARCHIVE!MEMBER`); one that cannot be read is listed with why, never passed over."""
+    found: list[Binary] = []
+    for number, (rel, archive) in enumerate(archives):
+        kind = archive_kind(archive)
+        if kind is None:
+            found.append(Binary(rel, archive, skipped="named as an archive, but neither a "
+                                "wheel (zip) nor a tarball"))
+            continue
+        try:
+            inner = _archive(archive, kind, dest / str(number), Reading())
+        except CorruptBinaryError as exc:
+            found.append(Binary(rel, archive, skipped=str(exc).removeprefix(f"{archive}: ")))
+            continue
+        found += [replace(b, name=f"{rel}!{b.name.lstrip('/')}") for b in inner
+                  if wanted(b.name.lstrip("/")) or b.skipped]
+    return found
+
+
+def _owned(found: list[Binary], owners: Owners) -> list[Binary]:
+    """Each file with the distribution whose RECORD lists it, where one does."""
+    return [b if b.package else replace(b, package=owners.owner(b.name.lstrip("/")))
+            for b in found]
 
 
 TAR_MAGICS = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
@@ -207,6 +254,7 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
     wanted = _wanted(include)
     found: list[Binary] = []
     kept: set[str] = set()
+    owners = Owners()
 
     def take(rel: str, target: Path) -> None:
         if not is_auditable(target):
@@ -227,6 +275,11 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
         with files.tar(root) as archive:
             for member in archive:
                 rel = posixpath.normpath(posixpath.join(parent, member.name)).lstrip("/")
+                if is_record(rel) and member.isfile() and member.size <= MAX_RECORD:
+                    handle = archive.extractfile(member)
+                    if handle is not None:
+                        owners.add_record(rel, handle.read(MAX_RECORD))
+                    continue
                 if not rel or rel == "." or not wanted(rel):
                     continue
                 if member.islnk():
@@ -252,7 +305,7 @@ def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...],
         else:
             found.append(Binary("/" + rel, target, skipped=(
                 f"hard link to /{linked}, which the image does not hold")))
-    return sorted(found, key=lambda b: b.name)
+    return _owned(sorted(found, key=lambda b: b.name), owners)
 
 
 def _auditable_head(head: bytes) -> bool:
@@ -276,10 +329,25 @@ def _has_device_code(path: Path) -> bool:
         return True  # let the audit itself report it
 
 
-def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
-    """Every wanted ELF file under root; a folder or file that cannot be read is listed with
-    the reason (`skipped`), never passed over in silence."""
-    found = []
+@dataclass
+class Folder:
+    """What a folder holds for the audit: files to read, wheels and tarballs to open, and
+    the owners its `.dist-info` RECORDs name."""
+
+    found: list[Binary]
+    archives: list[tuple[str, Path]]
+    owners: Owners
+
+
+ARCHIVE_NAME = re.compile(r"\.(whl|tar|tar\.gz|tgz)$")
+
+
+def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
+    """Every wanted ELF file under root, every wheel and tarball (opened by the caller),
+    every RECORD; a folder or file that cannot be read is listed with the reason
+    (`skipped`), never passed over in silence."""
+    folder = Folder([], [], Owners())
+    found = folder.found
 
     def unreadable(exc: OSError) -> None:
         where = Path(exc.filename or root)
@@ -291,20 +359,28 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> list[Binary]:
         for name in sorted(filenames):
             full = Path(dirpath) / name
             rel = full.relative_to(root).as_posix()
-            if full.is_symlink() or not wanted(rel):
+            archive = ARCHIVE_NAME.search(name) is not None
+            record = is_record(rel)
+            if full.is_symlink() or not (wanted(rel) or archive or record):
                 continue
             if not stat.S_ISREG(full.lstat().st_mode):  # a FIFO would block the read forever
                 print(f"skipped: {rel}: not a regular file", file=sys.stderr)
                 continue
             try:
-                head = read_head(full, RAW_PROBE)
+                head = read_head(full, RAW_PROBE) if not archive else b""
+                if record:
+                    folder.owners.add_record(rel, read_input(full, MAX_RECORD, "RECORD"))
+                    continue
             except InputRefused as exc:
                 why = str(exc).removeprefix(f"{full}: ").removeprefix("cannot open: ")
                 found.append(Binary(rel, full, skipped=f"not read: {why}"))
                 continue
-            if _auditable_head(head):
+            if archive:
+                folder.archives.append((rel, full))
+            elif _auditable_head(head):
                 found.append(Binary(rel, full))
-    return sorted(found, key=lambda b: b.name)
+    found.sort(key=lambda b: b.name)
+    return folder
 
 
 def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Binary]:
@@ -412,12 +488,19 @@ def _member_chunks(archive: Path, info: zipfile.ZipInfo) -> Generator[bytes, Non
             raise zipfile.BadZipFile(f"{info.filename}: bad CRC-32 or size (damaged member)")
 
 
-def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], platform: str | None,
-           show_progress: bool) -> list[Binary]:
+def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], reading: Reading,
+           owners: Owners) -> list[Binary]:
     dest.mkdir(parents=True, exist_ok=True)
-    with _bar(show_progress, None, "reading layers") as bar:
-        fs = layers.extract_files(archive, dest, wanted, platform, bar.update)
-    found = [Binary("/" + p, dest / p) for p in sorted(fs.extracted) if is_auditable(dest / p)]
+    with _bar(reading.progress, None, "reading layers") as bar:
+        fs = layers.extract_files(archive, dest, wanted, reading.platform, bar.update)
+    for rel in sorted(fs.extracted):
+        if is_record(rel):
+            try:
+                owners.add_record(rel, read_input(dest / rel, MAX_RECORD, "RECORD"))
+            except InputRefused as exc:
+                owners.unreadable.append(str(exc))
+    found = [Binary("/" + p, dest / p) for p in sorted(fs.extracted)
+             if not is_record(p) and is_auditable(dest / p)]
     return found + [Binary("/" + p, dest / p, skipped=why) for p, why in sorted(fs.broken.items())
                     if p in fs.files and p not in fs.extracted]
 

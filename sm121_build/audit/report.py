@@ -8,7 +8,14 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from sm121_build.core.units import human_size
-from sm121_build.cuda.binary import AotAble, BinaryReport, FileVerdict, Policy, aot_able
+from sm121_build.cuda.binary import (
+    AotAble,
+    BinaryReport,
+    FileVerdict,
+    Policy,
+    aot_able,
+    unreachable_words,
+)
 from sm121_build.rebuild.decide import Rebuild, rebuild_verdict
 
 # Verdicts given by the source (`audit --source`) in place of the binary-only ones, by name
@@ -37,6 +44,35 @@ def _aot_words(able: AotAble, policy: Policy) -> str:
     return (f"{able.fatbins} fatbin(s) with PTX and no {policy.target} cubin ({kernels}"
             f"{human_size(able.ptx_bytes)} of PTX): `sm121-build aot FILE --target "
             f"{policy.target}` makes them native, about {able.cpu_seconds:,.0f} CPU-s of ptxas")
+
+
+def _where_and_lto(report: BinaryReport) -> list[str]:
+    """Where the file keeps its fatbins, when not all in `.nv_fatbin` (where cuobjdump
+    stops), and its LTO-IR, which only nvJitLink links."""
+    lines = []
+    sections = report.sections()
+    if set(sections) - {".nv_fatbin", ""}:
+        lines.append(f"  found in {_counts(sections)} fatbin(s) (cuobjdump lists "
+                     ".nv_fatbin only)")
+    lto = report.arch_counts("lto")
+    if lto:
+        lines.append(f"  lto-ir   {_counts(lto)}: {sum(lto.values()):,} entries, linked at "
+                     "run time by nvJitLink, not loaded by the driver "
+                     f"({report.lto_fatbins:,} fatbin(s) of LTO-IR alone)")
+    return lines
+
+
+def _aot_lines(report: BinaryReport, policy: Policy) -> list[str]:
+    able = aot_able(report, policy.target)
+    reach = report.reach
+    lines = []
+    if able is not None:
+        lines.append(f"  aot      aot-able: {_aot_words(able, policy)}")
+    elif reach is not None and reach.refused:
+        lines.append(f"  aot      not aot-able: {reach.refused}")
+    if reach is not None and reach.unreachable:
+        lines.append(f"  aot      {unreachable_words(reach.unreachable)}")
+    return lines
 
 
 def _aot_json(able: AotAble | None) -> dict[str, Any] | None:
@@ -81,7 +117,7 @@ def packages(reports: list[BinaryReport]) -> list[Package]:
     by_name: dict[str, list[BinaryReport]] = {}
     for report in reports:
         if report.has_device_code:
-            by_name.setdefault(package_of(report.name), []).append(report)
+            by_name.setdefault(report.package or package_of(report.name), []).append(report)
     out = []
     for name, members in sorted(by_name.items()):
         kernels: dict[str, int] | None = None
@@ -103,6 +139,7 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
         lines.append(f"{report.name}  ({human_size(report.size)})")
         lines.append(f"  cubins   {_counts(report.arch_counts('elf'))}")
         lines.append(f"  ptx      {_counts(report.arch_counts('ptx'))}")
+        lines.extend(_where_and_lto(report))
         tus = report.containers
         total = sum(tus.values())
         lines.append(
@@ -119,9 +156,7 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
         rebuild = _rebuild(report, policy, verdicts)
         if rebuild is not None and rebuild.verdict != "native":
             lines.append(f"  rebuild  {rebuild.verdict}: {rebuild.reason}")
-        able = aot_able(report, policy.target)
-        if able is not None:
-            lines.append(f"  aot      aot-able: {_aot_words(able, policy)}")
+        lines.extend(_aot_lines(report, policy))
     if len(with_code) > 1:
         lines.append("")
         lines.append(f"per package, on {policy.target}:")
@@ -163,7 +198,7 @@ def as_json(reports: list[BinaryReport], policy: Policy,
                      "compression": e.compression, "stored_size": e.stored_size,
                      "size": e.size, "fatbin": e.container,
                      "version": f"{e.version[0]}.{e.version[1]}",
-                     "verdict": policy.verdict(e)}
+                     "section": e.section, "verdict": policy.verdict(e)}
                     for e in r.entries
                 ],
                 "kernels": r.kernels,
@@ -171,6 +206,10 @@ def as_json(reports: list[BinaryReport], policy: Policy,
                 "rebuild": rebuild.__dict__ if (rebuild := _rebuild(r, policy, verdicts))
                 else None,
                 "aot": _aot_json(aot_able(r, policy.target)),
+                "aot_refused": r.reach.refused if r.reach else None,
+                "aot_unreachable": r.reach.unreachable if r.reach else None,
+                "sections": r.sections(),
+                "lto_fatbins": r.lto_fatbins,
             }
             for r in reports
         ],

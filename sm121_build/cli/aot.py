@@ -106,7 +106,7 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     if outcome.failed:
         raise SystemExit(Sm121Error.exit_code)
     if not outcome.files:
-        notice(f"nothing to compile: every fatbin in {', '.join(paths)} loads "
+        notice(f"nothing to compile: every fatbin aot can reach in {', '.join(paths)} loads "
                f"natively on {target} or has no PTX it can JIT")
 
 

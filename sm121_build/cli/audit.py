@@ -43,6 +43,7 @@ def run_audit(target: str, policy: Policy, with_kernels: bool,
                 continue
             try:
                 reports.append(audit_binary(binary.path, binary.name, policy, with_kernels))
+                reports[-1].package = binary.package
             except CorruptBinaryError as exc:
                 if binary.path == Path(target):  # the one file asked for: its own error
                     raise

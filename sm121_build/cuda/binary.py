@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.compat import (
     SM121,
     VERDICT_RANK,
@@ -18,7 +19,15 @@ from sm121_build.cuda.compat import (
     entry_verdict,
     ptx_loads,
 )
-from sm121_build.cuda.fatbin import Entry, HostBinary, cuobjdump_listing
+from sm121_build.cuda.elf import Buffer
+from sm121_build.cuda.fatbin import (
+    FATBIN_SECTIONS,
+    Entry,
+    HostBinary,
+    RawKind,
+    cuobjdump_listing,
+)
+from sm121_build.cuda.fatbin_rewrite import NoFatbin, read_layout
 
 FileVerdict = Literal["native", "jit", "partial", "none"]
 
@@ -42,8 +51,26 @@ class BinaryReport:
     size: int
     entries: list[Entry]
     cuobjdump: list[str]
-    containers: dict[Verdict, int]
+    containers: dict[Verdict, int]  # containers with loadable code or none (LTO-IR apart)
     kernels: dict[str, Verdict] | None = None
+    reach: AotReach | None = None  # what `aot` would do with the file (`aot_reach`)
+    package: str | None = None  # the distribution that installs it, where known
+
+    @property
+    def lto_fatbins(self) -> int:
+        """Containers of LTO-IR alone: linked at run time by nvJitLink (cuFFT's callbacks,
+        cuSPARSE), never loaded by the driver as they are."""
+        kinds: dict[int, set[str]] = defaultdict(set)
+        for entry in self.entries:
+            kinds[entry.container].add(entry.kind)
+        return sum(1 for found in kinds.values() if found == {"lto"})
+
+    def sections(self) -> dict[str, int]:
+        """Containers per section of the file (`.nv_fatbin`, `.data`, ...), in file order."""
+        seen: dict[int, str] = {}
+        for entry in self.entries:
+            seen.setdefault(entry.container, entry.section)
+        return dict(Counter(seen.values()))
 
     @property
     def has_device_code(self) -> bool:
@@ -82,7 +109,8 @@ def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> B
         entries = binary.entries
         by_container: dict[int, list[Verdict]] = defaultdict(list)
         for entry in entries:
-            by_container[entry.container].append(policy.verdict(entry))
+            if entry.kind != "lto":  # linked by nvJitLink, not loaded: counted apart
+                by_container[entry.container].append(policy.verdict(entry))
         containers: dict[Verdict, int] = {"native": 0, "jit": 0, "none": 0}
         for verdicts in by_container.values():
             containers[best(verdicts)] += 1
@@ -91,6 +119,7 @@ def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> B
             cuobjdump=cuobjdump_listing(path, entries, binary.raw), containers=containers)
         if with_kernels:
             report.kernels = _kernel_verdicts(binary, policy)
+        report.reach = aot_reach(binary.mapped, entries, binary.raw, policy.target)
     return report
 
 
@@ -103,16 +132,24 @@ def host_only_report(name: str, size: int, with_kernels: bool) -> BinaryReport:
 
 
 def _kernel_verdicts(binary: HostBinary, policy: Policy) -> dict[str, Verdict]:
-    """Per kernel: the best entry of its own TU, then the worst over TUs that define it."""
-    per_tu: dict[tuple[int, str], Verdict] = {}
+    """Per kernel: the best entry of its own TU, then the worst over TUs that define it.
+
+    A TU is a container of the registered fatbin section: the CUDA runtime registers each,
+    and a kernel of two of them is two functions.  The fatbins a library keeps in its own
+    sections (cuFFT's `.data`, cuBLASLt's `.cask_resource`) it loads itself, one of them
+    for the GPU at hand: there a kernel counts once per section, at the best any of its
+    fatbins gives, named `KERNEL [SECTION]` so it never merges with a registered one."""
+    per_tu: dict[tuple[int | str, str], Verdict] = {}
     for entry, names in binary.every_kernel(workers=len(os.sched_getaffinity(0))):
         verdict = policy.verdict(entry)
+        registered = not entry.section or entry.section in FATBIN_SECTIONS
+        group: int | str = entry.container if registered else entry.section
         for kernel in names:
-            key = (entry.container, kernel)
+            key = (group, kernel if registered else f"{kernel} [{entry.section}]")
             previous = per_tu.get(key, "none")
             per_tu[key] = max(previous, verdict, key=VERDICT_RANK.__getitem__)
     kernels: dict[str, Verdict] = {}
-    for (_container, kernel), verdict in per_tu.items():
+    for (_group, kernel), verdict in per_tu.items():
         previous = kernels.get(kernel, "native")
         kernels[kernel] = min(previous, verdict, key=VERDICT_RANK.__getitem__)
     return dict(sorted(kernels.items()))
@@ -153,15 +190,82 @@ class AotAble:
         return self.ptx_bytes / 1e6 * PTXAS_CPU_SECONDS_PER_MB
 
 
-def aot_able(report: BinaryReport, target: Target) -> AotAble | None:
+@dataclass(frozen=True)
+class AotReach:
+    """What `aot` does with one file, judged once for the audit and for `aot` itself: the
+    PTX it compiles (one entry per container it makes native), why it cannot when the file
+    has JIT-only code it would refuse, and the JIT-only containers it cannot reach (kept
+    where no fatbin registration names them: a library's own `.data`, say)."""
+
+    target: Target
+    chosen: tuple[Entry, ...] = ()
+    refused: str | None = None
+    unreachable: dict[str, int] | None = None  # section -> JIT-only containers there
+
+
+NOT_A_SHARED_OBJECT = "aot rewrites shared objects (.so), folders of them and wheels"
+
+
+def _jit_only(entries: list[Entry], target: Target) -> dict[int, Entry]:
+    """Per container: the PTX the driver would JIT for it (`jit_ptx`), where it has some."""
     by_container: dict[int, list[Entry]] = defaultdict(list)
-    for entry in report.entries:
+    for entry in entries:
         by_container[entry.container].append(entry)
-    chosen = [found for found in (jit_ptx(e, target) for e in by_container.values()) if found]
-    if not chosen:
+    return {number: found for number, described in by_container.items()
+            if (found := jit_ptx(described, target)) is not None}
+
+
+def aot_reach(data: Buffer | None, entries: list[Entry], raw: RawKind,
+              target: Target) -> AotReach:
+    """The one aot-ability rule (the audit's "aot-able" and `aot`'s plan both use it).
+    `aot` compiles a container's PTX when no cubin of it loads on the target, only in a
+    shared object whose `.nv_fatbin` containers are registered through `.nvFatBinSegment`
+    and RELATIVE relocations it can move (`fatbin_rewrite.read_layout`); a file that is
+    device code itself (PTX, a cubin, a fatbin) is not rewritten."""
+    jit = _jit_only(entries, target)
+    if not jit:
+        return AotReach(target)
+    elsewhere = Counter(e.section for e in jit.values() if e.section not in FATBIN_SECTIONS
+                        and e.section)
+    unreachable = dict(elsewhere) or None
+    registered = [e for e in jit.values() if e.section == ".nv_fatbin"]
+    if raw:
+        return AotReach(target, refused=f"a {raw} file, not a shared object: "
+                        f"{NOT_A_SHARED_OBJECT}")
+    if not registered:
+        return AotReach(target, unreachable=unreachable)
+    if data is None:
+        return AotReach(target, refused="its bytes were not kept to check its layout")
+    try:
+        read_layout(data, "the file", keep_bytes=False)
+    except NoFatbin as exc:
+        return AotReach(target, refused=str(exc).removeprefix("the file: "),
+                        unreachable=unreachable)
+    except CorruptBinaryError as exc:
+        return AotReach(target, refused=str(exc).removeprefix("the file: "),
+                        unreachable=unreachable)
+    return AotReach(target, tuple(registered), unreachable=unreachable)
+
+
+def unreachable_words(unreachable: dict[str, int]) -> str:
+    """The JIT-only containers `aot` cannot reach, in words."""
+    where = ", ".join(f"{n} in {section}" for section, n in unreachable.items())
+    return (f"{sum(unreachable.values())} JIT-only fatbin(s) outside .nv_fatbin ({where}): "
+            "the library loads them itself, so aot cannot add code to them; only a release "
+            "built for the GPU makes them native")
+
+
+def aot_able(report: BinaryReport, target: Target) -> AotAble | None:
+    """What `aot` would make native in the file (`aot_reach`, judged when it was read),
+    None when nothing."""
+    reach = report.reach
+    if reach is None or reach.target != target or not reach.chosen:
         return None
-    kernels = report.kernel_counts()["jit"] if report.kernels is not None else None
-    return AotAble(len(chosen), kernels, sum(e.size for e in chosen))
+    # JIT-only kernels are counted per name, not per section: with some beyond aot's reach
+    # the count would claim them too
+    kernels = report.kernel_counts()["jit"] if report.kernels is not None \
+        and not reach.unreachable else None
+    return AotAble(len(reach.chosen), kernels, sum(e.size for e in reach.chosen))
 
 
 # what the tool judges against: sm_121, and the oldest driver a DGX Spark ships with

@@ -36,7 +36,7 @@ from typing import BinaryIO, Literal, NamedTuple
 
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.core.inputs import InputRefused, inflate, open_file, read_head
-from sm121_build.cuda.elf import SHT_NOBITS, Elf, ElfError
+from sm121_build.cuda.elf import SHT_NOBITS, Buffer, Elf, ElfError
 from sm121_build.cuda.elf import name as symbol_name
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -52,7 +52,8 @@ FLAG_FAMILY_SPECIFIC = 0x200000
 
 KIND_PTX = 1
 KIND_ELF = 2
-_KIND_NAMES = {KIND_PTX: "ptx", KIND_ELF: "elf"}
+KIND_LTO = 8  # LTO-IR (NVVM bitcode): linked at run time by nvJitLink, never loaded as is
+_KIND_NAMES = {KIND_PTX: "ptx", KIND_ELF: "elf", KIND_LTO: "lto"}
 
 # An ELF symbol's st_other bit that marks a kernel (cuobjdump prints it as ENTRY).
 STO_CUDA_ENTRY = 0x10
@@ -63,7 +64,7 @@ MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged 
 # an entry made to expand: memory is bounded by the file's size times this
 MAX_RATIO = 512
 
-Kind = Literal["elf", "ptx", "other"]
+Kind = Literal["elf", "ptx", "lto", "other"]
 Variant = Literal["", "a", "f"]
 
 
@@ -82,6 +83,7 @@ class Entry:
     stored_size: int
     size: int
     compression: Literal["lz4", "zstd"] | None
+    section: str = ".nv_fatbin"  # where the file keeps it ("" for a file that is device code)
 
     @property
     def sm(self) -> str:
@@ -137,23 +139,12 @@ class HostBinary:
         if size < 16:
             raise CorruptBinaryError(f"{self.path}: not an ELF file ({size} bytes)")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        self.raw = device_file_kind(bytes(self._map[:RAW_PROBE]))
-        if self.raw == "fatbin":
-            self.entries = list(_walk_section(self.path, self._map, 0, size, first_container=0))
-            return
-        if self.raw == "ptx":
-            self.entries = [_ptx_file_entry(self.path, bytes(self._map[:RAW_PROBE]), size)]
-            return
-        if size < 64:
-            raise CorruptBinaryError(f"{self.path}: not an ELF file ({size} bytes)")
-        if self._map[:4] != b"\x7fELF":
-            raise CorruptBinaryError(f"{self.path}: not an ELF file (bad magic)")
-        if self.raw == "cubin":
-            self.entries = [_cubin_file_entry(self.path, self._map, size)]
-            return
-        for start, length in _fatbin_sections(self.path, self._map):
-            self.entries.extend(_walk_section(self.path, self._map, start, length,
-                                              first_container=0))
+        self.raw, self.entries = read_entries(self.path, self._map)
+
+    @property
+    def mapped(self) -> mmap.mmap | None:
+        """The file's bytes while it is open (a map: pages are read when touched)."""
+        return self._map
 
     def payload(self, entry: Entry) -> bytes:
         """The entry's bytes, decompressed."""
@@ -178,12 +169,39 @@ class HostBinary:
 
     def kernels(self, entry: Entry) -> tuple[str, ...]:
         """Names of the kernels (global functions) an entry defines, in symbol-table order."""
-        data = self.payload(entry)
         if entry.kind == "ptx":
-            return ptx_kernels(data)
+            return ptx_kernels(self.payload(entry))
         if entry.kind == "elf":
-            return cubin_kernels(data, f"{self.path}: entry {entry.index} ({entry.sm})")
-        return ()
+            return cubin_kernels(self.payload(entry),
+                                 f"{self.path}: entry {entry.index} ({entry.sm})")
+        return ()  # LTO-IR (cuFFT's is not plain LZ4 either) and unknown kinds: not read
+
+
+def read_entries(path: Path, data: Buffer) -> tuple[RawKind, list[Entry]]:
+    """What a file is (`device_file_kind`) and every fatbin entry it holds, wherever it
+    keeps them (`code_sections`); only headers are read."""
+    size = len(data)
+    if size < 16:
+        raise CorruptBinaryError(f"{path}: not an ELF file ({size} bytes)")
+    raw = device_file_kind(bytes(data[:RAW_PROBE]))
+    if raw == "fatbin":
+        return raw, list(_walk_section(path, data, CodeSection("", 0, size, True), 0))
+    if raw == "ptx":
+        return raw, [_ptx_file_entry(path, bytes(data[:RAW_PROBE]), size)]
+    if size < 64:
+        raise CorruptBinaryError(f"{path}: not an ELF file ({size} bytes)")
+    if data[:4] != b"\x7fELF":
+        raise CorruptBinaryError(f"{path}: not an ELF file (bad magic)")
+    if raw == "cubin":
+        return raw, [_cubin_file_entry(path, data, size)]
+    entries: list[Entry] = []
+    for where in code_sections(path, data):
+        first = entries[-1].container + 1 if entries else 0
+        if where.strict:
+            entries.extend(_walk_section(path, data, where, first))
+        else:
+            entries.extend(_scan_section(path, data, where, first))
+    return raw, entries
 
 
 def entry_payload(data: bytes | mmap.mmap, entry: Entry, where: str) -> bytes:
@@ -243,7 +261,7 @@ COMPAT_ARCH_SPECIFIC = 0x09
 EF_CUDA_ACCELERATORS_V2 = 0x8
 
 
-def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
+def _cubin_file_entry(path: Path, data: Buffer, size: int) -> Entry:
     """A raw cubin as one entry: its SM from the ELF flags (ABI 8, CUDA 12.8+: bits 8-15;
     before: bits 0-7), `a`/`f` as cuobjdump names them (above)."""
     abi, flags = data[8], struct.unpack_from("<I", data, 48)[0]
@@ -262,7 +280,7 @@ def _cubin_file_entry(path: Path, data: mmap.mmap, size: int) -> Entry:
         variant = "a" if noted == b"a" else variant
     elif abi >= 8 and flags & EF_CUDA_ACCELERATORS_V2:
         variant = "a"
-    return Entry(0, 0, "elf", arch, variant, 0, (0, 0), 0, size, size, None)
+    return Entry(0, 0, "elf", arch, variant, 0, (0, 0), 0, size, size, None, "")
 
 
 def _compat_attribute(raw: bytes, wanted: int) -> int | None:
@@ -277,7 +295,7 @@ def _compat_attribute(raw: bytes, wanted: int) -> int | None:
     return None
 
 
-def _sections(path: Path, data: mmap.mmap, *names: str) -> list[bytes]:
+def _sections(path: Path, data: Buffer, *names: str) -> list[bytes]:
     """Sections' bytes by name (b"" for one that is absent), the headers read once."""
     try:
         elf = Elf.read(data)
@@ -293,7 +311,7 @@ def _ptx_file_entry(path: Path, head: bytes, size: int) -> Entry:
     variant: Variant = "a" if target.group(2) == b"a" else "f" if target.group(2) == b"f" \
         else ""
     return Entry(0, 0, "ptx", int(target.group(1)), variant, 0,
-                 (int(version.group(1)), int(version.group(2))), 0, size, size, None)
+                 (int(version.group(1)), int(version.group(2))), 0, size, size, None, "")
 
 
 def cubin_kernels(cubin: bytes, where: str) -> tuple[str, ...]:
@@ -312,24 +330,115 @@ def cubin_kernel_sizes(cubin: bytes, where: str) -> dict[str, int]:
         raise CorruptBinaryError(f"{where}: cubin is not a readable ELF: {exc}") from None
 
 
-def _fatbin_sections(path: Path, data: mmap.mmap) -> Iterator[tuple[int, int]]:
+class CodeSection(NamedTuple):
+    """A section that can hold fatbin containers, and how it is read: `strict` for the
+    fatbin section the CUDA runtime registers (every byte a container or padding, damage an
+    error), else searched (containers a library loads itself)."""
+
+    name: str
+    start: int
+    length: int
+    strict: bool
+
+
+SHT_PROGBITS, SHF_ALLOC, SHF_EXECINSTR = 1, 0x2, 0x4
+
+
+def code_sections(path: Path, data: mmap.mmap | bytes) -> list[CodeSection]:
+    """Where a host ELF can keep device code: its executable fatbin section (else the
+    relocatable one, as cuobjdump reads them), then every other allocated data section
+    (`.data`, `.rodata`, `.ldata`, `.cask_resource`...): cuFFT keeps its kernels in
+    `.data`, cuBLASLt and cuSPARSELt some in `.cask_resource`, cuSPARSE some in `.rodata`,
+    where cuobjdump does not look.  Code, non-allocated (debug) and bss-like sections hold
+    none; `__nv_relfatbin` beside an `.nv_fatbin` is device-link input, not loaded."""
     try:
         elf = Elf.read(data)  # the ELF and section headers only: a few pages of the map
     except ElfError as exc:
         raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
-    found = [s for s in (elf.section(name) for name in FATBIN_SECTIONS)
-             if s is not None and s.type != SHT_NOBITS]
-    # Like cuobjdump without -all: the executable fatbin, else the relocatable one.
-    for section in found[:1]:
+    found: list[CodeSection] = []
+    fatbins = [s for s in (elf.section(name) for name in FATBIN_SECTIONS)
+               if s is not None and s.type != SHT_NOBITS]
+    for section in fatbins[:1]:  # like cuobjdump without -all
         if section.offset + section.size > len(data):
             raise CorruptBinaryError(
                 f"{path}: fatbin section runs past the end of the file (truncated?)")
-        yield section.offset, section.size
+        found.append(CodeSection(section.name, section.offset, section.size, True))
+    for index, row in enumerate(elf.rows):
+        kind, flags, offset, size = row[1], row[2], row[4], row[5]
+        if kind != SHT_PROGBITS or not flags & SHF_ALLOC or flags & SHF_EXECINSTR \
+                or size < _CONTAINER.size + ENTRY_MIN_HEADER or offset + size > len(data):
+            continue  # a section past the end holds nothing this reader can trust
+        name = elf.at(index).name
+        if name not in FATBIN_SECTIONS:
+            found.append(CodeSection(name, offset, size, False))
+    return found
 
 
-def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
+_MAGIC_BYTES = struct.pack("<I", CONTAINER_MAGIC)
+MAX_ENTRY_HEADER = 4096  # nvcc writes 64-byte headers, with the entry's name and options
+
+
+def _scan_section(path: Path, data: Buffer, where: CodeSection,
                   first_container: int) -> Iterator[Entry]:
-    end = start + length
+    """The containers of a searched section: found by their magic, and kept only when the
+    whole container holds together (`_checked_container`); bytes that merely match the
+    magic (a constant, a pointer) are passed over."""
+    end = where.start + where.length
+    container = first_container
+    pos = data.find(_MAGIC_BYTES, where.start, end)
+    while pos >= 0:
+        checked = _checked_container(path, data, pos, end, EntryAt(container, 0, where.name))
+        if checked is None:
+            pos = data.find(_MAGIC_BYTES, pos + 1, end)
+            continue
+        entries, after = checked
+        yield from entries
+        container += 1
+        pos = data.find(_MAGIC_BYTES, after, end)
+
+
+def _checked_container(path: Path, data: Buffer, pos: int, end: int,
+                       at: EntryAt) -> tuple[list[Entry], int] | None:
+    """The entries of the container at `pos` and where it ends, when it is one: version 1,
+    a 16-byte header, a body inside the section, filled by entries of known kinds (cubin,
+    PTX, LTO-IR), each with a sane header and payload inside the body, up to zero padding;
+    a cubin stored plain starts with the ELF magic.  None for anything else."""
+    if pos + _CONTAINER.size > end:
+        return None
+    _magic, version, header_size, fat_size = _CONTAINER.unpack_from(data, pos)
+    body, body_end = pos + header_size, pos + header_size + fat_size
+    if version != 1 or header_size != _CONTAINER.size or body_end > end \
+            or fat_size < ENTRY_MIN_HEADER:
+        return None
+    entries: list[Entry] = []
+    while body + ENTRY_MIN_HEADER <= body_end:
+        kind, _v, entry_header = struct.unpack_from("<HHI", data, body)
+        if kind == 0 and entry_header == 0:
+            if any(data[body:body_end]):
+                return None
+            break
+        if kind not in _KIND_NAMES or entry_header > MAX_ENTRY_HEADER:
+            return None
+        try:
+            entry, body = read_entry(path, data, body, body_end,
+                                     EntryAt(at.container, len(entries), at.section))
+        except CorruptBinaryError:
+            return None
+        if entry is None or not 0 < entry.arch < 1000 or (
+                entry.kind == "elf" and entry.compression is None
+                and data[entry.offset:entry.offset + 4] != b"\x7fELF"):
+            return None
+        entries.append(entry)
+    if not entries:
+        return None
+    return entries, body_end
+
+
+def _walk_section(path: Path, data: Buffer, where: CodeSection,
+                  first_container: int) -> Iterator[Entry]:
+    """The containers of the registered fatbin section, every byte a container or the zero
+    padding between them: anything else is damage, said as such."""
+    start, end, section = where.start, where.start + where.length, where.name
     pos = start
     container = first_container
     index = 0
@@ -348,7 +457,8 @@ def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
                 f"{path}: fatbin container at {pos:#x} claims {fat_size} bytes, "
                 f"section has {end - body} left")
         while body + ENTRY_MIN_HEADER <= body_end:
-            entry, body = read_entry(path, data, body, body_end, EntryAt(container, index))
+            entry, body = read_entry(path, data, body, body_end,
+                                     EntryAt(container, index, section))
             if entry is None:
                 break
             index += 1
@@ -358,10 +468,12 @@ def _walk_section(path: Path, data: mmap.mmap, start: int, length: int,
 
 
 class EntryAt(NamedTuple):
-    """Which entry of the binary: its container's and its own number there."""
+    """Which entry of the binary: its container's and its own number there, and the
+    section that holds it."""
 
     container: int = 0
     number: int = 0
+    section: str = ".nv_fatbin"
 
 
 FIRST_ENTRY = EntryAt()
@@ -371,7 +483,7 @@ def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int,
                at: EntryAt = FIRST_ENTRY) -> tuple[Entry | None, int]:
     """The entry whose header starts at `pos` of a container ending at `end`, and where the
     next one starts (None at the zero padding that closes the container)."""
-    container, index = at
+    container, index, section = at
     (kind, _version, header_size, payload_size, compressed, _unknown, minor, major, arch,
      _name_off, _name_len, flags, _zero_field, uncompressed) = _ENTRY.unpack_from(data, pos)
     if kind == 0 and header_size == 0:
@@ -411,6 +523,7 @@ def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int,
         stored_size=compressed if compression else payload_size,
         size=uncompressed if compression else payload_size,
         compression=compression,
+        section=section,
     )
     return entry, payload + payload_size
 
@@ -434,8 +547,8 @@ def cuobjdump_listing(path: Path, entries: list[Entry], raw: RawKind = "") -> li
     lines = []
     counters = {"elf": 0, "ptx": 0}
     for entry in entries:
-        if entry.kind == "other":
-            continue
+        if entry.kind not in counters or (raw == "" and entry.section not in FATBIN_SECTIONS):
+            continue  # cuobjdump lists cubins and PTX of the fatbin section only
         counters[entry.kind] += 1
         number = counters[entry.kind]
         if entry.kind == "elf":

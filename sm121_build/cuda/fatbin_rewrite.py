@@ -25,9 +25,10 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.cuda.elf import SHT_NOBITS, Elf, ElfError
+from sm121_build.cuda.elf import SHT_NOBITS, Buffer, Elf, ElfError
 from sm121_build.cuda.fatbin import Entry, EntryAt, read_entry
 
 WRAPPER_MAGIC = 0x466243B1
@@ -87,12 +88,12 @@ class Layout:
         return self.address + container_offset - self.offset
 
 
-def read_layout(data: bytes, where: str) -> Layout:
+def read_layout(data: Buffer, where: str, keep_bytes: bool = True) -> Layout:
     """The `.nv_fatbin` section, its containers and their registrations; a file this module
     cannot rewrite safely is a `CorruptBinaryError` that says why (any offset or size past
     the end of the file among them: never an exception of the parser's own)."""
     try:
-        return _read_layout(data, where)
+        return _read_layout(data, where, keep_bytes)
     except ElfError as exc:
         raise CorruptBinaryError(f"{where}: not a readable ELF file: {exc}") from None
     except (struct.error, ValueError, IndexError, OverflowError) as exc:
@@ -100,7 +101,7 @@ def read_layout(data: bytes, where: str) -> Layout:
                                  f"({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
-def _read_layout(data: bytes, where: str) -> Layout:
+def _read_layout(data: Buffer, where: str, keep_bytes: bool) -> Layout:
     if data[:4] != b"\x7fELF" or len(data) < 64:
         raise CorruptBinaryError(f"{where}: not an ELF file")
     if data[4] != 2 or data[5] != 1:
@@ -127,7 +128,7 @@ def _read_layout(data: bytes, where: str) -> Layout:
                 f"past the end of the file ({len(data)} bytes; truncated?)")
     index = sections.index(fatbin)
     address = elf.rows[index][3]
-    containers = _containers(data, fatbin.offset, fatbin.size, where)
+    containers = _containers(data, Span(fatbin.offset, fatbin.size, keep_bytes), where)
     starts = {elf_address: i for i, elf_address in enumerate(
         address + c.offset - fatbin.offset for c in containers)}
     seg_index = sections.index(segment)
@@ -158,10 +159,19 @@ def _read_layout(data: bytes, where: str) -> Layout:
                   tuple(registrations))
 
 
-def _containers(data: bytes, start: int, size: int, where: str) -> list[Container]:
+class Span(NamedTuple):
+    """Where a section lies, and whether its entries' bytes are copied out (a rewrite needs
+    them; the check of a layout, the audit's, only their headers)."""
+
+    start: int
+    size: int
+    keep_bytes: bool
+
+
+def _containers(data: Buffer, span: Span, where: str) -> list[Container]:
     """The containers of a section, as the fatbin reader walks them (zero padding skipped)."""
     found: list[Container] = []
-    pos, end = start, start + size
+    pos, end = span.start, span.start + span.size
     while pos + _CONTAINER.size <= end:
         magic, _version, header_size, body = _CONTAINER.unpack_from(data, pos)
         if magic != CONTAINER_MAGIC:
@@ -181,7 +191,7 @@ def _containers(data: bytes, start: int, size: int, where: str) -> list[Containe
                 break
             if head < 64 or at + head + payload > stop:
                 raise CorruptBinaryError(f"{where}: fatbin entry at {at:#x} has a nonsense size")
-            entries.append(bytes(data[at:at + head + payload]))
+            entries.append(bytes(data[at:at + head + payload]) if span.keep_bytes else b"")
             described.append(read_entry(Path(where), data, at, stop,
                                         EntryAt(len(found), len(described)))[0])
             at += head + payload

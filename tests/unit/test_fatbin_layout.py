@@ -27,6 +27,7 @@ from sm121_build.cuda.fatbin import (
     FLAG_ZSTD,
     MAX_ENTRY_SIZE,
     MAX_RATIO,
+    CodeSection,
     Entry,
     EntryAt,
     _walk_section,
@@ -53,7 +54,8 @@ def container(body: bytes, header: int = 16, size: int | None = None) -> bytes:
 
 
 def walk(section: bytes, first: int = 0) -> list[Entry]:
-    return list(_walk_section(P, section, 0, len(section), first))  # type: ignore[arg-type]
+    return list(_walk_section(P, section, CodeSection(".nv_fatbin", 0, len(section), True),  # type: ignore[arg-type]
+                              first))
 
 
 def test_entries_of_two_containers_with_padding_between() -> None:

@@ -48,13 +48,12 @@ from sm121_build.core.inputs import (
 from sm121_build.core.outputs import Results
 from sm121_build.core.paths import state_dir, store_bytes
 from sm121_build.core.units import duration, human_size
-from sm121_build.cuda.binary import jit_ptx
+from sm121_build.cuda.binary import aot_reach, jit_ptx, unreachable_words
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import Elf, ElfError, declared_extent
-from sm121_build.cuda.fatbin import MAX_ENTRY_SIZE, entry_payload, read_entry
+from sm121_build.cuda.fatbin import MAX_ENTRY_SIZE, entry_payload, read_entries, read_entry
 from sm121_build.cuda.fatbin_rewrite import (
     Layout,
-    NoFatbin,
     entry_options,
     read_layout,
     rewrite,
@@ -179,7 +178,7 @@ def _aot_files(targets: dict[Path, Path], request: AotRequest, outcome: AotResul
     names: dict[str, Path] = {}
     for path, target in targets.items():
         try:
-            if not _worth_reading(path, outcome):
+            if not _worth_reading(path, request.target, outcome):
                 continue
             data = read_input(path, MAX_FILE)
             mode = os.stat(path).st_mode
@@ -196,14 +195,27 @@ def _aot_files(targets: dict[Path, Path], request: AotRequest, outcome: AotResul
         outcome.written.append(target)
 
 
-def _worth_reading(path: Path, outcome: AotResult) -> bool:
+def _worth_reading(path: Path, target: Target, outcome: AotResult) -> bool:
     """Whether a file is an ELF file with a `.nv_fatbin` section, from its headers alone (a
     map of it: only the pages of the headers are read), so a large file with no device code
-    is never read whole; a file that is no readable ELF file is one line in `failed`."""
+    is never read whole; a file that is no readable ELF file is one line in `failed`.  A
+    file whose JIT-only code lies only where aot cannot reach it (cuFFT's `.data`) is said
+    in one notice, never passed over as "nothing to compile"."""
     data, _size = map_input(path)
     try:
         elf = _readable_elf(str(path), data, outcome)
-        return elf is not None and elf.section(".nv_fatbin") is not None
+        if elf is None:
+            return False
+        if elf.section(".nv_fatbin") is not None:
+            return True
+        try:
+            raw, entries = read_entries(path, data)
+        except CorruptBinaryError:
+            return False  # only what aot would rewrite is judged here
+        reach = aot_reach(None, entries, raw, target)
+        if reach.unreachable:
+            notice(f"{path}: {unreachable_words(reach.unreachable)}")
+        return False
     finally:
         if not isinstance(data, bytes):
             data.close()
@@ -252,23 +264,24 @@ def _elf_files(source: Path, outcome: AotResult) -> Iterator[tuple[Path, Path]]:
 
 def _plan(name: str, data: bytes, mode: int, target: Target,
           outcome: AotResult) -> FileWork | None:
-    """The file's layout when it has JIT-only containers to compile; None when it has none
-    (host code only, or everything loads natively already).  A file that is no readable
-    ELF file is one line in `failed` (`_readable_elf`)."""
+    """The file's layout when it has JIT-only containers aot compiles (`aot_reach`, the
+    rule the audit's "aot-able" uses); None when it has none (host code only, everything
+    native already).  A file that is no readable ELF file, or one aot would have to refuse,
+    is one line in `failed`; JIT-only code aot cannot reach is one notice."""
     elf = _readable_elf(name, data, outcome)
     if elf is None or elf.section(".nv_fatbin") is None:  # host code only
         return None
     try:
-        layout = read_layout(data, name)
-    except NoFatbin:
-        return None
-    except CorruptBinaryError as exc:
-        outcome.failed.append(str(exc))
-        return None
-    work = FileWork(name, data, layout, mode)
-    try:
-        return work if any(jit_ptx(c.described, target) for c in layout.containers) \
-            else None
+        raw, entries = read_entries(Path(name), data)
+        reach = aot_reach(data, entries, raw, target)
+        if reach.unreachable:
+            notice(f"{name}: {unreachable_words(reach.unreachable)}")
+        if reach.refused:
+            outcome.failed.append(f"{name}: {reach.refused}")
+            return None
+        if not reach.chosen:
+            return None
+        return FileWork(name, data, read_layout(data, name), mode)
     except CorruptBinaryError as exc:
         outcome.failed.append(str(exc))
         return None
