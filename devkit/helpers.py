@@ -144,14 +144,15 @@ def which_or_fail(name: str) -> str:
 
 
 def pypi_download(spec: str, dest: Path, *, sdist: bool = False,
-                  platform: str = "manylinux_2_31_aarch64") -> Path:
+                  platform: str = "manylinux_2_31_aarch64", tags: str | None = None) -> Path:
     """Download one real artifact from PyPI once; later calls reuse the cached file.
 
     Sdists come straight from the simple index (pip would try to build their metadata,
     which needs torch); the file's sha256 from the index is checked.
     """
     name, _, version = spec.partition("==")
-    pattern = f"{name}-{version}.tar.gz" if sdist else f"{name}-{version}-*{platform}*.whl"
+    pattern = f"{name}-{version}.tar.gz" if sdist else \
+        f"{name}-{version}-*{tags or platform}*.whl"  # tags: when pip picks an older tag
     cached = sorted(dest.glob(pattern))
     if cached:
         return cached[0]
