@@ -35,7 +35,7 @@ from sm121_build.audit.owners import MAX_RECORD, Owners, is_record, wheel_distri
 from sm121_build.core.console import Progress
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input
-from sm121_build.core.interrupts import temp_dir
+from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
 from sm121_build.image import layers
@@ -404,8 +404,16 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
             members.append((info, dest / name))
     # largest first: the longest member starts at once instead of last
     members.sort(key=lambda member: -member[0].file_size)
-    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
-        found.extend(b for b in pool.map(partial(_extract, archive), members) if b is not None)
+    pool = ThreadPoolExecutor(len(os.sched_getaffinity(0)))
+    try:
+        with held():  # a Ctrl-C inside submit() can start a thread the pool does not know
+            # of yet, which no shutdown waits for: it would write into a removed temp folder
+            done = pool.map(partial(_extract, archive), members)
+        found.extend(b for b in done if b is not None)
+    finally:  # interrupted: no member is written after this, so the temp folder's removal
+        # finds every file (a second Ctrl-C cannot cut the wait short)
+        with held():
+            pool.shutdown(wait=True, cancel_futures=True)
     return sorted(found, key=lambda b: b.name)
 
 

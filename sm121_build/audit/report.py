@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sm121_build.core.units import human_size
 from sm121_build.cuda.binary import (
@@ -16,10 +16,12 @@ from sm121_build.cuda.binary import (
     aot_able,
     unreachable_words,
 )
-from sm121_build.rebuild.decide import Rebuild, rebuild_verdict
+
+if TYPE_CHECKING:  # the decide step (CMake rules, YAML) is loaded when a verdict is asked
+    from sm121_build.rebuild.decide import Rebuild
 
 # Verdicts given by the source (`audit --source`) in place of the binary-only ones, by name
-Verdicts = dict[str, Rebuild]
+Verdicts = dict[str, "Rebuild"]
 
 VERDICT_WORDS: dict[FileVerdict, str] = {
     "native": "native",
@@ -36,6 +38,8 @@ def _counts(counts: dict[str, int]) -> str:
 def _rebuild(report: BinaryReport, policy: Policy, verdicts: Verdicts | None) -> Rebuild | None:
     if verdicts and report.name in verdicts:
         return verdicts[report.name]
+    from sm121_build.rebuild.decide import rebuild_verdict
+
     return rebuild_verdict(report, policy.target)
 
 
@@ -94,11 +98,15 @@ def package_of(name: str) -> str:
 
 @dataclass(frozen=True)
 class Package:
-    """How much of one package's device code loads on the GPU."""
+    """How much of one package's device code loads on the GPU, and what would change that:
+    `aot` (files, CPU-seconds of ptxas), or only another build of it."""
 
     name: str
     files: Counter[FileVerdict]  # files with device code, by verdict
     kernels: dict[str, int] | None  # native / jit / none, when kernel names were read
+    aot_files: int = 0
+    aot_cpu_seconds: float = 0.0
+    beyond_aot: int = 0  # files aot leaves short of native: only a build for the GPU helps
 
     def line(self) -> str:
         total = sum(self.files.values())
@@ -109,8 +117,25 @@ class Package:
             k = self.kernels
             kernels = (f"; kernels {k['native']:,} of {sum(k.values()):,} native, "
                        f"{k['jit']:,} JIT only, {k['none']:,} with no loadable code")
+        fix = ""
+        if self.aot_files:
+            fix += (f"; aot: {self.aot_files:,} file(s), about {self.aot_cpu_seconds:,.0f} "
+                    "CPU-s of ptxas")
+        if self.beyond_aot:
+            fix += f"; {self.beyond_aot:,} file(s) only a build for the GPU makes native"
         return f"  {self.name}: {self.files['native']:,} of {total:,} file(s) native " \
-               f"({files}){kernels}"
+               f"({files}){kernels}{fix}"
+
+
+def _short_after_aot(report: BinaryReport) -> bool:
+    """Whether a file stays short of native once aot has done what it can: code that loads
+    nothing, JIT-only fatbins aot cannot reach, or a file aot refuses."""
+    reach = report.reach
+    if report.verdict == "native":
+        return False
+    counts = report.kernel_counts() if report.kernels is not None else report.containers
+    return bool(counts["none"]) or reach is None or bool(reach.unreachable) \
+        or bool(reach.refused) or not reach.chosen
 
 
 def packages(reports: list[BinaryReport]) -> list[Package]:
@@ -126,7 +151,11 @@ def packages(reports: list[BinaryReport]) -> list[Package]:
             for report in members:
                 for verdict, n in report.kernel_counts().items():
                     kernels[verdict] += n
-        out.append(Package(name, Counter(r.verdict for r in members), kernels))
+        able = [a for r in members if r.reach is not None
+                and (a := aot_able(r, r.reach.target)) is not None]
+        out.append(Package(name, Counter(r.verdict for r in members), kernels, len(able),
+                           sum(a.cpu_seconds for a in able),
+                           sum(1 for r in members if _short_after_aot(r))))
     return out
 
 
@@ -157,7 +186,7 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
         if rebuild is not None and rebuild.verdict != "native":
             lines.append(f"  rebuild  {rebuild.verdict}: {rebuild.reason}")
         lines.extend(_aot_lines(report, policy))
-    if len(with_code) > 1:
+    if len(with_code) > 1 or any(r.package for r in with_code):
         lines.append("")
         lines.append(f"per package, on {policy.target}:")
         lines.extend(package.line() for package in packages(reports))
@@ -184,7 +213,10 @@ def as_json(reports: list[BinaryReport], policy: Policy,
         "target": str(policy.target),
         "driver": f"{policy.driver[0]}.{policy.driver[1]}",
         "packages": [{"name": p.name, "files": {v: p.files[v] for v in VERDICT_WORDS},
-                      "kernels": p.kernels} for p in packages(reports)],
+                      "kernels": p.kernels,
+                      "aot": {"files": p.aot_files,
+                              "cpu_seconds": round(p.aot_cpu_seconds, 1)},
+                      "beyond_aot": p.beyond_aot} for p in packages(reports)],
         "binaries": [
             {
                 "name": r.name,

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from sm121_build import __version__
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
 from sm121_build.core.interrupts import hold_from_start, release
@@ -133,7 +132,7 @@ def engine_lost_line(exc: BaseException) -> str:
 
 
 @click.group(cls=_Group)
-@click.version_option(__version__, prog_name="sm121-build")
+@click.version_option(package_name="sm121-build", prog_name="sm121-build")
 @click.option("-q", "--quiet", "quiet", count=True,
               help="Only steps, results and errors (no detail lines, no live line).")
 @click.option("-v", "--verbose", "verbose", count=True,

@@ -17,8 +17,7 @@ from sm121_build.core.console import notice
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.outputs import append_text, refuse_onto_inputs
 from sm121_build.cuda.binary import BinaryReport, Policy, audit_binary, host_only_report
-from sm121_build.cuda.compat import parse_cuda_version, parse_target
-from sm121_build.source.guards import DEFAULT_CUDA
+from sm121_build.cuda.compat import DEFAULT_CUDA, parse_cuda_version, parse_target
 
 if TYPE_CHECKING:
     from sm121_build.audit.judge import SourceUnderAudit

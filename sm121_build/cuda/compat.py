@@ -26,6 +26,8 @@ import yaml
 
 from sm121_build.core.errors import Sm121Error
 
+DEFAULT_CUDA = "13.0"  # the CUDA toolkit a build assumes where the image does not say
+
 Verdict = Literal["native", "jit", "none"]
 VERDICT_RANK: dict[Verdict, int] = {"none": 0, "jit": 1, "native": 2}
 _TARGET = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")

@@ -22,6 +22,7 @@ from typing import NamedTuple
 from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.inputs import InputRefused
 from sm121_build.core.vllm import MIN_CMAKE
+from sm121_build.cuda.compat import DEFAULT_CUDA as DEFAULT_CUDA  # re-exported
 from sm121_build.cuda.compat import ArchList
 from sm121_build.source.cmake_lang import (
     Argument,
@@ -41,7 +42,6 @@ NARROWING = "CUDA_ARCHS"
 TARGET_REF = "${CUDA_ARCHS}"
 DEFAULT_FILES = ("CMakeLists.txt", "cmake/**/*.cmake")
 UTILS = "cmake/utils.cmake"
-DEFAULT_CUDA = "13.0"
 # list() operations that change a variable in ways not followed (APPEND/PREPEND/INSERT are)
 LIST_MODIFIERS = {"remove_item", "remove_at", "filter", "transform", "remove_duplicates",
                   "pop_back", "pop_front", "sort", "reverse"}

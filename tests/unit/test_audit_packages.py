@@ -70,16 +70,20 @@ def test_each_package_says_how_much_of_it_loads(two_packages: Path) -> None:
     done = cli("audit", str(two_packages))
     assert done.returncode == 0, done.stderr
     summary = done.stdout.split("per package, on sm_121:\n", 1)[1].splitlines()
-    assert summary[:2] == [
+    assert summary[0] == (
         "  flashinfer_jit_cache: 0 of 1 file(s) native (1 none); kernels 0 of 4 native, 0 JIT "
-        "only, 4 with no loadable code",
-        "  vllm: 1 of 2 file(s) native (1 jit, 1 native); kernels 4 of 8 native, 4 JIT only, "
-        "0 with no loadable code"]
+        "only, 4 with no loadable code; 1 file(s) only a build for the GPU makes native")
+    assert re.fullmatch(
+        r"  vllm: 1 of 2 file\(s\) native \(1 jit, 1 native\); kernels 4 of 8 native, 4 JIT "
+        r"only, 0 with no loadable code; aot: 1 file\(s\), about \d+ CPU-s of ptxas",
+        summary[1]), summary[1]
     data = json.loads(cli("audit", "--json", str(two_packages)).stdout)
     jsonschema.validate(data, SCHEMA)
     by_name = {p["name"]: p for p in data["packages"]}
     assert by_name["vllm"]["files"] == {"native": 1, "jit": 1, "partial": 0, "none": 0}
     assert by_name["flashinfer_jit_cache"]["files"]["none"] == 1
+    assert by_name["flashinfer_jit_cache"]["beyond_aot"] == 1
+    assert by_name["vllm"]["aot"]["files"] == 1 and by_name["vllm"]["beyond_aot"] == 0
     vllm = by_name["vllm"]["kernels"]
     assert vllm["native"] > 0 and vllm["jit"] > 0 and vllm["none"] == 0
     # without kernel names the files still count, the kernels do not

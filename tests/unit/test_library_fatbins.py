@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import DATA, cli, compile_cached, compile_device_file, gencode, \
-    run_cuobjdump
+from devkit.helpers import DATA, cli, compile_cached, compile_device_file, gencode, run_cuobjdump
 from sm121_build.cuda.binary import SPARK, aot_able, audit_binary
 from sm121_build.cuda.fatbin import CONTAINER_MAGIC, HostBinary
 
@@ -160,10 +159,13 @@ def test_a_folder_of_wheels_is_audited_by_distribution(tmp_path: Path,
     named by its distribution, not by the `nvidia/` folder they all share."""
     lib = _library(tmp_path, [("in_data", ptx_fatbin, "")])
     native = compile_cached("lib-native", DATA / "kernels.cu", gencode("compute_120:sm_120"))
+    jit = compile_cached("lib-jit", DATA / "kernels.cu", gencode("compute_80:compute_80"))
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     for dist, member, source in (("nvidia_cufft", "nvidia/cu13/lib/libcufft.so.12", lib),
-                                 ("nvidia_cublas", "nvidia/cu13/lib/libcublas.so.13", native)):
+                                 ("nvidia_cublas", "nvidia/cu13/lib/libcublas.so.13", native),
+                                 ("nvidia_cusparselt_cu13", "nvidia/cu13/lib/libcusparseLt.so.0",
+                                  jit)):
         with zipfile.ZipFile(wheels / f"{dist}-13.0.0-py3-none-manylinux_2_28_x86_64.whl",
                              "w") as wheel:
             wheel.write(source, member)
@@ -171,13 +173,19 @@ def test_a_folder_of_wheels_is_audited_by_distribution(tmp_path: Path,
     result = cli("audit", str(wheels), "--json", "--target", "sm_121", "--driver", "13.0")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    names = sorted(b["name"] for b in data["binaries"])
-    assert names == [
-        "nvidia_cublas-13.0.0-py3-none-manylinux_2_28_x86_64.whl!nvidia/cu13/lib/libcublas.so.13",
-        "nvidia_cufft-13.0.0-py3-none-manylinux_2_28_x86_64.whl!nvidia/cu13/lib/libcufft.so.12"]
-    assert {p["name"]: p["files"] for p in data["packages"]} == {
-        "nvidia-cublas": {"native": 1, "jit": 0, "partial": 0, "none": 0},
-        "nvidia-cufft": {"native": 0, "jit": 1, "partial": 0, "none": 0}}
+    names = sorted(b["name"].split("!")[1] for b in data["binaries"])
+    assert names == ["nvidia/cu13/lib/libcublas.so.13", "nvidia/cu13/lib/libcufft.so.12",
+                     "nvidia/cu13/lib/libcusparseLt.so.0"]
+    assert data["binaries"][0]["name"].startswith("nvidia_cublas-13.0.0-py3-none-")
+    summary = {p["name"]: (p["files"]["native"], p["files"]["jit"], p["aot"]["files"],
+                           p["beyond_aot"]) for p in data["packages"]}
+    # cuBLAS native; cuSPARSELt JIT-only in .nv_fatbin: aot fixes it; cuFFT's .data: it
+    # cannot, only a build for the GPU does
+    assert summary == {"nvidia-cublas": (1, 0, 0, 0), "nvidia-cufft": (0, 1, 0, 1),
+                       "nvidia-cusparselt-cu13": (0, 1, 1, 0)}
+    table = cli("audit", str(wheels), "--target", "sm_121", "--driver", "13.0").stdout
+    assert "nvidia-cusparselt-cu13: 0 of 1 file(s) native (1 jit); kernels" in table
+    assert "; aot: 1 file(s), about " in table
     strict = cli("audit", str(wheels), "--require", "native", "--target", "sm_121",
                  "--driver", "13.0")
     assert strict.returncode == 1 and "nothing was checked" not in strict.stderr
