@@ -36,9 +36,11 @@ def test_the_flashinfer_cubin_wheel_loads_nothing_on_sm121() -> None:
     # `a` from the `.note.nv.tkinfo` -arch (1,676) or, where there is no note, from ABI 8's
     # e_flags bit 0x8 (cuobjdump's names; a reader of the note alone saw 648 plain cubins)
     assert cubins == {"sm_100f": 13646, "sm_103a": 1952, "sm_100a": 312, "sm_100": 60}
+    # named by the distribution the wheel installs; aot can fix none of it, a build all
     assert json.loads(result.stdout)["packages"] == [
-        {"name": "flashinfer_cubin", "files": {"native": 0, "jit": 0, "partial": 0,
-                                               "none": 15970}, "kernels": None}]
+        {"name": "flashinfer-cubin", "files": {"native": 0, "jit": 0, "partial": 0,
+                                               "none": 15970}, "kernels": None,
+         "aot": {"files": 0, "cpu_seconds": 0.0}, "beyond_aot": 15970}]
 
 
 def test_real_flashinfer_cubins_equal_cuobjdump(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ KINDS = {1: "ptx", 2: "elf", 8: "lto"}
 
 
 def _wheel(spec: str) -> Path:
-    return pypi_download(spec, CACHE / "nvidia", platform="manylinux_2_28_x86_64",
+    return pypi_download(spec, CACHE / "nvidia", platform="manylinux2014_x86_64",
                          tags="x86_64")
 
 
