@@ -43,7 +43,7 @@ from sm121_build.image.refs import looks_like_image_ref
 from sm121_build.image.spill import write_stream
 
 if TYPE_CHECKING:
-    from sm121_build.image.engine import Engine, ImageInfo, ImageReader
+    from sm121_build.image.api import ImageEngine, ImageFiles, ImageInfo
 
 # ISA-L's inflate raises its own error on a damaged deflate stream (its stubs declare an
 # instance, not the class)
@@ -89,7 +89,7 @@ class Reading(NamedTuple):
 
 @contextmanager
 def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = None,
-             engine: Callable[[], Engine] | None = None,
+             engine: Callable[[], ImageEngine] | None = None,
              show_progress: bool = False) -> Iterator[list[Binary]]:
     """Yield the ELF files a target holds; temporary copies are removed afterwards."""
     path = Path(target)
@@ -211,7 +211,7 @@ def archive_kind(path: Path) -> str | None:
     return None
 
 
-def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageReader) -> list[str]:
+def walk_roots(include: tuple[str, ...], info: ImageInfo, files: ImageFiles) -> list[str]:
     """The directories (or files) of an image that can hold a path the patterns match."""
     from sm121_build.image.facts import python_sites
 
@@ -247,7 +247,7 @@ def _literal_prefix(parts: list[str]) -> list[str]:
     return literal
 
 
-def _stream_image(info: ImageInfo, files: ImageReader, include: tuple[str, ...], dest: Path,
+def _stream_image(info: ImageInfo, files: ImageFiles, include: tuple[str, ...], dest: Path,
                   progress: Progress) -> list[Binary]:
     """Stream the roots; keep the ELF files `include` wants that carry device code, and list
     the others by name and size only (`host_only_size`), so the table still counts them."""

@@ -67,10 +67,14 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
 @click.option("--no-cache", is_flag=True, help="Compile every module, and keep none: by "
               "default a module this ptxas compiled before for the GPU is taken from "
               "$XDG_CACHE_HOME/sm121-build/aot.")
+@click.option("--all-packages", is_flag=True,
+              help="With an image: every aot-able file of the image, not only vLLM's "
+                   "extensions (NVIDIA's libraries among them, under NVIDIA's licence terms; "
+                   "what aot changes in a file: README).")
 def aot(  # noqa: PLR0913 (a click command: a parameter per option)
         paths: tuple[str, ...], out: Path | None, tag: str | None, replace_tag: bool,
         gpu: str | None, cuda_home: Path | None, jobs: int, timeout: float,
-        no_cache: bool) -> None:
+        no_cache: bool, all_packages: bool) -> None:
     """Compile the PTX of JIT-only kernels for the GPU ahead of time, into the same file.
 
     For each fatbin with no cubin the GPU loads but PTX it can JIT, ptxas compiles that PTX
@@ -85,8 +89,11 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     from sm121_build.jobs.commands.aot import AotRequest, run_aot, say_results
 
     if len(paths) == 1 and not os.path.lexists(paths[0]):
-        _aot_image(paths[0], out, (tag, replace_tag), gpu)
+        _aot_image(paths[0], out, (tag, replace_tag), gpu, all_packages)
         return
+    if all_packages:
+        raise click.UsageError("--all-packages takes the files of an image: give one image "
+                               "(files, folders and wheels are aot'd whole already)")
     files = _check_inputs(paths)
     if out is None:
         raise click.UsageError("--out is required for files, folders and wheels")
@@ -111,7 +118,7 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
 
 
 def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
-               gpu: str | None) -> None:
+               gpu: str | None, all_packages: bool) -> None:
     """An image: the main job with its aot actions alone (no source), for sm_121."""
     from sm121_build.cli.inputs import require_outputs
     from sm121_build.cuda.compat import ArchList
@@ -136,4 +143,5 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
     with run_session("build", base, result_tag, sm121) as (pipeline, _):
         run_build(pipeline, Options(base=base, tag=result_tag, arch=sm121, extra_ext=(),
                                     jobs=None, source=None, repo="", out=out, force=False,
-                                    no_patch=False, aot_only=True, replace_tag=replace_tag))
+                                    no_patch=False, aot_only=True, replace_tag=replace_tag,
+                                    all_packages=all_packages))

@@ -489,6 +489,7 @@ class Candidate:
     extensions: tuple[str, ...]
     log: Path | None = None
     origins: Mapping[str, Origin] = field(default_factory=dict)
+    files_under: str | None = None  # the folder the files are named under (vLLM's package)
 
 
 @contextmanager
@@ -497,7 +498,7 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
     stock, image_id, extensions = candidate.stock, candidate.image_id, candidate.extensions
     log, origins = candidate.log, candidate.origins
     stock_vllm = require_vllm(stock)
-    package = stock_vllm.package_dir
+    package = candidate.files_under or stock_vllm.package_dir
     stock_info, built_info = engine.image(stock.id), engine.image(image_id)
     base_count = len(stock_info.layers)
     stock_steps = len(engine.history(stock.id))
@@ -519,7 +520,7 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
         comparisons: dict[str, KernelComparison] = {}
         stock_reports: dict[str, BinaryReport] = {}
         for name in extensions:
-            path = f"{package}/{name}"
+            path = posixpath.join(package, name)
             for side in ("built", "stock"):  # vllm_flash_attn/_vllm_fa2_C.abi3.so
                 (root / side / name).parent.mkdir(parents=True, exist_ok=True)
             found = built_files.copy_file(path, root / "built" / name)

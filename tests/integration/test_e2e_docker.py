@@ -26,6 +26,7 @@ import docker
 import jsonschema
 import pytest
 
+from devkit.helpers import DATA, compile_cached, compile_device_file, gencode
 from devkit.keys import key_pair
 from devkit.registry import local_registry
 from devkit.silent import silent_listener
@@ -810,3 +811,59 @@ def test_aot_of_an_image_tags_it_like_the_main_job(e2e: E2E) -> None:
     assert f"up to date: {tag} " in again.stdout and "--force" not in again.stdout  # none
     other = e2e.run("aot", e2e.stock.tag, "--target", "sm_90")
     assert other.returncode == 2 and "sm_121 only" in other.stderr
+
+
+def test_aot_of_every_package_of_an_image(e2e: E2E, tmp_path: Path) -> None:
+    """`aot IMAGE --all-packages`: beside vLLM's FA2, a JIT-only library of another
+    distribution (as NVIDIA's wheels install theirs, under `nvidia/`, with a RECORD) and a
+    library whose only fatbin lies in `.data`, which aot cannot reach: the first two are
+    made native in the pristine base and verified, the third is left and said; the default
+    run leaves every file outside vLLM alone."""
+    site = "/usr/local/lib/python3.11/dist-packages"
+    lib = "nvidia/cu13/lib/libjitonly.so.13"
+    jit = compile_cached("all-pkgs-jit", DATA / "kernels.cu", gencode("compute_80:compute_80"))
+    fatbin = compile_device_file("all-pkgs-ptx", DATA / "kernels.cu", "fatbin",
+                                 gencode("compute_80:compute_80")).read_bytes()
+    (tmp_path / "data.c").write_text(
+        f"unsigned char blob[{len(fatbin)}] __attribute__((aligned(8), used)) = "
+        f"{{{','.join(map(str, fatbin))}}};\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libdata.so"),
+                    str(tmp_path / "data.c")], check=True)
+    shutil.copy(jit, tmp_path / "libjitonly.so.13")
+    (tmp_path / "RECORD").write_text(f"{lib},,\nnvidia/cu13/lib/libdata.so,,\n")
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {e2e.stock.tag}\n"
+        f"COPY libjitonly.so.13 {site}/{lib}\n"
+        f"COPY libdata.so {site}/nvidia/cu13/lib/libdata.so\n"
+        f"COPY RECORD {site}/nvidia_fake_cu13-1.0.dist-info/RECORD\n")
+    base = f"{PREFIX}:all-packages-base"
+    e2e.client.images.build(path=str(tmp_path), tag=base, rm=True)
+    before = json.loads(e2e.run("audit", "--json", base).stdout)
+    by_name = {p["name"]: p for p in before["packages"]}
+    assert by_name["nvidia-fake-cu13"]["aot"]["files"] == 1
+    assert by_name["nvidia-fake-cu13"]["beyond_aot"] == 1  # libdata.so: .data only
+
+    plain = e2e.run("aot", base, "--tag", f"{PREFIX}:all-packages-plain")
+    assert plain.returncode == 0, plain.stderr
+    assert lib not in plain.stdout + plain.stderr  # vLLM's files only, by default
+
+    tag = f"{PREFIX}:all-packages"
+    done = e2e.run("aot", base, "--all-packages", "--tag", tag)
+    assert done.returncode == 0, done.stderr
+    assert f"tagged {tag}" in done.stdout, done.stdout
+    after = json.loads(e2e.run("audit", "--json", tag).stdout)
+    counts = {b["name"].removeprefix(site + "/"): b["kernel_counts"] for b in after["binaries"]
+              if b["kernel_counts"]}
+    assert counts[lib] == {"native": 4, "jit": 0, "none": 0}
+    assert counts[f"vllm/{FA2}"]["jit"] == 0
+    assert counts["nvidia/cu13/lib/libdata.so"]["native"] == 0  # out of aot's reach
+    changed = {p.removeprefix(site.lstrip("/") + "/") for p in
+               _changed_between(e2e, base, tag)}
+    assert changed == {lib, f"vllm/{FA2}"}
+    assert e2e.run("aot", str(tmp_path / "libdata.so"), "--all-packages", "--out",
+                   str(tmp_path / "o")).returncode == 2  # files are aot'd whole already
+
+
+def _changed_between(e2e: E2E, one: str, other: str) -> set[str]:
+    before, after = _flat_files(e2e.client, one), _flat_files(e2e.client, other)
+    return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,9 +101,10 @@ def compile_into(engine: ImageEngine, job: AotJob, dest: Path) -> None:
             for action in actions:
                 local = stock / action.name
                 local.parent.mkdir(parents=True, exist_ok=True)
-                found = files.copy_file(f"{package_dir}/{action.name}", local)
+                found = files.copy_file(posixpath.join(package_dir, action.name), local)
                 if found is None:
-                    raise Sm121Error(f"{package_dir}/{action.name} vanished from the image")
+                    raise Sm121Error(f"{posixpath.join(package_dir, action.name)} vanished "
+                                     "from the image")
                 local.chmod(found.mode & 0o7777)  # the aot'd file keeps the stock file's mode
         outcome = run_aot(AotRequest((stock,), dest, SM121, toolchain,
                                      len(os.sched_getaffinity(0)), AOT_TIMEOUT,

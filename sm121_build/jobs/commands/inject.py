@@ -6,6 +6,7 @@ built for another vLLM version or commit.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def stock_modes(pipeline: Pipeline, image_id: str, package_dir: str, folder: Pat
     context's mode): a placed file never changes who may run or write it."""
     with pipeline.engine.reader(image_id) as image:
         for name in files:
-            found = image.stat(f"{package_dir}/{name}")
+            found = image.stat(posixpath.join(package_dir, name))
             if found is not None:
                 (folder / name).chmod(found.mode & 0o7777)
 

@@ -20,7 +20,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
-from sm121_build.cuda.binary import SPARK, BinaryReport
+from sm121_build.cuda.binary import SPARK, BinaryReport, unreachable_words
 from sm121_build.cuda.compat import SM121, ArchList
 from sm121_build.cuda.ptxas import Toolchain
 from sm121_build.image.facts import ImageFacts, VllmInstall
@@ -95,6 +95,7 @@ class Options:
     replace_tag: bool = False  # --replace-tag: --tag may move off an image we did not build
     from_source: bool = False  # --from-source: build every gaining extension, no aot
     aot_only: bool = False  # `aot IMAGE`: the aot actions alone, never the source
+    all_packages: bool = False  # `aot IMAGE --all-packages`: every aot-able file of the image
 
 
 def content_key(facts: ImageFacts, commit: str, plan: Placement, no_patch: bool) -> str:
@@ -267,7 +268,8 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
         with pipeline.steps.step("decide"):
             for action in aot:
                 note(action.line())
-            choose_record(pipeline, aot, stock)
+            choose_record(pipeline, aot, stock,
+                          image.vllm.package_dir.lstrip("/") + "/" if opts.all_packages else "")
     if not chosen and not aot:
         return None
     return ExtensionActions(aot, chosen, checkout, toolchain)
@@ -279,7 +281,8 @@ def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport
     pipeline, opts, image = job.pipeline, job.opts, job.image
     if opts.from_source or opts.force or opts.no_patch:
         return (), {}
-    stock = stock_extensions(pipeline, image)
+    stock = pipeline.read_device_files(image.facts) if opts.all_packages \
+        else stock_extensions(pipeline, image)
     aot = aot_actions(stock)
     if opts.only:
         wanted = {extension_target(o) for o in opts.only}
@@ -309,7 +312,7 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
         commit = image.vllm.commit_id or image.ref.value
         sources = Sources(commit, commit)
         patches = aot_patches(toolchain)
-        plan = aot_plan(image, prebuilt, commit, patches)
+        plan = aot_plan(image, prebuilt, commit, patches, files_root(job))
         key = aot_key(image.facts.id, aot, toolchain)
     else:  # plan_actions returns None when there is neither
         raise AssertionError("a plan with nothing to aot or build")
@@ -321,7 +324,7 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
     if toolchain is not None:
         with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
             compile_into(pipeline.engine,
-                         AotJob(image.facts.id, image.vllm.package_dir, aot, toolchain),
+                         AotJob(image.facts.id, files_root(job), aot, toolchain),
                          context / "aot")
     if isinstance(plan, BuildPlan):
         return build(job, plan, target, context)
@@ -329,18 +332,26 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
 
 
 def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
-                  stock: dict[str, BinaryReport | None]) -> None:
+                  stock: dict[str, BinaryReport | None], vllm_prefix: str = "") -> None:
     """The decision of a run without the source: the aot actions, and every extension left
     with kernels aot cannot make native (kept, its reason in `remains`, so the summary and
-    the report say what stays non-native)."""
+    the report say what stays non-native).  `vllm_prefix`: with `--all-packages`, where
+    vLLM's files are (the source build can only help those)."""
     extensions = {a.name: a.as_record(_before(stock, a.name)) for a in aot}
     for name, (jit, none) in left_by_aot(aot, stock).items():
         before = _before(stock, name)
         what = [f"{none} kernel(s) load nothing on sm_121"] if none else []
         what += [f"{jit} stay JIT-only"] if jit else []
-        why = (f"{' and '.join(what)}: aot cannot change them; whether a source build can was "
-               "not decided (the source was not read: `sm121-build --base IMAGE --source DIR` "
-               "reads it)")
+        report = stock.get(name)
+        if report is not None and report.reach is not None and report.reach.unreachable:
+            why = f"{' and '.join(what)}: {unreachable_words(report.reach.unreachable)}"
+        elif vllm_prefix and not name.startswith(vllm_prefix):
+            why = (f"{' and '.join(what)}: aot cannot change them; only a build of its "
+                   "package for the GPU can")
+        else:
+            why = (f"{' and '.join(what)}: aot cannot change them; whether a source build can "
+                   "was not decided (the source was not read: `sm121-build --base IMAGE "
+                   "--source DIR` reads it)")
         extensions.setdefault(name, {
             "name": name, "target": extension_target(name), "before": before, "after": before,
             "build": False, "action": "keep", "reason": "kept: no source read", "remains": []})
@@ -392,12 +403,19 @@ def aot_patches(toolchain: Toolchain) -> str:
     return f"aot-ptxas-{toolchain.version}"
 
 
-def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str) -> Placement:
-    """The plan of an aot-only run: its files copied into the pristine base."""
+def files_root(job: Job) -> str:
+    """The folder a run's files are named under: vLLM's package, or the image's root for
+    `--all-packages` (files of every package, named by their path from `/`)."""
+    return "/" if job.opts.all_packages else job.image.vllm.package_dir
+
+
+def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str,
+             root: str) -> Placement:
+    """The plan of an aot-only run: its files copied into the pristine base, named under
+    `root`."""
     labels = provenance_labels(image.facts, commit, image.arch, files, patches)
     return Placement(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
-                     git_ref=commit, extensions=files, package_dir=image.vllm.package_dir,
-                     labels=labels)
+                     git_ref=commit, extensions=files, package_dir=root, labels=labels)
 
 
 def inject_aot(job: Job, plan: Placement,

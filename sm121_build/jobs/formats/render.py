@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,7 @@ def _copy_lines(plan: Placement, copy_from: str, flat: bool) -> str:
     copies += [("aot", extension, extension) for extension in plan.prebuilt]
     return "\n".join(
         _template("copy-extension.Dockerfile.in").substitute(
-            copy_from=source, built=built, extension=extension, package_dir=plan.package_dir)
+            copy_from=source, built=built, dest=posixpath.join(plan.package_dir, extension))
         .strip() for source, built, extension in copies)
 
 

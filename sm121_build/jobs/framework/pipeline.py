@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sm121_build.audit.inputs import binaries
 from sm121_build.core.compile_progress import shipped_histories
 from sm121_build.core.console import BuildStatus, LiveLine, Progress, Steps, end_status_line, note
 from sm121_build.core.errors import Sm121Error
@@ -157,6 +158,18 @@ class Pipeline:
         progress.done()
         return reports
 
+    def read_device_files(self, facts: ImageFacts) -> dict[str, BinaryReport | None]:
+        """Every file of the image that carries device code, audited, named by its path from
+        `/` (`aot IMAGE --all-packages`): the image is streamed as the audit streams it,
+        never exported, and only files with device code are kept on disk."""
+        reports: dict[str, BinaryReport | None] = {}
+        with binaries(facts.id, engine=lambda: self.engine) as found:
+            for binary in found:
+                if binary.skipped is None and binary.host_only_size is None:
+                    name = binary.name.lstrip("/")
+                    reports[name] = audit_binary(binary.path, name, SPARK, with_kernels=True)
+        return reports
+
     def new_log(self, name: str, recorded: bool = True) -> Path:
         """An empty build log under the state folder, named in the record (the run's build
         log) unless `recorded` is false."""
@@ -193,7 +206,8 @@ class Pipeline:
                           target: Target) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`."""
         with verify_image(self.engine, Candidate(stock, image_id, extensions, log,
-                                                 dict(target.origins))) as verified:
+                                                 dict(target.origins),
+                                                 target.provenance.package_dir)) as verified:
             self.record.verified(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
