@@ -274,7 +274,7 @@ def seeds(name: str, fixtures: dict[str, Path]) -> list[bytes]:
     sos = [p.read_bytes() for p in fixtures.values()]
     made: dict[str, Callable[[], list[bytes]]] = {
         "elf": lambda: sos,
-        "host-binary": lambda: sos,
+        "host-binary": lambda: sos + [_library_kept(so) for so in sos],
         "fatbin-layout": lambda: sos,
         "fatbin-entry": lambda: [e for so in sos for e in _entries(so)][:24],
         "wheel": lambda: [_wheel(sos[0])],
@@ -341,6 +341,19 @@ FOUND: tuple[tuple[str, Callable[[bytes], list[bytes]]], ...] = (
     ("wheel", _inflate_damaged),
     ("wheel", _member_offset_past_end),
 )
+
+
+def _library_kept(so: bytes) -> bytes:
+    """The file's fatbin section renamed (`.nv_fatbin` -> `.xv_fatbin`, same length): its
+    containers then lie where a library keeps its own (cuFFT's `.data`), which the reader
+    finds by searching, not by walking."""
+    from sm121_build.cuda.elf import Elf
+
+    elf = Elf.read(so)
+    names = elf.rows[elf.sections.index(next(s for s in elf.sections
+                                             if s.name == ".shstrtab"))][4]
+    at = so.index(b"\0.nv_fatbin\0", names)
+    return so[:at] + b"\0.xv_fatbin\0" + so[at + 12:]
 
 
 def _cmake_files() -> list[bytes]:

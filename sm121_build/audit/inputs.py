@@ -80,18 +80,24 @@ def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
 
 class Reading(NamedTuple):
     """How `audit` reads a target: the paths it keeps (globs; none: every shared object),
-    the platform of a multi-platform tarball, and whether progress is shown."""
+    the platform of a multi-platform tarball, whether progress is shown, and who hears of
+    each file with device code kept from an image's stream as soon as it is on disk (the
+    audit starts reading it while the stream goes on)."""
 
     include: tuple[str, ...] = ()
     platform: str | None = None
     progress: bool = False
+    on_kept: Callable[[Binary], None] | None = None
+
+
+READ_ALL = Reading()  # every shared object and device file, quietly
 
 
 @contextmanager
-def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = None,
-             engine: Callable[[], ImageEngine] | None = None,
-             show_progress: bool = False) -> Iterator[list[Binary]]:
+def binaries(target: str, reading: Reading = READ_ALL,
+             engine: Callable[[], ImageEngine] | None = None) -> Iterator[list[Binary]]:
     """Yield the ELF files a target holds; temporary copies are removed afterwards."""
+    include, platform, show_progress = reading.include, reading.platform, reading.progress
     path = Path(target)
     wanted = _wanted(include)
     if path.is_dir():
@@ -133,7 +139,7 @@ def binaries(target: str, include: tuple[str, ...] = (), platform: str | None = 
     with temp_dir("sm121-audit-") as tmp:
         progress = Progress(f"reading {target}")  # live on a terminal, else plain lines
         with connected.reader(info.id, progress.add) as files:
-            found = _stream_image(info, files, include, Path(tmp), progress)
+            found = _stream_image(info, files, reading, Path(tmp), progress)
         progress.done()
         yield found
 
@@ -247,10 +253,11 @@ def _literal_prefix(parts: list[str]) -> list[str]:
     return literal
 
 
-def _stream_image(info: ImageInfo, files: ImageFiles, include: tuple[str, ...], dest: Path,
+def _stream_image(info: ImageInfo, files: ImageFiles, reading: Reading, dest: Path,
                   progress: Progress) -> list[Binary]:
     """Stream the roots; keep the ELF files `include` wants that carry device code, and list
     the others by name and size only (`host_only_size`), so the table still counts them."""
+    include = reading.include
     wanted = _wanted(include)
     found: list[Binary] = []
     kept: set[str] = set()
@@ -266,6 +273,8 @@ def _stream_image(info: ImageInfo, files: ImageFiles, include: tuple[str, ...], 
             kept.add(rel)
             found.append(Binary("/" + rel, target))
             progress.update(found=len(found))
+            if reading.on_kept is not None:
+                reading.on_kept(found[-1])
 
     links: list[tuple[str, str]] = []  # (wanted path, the file it is a hard link of)
     for root in walk_roots(include, info, files):

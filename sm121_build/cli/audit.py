@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from sm121_build.audit import report
-from sm121_build.audit.inputs import Reading, binaries
+from sm121_build.audit.inputs import Binary, Reading, binaries
 from sm121_build.cli.inputs import require_writable
 from sm121_build.core.console import notice
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
+from sm121_build.core.interrupts import held
 from sm121_build.core.outputs import append_text, refuse_onto_inputs
 from sm121_build.cuda.binary import BinaryReport, Policy, audit_binary, host_only_report
 from sm121_build.cuda.compat import DEFAULT_CUDA, parse_cuda_version, parse_target
@@ -31,22 +33,37 @@ def run_audit(target: str, policy: Policy, with_kernels: bool,
     be read: one corrupt file among many is reported, not fatal (a lone file still is)."""
     reports: list[BinaryReport] = []
     unreadable: list[str] = []
-    with binaries(target, reading.include, reading.platform,
-                  show_progress=reading.progress) as found:
-        for binary in found:
-            if binary.skipped is not None:
-                unreadable.append(f"{binary.name}: {binary.skipped}")
-                continue
-            if binary.host_only_size is not None:
-                reports.append(host_only_report(binary.name, binary.host_only_size, with_kernels))
-                continue
-            try:
-                reports.append(audit_binary(binary.path, binary.name, policy, with_kernels))
-                reports[-1].package = binary.package
-            except CorruptBinaryError as exc:
-                if binary.path == Path(target):  # the one file asked for: its own error
-                    raise
-                unreadable.append(f"{binary.name}: {exc}")
+    # a file an image's stream keeps is audited at once, by one thread, while the stream
+    # goes on (reading a file and the engine's next one overlap)
+    ahead: dict[str, Future[BinaryReport]] = {}
+    pool = ThreadPoolExecutor(1)
+
+    def on_kept(binary: Binary) -> None:
+        ahead[binary.name] = pool.submit(audit_binary, binary.path, binary.name, policy,
+                                         with_kernels)
+
+    try:
+        with binaries(target, reading._replace(on_kept=on_kept)) as found:
+            for binary in found:
+                if binary.skipped is not None:
+                    unreadable.append(f"{binary.name}: {binary.skipped}")
+                    continue
+                if binary.host_only_size is not None:
+                    reports.append(host_only_report(binary.name, binary.host_only_size,
+                                                    with_kernels))
+                    continue
+                try:
+                    read = ahead.pop(binary.name, None)
+                    reports.append(read.result() if read is not None else
+                                   audit_binary(binary.path, binary.name, policy, with_kernels))
+                    reports[-1].package = binary.package
+                except CorruptBinaryError as exc:
+                    if binary.path == Path(target):  # the one file asked for: its own error
+                        raise
+                    unreadable.append(f"{binary.name}: {exc}")
+    finally:  # no audit still reads a file once its temp folder is gone
+        with held():
+            pool.shutdown(wait=True, cancel_futures=True)
     return reports, unreadable
 
 

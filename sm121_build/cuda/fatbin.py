@@ -368,7 +368,10 @@ def code_sections(path: Path, data: mmap.mmap | bytes) -> list[CodeSection]:
         if kind != SHT_PROGBITS or not flags & SHF_ALLOC or flags & SHF_EXECINSTR \
                 or size < _CONTAINER.size + ENTRY_MIN_HEADER or offset + size > len(data):
             continue  # a section past the end holds nothing this reader can trust
-        name = elf.at(index).name
+        try:
+            name = elf.at(index).name
+        except ElfError as exc:
+            raise CorruptBinaryError(f"{path}: not a readable ELF file: {exc}") from None
         if name not in FATBIN_SECTIONS:
             found.append(CodeSection(name, offset, size, False))
     return found

@@ -540,7 +540,9 @@ class ImageReader(PathLookups):
                 raise EngineRefused(f"engine refused to read {path} in {self.image_id}: "
                                     f"HTTP {response.status_code}")
             stream = cast(IO[bytes], _CountingReader(response.raw, self.on_read))
-            with tarfile.open(fileobj=stream, mode="r|") as archive:
+            # 1 MiB reads: tarfile's default 10 KiB record made ~60,000 reads of the HTTP
+            # body per 0.6 GB, a third of the audit of vLLM's package in an image
+            with tarfile.open(fileobj=stream, mode="r|", bufsize=STREAM_READ) as archive:
                 yield archive
         except (tarfile.TarError, requests.exceptions.RequestException) as exc:
             raise EngineUnavailable(f"engine stream of {path} broke off: {exc}") from None
@@ -578,6 +580,9 @@ class ImageReader(PathLookups):
             # the image's mode, readable by us
             write_stream(handle, dest, path, member.mode & 0o755 | 0o600)
             return found
+
+
+STREAM_READ = 1 << 20
 
 
 class _CountingReader:

@@ -490,6 +490,43 @@ class Candidate:
     log: Path | None = None
     origins: Mapping[str, Origin] = field(default_factory=dict)
     files_under: str | None = None  # the folder the files are named under (vLLM's package)
+    stock_read: StockRead | None = None  # the stock side, when it was read ahead
+
+
+@dataclass(frozen=True)
+class StockRead:
+    """The stock image's side of verification, read once: each placed file's stock copy
+    (absent where the base has none), its mode and audit, and what torch exports."""
+
+    copies: Mapping[str, Path]
+    modes: Mapping[str, int]
+    reports: Mapping[str, BinaryReport]
+    exported: frozenset[str]
+    providers: int
+
+
+def read_stock_side(engine: ImageEngine, stock: ImageFacts, names: tuple[str, ...],
+                    under: str | None, dest: Path) -> StockRead:
+    """The stock copies of `names` (under `under`, else vLLM's package) into `dest`, audited,
+    and torch's exports: what verification compares a candidate with.  It depends on the
+    base alone, so the pipeline reads it while the candidate builds."""
+    vllm = require_vllm(stock)
+    package = under or vllm.package_dir
+    copies: dict[str, Path] = {}
+    modes: dict[str, int] = {}
+    reports: dict[str, BinaryReport] = {}
+    with engine.reader(stock.id) as files:
+        for name in names:
+            local = dest / name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            found = files.copy_file(posixpath.join(package, name), local)
+            if found is None:
+                local.unlink(missing_ok=True)
+                continue
+            copies[name], modes[name] = local, found.mode
+            reports[name] = audit_binary(local, name, SPARK, with_kernels=True)
+        exported, providers = image_torch_exports(files, stock.id, vllm.site_packages, dest)
+    return StockRead(copies, modes, reports, frozenset(exported), providers)
 
 
 @contextmanager
@@ -505,24 +542,23 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
     built_history = engine.history(image_id)
     added = built_history[:max(0, len(built_history) - stock_steps)]
 
-    progress = Progress("reading the injected files, their stock copies and torch's libraries")
+    progress = Progress("reading the placed files")
     with temp_dir("sm121-verify-") as tmp, \
-            engine.reader(image_id, progress.add) as built_files, \
-            engine.reader(stock.id, progress.add) as stock_files:
+            engine.reader(image_id, progress.add) as built_files:
         root = Path(tmp)
         (root / "built").mkdir()
-        (root / "stock").mkdir()
+        read = candidate.stock_read or read_stock_side(engine, stock, extensions,
+                                                       candidate.files_under, root / "stock")
         built = facts_from_files(built_info, built_files)
         problems = check_version(stock_vllm, require_vllm(built))
         files: dict[str, Path] = {}
         sizes: dict[str, int] = {}
         reports: dict[str, BinaryReport] = {}
         comparisons: dict[str, KernelComparison] = {}
-        stock_reports: dict[str, BinaryReport] = {}
+        stock_reports = dict(read.reports)
         for name in extensions:
             path = posixpath.join(package, name)
-            for side in ("built", "stock"):  # vllm_flash_attn/_vllm_fa2_C.abi3.so
-                (root / side / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / "built" / name).parent.mkdir(parents=True, exist_ok=True)
             found = built_files.copy_file(path, root / "built" / name)
             if found is None:
                 problems.append(f"the built image lacks {path}")
@@ -530,17 +566,11 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
             files[name], sizes[path.lstrip("/")] = root / "built" / name, found.size
             report = audit_binary(files[name], name, SPARK, with_kernels=True)
             reports[name] = report
-            stock_copy = root / "stock" / name
-            if stock_files.copy_file(path, stock_copy) is None:
-                stock_copy.unlink(missing_ok=True)
-            if stock_copy.exists():
-                stock_reports[name] = audit_binary(stock_copy, name, SPARK, with_kernels=True)
-            stock_stat = stock_files.stat(path) if stock_copy.exists() else None
-            problems += check_host_code(name, stock_copy if stock_copy.exists() else None,
-                                        files[name], (stock_stat.mode if stock_stat else None,
-                                                      found.mode),
+            stock_copy = read.copies.get(name)
+            problems += check_host_code(name, stock_copy, files[name],
+                                        (read.modes.get(name), found.mode),
                                         origins.get(name, "built"))
-            comparison = compare_kernels(name, stock_copy if stock_copy.exists() else None, report)
+            comparison = compare_kernels(name, stock_copy, report)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems() + check_still_loadable(
                 stock_reports.get(name), report, comparison.stubs)
@@ -556,8 +586,7 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
                 example = next(k for k in comparison.fp4_excluded if left_out_reason(k) == why)
                 note(f"{name}: {count} kernel(s) left out on purpose ({why}), e.g. "
                      f"{example[:80]}")
-        exported, providers = image_torch_exports(stock_files, stock.id,
-                                                  stock_vllm.site_packages, root)
+        exported, providers = set(read.exported), read.providers
         progress.done()
         abi = check_abi(files, exported, providers, stock_vllm.torch_version)
         note(f"ABI: {abi.checked} torch symbol(s) needed, checked against "

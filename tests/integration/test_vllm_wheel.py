@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, pypi_download, run_cuobjdump
-from sm121_build.audit.inputs import binaries
+from sm121_build.audit.inputs import Reading, binaries
 from sm121_build.cuda.binary import Policy, audit_binary
 from sm121_build.cuda.compat import parse_target
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
@@ -25,7 +25,7 @@ def wheel() -> Path:
 
 
 def test_listing_equals_cuobjdump_on_real_vllm(wheel: Path) -> None:
-    with binaries(str(wheel), include=tuple(CHECKED)) as found:
+    with binaries(str(wheel), Reading(include=tuple(CHECKED))) as found:
         assert sorted(b.name for b in found) == sorted(CHECKED)
         for binary in found:
             oracle = run_cuobjdump("-lelf", "-lptx", str(binary.path))
@@ -38,7 +38,8 @@ def test_listing_equals_cuobjdump_on_real_vllm(wheel: Path) -> None:
 
 def test_real_vllm_verdicts_for_sm121(wheel: Path) -> None:
     policy = Policy(parse_target("sm_121"), (13, 0))
-    with binaries(str(wheel), include=("vllm/_C.abi3.so", "vllm/vllm_flash_attn/*")) as found:
+    with binaries(str(wheel), Reading(include=("vllm/_C.abi3.so",
+                                               "vllm/vllm_flash_attn/*"))) as found:
         reports = {b.name: audit_binary(b.path, b.name, policy, with_kernels=True)
                    for b in found}
     c = reports["vllm/_C.abi3.so"]

@@ -215,3 +215,25 @@ def test_site_packages_files_are_named_by_their_record(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert [p["name"] for p in json.loads(result.stdout)["packages"]] == [
         "nvidia-cublas", "nvidia-nccl-cu13", "stray"]
+
+
+def test_a_data_section_whose_name_is_not_in_the_name_table_is_one_error(
+        tmp_path: Path) -> None:
+    """Found by the fuzzer on its library-kept seed: a data section's name offset past the
+    section name table escaped the search of data sections as the ELF reader's own error."""
+    from sm121_build.core.errors import CorruptBinaryError
+    from sm121_build.cuda.elf import Elf
+
+    so = compile_cached("lib-jit", DATA / "kernels.cu", gencode("compute_80:compute_80"))
+    data = bytearray(so.read_bytes())
+    elf = Elf.read(bytes(data))
+    index = next(i for i, s in enumerate(elf.sections) if s.name == ".rodata")
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    struct.pack_into("<I", data, shoff + index * 64, 1 << 30)  # sh_name
+    broken = tmp_path / "broken.so"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(CorruptBinaryError, match="not a readable ELF file"):
+        HostBinary.open(broken)
+    done = cli("audit", str(broken), "--target", "sm_121", "--driver", "13.0")
+    assert done.returncode == CorruptBinaryError.exit_code, done.stderr
+    assert done.stderr.count("error: ") == 1 and "Traceback" not in done.stderr

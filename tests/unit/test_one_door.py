@@ -57,7 +57,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("image/engine.py", 'log.read_text(encoding="utf-8", errors="replace")'):
         "the run's own log",
     ("image/engine.py", "iidfile.read_text()"): "docker build's --iidfile in the temp folder",
-    ("image/engine.py", 'tarfile.open(fileobj=stream, mode="r|")'):
+    ("image/engine.py", 'tarfile.open(fileobj=stream, mode="r|", bufsize=STREAM_READ)'):
         "the engine's answer, streamed with its limits",
     ("image/layers.py", 'tarfile.open(fileobj=handle, mode="r|*")'):
         "a layer of a tarball the door opened",

@@ -10,7 +10,7 @@ import pytest
 
 from devkit.helpers import cli
 from devkit.imagetar import docker_save, oci_layout
-from sm121_build.audit.inputs import binaries
+from sm121_build.audit.inputs import Reading, binaries
 from sm121_build.core.errors import Sm121Error
 
 
@@ -26,7 +26,7 @@ def _layers(matrix: dict[str, Path]) -> list[dict[str, bytes | None]]:
 
 
 def _found(target: Path, **kwargs: object) -> dict[str, bytes]:
-    with binaries(str(target), **kwargs) as found:  # type: ignore[arg-type]
+    with binaries(str(target), Reading(**kwargs)) as found:  # type: ignore[arg-type]
         return {b.name: b.path.read_bytes() for b in found}
 
 

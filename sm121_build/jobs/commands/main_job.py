@@ -565,7 +565,7 @@ def up_to_date(job: Job, plan: Placement,
     if opts.out:
         with pipeline.steps.step("verify"):
             pipeline.verify_and_export(image.facts, existing,
-                                       (*plan.extensions, *plan.prebuilt), None, target)
+                                       (*plan.extensions, *plan.prebuilt), (None, None), target)
     pipeline.tag_result(image.facts, existing, target)
     # `aot IMAGE` has no --force: the same aot makes the same image
     result(f"up to date: {', '.join(target.tags)} (content key {target.content_key})"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from sm121_build.audit.inputs import binaries
 from sm121_build.core.compile_progress import shipped_histories
 from sm121_build.core.console import BuildStatus, LiveLine, Progress, Steps, end_status_line, note
 from sm121_build.core.errors import Sm121Error
-from sm121_build.core.interrupts import temp_dir
+from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.paths import state_dir
 from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
@@ -31,7 +32,14 @@ from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, requ
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.framework.run_warnings import age_warning
 from sm121_build.verify import run_report
-from sm121_build.verify.checks import Candidate, Origin, Verified, verify_image
+from sm121_build.verify.checks import (
+    Candidate,
+    Origin,
+    StockRead,
+    Verified,
+    read_stock_side,
+    verify_image,
+)
 
 
 @dataclass(frozen=True)
@@ -163,7 +171,7 @@ class Pipeline:
         `/` (`aot IMAGE --all-packages`): the image is streamed as the audit streams it,
         never exported, and only files with device code are kept on disk."""
         reports: dict[str, BinaryReport | None] = {}
-        with binaries(facts.id, engine=lambda: self.engine) as found:
+        with binaries(facts.id, engine=lambda: self.engine) as found:  # every file
             for binary in found:
                 if binary.skipped is None and binary.host_only_size is None:
                     name = binary.name.lstrip("/")
@@ -185,29 +193,46 @@ class Pipeline:
 
     # -- tail ----------------------------------------------------------------------------
     def build_verify_tag(self, build: ImageBuild, target: Target) -> str:
-        """Build (untagged) -> verify -> export -> tag.  Returns the image ID."""
+        """Build (untagged) -> verify -> export -> tag.  Returns the image ID.  What
+        verification reads of the base (the stock files, torch's exports) depends on the
+        base alone: it is read while the candidate builds, by one thread of its own."""
         image_id = ""
         before = self.engine.image_ids()
-        try:
-            with self.steps.step(build.title), BuildStatus(shipped_histories()) as status:
-                image_id = self.engine.build(build.context, build.dockerfile, build.log, status)
-            with self.steps.step("verify"):
-                self.verify_and_export(build.stock, image_id, build.extensions, build.log,
-                                       target)
-            self.tag_result(build.stock, image_id, target)
-        except BaseException:
-            if image_id:
-                self.engine.remove_created(image_id, before)
-            raise
+        with temp_dir("sm121-stock-side-") as ahead_dir:
+            pool = ThreadPoolExecutor(1)
+            try:
+                with held():  # a Ctrl-C inside submit() would leave a thread unwaited for
+                    ahead = pool.submit(read_stock_side, self.engine, build.stock,
+                                        build.extensions, target.provenance.package_dir,
+                                        Path(ahead_dir))
+                with self.steps.step(build.title), BuildStatus(shipped_histories()) as status:
+                    image_id = self.engine.build(build.context, build.dockerfile, build.log,
+                                                 status)
+                with self.steps.step("verify"):
+                    self.verify_and_export(build.stock, image_id, build.extensions,
+                                           (build.log, ahead.result()), target)
+                self.tag_result(build.stock, image_id, target)
+            except BaseException:
+                if image_id:
+                    self.engine.remove_created(image_id, before)
+                raise
+            finally:  # the read-ahead is done or dropped before its folder is removed
+                with held():
+                    pool.shutdown(wait=True, cancel_futures=True)
         return image_id
 
     def verify_and_export(self, stock: ImageFacts, image_id: str,
-                          extensions: tuple[str, ...], log: Path | None,
+                          extensions: tuple[str, ...],
+                          log_and_stock: tuple[Path | None, StockRead | None],
                           target: Target) -> None:
-        """Verify the image (raises on any problem); record the audit; export to `--out`."""
+        """Verify the image (raises on any problem); record the audit; export to `--out`.
+        `log_and_stock`: where problems are written, and the base's side when it was read
+        ahead (`read_stock_side`; None: read now)."""
+        log, stock_read = log_and_stock
         with verify_image(self.engine, Candidate(stock, image_id, extensions, log,
                                                  dict(target.origins),
-                                                 target.provenance.package_dir)) as verified:
+                                                 target.provenance.package_dir,
+                                                 stock_read)) as verified:
             self.record.verified(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
