@@ -130,12 +130,15 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
 
 def image_tarball(data: bytes, tmp: Path) -> object:
     """A `docker save` or OCI layout tarball (`audit FILE.tar`): its index, manifests,
-    config and layers applied."""
+    config and layers applied; then the audit's own reading of it, whose `.dist-info`
+    RECORDs name each file's package (`audit/owners.py`)."""
+    from sm121_build.audit.inputs import binaries
     from sm121_build.image.layers import extract_files
 
     path = _file(tmp, "x.tar", data)
     found = extract_files(path, tmp / "fs", lambda name: True)
-    return len(found.files)
+    with binaries(str(path)) as audited:
+        return len(found.files), [b.package for b in audited]
 
 
 def registry_answers(data: bytes, tmp: Path) -> object:
@@ -386,7 +389,9 @@ def _docker_save(so: bytes) -> bytes:
     from devkit.imagetar import docker_save
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = docker_save(Path(tmp) / "image.tar", [{"usr/lib/vllm/_C.abi3.so": so}])
+        path = docker_save(Path(tmp) / "image.tar", [{
+            "usr/lib/vllm/_C.abi3.so": so,
+            "usr/lib/vllm-1.0.dist-info/RECORD": b"vllm/_C.abi3.so,sha256=x,1\n"}])
         return path.read_bytes()
 
 

@@ -32,7 +32,7 @@ import click
 from isal import isal_zlib
 
 from sm121_build.audit.owners import MAX_RECORD, Owners, is_record, wheel_distribution
-from sm121_build.core.console import Progress
+from sm121_build.core.console import Progress, notice
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input
 from sm121_build.core.interrupts import held, temp_dir
@@ -97,9 +97,8 @@ READ_ALL = Reading()  # every shared object and device file, quietly
 def binaries(target: str, reading: Reading = READ_ALL,
              engine: Callable[[], ImageEngine] | None = None) -> Iterator[list[Binary]]:
     """Yield the ELF files a target holds; temporary copies are removed afterwards."""
-    include, platform, show_progress = reading.include, reading.platform, reading.progress
     path = Path(target)
-    wanted = _wanted(include)
+    wanted = _wanted(reading.include)
     if path.is_dir():
         folder = _walk(path, wanted)
         if not folder.archives:
@@ -122,7 +121,7 @@ def binaries(target: str, reading: Reading = READ_ALL,
                 raise Sm121Error(
                     f"{path}: not an ELF file, wheel, or image tarball; audit takes one of "
                     "those, a directory, or an image in the local Docker engine")
-            yield _archive(path, kind, Path(tmp), Reading(include, platform, show_progress))
+            yield _archive(path, kind, Path(tmp), reading)
         return
     if target.startswith((".", "/", "~")) or FILE_LIKE.search(target):
         raise Sm121Error(f"{target}: no such file or directory")
@@ -187,7 +186,10 @@ def _expand(archives: list[tuple[str, Path]], dest: Path,
 
 
 def _owned(found: list[Binary], owners: Owners) -> list[Binary]:
-    """Each file with the distribution whose RECORD lists it, where one does."""
+    """Each file with the distribution whose RECORD lists it, where one does; a RECORD that
+    could not be read is said (its files keep their folder's name)."""
+    for line in owners.unreadable:
+        notice(f"unreadable: {line} (its files are named by their folder)")
     return [b if b.package else replace(b, package=owners.owner(b.name.lstrip("/")))
             for b in found]
 
@@ -376,10 +378,10 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
                 print(f"skipped: {rel}: not a regular file", file=sys.stderr)
                 continue
             try:
-                head = read_head(full, RAW_PROBE) if not archive else b""
                 if record:
                     folder.owners.add_record(rel, read_input(full, MAX_RECORD, "RECORD"))
                     continue
+                head = b"" if archive else read_head(full, RAW_PROBE)
             except InputRefused as exc:
                 why = str(exc).removeprefix(f"{full}: ").removeprefix("cannot open: ")
                 found.append(Binary(rel, full, skipped=f"not read: {why}"))

@@ -61,7 +61,8 @@ def run_audit(target: str, policy: Policy, with_kernels: bool,
                     if binary.path == Path(target):  # the one file asked for: its own error
                         raise
                     unreadable.append(f"{binary.name}: {exc}")
-    finally:  # no audit still reads a file once its temp folder is gone
+    finally:  # no thread outlives the run (interrupted while the stream went on, one may
+        # have read a file whose temp folder was removed: its result is dropped)
         with held():
             pool.shutdown(wait=True, cancel_futures=True)
     return reports, unreadable

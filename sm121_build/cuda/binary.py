@@ -27,7 +27,7 @@ from sm121_build.cuda.fatbin import (
     RawKind,
     cuobjdump_listing,
 )
-from sm121_build.cuda.fatbin_rewrite import NoFatbin, read_layout
+from sm121_build.cuda.fatbin_rewrite import read_layout
 
 FileVerdict = Literal["native", "jit", "partial", "none"]
 
@@ -203,7 +203,7 @@ class AotReach:
     unreachable: dict[str, int] | None = None  # section -> JIT-only containers there
 
 
-NOT_A_SHARED_OBJECT = "aot rewrites shared objects (.so), folders of them and wheels"
+NOT_A_SHARED_OBJECT = "aot reads shared objects (.so), folders of them and wheels"
 
 
 def _jit_only(entries: list[Entry], target: Target) -> dict[int, Entry]:
@@ -238,10 +238,7 @@ def aot_reach(data: Buffer | None, entries: list[Entry], raw: RawKind,
         return AotReach(target, refused="its bytes were not kept to check its layout")
     try:
         read_layout(data, "the file", keep_bytes=False)
-    except NoFatbin as exc:
-        return AotReach(target, refused=str(exc).removeprefix("the file: "),
-                        unreachable=unreachable)
-    except CorruptBinaryError as exc:
+    except CorruptBinaryError as exc:  # NoFatbin among them: nothing registered to rewrite
         return AotReach(target, refused=str(exc).removeprefix("the file: "),
                         unreachable=unreachable)
     return AotReach(target, tuple(registered), unreachable=unreachable)

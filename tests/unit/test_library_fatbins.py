@@ -237,3 +237,18 @@ def test_a_data_section_whose_name_is_not_in_the_name_table_is_one_error(
     done = cli("audit", str(broken), "--target", "sm_121", "--driver", "13.0")
     assert done.returncode == CorruptBinaryError.exit_code, done.stderr
     assert done.stderr.count("error: ") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_record_that_cannot_be_read_is_said(tmp_path: Path) -> None:
+    """A RECORD that is not UTF-8 text names no package: the run says so, and its files
+    keep their folder's name."""
+    site = tmp_path / "site-packages"
+    native = compile_cached("lib-native", DATA / "kernels.cu", gencode("compute_120:sm_120"))
+    (site / "nvidia/cu13/lib").mkdir(parents=True)
+    shutil.copy(native, site / "nvidia/cu13/lib/libcublas.so.13")
+    (site / "nvidia_cublas-13.1.0.3.dist-info").mkdir()
+    (site / "nvidia_cublas-13.1.0.3.dist-info/RECORD").write_bytes(b"\xff\xfe not text")
+    result = cli("audit", str(site), "--json", "--target", "sm_121", "--driver", "13.0")
+    assert result.returncode == 0, result.stderr
+    assert "unreadable: nvidia_cublas-13.1.0.3.dist-info/RECORD" in result.stderr
+    assert [p["name"] for p in json.loads(result.stdout)["packages"]] == ["nvidia"]

@@ -48,7 +48,12 @@ from sm121_build.core.inputs import (
 from sm121_build.core.outputs import Results
 from sm121_build.core.paths import state_dir, store_bytes
 from sm121_build.core.units import duration, human_size
-from sm121_build.cuda.binary import aot_reach, jit_ptx, unreachable_words
+from sm121_build.cuda.binary import (
+    NOT_A_SHARED_OBJECT,
+    aot_reach,
+    jit_ptx,
+    unreachable_words,
+)
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import Elf, ElfError, declared_extent
 from sm121_build.cuda.fatbin import MAX_ENTRY_SIZE, entry_payload, read_entries, read_entry
@@ -225,8 +230,7 @@ def _readable_elf(name: str, data: bytes | mmap.mmap, outcome: AotResult) -> Elf
     """The file's section table; None, with one line in `failed`, when it is no readable
     ELF file (as `audit` refuses it), never "nothing to compile"."""
     if data[:4] != ELF_MAGIC:
-        outcome.failed.append(f"{name}: not an ELF file: aot reads shared objects (.so), "
-                              "folders of them and wheels")
+        outcome.failed.append(f"{name}: not an ELF file: {NOT_A_SHARED_OBJECT}")
         return None
     try:
         return Elf.read(data)
