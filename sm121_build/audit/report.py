@@ -47,7 +47,7 @@ def _aot_words(able: AotAble, policy: Policy) -> str:
     kernels = f"{able.kernels} JIT-only kernel(s), " if able.kernels is not None else ""
     return (f"{able.fatbins} fatbin(s) with PTX and no {policy.target} cubin ({kernels}"
             f"{human_size(able.ptx_bytes)} of PTX): `sm121-build aot FILE --target "
-            f"{policy.target}` makes them native, about {able.cpu_seconds:,.0f} CPU-s of ptxas")
+            f"{policy.target}` makes them native, {able.cost.words()}")
 
 
 def _where_and_lto(report: BinaryReport) -> list[str]:

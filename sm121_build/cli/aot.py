@@ -61,7 +61,12 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
                    "PyPI's nvidia-cuda-nvcc, /usr/local/cuda]")
 @click.option("-j", "--jobs", type=click.IntRange(1, 1024),
               default=lambda: len(os.sched_getaffinity(0)),
-              help="ptxas processes at a time [default: every core]")
+              help="Cores ptxas may use (processes, and --split-compile threads) "
+                   "[default: every core]")
+@click.option("--split/--no-split", default=True, show_default=True,
+              help="Give a module that would otherwise set the wall clock ptxas's "
+                   "--split-compile threads when cores would idle (the same code; more "
+                   "memory, bounded by the machine's).")
 @click.option("--timeout", type=click.FloatRange(1.0), default=DEFAULT_TIMEOUT,
               show_default=True, help="Seconds one ptxas run may take.")
 @click.option("--no-cache", is_flag=True, help="Compile every module, and keep none: by "
@@ -73,7 +78,7 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
                    "what aot changes in a file: README).")
 def aot(  # noqa: PLR0913 (a click command: a parameter per option)
         paths: tuple[str, ...], out: Path | None, tag: str | None, replace_tag: bool,
-        gpu: str | None, cuda_home: Path | None, jobs: int, timeout: float,
+        gpu: str | None, cuda_home: Path | None, jobs: int, split: bool, timeout: float,
         no_cache: bool, all_packages: bool) -> None:
     """Compile the PTX of JIT-only kernels for the GPU ahead of time, into the same file.
 
@@ -108,7 +113,8 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     from sm121_build.core.paths import cache_dir
 
     cache = None if no_cache else cache_dir() / "aot"
-    outcome = run_aot(AotRequest(files, out, target, toolchain, jobs, timeout, cache))
+    outcome = run_aot(AotRequest(files, out, target, toolchain, jobs, timeout, cache,
+                                 split=split))
     say_results(outcome)
     if outcome.failed:
         raise SystemExit(Sm121Error.exit_code)

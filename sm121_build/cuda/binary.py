@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +28,7 @@ from sm121_build.cuda.fatbin import (
     cuobjdump_listing,
 )
 from sm121_build.cuda.fatbin_rewrite import read_layout
+from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
 
 FileVerdict = Literal["native", "jit", "partial", "none"]
 
@@ -156,10 +157,6 @@ def _kernel_verdicts(binary: HostBinary, policy: Policy) -> dict[str, Verdict]:
 
 
 ANY_DRIVER = (99, 0)  # ahead of time no driver limits which PTX ptxas reads
-# ptxas 13.0's own time for PTX, for sm_121 on a 2-core CI machine (2026-11-25): 2,017 CPU-s
-# for vLLM 0.33.0's FA2 (681.6 MB of PTX), 258 CPU-s for its `_C`/`_moe_C` (34.7 MB); for
-# sm_90 on the lent H100's CPUs 0.22.0's FA2 took 2,443 CPU-s for 436.1 MB
-PTXAS_CPU_SECONDS_PER_MB = 3.2
 
 
 def has_native_cubin(described: tuple[Entry, ...] | list[Entry], target: Target) -> bool:
@@ -184,10 +181,11 @@ class AotAble:
     fatbins: int
     kernels: int | None  # the JIT-only kernels, when kernel names were read
     ptx_bytes: int
+    cost: Estimate = field(default_factory=Estimate)  # ptxas's CPU-seconds (`ptxas_cost`)
 
     @property
     def cpu_seconds(self) -> float:
-        return self.ptx_bytes / 1e6 * PTXAS_CPU_SECONDS_PER_MB
+        return self.cost.cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -201,6 +199,7 @@ class AotReach:
     chosen: tuple[Entry, ...] = ()
     refused: str | None = None
     unreachable: dict[str, int] | None = None  # section -> JIT-only containers there
+    cost: Estimate = field(default_factory=Estimate)  # what ptxas would take for `chosen`
 
 
 NOT_A_SHARED_OBJECT = "aot reads shared objects (.so), folders of them and wheels"
@@ -241,7 +240,19 @@ def aot_reach(data: Buffer | None, entries: list[Entry], raw: RawKind,
     except CorruptBinaryError as exc:  # NoFatbin among them: nothing registered to rewrite
         return AotReach(target, refused=str(exc).removeprefix("the file: "),
                         unreachable=unreachable)
-    return AotReach(target, tuple(registered), unreachable=unreachable)
+    return AotReach(target, tuple(registered), unreachable=unreachable,
+                    cost=stored_cost(data, registered))
+
+
+def stored_cost(data: Buffer, entries: list[Entry]) -> Estimate:
+    """ptxas's estimated CPU-seconds for PTX entries, from their bytes as stored (their
+    digest in the table of measured modules; else their size: the text is not read)."""
+    total = Estimate()
+    table = cost_table()
+    for entry in entries:
+        stored = digest(data[entry.offset:entry.offset + entry.stored_size])
+        total += table.cost(entry.size, (stored,), ptx_kind(None))
+    return total
 
 
 def unreachable_words(unreachable: dict[str, int]) -> str:
@@ -262,7 +273,7 @@ def aot_able(report: BinaryReport, target: Target) -> AotAble | None:
     # the count would claim them too
     kernels = report.kernel_counts()["jit"] if report.kernels is not None \
         and not reach.unreachable else None
-    return AotAble(len(reach.chosen), kernels, sum(e.size for e in reach.chosen))
+    return AotAble(len(reach.chosen), kernels, sum(e.size for e in reach.chosen), reach.cost)
 
 
 # what the tool judges against: sm_121, and the oldest driver a DGX Spark ships with

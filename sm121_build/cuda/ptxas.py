@@ -9,11 +9,14 @@ PyPI's `nvidia-cuda-nvcc` (`nvidia/cu*/bin`, wheels for x86_64 and aarch64), `/u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,15 +109,78 @@ def checked_options(recorded: str) -> list[str]:
     return tokens
 
 
+@dataclass(frozen=True)
+class PtxasRun:
+    """How one ptxas call went: its cubin, and what the process alone used (its own rusage,
+    not the machine's: a shared machine does not inflate it)."""
+
+    cubin: bytes
+    cpu_seconds: float
+    peak_rss: int  # bytes
+
+
+@dataclass(frozen=True)
+class Compile:
+    """One ptxas call: the GPU (`sm_121`), the options the entry records, the threads of
+    `--split-compile` (1: none; the code is the same either way, shown by a test on vLLM's
+    PTX), and its time limit."""
+
+    arch: str
+    options: tuple[str, ...] = ()
+    threads: int = 1
+    timeout: float = 3600.0
+
+    def args(self, source: Path, cubin: Path) -> list[str]:
+        split = [f"--split-compile={self.threads}"] if self.threads > 1 else []
+        return [f"-arch={self.arch}", *self.options, *split, "-o", str(cubin), str(source)]
+
+
 def compile_ptx(toolchain: Toolchain, ptx: bytes, arch: str, options: list[str],
                 timeout: float) -> bytes:
     """ptxas -arch=ARCH on the PTX text (its trailing NULs dropped): the cubin."""
+    return run_ptxas(toolchain, ptx, Compile(arch, tuple(options), 1, timeout)).cubin
+
+
+def run_ptxas(toolchain: Toolchain, ptx: bytes, how: Compile) -> PtxasRun:
+    """ptxas on the PTX text (its trailing NULs dropped), as `how` says: the cubin and the
+    CPU time and peak memory of that process."""
     with temp_dir("sm121-aot-") as tmp:
         source, cubin = Path(tmp) / "module.ptx", Path(tmp) / "module.cubin"
         source.write_bytes(ptx.rstrip(b"\0"))
-        _run([str(toolchain.ptxas), f"-arch={arch}", *options, "-o", str(cubin), str(source)],
-             timeout, "ptxas")
-        return cubin.read_bytes()
+        cpu, rss = _run_measured([str(toolchain.ptxas), *how.args(source, cubin)],
+                                 how.timeout, Path(tmp) / "ptxas.log")
+        return PtxasRun(cubin.read_bytes(), cpu, rss)
+
+
+def _run_measured(args: list[str], timeout: float, log: Path) -> tuple[float, int]:
+    """Run a tool, its output to `log`; its own CPU seconds and peak RSS (`wait4`); past
+    `timeout` it is killed and that is the error."""
+    with open(log, "wb") as out:
+        try:
+            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise ToolchainError(f"ptxas does not run: {exc}") from None
+    expired = threading.Event()
+
+    def kill() -> None:
+        expired.set()
+        with contextlib.suppress(ProcessLookupError):  # it ended just now
+            os.kill(process.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    try:
+        _pid, status, usage = os.wait4(process.pid, 0)
+    finally:
+        timer.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    if expired.is_set():
+        raise ToolchainError(f"ptxas ran past its {timeout:.0f} s limit")
+    if process.returncode:
+        said = " ".join(log.read_bytes()[:4096].decode("utf-8", "replace").split())[:300]
+        raise ToolchainError(f"ptxas failed (exit {process.returncode}): {said}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
 def fatbin_entry(toolchain: Toolchain, cubin: bytes, sm: str, timeout: float) -> bytes:

@@ -37,3 +37,50 @@ def test_aot_makes_moe_c_of_the_real_0_33_0_aarch64_wheel_native(tmp_path: Path)
     after = cli("audit", str(made), "--target", "sm_121", "--driver", "13.0", "--require",
                 "native")
     assert after.returncode == 0, after.stdout[-2000:] + after.stderr
+
+
+def _sections(cubin: bytes) -> dict[str, bytes]:
+    import io
+
+    from elftools.elf.elffile import ELFFile  # the tests' independent ELF reader
+
+    elf = ELFFile(io.BytesIO(cubin))
+    return {s.name: s.data() for s in elf.iter_sections() if s.header.sh_type != "SHT_NOBITS"}
+
+
+def test_split_compile_gives_the_code_of_a_plain_compile_on_real_vllm_ptx() -> None:
+    """ptxas's --split-compile (what aot's schedule gives a module that would set the wall)
+    makes the same cubin as a plain ptxas, on the real CUTLASS PTX of vLLM 0.33.0's `_C`:
+    every section byte for byte, `.note.nv.tkinfo` (ptxas's own run notes, never the same
+    twice) aside."""
+    from sm121_build.cuda.binary import jit_ptx
+    from sm121_build.cuda.compat import SM121
+    from sm121_build.cuda.fatbin import entry_payload, ptx_kernels
+    from sm121_build.cuda.fatbin_rewrite import entry_options, read_layout
+    from sm121_build.cuda.ptxas import Compile, arch_for, checked_options, find_toolchain, run_ptxas
+
+    wheel = pypi_download("vllm==0.33.0", CACHE / "wheels", platform="manylinux_2_28_aarch64")
+    with zipfile.ZipFile(wheel) as archive:
+        data = archive.read("vllm/_C_stable_libtorch.abi3.so")
+    layout = read_layout(data, "_C")
+    modules = []
+    for container in layout.containers:
+        entry = jit_ptx(container.described, SM121)
+        if entry is not None:
+            raw = container.entries[container.described.index(entry)]
+            ptx = entry_payload(data, entry, "_C")
+            modules.append((ptx, entry, tuple(checked_options(entry_options(raw)))))
+    # the module with the most kernels among those ptxas compiles in seconds
+    ptx, entry, options = max((m for m in modules if len(m[0]) < 2_000_000),
+                              key=lambda m: len(ptx_kernels(m[0])))
+    assert len(ptx_kernels(ptx)) >= 4, "a module with several kernels, so a split splits"
+    toolchain = find_toolchain(cuda_home())
+    arch = arch_for(SM121, entry.variant)
+    plain = run_ptxas(toolchain, ptx, Compile(arch, options, 1, 600))
+    split = run_ptxas(toolchain, ptx, Compile(arch, options, 4, 600))
+    ours, theirs = _sections(plain.cubin), _sections(split.cubin)
+    assert list(ours) == list(theirs)
+    assert any(name.startswith(".text.") for name in ours)
+    differing = [name for name in ours if ours[name] != theirs[name]]
+    assert set(differing) <= {".note.nv.tkinfo"}, differing
+    assert plain.cpu_seconds > 0 and plain.peak_rss > 0

@@ -27,7 +27,6 @@ import zipfile
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import BinaryIO
 
 import click
 
-from sm121_build.core.console import LiveLine, end_status_line, note, notice, result
+from sm121_build.core.console import note, notice, result
 from sm121_build.core.errors import CorruptBinaryError, ToolchainError
 from sm121_build.core.inputs import (
     InputRefused,
@@ -64,12 +63,16 @@ from sm121_build.cuda.fatbin_rewrite import (
     rewrite,
 )
 from sm121_build.cuda.ptxas import (
+    Compile,
     Toolchain,
     arch_for,
     checked_options,
     compile_ptx,
     fatbin_entry,
+    run_ptxas,
 )
+from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
+from sm121_build.jobs.commands.aot_compile import Compiled, Plan, compile_all, kept_pace
 from sm121_build.verify.aot_check import check_aot
 
 ELF_MAGIC = b"\x7fELF"
@@ -102,17 +105,21 @@ class AotRequest:
     timeout: float
     cache: Path | None  # compiled entries by content (None: --no-cache)
     doubts: CacheDoubts = field(default_factory=CacheDoubts)
+    split: bool = True  # ptxas's --split-compile for a module that would set the wall
 
 
 @dataclass(frozen=True)
 class Module:
-    """One PTX entry to compile: which file and container it belongs to."""
+    """One PTX entry to compile: which file and container it belongs to, and what ptxas is
+    expected to take for it (`ptxas_cost`)."""
 
     file: int
     container: int
     ptx: bytes
     options: tuple[str, ...]
     arch: str
+    cost: Estimate = field(default_factory=Estimate)
+    digests: tuple[str, ...] = ()  # of the entry as stored, and of the PTX text
 
 
 @dataclass
@@ -137,11 +144,26 @@ class FileResult:
     entry_bytes: int  # the new entries as stored (compressed)
 
 
+@dataclass(frozen=True)
+class ModuleResult:
+    """One compiled module: its file and container, PTX size, the CPU-seconds the plan
+    expected (the table's, `ptxas_cost`) and those ptxas took (0: from cache)."""
+
+    file: str
+    container: int
+    ptx_bytes: int
+    predicted: float
+    cpu_seconds: float
+    digests: tuple[str, ...]  # of the entry as stored, and of the PTX text
+    kind: str  # `ptxas_cost.ptx_kind`
+
+
 @dataclass
 class AotResult:
     files: list[FileResult] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    cpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # ptxas's, each process's own (`wait4`)
+    modules: list[ModuleResult] = field(default_factory=list)
     wall_seconds: float = 0.0
     written: list[Path] = field(default_factory=list)
 
@@ -300,7 +322,7 @@ def _modules(works: list[FileWork], request: AotRequest,
         except CorruptBinaryError as exc:  # one bad entry: this file is left, the rest done
             outcome.failed.append(f"{exc}; {work.name} left as it was"
                                   if work.name in str(exc) else f"{work.name}: {exc}")
-    return sorted(modules, key=lambda m: -len(m.ptx))
+    return sorted(modules, key=lambda m: -m.cost.cpu_seconds)
 
 
 def _file_modules(number: int, work: FileWork, request: AotRequest,
@@ -324,8 +346,11 @@ def _file_modules(number: int, work: FileWork, request: AotRequest,
             outcome.failed.append(f"{work.name}: container {index}: {exc}")
             continue
         ptx = entry_payload(work.data, entry, work.name)
+        digests = (digest(work.data[entry.offset:entry.offset + entry.stored_size]),
+                   digest(ptx.rstrip(b"\0")))
+        cost = cost_table().cost(len(ptx), digests, ptx_kind(ptx))
         modules.append(Module(number, index, ptx, options,
-                              arch_for(request.target, entry.variant)))
+                              arch_for(request.target, entry.variant), cost, digests))
     return modules
 
 
@@ -334,36 +359,30 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
     modules = _modules(works, request, outcome)
     if not modules:
         return
-    total = sum(len(m.ptx) for m in modules)
+    pace = kept_pace(request.toolchain.version)
+    estimate = sum((m.cost for m in modules), Estimate()).scaled(pace)
+    largest = max(m.cost.cpu_seconds for m in modules) * pace
     note(f"aot: {len(modules)} PTX module(s) in {len({m.file for m in modules})} file(s), "
-         f"{human_size(total)} of PTX, for {request.target} with {request.toolchain}, "
-         f"{request.jobs} at a time, largest first")
+         f"{human_size(sum(len(m.ptx) for m in modules))} of PTX, for {request.target} with "
+         f"{request.toolchain}; {estimate.words()}, the costliest module {largest:,.0f}; on "
+         f"{request.jobs} core(s), costliest first"
+         + (", split with --split-compile where one would set the wall" if request.split
+            else ""))
+    plan = Plan(tuple(m.cost for m in modules), tuple(len(m.ptx) for m in modules),
+                request.jobs, request.split, pace, request.toolchain.version)
     failed_files: set[int] = set()
-    line = LiveLine(every=30.0, gap=0.2)
-    started, done_bytes, done, before = time.monotonic(), 0, 0, os.times()
-    busy = 0.0  # seconds the finished modules took, each on its own core
-    with ThreadPoolExecutor(request.jobs) as pool:
-        futures = {pool.submit(_compile_one, m, request): m for m in modules}
-        for future in as_completed(futures):
-            module = futures[future]
-            work = works[module.file]
-            try:
-                cubin, entry, seconds = future.result()
-            except ToolchainError as exc:
-                outcome.failed.append(f"{work.name}: container {module.container}: {exc}")
-                failed_files.add(module.file)
-                continue
-            work.cubins[module.container], work.entries[module.container] = cubin, entry
-            done, done_bytes = done + 1, done_bytes + len(module.ptx)
-            elapsed, busy = time.monotonic() - started, busy + seconds
-            # seconds per byte of PTX on one core, so far, over the cores at work
-            left = busy / done_bytes * (total - done_bytes) / request.jobs
-            line(f"aot [{done}/{len(modules)}] {100 * done_bytes // total}% of the PTX, "
-                 f"{duration(elapsed)}; about {duration(left)} left")
-    end_status_line()
-    after = os.times()  # the ptxas and fatbinary processes, all of them waited for
-    outcome.cpu_seconds += (after.children_user - before.children_user
-                            + after.children_system - before.children_system)
+    for index, done in compile_all(plan, partial(_compile_one, modules, request)):
+        module = modules[index]
+        work = works[module.file]
+        if isinstance(done, ToolchainError):
+            outcome.failed.append(f"{work.name}: container {module.container}: {done}")
+            failed_files.add(module.file)
+            continue
+        work.cubins[module.container], work.entries[module.container] = done.cubin, done.entry
+        outcome.cpu_seconds += done.cpu_seconds
+        outcome.modules.append(ModuleResult(work.name, module.container, len(module.ptx),
+                                            module.cost.cpu_seconds, done.cpu_seconds,
+                                            module.digests, ptx_kind(module.ptx)))
     for number, work in enumerate(works):
         if number in failed_files or not work.entries:
             continue
@@ -382,16 +401,13 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
         yield work, new
 
 
-def _compile_one(module: Module, request: AotRequest) -> tuple[bytes, bytes, float]:
-    started = time.monotonic()
-    return (*_compiled(module, request), time.monotonic() - started)
-
-
-def _compiled(module: Module, request: AotRequest) -> tuple[bytes, bytes]:
+def _compile_one(modules: list[Module], request: AotRequest, index: int,
+                 threads: int) -> Compiled:
     """The module's cubin and fatbin entry: from the cache when this tool compiled this PTX
     with these options for this GPU with this ptxas before, and the entry is unchanged since
     (its digest, kept in the state folder when it was written, says so), else compiled now
-    and kept with its digest."""
+    (on `threads` threads) and kept with its digest."""
+    module = modules[index]
     key = hashlib.sha256(b"\0".join([module.ptx, module.arch.encode(),
                                       " ".join(module.options).encode(),
                                       request.toolchain.version.encode()])).hexdigest()
@@ -399,15 +415,15 @@ def _compiled(module: Module, request: AotRequest) -> tuple[bytes, bytes]:
         cached = _cached_entry(request.cache / key[:2] / key, _digest_path(key), module,
                                request.doubts)
         if cached is not None:
-            return cached
-    cubin = compile_ptx(request.toolchain, module.ptx, module.arch, list(module.options),
-                        request.timeout)
-    entry = fatbin_entry(request.toolchain, cubin, module.arch.removeprefix("sm_"),
+            return Compiled(*cached, 0.0)
+    ran = run_ptxas(request.toolchain, module.ptx,
+                    Compile(module.arch, module.options, threads, request.timeout))
+    entry = fatbin_entry(request.toolchain, ran.cubin, module.arch.removeprefix("sm_"),
                          request.timeout)
     if request.cache is not None:
         store_bytes(_digest_path(key), hashlib.sha256(entry).hexdigest().encode())
         store_bytes(request.cache / key[:2] / key, entry)
-    return cubin, entry
+    return Compiled(ran.cubin, entry, ran.cpu_seconds)
 
 
 def _digest_path(key: str) -> Path:

@@ -44,8 +44,8 @@ class AotAction:
         kernels = f"{self.able.kernels} JIT-only kernel(s)" if self.able.kernels is not None \
             else "its JIT-only kernels"
         return (f"{self.name}: aot ({kernels} in {self.able.fatbins} fatbin(s) get SASS from "
-                f"the stock file's own PTX, {human_size(self.able.ptx_bytes)}; about "
-                f"{self.able.cpu_seconds:,.0f} CPU-s of ptxas; no source needed)")
+                f"the stock file's own PTX, {human_size(self.able.ptx_bytes)}; "
+                f"{self.able.cost.words()}; no source needed)")
 
     def as_record(self, before: dict[str, int]) -> dict[str, object]:
         gained = self.able.kernels or 0
