@@ -144,14 +144,15 @@ def parse_cuda_version(text: str) -> tuple[int, int]:
 
 
 @cache
-def _ptx_isa_table() -> dict[tuple[int, int], tuple[int, int]]:
+def ptx_isa_table() -> dict[tuple[int, int], tuple[int, int]]:
+    """CUDA release -> the newest PTX ISA its driver JITs (and its ptxas reads)."""
     raw = yaml.safe_load(resources.files("sm121_build").joinpath("data/ptx_isa.yaml").read_text())
     return {parse_cuda_version(k): parse_cuda_version(v) for k, v in raw.items()}
 
 
 def max_ptx_isa(driver: tuple[int, int]) -> tuple[int, int] | None:
     """The newest PTX ISA a driver JITs; None when the driver is newer than the table."""
-    table = _ptx_isa_table()
+    table = ptx_isa_table()
     if driver > max(table):
         return None
     known = [cuda for cuda in table if cuda <= driver]

@@ -3,8 +3,12 @@
 The same PTX, the same default optimisation and the options the entry records (which the
 driver's JIT applies too) go to ptxas for the GPU; the cubin becomes a fatbin entry through
 NVIDIA's own `fatbinary --compress-all` (zstd, which the driver decompresses at load).
-Where they come from, first found: `--cuda-home`, `$CUDA_HOME/bin`, the `ptxas` on `PATH`,
-PyPI's `nvidia-cuda-nvcc` (`nvidia/cu*/bin`, wheels for x86_64 and aarch64), `/usr/local/cuda`.
+Which: `--cuda-home` when given; else the newest release among `$CUDA_HOME/bin`, the
+`ptxas` on `PATH`, PyPI's `nvidia-cuda-nvcc` (`nvidia/cu*/bin`, wheels for x86_64 and
+aarch64; `pip install 'sm121-build[cuda]'`) and `/usr/local/cuda` (the first found among
+equals).  The newest reads every PTX ISA an older one does, and its cubins load under older
+drivers of the same major (ptxas 13.5's under a CUDA 13.0 driver: measured, README), while
+the first found (DGX OS puts CUDA 13.0 in `/usr/local/cuda`) may not read a newer image's PTX.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from sm121_build.core.errors import ToolchainError
 from sm121_build.core.interrupts import temp_dir
-from sm121_build.cuda.compat import Target, max_ptx_isa
+from sm121_build.cuda.compat import Target, max_ptx_isa, ptx_isa_table
 
 _RELEASE = re.compile(r"release (\d+)\.(\d+), V([\d.]+)")
 # ptxas options an entry may record that change nothing but what the JIT would also do
@@ -46,6 +50,11 @@ class Toolchain:
     @property
     def fatbinary(self) -> Path:
         return self.bin / "fatbinary"
+
+    @property
+    def release_key(self) -> tuple[int, ...]:
+        """`13.0.88` as (13, 0, 88): newer sorts later."""
+        return tuple(int(p) for p in self.version.split(".") if p.isdigit())
 
     @property
     def newest_isa(self) -> tuple[int, int]:
@@ -76,15 +85,60 @@ def _candidates(cuda_home: Path | None) -> list[Path]:
     return found
 
 
-def find_toolchain(cuda_home: Path | None = None) -> Toolchain:
-    """The first folder holding both ptxas and fatbinary that answer `--version`."""
+INSTALL_HINT = "pip install 'sm121-build[cuda]'"  # PyPI's ptxas and fatbinary, newest
+
+
+def toolchains(cuda_home: Path | None = None) -> list[Toolchain]:
+    """Every folder holding both ptxas and fatbinary that answers `--version`, in the order
+    they were looked for (one folder once, however it was reached)."""
+    found: list[Toolchain] = []
+    seen: set[Path] = set()
     for folder in _candidates(cuda_home):
-        if (folder / "ptxas").is_file() and (folder / "fatbinary").is_file():
-            return _read_version(folder)
+        if not ((folder / "ptxas").is_file() and (folder / "fatbinary").is_file()):
+            continue
+        real = folder.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            found.append(_read_version(folder))
+        except ToolchainError:
+            if cuda_home is not None:
+                raise
+    return found
+
+
+def find_toolchain(cuda_home: Path | None = None) -> Toolchain:
+    """`--cuda-home`'s ptxas when given, else the newest one found (`toolchains`)."""
+    found = toolchains(cuda_home)
+    if found:
+        return max(found, key=lambda t: t.release_key)  # the first among equals
     where = f"in {cuda_home}" if cuda_home else "in $CUDA_HOME, on PATH, in PyPI's " \
         "nvidia-cuda-nvcc or /usr/local/cuda"
-    raise ToolchainError(f"no ptxas with fatbinary beside it {where}: `pip install "
-                         "nvidia-cuda-nvcc` (wheels for x86_64 and aarch64) or give --cuda-home")
+    raise ToolchainError(f"no ptxas with fatbinary beside it {where}: `{INSTALL_HINT}` "
+                         "(PyPI's nvidia-cuda-nvcc, for x86_64 and aarch64) or give "
+                         "--cuda-home")
+
+
+def newer_isa_words(isa: tuple[int, int], toolchain: Toolchain) -> str:
+    """Why a module is not compiled when its PTX is newer than the newest ptxas found reads,
+    and the one command that fixes it.  Never "left JIT-only": a driver older than the PTX
+    cannot JIT it either."""
+    release = isa_release(isa)
+    return (f"its PTX is ISA {isa[0]}.{isa[1]}, which needs {release}'s ptxas or newer; the "
+            f"newest found is {toolchain}: `{INSTALL_HINT}` brings NVIDIA's newest ptxas "
+            f"(or give --cuda-home); left as it was, and a driver older than {release} "
+            "cannot JIT it either")
+
+
+def isa_release(isa: tuple[int, int]) -> str:
+    """The oldest CUDA release whose ptxas (and driver) reads PTX ISA `isa`."""
+    table = ptx_isa_table()
+    fits = [cuda for cuda, newest in table.items() if newest >= isa]
+    if not fits:
+        return f"newer than CUDA {max(table)[0]}.{max(table)[1]}"
+    oldest = min(fits)
+    return f"CUDA {oldest[0]}.{oldest[1]}"
 
 
 def _read_version(folder: Path) -> Toolchain:

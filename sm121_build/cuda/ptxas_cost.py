@@ -85,13 +85,15 @@ class CostTable:
         return Estimate(size / 1e6 * rate, 1, 0, 0.0)
 
 
-# kinds of PTX told apart by the text (the plan, without the text, uses "unknown")
-_KINDS = ((b"cutlass", "cutlass"), (b"flash", "flash"))
+# kinds of PTX told apart by the text, first match wins (flash-attention is built on
+# CUTLASS's cute too, but compiles several times faster per byte than CUTLASS's GEMMs); the
+# plan, which does not decompress the PTX, uses "unknown"
+_KINDS = ((b"flash", "flash"), (b"cutlass", "cutlass"))
 
 
 def ptx_kind(text: bytes | None) -> str:
-    """`cutlass` (CUTLASS templates: slow to compile per byte), `flash`, `other`; `unknown`
-    without the text."""
+    """`flash` (flash-attention), `cutlass` (CUTLASS templates: slow per byte), `other`;
+    `unknown` without the text."""
     if text is None:
         return "unknown"
     for marker, kind in _KINDS:

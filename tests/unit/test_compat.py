@@ -8,13 +8,13 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import (
     ArchList,
     EntryCode,
-    _ptx_isa_table,
     best,
     dotted_arch,
     entry_verdict,
     max_ptx_isa,
     parse_cuda_version,
     parse_target,
+    ptx_isa_table,
 )
 
 SM121 = parse_target("sm_121")
@@ -56,7 +56,7 @@ def test_ptx_newer_than_driver_cannot_jit() -> None:
     assert entry_verdict(EntryCode("ptx", 90, "", (9, 0)), SM121, CUDA13) == "jit"
 
 
-def test_ptx_isa_table() -> None:
+def testptx_isa_table() -> None:
     assert max_ptx_isa((13, 0)) == (9, 0)
     assert max_ptx_isa((12, 7)) == (8, 5)  # no 12.7 release: the floor entry
     assert max_ptx_isa((99, 0)) is None     # newer than we know: no limit applied
@@ -118,7 +118,7 @@ def test_dotted_arch() -> None:
 
 
 def test_the_newest_known_driver_and_an_older_one() -> None:
-    table = _ptx_isa_table()
+    table = ptx_isa_table()
     newest = max(table)
     assert max_ptx_isa(newest) == table[newest]
     assert max_ptx_isa((newest[0], newest[1] + 1)) is None

@@ -69,6 +69,7 @@ from sm121_build.cuda.ptxas import (
     checked_options,
     compile_ptx,
     fatbin_entry,
+    newer_isa_words,
     run_ptxas,
 )
 from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
@@ -336,9 +337,8 @@ def _file_modules(number: int, work: FileWork, request: AotRequest,
             continue
         raw = container.entries[container.described.index(entry)]
         if entry.version > request.toolchain.newest_isa:
-            outcome.failed.append(
-                f"{work.name}: container {index}'s PTX is ISA {entry.version[0]}."
-                f"{entry.version[1]}, newer than {request.toolchain} reads; left JIT-only")
+            outcome.failed.append(f"{work.name}: container {index}: "
+                                  f"{newer_isa_words(entry.version, request.toolchain)}")
             continue
         try:
             options = tuple(checked_options(entry_options(raw)))

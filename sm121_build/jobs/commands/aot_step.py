@@ -6,8 +6,9 @@ pristine base by the pipeline's tail like any built file.
 
 ptxas runs here, not in a stage FROM the base: the PTX entries are zstd-compressed, which a
 base's own Python (3.12) cannot read, and what runs on this machine is only the ptxas the user
-installed (`$CUDA_HOME`, `PATH`, PyPI's nvidia-cuda-nvcc), never a program of the image.  A
-module whose PTX is newer than that ptxas reads is left JIT-only and said.
+installed (the newest of `$CUDA_HOME`, `PATH`, PyPI's nvidia-cuda-nvcc, /usr/local/cuda),
+never a program of the image.  A module whose PTX is newer than that ptxas reads is an error
+that names the ptxas it needs and the command that brings it.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.paths import cache_dir, state_dir
 from sm121_build.cuda.nvidia_smi import output, read
+from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, toolchains
 from sm121_build.image.refs import registry_of
 from sm121_build.image.toolchain import host_tools as packaged
 
@@ -70,6 +71,7 @@ class Probe:
     which: Callable[[str], str | None] = shutil.which
     run: Callable[[list[str]], str | None] = field(default=lambda args: output(args))
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    toolchains: Callable[[], list[Toolchain]] = field(default=lambda: toolchains(None))
 
 
 def docker_engine() -> EngineFacts:
@@ -193,8 +195,25 @@ def host_tools(probe: Probe) -> list[Check]:
                       "environment (for sm121-build local)")]
     return [Check("host tools", "WARN", f"no {', '.join(missing)} here: `sm121-build local` "
                   "needs them, aot needs ptxas (a source build compiles inside the image)",
-                  "install the CUDA toolkit (nvcc, ptxas), or `pip install nvidia-cuda-nvcc` "
-                  "for aot's ptxas")]
+                  f"install the CUDA toolkit (nvcc, ptxas), or `{INSTALL_HINT}` for aot's "
+                  "ptxas")]
+
+
+def aot_ptxas(probe: Probe) -> list[Check]:
+    """The ptxas aot will use (the newest found, `cuda/ptxas.find_toolchain`) and the newest
+    PTX ISA it reads: an image whose PTX is newer needs a newer one."""
+    found = probe.toolchains()
+    if not found:
+        return [Check("aot ptxas", "WARN", "no ptxas with fatbinary beside it ($CUDA_HOME, "
+                      "PATH, PyPI's nvidia-cuda-nvcc, /usr/local/cuda): aot cannot run",
+                      f"`{INSTALL_HINT}`")]
+    chosen = max(found, key=lambda t: t.release_key)
+    isa = chosen.newest_isa
+    reads = f"reads PTX ISA up to {isa[0]}.{isa[1]}" if isa < (99, 0) else \
+        "newer than every CUDA release this tool knows: reads every PTX ISA it knows"
+    others = [t.version for t in found if t is not chosen]
+    beside = f"; also found: {', '.join(others)}" if others else ""
+    return [Check("aot ptxas", "OK", f"{chosen}, {reads} (the newest found{beside})")]
 
 
 def gpu(probe: Probe) -> tuple[list[Check], str | None, str | None]:
@@ -279,6 +298,7 @@ def run_checks(probe: Probe, refs: tuple[str, ...] = (),
     checks += buildkit(probe)
     checks += disk(probe, engine, base_bytes)
     checks += host_tools(probe)
+    checks += aot_ptxas(probe)
     checks += gpu(probe)[0]
     checks += registry_logins(probe, refs)
     checks += paths()

@@ -258,6 +258,7 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
         toolchain = aot_toolchain()  # this machine's ptxas, before any work
         checkout = _source_if_needed(job, aot, stock, context / "src")
     else:
+        require_buildable(image.vllm.tools, image.facts.ref)  # a build, before any fetch
         checkout = vllm_source(job, context / "src")
         stock = stock or stock_extensions(pipeline, image)
     chosen: tuple[str, ...] = ()
@@ -387,6 +388,12 @@ def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, Bin
     if not left and opts.source is None:
         note("every kernel that is not native has PTX: aot alone, no source needed")
         return None
+    blocked = job.image.vllm.tools.blocking(job.image.facts.ref) \
+        if job.image.vllm.tools is not None else None
+    if blocked and opts.source is None:
+        note(f"no source build in this image ({blocked}): what only a source build could "
+             f"change is left as it is ({', '.join(left)}); aot goes on")
+        return None
     try:
         return vllm_source(job, dest)
     except Sm121Error as exc:
@@ -436,13 +443,20 @@ def inject_aot(job: Job, plan: Placement,
     return opts.tag
 
 
+def builds_for_sure(opts: Options) -> bool:
+    """Whether the run builds from source whatever the plan says (a --source given, or no
+    aot: --from-source, --force, --no-patch): the image's compiler is checked up front."""
+    return not opts.aot_only and (opts.source is not None or opts.from_source or opts.force
+                                  or opts.no_patch)
+
+
 def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
     """Pull when asked, inspect, and every check of the base made before any work: the
     result's tag is free, the image can build (a CUDA toolkit, the tools)."""
     facts, vllm = pipeline.resolve_image(opts.base, opts.pull)
     if not opts.plan_only:
         pipeline.require_tags_free(facts, [opts.tag], opts.replace_tag)
-    if not opts.aot_only:  # aot compiles on this machine: the image needs no compiler
+    if builds_for_sure(opts):  # aot compiles on this machine: it needs no compiler there
         require_buildable(vllm.tools, facts.ref)
     return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
                     vllm.cuda_version or DEFAULT_CUDA, opts.arch)

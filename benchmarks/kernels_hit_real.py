@@ -1,0 +1,132 @@
+"""A kernels-image hit at real size: vLLM 0.33.0's real files, aot'd once, published to a
+registry, then used by a machine with empty caches; against the cold aot run, in one run.
+
+Run (needs a Docker engine, Debian's docker-registry, ptxas; ~25 min on 2 cores):
+
+    python benchmarks/kernels_hit_real.py
+
+The base: PyPI's vLLM 0.33.0 and torch 2.11.0 aarch64 wheels unpacked as pip lays them out
+(benchmarks/image_packages.py's image, these two wheels; no compiler in it, so the plan is
+aot alone: `_C_stable_libtorch`, `_moe_C_stable_libtorch`, FA2 — 83 modules, 716 MB of PTX).
+
+  cold  `sm121-build --base IMAGE --kernels-to REPO` with empty caches and state: the aot of
+        every module, verification, the tag, and the verified files pushed as a kernels image
+  hit   the cold result and every image it pushed removed from the engine, caches and state
+        empty again: `sm121-build --base IMAGE --kernels-from REPO --no-build`, which pulls
+        the kernels image for real, verifies it in full against the base and tags
+
+Printed: both walls (command to tag) and the hit's share of the cold run (goal ≤ 2 %), the
+bytes the hit pulled (the kernels image's manifest: config and layers) against the base's
+size, and the steps of each run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import image_packages  # noqa: E402
+
+from devkit.registry import local_registry  # noqa: E402
+
+CLI = [sys.executable, "-m", "sm121_build", "--progress", "plain"]
+GOAL = 0.02
+PREFIX = "sm121-bench/hit"
+
+
+def base_image() -> str:
+    image_packages.WHEELS = image_packages.WHEELS[:2]  # vLLM and torch
+    return image_packages.image(image_packages.wheels())
+
+
+def timed(args: list[str], env: dict[str, str], log: Path) -> float:
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode:
+        raise SystemExit(f"{' '.join(args)} failed ({done.returncode}); see {log}:\n"
+                         + log.read_text()[-3000:])
+    return elapsed
+
+
+def fresh_env(work: Path, name: str) -> dict[str, str]:
+    """A machine state with nothing in it: caches, state (ledger, aot pace) and temp."""
+    for sub in ("cache", "state", "tmp"):
+        (work / name / sub).mkdir(parents=True)
+    return {**os.environ, "XDG_CACHE_HOME": str(work / name / "cache"),
+            "XDG_STATE_HOME": str(work / name / "state"), "TMPDIR": str(work / name / "tmp")}
+
+
+def images_of(repository: str) -> list[str]:
+    listed = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}",
+                             repository], capture_output=True, text=True, check=True).stdout
+    return [line for line in listed.split() if not line.endswith(":<none>")]
+
+
+def manifest_bytes(registry: str, repository: str, tag: str) -> int:
+    request = urllib.request.Request(
+        f"http://{registry}/v2/{repository}/manifests/{tag}",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
+                           "application/vnd.oci.image.manifest.v1+json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        manifest = json.load(response)
+    return int(manifest["config"]["size"]) + sum(int(x["size"]) for x in manifest["layers"])
+
+
+def steps(record: Path) -> str:
+    data = json.loads(record.read_text())
+    return ", ".join(f"{s['name'].split(' (')[0]} {s['seconds']:.1f}s" for s in data["steps"])
+
+
+def main() -> int:
+    base = base_image()
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", base],
+                              capture_output=True, text=True, check=True).stdout)
+    print(f"base {base}: {size / 1e9:.2f} GB", flush=True)
+    with tempfile.TemporaryDirectory(prefix="sm121-bench-hit-", dir=ROOT / ".cache") as tmp:
+        work = Path(tmp)
+        with local_registry(work) as registry:
+            repo = f"{registry}/bench/kernels033"
+            cold_s = timed([*CLI, "--base", base, "--tag", f"{PREFIX}:cold", "--kernels-to",
+                            repo, "--report", str(work / "cold.json")],
+                           fresh_env(work, "cold"), work / "cold.log")
+            print(f"cold: {cold_s:.1f} s ({steps(work / 'cold.json')})", flush=True)
+            pushed = images_of(f"{registry}/bench/kernels033")
+            tags = [t.rsplit(":", 1)[1] for t in pushed]
+            subprocess.run(["docker", "rmi", f"{PREFIX}:cold", *pushed], check=True,
+                           capture_output=True)  # this run's own images: the hit pulls
+            pulled = max(manifest_bytes(registry, "bench/kernels033", t) for t in tags)
+            hit_s = timed([*CLI, "--base", base, "--tag", f"{PREFIX}:hit", "--kernels-from",
+                           repo, "--no-build", "--report", str(work / "hit.json")],
+                          fresh_env(work, "hit"), work / "hit.log")
+            print(f"hit: {hit_s:.1f} s ({steps(work / 'hit.json')})")
+            record = json.loads((work / "hit.json").read_text())
+            print(f"hit status {record['status']}, kernels {record['kernels_from']['outcome']}")
+            for line in (work / "hit.log").read_text().splitlines():
+                if "pulled" in line or "verif" in line:
+                    print(f"  | {line.strip()[:160]}")
+            subprocess.run(["docker", "rmi", f"{PREFIX}:hit",
+                            *images_of(f"{registry}/bench/kernels033")], check=False,
+                           capture_output=True)
+    share = hit_s / cold_s
+    print(f"\n{'':40} {'value':>10} {'reference':>10} {'ratio':>8}  goal")
+    print(f"{'hit run vs cold aot run (s)':40} {hit_s:10.1f} {cold_s:10.1f} {share:8.2%}  "
+          f"<= {GOAL:.0%} {'met' if share <= GOAL else 'MISSED'}")
+    print(f"{'bytes pulled vs the base image':40} {pulled / 1e6:9.0f}M {size / 1e9:9.2f}G "
+          f"{pulled / size:8.2%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
