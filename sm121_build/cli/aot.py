@@ -50,12 +50,13 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
                    "was given; a wheel as a repaired wheel of the same name (for an image: "
                    "the verified files and their manifest, optional).")
 @click.option("--tag", help="For an image: the result's tag (default: the base tag with "
-                            "-sm121).")
+                            "the GPU's suffix: -sm121, -sm120, ...).")
 @click.option("--replace-tag", is_flag=True,
               help="For an image: move --tag off an image this tool did not give it (the "
                    "image itself stays).")
-@click.option("--target", "gpu", help="GPU to compile for: sm_121, sm_120, sm_90... "
-              "[default: this machine's GPU (nvidia-smi), else sm_121]")
+@click.option("--target", "--gpu", "gpu", help="GPU to compile for: sm_121, sm_120, sm_90... "
+              "[default: for files, this machine's GPU (nvidia-smi), else sm_121; for an "
+              "image, sm_121 (the DGX Spark)]")
 @click.option("--cuda-home", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Where ptxas and fatbinary are (DIR/bin) [default: $CUDA_HOME, PATH, "
                    "PyPI's nvidia-cuda-nvcc, /usr/local/cuda]")
@@ -125,9 +126,9 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
 
 def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
                gpu: str | None, all_packages: bool) -> None:
-    """An image: the main job with its aot actions alone (no source), for sm_121."""
-    from sm121_build.cli.inputs import require_outputs
-    from sm121_build.cuda.compat import ArchList
+    """An image: the main job with its aot actions alone (no source), for the GPU given
+    (sm_121 by default, as the main job)."""
+    from sm121_build.cli.inputs import gpu_value, require_outputs
     from sm121_build.image.refs import (
         default_tag,
         require_not_base,
@@ -139,15 +140,13 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
 
     validate_image_ref(base)
     tag, replace_tag = tagging
-    if gpu is not None and parse_target(gpu) != parse_target("sm_121"):
-        raise Sm121Error(f"--target {gpu}: an image is aot'd for sm_121 only (the main job's "
-                         "GPU); aot its files for another GPU")
-    result_tag = validate_tag(tag) if tag else default_tag(base)
+    policy = gpu_value(None, None, gpu or "sm_121")
+    result_tag = validate_tag(tag) if tag else default_tag(base, policy.suffix)
     require_not_base(result_tag, base)
     require_outputs(out, None, None)
-    sm121 = ArchList.parse("12.1")
-    with run_session("build", base, result_tag, sm121) as (pipeline, _):
-        run_build(pipeline, Options(base=base, tag=result_tag, arch=sm121, extra_ext=(),
+    arch = policy.arch_list
+    with run_session("build", base, result_tag, arch) as (pipeline, _):
+        run_build(pipeline, Options(base=base, tag=result_tag, arch=arch, extra_ext=(),
                                     jobs=None, source=None, repo="", out=out, force=False,
                                     no_patch=False, aot_only=True, replace_tag=replace_tag,
-                                    all_packages=all_packages))
+                                    all_packages=all_packages, gpu=policy))

@@ -9,13 +9,16 @@ import click
 
 from sm121_build.cli.inputs import (
     JOBS,
-    arch_list,
+    arch_for_gpu,
     extension_names,
+    gpu_option,
+    optional_arch_list,
     require_outputs,
     trust_key_option,
 )
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
+from sm121_build.cuda.binary import Policy
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.image.refs import (
@@ -40,9 +43,12 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
 
 @click.command()
 @click.option("--base", help="Stock vLLM image in the local engine.")
-@click.option("--tag", help="Tag for the result (default: the base tag with -sm121).")
-@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
-              help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
+@click.option("--tag", help="Tag for the result (default: the base tag with -sm121, or the "
+                            "--gpu's suffix: -sm120, ...).")
+@gpu_option()
+@click.option("--arch", callback=optional_arch_list,
+              help="TORCH_CUDA_ARCH_LIST of a source build (sm_121); 12.1a keeps NVFP4 kernels "
+                   "where the source allows.  [default: 12.1]")
 @click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
               help="Also rebuild this extension (e.g. _moe_C_stable_libtorch), whatever the "
                    "decision says; `auto` is accepted (the default run already builds every "
@@ -104,7 +110,8 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
 @click.option("--local", is_flag=True, hidden=True,
               help="Moved: `sm121-build local --source SRC --out OUT`.")
 def build(  # noqa: PLR0913 (a click command: a parameter per option)
-          base: str | None, tag: str | None, arch: ArchList, extra_ext: tuple[str, ...],
+          base: str | None, tag: str | None, gpu: Policy, arch: ArchList | None,
+          extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
           pull: str, versioned_tag: bool,
@@ -138,14 +145,15 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
     projects_for([extension_target(e) for e in extra_ext if e != "auto"], None)
     if pull != "never" and IMAGE_ID.match(base):
         raise Sm121Error(f"--pull needs a repository reference, not the image ID {base}")
-    result_tag = validate_tag(tag) if tag else default_tag(base)
+    result_tag = validate_tag(tag) if tag else default_tag(base, gpu.suffix)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md, (source, fa_source, sign_key, trust_key))
+    arch = arch_for_gpu(arch, gpu)
     options = Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
                       source=source, repo=repo, out=out, force=force, no_patch=no_patch,
                       pull=pull, versioned_tag=versioned_tag,
                       allow_other_commit=allow_other_commit, fa_source=fa_source,
                       only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
-                      replace_tag=replace_tag, from_source=from_source)
+                      replace_tag=replace_tag, from_source=from_source, gpu=gpu)
     run_main(RunRequest(options, Kernels(kernels_from, kernels_to, no_build, signing, trusted),
                         Reporting(report, summary_md, as_json)))

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import click
 
-from sm121_build.cli.inputs import JOBS, arch_list, extension_names
+from sm121_build.cli.inputs import JOBS, arch_list, extension_names, gpu_option
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.binary import Policy
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image.refs import IMAGE_ID
 from sm121_build.image.toolchain import require_buildable
@@ -19,17 +20,24 @@ from sm121_build.source.pin import version_to_ref
 
 @click.command()
 @click.option("--base", required=True, help="Stock vLLM image in the local engine.")
+@gpu_option()
 @click.option("--arch", default="12.1", show_default=True, callback=arch_list,
               help="TORCH_CUDA_ARCH_LIST.")
 @click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
               help="Another extension to rebuild.")
 @click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
 @click.option("--no-buildkit", is_flag=True, help="No RUN --mount cache (legacy builder).")
-def dockerfile(base: str, arch: ArchList, extra_ext: tuple[str, ...], jobs: int | None,
-               no_buildkit: bool) -> None:
+def dockerfile(base: str, gpu: Policy, arch: ArchList,  # noqa: PLR0913 (click options)
+               extra_ext: tuple[str, ...], jobs: int | None, no_buildkit: bool) -> None:
     """Print the multi-stage Dockerfile; the build context needs src/ and build_extensions.py.
 
-    cmake or ninja the image lacks are pip-installed in the builder stage (network)."""
+    cmake or ninja the image lacks are pip-installed in the builder stage (network).  A
+    source build is for sm_121 (the guard rules are written for it): another --gpu is
+    refused, and `sm121-build aot IMAGE --gpu GPU` serves it."""
+    if not gpu.has_source_rules:
+        raise Sm121Error(f"--gpu {gpu}: the Dockerfile builds from source, which is for sm_121 "
+                         f"only (the guard rules are written for it); `sm121-build aot IMAGE "
+                         f"--gpu {gpu}` serves {gpu}")
     facts, vllm = Pipeline.connect().resolve_image(base)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     require_buildable(vllm.tools, facts.ref)

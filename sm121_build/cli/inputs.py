@@ -19,6 +19,7 @@ import click
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.outputs import not_regular
+from sm121_build.cuda.binary import Policy, gpu_policy
 from sm121_build.cuda.compat import (
     SM121,
     ArchList,
@@ -59,6 +60,46 @@ def arch_list(ctx: click.Context | None, param: click.Parameter | None,
             f"{value!r} gives {SM121} no native code (its cubins cannot load there): "
             "include 12.1, 12.1a or 12.0f")
     return ArchList.parse(value)  # one value from here on: `12.0f,12.1` is `12.0f;12.1`
+
+
+def optional_arch_list(ctx: click.Context | None, param: click.Parameter | None,
+                       value: str | None) -> ArchList | None:
+    """`--arch` where its default depends on `--gpu`: None when not given."""
+    return None if value is None else arch_list(ctx, param, value)
+
+
+GPU_HELP = ("The GPU the result serves: sm_121 (DGX Spark, GB10), sm_120 (RTX 50-series, RTX "
+            "PRO Blackwell), sm_110 (Jetson Thor), sm_90 (Hopper), ...  Its kernels are "
+            "judged, compiled and verified for it, and its images are tagged -smXYZ.  A GPU "
+            "other than sm_121 gets aot only (the guard rules of a source build are written "
+            "for sm_121).")
+
+
+def gpu_value(ctx: click.Context | None, param: click.Parameter | None,
+              value: str) -> Policy:
+    """`--gpu sm_120` (`12.0`, `120`) as the run's GPU, judged with a CUDA 13.0 driver."""
+    try:
+        return gpu_policy(value)
+    except Sm121Error as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def gpu_option() -> Callable[[F], F]:
+    """`--gpu`, the same option on every command that makes or places kernels."""
+    return click.option("--gpu", default="sm_121", show_default=True, callback=gpu_value,
+                        help=GPU_HELP)
+
+
+def arch_for_gpu(arch: ArchList | None, gpu: Policy) -> ArchList:
+    """The arch list a run records: `--arch` (a source build: sm_121 alone) or the GPU's
+    own (`12.0` for sm_120)."""
+    if gpu.has_source_rules:
+        return arch or ArchList.parse("12.1")
+    if arch is not None and arch != gpu.arch_list:
+        raise click.BadParameter(f"--arch {arch} is a source build's arch list, and a source "
+                                 f"build is for sm_121 only; --gpu {gpu} gets aot, for "
+                                 f"{gpu.arch_list}", param_hint="--arch")
+    return gpu.arch_list
 
 
 def _order(arch: str) -> tuple[int, int]:

@@ -21,6 +21,7 @@ FIELD_LABELS: dict[str, str] = {
     "arch_list": f"{LABEL_PREFIX}.arch-list",
     "extensions": f"{LABEL_PREFIX}.extensions",
     "tool_version": f"{LABEL_PREFIX}.tool-version",
+    "gpu": f"{LABEL_PREFIX}.gpu",  # the GPU the files are native on (--gpu): `sm_121`
 }
 # The OCI annotations for the base image, which the tool sets too (they name the stock
 # image the result was made from, replacing whatever the stock image said of its own base).

@@ -12,11 +12,14 @@ from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.compat import (
     SM121,
     VERDICT_RANK,
+    ArchList,
     Target,
     Verdict,
     best,
     cubin_loads,
+    dotted_arch,
     entry_verdict,
+    parse_target,
     ptx_loads,
 )
 from sm121_build.cuda.elf import Buffer
@@ -31,17 +34,53 @@ from sm121_build.cuda.fatbin_rewrite import read_layout
 from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
 
 FileVerdict = Literal["native", "jit", "partial", "none"]
+DEFAULT_DRIVER = (13, 0)  # the oldest driver a run is judged with: a DGX Spark's first
 
 
 @dataclass(frozen=True)
 class Policy:
-    """The GPU and driver an audit judges against."""
+    """The GPU a run serves and the oldest driver it is judged with: what the audit judges
+    against, and for the main job, `aot IMAGE`, `inject`, kernels images and `dockerfile`
+    the one value that says which GPU (`--gpu`): its tag suffix, arch list, manifest field,
+    label and kernels-image key all come from here, and back (`gpu_of_manifest`)."""
 
     target: Target
     driver: tuple[int, int]
 
     def verdict(self, entry: Entry) -> Verdict:
         return entry_verdict(entry, self.target, self.driver)
+
+    @property
+    def suffix(self) -> str:
+        """The tag suffix of its images: `sm121` (`vllm-openai:nightly-sm121`)."""
+        return f"sm{self.target.arch}"
+
+    @property
+    def arch_list(self) -> ArchList:
+        """The arch list its files are made for: `12.1` (what a kernels image records)."""
+        return ArchList.parse(f"{self.target.major}.{self.target.minor}")
+
+    @property
+    def has_source_rules(self) -> bool:
+        """Whether the guard rules (patches/) cover it: a source build is for the Spark's
+        sm_121 alone; any other GPU gets aot only (the plan says so)."""
+        return self.target == SM121
+
+    def __str__(self) -> str:
+        return str(self.target)
+
+
+def gpu_policy(text: str, driver: tuple[int, int] = DEFAULT_DRIVER) -> Policy:
+    """`--gpu sm_120` (or `12.0`, `120`) as the run's GPU, judged with `driver`."""
+    return Policy(parse_target(text), driver)
+
+
+def gpu_of_arch_list(arch_list: str) -> Policy | None:
+    """The GPU files made for `arch_list` serve, when it names exactly one (`12.1`, `12.1a`,
+    `12.0f`): what an older manifest with no `gpu` field was made for."""
+    items = ArchList.parse(arch_list).items
+    parsed = dotted_arch(items[0].replace("+PTX", "")) if len(items) == 1 else None
+    return Policy(Target(parsed[0]), DEFAULT_DRIVER) if parsed else None
 
 
 @dataclass
@@ -277,4 +316,4 @@ def aot_able(report: BinaryReport, target: Target) -> AotAble | None:
 
 
 # what the tool judges against: sm_121, and the oldest driver a DGX Spark ships with
-SPARK = Policy(SM121, (13, 0))
+SPARK = Policy(SM121, DEFAULT_DRIVER)

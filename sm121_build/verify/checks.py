@@ -32,7 +32,7 @@ from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, store_cache
-from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
+from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
 from sm121_build.cuda.compat import SM121, Target, cubin_loads
 from sm121_build.cuda.fatbin import Entry, HostBinary, demangle, dynamic_symbols
 from sm121_build.cuda.host import host_side
@@ -223,12 +223,12 @@ def _newest(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
                                      if entry.arch == newest for k in sizes)
 
 
-def compare_kernels(name: str, stock: Path | None, built: BinaryReport) -> KernelComparison:
+def compare_kernels(name: str, stock: Path | None, built: BinaryReport,
+                    target: Target = SM121) -> KernelComparison:
     cubins = cubin_kernels(stock) if stock else []
     arch, kernels = _newest(cubins)
     native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
-    return KernelComparison(name, arch, kernels, native, frozenset(_stubs(cubins,
-                                                                         SM121)))
+    return KernelComparison(name, arch, kernels, native, frozenset(_stubs(cubins, target)))
 
 
 def check_still_loadable(stock: BinaryReport | None, built: BinaryReport,
@@ -491,6 +491,7 @@ class Candidate:
     origins: Mapping[str, Origin] = field(default_factory=dict)
     files_under: str | None = None  # the folder the files are named under (vLLM's package)
     stock_read: StockRead | None = None  # the stock side, when it was read ahead
+    gpu: Policy = SPARK  # the GPU whose native kernels are verified
 
 
 @dataclass(frozen=True)
@@ -505,11 +506,14 @@ class StockRead:
     providers: int
 
 
-def read_stock_side(engine: ImageEngine, stock: ImageFacts, names: tuple[str, ...],
-                    under: str | None, dest: Path) -> StockRead:
-    """The stock copies of `names` (under `under`, else vLLM's package) into `dest`, audited,
-    and torch's exports: what verification compares a candidate with.  It depends on the
-    base alone, so the pipeline reads it while the candidate builds."""
+def read_stock_side(engine: ImageEngine, stock: ImageFacts,
+                    placed: tuple[tuple[str, ...], str | None], dest: Path,
+                    gpu: Policy = SPARK) -> StockRead:
+    """The stock copies of the files (their names, under a folder or else vLLM's package)
+    into `dest`, audited for `gpu`, and torch's exports: what verification compares a
+    candidate with.  It depends on the base alone, so the pipeline reads it while the
+    candidate builds."""
+    names, under = placed
     vllm = require_vllm(stock)
     package = under or vllm.package_dir
     copies: dict[str, Path] = {}
@@ -524,7 +528,7 @@ def read_stock_side(engine: ImageEngine, stock: ImageFacts, names: tuple[str, ..
                 local.unlink(missing_ok=True)
                 continue
             copies[name], modes[name] = local, found.mode
-            reports[name] = audit_binary(local, name, SPARK, with_kernels=True)
+            reports[name] = audit_binary(local, name, gpu, with_kernels=True)
         exported, providers = image_torch_exports(files, stock.id, vllm.site_packages, dest)
     return StockRead(copies, modes, reports, frozenset(exported), providers)
 
@@ -547,8 +551,8 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
             engine.reader(image_id, progress.add) as built_files:
         root = Path(tmp)
         (root / "built").mkdir()
-        read = candidate.stock_read or read_stock_side(engine, stock, extensions,
-                                                       candidate.files_under, root / "stock")
+        read = candidate.stock_read or read_stock_side(
+            engine, stock, (extensions, candidate.files_under), root / "stock", candidate.gpu)
         built = facts_from_files(built_info, built_files)
         problems = check_version(stock_vllm, require_vllm(built))
         files: dict[str, Path] = {}
@@ -564,13 +568,13 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
                 problems.append(f"the built image lacks {path}")
                 continue
             files[name], sizes[path.lstrip("/")] = root / "built" / name, found.size
-            report = audit_binary(files[name], name, SPARK, with_kernels=True)
+            report = audit_binary(files[name], name, candidate.gpu, with_kernels=True)
             reports[name] = report
             stock_copy = read.copies.get(name)
             problems += check_host_code(name, stock_copy, files[name],
                                         (read.modes.get(name), found.mode),
                                         origins.get(name, "built"))
-            comparison = compare_kernels(name, stock_copy, report)
+            comparison = compare_kernels(name, stock_copy, report, candidate.gpu.target)
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems() + check_still_loadable(
                 stock_reports.get(name), report, comparison.stubs)

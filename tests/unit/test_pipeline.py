@@ -291,3 +291,23 @@ def test_out_never_writes_through_a_link_already_in_it(
         with pytest.raises(Sm121Error, match=r"a symlink: not written over"):
             _run(engine, _options(checkout[0], out=out, no_patch=True))
         assert victim.read_text() == "keep me" and TAG not in engine.tags
+
+
+@pytest.mark.parametrize(("changes", "checked"), [
+    ({}, False),  # the default run: aot may do it all; the compiler is checked if it builds
+    ({"only": ("_vllm_fa2_C",)}, False),
+    ({"aot_only": True}, False),
+    ({"source": Path("/src")}, True),  # a source given: a build is certain
+    ({"from_source": True}, True),
+    ({"force": True}, True),
+    ({"no_patch": True}, True),
+    ({"aot_only": True, "source": Path("/src")}, False),  # `aot IMAGE` never builds
+])
+def test_the_image_compiler_is_checked_up_front_only_when_a_build_is_certain(
+        changes: dict[str, object], checked: bool) -> None:
+    from dataclasses import replace
+
+    from sm121_build.jobs.commands.main_job import builds_for_sure
+
+    opts = replace(_options(Path("/unused")), source=None)
+    assert builds_for_sure(replace(opts, **changes)) is checked  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.paths import cache_dir
 from sm121_build.core.units import human_size
 from sm121_build.cuda.binary import AotAble, BinaryReport, aot_able
-from sm121_build.cuda.compat import SM121
+from sm121_build.cuda.compat import SM121, Target
 from sm121_build.cuda.ptxas import Toolchain, find_toolchain
 from sm121_build.image.api import ImageEngine
 from sm121_build.jobs.commands.aot import AotRequest, run_aot
@@ -57,11 +57,12 @@ class AotAction:
                 "reason": self.line().split(": ", 1)[1], "remains": []}
 
 
-def aot_actions(stock: dict[str, BinaryReport | None]) -> tuple[AotAction, ...]:
+def aot_actions(stock: dict[str, BinaryReport | None],
+                target: Target = SM121) -> tuple[AotAction, ...]:
     """Every stock extension with fatbins the GPU could only JIT but that carry PTX."""
     found = []
     for name, report in sorted(stock.items()):
-        able = aot_able(report, SM121) if report is not None else None
+        able = aot_able(report, target) if report is not None else None
         if able is not None:
             found.append(AotAction(name, able))
     return tuple(found)
@@ -72,10 +73,11 @@ def aot_toolchain() -> Toolchain:
     return find_toolchain(None)
 
 
-def aot_key(image_id: str, actions: tuple[AotAction, ...], toolchain: Toolchain) -> str:
+def aot_key(image_id: str, actions: tuple[AotAction, ...], toolchain: Toolchain,
+            target: Target = SM121) -> str:
     """What makes an aot the same aot: the base (its ID covers the stock files), the files,
     ptxas's version, the GPU and this tool."""
-    parts = [image_id, "aot", toolchain.version, str(SM121), __version__,
+    parts = [image_id, "aot", toolchain.version, str(target), __version__,
              *(a.name for a in actions)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
@@ -89,6 +91,7 @@ class AotJob:
     package_dir: str
     actions: tuple[AotAction, ...]
     toolchain: Toolchain
+    target: Target = SM121
 
 
 def compile_into(engine: ImageEngine, job: AotJob, dest: Path) -> None:
@@ -107,7 +110,7 @@ def compile_into(engine: ImageEngine, job: AotJob, dest: Path) -> None:
                     raise Sm121Error(f"{posixpath.join(package_dir, action.name)} vanished "
                                      "from the image")
                 local.chmod(found.mode & 0o7777)  # the aot'd file keeps the stock file's mode
-        outcome = run_aot(AotRequest((stock,), dest, SM121, toolchain,
+        outcome = run_aot(AotRequest((stock,), dest, job.target, toolchain,
                                      len(os.sched_getaffinity(0)), AOT_TIMEOUT,
                                      cache_dir() / "aot"))
     for item in outcome.files:

@@ -14,9 +14,14 @@ from sm121_build.core.console import result
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.commands.kernels_image import refusal
+from sm121_build.jobs.commands.kernels_image import gpu_refusal, refusal
 from sm121_build.jobs.formats import artifacts as artifacts_mod
-from sm121_build.jobs.formats.render import Placement, provenance_labels, render_inject
+from sm121_build.jobs.formats.render import (
+    Placement,
+    gpu_label,
+    provenance_labels,
+    render_inject,
+)
 from sm121_build.jobs.framework.pipeline import ImageBuild, Pipeline, Target
 from sm121_build.verify.run_report import RunStatus
 
@@ -66,7 +71,7 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
     record.build_named(built.vllm_version, built.vllm_commit, arch_list)
     facts, vllm = pipeline.resolve_image(base)
     pipeline.require_tags_free(facts, [tag], replace_tag)
-    why = refusal(built, vllm, base, facts.platform)
+    why = refusal(built, vllm, base, facts.platform) or gpu_refusal(built, pipeline.gpu)
     if why:
         raise Sm121Error(f"artifacts in {folder} {why.what}: refusing to inject{why.hint}")
     require_known_paths(tuple(found.files), vllm.extensions, folder, base)
@@ -77,7 +82,7 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
         found.place(context / "artifacts")
         stock_modes(pipeline, facts.id, vllm.package_dir, context / "artifacts", extensions)
         labels = provenance_labels(facts, built.vllm_commit, ArchList.parse(arch_list),
-                                   extensions, built.patches)
+                                   extensions, built.patches) | gpu_label(built.served)
         placement = Placement(pin, arch_list, vllm.version, built.vllm_commit, extensions,
                               vllm.package_dir, labels)
         dockerfile = context / "Dockerfile"
@@ -87,7 +92,7 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
             ImageBuild(facts, context, dockerfile, extensions, log,
                        f"inject {', '.join(extensions)}"),
             Target(tag, out, replace(built, base=facts.ref, base_digest=facts.digest_ref,
-                                     platform=facts.platform),
+                                     platform=facts.platform, gpu=built.served),
                    replace_tag=replace_tag,
                    origins=tuple((name, "placed") for name in extensions)))
     record.ended(RunStatus.INJECTED)

@@ -41,6 +41,7 @@ from sm121_build.core.errors import (
 )
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import FIELD_LABELS, KIND_LABEL, REUSE_KEY_LABEL
+from sm121_build.cuda.binary import SPARK, Policy
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image import cosign, ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
@@ -67,6 +68,8 @@ def reuse_key(manifest: artifacts_mod.Manifest) -> str:
              built.arch_list, built.patches, ",".join(manifest.names)]
     if built.platform:  # arm64 and amd64 files of one build are two kernels images
         parts.append(built.platform)
+    if built.served != str(SPARK):  # one build per GPU; the Spark's keys stay as they were
+        parts.append(f"gpu={built.served}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -322,6 +325,7 @@ class Wanted:
     base: str
     arch: ArchList
     pull: str = "never"
+    gpu: Policy = SPARK  # a kernels image made for another GPU is refused
 
 
 def look_up(pipeline: Pipeline, repo: str, wanted: Wanted,
@@ -349,7 +353,8 @@ def look_up(pipeline: Pipeline, repo: str, wanted: Wanted,
             note(f"{exc}: not used")
             record.kernels_looked_up(run_report.KernelsFrom(ref, "refused", why=str(exc)))
             return None
-        why = refusal(got.artifacts.provenance, vllm, base, facts.platform)
+        why = refusal(got.artifacts.provenance, vllm, base, facts.platform) \
+            or gpu_refusal(got.artifacts.provenance, wanted.gpu)
         if why:
             note(f"{ref} {why.what}: not used")
             record.kernels_looked_up(run_report.KernelsFrom(ref, "refused", got.digest,
@@ -384,6 +389,16 @@ def refusal(built: artifacts_mod.Provenance, vllm: VllmInstall, base: str,
         return Refusal(f"were built against torch {built.torch_version}; {base} has torch "
                        f"{vllm.torch_version}", " (torch's C++ ABI changes between versions: "
                        "build for this image instead)")
+    return None
+
+
+def gpu_refusal(built: artifacts_mod.Provenance, gpu: Policy) -> Refusal | None:
+    """Why files made for one GPU do not serve a run for another (an sm_120 kernels image in
+    an sm_121 run, or the other way); None when they serve the same one."""
+    if built.served != str(gpu):
+        return Refusal(f"were made for {built.served}; this run serves {gpu}",
+                       f" (files are native on the GPU they were made for: --gpu "
+                       f"{built.served} uses them)")
     return None
 
 

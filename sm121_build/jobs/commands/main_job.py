@@ -20,7 +20,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
-from sm121_build.cuda.binary import SPARK, BinaryReport, unreachable_words
+from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, unreachable_words
 from sm121_build.cuda.compat import SM121, ArchList
 from sm121_build.cuda.ptxas import Toolchain
 from sm121_build.image.facts import ImageFacts, VllmInstall
@@ -44,6 +44,7 @@ from sm121_build.jobs.formats.render import (
     BuildPlan,
     Placement,
     PlanRequest,
+    gpu_label,
     plan_for,
     provenance_labels,
     render_build,
@@ -96,6 +97,7 @@ class Options:
     from_source: bool = False  # --from-source: build every gaining extension, no aot
     aot_only: bool = False  # `aot IMAGE`: the aot actions alone, never the source
     all_packages: bool = False  # `aot IMAGE --all-packages`: every aot-able file of the image
+    gpu: Policy = SPARK  # --gpu: the GPU the run serves (and the driver it is judged with)
 
 
 def content_key(facts: ImageFacts, commit: str, plan: Placement, no_patch: bool) -> str:
@@ -180,6 +182,7 @@ class Resolved:
     ref: GitRef  # the vLLM commit (or tag) the image was built from
     cuda: str  # the image's CUDA toolkit, X.Y
     arch: ArchList  # what to build for, in torch's and CMake's forms
+    gpu: Policy = SPARK  # the GPU the run serves (--gpu)
 
     @property
     def patch_for(self) -> PatchFor:
@@ -227,6 +230,10 @@ class ExtensionActions:
 
 def run_build(pipeline: Pipeline, opts: Options) -> str:
     """The main job, a stage a line; returns the tag (the record says how the run ended)."""
+    pipeline.gpu = opts.gpu
+    note(f"for {opts.gpu}: " + ("a DGX Spark's GB10 (the default; --gpu names another GPU)"
+                                if opts.gpu == SPARK else
+                                "--gpu; aot alone (a source build is for sm_121)"))
     image = resolve(pipeline, opts)
     job = Job(pipeline, opts, image)
     with temp_dir("sm121-build-") as tmp:
@@ -248,10 +255,10 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
     and the source can be had).  None: nothing to do, said and recorded."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     aot, stock = planned_aot(job)
-    if not aot and opts.aot_only:
+    if not aot and (opts.aot_only or not opts.gpu.has_source_rules):
         pipeline.record.decided(Decision(False, "nothing to aot"))
         result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
-               "on sm_121; nothing tagged")
+               f"on {opts.gpu}; nothing tagged")
         return None
     toolchain: Toolchain | None = None
     if aot:
@@ -284,7 +291,7 @@ def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport
         return (), {}
     stock = pipeline.read_device_files(image.facts) if opts.all_packages \
         else stock_extensions(pipeline, image)
-    aot = aot_actions(stock)
+    aot = aot_actions(stock, opts.gpu.target)
     if opts.only:
         wanted = {extension_target(o) for o in opts.only}
         aot = tuple(a for a in aot if extension_target(a.name) in wanted)
@@ -306,7 +313,7 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
                                   prebuilt=prebuilt)
         provenance, patches = sources.provenance, patches_of(opts)
         if toolchain is not None:
-            provenance += "\0" + aot_key(image.facts.id, aot, toolchain)
+            provenance += "\0" + aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
             patches += f"+{aot_patches(toolchain)}"
         key = content_key(image.facts, provenance, plan, opts.no_patch)
     elif toolchain is not None:  # aot alone: the aot'd files into the pristine base
@@ -314,7 +321,7 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
         sources = Sources(commit, commit)
         patches = aot_patches(toolchain)
         plan = aot_plan(image, prebuilt, commit, patches, files_root(job))
-        key = aot_key(image.facts.id, aot, toolchain)
+        key = aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
     else:  # plan_actions returns None when there is neither
         raise AssertionError("a plan with nothing to aot or build")
     target = replace(target_for(job, sources, plan, key, patches),
@@ -325,7 +332,8 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
     if toolchain is not None:
         with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
             compile_into(pipeline.engine,
-                         AotJob(image.facts.id, files_root(job), aot, toolchain),
+                         AotJob(image.facts.id, files_root(job), aot, toolchain,
+                                opts.gpu.target),
                          context / "aot")
     if isinstance(plan, BuildPlan):
         return build(job, plan, target, context)
@@ -341,7 +349,7 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
     extensions = {a.name: a.as_record(_before(stock, a.name)) for a in aot}
     for name, (jit, none) in left_by_aot(aot, stock).items():
         before = _before(stock, name)
-        what = [f"{none} kernel(s) load nothing on sm_121"] if none else []
+        what = [f"{none} kernel(s) load nothing on {pipeline.gpu}"] if none else []
         what += [f"{jit} stay JIT-only"] if jit else []
         report = stock.get(name)
         if report is not None and report.reach is not None and report.reach.unreachable:
@@ -384,6 +392,10 @@ def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, Bin
     opts = job.opts
     if opts.aot_only or (opts.only and opts.source is None):
         return None
+    if not opts.gpu.has_source_rules:
+        note(f"no guard rules for {opts.gpu} (a source build is for sm_121): aot alone; what "
+             f"aot cannot change is left as it is ({', '.join(left_by_aot(aot, stock))})")
+        return None
     left = list(left_by_aot(aot, stock))
     if not left and opts.source is None:
         note("every kernel that is not native has PTX: aot alone, no source needed")
@@ -420,7 +432,8 @@ def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str,
              root: str) -> Placement:
     """The plan of an aot-only run: its files copied into the pristine base, named under
     `root`."""
-    labels = provenance_labels(image.facts, commit, image.arch, files, patches)
+    labels = provenance_labels(image.facts, commit, image.arch, files, patches) \
+        | gpu_label(str(image.gpu))
     return Placement(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
                      git_ref=commit, extensions=files, package_dir=root, labels=labels)
 
@@ -445,9 +458,15 @@ def inject_aot(job: Job, plan: Placement,
 
 def builds_for_sure(opts: Options) -> bool:
     """Whether the run builds from source whatever the plan says (a --source given, or no
-    aot: --from-source, --force, --no-patch): the image's compiler is checked up front."""
-    return not opts.aot_only and (opts.source is not None or opts.from_source or opts.force
-                                  or opts.no_patch)
+    aot: --from-source, --force, --no-patch): the image's compiler is checked up front, and
+    the GPU must be one the guard rules cover."""
+    certain = not opts.aot_only and (opts.source is not None or opts.from_source
+                                     or opts.force or opts.no_patch)
+    if certain and not opts.gpu.has_source_rules:
+        raise Sm121Error(f"--gpu {opts.gpu}: a source build (--source, --from-source, --force, "
+                         "--no-patch) is for sm_121 only (the guard rules are written for it); "
+                         f"{opts.gpu} gets aot: drop those options")
+    return certain
 
 
 def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
@@ -459,7 +478,7 @@ def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
     if builds_for_sure(opts):  # aot compiles on this machine: it needs no compiler there
         require_buildable(vllm.tools, facts.ref)
     return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
-                    vllm.cuda_version or DEFAULT_CUDA, opts.arch)
+                    vllm.cuda_version or DEFAULT_CUDA, opts.arch, opts.gpu)
 
 
 def vllm_source(job: Job, dest: Path) -> Checkout:
@@ -489,7 +508,7 @@ def stock_extensions(pipeline: Pipeline, image: Resolved) -> dict[str, BinaryRep
     """The base's extensions, audited (and PTX newer than a Spark's driver, said)."""
     with pipeline.steps.step("audit the stock extensions"):
         stock = pipeline.read_stock(image.facts, image.vllm.extensions)
-        too_new = ptx_warning(stock, SM121, SPARK.driver)
+        too_new = ptx_warning(stock, pipeline.gpu.target, pipeline.gpu.driver)
         if too_new:
             note(too_new)
     return stock
@@ -562,7 +581,7 @@ def target_for(job: Job, sources: Sources,
         patches=patches or patches_of(opts), package_dir=plan.package_dir,
         tool_version=__version__,
         external={name: entry.commit for name, entry in record.external.items()},
-        torch_version=vllm.torch_version, platform=facts.platform)
+        torch_version=vllm.torch_version, platform=facts.platform, gpu=str(opts.gpu))
     also = (versioned_tag(opts.tag, vllm.version, sources.commit, facts.id),) \
         if opts.versioned_tag else ()
     return Target(opts.tag, opts.out, provenance, also, opts.replace_tag, key)

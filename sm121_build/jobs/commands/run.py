@@ -99,7 +99,8 @@ class LookUp:
 
     def __call__(self, run: Run) -> None:
         repo, opts = run.kernels.from_repo or "", run.opts
-        run.found = look_up(run.pipeline, repo, Wanted(opts.base, opts.arch, opts.pull),
+        run.found = look_up(run.pipeline, repo,
+                            Wanted(opts.base, opts.arch, opts.pull, opts.gpu),
                             run.tmp / "kernels")
         if run.found is None and run.kernels.no_build:
             used = run.pipeline.record.kernels_from
@@ -171,6 +172,7 @@ def run_main(request: RunRequest) -> RunResult:
     with run_session("build", opts.base, opts.tag, opts.arch, request.reporting) as (
             pipeline, tmp):
         pipeline.sign_key, pipeline.trust_key = kernels.sign_key, kernels.trust_key
+        pipeline.gpu = opts.gpu  # the lookup, an inject after a hit and a build alike
         # --kernels-to without --out exports to a temporary folder the record does not name
         export = opts.out or (tmp / "kernels-to" if kernels.to_repo else None)
         run = Run(pipeline, replace(opts, out=export), kernels, tmp)

@@ -27,6 +27,7 @@ from sm121_build.core.inputs import (
 )
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
+from sm121_build.cuda.binary import SPARK, gpu_of_arch_list
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
 
 MANIFEST = "manifest.json"
@@ -77,16 +78,30 @@ class Provenance:
     external: dict[str, str] = field(default_factory=dict)  # project -> commit
     torch_version: str | None = None  # the base's torch, which the files link against
     platform: str | None = None  # the base's, `linux/arm64`: what the files run on
+    gpu: str | None = None  # the GPU the files are native on (`sm_121`); None: before --gpu
+
+    @property
+    def served(self) -> str:
+        """The GPU the files serve: the `gpu` field, else what the arch list names alone
+        (manifests written before `--gpu` existed), else the Spark's."""
+        if self.gpu:
+            return self.gpu
+        try:
+            found = gpu_of_arch_list(self.arch_list)
+        except Sm121Error:
+            found = None
+        return str(found or SPARK)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Provenance:
         external = data.get("external") or {}
         commit_id, torch = data.get("vllm_commit_id"), data.get("torch_version")
-        platform = data.get("platform")
+        platform, gpu = data.get("platform"), data.get("gpu")
         return cls(**{f.name: str(data.get(f.name) or "") for f in fields(cls)
                       if f.name not in ("vllm_commit_id", "external", "torch_version",
-                                        "platform")},
+                                        "platform", "gpu")},
                    platform=str(platform) if platform else None,
+                   gpu=str(gpu) if gpu else None,
                    vllm_commit_id=str(commit_id) if commit_id else None,
                    external={str(k): str(v) for k, v in external.items()}
                    if isinstance(external, dict) else {},
@@ -98,6 +113,8 @@ class Provenance:
             del data["external"]
         if not self.platform:
             del data["platform"]
+        if not self.gpu:
+            del data["gpu"]
         return data
 
 

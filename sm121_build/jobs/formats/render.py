@@ -231,6 +231,11 @@ def provenance_labels(facts: ImageFacts, commit: str, arch: ArchList,
     return {FIELD_LABELS[field]: value for field, value in values.items()}
 
 
+def gpu_label(gpu: str) -> dict[str, str]:
+    """The label naming the GPU an image's placed files are native on (`sm_121`)."""
+    return {FIELD_LABELS["gpu"]: gpu}
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What a build plan is asked for, beside the image: the arch list (torch's form), the
@@ -267,7 +272,8 @@ def plan_for(facts: ImageFacts, asked: PlanRequest) -> BuildPlan:
     extensions = choose_extensions(vllm.extensions, asked.extra_ext, asked.source,
                                    asked.defaults)
     labels = provenance_labels(facts, asked.commit or asked.git_ref, arch, extensions,
-                               rules_digest() if patches is None else patches)
+                               rules_digest() if patches is None else patches) \
+        | gpu_label("sm_121")  # a source build is for the Spark alone
     return BuildPlan(
         base=facts.digest_ref, arch_list=arch.torch, external=external,
         vllm_version=vllm.version, git_ref=asked.git_ref,

@@ -24,7 +24,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.paths import state_dir
-from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
+from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.cosign import SigningKey, TrustKey
@@ -92,6 +92,7 @@ class Pipeline:
         # kernels images: the key `--kernels-to` signs with, the key a hit must be signed by
         self.sign_key: SigningKey | None = None
         self.trust_key: TrustKey | None = None
+        self.gpu: Policy = SPARK  # the GPU the run serves (`--gpu`): audits and verification
         self._resolved: dict[str, tuple[ImageFacts, VllmInstall]] = {}
 
     @classmethod
@@ -160,7 +161,7 @@ class Pipeline:
                 local = Path(tmp) / name
                 local.parent.mkdir(parents=True, exist_ok=True)
                 found = files.copy_file(f"{package}/{name}", local)
-                reports[name] = audit_binary(local, name, SPARK, with_kernels=True) if found \
+                reports[name] = audit_binary(local, name, self.gpu, with_kernels=True) if found \
                     else None
                 local.unlink(missing_ok=True)
         progress.done()
@@ -175,7 +176,8 @@ class Pipeline:
             for binary in found:
                 if binary.skipped is None and binary.host_only_size is None:
                     name = binary.name.lstrip("/")
-                    reports[name] = audit_binary(binary.path, name, SPARK, with_kernels=True)
+                    reports[name] = audit_binary(binary.path, name, self.gpu,
+                                                 with_kernels=True)
         return reports
 
     def new_log(self, name: str, recorded: bool = True) -> Path:
@@ -203,8 +205,8 @@ class Pipeline:
             try:
                 with held():  # a Ctrl-C inside submit() would leave a thread unwaited for
                     ahead = pool.submit(read_stock_side, self.engine, build.stock,
-                                        build.extensions, target.provenance.package_dir,
-                                        Path(ahead_dir))
+                                        (build.extensions, target.provenance.package_dir),
+                                        Path(ahead_dir), self.gpu)
                 with self.steps.step(build.title), BuildStatus(shipped_histories()) as status:
                     image_id = self.engine.build(build.context, build.dockerfile, build.log,
                                                  status)
@@ -232,7 +234,7 @@ class Pipeline:
         with verify_image(self.engine, Candidate(stock, image_id, extensions, log,
                                                  dict(target.origins),
                                                  target.provenance.package_dir,
-                                                 stock_read)) as verified:
+                                                 stock_read, self.gpu)) as verified:
             self.record.verified(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
