@@ -116,9 +116,9 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
                     _remove(client, tag)
 
 
-def test_workflow_scripts_read_only_environment_variables() -> None:
-    job = _workflow()["jobs"]["build"]
-    assert job["runs-on"] == ["self-hosted", "linux", "ARM64"]
+@pytest.mark.parametrize("name", ["build", "aot"])
+def test_workflow_scripts_read_only_environment_variables(name: str) -> None:
+    job = _workflow()["jobs"][name]
     provided = set(job["env"]) | {"RUNNER_TEMP", "GITHUB_PATH", "GITHUB_STEP_SUMMARY"}
     for step in job["steps"]:
         script = step.get("run", "")
@@ -128,6 +128,22 @@ def test_workflow_scripts_read_only_environment_variables() -> None:
     for step in job["steps"]:
         if "uses" in step:
             assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+
+
+def test_the_nightly_serves_the_spark_on_arm64_and_sm_120_on_amd64() -> None:
+    """A (runner, GPU) pair per job: the Spark's build on its own ARM64 runner, as before,
+    and an aot-only job per other GPU on a hosted amd64 runner, each publishing its own
+    kernels image (the run's --gpu tags it -smXYZ and keys it by GPU)."""
+    jobs = _workflow()["jobs"]
+    assert jobs["build"]["runs-on"] == ["self-hosted", "linux", "ARM64"]
+    assert "--gpu" not in jobs["build"]["steps"][-1].get("run", "")  # the default: sm_121
+    pairs = [(m["runner"], m["gpu"]) for m in jobs["aot"]["strategy"]["matrix"]["include"]]
+    assert ("ubuntu-24.04", "sm_120") in pairs
+    (build,) = [s for s in jobs["aot"]["steps"] if s.get("id") == "build"]
+    assert '--gpu "$GPU"' in build["run"] and "--kernels-to" in build["run"]
+    assert jobs["aot"]["env"]["GPU"] == "${{ matrix.gpu }}"
+    (install,) = [s for s in jobs["aot"]["steps"] if s.get("id") == "install"]
+    assert "'.[cuda]'" in install["run"]  # PyPI's ptxas: no CUDA toolkit on a hosted runner
 
 
 def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
