@@ -76,7 +76,7 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
 @click.option("--all-packages", is_flag=True,
               help="With an image: every aot-able file of the image, not only vLLM's "
                    "extensions (NVIDIA's libraries among them, under NVIDIA's licence terms; "
-                   "what aot changes in a file: README).")
+                   "what aot changes in a file: docs/guide/aot.md).")
 def aot(  # noqa: PLR0913 (a click command: a parameter per option)
         paths: tuple[str, ...], out: Path | None, tag: str | None, replace_tag: bool,
         gpu: str | None, cuda_home: Path | None, jobs: int, split: bool, timeout: float,

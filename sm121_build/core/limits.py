@@ -3,7 +3,7 @@
 Each limit is the time without an answer, not the length of the work: a 20 GB pull that keeps
 sending progress runs as long as it needs, a registry that accepts the connection and then
 says nothing ends the wait after `registry` seconds.  Both are set by environment variables
-(seconds; README's "Time limits"), read and checked before any work:
+(seconds; docs/reference/environment.md), read and checked before any work:
 
 | variable                | default | what waits                                              |
 |-------------------------|---------|---------------------------------------------------------|

@@ -36,7 +36,7 @@ GB = 1000**3
 BASE_BYTES = 20 * GB
 BUILD_BYTES = 10 * GB
 # Temp holds the device-code files an audit or verification reads from an image (0.6-1 GB
-# measured on a 19.5 GB image, README "Real-size images").
+# measured on a 19.5 GB image, docs/measurements.md).
 TEMP_BYTES = 2 * GB
 DOCKER_HUB = "https://index.docker.io/v1/"
 
