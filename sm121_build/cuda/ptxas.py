@@ -6,9 +6,10 @@ NVIDIA's own `fatbinary --compress-all` (zstd, which the driver decompresses at 
 Which: `--cuda-home` when given; else the newest release among `$CUDA_HOME/bin`, the
 `ptxas` on `PATH`, PyPI's `nvidia-cuda-nvcc` (`nvidia/cu*/bin`, wheels for x86_64 and
 aarch64; `pip install 'sm121-build[cuda]'`) and `/usr/local/cuda` (the first found among
-equals).  The newest reads every PTX ISA an older one does, and its cubins load under older
-drivers of the same major (ptxas 13.5's under a CUDA 13.0 driver: measured, docs/guide/aot.md), while
-the first found (DGX OS puts CUDA 13.0 in `/usr/local/cuda`) may not read a newer image's PTX.
+equals).  The newest reads every PTX ISA an older one does, and its cubins load under
+older drivers of the same major (ptxas 13.5's under a CUDA 13.0 driver: measured,
+docs/guide/aot.md), while the first found (DGX OS puts CUDA 13.0 in `/usr/local/cuda`) may
+not read a newer image's PTX.
 """
 
 from __future__ import annotations
