@@ -113,8 +113,9 @@ def cost_table() -> CostTable:
 
 
 def table_from(raw: dict[str, object]) -> CostTable:
-    """A table from its JSON form: `modules` (rows with `stored`, `ptx`, `cpu_seconds`),
-    `rates` (kind -> CPU-s per MB, `unknown` among them) and `measured_on`."""
+    """A table from its JSON form: `modules` (rows with `ptx`, `stored` (one digest or a
+    list: the same PTX stored in several files), `cpu_seconds`), `rates` (kind -> CPU-s per
+    MB, `unknown` among them) and `measured_on`."""
     seconds: dict[str, float] = {}
     modules = raw.get("modules")
     rates = raw.get("rates")
@@ -122,8 +123,9 @@ def table_from(raw: dict[str, object]) -> CostTable:
         raise ValueError("a ptxas cost table needs `modules` and `rates` with `unknown`")
     for row in modules:
         cpu = float(row["cpu_seconds"])
-        for key in ("stored", "ptx"):
-            if row.get(key):
-                seconds[str(row[key])] = cpu
+        stored = row.get("stored") or []
+        for key in [row.get("ptx"), *(stored if isinstance(stored, list) else [stored])]:
+            if key:
+                seconds[str(key)] = cpu
     return CostTable(seconds, {str(k): float(v) for k, v in rates.items()},
                      str(raw.get("measured_on", "")))

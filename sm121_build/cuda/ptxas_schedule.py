@@ -5,10 +5,12 @@ slowest single module.  Modules start largest (by estimated CPU cost) first, one
 each while there are enough of them to keep every core busy.  A module whose cost is more
 than its share of the work left (the CPU-seconds left ÷ the cores) would set the wall on
 its own: it gets ptxas's `--split-compile` threads, about cost ÷ share of them, so it ends
-with the rest (measured on vLLM 0.33.0's largest `_C` module, 33.7 MB of CUTLASS PTX:
-294 s plain, 49 s on 15 threads; the same `.text`, ~1.5x the CPU-seconds).  Split
-compiles take more memory (1.7 GB plain, 4.9 GB on 15 threads for that module), so a
-start must fit the memory left; a module that fits nowhere runs alone.
+with the rest.  Measured on the lent machine (16 vCPUs, ptxas 13.0, 2026-11-26, each module
+alone; docs/measurements.md): vLLM 0.33.0's 33.7 MB CUTLASS module of `_C` takes 330 s
+plain, 98 s on 4 threads, 46 s on 15 (317 and 386 CPU-s); FA2's 22.4 MB module 108 s, 35 s,
+20 s; every `.text` section the same.  Split compiles take more memory: 1.6 GiB plain,
+3.6 GiB on 4 threads, 4.3 GiB on 15 for the `_C` module (0.86, 1.9, 3.4 GiB for FA2's), so
+a start must fit the memory left; a module that fits nowhere runs alone.
 
 Pure bookkeeping: no processes, no clock.  `jobs/commands/aot.py` runs what it says.
 """
@@ -18,10 +20,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# peak memory of ptxas per byte of PTX (plain), and what each further thread adds; measured
-# on vLLM 0.33.0's modules (docs/measurements.md): 33.7 MB of PTX, 1.7 GB plain, 4.9 GB on 15
+# peak memory of ptxas per byte of PTX (plain: 1.6 GiB for 33.7 MB), and how it grows with
+# threads: x(1 + 0.45 per further thread), at most x4 (measured: x2.2-2.3 on 4 threads,
+# x2.7-4.0 on 15, vLLM 0.33.0's largest modules)
 MEMORY_PER_PTX_BYTE = 52.0
-MEMORY_PER_THREAD_PER_PTX_BYTE = 6.8
+MEMORY_GROWTH_PER_THREAD = 0.45
+MEMORY_GROWTH_CAP = 4.0
 MIN_SPLIT_SECONDS = 20.0  # a module this cheap is never split: threads cost more than they save
 MAX_THREADS = 16  # ptxas gains little past this (its optimiser's parallel share)
 
@@ -44,7 +48,8 @@ class Start:
 
 def peak_memory(size: int, threads: int) -> int:
     """The memory ptxas is expected to take for `size` bytes of PTX on `threads` threads."""
-    return int(size * (MEMORY_PER_PTX_BYTE + MEMORY_PER_THREAD_PER_PTX_BYTE * (threads - 1)))
+    growth = min(1 + MEMORY_GROWTH_PER_THREAD * (threads - 1), MEMORY_GROWTH_CAP)
+    return int(size * MEMORY_PER_PTX_BYTE * growth)
 
 
 @dataclass
