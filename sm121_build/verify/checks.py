@@ -318,11 +318,24 @@ def check_drift(stock: ImageInfo, built: ImageInfo, added: list[HistoryStep],
     return problems + check_config(stock, built)
 
 
+# What Docker's builders write into a config that has no PATH (and what the engine gives a
+# container of such an image anyway): not a change a container can see
+DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _default_path_only(stock: tuple[str, ...] | list[str],
+                       built: tuple[str, ...] | list[str]) -> bool:
+    """Whether the only difference is the default PATH a builder adds to a base that has no
+    PATH at all (`docker import` makes such images): a container of either sees that PATH."""
+    no_path = not any(e.startswith("PATH=") for e in stock)
+    return no_path and [e for e in built if e != DEFAULT_PATH] == list(stock)
+
+
 def check_config(stock: ImageInfo, built: ImageInfo) -> list[str]:
     """The runtime config (env, entrypoint, cmd, workdir, user, exposed ports) and every
     label the tool does not set must reach the result unchanged: one line per difference."""
     problems = []
-    if built.env != stock.env:
+    if built.env != stock.env and not _default_path_only(stock.env, built.env):
         changed = [f"+{e}" for e in built.env if e not in stock.env] + \
             [f"-{e}" for e in stock.env if e not in built.env] or ["(order)"]
         problems.append(f"drift: env differs from the stock image ({', '.join(changed)[:120]})")

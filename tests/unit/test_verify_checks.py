@@ -464,6 +464,23 @@ def test_config_differences_are_named_one_by_one() -> None:
         "drift: the runtime config has another shape than the stock image's"]
 
 
+def test_the_default_path_a_builder_gives_a_base_with_no_path_is_not_drift() -> None:
+    """`docker import` makes an image with no env; BuildKit writes Docker's default PATH into
+    what it builds FROM it (the engine gives a container of either that PATH): not drift.
+    Any other PATH, any PATH over a stock one, or anything beside it still is."""
+    from dataclasses import replace
+
+    from sm121_build.verify.checks import DEFAULT_PATH, check_config
+
+    bare = replace(STOCK, env=())
+    assert check_config(bare, replace(bare, env=(DEFAULT_PATH,))) == []
+    assert check_config(bare, replace(bare, env=(DEFAULT_PATH, "X=1"))) != []
+    assert check_config(bare, replace(bare, env=("PATH=/evil:/usr/bin",))) != []
+    with_path = replace(STOCK, env=("PATH=/opt/bin",))
+    assert check_config(with_path, replace(with_path, env=(DEFAULT_PATH,))) != []
+    assert check_config(with_path, replace(with_path, env=("PATH=/opt/bin", DEFAULT_PATH))) != []
+
+
 def test_canonical_tokens_at_the_edges() -> None:
     assert kernel_key("_Z99_GLOBAL__N__") == "_Z99_GLOBAL__N__"  # length past the end
     # a head whose file length runs past its token: left as it is
