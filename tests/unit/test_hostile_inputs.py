@@ -241,6 +241,8 @@ def test_a_sound_artifacts_folder_loads(tmp_path: Path, matrix: dict[str, Path])
     ({"external": {"flash-attention": "abc\n"}}, "holds a control character"),
     ({"patches": ["x"]}, "patches must be a string, not list"),
     ({"arch_list": "12.1 && rm -rf /"}, "is not an arch list"),
+    ({"gpu": "sm_120 LABEL x=y"}, "is not a GPU such as sm_121"),
+    ({"gpu": "sm_120\nUSER root"}, "holds a control character"),
 ])
 def test_manifest_values_never_reach_a_dockerfile(tmp_path: Path, matrix: dict[str, Path],
                                                   changes: dict[str, object], said: str) -> None:

@@ -312,3 +312,6 @@ def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:
     if not _ARCH_LIST.fullmatch(str(manifest.get("arch_list"))):
         raise Sm121Error(f"{path}: arch_list {manifest.get('arch_list')!r} is not an arch list "
                          "such as 12.1 or 12.0;12.1a")
+    gpu = manifest.get("gpu")
+    if gpu is not None and not re.fullmatch(r"sm_\d{2,3}", str(gpu)):
+        raise Sm121Error(f"{path}: gpu {gpu!r} is not a GPU such as sm_121 or sm_120")
