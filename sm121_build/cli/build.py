@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -19,7 +20,7 @@ from sm121_build.cli.inputs import (
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.binary import Policy
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.compat import ArchList, parse_cuda_version
 from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.image.refs import (
     IMAGE_ID,
@@ -46,6 +47,9 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121, or the "
                             "--gpu's suffix: -sm120, ...).")
 @gpu_option()
+@click.option("--driver", default="13.0", show_default=True,
+              help="The oldest CUDA driver the result must serve: PTX newer than it reads is "
+                   "judged unloadable (not JIT-able) in the plan and in verification.")
 @click.option("--arch", callback=optional_arch_list,
               help="TORCH_CUDA_ARCH_LIST of a source build (sm_121); 12.1a keeps NVFP4 kernels "
                    "where the source allows.  [default: 12.1]")
@@ -110,7 +114,8 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
 @click.option("--local", is_flag=True, hidden=True,
               help="Moved: `sm121-build local --source SRC --out OUT`.")
 def build(  # noqa: PLR0913 (a click command: a parameter per option)
-          base: str | None, tag: str | None, gpu: Policy, arch: ArchList | None,
+          base: str | None, tag: str | None, gpu: Policy, driver: str,
+          arch: ArchList | None,
           extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
           no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
@@ -149,6 +154,11 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
     require_not_base(result_tag, base)
     require_outputs(out, report, summary_md, (source, fa_source, sign_key, trust_key))
     arch = arch_for_gpu(arch, gpu)
+    gpu = replace(gpu, driver=parse_cuda_version(driver))
+    if not gpu.has_source_rules and (source or from_source or force or no_patch):
+        raise Sm121Error(f"--gpu {gpu}: a source build (--source, --from-source, --force, "
+                         "--no-patch) is for sm_121 only (the guard rules are written for it); "
+                         f"{gpu} gets aot: drop those options")
     options = Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
                       source=source, repo=repo, out=out, force=force, no_patch=no_patch,
                       pull=pull, versioned_tag=versioned_tag,

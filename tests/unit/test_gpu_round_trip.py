@@ -106,3 +106,20 @@ def test_a_source_builds_arch_list_is_refused_for_another_gpu() -> None:
 def test_an_unknown_gpu_is_one_error() -> None:
     with pytest.raises(click.BadParameter):
         gpu_value(None, None, "rtx5090")
+
+
+def test_the_main_job_takes_gpu_and_driver_before_any_work() -> None:
+    from devkit.helpers import cli, one_line_error
+
+    env = {"DOCKER_HOST": "unix:///nonexistent.sock"}
+    bad = cli("--base", "vllm/vllm-openai:nightly", "--gpu", "rtx5090", env=env)
+    assert bad.returncode == 2 and "--gpu" in bad.stderr
+    driver = cli("--base", "vllm/vllm-openai:nightly", "--driver", "thirteen", env=env)
+    assert "unknown CUDA driver version 'thirteen'" in one_line_error(driver)
+    source = cli("--base", "vllm/vllm-openai:nightly", "--gpu", "sm_120", "--from-source",
+                 env=env)
+    assert "a source build (--source, --from-source, --force, --no-patch) is for sm_121 " \
+        "only" in one_line_error(source)
+    arch = cli("--base", "vllm/vllm-openai:nightly", "--gpu", "sm_120", "--arch", "12.1",
+               env=env)
+    assert arch.returncode == 2 and "a source build is for sm_121 only" in arch.stderr
