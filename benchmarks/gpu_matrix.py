@@ -43,7 +43,7 @@ def wheel_for(folder: Path, platform: str) -> Path:
 
 def counts(path: Path, gpu: str) -> dict[str, int]:
     report = audit_binary(path, path.name, gpu_policy(gpu), with_kernels=True)
-    return report.kernel_counts()
+    return dict(report.kernel_counts())
 
 
 def main() -> None:
@@ -52,6 +52,8 @@ def main() -> None:
                         default=None, help="PLATFORM:GPU, e.g. x86_64:sm_120")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".cache" / "wheels")
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--members", default=",".join(MEMBERS),
+                        help="the wheel's files to aot, comma separated")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     pairs = args.pair or ["aarch64:sm_121", "x86_64:sm_120"]
@@ -62,11 +64,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="gpu-matrix-") as tmp:
             work = Path(tmp)
             with zipfile.ZipFile(wheel_for(args.wheels, platform)) as wheel:
-                for member in MEMBERS:
+                for member in args.members.split(","):
                     (work / "stock" / Path(member).name).parent.mkdir(exist_ok=True)
                     (work / "stock" / Path(member).name).write_bytes(wheel.read(member))
             before = {p.name: counts(p, gpu) for p in sorted((work / "stock").iterdir())}
-            runs = []
+            runs: list[tuple[str, float, float]] = []
             for run in ("cold", "from cache"):
                 started = time.perf_counter()
                 outcome = run_aot(AotRequest((work / "stock",), work / f"out-{len(runs)}",

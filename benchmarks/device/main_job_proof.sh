@@ -1,14 +1,16 @@
+#!/usr/bin/env bash
 # The device proof of the main job's output for another GPU (issue #47), on the lent Hopper:
 # the verified .so files `sm121-build --base IMAGE --gpu sm_90 --out DIR` wrote on the CPU
 # machine (FA2 and `_C` of PyPI's vLLM 0.22.0 x86_64, whose torch 2.11 is the lent machine's)
 # against the stock files of the same wheel.
 #
 #   KIT/stock/{_vllm_fa2_C,_C}.abi3.so.xz   the wheel's files
-#   KIT/out/{_vllm_fa2_C,_C}.abi3.so.xz     the main job's --out files
-#   KIT/out/manifest.json                   the main job's manifest (their sha256)
-#   bash benchmarks/device/main_job_proof.sh KIT OUTDIR
+#   KIT/delta/{_vllm_fa2_C,_C}.abi3.so.delta the entries aot added (aot_delta.py make)
+#   KIT/manifest.json                       the main job's manifest (the files' sha256)
+#   bash benchmarks/device/main_job_proof.sh KIT OUTDIR   (PYTHONPATH: the package's deps)
 #
-# 1. each --out file is the one the manifest names (sha256);
+# 1. each --out file is rebuilt from its stock file and its delta (aot_delta.py apply) and is
+#    the one the manifest names (sha256): byte for byte what the main job wrote;
 # 2. stock, JIT on (cache disabled): the driver JITs the PTX: outputs saved (the reference);
 # 3. stock, CUDA_DISABLE_PTX_JIT=1: must fail (exit 3): the GPU cannot load it natively;
 # 4. --out files, CUDA_DISABLE_PTX_JIT=1: must run, outputs compared bitwise with 2.
@@ -20,12 +22,14 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 W=/tmp/proof; rm -rf "$W"; mkdir -p "$W/stock" "$W/out" "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__)"
-for side in stock out; do
-  for f in "$KIT/$side"/*.so.xz; do
-    xz -dc "$f" > "$W/$side/$(basename "$f" .xz)"
-  done
+for f in "$KIT/stock"/*.so.xz; do
+  xz -dc "$f" > "$W/stock/$(basename "$f" .xz)"
 done
-python3 - "$KIT/out/manifest.json" "$W/out" <<'EOF'
+for f in "$KIT/delta"/*.delta; do
+  name=$(basename "$f" .delta)
+  python3 "$HERE/aot_delta.py" apply "$W/stock/$name" "$f" "$W/out/$name" || exit 2
+done
+python3 - "$KIT/manifest.json" "$W/out" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
 files = json.load(open(sys.argv[1]))["files"]
