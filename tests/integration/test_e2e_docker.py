@@ -809,8 +809,37 @@ def test_aot_of_an_image_tags_it_like_the_main_job(e2e: E2E) -> None:
     again = e2e.run("aot", e2e.stock.tag, "--tag", tag)
     assert again.returncode == 0, again.stderr
     assert f"up to date: {tag} " in again.stdout and "--force" not in again.stdout  # none
-    other = e2e.run("aot", e2e.stock.tag, "--target", "sm_90")
-    assert other.returncode == 2 and "sm_121 only" in other.stderr
+
+
+def test_another_gpu_is_served_end_to_end_and_its_files_are_refused_by_the_spark(
+        e2e: E2E) -> None:
+    """`aot IMAGE --gpu sm_120` (an RTX 50-series): FA2's PTX compiled for sm_120, verified
+    native there, tagged `-sm120`, labelled and exported for sm_120; those files are refused
+    by a run for the Spark (before the engine), and taken by one for sm_120."""
+    out = e2e.work / "sm120-artifacts"
+    done = e2e.run("aot", e2e.stock.tag, "--gpu", "sm_120", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    tag = f"{e2e.stock.tag}-sm120"
+    assert f"tagged {tag}" in done.stdout or f"up to date: {tag} " in done.stdout
+    assert "for sm_120: --gpu; aot alone" in done.stderr
+    labels = e2e.client.images.get(tag).labels
+    assert labels["io.github.sm121-build.gpu"] == "sm_120"
+    assert labels["io.github.sm121-build.arch-list"] == "12.0"
+    audit = json.loads(e2e.run("audit", "--json", "--target", "sm_120", "--driver", "13.0",
+                               "--include", "*/vllm_flash_attn/*.so", tag).stdout)["binaries"]
+    assert [(b["kernel_counts"], set(b["cubins"])) for b in audit] == [
+        ({"native": 2, "jit": 0, "none": 0}, {"sm_80", "sm_120"})]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["gpu"] == "sm_120" and manifest["arch_list"] == "12.0"
+    spark = e2e.run("inject", "--artifacts", str(out), "--base", e2e.stock.tag, "--tag",
+                    f"{PREFIX}:wrong-gpu")
+    assert spark.returncode == 2
+    assert "were made for sm_120; this run serves sm_121" in spark.stderr
+    again = e2e.run("inject", "--artifacts", str(out), "--base", e2e.stock.tag, "--gpu",
+                    "sm_120", "--tag", f"{PREFIX}:sm120-injected")
+    assert again.returncode == 0, again.stderr
+    assert e2e.client.images.get(f"{PREFIX}:sm120-injected").labels[
+        "io.github.sm121-build.gpu"] == "sm_120"
 
 
 def test_aot_of_every_package_of_an_image(e2e: E2E, tmp_path: Path) -> None:

@@ -100,13 +100,14 @@ def compile_all(plan: Plan, work: Callable[[int, int], Compiled],
                 if first:  # the line from the first second, and again while ptxas works
                     line.say(_text(plan, schedule, tally))
                     first = False
+                elif line.due():  # said with what runs now, never between an end and a start
+                    line.say(_text(plan, schedule, tally))
                 finished, _ = wait(running, timeout=TICK, return_when=FIRST_COMPLETED)
                 for future in finished:
                     start = running.pop(future)
                     schedule.finished(start.index)
                     del tally.since[start.index]
                     yield start.index, _outcome(future, plan, start.index, tally)
-                line(_text(plan, schedule, tally))
         finally:
             for future in running:
                 future.cancel()
