@@ -29,8 +29,7 @@ def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_module_once_within_the_cores_and_a_failure_is_handed_back(
         capsys: pytest.CaptureFixture[str]) -> None:
-    costs = (Estimate(300.0, 1, 1, 300.0),) + tuple(Estimate(10.0, 1, 1, 10.0)
-                                                     for _ in range(9))
+    costs = (Estimate(300.0, 1, 1, 300.0), *tuple(Estimate(10.0, 1, 1, 10.0) for _ in range(9)))
     plan = Plan(costs, tuple(1_000_000 for _ in costs), cores=4, split=True, pace=1.0,
                 ptxas="13.0.88")
     lock, busy, peak, threads_of = threading.Lock(), [0], [0], {}
