@@ -352,8 +352,15 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
         what = [f"{none} kernel(s) load nothing on {pipeline.gpu}"] if none else []
         what += [f"{jit} stay JIT-only"] if jit else []
         report = stock.get(name)
-        if report is not None and report.reach is not None and report.reach.unreachable:
+        if report is not None and report.reach is not None and report.reach.chosen \
+                and name not in extensions:
+            why = (f"{' and '.join(what)}: aot would make the JIT-only ones native; not asked "
+                   "(--only)")
+        elif report is not None and report.reach is not None and report.reach.unreachable:
             why = f"{' and '.join(what)}: {unreachable_words(report.reach.unreachable)}"
+        elif not pipeline.gpu.has_source_rules:
+            why = (f"{' and '.join(what)}: aot cannot change them, and a source build is for "
+                   f"sm_121 alone: only a release built for {pipeline.gpu} makes them native")
         elif vllm_prefix and not name.startswith(vllm_prefix):
             why = (f"{' and '.join(what)}: aot cannot change them; only a build of its "
                    "package for the GPU can")
