@@ -177,6 +177,7 @@ class KernelComparison:
     stock_kernels: frozenset[str]
     built_native: frozenset[str]
     stubs: frozenset[str] = frozenset()  # stock kernels whose sm_121 code is a stub
+    target: str = "sm_121"  # the GPU the build must serve
 
     @property
     def lost(self) -> frozenset[str]:
@@ -206,6 +207,10 @@ class KernelComparison:
     def problems(self) -> list[str]:
         """One line per lost kernel: the same number of kernels is not enough, each stock
         kernel must be there by name."""
+        if self.target != "sm_121":  # aot for another GPU: what it loads must be native
+            return [f"{self.name}: kernel {kernel} is {self.stock_arch} in the stock image "
+                    f"(natively or through the JIT) but not native there in the build"
+                    for kernel in self.missing]
         return [f"{self.name}: kernel {kernel} has native {self.stock_arch} code in the stock "
                 f"image but none for sm_121 in the build" for kernel in self.missing]
 
@@ -224,11 +229,21 @@ def _newest(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
 
 
 def compare_kernels(name: str, stock: Path | None, built: BinaryReport,
-                    target: Target = SM121) -> KernelComparison:
+                    target: Target = SM121,
+                    stock_report: BinaryReport | None = None) -> KernelComparison:
+    """The kernels the build must carry natively, by name: for the Spark, those of the stock
+    file's newest arch (a build for sm_121 carries what the stock file's newest build did);
+    for another GPU (aot alone), every kernel the stock file gives that GPU at all, natively
+    or through the JIT (`stock_report`, audited for it): aot makes them all native."""
     cubins = cubin_kernels(stock) if stock else []
     arch, kernels = _newest(cubins)
+    if target != SM121 and stock_report is not None and stock_report.kernels is not None:
+        arch = f"loadable on {target}"
+        kernels = frozenset(kernel_key(k) for k, v in stock_report.kernels.items()
+                            if v in ("native", "jit"))
     native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
-    return KernelComparison(name, arch, kernels, native, frozenset(_stubs(cubins, target)))
+    return KernelComparison(name, arch, kernels, native, frozenset(_stubs(cubins, target)),
+                            str(target))
 
 
 def check_still_loadable(stock: BinaryReport | None, built: BinaryReport,
@@ -587,12 +602,14 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
             problems += check_host_code(name, stock_copy, files[name],
                                         (read.modes.get(name), found.mode),
                                         origins.get(name, "built"))
-            comparison = compare_kernels(name, stock_copy, report, candidate.gpu.target)
+            comparison = compare_kernels(name, stock_copy, report, candidate.gpu.target,
+                                         stock_reports.get(name))
             comparisons[name] = comparison
             problems += check_cubins(report) + comparison.problems() + check_still_loadable(
                 stock_reports.get(name), report, comparison.stubs)
             note(f"{name}: cubins {report.arch_counts('elf')}; {len(comparison.built_native)} "
-                  f"kernels native on sm_121 (stock {comparison.stock_arch or 'no cubins'}: "
+                  f"kernels native on {candidate.gpu} (stock "
+                  f"{comparison.stock_arch or 'no cubins'}: "
                   f"{len(comparison.stock_kernels)})")
             if comparison.stubs_left_out:
                 example = comparison.stubs_left_out[0]

@@ -188,6 +188,25 @@ def test_compare_kernels_and_check_cubins_on_real_files(matrix: dict[str, Path])
     assert check_cubins(ptx) == ["p.so carries no sm_121-loadable cubin (cubins: none)"]
 
 
+def test_for_another_gpu_every_kernel_it_loaded_must_be_native(matrix: dict[str, Path]) -> None:
+    """aot for sm_90 (`--gpu`): the reference is what the stock file gave sm_90 at all,
+    natively or through the JIT (not the stock file's newest arch, the Spark's rule): a
+    file whose kernels are native there passes; one that still only JITs them does not."""
+    from sm121_build.cuda.binary import gpu_policy
+
+    sm90 = gpu_policy("sm_90")
+    stock = audit_binary(matrix["ptx_only"], "p.so", sm90, with_kernels=True)
+    assert stock.kernels and set(stock.kernels.values()) == {"jit"}
+    same = compare_kernels("p.so", matrix["ptx_only"], stock, sm90.target, stock)
+    assert same.stock_arch == "loadable on sm_90" and same.stock_kernels
+    assert same.problems() == [
+        f"p.so: kernel {k} is loadable on sm_90 in the stock image (natively or through the "
+        "JIT) but not native there in the build" for k in sorted(same.stock_kernels)]
+    native = audit_binary(matrix["sm90"], "_C.abi3.so", sm90, with_kernels=True)
+    found = compare_kernels("_C.abi3.so", matrix["sm90"], native, sm90.target, native)
+    assert found.problems() == [] and found.target == "sm_90"
+
+
 def _vllm(version: str, commit: str | None) -> VllmInstall:
     return VllmInstall(version, commit, "/usr/lib/python3/dist-packages", "3.12", (), None,
                        None, "/usr/local/cuda", False, None)
