@@ -74,6 +74,7 @@ def inject(  # noqa: PLR0913 (a click command: a parameter per option)
                      Reporting(report, summary_md, as_json)) as (
             pipeline, tmp):
         pipeline.trust_key, pipeline.gpu = trusted, gpu
+        pipeline.record.serves(str(gpu))
         if kernels_ref is not None:
             with pipeline.steps.step(f"kernels {kernels_ref}"):
                 found = fetch_step(pipeline, kernels_ref, tmp / "artifacts").artifacts

@@ -139,6 +139,7 @@ class RunRecord:
     image_id: str | None = None
     tags: list[str] | None = None
     steps: list[dict[str, Any]] | None = None  # name, seconds, ok: every step, in order
+    gpu: str | None = None  # the GPU the run serves (--gpu): left out for the Spark's default
 
     REQUIRED: ClassVar[tuple[str, ...]] = ("command", "status", "base", "tag", "arch_list",
                                            "error")
@@ -154,6 +155,11 @@ class RunRecord:
     # -- one method per stage value ----------------------------------------------------------
     def base_inspected(self, vllm_version: str, base_digest: str) -> None:
         self.vllm_version, self.base_digest = vllm_version, base_digest
+
+    def serves(self, gpu: str) -> None:
+        """The GPU the run serves, when it is not the Spark's sm_121 (whose reports stay as
+        they were)."""
+        self.gpu = None if gpu == "sm_121" else gpu
 
     def base_pulled(self, pulled: Pulled) -> None:
         self.pulled = pulled
@@ -387,7 +393,7 @@ def summary_lines(record: RunRecord) -> list[str]:
         if after.kernels:
             total = sum(after.kernels.values())
             lines.append(f"  {name}: {was}{after.kernels['native']} of {total} kernels "
-                         "native on sm_121")
+                         f"native on {record.gpu or 'sm_121'}")
     plans = record.decision.extensions if record.decision else {}
     stays = [(name, why) for name, plan in plans.items() for why in plan.get("remains", [])]
     if stays:

@@ -231,6 +231,7 @@ class ExtensionActions:
 def run_build(pipeline: Pipeline, opts: Options) -> str:
     """The main job, a stage a line; returns the tag (the record says how the run ended)."""
     pipeline.gpu = opts.gpu
+    pipeline.record.serves(str(opts.gpu))
     note(f"for {opts.gpu}: " + ("a DGX Spark's GB10 (the default; --gpu names another GPU)"
                                 if opts.gpu == SPARK else
                                 "--gpu; aot alone (a source build is for sm_121)"))

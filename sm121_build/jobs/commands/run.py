@@ -173,6 +173,7 @@ def run_main(request: RunRequest) -> RunResult:
             pipeline, tmp):
         pipeline.sign_key, pipeline.trust_key = kernels.sign_key, kernels.trust_key
         pipeline.gpu = opts.gpu  # the lookup, an inject after a hit and a build alike
+        pipeline.record.serves(str(opts.gpu))
         # --kernels-to without --out exports to a temporary folder the record does not name
         export = opts.out or (tmp / "kernels-to" if kernels.to_repo else None)
         run = Run(pipeline, replace(opts, out=export), kernels, tmp)
