@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sm121_build.cuda.fatbin_rewrite import read_layout, rewrite  # noqa: E402
+from sm121_build.cuda.fatbin_rewrite import read_layout, rewrite
 
 
 def make(stock: Path, aot: Path, delta: Path) -> None:
