@@ -47,6 +47,7 @@ from devkit.registry import local_registry  # noqa: E402
 CLI = [sys.executable, "-m", "sm121_build", "--progress", "plain"]
 GOAL = 0.02
 PREFIX = "sm121-bench/hit"
+BRIDGE = "sm121hit0"  # the second engine's own network bridge
 
 
 def base_image() -> str:
@@ -78,10 +79,14 @@ def fresh_engine(base: str):  # type: ignore[no-untyped-def]
     """A second dockerd with nothing in it but `base`: DOCKER_HOST for it."""
     root = Path(tempfile.mkdtemp(prefix="sm121-d2-", dir="/tmp"))  # a short socket path
     socket = f"unix://{root}/docker.sock"
+    # its own bridge: `--bridge=none` makes a dockerd delete docker0, the first engine's
+    subprocess.run(["ip", "link", "add", "name", BRIDGE, "type", "bridge"], check=True)
+    subprocess.run(["ip", "addr", "add", "172.30.121.1/24", "dev", BRIDGE], check=True)
+    subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
     daemon = subprocess.Popen(
         ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
          "-H", socket, "--pidfile", str(root / "docker.pid"), "--iptables=false",
-         "--bridge=none", "--containerd-namespace", "sm121hit",
+         f"--bridge={BRIDGE}", "--containerd-namespace", "sm121hit",
          "--containerd-plugins-namespace", "sm121hitp"],
         stdout=subprocess.DEVNULL, stderr=open(root / "log", "w"))  # noqa: SIM115
     env = {**os.environ, "DOCKER_HOST": socket}
@@ -100,6 +105,7 @@ def fresh_engine(base: str):  # type: ignore[no-untyped-def]
         daemon.terminate()
         daemon.wait(timeout=60)
         shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["ip", "link", "delete", BRIDGE], check=False)
 
 
 def images_of(repository: str) -> list[str]:
