@@ -29,12 +29,14 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from aot_schedule import Sampler  # noqa: E402
 
 from sm121_build.cuda.compat import parse_target  # noqa: E402
 from sm121_build.cuda.ptxas import find_toolchain  # noqa: E402
@@ -42,45 +44,12 @@ from sm121_build.cuda.ptxas_cost import cost_table  # noqa: E402
 from sm121_build.jobs.commands.aot import AotRequest, AotResult, run_aot  # noqa: E402
 
 
-class PeakMemory:
-    """The largest sum of RSS over this process's ptxas children, sampled."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = str(os.getpid())
-        while not self.stop.wait(0.2):
-            total = 0
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                try:
-                    status = Path(f"/proc/{pid}/status").read_text()
-                except OSError:
-                    continue
-                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-                if fields.get("PPid", "").strip() == me and "ptxas" in fields.get("Name", ""):
-                    total += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
-            self.peak = max(self.peak, total)
-
-    def __enter__(self) -> PeakMemory:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 def run_mode(files: list[Path], cores: int, split: bool, target: str) -> tuple[AotResult, int]:
     with tempfile.TemporaryDirectory(prefix="aot-speed-") as tmp:
         out = Path(tmp) / "out"
         request = AotRequest(tuple(files), out, parse_target(target), find_toolchain(None),
                              cores, 3600.0, None, split=split)
-        with PeakMemory() as memory:
+        with Sampler() as memory:
             outcome = run_aot(request)
         shutil.rmtree(out, ignore_errors=True)
     if outcome.failed:

@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import image_packages  # noqa: E402
+from kernels_reuse import pulled_bytes  # noqa: E402
 
 from devkit.registry import local_registry  # noqa: E402
 
@@ -114,16 +114,6 @@ def images_of(repository: str) -> list[str]:
     return [line for line in listed.split() if not line.endswith(":<none>")]
 
 
-def manifest_bytes(registry: str, repository: str, tag: str) -> int:
-    request = urllib.request.Request(
-        f"http://{registry}/v2/{repository}/manifests/{tag}",
-        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
-                           "application/vnd.oci.image.manifest.v1+json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        manifest = json.load(response)
-    return int(manifest["config"]["size"]) + sum(int(x["size"]) for x in manifest["layers"])
-
-
 def steps(record: Path) -> str:
     data = json.loads(record.read_text())
     return ", ".join(f"{s['name'].split(' (')[0]} {s['seconds']:.1f}s" for s in data["steps"])
@@ -146,7 +136,7 @@ def main() -> int:
             tags = [t.rsplit(":", 1)[1] for t in pushed]
             subprocess.run(["docker", "rmi", f"{PREFIX}:cold", *pushed], check=True,
                            capture_output=True)  # this run's own images: the hit pulls
-            pulled = max(manifest_bytes(registry, "bench/kernels033", t) for t in tags)
+            pulled = max(pulled_bytes(registry, "bench/kernels033", t) for t in tags)
             with fresh_engine(base) as socket:
                 hit_s = timed([*CLI, "--base", base, "--tag", f"{PREFIX}:hit",
                                "--kernels-from", repo, "--no-build", "--report",
