@@ -1,3 +1,3 @@
-from sm121_build.cli import main
+from sm121_build.entry import main
 
 main()

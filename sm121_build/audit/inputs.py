@@ -32,7 +32,7 @@ import click
 from isal import isal_zlib
 
 from sm121_build.audit.owners import MAX_RECORD, Owners, is_record, wheel_distribution
-from sm121_build.core.console import Progress, notice
+from sm121_build.core.console import Progress, notice, shown
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input
 from sm121_build.core.interrupts import held, temp_dir
@@ -375,7 +375,7 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
             if full.is_symlink() or not (wanted(rel) or archive or record):
                 continue
             if not stat.S_ISREG(full.lstat().st_mode):  # a FIFO would block the read forever
-                print(f"skipped: {rel}: not a regular file", file=sys.stderr)
+                notice(f"skipped: {shown(rel)}: not a regular file")
                 continue
             try:
                 if record:

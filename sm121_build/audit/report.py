@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from sm121_build.core.console import md, shown
 from sm121_build.core.units import human_size
 from sm121_build.cuda.binary import (
     AotAble,
@@ -32,7 +33,8 @@ VERDICT_WORDS: dict[FileVerdict, str] = {
 
 
 def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{sm} x{n}" for sm, n in counts.items()) or "-"
+    """`sm_90 x3, sm_121 x1` (keys from outside, a section's name, shown escaped)."""
+    return ", ".join(f"{shown(sm)} x{n}" for sm, n in counts.items()) or "-"
 
 
 def _rebuild(report: BinaryReport, policy: Policy, verdicts: Verdicts | None) -> Rebuild | None:
@@ -123,7 +125,7 @@ class Package:
                     "CPU-s of ptxas")
         if self.beyond_aot:
             fix += f"; {self.beyond_aot:,} file(s) only a build for the GPU makes native"
-        return f"  {self.name}: {self.files['native']:,} of {total:,} file(s) native " \
+        return f"  {shown(self.name)}: {self.files['native']:,} of {total:,} file(s) native " \
                f"({files}){kernels}{fix}"
 
 
@@ -165,7 +167,7 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
     with_code = [r for r in reports if r.has_device_code]
     for report in with_code:
         lines.append("")
-        lines.append(f"{report.name}  ({human_size(report.size)})")
+        lines.append(f"{shown(report.name)}  ({human_size(report.size)})")
         lines.append(f"  cubins   {_counts(report.arch_counts('elf'))}")
         lines.append(f"  ptx      {_counts(report.arch_counts('ptx'))}")
         lines.extend(_where_and_lto(report))
@@ -181,7 +183,7 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
                 f"{kc['none']} with no loadable code")
             if show_kernels:
                 for kernel, verdict in report.kernels.items():
-                    lines.append(f"    {verdict:<6} {kernel}")
+                    lines.append(f"    {verdict:<6} {shown(kernel)}")
         rebuild = _rebuild(report, policy, verdicts)
         if rebuild is not None and rebuild.verdict != "native":
             lines.append(f"  rebuild  {rebuild.verdict}: {rebuild.reason}")
@@ -250,7 +252,8 @@ def as_json(reports: list[BinaryReport], policy: Policy,
 
 def markdown(title: str, reports: list[BinaryReport], policy: Policy,
              verdicts: Verdicts | None = None) -> str:
-    """A GitHub-flavoured Markdown table (for $GITHUB_STEP_SUMMARY)."""
+    """A GitHub-flavoured Markdown table (for $GITHUB_STEP_SUMMARY) under `title` (Markdown:
+    the caller escapes the names in it with `md`); each name from outside escaped."""
     rows = [f"### {title}", "",
             f"| .so | cubins per arch | PTX | {policy.target} | kernels loadable on "
             f"{policy.target} | rebuild |",
@@ -263,7 +266,7 @@ def markdown(title: str, reports: list[BinaryReport], policy: Policy,
             kc = r.kernel_counts()
             kernels = f"{kc['native']} of {sum(kc.values())}"
         rebuild = _rebuild(r, policy, verdicts)
-        rows.append(f"| `{r.name}` | {_counts(r.arch_counts('elf'))} | "
-                    f"{_counts(r.arch_counts('ptx'))} | {r.verdict} | {kernels} | "
+        rows.append(f"| {md(r.name)} | {md(_counts(r.arch_counts('elf')))} | "
+                    f"{md(_counts(r.arch_counts('ptx')))} | {r.verdict} | {kernels} | "
                     f"{rebuild.verdict if rebuild else '-'} |")
     return "\n".join(rows) + "\n"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from sm121_build.core.children import end_all
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
 from sm121_build.core.interrupts import hold_from_start, release
@@ -89,7 +90,7 @@ class _Group(click.Group):
                                      else ""))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            notice("interrupted: temporary files and containers were removed")
+            notice(interrupted_line())
             sys.exit(INTERRUPTED)
         except BrokenPipeError:
             closed_pipe()
@@ -101,6 +102,17 @@ class _Group(click.Group):
             where = f"{exc.filename}: " if exc.filename else ""
             report_error(f"{where}{exc.strerror or exc}")
             sys.exit(Sm121Error.exit_code)
+
+
+def interrupted_line() -> str:
+    """What an interrupt left: nothing (the programs the run started were killed, its
+    temporary files and containers removed), or what could not be removed."""
+    from sm121_build.core.leftovers import LEFT_BEHIND
+
+    if not LEFT_BEHIND:
+        return "interrupted: the programs it started were ended, its temporary files and " \
+            "containers removed"
+    return f"interrupted{left_behind()}"
 
 
 def closed_pipe() -> NoReturn:
@@ -172,10 +184,13 @@ COMMANDS = {
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
-    """The first Ctrl-C or SIGTERM stops the work; any more are ignored, so the cleanup it
-    starts (temporary files, containers, the image a run made) is never cut short."""
+    """The first Ctrl-C or SIGTERM stops the work: every program the run started is killed
+    with its group at once (a ptxas an hour from its limit too), then the cleanup runs
+    (temporary files, containers, the image a run made); any more signals are ignored, so that
+    cleanup is never cut short."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    end_all()
     raise KeyboardInterrupt
 
 

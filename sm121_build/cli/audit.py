@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,7 +13,7 @@ import click
 from sm121_build.audit import report
 from sm121_build.audit.inputs import Binary, Reading, binaries
 from sm121_build.cli.inputs import require_writable
-from sm121_build.core.console import notice
+from sm121_build.core.console import md, notice, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.interrupts import held
 from sm121_build.core.outputs import append_text, refuse_onto_inputs
@@ -147,17 +146,17 @@ def audit(  # noqa: PLR0913 (a click command: a parameter per option)
     if fmt == "cuobjdump":
         text = report.cuobjdump(reports)
         if text:
-            click.echo(text)
+            say(text)
     elif fmt == "json":
         data = report.as_json(reports, policy, verdicts)
         if judge is not None:
             data["source"] = {"path": str(judge.tree), "version": judge.version,
                               "arch": str(judge.arch), "cuda": cuda}
-        click.echo(json.dumps(data, indent=2))
+        say_json(data)
     else:
-        click.echo(report.table(reports, policy, show_kernels=kernels, verdicts=verdicts))
+        say(report.table(reports, policy, show_kernels=kernels, verdicts=verdicts))
     if summary_md:
-        append_text(summary_md, report.markdown(f"Audit of `{target}`", reports, policy,
+        append_text(summary_md, report.markdown(f"Audit of {md(target)}", reports, policy,
                                                 verdicts))
     if unreadable:
         raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} file(s) or "

@@ -7,7 +7,7 @@ from dataclasses import replace
 import click
 
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names, gpu_option
-from sm121_build.core.console import notice
+from sm121_build.core.console import notice, say
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
 from sm121_build.cuda.compat import ArchList
@@ -52,4 +52,4 @@ def dockerfile(base: str, gpu: Policy, arch: ArchList,  # noqa: PLR0913 (click o
         plan = replace(plan, base=base)
         notice(f"note: {base} has no registry digest; FROM names the tag, not pinned to "
                f"{facts.id[:19]}")
-    click.echo(render_build(plan), nl=False)
+    say(render_build(plan), nl=False)

@@ -3,11 +3,11 @@ beside each WARN/FAIL, exit 0 / 1 / 2 for the worst (OK / WARN / FAIL)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
+from sm121_build.core.console import say, say_json, shown
 from sm121_build.image.refs import validate_image_ref
 from sm121_build.jobs.commands.doctor import RANK, Probe, docker_engine, run_checks, worst
 
@@ -24,13 +24,12 @@ def doctor(refs: tuple[str, ...], as_json: bool) -> None:
     checks = run_checks(Probe(engine=docker_engine), refs)
     bad = worst(checks)
     if as_json:
-        click.echo(json.dumps({"checks": [c.as_json() for c in checks], "worst": bad},
-                              indent=2))
+        say_json({"checks": [c.as_json() for c in checks], "worst": bad})
     else:
         width = max(len(c.name) for c in checks)
         for check in checks:
-            click.echo(f"{check.status:<4} {check.name:<{width}}  {check.detail}")
+            say(f"{check.status:<4} {check.name:<{width}}  {shown(check.detail)}")
             if check.fix:
-                click.echo(f"     {'':<{width}}  fix: {check.fix}")
-        click.echo(f"worst: {bad}")
+                say(f"     {'':<{width}}  fix: {shown(check.fix)}")
+        say(f"worst: {bad}")
     sys.exit(RANK[bad])

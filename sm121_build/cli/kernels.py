@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import click
 
 from sm121_build.cli.inputs import trust_key_option
+from sm121_build.core.console import notice, say, say_json, shown
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
@@ -40,13 +40,13 @@ def verify_command(ref: str, trust_key: Path) -> None:
     registry = Registry(name)
     digest = digest or registry.digest(tag or "latest")
     require_signed(registry, digest, trust)
-    click.echo(f"{name}@{digest}: signed by {trust_key}", err=True)
+    notice(f"{name}@{digest}: signed by {trust_key}")
     try:
         provenance = attested(registry, digest, trust, PROVENANCE_TYPE)
     except Untrusted as exc:
-        click.echo(f"note: {exc}", err=True)
+        notice(f"note: {exc}")
         return
-    click.echo(json.dumps(provenance, indent=2, sort_keys=True))
+    say_json(provenance, sort_keys=True)
 
 
 @kernels.command("publish")
@@ -80,4 +80,4 @@ def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PL
     log = pipeline.new_log("kernels")
     for tag in publish(pipeline.engine, found,
                        Publication(repo, extra, signing, replace_tag=replace_tag), log):
-        click.echo(tag)
+        say(shown(tag))

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.inputs import JOBS, arch_list, extension_names
+from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.local import LocalBuild, run_local
 from sm121_build.source.external import require_project_tree
@@ -51,4 +52,4 @@ def local(  # noqa: PLR0913 (a click command: a parameter per option)
         ["--cutlass", str(cutlass)] if cutlass else [])
     for path in run_local(LocalBuild(source, out, arch, extra_ext, jobs, no_patch,
                                      tuple(script_args), fa_source)):
-        click.echo(f"built {path}")
+        say(f"built {shown(str(path))}")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from sm121_build.cli.inputs import arch_list
+from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import SM121, ArchList, loads_natively
 from sm121_build.source.external import tree_project
 from sm121_build.source.guards import DEFAULT_CUDA, Guard, effective_archs
@@ -80,32 +80,32 @@ def patch(  # noqa: PLR0913 (a click command: a parameter per option)
         whose = "vLLM's" if project is None else "its"
         narrowed = f" (narrowed by {whose} CUDA {cuda_version} list from {archs})" if (
             effective != archs) else ""
-        click.echo(f"{what}, CUDA_ARCHS={effective}{narrowed}: what each guard gives nvcc")
-        shown: set[str] = set()
+        say(f"{what}, CUDA_ARCHS={effective}{narrowed}: what each guard gives nvcc")
+        listed: set[str] = set()
         for result in results:
             for guard in result.before:
-                if (all_guards or covered(guard, name)) and guard.location not in shown:
-                    shown.add(guard.location)
-                    click.echo(_guard_line(guard, result))
+                if (all_guards or covered(guard, name)) and guard.location not in listed:
+                    listed.add(guard.location)
+                    say(_guard_line(guard, result))
         no_native = [g for rule in rules_for(name) if rule.action == "add"
                      for r in results if r.name == rule.name
                      for g in r.before if rule.covers(g) and rule.needs(g, SM121)]
         if no_native and project is not None:
-            click.echo(f"note: {len(no_native)} guard(s) give {SM121} no native code "
+            say(f"note: {len(no_native)} guard(s) give {SM121} no native code "
                        "(PTX at best: JIT at first use); the rule adds a target")
         dropped = [r.guard for result in results for r in result.rewrites
                    if not any(a.startswith("12.") for a in r.result)]
         if dropped:
-            click.echo(f"note: after the rewrite, {len(dropped)} guard(s) give no SM12x target "
+            say(f"note: after the rewrite, {len(dropped)} guard(s) give no SM12x target "
                        f"for {archs}: those kernels are left out of the build")
     for result in results:
         verb = "would apply" if (check or explain) and result.outcome == "applied" else None
-        click.echo(f"{result.name}: {verb or result.outcome} ({result.detail})")
+        say(f"{shown(result.name)}: {verb or result.outcome} ({shown(result.detail)})")
         if result.diff and not explain:
-            sys.stdout.write(result.diff)
+            say(result.diff, nl=False)
     handed = effective_archs(source, archs, cuda_version)
     for macro in apply_macros(source, name, handed, SM121, check=check or explain):
         verb = "would apply" if (check or explain) and macro.outcome == "applied" else None
-        click.echo(f"{macro.name}: {verb or macro.outcome} ({macro.detail})")
+        say(f"{shown(macro.name)}: {verb or macro.outcome} ({shown(macro.detail)})")
         if macro.diff and not explain:
-            sys.stdout.write(macro.diff)
+            say(macro.diff, nl=False)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from sm121_build.core.console import say, say_json, shown
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
 
@@ -32,17 +32,16 @@ def pin(image: str, as_json: bool, fetch: bool, source: Path | None, repo: str) 
             "git_ref": {"kind": ref.kind, "value": ref.value},
             "source": str(checkout) if checkout else None, "commit": commit}
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        say_json(data)
         return
-    click.echo(f"image      {facts.ref}  ({facts.platform})")
-    click.echo(f"digest     {facts.digest_ref}")
-    click.echo(f"vllm       {vllm.version}  commit_id={vllm.commit_id or '-'}")
-    click.echo(f"git ref    {ref}")
-    click.echo(f"python     {vllm.python}  {vllm.site_packages}")
-    click.echo(f"extensions {', '.join(vllm.extensions) or '-'}")
-    click.echo(f"cuda       include={vllm.cuda_include or '-'}  lib={vllm.cuda_lib or '-'}  "
-               f"home={vllm.cuda_home or '-'}")
-    if vllm.tools:
-        click.echo(f"tools      {vllm.tools.describe()}")
-    if checkout:
-        click.echo(f"source     {checkout} @ {commit}")
+    for key, value in (
+            ("image", f"{facts.ref}  ({facts.platform})"), ("digest", facts.digest_ref),
+            ("vllm", f"{vllm.version}  commit_id={vllm.commit_id or '-'}"),
+            ("git ref", str(ref)), ("python", f"{vllm.python}  {vllm.site_packages}"),
+            ("extensions", ", ".join(vllm.extensions) or "-"),
+            ("cuda", f"include={vllm.cuda_include or '-'}  lib={vllm.cuda_lib or '-'}  "
+                     f"home={vllm.cuda_home or '-'}"),
+            ("tools", vllm.tools.describe() if vllm.tools else ""),
+            ("source", f"{checkout} @ {commit}" if checkout else "")):
+        if value:
+            say(f"{key:<10} {shown(value)}")

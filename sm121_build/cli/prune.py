@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from sm121_build.core.console import say, shown
 from sm121_build.image.engine import Engine
 from sm121_build.jobs.commands.prune import prune
 
@@ -18,7 +19,7 @@ def prune_command(keep: int, dry_run: bool) -> None:
     result = prune(Engine.connect(), keep, dry_run)
     verb = "would remove" if dry_run else "removed"
     for line in result.removed:
-        click.echo(f"{verb} {line}")
+        say(f"{verb} {shown(line)}")
     for line in result.kept:
-        click.echo(f"kept {line}")
-    click.echo(f"{verb} {len(result.removed)} image(s), kept {len(result.kept)} candidate(s)")
+        say(f"kept {shown(line)}")
+    say(f"{verb} {len(result.removed)} image(s), kept {len(result.kept)} candidate(s)")

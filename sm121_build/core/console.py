@@ -1,20 +1,87 @@
-"""Everything the tool tells a person on stderr goes through here: timed, titled steps (✓/✕,
-folded into groups on GitHub Actions, as cibuildwheel's logger does), their detail lines,
-the one-line `error: …` (plus an `::error::` annotation on Actions), and a live one-line
-status for long builds and reads on a terminal.  Results go to stdout."""
+"""Everything the tool tells a person goes through here: timed, titled steps (✓/✕, folded
+into groups on GitHub Actions, as cibuildwheel's logger does), their detail lines, the
+one-line `error: …` (plus an `::error::` annotation on Actions), a live one-line status for
+long builds and reads on a terminal, and the results on stdout (`say`, `say_json`).
+
+Text out is a door like files in: no other module prints (tests/unit/test_text_door.py).
+Every line leaves here with each control character escaped (C0 and C1 controls, ESC, DEL,
+the bidirectional overrides and line separators): a name from outside cannot retitle the
+terminal, clear it, or reorder what is read.  A one-line sink (`note`, `notice`, `result`,
+`report_error`, a step's title, the live line) escapes a newline too, so a name cannot forge
+a line there; a block (`say`: a table) keeps its own line breaks, so the renderer of a block
+passes every name from outside through `shown` (plain text) or `md` (Markdown), which escape
+newlines as well.  JSON leaves exact (`say_json`: json.dumps escapes what it must)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import click
 
 from sm121_build.core.compile_progress import CompileProgress, History
+
+# C0 controls (newline and tab among them), DEL, C1 controls, the bidirectional marks,
+# embeddings, overrides and isolates, and the Unicode line and paragraph separators
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
+                      "\u202a-\u202e\u2066-\u2069]")
+_BLOCK_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028"
+                            "\u2029\u202a-\u202e\u2066-\u2069]")  # keeps \n and \t
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~&])")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x1b": "\\e"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100
+                                else f"\\u{ord(char):04x}")
+
+
+def shown(text: str) -> str:
+    """A name from outside as plain text on one line: every control character escaped
+    (`\\n`, `\\e`, `\\x07`, `\\u202e`), nothing else changed."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def md(text: str) -> str:
+    """A name from outside as Markdown text: `shown`, then every character Markdown or a
+    table cell gives a meaning (`|`, a backtick, `[`, `<`, `&` ...) escaped with a backslash."""
+    return _MARKDOWN.sub(r"\\\1", shown(text))
+
+
+def md_code(text: str) -> str:
+    """A name from outside as a Markdown code span (`` `name` ``) when it can be one (no
+    backtick, no `|`, no control character), else as `md` text."""
+    if "`" in text or "|" in text or _CONTROL.search(text):
+        return md(text)
+    return f"`{text}`"
+
+
+def _line(text: str) -> str:
+    return _CONTROL.sub(_escaped, text)
+
+
+def _block(text: str) -> str:
+    return _BLOCK_CONTROL.sub(_escaped, text)
+
+
+def say(text: str = "", nl: bool = True) -> None:
+    """A block of text for a person on stdout (a table, a listing, a diff): its own line
+    breaks kept, every other control character escaped."""
+    end_status_line()
+    click.echo(_block(text), nl=nl)
+
+
+def say_json(data: Any, indent: int | None = 2, sort_keys: bool = False) -> None:
+    """JSON on stdout, exact (json.dumps escapes every control character itself)."""
+    click.echo(json.dumps(data, indent=indent, sort_keys=sort_keys))
 
 
 def on_github_actions() -> bool:
@@ -30,6 +97,7 @@ class Steps:
     def step(self, title: str) -> Iterator[None]:
         """`==> title`, then `✓ title (1.2s)` or `✕ title (1.2s)` when it raised."""
         start = time.monotonic()
+        title = _line(title)
         click.echo(f"::group::{title}" if self.actions else f"==> {title}", err=True)
         mark = "✕"
         try:
@@ -72,7 +140,7 @@ def result(text: str) -> None:
     """A result line (`tagged …`): stdout, unless stdout carries JSON (`--json`), then
     stderr with the rest."""
     end_status_line()
-    click.echo(text, err=_results["stderr"])
+    click.echo(_line(text), err=_results["stderr"])
 
 
 def results_to_stderr() -> None:
@@ -85,22 +153,23 @@ def note(text: str) -> None:
     if _verbosity["level"] == 0:
         return
     end_status_line()
-    click.echo(f"    {text}", err=True)
+    click.echo(f"    {_line(text)}", err=True)
 
 
 def notice(text: str) -> None:
     """A line of its own on stderr, outside any step (`note: …`, `interrupted …`)."""
     end_status_line()
-    click.echo(text, err=True)
+    click.echo(_line(text), err=True)
 
 
 def report_error(message: str) -> None:
     """The one way a failure is printed: `error: …` on stderr; on GitHub Actions also an
     `::error::` annotation (stdout, where the runner reads workflow commands)."""
     end_status_line()
+    message = _line(message)
     click.echo(f"error: {message}", err=True)
     if on_github_actions():
-        text = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        text = message.replace("%", "%25")  # (no newline is left to escape as %0A)
         click.echo(f"::error title=sm121-build::{text}")
 
 
@@ -111,7 +180,7 @@ def status_line(text: str) -> None:
     """Rewrite one terminal line with the latest build output (nothing when not a TTY, or
     under --progress plain/quiet)."""
     if _live_terminal() and not _quiet_progress():
-        click.echo(f"\r\033[K    {text[:110]}", nl=False, err=True)
+        click.echo(f"\r\033[K    {_line(text)[:110]}", nl=False, err=True)
         _live["shown"] = True
 
 
@@ -143,7 +212,7 @@ class LiveLine:
         if self.tty:
             status_line(text)
         else:
-            click.echo(f"    {text}", err=True)
+            click.echo(f"    {_line(text)}", err=True)
 
     def __call__(self, text: str) -> None:
         self.last = text
@@ -180,7 +249,7 @@ class BuildStatus:
                 return
             if _verbosity["level"] == 2:  # -v: the build's own lines, as they come
                 end_status_line()
-                click.echo(f"      {line.rstrip()}", err=True)
+                click.echo(f"      {_line(line.rstrip())}", err=True)
                 return
             if self.tty:
                 if now - self.last >= 0.2:
@@ -208,7 +277,7 @@ class BuildStatus:
 
     def _plain(self, now: float) -> None:
         self.last_plain = now
-        click.echo(f"    {self.progress.text(now)}", err=True)
+        click.echo(f"    {_line(self.progress.text(now))}", err=True)
 
     def __enter__(self) -> BuildStatus:
         def run() -> None:
@@ -255,4 +324,4 @@ class Progress:
     def done(self) -> None:
         end_status_line()
         if time.monotonic() - self.started >= 2.0:
-            click.echo(f"    {self._text()}", err=True)
+            click.echo(f"    {_line(self._text())}", err=True)

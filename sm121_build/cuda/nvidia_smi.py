@@ -4,9 +4,10 @@ user names no `--target`/`--driver`, and what `doctor` checks."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from sm121_build.core.children import Program, run
 
 QUERY = ("--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader")
 Run = Callable[[list[str]], "str | None"]
@@ -28,10 +29,10 @@ class HostGpu:
 def output(args: list[str]) -> str | None:
     """A command's stdout, or None when it cannot run, fails or hangs."""
     try:
-        done = subprocess.run(args, capture_output=True, text=True, check=False, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
+        done = run(Program(tuple(args), 20.0, "nvidia-smi"))
+    except OSError:
         return None
-    return done.stdout if done.returncode == 0 else None
+    return done.text if done.returncode == 0 and not done.timed_out else None
 
 
 def read(smi: str, run: Run = output) -> HostGpu | None:

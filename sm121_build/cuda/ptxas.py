@@ -14,17 +14,14 @@ not read a newer image's PTX.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import struct
-import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from sm121_build.core.children import Ended, Program, run
 from sm121_build.core.errors import ToolchainError
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import Target, max_ptx_isa, ptx_isa_table
@@ -143,14 +140,14 @@ def isa_release(isa: tuple[int, int]) -> str:
 
 
 def _read_version(folder: Path) -> Toolchain:
+    ptxas = folder / "ptxas"
     try:
-        done = subprocess.run([str(folder / "ptxas"), "--version"], capture_output=True,
-                              text=True, timeout=VERSION_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ToolchainError(f"{folder / 'ptxas'} does not run: {exc}") from None
-    match = _RELEASE.search(done.stdout)
-    if done.returncode or not match:
-        raise ToolchainError(f"{folder / 'ptxas'} --version printed no CUDA release")
+        done = run(Program((str(ptxas), "--version"), VERSION_TIMEOUT, "ptxas --version"))
+    except OSError as exc:
+        raise ToolchainError(f"{ptxas} does not run: {exc}") from None
+    match = _RELEASE.search(done.text)
+    if done.timed_out or done.returncode or not match:
+        raise ToolchainError(f"{ptxas} --version printed no CUDA release")
     return Toolchain(folder, (int(match.group(1)), int(match.group(2))), match.group(3))
 
 
@@ -198,44 +195,13 @@ def compile_ptx(toolchain: Toolchain, ptx: bytes, arch: str, options: list[str],
 
 def run_ptxas(toolchain: Toolchain, ptx: bytes, how: Compile) -> PtxasRun:
     """ptxas on the PTX text (its trailing NULs dropped), as `how` says: the cubin and the
-    CPU time and peak memory of that process."""
+    CPU time and peak memory of that process (and of what it started)."""
     with temp_dir("sm121-aot-") as tmp:
         source, cubin = Path(tmp) / "module.ptx", Path(tmp) / "module.cubin"
         source.write_bytes(ptx.rstrip(b"\0"))
-        cpu, rss = _run_measured([str(toolchain.ptxas), *how.args(source, cubin)],
-                                 how.timeout, Path(tmp) / "ptxas.log")
-        return PtxasRun(cubin.read_bytes(), cpu, rss)
-
-
-def _run_measured(args: list[str], timeout: float, log: Path) -> tuple[float, int]:
-    """Run a tool, its output to `log`; its own CPU seconds and peak RSS (`wait4`); past
-    `timeout` it is killed and that is the error."""
-    with open(log, "wb") as out:
-        try:
-            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out,
-                                       stderr=subprocess.STDOUT)
-        except OSError as exc:
-            raise ToolchainError(f"ptxas does not run: {exc}") from None
-    expired = threading.Event()
-
-    def kill() -> None:
-        expired.set()
-        with contextlib.suppress(ProcessLookupError):  # it ended just now
-            os.kill(process.pid, signal.SIGKILL)
-
-    timer = threading.Timer(timeout, kill)
-    timer.start()
-    try:
-        _pid, status, usage = os.wait4(process.pid, 0)
-    finally:
-        timer.cancel()
-    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    if expired.is_set():
-        raise ToolchainError(f"ptxas ran past its {timeout:.0f} s limit")
-    if process.returncode:
-        said = " ".join(log.read_bytes()[:4096].decode("utf-8", "replace").split())[:300]
-        raise ToolchainError(f"ptxas failed (exit {process.returncode}): {said}")
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+        done = _run(Program((str(toolchain.ptxas), *how.args(source, cubin)), how.timeout,
+                            "ptxas", merge=True))
+        return PtxasRun(_written(cubin, "ptxas", "cubin"), done.cpu_seconds, done.peak_rss)
 
 
 def fatbin_entry(toolchain: Toolchain, cubin: bytes, sm: str, timeout: float) -> bytes:
@@ -243,24 +209,39 @@ def fatbin_entry(toolchain: Toolchain, cubin: bytes, sm: str, timeout: float) ->
     with temp_dir("sm121-aot-") as tmp:
         source, fatbin = Path(tmp) / "module.cubin", Path(tmp) / "module.fatbin"
         source.write_bytes(cubin)
-        _run([str(toolchain.fatbinary), f"--create={fatbin}", "--64", "--compress-all",
-              f"--image3=kind=elf,sm={sm},file={source}"], timeout, "fatbinary")
-        data = fatbin.read_bytes()
+        _run(Program((str(toolchain.fatbinary), f"--create={fatbin}", "--64",
+                      "--compress-all", f"--image3=kind=elf,sm={sm},file={source}"),
+                     timeout, "fatbinary"))
+        data = _written(fatbin, "fatbinary", "fatbin")
+    if len(data) < 16 + 4 + 12:
+        raise ToolchainError(f"fatbinary wrote a fatbin of {len(data)} bytes: too short")
     head, payload = struct.unpack_from("<IQ", data, 16 + 4)
     return data[16:16 + head + payload]
 
 
-def _run(args: list[str], timeout: float, what: str) -> None:
+def _run(program: Program) -> Ended:
+    """Run one of NVIDIA's tools: its end, or the one error that says how it failed."""
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        raise ToolchainError(f"{what} ran past its {timeout:.0f} s limit") from None
+        done = run(program)
     except OSError as exc:
-        raise ToolchainError(f"{what} does not run: {exc}") from None
+        raise ToolchainError(f"{program.what} does not run: {exc}") from None
+    if done.timed_out:
+        raise ToolchainError(f"{program.what} ran past its {program.seconds:.0f} s limit")
     if done.returncode:
-        said = " ".join((done.stderr or done.stdout).split())[:300]
-        raise ToolchainError(f"{what} failed (exit {done.returncode}): {said}")
+        raise ToolchainError(f"{program.what} failed (exit {done.returncode}): "
+                             f"{done.said()}")
+    return done
+
+
+def _written(path: Path, what: str, kind: str) -> bytes:
+    """The file a tool was to write, or the error that says it exited 0 and wrote none."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    if not data:
+        raise ToolchainError(f"{what} exited 0 and wrote no {kind}")
+    return data
 
 
 def arch_for(target: Target, variant: str) -> str:

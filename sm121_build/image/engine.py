@@ -23,7 +23,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ import docker.types
 import requests.exceptions
 import urllib3.exceptions
 
+from sm121_build.core.children import Lines, Program, run
 from sm121_build.core.console import note
 from sm121_build.core.errors import (
     BuildFailed,
@@ -73,6 +73,8 @@ _UNKNOWN_MANIFEST = re.compile(r"not found|manifest unknown|unknown manifest|doe
 _NO_ANSWER = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
 # a legacy (API) build may compile one file for an hour without a line of output
 BUILD_SILENCE_S = 3600.0
+# the longest a BuildKit build (the docker CLI) may run: a source build on a Spark takes 20-90 min
+BUILD_S = 86_400.0
 __all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "failure_cause"]
 
 
@@ -277,31 +279,44 @@ class Engine:
                on_read: Callable[[int], None] | None = None) -> Iterator[ImageReader]:
         """The image's files through a created, never started container, removed on exit."""
         name = f"sm121-build-read-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            container = self.client.api.create_container(
-                image_id, command=["/sm121-build-never-started"],
-                entrypoint=["/sm121-build-never-started"], network_disabled=True, name=name,
-                labels={READER_LABEL: str(os.getpid())})
-        except docker.errors.ImageNotFound:
-            raise Sm121Error(f"image {image_id} was removed from the engine while it was "
-                             "being read") from None
-        except docker.errors.APIError as exc:
-            raise EngineRefused(f"engine refused to open {image_id} for reading: "
-                                f"{exc.explanation}") from None
-        with self._removed_after(name, container["Id"]):
+        with self._removed_after(name):
+            try:
+                container = self.client.api.create_container(
+                    image_id, command=["/sm121-build-never-started"],
+                    entrypoint=["/sm121-build-never-started"], network_disabled=True,
+                    name=name, labels={READER_LABEL: str(os.getpid())})
+            except docker.errors.ImageNotFound:
+                raise Sm121Error(f"image {image_id} was removed from the engine while it was "
+                                 "being read") from None
+            except docker.errors.APIError as exc:
+                raise EngineRefused(f"engine refused to open {image_id} for reading: "
+                                    f"{exc.explanation}") from None
             yield ImageReader(self.client, container["Id"], image_id, on_read)
 
     @contextmanager
-    def _removed_after(self, name: str, container: str) -> Iterator[None]:
-        """A container this run made: named in LEFT_BEHIND (the error line if the engine
-        goes away) until it is removed, on every exit."""
+    def _removed_after(self, name: str) -> Iterator[None]:
+        """A container this run makes, by its name: in LEFT_BEHIND (the error line if the
+        engine goes away) from before it is asked for, so an interrupt that lands while the
+        engine creates it (the ID not yet known here) still removes it by name; removed on
+        every exit (a container that was never made: nothing to remove)."""
         LEFT_BEHIND.add(f"container {name}")
         try:
             yield
         finally:
             with suppress(*_LOST):
-                self.client.api.remove_container(container, force=True, v=True)
+                self._remove_named(name)
                 LEFT_BEHIND.discard(f"container {name}")
+
+    def _remove_named(self, name: str) -> None:
+        """Remove the container `name`; not there yet, once more a moment later (the engine
+        may still be creating it, asked just before an interrupt): then there is none."""
+        for attempt in range(2):
+            try:
+                self.client.api.remove_container(name, force=True, v=True)
+                return
+            except docker.errors.NotFound:
+                if attempt == 0:
+                    time.sleep(0.25)
 
     def run_confined(self, image_id: str, job: ConfinedJob) -> ConfinedResult:
         """Run `job.argv` in a throwaway container of `image_id` that can do nothing but
@@ -310,6 +325,11 @@ class Engine:
         log.
         It is killed after `job.seconds` and removed on every exit."""
         name = f"sm121-build-confined-{os.getpid()}-{secrets.token_hex(4)}"
+        with self._removed_after(name):
+            return self._wait_for(self._create_confined(image_id, job, name), job)
+
+    def _create_confined(self, image_id: str, job: ConfinedJob, name: str) -> str:
+        """The confined container of `run_confined`, created (not started): its ID."""
         try:
             container = self.client.api.create_container(
                 image_id, command=list(job.argv), environment=dict(job.env), name=name,
@@ -327,8 +347,7 @@ class Engine:
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused to create a container of {image_id}: "
                                 f"{exc.explanation}") from None
-        with self._removed_after(name, container["Id"]):
-            return self._wait_for(container["Id"], job)
+        return str(container["Id"])
 
     def _wait_for(self, container: str, job: ConfinedJob) -> ConfinedResult:
         """Start the confined container and wait for it, at most `job.seconds`."""
@@ -411,17 +430,17 @@ class Engine:
             env = {**os.environ, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
             args = [client_path, "build", "--progress", "plain", "-f", str(dockerfile),
                     "--iidfile", str(iidfile), str(context)]
-            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True, errors="replace", env=env)
-            assert process.stdout is not None
+            lines = Lines(lambda line: _stream_to(log, line, status))
             try:
-                for line in process.stdout:
-                    _stream_to(log, line, status)
-            except KeyboardInterrupt:
-                process.terminate()
-                process.wait()
-                raise
-            if process.wait() != 0 or not iidfile.exists():
+                done = run(Program(tuple(args), BUILD_S, "docker build", env=env, merge=True),
+                           lines)
+            except OSError as exc:
+                raise BuildFailed(f"docker build does not run: {exc}") from None
+            lines.close()
+            if done.timed_out:
+                raise BuildFailed(f"docker build ran past its {BUILD_S:.0f} s limit; "
+                                  f"full log: {log}")
+            if done.returncode != 0 or not iidfile.exists():
                 raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
             return iidfile.read_text().strip()
         image_id = ""
@@ -466,9 +485,12 @@ def find_buildkit_client(which: Callable[[str], str | None],
 
 
 def _build_help(client: str) -> str | None:
-    result = subprocess.run([client, "build", "--help"], capture_output=True, text=True,
-                            check=False, env={**os.environ, "DOCKER_BUILDKIT": "1"})
-    return result.stdout if result.returncode == 0 else None
+    try:
+        result = run(Program((client, "build", "--help"), 30.0, "docker build --help",
+                             env={**os.environ, "DOCKER_BUILDKIT": "1"}))
+    except OSError:
+        return None
+    return result.text if result.returncode == 0 and not result.timed_out else None
 
 
 def kept_pin(tag: str) -> None:

@@ -16,7 +16,6 @@ With no runner chosen, an evaluation is refused: code from a tree never runs by 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from sm121_build.core.children import Program, run
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 
@@ -74,13 +74,12 @@ class HostCMake:
             utils.write_text(script.utils, errors="surrogateescape")
             path = Path(tmp) / "explain.cmake"
             path.write_text(script.text(Path(tmp).as_posix()), errors="surrogateescape")
-            try:
-                result = subprocess.run([self.cmake(), "-P", str(path)], capture_output=True,
-                                        text=True, errors="replace", check=False, cwd=tmp,
-                                        timeout=self.seconds)
-            except subprocess.TimeoutExpired:
-                return CMakeOutput(None, "", "")
-        return CMakeOutput(result.returncode, result.stdout, result.stderr)
+            result = run(Program((self.cmake(), "-P", str(path)), self.seconds, "cmake -P",
+                                 cwd=Path(tmp)))
+        if result.timed_out:
+            return CMakeOutput(None, "", "")
+        return CMakeOutput(result.returncode, result.text,
+                           result.stderr.decode("utf-8", "replace"))
 
 
 _RUNNER: ContextVar[CMakeRunner | None] = ContextVar("sm121_cmake_runner", default=None)

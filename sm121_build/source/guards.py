@@ -12,13 +12,13 @@ changed between releases, so no re-implementation is attempted: CMake answers.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
+from sm121_build.core.children import Program, run
 from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.inputs import InputRefused
 from sm121_build.core.vllm import MIN_CMAKE
@@ -127,11 +127,12 @@ def find_cmake(candidates: tuple[str, ...] | None = None) -> str:
     """The first cmake >= MIN_CMAKE (a system one may be older); found once per process."""
     for candidate in candidates or cmake_candidates():
         try:
-            out = subprocess.run([candidate, "--version"], capture_output=True, text=True,
-                                 check=True, timeout=30).stdout
-        except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            done = run(Program((candidate, "--version"), 30.0, "cmake --version"))
+        except OSError:
             continue
-        match = re.search(r"version (\d+)\.(\d+)", out)
+        if done.returncode or done.timed_out:
+            continue
+        match = re.search(r"version (\d+)\.(\d+)", done.text)
         if match and (int(match.group(1)), int(match.group(2))) >= MIN_CMAKE:
             return candidate
     raise ToolchainError(

@@ -13,13 +13,14 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from sm121_build.core.children import Program, run
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.paths import cache_dir
@@ -69,14 +70,40 @@ _SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
 GIT_TIMEOUT_S = 1800.0  # a fetch of vLLM over a slow link; a local call takes milliseconds
 
 
-def _git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+MAX_GIT_OUTPUT = 64 << 20  # what git may print that the tool reads whole (a name list)
+
+
+@dataclass(frozen=True)
+class GitResult:
+    """How one git call ended: its status, its stdout whole, and what it said on stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _git(*args: str, cwd: Path | None = None,
+         sink: Callable[[bytes], None] | None = None) -> GitResult:
+    """git with the tree's own hooks and helpers off, in its own process group, within
+    GIT_TIMEOUT_S; its stdout whole (at most MAX_GIT_OUTPUT), or each chunk to `sink`."""
+    whole = bytearray()
+
+    def keep(chunk: bytes) -> None:
+        if len(whole) + len(chunk) > MAX_GIT_OUTPUT:
+            raise Sm121Error(f"git {args[0]} printed more than {MAX_GIT_OUTPUT >> 20} MiB: "
+                             "stopped")
+        whole.extend(chunk)
+
     try:
-        return subprocess.run(["git", *_SAFE_GIT, *args], cwd=cwd, capture_output=True,
-                              text=True, check=False, timeout=GIT_TIMEOUT_S,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-    except subprocess.TimeoutExpired:
-        raise Sm121Error(f"git {args[0]} gave no result in {GIT_TIMEOUT_S:g} s: "
-                         "stopped") from None
+        done = run(Program(("git", *_SAFE_GIT, *args), GIT_TIMEOUT_S, f"git {args[0]}",
+                           cwd=cwd, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}),
+                   sink or keep)
+    except OSError as exc:
+        raise Sm121Error(f"git does not run: {exc}") from None
+    if done.timed_out:
+        raise Sm121Error(f"git {args[0]} gave no result in {GIT_TIMEOUT_S:g} s: stopped")
+    return GitResult(done.returncode, whole.decode("utf-8", "surrogateescape"),
+                     done.stderr.decode("utf-8", "replace"))
 
 
 def resolve_checkout(path: Path) -> str:
@@ -130,22 +157,25 @@ def check_git_tree(path: Path, ref: GitRef, allow_other_commit: bool, what: str,
 
 def _changes(path: Path) -> str:
     """sha256 over `git diff HEAD` and every untracked, not ignored file (name and bytes)."""
-    try:
-        diff = subprocess.run(["git", *_SAFE_GIT, "diff", "--no-ext-diff", "--no-textconv",
-                               "HEAD", "--binary"], cwd=path, capture_output=True,
-                              check=False, timeout=GIT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise Sm121Error(f"{path}: git diff gave no result in {GIT_TIMEOUT_S:g} s") from None
+    diffed = hashlib.sha256()
+    size = [0]
+
+    def hashed(chunk: bytes) -> None:
+        diffed.update(chunk)
+        size[0] += len(chunk)
+
+    diff = _git("diff", "--no-ext-diff", "--no-textconv", "HEAD", "--binary", cwd=path,
+                sink=hashed)
     others = _git("ls-files", "--others", "--exclude-standard", "-z", cwd=path)
     if diff.returncode != 0 or others.returncode != 0:
         raise Sm121Error(f"{path}: git cannot list its changes: "
-                         f"{(diff.stderr.decode(errors='replace') or others.stderr).strip()}")
+                         f"{(diff.stderr or others.stderr).strip()}")
     names = sorted(n for n in others.stdout.split("\0") if n)
-    if not diff.stdout and not names:
+    if not size[0] and not names:
         return ""
-    digest = hashlib.sha256(diff.stdout)
+    digest = diffed.copy()
     for name in names:
-        digest.update(b"\0" + name.encode() + b"\0")
+        digest.update(b"\0" + name.encode("utf-8", "surrogateescape") + b"\0")
         try:
             digest.update(hashlib.sha256(read_input(path / name, MAX_UNTRACKED,
                                                     "untracked file")).digest())
@@ -235,7 +265,7 @@ def _last(stderr: str) -> str:
     return (reasons or lines or ["no output"])[0]
 
 
-def _check(result: subprocess.CompletedProcess[str], what: str) -> None:
+def _check(result: GitResult, what: str) -> None:
     if result.returncode != 0:
         raise Sm121Error(f"{what} failed: {_last(result.stderr)}")
 

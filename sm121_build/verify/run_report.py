@@ -15,9 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
-import click
-
-from sm121_build.core.console import Steps, notice
+from sm121_build.core.console import Steps, md, md_code, notice, say_json, shown
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.outputs import append_text, replace_text
@@ -290,13 +288,13 @@ def _kernels(entry: Binary | None) -> str:
 def markdown(record: RunRecord) -> str:
     """The run as GitHub-flavoured Markdown: status, provenance, the audit before/after."""
     status = RunStatus(record.status).words
-    lines = [f"## sm121-build: `{record.base}` → `{record.tag}`", "",
-             f"**{status}**" + (f": {record.error}" if record.error else ""), ""]
+    lines = [f"## sm121-build: {md_code(record.base)} → {md_code(record.tag or '')}", "",
+             f"**{status}**" + (f": {md(record.error)}" if record.error else ""), ""]
     facts = [("vLLM", record.vllm_version), ("commit", record.vllm_commit),
              ("arch list", record.arch_list), ("base digest", record.base_digest),
              ("content key", record.content_key), ("build log", record.log),
              ("artifacts", record.artifacts)]
-    lines += [f"- {name}: `{value}`" for name, value in facts if value]
+    lines += [f"- {name}: {md_code(str(value))}" for name, value in facts if value]
     lines += kernels_lines(record, "- ", "`")
     decision = record.decision
     if decision:
@@ -306,8 +304,8 @@ def markdown(record: RunRecord) -> str:
                   "| --- | --- | --- | --- | --- | --- |"]
         for name, e in sorted(decision.extensions.items()):
             b, a = e["before"], e["after"]
-            why = "; ".join([e["reason"], *e["remains"]]).replace("|", "\\|")
-            lines.append(f"| `{name}` | {'yes' if e['build'] else 'no'} | "
+            why = md("; ".join([e["reason"], *e["remains"]]))
+            lines.append(f"| {md_code(name)} | {'yes' if e['build'] else 'no'} | "
                          f"{b['native']} → {a['native']} | {b['jit']} → {a['jit']} | "
                          f"{b['none']} → {a['none']} | {why} |")
     before = record.before or {}
@@ -317,7 +315,7 @@ def markdown(record: RunRecord) -> str:
                   "rebuilt kernels on sm_121 |", "| --- | --- | --- | --- | --- |"]
         for name in sorted(set(before) | set(after)):
             old, new = before.get(name), after.get(name)
-            lines.append(f"| `{name}` | {_counts(old.cubins) if old else '—'} | "
+            lines.append(f"| {md_code(name)} | {_counts(old.cubins) if old else '—'} | "
                          f"{_kernels(old)} | {_counts(new.cubins) if new else '—'} | "
                          f"{_kernels(new)} |")
     elif record.status == RunStatus.UP_TO_DATE:
@@ -325,7 +323,7 @@ def markdown(record: RunRecord) -> str:
     excluded = record.fp4_excluded or {}
     for name, count in sorted(excluded.items()):
         if count:
-            lines.append(f"\n{name}: {count} FP4 kernel(s) left out on purpose.")
+            lines.append(f"\n{md(name)}: {count} FP4 kernel(s) left out on purpose.")
     return "\n".join(lines) + "\n"
 
 
@@ -362,7 +360,7 @@ def recorded(record: RunRecord, report: Path | None, summary_md: Path | None,
             for line in summary_lines(record):
                 notice(line)
         if as_json:
-            click.echo(json.dumps(record.as_json(), indent=2))
+            say_json(record.as_json())
 
 
 def kernels_lines(record: RunRecord, bullet: str = "  ", code: str = "") -> list[str]:
@@ -392,13 +390,13 @@ def summary_lines(record: RunRecord) -> list[str]:
         was = f"{before.kernels['native']} → " if before and before.kernels else ""
         if after.kernels:
             total = sum(after.kernels.values())
-            lines.append(f"  {name}: {was}{after.kernels['native']} of {total} kernels "
+            lines.append(f"  {shown(name)}: {was}{after.kernels['native']} of {total} kernels "
                          f"native on {record.gpu or 'sm_121'}")
     plans = record.decision.extensions if record.decision else {}
     stays = [(name, why) for name, plan in plans.items() for why in plan.get("remains", [])]
     if stays:
         lines.append("  stays non-native:")
-        lines.extend(f"    {name}: {why}" for name, why in stays)
+        lines.extend(f"    {shown(name)}: {shown(why)}" for name, why in stays)
     elif plans:
         lines.append("  stays non-native: nothing the plan knows of")
     return lines

@@ -456,7 +456,8 @@ def _ctrl_c_during_the_kernels_pull(e2e: E2E, registry: str) -> None:
     assert process.returncode == 130, rest
     assert f"==> kernels {ref}" in rest
     assert rest.strip().splitlines()[-1] == (
-        "interrupted: temporary files and containers were removed")
+        "interrupted: the programs it started were ended, its temporary files and "
+        "containers removed")
     assert not e2e.exists(f"{PREFIX}:interrupted-pull")
     assert list(tmp.iterdir()) == []
     assert {i.id for i in e2e.client.images.list(all=True)} == images
@@ -562,7 +563,8 @@ def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E, tmp_path: Path,
     _, rest = process.communicate(timeout=120)
     assert process.returncode == 130, rest
     assert rest.strip().splitlines()[-1] == (
-        "interrupted: temporary files and containers were removed")
+        "interrupted: the programs it started were ended, its temporary files and "
+        "containers removed")
     assert not e2e.exists(f"{PREFIX}:interrupted")
     assert list(tmp.iterdir()) == []
     assert {c.id for c in e2e.client.containers.list(all=True)} == containers

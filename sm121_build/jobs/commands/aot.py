@@ -32,9 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
-import click
-
-from sm121_build.core.console import note, notice, result
+from sm121_build.core.console import note, notice, report_error, result, shown
 from sm121_build.core.errors import CorruptBinaryError, ToolchainError
 from sm121_build.core.inputs import (
     InputRefused,
@@ -670,11 +668,12 @@ def _copy_wheel(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
 
 def say_results(outcome: AotResult) -> None:
     for item in outcome.files:
-        result(f"{item.name}: {item.modules} module(s) native now; +{human_size(item.sass_bytes)}"
-               f" of SASS stored as {human_size(item.entry_bytes)} (zstd); file "
+        result(f"{shown(item.name)}: {item.modules} module(s) native now; "
+               f"+{human_size(item.sass_bytes)} of SASS stored as "
+               f"{human_size(item.entry_bytes)} (zstd); file "
                f"{human_size(item.stock_size)} -> {human_size(item.new_size)}")
     for line in outcome.failed:
-        click.echo(f"error: {line}", err=True)
+        report_error(line)
     if outcome.files:
         note(f"aot: {len(outcome.files)} file(s), {outcome.cpu_seconds:.0f} CPU-s of "
              f"ptxas, {duration(outcome.wall_seconds)} in all")

@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm121_build.core.children import Program, run
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.limits import Limits
@@ -68,10 +68,12 @@ def _chunks(prefix: str, text: str) -> list[tuple[str, str]]:
 def _libraries(binary: Path) -> list[Path]:
     """The shared libraries (and the loader) `binary` loads, as `ldd` resolves them here."""
     try:
-        out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run(Program(("ldd", str(binary)), 30.0, "ldd"))
+    except OSError as exc:
         raise Sm121Error(f"cannot list the libraries of {binary} (ldd: {exc})") from None
+    if done.timed_out:
+        raise Sm121Error(f"cannot list the libraries of {binary} (ldd ran past 30 s)")
+    out = done.text
     return [Path(m.group(1)) for m in map(_LDD_LINE.search, out.splitlines()) if m]
 
 

@@ -1,0 +1,225 @@
+"""The one way the tool starts a program (ptxas, fatbinary, cmake, git, ldd, nvidia-smi, the
+docker CLI): `run(Program(...))`.
+
+Every program runs in a process group of its own (`start_new_session`), so a wrapper and
+whatever it starts (PyPI's and conda's ptxas shims, a `docker build` and its helpers) end
+together: the whole group is killed when the deadline passes, when the run is interrupted
+(`end_all`, called by the command's Ctrl-C/SIGTERM handler: no program outlives the run),
+and after the program itself exits (a grandchild it left is not kept).  The deadline is kept
+by the thread that waits, with `select` and a polled wait: no timer thread, nothing that
+keeps the process alive after the run.  Output is read as it comes and bounded: the first and
+the last `KEPT` bytes of each stream are kept, the middle is counted and dropped, so a program
+that never stops printing costs 2 × `KEPT` bytes, not the machine's memory; a caller that
+needs all of it (a hash of `git diff`, the build log) takes each chunk through `sink`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm121_build.core.interrupts import held
+
+KEPT = 64 * 1024  # bytes kept at each end of each stream
+_READ = 64 * 1024
+_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class Program:
+    """What to run: its arguments, the seconds it may take (then its group is killed), and
+    how messages name it.  Its stdin is /dev/null; `merge` sends stderr into stdout, in the
+    order the program wrote them (a build log)."""
+
+    args: tuple[str, ...]
+    seconds: float
+    what: str
+    cwd: Path | None = None
+    env: Mapping[str, str] | None = None
+    merge: bool = False
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a program ended: its exit status (negative: the signal that ended it), what it
+    printed (at most `KEPT` bytes from each end of each stream; `dropped` bytes left out of
+    the middle), whether its deadline ended it, and what its process tree used (`wait4`)."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    dropped: int
+    timed_out: bool
+    cpu_seconds: float
+    peak_rss: int  # bytes
+
+    @property
+    def text(self) -> str:
+        """stdout as text (undecodable bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+    def said(self, width: int = 300) -> str:
+        """What it said, on one line: stderr, else stdout, whitespace folded, cut to `width`."""
+        words = (self.stderr or self.stdout).decode("utf-8", "replace").split()
+        return " ".join(words)[:width] or "no output"
+
+
+class Kept:
+    """A stream's first and last `limit` bytes; what lies between is counted, not kept."""
+
+    def __init__(self, limit: int = KEPT) -> None:
+        self.limit = limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail += chunk
+        over = len(self.tail) - self.limit
+        if over > 0:
+            self.dropped += over
+            del self.tail[:over]
+
+    def value(self) -> bytes:
+        if not self.dropped:
+            return bytes(self.head + self.tail)
+        return bytes(self.head) + f"\n[… {self.dropped} bytes left out …]\n".encode() + \
+            bytes(self.tail)
+
+
+class Lines:
+    """Chunks of output as lines, for a caller that follows a log line by line; a line is
+    cut at `width` bytes, so one that never ends is not held whole."""
+
+    def __init__(self, on_line: Callable[[str], None], width: int = 16 * 1024) -> None:
+        self.on_line = on_line
+        self.width = width
+        self.partial = bytearray()
+
+    def __call__(self, chunk: bytes) -> None:
+        self.partial += chunk
+        while True:
+            cut = self.partial.find(b"\n")
+            if cut < 0 and len(self.partial) < self.width:
+                return
+            end = cut + 1 if 0 <= cut < self.width else self.width
+            line, self.partial = bytes(self.partial[:end]), self.partial[end:]
+            self.on_line(line.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        if self.partial:
+            self.on_line(bytes(self.partial).decode("utf-8", "replace"))
+            self.partial = bytearray()
+
+
+# The groups of the programs now running; `end_all` kills them.  An RLock: the signal handler
+# that calls `end_all` runs on the main thread, maybe while that thread holds the lock.
+_LOCK = threading.RLock()
+_GROUPS: set[int] = set()
+_ENDING = threading.Event()
+
+
+class Ending(Exception):
+    """A program was to start after the run was interrupted."""
+
+
+def end_all() -> None:
+    """The run is interrupted: kill every program's group now, and start none from here on."""
+    with _LOCK:
+        _ENDING.set()
+        groups = list(_GROUPS)
+    for group in groups:
+        _kill(group)
+
+
+def running() -> int:
+    """How many programs are running now (the tests' count of what a run left)."""
+    with _LOCK:
+        return len(_GROUPS)
+
+
+def _kill(group: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+
+
+def run(program: Program, sink: Callable[[bytes], None] | None = None) -> Ended:
+    """Run `program` to its end or its deadline; OSError when it cannot be started.  Every
+    chunk of stdout also goes to `sink` when one is given."""
+    if _ENDING.is_set():
+        raise Ending(f"{program.what} was not started: the run is being interrupted")
+    with held():  # a Ctrl-C cannot fall between the start and the registration
+        process = subprocess.Popen(
+            program.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if program.merge else subprocess.PIPE,
+            cwd=program.cwd, env=None if program.env is None else dict(program.env),
+            start_new_session=True)
+        with _LOCK:
+            _GROUPS.add(process.pid)
+            ending = _ENDING.is_set()
+    if ending:
+        _kill(process.pid)
+    deadline = time.monotonic() + program.seconds
+    out, err = Kept(), Kept()
+    timed_out = True
+    try:
+        timed_out = not _read(process, deadline, (out, err), sink)
+        timed_out = timed_out or not _exited(process.pid, deadline)
+    finally:
+        _kill(process.pid)  # on a deadline, an interrupt, and what the program left behind
+        _pid, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+        with _LOCK:
+            _GROUPS.discard(process.pid)
+    return Ended(process.returncode, out.value(), err.value(), out.dropped + err.dropped,
+                 timed_out, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+
+
+def _read(process: subprocess.Popen[bytes], deadline: float, kept: tuple[Kept, Kept],
+          sink: Callable[[bytes], None] | None) -> bool:
+    """Read stdout and stderr until both close (True) or the deadline passes (False)."""
+    with selectors.DefaultSelector() as selector:
+        for stream, keep in ((process.stdout, kept[0]), (process.stderr, kept[1])):
+            if stream is not None:
+                selector.register(stream, selectors.EVENT_READ, keep)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for key, _events in selector.select(min(left, 1.0)):
+                chunk = os.read(key.fd, _READ)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                key.data.add(chunk)
+                if sink is not None and key.data is kept[0]:
+                    sink(chunk)
+    return True
+
+
+def _exited(pid: int, deadline: float) -> bool:
+    """Wait, without reaping it, until the process has exited (True) or the deadline passed."""
+    while True:
+        found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if found is not None and found.si_pid == pid:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)

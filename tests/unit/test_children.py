@@ -1,0 +1,237 @@
+"""The one way a program is started (`core/children.py`): no other module starts one; each runs
+in a group of its own that is killed on its deadline, on an interrupt and after it exits; its
+output is bounded; a tool that exits 0 and writes nothing is named as such; and a Ctrl-C or
+SIGTERM ends a whole run within seconds, with every program it started gone."""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from devkit.helpers import DATA, link_cached
+from sm121_build.core import children
+from sm121_build.core.children import Kept, Lines, Program, end_all, run
+from sm121_build.core.errors import ToolchainError
+from sm121_build.cuda.ptxas import Compile, Toolchain, fatbin_entry, run_ptxas
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
+DOOR = "core/children.py"
+# runs inside the builder container, on the standard library only (a contract forbids any
+# import of the package): the build's own compiler calls
+OUTSIDE = {"jobs/payload/build_extensions.py"}
+STARTS = {"system", "popen", "spawnl", "spawnv", "spawnvp", "execv", "execvp", "execve",
+          "fork", "forkpty", "posix_spawn", "posix_spawnp", "create_subprocess_exec"}
+
+
+def _starts(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names]
+            found += [f"import {n}" for n in names if n.split(".")[0] in ("subprocess", "pty")]
+        elif isinstance(node, ast.Attribute) and node.attr in STARTS:
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_but_the_door_starts_a_program() -> None:
+    strays = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in OUTSIDE or rel == DOOR:
+            continue
+        found = _starts(ast.parse(path.read_text()))
+        if found:
+            strays[rel] = found
+    assert strays == {}, "start programs through core/children.run"
+
+
+def test_the_scan_sees_a_start() -> None:
+    assert _starts(ast.parse("import subprocess\nos.system('x')\n")) == [
+        "import subprocess", "os.system"]
+
+
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}").exists() \
+        else "X"
+    return state not in ("Z", "X")
+
+
+def test_a_program_that_never_stops_printing_costs_bounded_memory(tmp_path: Path) -> None:
+    done = run(Program(("yes", "x" * 100), 1.0, "yes"))
+    assert done.timed_out
+    assert len(done.stdout) <= 2 * children.KEPT + 100
+    assert done.dropped > 10 * children.KEPT
+    assert done.stdout.startswith(b"x" * 100)
+
+
+def test_the_deadline_kills_what_a_wrapper_started(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    shim = _script(tmp_path, "shim", f"sleep 600 &\necho $! > {pidfile}\nwait\n")
+    started = time.monotonic()
+    done = run(Program((str(shim),), 1.0, "shim"))
+    assert done.timed_out
+    assert time.monotonic() - started < 5
+    grandchild = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not _alive(grandchild), "the wrapper's child outlived the deadline"
+
+
+def test_what_a_program_leaves_behind_is_ended_with_it(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    leaver = _script(tmp_path, "leaver",
+                     f"sleep 600 >/dev/null 2>&1 &\necho $! > {pidfile}\nexit 0\n")
+    done = run(Program((str(leaver),), 30.0, "leaver"))
+    assert done.returncode == 0 and not done.timed_out
+    time.sleep(0.2)
+    assert not _alive(int(pidfile.read_text()))
+    assert children.running() == 0
+
+
+def test_end_all_ends_a_program_waited_on_by_another_thread(tmp_path: Path) -> None:
+    results: list[children.Ended] = []
+    waiter = threading.Thread(target=lambda: results.append(
+        run(Program(("sleep", "600"), 600.0, "sleep"))))
+    waiter.start()
+    for _ in range(200):
+        if children.running():
+            break
+        time.sleep(0.01)
+    try:
+        end_all()
+        waiter.join(5)
+        assert not waiter.is_alive()
+        assert results[0].returncode == -signal.SIGKILL
+        with pytest.raises(children.Ending):
+            run(Program(("true",), 5.0, "true"))
+    finally:
+        children._ENDING.clear()
+
+
+def test_stdout_and_stderr_apart_and_merged() -> None:
+    apart = run(Program(("sh", "-c", "echo out; echo err >&2; exit 3"), 10.0, "sh"))
+    assert (apart.returncode, apart.stdout, apart.stderr) == (3, b"out\n", b"err\n")
+    assert apart.said() == "err"
+    merged = run(Program(("sh", "-c", "echo out; echo err >&2"), 10.0, "sh", merge=True))
+    assert merged.stdout == b"out\nerr\n" and merged.stderr == b""
+
+
+def test_a_program_that_cannot_start_is_an_os_error() -> None:
+    with pytest.raises(OSError):
+        run(Program(("/nonexistent/tool",), 5.0, "tool"))
+
+
+def test_kept_holds_both_ends() -> None:
+    kept = Kept(4)
+    for chunk in (b"ab", b"cdef", b"ghij", b"k"):
+        kept.add(chunk)
+    assert (bytes(kept.head), bytes(kept.tail), kept.dropped) == (b"abcd", b"hijk", 3)
+    assert kept.value() == b"abcd\n[\xe2\x80\xa6 3 bytes left out \xe2\x80\xa6]\nhijk"
+
+
+def test_lines_cut_a_line_that_never_ends() -> None:
+    seen: list[str] = []
+    lines = Lines(seen.append, width=8)
+    lines(b"one\ntw")
+    lines(b"o\n" + b"x" * 20)
+    lines.close()
+    assert seen == ["one\n", "two\n", "x" * 8, "x" * 8, "x" * 4]
+
+
+def _toolchain(tmp_path: Path, ptxas_body: str, fatbinary_body: str = "exit 0\n") -> Toolchain:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir, "ptxas", 'case "$1" in --version) echo "Cuda compilation tools, '
+            'release 13.0, V13.0.88"; exit 0;; esac\n' + ptxas_body)
+    _script(bin_dir, "fatbinary", fatbinary_body)
+    return Toolchain(bin_dir, (13, 0), "13.0.88")
+
+
+def test_ptxas_that_exits_0_and_writes_nothing_is_named(tmp_path: Path) -> None:
+    toolchain = _toolchain(tmp_path, "exit 0\n")
+    with pytest.raises(ToolchainError, match=r"^ptxas exited 0 and wrote no cubin$"):
+        run_ptxas(toolchain, b".version 8.0\n", Compile("sm_121", timeout=30.0))
+    with pytest.raises(ToolchainError, match=r"^fatbinary exited 0 and wrote no fatbin$"):
+        fatbin_entry(toolchain, b"\x7fELF", "121", 30.0)
+
+
+def test_ptxas_past_its_limit_is_ended_with_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    toolchain = _toolchain(tmp_path, f"sleep 600 &\necho $! > {pidfile}\nwait\n")
+    started = time.monotonic()
+    with pytest.raises(ToolchainError, match="ran past its 1 s limit"):
+        run_ptxas(toolchain, b".version 8.0\n", Compile("sm_121", timeout=1.0))
+    assert time.monotonic() - started < 5
+    time.sleep(0.2)
+    assert not _alive(int(pidfile.read_text()))
+
+
+@pytest.fixture(scope="module")
+def jit_only_so() -> Path:
+    return link_cached("aot_two", [
+        (DATA / "two_tus" / "a.cu", ["-gencode", "arch=compute_80,code=sm_80",
+                                     "-gencode", "arch=compute_80,code=compute_80"]),
+        (DATA / "two_tus" / "b.cu", ["-gencode", "arch=compute_80,code=sm_80",
+                                     "-gencode", "arch=compute_80,code=compute_80",
+                                     "-Xptxas", "--maxrregcount=32"]),
+    ])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_ptxas_works_ends_the_run_in_seconds(
+        jit_only_so: Path, tmp_path: Path, signum: int) -> None:
+    """`aot` with a ptxas that works for ten minutes (through a child of its own, as a shim
+    does): the signal ends the run within 2 s, exit 130, one line, no traceback, no ptxas
+    left, nothing in the temp folder."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    home = tmp_path / "cuda"
+    home.mkdir()
+    _toolchain(home, f"sleep 600 &\necho $! > {pids}/$$\nwait\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sm121_build", "--progress", "plain", "aot", str(jit_only_so),
+         "--out", str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."),
+         "--timeout", "3600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for _ in range(600):
+        if list(pids.iterdir()):
+            break
+        time.sleep(0.05)
+    assert list(pids.iterdir()), "ptxas never started"
+    time.sleep(0.3)
+    process.send_signal(signum)
+    sent = time.monotonic()
+    _, err = process.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert process.returncode == 130, err
+    assert took < 2.0, f"took {took:.1f} s to end"
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("interrupted")
+    time.sleep(0.2)
+    for pidfile in pids.iterdir():
+        assert not _alive(int(pidfile.read_text())), "a ptxas outlived the run"
+    assert list(tmp.iterdir()) == []
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,98 @@
+"""Text out is a door (`core/console.py`): no other module prints, and no name from outside
+reaches a person raw.  A file named with an OSC title sequence, a screen clear, a bidi
+override and a newline that forges a line is audited; what the terminal gets has no control
+character and no forged line; the Markdown summary keeps its table whole."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from sm121_build.core.console import md, md_code, shown
+
+PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
+DOOR = "core/console.py"
+OUTSIDE = {"jobs/payload/build_extensions.py"}  # runs in the builder, its output is the log
+PRINTS = {"echo", "secho", "echo_via_pager", "print", "write"}
+STREAMS = {"sys.stdout", "sys.stderr", "sys.__stdout__", "sys.__stderr__"}
+HOSTILE = "k\x1b]0;pwned\x07\x1b[2J\u202etxt\nfake: all native | `x` [l](https:e).so"
+RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _prints(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "print":
+            found.append("print")
+        elif isinstance(func, ast.Attribute) and func.attr in PRINTS:
+            owner = ast.unparse(func.value)
+            if owner == "click" or owner in STREAMS:
+                found.append(ast.unparse(func))
+    return found
+
+
+def test_no_module_but_the_door_prints() -> None:
+    strays = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in OUTSIDE or rel == DOOR:
+            continue
+        found = _prints(ast.parse(path.read_text()))
+        if found:
+            strays[rel] = found
+    assert strays == {}, "print through core/console (say, note, notice, result)"
+
+
+def test_the_scan_sees_a_print() -> None:
+    assert _prints(ast.parse("click.echo(x)\nprint(y)\nsys.stderr.write(z)\nf.write(b)\n")) \
+        == ["click.echo", "print", "sys.stderr.write"]
+
+
+def test_shown_escapes_every_control_and_nothing_else() -> None:
+    assert shown("a\nb\r\t\x1b[2J\x07\x7f\x9b\u202e\u2028ü✓") == \
+        "a\\nb\\r\\t\\e[2J\\x07\\x7f\\x9b\\u202e\\u2028ü✓"
+    assert not RAW.search(shown(HOSTILE)) and "\n" not in shown(HOSTILE)
+
+
+def test_md_leaves_no_markup_and_one_line() -> None:
+    text = md(HOSTILE)
+    assert "\n" not in text and not RAW.search(text)
+    assert re.search(r"(?<!\\)[|`\[\]()<>]", text) is None
+    assert md_code("vllm/_C.abi3.so") == "`vllm/_C.abi3.so`"
+    assert md_code("a`b|c") == "a\\`b\\|c"
+
+
+def _audit(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "sm121_build", "audit", str(folder), *args],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+
+
+def test_a_hostile_file_name_reaches_no_terminal_raw(plain_so: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(plain_so, folder / HOSTILE)
+    summary = tmp_path / "summary.md"
+    done = _audit(folder, "--kernels", "--summary-md", str(summary))
+    assert done.returncode == 0, done.stderr
+    for text in (done.stdout, done.stderr):
+        assert not RAW.search(text), text
+        assert "fake: all native" not in text.splitlines()
+        assert not any(line.startswith("fake") for line in text.splitlines())
+    assert "\\e]0;pwned\\x07" in done.stdout
+    table = summary.read_text().splitlines()
+    rows = [line for line in table if line.startswith("|")]
+    assert len(rows) == 3, table  # the header, its rule, the one file
+    assert rows[-1].count("|") - rows[-1].count("\\|") == 7
+    assert not any(line.startswith("fake") or "](https" in line for line in table)
+    as_json = json.loads(_audit(folder, "--json").stdout)
+    assert [b["name"] for b in as_json["binaries"]] == [HOSTILE]  # JSON stays exact
