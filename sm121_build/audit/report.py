@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from sm121_build.core.console import md, shown
+from sm121_build.core.console import md_code, shown
 from sm121_build.core.units import human_size
 from sm121_build.cuda.binary import (
     AotAble,
@@ -266,7 +266,7 @@ def markdown(title: str, reports: list[BinaryReport], policy: Policy,
             kc = r.kernel_counts()
             kernels = f"{kc['native']} of {sum(kc.values())}"
         rebuild = _rebuild(r, policy, verdicts)
-        rows.append(f"| {md(r.name)} | {md(_counts(r.arch_counts('elf')))} | "
-                    f"{md(_counts(r.arch_counts('ptx')))} | {r.verdict} | {kernels} | "
+        rows.append(f"| {md_code(r.name)} | {_counts(r.arch_counts('elf'))} | "
+                    f"{_counts(r.arch_counts('ptx'))} | {r.verdict} | {kernels} | "
                     f"{rebuild.verdict if rebuild else '-'} |")
     return "\n".join(rows) + "\n"

@@ -323,7 +323,7 @@ def markdown(record: RunRecord) -> str:
     excluded = record.fp4_excluded or {}
     for name, count in sorted(excluded.items()):
         if count:
-            lines.append(f"\n{md(name)}: {count} FP4 kernel(s) left out on purpose.")
+            lines.append(f"\n{md_code(name)}: {count} FP4 kernel(s) left out on purpose.")
     return "\n".join(lines) + "\n"
 
 

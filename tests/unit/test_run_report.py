@@ -29,7 +29,7 @@ def test_built_run_has_the_before_after_table() -> None:
     assert ("| `_C.abi3.so` | sm_90 ×2 | 0 native, 0 JIT, 9 none | sm_121 ×3 | "
             "9 native, 0 JIT, 0 none |") in text
     assert "| `_moe_C.abi3.so` | — | — | sm_121 ×3 | 9 native, 0 JIT, 0 none |" in text
-    assert "_C.abi3.so: 4 FP4 kernel(s) left out on purpose." in text
+    assert "`_C.abi3.so`: 4 FP4 kernel(s) left out on purpose." in text
 
 
 def test_skipped_run_without_a_kept_audit_says_so() -> None:

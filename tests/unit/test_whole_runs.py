@@ -1,0 +1,83 @@
+"""The whole-run fuzzer (`devkit/worlds.py`): generated hostile worlds × commands × option
+values × a signal at a random moment; every run keeps every invariant.  CI runs a fixed,
+derandomized budget; `SM121_WORLDS=500 SM121_FUZZ_RANDOM=1` a longer, new run, and
+`python -m devkit.worlds --runs N` the nightly's."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from devkit import worlds
+from devkit.helpers import DATA, cuda_home, link_cached
+
+EXAMPLES = int(os.environ.get("SM121_WORLDS", "40"))
+RANDOM = os.environ.get("SM121_FUZZ_RANDOM") == "1"
+
+# Worlds that once broke an invariant, kept as seeds (each a defect of issue #54's classes).
+FOUND = (
+    worlds.World((("elf", "l\nfake: all native.so"),), "none", "none", "audit_md", "2", None,
+                 None, 0.0),
+    worlds.World((("jit", "k.so"),), "hang", "none", "aot", "3601e9", None, signal.SIGTERM,
+                 0.8),
+    worlds.World((("jit", "k.so"),), "flood", "none", "aot_file", "2", "sm_121", None, 0.0),
+    worlds.World((("jit", "k.so"),), "fork", "none", "aot", "2", None, None, 0.0),
+    worlds.World((("jit", "k.so"),), "lie", "cache_link", "aot", "2", None, None, 0.0),
+    worlds.World((("jit", "k.so"),), "real", "state_unwritable", "aot", "nan", "", None, 0.0),
+    worlds.World((("wheel_dot", "w"),), "real", "none", "audit", "2", None, None, 0.0),
+    worlds.World((("jit", "k\x1b]0;x\x07.so"),), "die", "none", "aot", "inf", None,
+                 signal.SIGINT, 0.3),
+)
+
+
+@pytest.fixture(scope="module")
+def seeds(plain_so: Path) -> worlds.Seeds:
+    jit = link_cached("aot_two", [
+        (DATA / "two_tus" / "a.cu", ["-gencode", "arch=compute_80,code=sm_80",
+                                     "-gencode", "arch=compute_80,code=compute_80"]),
+        (DATA / "two_tus" / "b.cu", ["-gencode", "arch=compute_80,code=sm_80",
+                                     "-gencode", "arch=compute_80,code=compute_80",
+                                     "-Xptxas", "--maxrregcount=32"]),
+    ])
+    return worlds.Seeds(plain_so, jit, cuda_home())
+
+
+def _check(world: worlds.World, seeds: worlds.Seeds) -> None:
+    root = worlds.fresh_root()
+    try:
+        outcome = worlds.run_world(world, seeds, root)
+    finally:
+        worlds.remove_root(root)
+    assert outcome.broken == [], (world, outcome.code, outcome.broken)
+
+
+@pytest.mark.parametrize("world", FOUND, ids=[f"found{i}" for i in range(len(FOUND))])
+def test_a_world_that_once_broke_an_invariant(world: worlds.World,
+                                              seeds: worlds.Seeds) -> None:
+    _check(world, seeds)
+
+
+_WORLDS = st.builds(
+    worlds.World,
+    st.lists(st.tuples(st.sampled_from(worlds.KINDS), st.sampled_from(worlds.NAMES)),
+             max_size=4).map(tuple),
+    st.sampled_from(worlds.PTXAS), st.sampled_from(worlds.PLANTS),
+    st.sampled_from(worlds.COMMANDS), st.sampled_from(worlds.TIMEOUTS),
+    st.sampled_from(worlds.TARGETS),
+    st.sampled_from((None, None, signal.SIGINT, signal.SIGTERM)),
+    st.floats(0.05, 1.5).map(lambda d: round(d, 2)))
+
+
+def test_generated_worlds_keep_every_invariant(seeds: worlds.Seeds) -> None:
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(_WORLDS)
+    def one(world: worlds.World) -> None:
+        _check(world, seeds)
+
+    one()
