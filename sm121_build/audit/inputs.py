@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 from isal import isal_zlib
 
-from sm121_build.audit.owners import MAX_RECORD, Owners, is_record, wheel_distribution
+from sm121_build.audit.owners import (
+    MAX_RECORD,
+    SHARED_OBJECT,
+    Owners,
+    is_record,
+    wheel_distribution,
+)
 from sm121_build.core.console import Progress, notice, shown
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input
@@ -51,9 +57,6 @@ ISAL_ERROR: type[Exception] = type(isal_zlib.error) if not isinstance(isal_zlib.
     else isal_zlib.error
 GLOB_CHARS = re.compile(r"[*?\[]")
 
-# What is audited in a folder, archive or image: shared objects, and device code as files
-# of its own (FlashInfer's cubin packages ship thousands of raw `.cubin` files).
-SHARED_OBJECT = re.compile(r"\.(so(\.\d+)*|cubin|fatbin|ptx)$")
 FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin|fatbin|ptx)$")
 
 
@@ -396,7 +399,9 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
 
 def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Binary]:
     """The wanted members, extracted by one thread per core (inflate lets go of the GIL; a
-    wheel's `.so` files are most of its bytes)."""
+    wheel's `.so` files are most of its bytes).  The central directory is read once: the
+    threads share its `ZipFile` (zipfile seeks and reads a member under a lock of its own,
+    and never closes a file object it was handed)."""
     found = []
     members = []
     with open_file(archive, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
@@ -413,22 +418,24 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
                     "member path leaves the archive (not extracted)")))
                 continue
             members.append((info, dest / name))
-    # largest first: the longest member starts at once instead of last
-    members.sort(key=lambda member: -member[0].file_size)
-    pool = ThreadPoolExecutor(len(os.sched_getaffinity(0)))
-    try:
-        with held():  # a Ctrl-C inside submit() can start a thread the pool does not know
-            # of yet, which no shutdown waits for: it would write into a removed temp folder
-            done = pool.map(partial(_extract, archive), members)
-        found.extend(b for b in done if b is not None)
-    finally:  # interrupted: no member is written after this, so the temp folder's removal
-        # finds every file (a second Ctrl-C cannot cut the wait short)
-        with held():
-            pool.shutdown(wait=True, cancel_futures=True)
+        # largest first: the longest member starts at once instead of last
+        members.sort(key=lambda member: -member[0].file_size)
+        pool = ThreadPoolExecutor(len(os.sched_getaffinity(0)))
+        try:
+            with held():  # a Ctrl-C inside submit() can start a thread the pool does not
+                # know of yet, which no shutdown waits for: it would write into a removed
+                # temp folder
+                done = pool.map(partial(_extract, archive, wheel), members)
+            found.extend(b for b in done if b is not None)
+        finally:  # interrupted: no member is written after this, so the temp folder's
+            # removal finds every file (a second Ctrl-C cannot cut the wait short)
+            with held():
+                pool.shutdown(wait=True, cancel_futures=True)
     return sorted(found, key=lambda b: b.name)
 
 
-def _extract(archive: Path, member: tuple[zipfile.ZipInfo, Path]) -> Binary | None:
+def _extract(archive: Path, wheel: zipfile.ZipFile,
+             member: tuple[zipfile.ZipInfo, Path]) -> Binary | None:
     """One member written to its path (an own handle: threads do not share a file offset);
     the Binary to audit, a skipped one, or None when it is not device code at all.  Its
     first bytes decide before anything is written: a member that is not device code costs
@@ -436,7 +443,7 @@ def _extract(archive: Path, member: tuple[zipfile.ZipInfo, Path]) -> Binary | No
     account for is skipped, said, and not written."""
     info, target = member
     try:
-        chunks = _member_chunks(archive, info)
+        chunks = _member_chunks(archive, wheel, info)
         head = b""
         for chunk in chunks:
             head += chunk
@@ -467,13 +474,14 @@ _CHUNK = 4 << 20
 _HEAD_WINDOW = 1 << 16
 
 
-def _member_chunks(archive: Path, info: zipfile.ZipInfo) -> Generator[bytes, None, None]:
+def _member_chunks(archive: Path, wheel: zipfile.ZipFile,
+                   info: zipfile.ZipInfo) -> Generator[bytes, None, None]:
     """A member's bytes in windows: deflated ones through ISA-L's inflate (twice zlib's
     speed on a wheel's `.so` files), size and CRC-32 checked as zipfile checks them; stored
-    ones, or what zipfile refuses in its own words (deflate64, encrypted), through zipfile."""
+    ones, or what zipfile refuses in its own words (deflate64, encrypted), through the
+    wheel's `ZipFile` (its central directory read once, not once a member)."""
     if info.compress_type != zipfile.ZIP_DEFLATED or info.flag_bits & 1:
-        with open_file(archive, "wheel") as handle, zipfile.ZipFile(handle) as wheel, \
-                wheel.open(info) as source:
+        with wheel.open(info) as source:
             while chunk := source.read(_CHUNK):
                 yield chunk
         return

@@ -15,6 +15,10 @@ import re
 from dataclasses import dataclass, field
 
 MAX_RECORD = 64 << 20  # torch's RECORD is ~2 MB
+# What is audited in a folder, archive or image: shared objects, and device code as files
+# of its own (FlashInfer's cubin packages ship thousands of raw `.cubin` files); only the
+# RECORD rows that name such a file are kept, the only ones an owner is asked of
+SHARED_OBJECT = re.compile(r"\.(so(\.\d+)*|cubin|fatbin|ptx)$")
 _DIST_INFO = re.compile(r"(?:^|/)([^/]+?)-[^/-]+\.dist-info/RECORD\Z")
 _WHEEL_NAME = re.compile(r"\A([^-/]+)-[^-/]+(-[^-/]+)?-[^-/]+-[^-/]+-[^-/]+\.whl\Z")
 
@@ -43,21 +47,28 @@ class Owners:
     unreadable: list[str] = field(default_factory=list)
 
     def add_record(self, record_path: str, raw: bytes) -> None:
-        """A RECORD's rows: paths relative to the folder that holds the `.dist-info`.  One
-        that is not CSV text is noted (its files fall back to their folder's name)."""
+        """A RECORD's rows that name a file audit reads (`SHARED_OBJECT`): paths relative to
+        the folder that holds the `.dist-info`.  Its text is decoded and parsed a window at
+        a time, never held whole as rows (a 60 MB RECORD of short rows is millions of
+        lists).  One that is not CSV text is noted (its files fall back to their folder's
+        name) and none of its rows is kept."""
         found = _DIST_INFO.search(record_path)
         if found is None:
             return
         owner = canonical(found.group(1))
         site = posixpath.dirname(posixpath.dirname(record_path))
+        kept: dict[str, str] = {}
+        text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", newline="\n")
         try:
-            rows = list(csv.reader(io.StringIO(raw.decode("utf-8"))))
+            for row in csv.reader(text):
+                if row and row[0]:
+                    path = posixpath.normpath(posixpath.join(site, row[0]))
+                    if SHARED_OBJECT.search(path):
+                        kept[path] = owner
         except (UnicodeDecodeError, csv.Error) as exc:
             self.unreadable.append(f"{record_path}: {exc}")
             return
-        for row in rows:
-            if row and row[0]:
-                self.by_path[posixpath.normpath(posixpath.join(site, row[0]))] = owner
+        self.by_path.update(kept)
 
     def owner(self, name: str) -> str | None:
         return self.by_path.get(posixpath.normpath(name))

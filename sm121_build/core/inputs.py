@@ -5,7 +5,8 @@ An input is opened without blocking (a FIFO, a tty or a device answers at once, 
 refused as not a regular file), checked to be a regular file (or a folder where one is
 expected), and read in bounded windows, never more than the format declares or the caller
 bounds it by.  A compressed payload is inflated to at most the size its container declares:
-a frame that states more, or yields more, is refused in one line, never inflated first.
+a frame that states more, or yields more, is refused in one line, never inflated first; and
+what a whole run holds inflated at once is bounded too (`inflating`), not only each entry.
 The errors are `InputRefused` (a bad input: exit 2), or the caller's own class.
 """
 
@@ -150,6 +151,30 @@ def kind_of(path: str | os.PathLike[str]) -> Literal["file", "folder", "missing"
 
 Compression = Literal["lz4", "zstd"]
 _THREAD = threading.local()
+# What the payloads inflated by every thread of the run may hold at once: each entry is
+# bounded by its container (512x its stored bytes, 2 GiB), but two honest 540 MB entries
+# read by two threads were 1.1 GB at once
+INFLATE_BUDGET = 1 << 30
+_HELD = [0]  # inflated bytes held now, under `inflating`
+_CHANGED = threading.Condition()
+
+
+@contextlib.contextmanager
+def inflating(size: int) -> Iterator[None]:
+    """`size` bytes of the run's `INFLATE_BUDGET`, held for the block (where a payload is
+    inflated, read and dropped): it waits while the other threads hold so much that `size`
+    more would pass the budget, never while none is held (one payload larger than the
+    whole budget is inflated alone)."""
+    with _CHANGED:
+        while _HELD[0] and _HELD[0] + size > INFLATE_BUDGET:
+            _CHANGED.wait()
+        _HELD[0] += size
+    try:
+        yield
+    finally:
+        with _CHANGED:
+            _HELD[0] -= size
+            _CHANGED.notify_all()
 
 
 def _zstd() -> zstandard.ZstdDecompressor:

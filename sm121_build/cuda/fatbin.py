@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal, NamedTuple
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.core.inputs import InputRefused, inflate, open_file, read_head
+from sm121_build.core.inputs import InputRefused, inflate, inflating, open_file, read_head
 from sm121_build.cuda.elf import SHT_NOBITS, Buffer, Elf, ElfError
 from sm121_build.cuda.elf import name as symbol_name
 
@@ -152,11 +152,16 @@ class HostBinary:
         return entry_payload(self._map, entry, str(self.path))
 
     def kernel_sizes(self, entry: Entry) -> dict[str, int]:
-        """The kernels of a cubin entry and the bytes of their code ({} for PTX)."""
+        """The kernels of a cubin entry and the bytes of their code ({} for PTX); its
+        payload is held within the run's inflate budget (`inflating`)."""
         if entry.kind != "elf":
             return {}
-        return cubin_kernel_sizes(self.payload(entry), f"{self.path}: entry {entry.index} "
-                                                       f"({entry.sm})")
+        with inflating(entry.size):
+            payload = self.payload(entry)
+            sizes = cubin_kernel_sizes(payload, f"{self.path}: entry {entry.index} "
+                                                f"({entry.sm})")
+            del payload  # dropped before its bytes go back to the budget
+        return sizes
 
     def every_kernel(self, workers: int) -> Iterator[tuple[Entry, tuple[str, ...]]]:
         """Each entry with its kernel names, in entry order; `workers` threads decompress
@@ -168,13 +173,17 @@ class HostBinary:
             yield from zip(self.entries, pool.map(self.kernels, self.entries), strict=True)
 
     def kernels(self, entry: Entry) -> tuple[str, ...]:
-        """Names of the kernels (global functions) an entry defines, in symbol-table order."""
-        if entry.kind == "ptx":
-            return ptx_kernels(self.payload(entry))
-        if entry.kind == "elf":
-            return cubin_kernels(self.payload(entry),
-                                 f"{self.path}: entry {entry.index} ({entry.sm})")
-        return ()  # LTO-IR (cuFFT's is not plain LZ4 either) and unknown kinds: not read
+        """Names of the kernels (global functions) an entry defines, in symbol-table order;
+        its payload is held within the run's inflate budget (`inflating`), so threads that
+        read entries ahead hold at most that much at once, not one entry each."""
+        if entry.kind not in ("ptx", "elf"):
+            return ()  # LTO-IR (cuFFT's is not plain LZ4 either) and unknown kinds: not read
+        with inflating(entry.size):
+            payload = self.payload(entry)
+            names = ptx_kernels(payload) if entry.kind == "ptx" else cubin_kernels(
+                payload, f"{self.path}: entry {entry.index} ({entry.sm})")
+            del payload  # dropped before its bytes go back to the budget
+        return names
 
 
 def read_entries(path: Path, data: Buffer) -> tuple[RawKind, list[Entry]]:
@@ -195,12 +204,13 @@ def read_entries(path: Path, data: Buffer) -> tuple[RawKind, list[Entry]]:
     if raw == "cubin":
         return raw, [_cubin_file_entry(path, data, size)]
     entries: list[Entry] = []
+    work = SearchWork(path, size)
     for where in code_sections(path, data):
         first = entries[-1].container + 1 if entries else 0
         if where.strict:
             entries.extend(_walk_section(path, data, where, first))
         else:
-            entries.extend(_scan_section(path, data, where, first))
+            entries.extend(_scan_section(path, data, where, first, work))
     return raw, entries
 
 
@@ -379,18 +389,45 @@ def code_sections(path: Path, data: mmap.mmap | bytes) -> list[CodeSection]:
 
 _MAGIC_BYTES = struct.pack("<I", CONTAINER_MAGIC)
 MAX_ENTRY_HEADER = 4096  # nvcc writes 64-byte headers, with the entry's name and options
+# Searching a file's data sections may look at this many times the file's bytes (each
+# searched section once, each entry header checked, each padding scanned), plus the slack:
+# real containers are read once and bytes that merely match the magic fail at their
+# header, but candidates nested in one another fail only at the end of the entries they
+# share, each walked again for every candidate (quadratic work)
+SEARCH_WORK = 4
+SEARCH_SLACK = 1 << 20
 
 
-def _scan_section(path: Path, data: Buffer, where: CodeSection,
-                  first_container: int) -> Iterator[Entry]:
+class SearchWork:
+    """What searching one file's data sections may still cost, in bytes looked at: a
+    fixed multiple of the file's size, so the search is linear in it; spent, the file is
+    refused in one line."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.left = SEARCH_WORK * size + SEARCH_SLACK
+
+    def spend(self, count: int, section: str) -> None:
+        """`count` more bytes looked at in `section`; refused once the budget is spent."""
+        self.left -= count
+        if self.left < 0:
+            raise CorruptBinaryError(
+                f"{self.path}: {section}: candidate fatbin containers cost more than "
+                f"{SEARCH_WORK}x the file's bytes to check (containers nested to make the "
+                "search quadratic?); refused")
+
+
+def _scan_section(path: Path, data: Buffer, where: CodeSection, first_container: int,
+                  work: SearchWork) -> Iterator[Entry]:
     """The containers of a searched section: found by their magic, and kept only when the
     whole container holds together (`_checked_container`); bytes that merely match the
-    magic (a constant, a pointer) are passed over."""
+    magic (a constant, a pointer) are passed over.  What it costs is spent from `work`."""
     end = where.start + where.length
     container = first_container
+    work.spend(where.length, where.name)
     pos = data.find(_MAGIC_BYTES, where.start, end)
     while pos >= 0:
-        checked = _checked_container(path, data, pos, end, EntryAt(container, 0, where.name))
+        checked = _checked_container(work, data, pos, end, EntryAt(container, 0, where.name))
         if checked is None:
             pos = data.find(_MAGIC_BYTES, pos + 1, end)
             continue
@@ -400,12 +437,13 @@ def _scan_section(path: Path, data: Buffer, where: CodeSection,
         pos = data.find(_MAGIC_BYTES, after, end)
 
 
-def _checked_container(path: Path, data: Buffer, pos: int, end: int,
+def _checked_container(work: SearchWork, data: Buffer, pos: int, end: int,
                        at: EntryAt) -> tuple[list[Entry], int] | None:
     """The entries of the container at `pos` and where it ends, when it is one: version 1,
     a 16-byte header, a body inside the section, filled by entries of known kinds (cubin,
     PTX, LTO-IR), each with a sane header and payload inside the body, up to zero padding;
-    a cubin stored plain starts with the ELF magic.  None for anything else."""
+    a cubin stored plain starts with the ELF magic.  None for anything else.  Each entry
+    header and padding looked at is spent from `work` (which names the file)."""
     if pos + _CONTAINER.size > end:
         return None
     _magic, version, header_size, fat_size = _CONTAINER.unpack_from(data, pos)
@@ -415,15 +453,17 @@ def _checked_container(path: Path, data: Buffer, pos: int, end: int,
         return None
     entries: list[Entry] = []
     while body + ENTRY_MIN_HEADER <= body_end:
+        work.spend(ENTRY_MIN_HEADER, at.section)
         kind, _v, entry_header = struct.unpack_from("<HHI", data, body)
         if kind == 0 and entry_header == 0:
+            work.spend(body_end - body, at.section)
             if any(data[body:body_end]):
                 return None
             break
         if kind not in _KIND_NAMES or entry_header > MAX_ENTRY_HEADER:
             return None
         try:
-            entry, body = read_entry(path, data, body, body_end,
+            entry, body = read_entry(work.path, data, body, body_end,
                                      EntryAt(at.container, len(entries), at.section))
         except CorruptBinaryError:
             return None

@@ -1,0 +1,198 @@
+"""Work that grows no faster than its input (issue #54): each hostile input is built at a
+size N and 2N, and reading the 2N one may cost at most 2.5x the time (the best of three
+runs, times under 50 ms counted as 50 ms: noise) or stay under a memory bound.
+
+- `.rodata` whose candidate fatbin containers nest, each walked through the entries of all
+  the later ones before it fails (quadratic search);
+- a wheel of thousands of stored members (its central directory read once per member);
+- an image whose RECORD is tens of MB of short rows (held as a list of lists);
+- a fatbin of large honest zstd entries read by two threads (one entry each, at once)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import tracemalloc
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from devkit.imagetar import oci_layout
+from sm121_build.audit.inputs import binaries
+from sm121_build.audit.owners import Owners
+from sm121_build.core import inputs as core_inputs
+from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.cuda.fatbin import CONTAINER_MAGIC, HostBinary
+
+_CONTAINER = struct.Struct("<IHHQ")
+_ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")  # 64 bytes
+FLOOR = 0.05  # seconds: shorter times are noise
+MiB = 1 << 20
+
+
+def _best(call: Callable[[], object], runs: int = 3) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _ratio(small: float, large: float) -> float:
+    return max(large, FLOOR) / max(small, FLOOR)
+
+
+def _peak(call: Callable[[], object]) -> int:
+    """The most bytes Python held at once while `call` ran (every thread)."""
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# -- 1: nested candidate containers ---------------------------------------------------------
+def _elf(sections: list[tuple[str, bytes]]) -> bytes:
+    """A minimal ELF64 shared object: each (name, bytes) an allocated PROGBITS section,
+    then `.shstrtab` and the section header table."""
+    names = b"\0" + b"".join(n.encode() + b"\0" for n, _ in sections) + b".shstrtab\0"
+    body = bytearray(64)
+    rows = [bytes(64)]
+    name_at = 1
+    for name, data in sections:
+        body += bytes(-len(body) % 16)
+        rows.append(struct.pack("<IIQQQQIIQQ", name_at, 1, 0x2, 0, len(body), len(data),
+                                0, 0, 16, 0))
+        body += data
+        name_at += len(name) + 1
+    rows.append(struct.pack("<IIQQQQIIQQ", name_at, 3, 0, 0, len(body), len(names), 0, 0,
+                            1, 0))
+    body += names + bytes(-(len(body) + len(names)) % 8)
+    shoff = len(body)
+    body += b"".join(rows)
+    body[:64] = (b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+                 + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0, 64,
+                               len(rows), len(rows) - 1))
+    return bytes(body)
+
+
+def _nested_rodata(n: int) -> bytes:
+    """`.rodata` of `n` chained PTX entries, each payload a container header claiming the
+    rest of the section, then an entry of no known kind: every candidate container walks
+    every later entry before it fails."""
+    length = n * (_ENTRY.size + _CONTAINER.size) + _ENTRY.size
+    out = bytearray()
+    for _ in range(n):
+        out += _ENTRY.pack(1, 0x101, _ENTRY.size, _CONTAINER.size, 0, 0, 0, 8, 80, 0, 0,
+                           0x11, 0, 0)
+        body = len(out) + _CONTAINER.size
+        out += _CONTAINER.pack(CONTAINER_MAGIC, 1, _CONTAINER.size, length - body)
+    out += _ENTRY.pack(7, 0, _ENTRY.size, 0, 0, 0, 0, 0, 80, 0, 0, 0, 0, 0)
+    return _elf([(".rodata", bytes(out))])
+
+
+def _search(path: Path) -> int | None:
+    try:
+        with HostBinary.open(path) as binary:
+            return len(binary.entries)
+    except CorruptBinaryError:  # refused in one line: as good as read, for the time
+        return None
+
+
+def test_nested_candidate_containers_are_searched_in_linear_time(tmp_path: Path) -> None:
+    small, large = tmp_path / "libn.so", tmp_path / "lib2n.so"
+    small.write_bytes(_nested_rodata(600))
+    large.write_bytes(_nested_rodata(1200))
+    assert _search(small) in (0, None)  # no container in it holds together
+    ratio = _ratio(_best(lambda: _search(small)), _best(lambda: _search(large)))
+    assert ratio <= 2.5, f"2N costs {ratio:.1f}x N"
+
+
+# -- 2: a wheel of many stored members ------------------------------------------------------
+def _stored_wheel(path: Path, n: int) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as wheel:
+        for i in range(n):
+            wheel.writestr(f"pkg/m{i:06d}.so", b"not an ELF file")
+    return path
+
+
+def _read(target: Path) -> int:
+    with binaries(str(target)) as found:
+        return len(found)
+
+
+def test_a_wheel_of_many_stored_members_reads_its_directory_once(tmp_path: Path) -> None:
+    small = _stored_wheel(tmp_path / "small-1.0-py3-none-any.whl", 600)
+    large = _stored_wheel(tmp_path / "large-1.0-py3-none-any.whl", 1200)
+    assert _read(small) == 0  # none of them is device code
+    ratio = _ratio(_best(lambda: _read(small)), _best(lambda: _read(large)))
+    assert ratio <= 2.5, f"2N costs {ratio:.1f}x N"
+
+
+# -- 3: a RECORD of many short rows ---------------------------------------------------------
+def _record(size: int) -> bytes:
+    rows = []
+    total = i = 0
+    while total < size:
+        rows.append(f"f{i:x},,\n".encode())
+        total += len(rows[-1])
+        i += 1
+    return b"".join(rows)
+
+
+@pytest.mark.parametrize("size", [2 * MiB, 4 * MiB])
+def test_a_large_record_is_read_in_memory_of_its_size(tmp_path: Path, size: int) -> None:
+    """An image whose RECORD is `size` bytes of short rows naming no binary: read in at
+    most a few times its bytes (the RECORD itself is held while it is read), not as a list
+    of millions of rows."""
+    image = oci_layout(tmp_path / "image.tar", [{
+        "usr/lib/python3/dist-packages/x-1.0.dist-info/RECORD": _record(size)}])
+    peak = _peak(lambda: _read(image))
+    assert peak < 4 * size + 8 * MiB, f"{peak / MiB:.0f} MiB for a {size / MiB:.0f} MiB RECORD"
+
+
+def test_record_rows_that_name_binaries_still_give_their_owner() -> None:
+    owners = Owners()
+    owners.add_record("site/vllm-0.1.dist-info/RECORD",
+                      b"vllm/_C.abi3.so,sha256=x,1\n" + _record(1 << 16))
+    assert owners.owner("site/vllm/_C.abi3.so") == "vllm"
+    assert owners.owner("site/vllm/./_C.abi3.so") == "vllm"
+
+
+# -- 4: large honest zstd entries, read by two threads -------------------------------------
+def _zstd_fatbin(count: int, size: int) -> bytes:
+    """A raw fatbin of `count` zstd PTX entries of `size` bytes each, compressed ~100x
+    (within the 512x a reader allows each entry)."""
+    text = bytearray(size)
+    text[::128] = os.urandom(len(text[::128]))
+    frame = zstandard.ZstdCompressor(level=1).compress(bytes(text))
+    stored = len(frame) + (-len(frame) % 8)
+    entry = _ENTRY.pack(1, 0x101, _ENTRY.size, stored, len(frame), 0, 0, 8, 80, 0, 0,
+                        0x11 | 0x8000, 0, size) + frame + bytes(stored - len(frame))
+    body = entry * count
+    return _CONTAINER.pack(CONTAINER_MAGIC, 1, _CONTAINER.size, len(body)) + body
+
+
+def _kernels(path: Path) -> int:
+    with HostBinary.open(path) as binary:
+        return sum(1 for _ in binary.every_kernel(workers=2))
+
+
+def test_what_a_run_holds_inflated_at_once_is_bounded(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two 64 MiB entries under a 96 MiB budget: read one at a time, so the run holds
+    about what one entry does, not one entry per thread."""
+    monkeypatch.setattr(core_inputs, "INFLATE_BUDGET", 96 * MiB, raising=False)
+    one, two = tmp_path / "one.fatbin", tmp_path / "two.fatbin"
+    one.write_bytes(_zstd_fatbin(1, 64 * MiB))
+    two.write_bytes(_zstd_fatbin(2, 64 * MiB))
+    assert _kernels(two) == 2
+    peak_one, peak_two = _peak(lambda: _kernels(one)), _peak(lambda: _kernels(two))
+    assert peak_two < 96 * MiB, f"{peak_two / MiB:.0f} MiB held at once"
+    assert peak_two <= 1.5 * peak_one, f"{peak_two / MiB:.0f} MiB vs {peak_one / MiB:.0f}"
