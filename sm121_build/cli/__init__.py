@@ -71,6 +71,14 @@ class _Group(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        """The command and its arguments, none of them empty (checked before any work)."""
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            refuse_empty(click.Context(command, info_name=name, parent=ctx), rest)
+        return name, command, rest
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         lead = 0
         while lead < len(args) and (args[lead] in ("-q", "--quiet", "-v", "--verbose")
@@ -113,6 +121,20 @@ def interrupted_line() -> str:
         return "interrupted: the programs it started were ended, its temporary files and " \
             "containers removed"
     return f"interrupted{left_behind()}"
+
+
+def refuse_empty(ctx: click.Context, args: list[str]) -> None:
+    """An empty value (`--gpu ""`, `--out=`, an empty argument) is refused the same way on
+    every command, before any value is read: never taken as the default, the current
+    folder or "not given"."""
+    for at, arg in enumerate(args):
+        option, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", "")
+        if arg != "" and not (equals and value == ""):
+            continue
+        after = option or (args[at - 1] if at and args[at - 1].startswith("-") else "")
+        raise click.UsageError(f"an empty value for {after}: give a value, or leave the "
+                               "option out for its default" if after else
+                               "an empty argument: give a value", ctx)
 
 
 def closed_pipe() -> NoReturn:

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
+from sm121_build.cli.inputs import gpu_name, seconds_value
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import parse_target
 from sm121_build.cuda.ptxas import find_toolchain
 
-DEFAULT_TIMEOUT = 3600.0  # per module: FA2's largest takes ~2 minutes on one core
+DEFAULT_TIMEOUT = "3600"  # per module: FA2's largest takes ~2 minutes on one core
 
 
 def _target(given: str | None) -> str:
@@ -54,9 +55,10 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
 @click.option("--replace-tag", is_flag=True,
               help="For an image: move --tag off an image this tool did not give it (the "
                    "image itself stays).")
-@click.option("--target", "--gpu", "gpu", help="GPU to compile for: sm_121, sm_120, sm_90... "
-              "[default: for files, this machine's GPU (nvidia-smi), else sm_121; for an "
-              "image, sm_121 (the DGX Spark)]")
+@click.option("--target", "--gpu", "gpu", callback=gpu_name,
+              help="GPU to compile for: sm_121, sm_120, sm_90... [default: for files, this "
+                   "machine's GPU (nvidia-smi), else sm_121; for an image, sm_121 (the DGX "
+                   "Spark)]")
 @click.option("--cuda-home", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Where ptxas and fatbinary are (DIR/bin) [default: $CUDA_HOME, PATH, "
                    "PyPI's nvidia-cuda-nvcc, /usr/local/cuda]")
@@ -68,8 +70,8 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
               help="Give a module that would otherwise set the wall clock ptxas's "
                    "--split-compile threads when cores would idle (the same code; more "
                    "memory, bounded by the machine's).")
-@click.option("--timeout", type=click.FloatRange(1.0), default=DEFAULT_TIMEOUT,
-              show_default=True, help="Seconds one ptxas run may take.")
+@click.option("--timeout", default=DEFAULT_TIMEOUT, callback=seconds_value, metavar="SECONDS",
+              show_default=True, help="Seconds one ptxas run may take (at most 86400).")
 @click.option("--no-cache", is_flag=True, help="Compile every module, and keep none: by "
               "default a module this ptxas compiled before for the GPU is taken from "
               "$XDG_CACHE_HOME/sm121-build/aot.")
@@ -140,7 +142,7 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
 
     validate_image_ref(base)
     tag, replace_tag = tagging
-    policy = gpu_value(None, None, gpu or "sm_121")
+    policy = gpu_value(None, None, "sm_121" if gpu is None else gpu)
     result_tag = validate_tag(tag) if tag else default_tag(base, policy.suffix)
     require_not_base(result_tag, base)
     require_outputs(out, None, None)

@@ -12,7 +12,7 @@ import click
 
 from sm121_build.audit import report
 from sm121_build.audit.inputs import Binary, Reading, binaries
-from sm121_build.cli.inputs import require_writable
+from sm121_build.cli.inputs import cuda_version, gpu_name, require_writable
 from sm121_build.core.console import md, notice, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.interrupts import held
@@ -81,15 +81,18 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
     if taken:
         notice(f"judging with this machine's GPU (nvidia-smi): {', '.join(taken)}; "
                "give --target/--driver to judge for another")
-    return gpu or found_gpu or "sm_121", driver or found_driver or "13.0"
+    return (gpu if gpu is not None else found_gpu or "sm_121",
+            driver if driver is not None else found_driver or "13.0")
 
 
 @click.command()
 @click.argument("target")
-@click.option("--target", "gpu", help="GPU to judge for: sm_121, sm_120, sm_100, sm_90... "
-              "[default: this machine's GPU (nvidia-smi), else sm_121]")
-@click.option("--driver", help="CUDA driver version (limits which PTX can be JIT-compiled) "
-              "[default: this machine's driver (nvidia-smi), else 13.0]")
+@click.option("--target", "gpu", callback=gpu_name,
+              help="GPU to judge for: sm_121, sm_120, sm_100, sm_90... [default: this "
+                   "machine's GPU (nvidia-smi), else sm_121]")
+@click.option("--driver", callback=cuda_version,
+              help="CUDA driver version (limits which PTX can be JIT-compiled) [default: "
+                   "this machine's driver (nvidia-smi), else 13.0]")
 @click.option("--format", "fmt", type=click.Choice(["table", "cuobjdump", "json"]),
               default="table", show_default=True,
               help="cuobjdump: exactly the lines of `cuobjdump -lelf -lptx FILE`.")
@@ -108,7 +111,7 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
               help="The vLLM source tree the files were built from (a checkout or an "
                    "unpacked sdist): rebuild verdicts from its guards, as the main job "
                    "decides, instead of what the binaries alone show.")
-@click.option("--cuda", default=DEFAULT_CUDA, show_default=True,
+@click.option("--cuda", default=DEFAULT_CUDA, show_default=True, callback=cuda_version,
               help="With --source: the CUDA toolkit a rebuild would use (guards depend on "
                    "it: with 13.x, 12.1 narrows to 12.0).")
 def audit(  # noqa: PLR0913 (a click command: a parameter per option)

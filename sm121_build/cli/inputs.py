@@ -21,18 +21,16 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.outputs import not_regular
 from sm121_build.cuda.binary import Policy, gpu_policy
 from sm121_build.cuda.compat import (
+    KNOWN_ARCHS,
     SM121,
     ArchList,
     arch_list_items,
     cubin_loads,
     dotted_arch,
+    parse_cuda_version,
+    parse_target,
 )
 
-# CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
-# spells them.
-KNOWN_ARCHS = frozenset({
-    "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.8",
-    "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"})
 ARCH_ENTRY = re.compile(r"^(\d{1,2}\.\d)([af]?)(\+PTX)?\Z")
 F = TypeVar("F", bound=Callable[..., Any])
 EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.abi3)?(?:\.[A-Za-z0-9_-]+)?(?:\.so)?\Z")
@@ -84,6 +82,29 @@ def gpu_value(ctx: click.Context | None, param: click.Parameter | None,
         raise click.BadParameter(str(exc)) from None
 
 
+def gpu_name(ctx: click.Context | None, param: click.Parameter | None,
+             value: str | None) -> str | None:
+    """`--target` where its default is this machine's GPU: None when not given, else the
+    GPU's name (`sm_120`), one of `compat.KNOWN_ARCHS`, checked before any work."""
+    if value is None:
+        return None
+    try:
+        return str(parse_target(value))
+    except Sm121Error as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def cuda_version(ctx: click.Context | None, param: click.Parameter | None,
+                 value: str | None) -> str | None:
+    """`--driver`, `--cuda`: a CUDA version (`13.0`), checked before any work."""
+    if value is not None:
+        try:
+            parse_cuda_version(value)
+        except Sm121Error as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def gpu_option() -> Callable[[F], F]:
     """`--gpu`, the same option on every command that makes or places kernels."""
     return click.option("--gpu", default="sm_121", show_default=True, callback=gpu_value,
@@ -119,6 +140,18 @@ def extension_names(ctx: click.Context | None, param: click.Parameter | None,
 
 
 JOBS = click.IntRange(min=1, max=4096)
+
+
+def seconds_value(ctx: click.Context | None, param: click.Parameter | None,
+                  value: str) -> float:
+    """A duration option (`--timeout`): `core.limits.seconds`, the rule the environment's
+    limits keep (finite, above 0, at most a day), checked before any work."""
+    from sm121_build.core.limits import seconds
+
+    try:
+        return seconds(str(value))
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r}: {exc}") from None
 
 
 def require_writable(path: Path | None, option: str, *, directory: bool = False) -> None:

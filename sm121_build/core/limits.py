@@ -46,15 +46,26 @@ class Limits:
                    _seconds(CMAKE_VARIABLE, DEFAULT_CMAKE_S))
 
 
+SECONDS_RULE = f"expected a number of seconds above 0 and at most {MAX_S:.0f}"
+
+
+def seconds(raw: str) -> float:
+    """A duration the user gives (a limit here, `aot --timeout`): finite, above 0 and at
+    most `MAX_S`, else a ValueError saying `SECONDS_RULE`; the one rule for every one."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= MAX_S):  # NaN compares false: refused with inf and 1e300
+        raise ValueError(SECONDS_RULE)
+    return value
+
+
 def _seconds(variable: str, default: float) -> float:
     raw = os.environ.get(variable, "").strip()
     if not raw:
         return default
     try:
-        value = float(raw)
+        return seconds(raw)
     except ValueError:
-        value = math.nan
-    if not (0 < value <= MAX_S):
-        raise Sm121Error(f"{variable}={raw!r}: expected a number of seconds above 0 and at "
-                         f"most {MAX_S:.0f}")
-    return value
+        raise Sm121Error(f"{variable}={raw!r}: {SECONDS_RULE}") from None

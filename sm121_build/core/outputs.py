@@ -8,10 +8,11 @@ without blocking (a FIFO with no reader would hang the run after its work is don
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -91,6 +92,50 @@ def replace_file(path: Path, write: Callable[[BinaryIO], object],
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def write_below(root: Path, path: Path, data: bytes) -> None:
+    """Write `path` atomically, never through a link below `root`: each folder between
+    `root` and the file is opened without following links (made where missing), the file
+    is created exclusively beside its name and renamed over it.  A link there (ELOOP,
+    ENOTDIR) or a full disk is an OSError, and nothing is left behind; the user's own path
+    to `root` may hold links."""
+    *folders, name = path.relative_to(root).parts
+    root.mkdir(parents=True, exist_ok=True)
+    at = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for folder in folders:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, dir_fd=at)
+            inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=at)
+            os.close(at)
+            at = inner
+        temporary = f".{name}.{os.urandom(8).hex()}"  # threads may store at once
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                         0o600, dir_fd=at)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(temporary, name, src_dir_fd=at, dst_dir_fd=at)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=at)
+    finally:
+        os.close(at)
+
+
+@contextlib.contextmanager
+def held_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock (flock) on `path`, made where missing and never opened through a
+    link, held while the block runs; another process (or thread) waits for it.  Released
+    when its holder ends, however it ends."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)
 
 
 def refuse_links_below(root: Path, target: Path) -> None:

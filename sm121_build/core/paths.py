@@ -3,13 +3,12 @@ ledger of images it made, build logs), per the XDG base directory spec."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
-import tempfile
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.outputs import write_below
 
 
 def _xdg(variable: str, default: str) -> Path:
@@ -42,20 +41,27 @@ def state_dir() -> Path:
     return _xdg("XDG_STATE_HOME", ".local/state")
 
 
-def store_cache(path: Path, text: str) -> None:
+def store_cache(path: Path, text: str) -> bool:
     """Write the cache atomically; a cache that cannot be written is only a lost speed-up."""
-    store_bytes(path, text.encode())
+    return store_bytes(path, text.encode())
 
 
-def store_bytes(path: Path, data: bytes) -> None:
-    """`store_cache` for bytes (threads may store at once: each its own temporary name)."""
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(handle, "wb") as out:  # created exclusively: never through a link
-                out.write(data)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+def store_bytes(path: Path, data: bytes) -> bool:
+    """`store_cache` for bytes (threads may store at once: each its own temporary name);
+    True when written.  Nothing is written through a link below the cache or state root
+    (`outputs.write_below`): a link there (a cache restored from elsewhere, a folder
+    swapped by another user) leaves it unwritten."""
+    try:
+        write_below(_root_of(path), path, data)
+    except OSError:
+        return False
+    return True
+
+
+def _root_of(path: Path) -> Path:
+    """The cache or state root `path` lies below (links in the user's path to it are the
+    user's); for any other path, its own folder."""
+    for root in (cache_dir(), state_dir()):
+        if root in path.parents:
+            return root
+    return path.parent

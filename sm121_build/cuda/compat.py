@@ -30,6 +30,12 @@ DEFAULT_CUDA = "13.0"  # the CUDA toolkit a build assumes where the image does n
 
 Verdict = Literal["native", "jit", "none"]
 VERDICT_RANK: dict[Verdict, int] = {"none": 0, "jit": 1, "native": 2}
+# CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
+# spells them: the one table of GPUs a value given to any command (an arch list, --gpu,
+# --target) may name.
+KNOWN_ARCHS = frozenset({
+    "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.8",
+    "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"})
 _TARGET = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
 _DOTTED = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
 
@@ -77,16 +83,20 @@ class EntryCode:
 
 
 def parse_target(text: str) -> Target:
-    """`sm_121`, `121`, `12.1` (a device has no `a`/`f` variant; one given is ignored)."""
+    """`sm_121`, `121`, `12.1` (a device has no `a`/`f` variant; one given is ignored), one of
+    `KNOWN_ARCHS`: a GPU no CUDA toolkit knows is refused here, not by ptxas per module."""
     value = text.strip().lower()
     match = _TARGET.match(value)
     arch = int(match.group(1)) if match else 0
     match = _DOTTED.match(value)
     if match:
         arch = int(match.group(1)) * 10 + int(match.group(2))
-    if arch >= 30:  # sm_30 (Kepler) is the oldest target any CUDA 11+ toolkit knew
+    if f"{arch // 10}.{arch % 10}" in KNOWN_ARCHS:
         return Target(arch)
-    raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1")
+    known = ", ".join(f"sm_{a.replace('.', '')}" for a in
+                      sorted(KNOWN_ARCHS, key=lambda a: tuple(map(int, a.split(".")))))
+    raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1 "
+                     f"(known: {known})")
 
 
 def arch_list_items(text: str) -> list[str]:

@@ -3,23 +3,28 @@
 the tool's labels), so it never touches an image the user made or pulled by hand.
 
 Kept as JSON under the state dir (`$XDG_STATE_HOME/sm121-build/ledger.json`, default
-~/.local/state), written atomically: clearing the cache does not make the tool forget what it
-built.  A ledger at the old place (`$XDG_CACHE_HOME/sm121-build/ledger.json`) is moved there
-on first use.
+~/.local/state), written atomically, and changed under a lock (`ledger.lock` beside it,
+flock'd from the read to the write) so two runs at once never lose each other's records.
+Clearing the cache does not make the tool forget what it built.  A ledger at the old place
+(`$XDG_CACHE_HOME/sm121-build/ledger.json`) is never read: a cache may come from anywhere (a
+CI cache restore, a copied ~/.cache), and nothing found in it becomes a record (it is said
+once, and left where it is).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 
+from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import InputRefused, read_input
-from sm121_build.core.outputs import replace_bytes
+from sm121_build.core.outputs import held_lock, replace_bytes
 from sm121_build.core.paths import cache_dir, state_dir
 
 FORMAT = 1
@@ -71,13 +76,18 @@ class Ledger:
 
 
 def _path() -> Path:
-    path = state_dir() / "ledger.json"
+    """The ledger in the state folder; one in the cache folder is never read (untrusted)."""
     old = cache_dir() / "ledger.json"
-    if not path.exists() and old.is_file():  # written by a version that kept it in the cache
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(old, path)
-    return path
+    if old.is_file() or old.is_symlink():
+        _ignored(old)
+    return state_dir() / "ledger.json"
+
+
+@cache
+def _ignored(old: Path) -> None:
+    """Said once a run: a ledger in the cache is not this machine's record of its images."""
+    notice(f"{old}: a ledger in the cache folder is not read (a cache may have been restored "
+           "from elsewhere): only the state folder's ledger lists the images this tool made")
 
 
 def _typed(item: object, kind: type[Built] | type[Replaced]) -> Built | Replaced | None:
@@ -144,14 +154,33 @@ def save(ledger: Ledger) -> None:
             from None
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """The ledger's lock (`ledger.lock` in the state folder, `outputs.held_lock`), held from
+    a read of the ledger to its write: another run that changes it meanwhile waits."""
+    lock = state_dir() / "ledger.lock"
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(held_lock(lock))
+        except OSError as exc:
+            raise Sm121Error(f"could not take the ledger's lock {lock}: "
+                             f"{exc.strerror or exc}") from None
+        yield
+
+
+def update(change: Callable[[Ledger], object]) -> None:
+    """Read the ledger, `change` it and write it, under its lock: neither of two runs at
+    once loses the other's records."""
+    with _locked():
+        ledger = load()
+        change(ledger)
+        save(ledger)
+
+
 def record_built(image_id: str, tags: list[str], base_id: str, base_ref: str = "",
                  content_key: str = "") -> None:
-    ledger = load()
-    ledger.add_built(image_id, tags, base_id, base_ref, content_key)
-    save(ledger)
+    update(lambda ledger: ledger.add_built(image_id, tags, base_id, base_ref, content_key))
 
 
 def record_replaced(ref: str, image_id: str) -> None:
-    ledger = load()
-    ledger.add_replaced(ref, image_id)
-    save(ledger)
+    update(lambda ledger: ledger.add_replaced(ref, image_id))

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sm121_build.cli.inputs import KNOWN_ARCHS, arch_list
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cli.inputs import arch_list
+from sm121_build.cuda.compat import KNOWN_ARCHS, ArchList
 from sm121_build.jobs.commands.kernels_image import pinned_tag
 from sm121_build.jobs.formats import artifacts
 

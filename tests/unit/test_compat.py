@@ -99,9 +99,11 @@ def test_driver_version_parse() -> None:
         parse_cuda_version("thirteen")
 
 
-def test_the_oldest_target_and_below() -> None:
-    assert parse_target("sm_30").arch == 30
-    for text in ("sm_29", "sm_20", "2.9"):
+def test_targets_come_from_the_one_table() -> None:
+    """The GPUs a value may name are `KNOWN_ARCHS` (the arch lists' table): sm_50 is the
+    oldest; one no CUDA toolkit knows is refused here, never by ptxas once per module."""
+    assert parse_target("sm_50").arch == 50 and parse_target("11.0").arch == 110
+    for text in ("sm_30", "sm_29", "sm_20", "2.9", "sm_999", "sm_122", "12.9", "99.9"):
         with pytest.raises(Sm121Error, match="unknown GPU target"):
             parse_target(text)
 

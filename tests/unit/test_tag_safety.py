@@ -276,15 +276,23 @@ def test_wiping_the_cache_does_not_forget_what_was_built(
     assert result.removed == [f"{old.image_id.split(':')[1][:12]} (vllm/vllm-openai:old)"]
 
 
-def test_a_ledger_at_the_old_place_is_moved_to_the_state_dir(tmp_path: Path) -> None:
+def test_a_ledger_in_the_cache_is_never_read(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A cache may be restored from another machine: a `ledger.json` there (where old
+    versions kept it) is no record of this machine's images; it is said once, left as it
+    is, and never moved into the state folder."""
     from sm121_build.core.paths import cache_dir, state_dir
 
     entry = {"image_id": "sha256:" + "c" * 64, "tags": ["x:y"], "base_id": "b", "at": 2.0}
     old = cache_dir() / "ledger.json"
     old.parent.mkdir(parents=True)
     old.write_text(json.dumps({"format": 1, "built": [entry], "replaced": []}))
-    assert [b.image_id for b in ledger.load().built] == [entry["image_id"]]
-    assert not old.exists() and (state_dir() / "ledger.json").is_file()
+    ledger._ignored.cache_clear()
+    assert ledger.load() == ledger.Ledger()
+    ledger.record_built("sha256:" + "d" * 64, ["x:z"], "b")
+    assert [b.image_id for b in ledger.load().built] == ["sha256:" + "d" * 64]
+    assert old.is_file() and (state_dir() / "ledger.json").is_file()
+    assert capsys.readouterr().err.count("a ledger in the cache folder is not read") == 1
 
 
 def test_prune_dry_run_and_the_bases_a_pull_replaced(

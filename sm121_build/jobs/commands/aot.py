@@ -81,15 +81,21 @@ MAX_RECORD = 64 << 20  # a wheel's RECORD: torch's is ~2 MB
 
 @dataclass
 class CacheDoubts:
-    """Cache entries a run would not use (not written by this tool, or changed since): said
-    once, at the end of the run."""
+    """Cache entries a run would not use (not written by this tool, or changed since), and
+    those it compiled but could not vouch for (their digest not written: the state folder
+    cannot be written), so did not keep: each said once, at the end of the run."""
 
     count: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    unkept: int = 0
 
     def add(self) -> None:
         with self.lock:
             self.count += 1
+
+    def not_kept(self) -> None:
+        with self.lock:
+            self.unkept += 1
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,10 @@ def run_aot(request: AotRequest) -> AotResult:
     if request.doubts.count:
         notice(f"aot: {request.doubts.count} cached module(s) were not written by this tool "
                "or changed since (no matching digest in its state folder): compiled again")
+    if request.doubts.unkept:
+        notice(f"aot: the state folder {state_dir()} cannot be written: "
+               f"{request.doubts.unkept} compiled module(s) not kept in the cache (an entry "
+               "is kept only with its digest there)")
     outcome.wall_seconds = time.monotonic() - started
     return outcome
 
@@ -418,9 +428,11 @@ def _compile_one(modules: list[Module], request: AotRequest, index: int,
                     Compile(module.arch, module.options, threads, request.timeout))
     entry = fatbin_entry(request.toolchain, ran.cubin, module.arch.removeprefix("sm_"),
                          request.timeout)
-    if request.cache is not None:
-        store_bytes(_digest_path(key), hashlib.sha256(entry).hexdigest().encode())
-        store_bytes(request.cache / key[:2] / key, entry)
+    if request.cache is not None:  # an entry is kept only once its digest is
+        if store_bytes(_digest_path(key), hashlib.sha256(entry).hexdigest().encode()):
+            store_bytes(request.cache / key[:2] / key, entry)
+        else:
+            request.doubts.not_kept()
     return Compiled(ran.cubin, entry, ran.cpu_seconds)
 
 

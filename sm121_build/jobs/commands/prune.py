@@ -10,6 +10,7 @@ exactly as it was, tags included.  The BuildKit cache (ccache mount) is never to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.labels import made_by_us
@@ -78,8 +79,11 @@ def prune(engine: ImageEngine, keep: int, dry_run: bool = False) -> Pruned:
             continue
         remove(old.image_id, f"{_short(old.image_id)} (old {old.ref}, untagged)",
                f"{_short(old.image_id)} (old {old.ref})")
-    if not dry_run and gone:
-        book.built = [b for b in book.built if b.image_id not in gone]
-        book.replaced = [r for r in book.replaced if r.image_id not in gone]
-        ledger_mod.save(book)
+    if not dry_run and gone:  # the ledger as it is now: a run may have recorded meanwhile
+        ledger_mod.update(partial(_forget, gone))
     return result
+
+
+def _forget(gone: set[str], book: ledger_mod.Ledger) -> None:
+    book.built = [b for b in book.built if b.image_id not in gone]
+    book.replaced = [r for r in book.replaced if r.image_id not in gone]
