@@ -54,6 +54,8 @@ PLANTS = ("none", "cache_ledger", "cache_link", "state_unwritable", "cache_file"
 COMMANDS = ("audit", "audit_json", "audit_md", "audit_file", "aot", "aot_file")
 TIMEOUTS = ("2", "1", "inf", "nan", "-1", "0", "", "1e300", "x", "3601e9")
 TARGETS = (None, "sm_121", "sm_90", "", "sm_999", "sm_12", "compute_121", "sm_121a")
+BAD_TIMEOUTS = frozenset(TIMEOUTS) - {"2", "1"}
+BAD_TARGETS = frozenset({"", "sm_999", "sm_12"})
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,17 @@ def run_world(world: World, seeds: Seeds, root: Path) -> Outcome:
     before = snapshot(root, (tmp, pids, out, summary, home))
     outcome = _run(world, _args(world, folder, out, summary, cuda_home), env)
     _check_world(outcome, root, before, (tmp, pids, out, summary, home))
+    if refused_at_the_edge(world) and world.signum is None and (
+            outcome.code != 2 or list(pids.iterdir()) or out.exists()):
+        outcome.broken.append(f"a bad value was not refused before any work (exit "
+                              f"{outcome.code})")
     return outcome
+
+
+def refused_at_the_edge(world: World) -> bool:
+    """Whether the world gives a value every command must refuse before any work."""
+    return world.target in BAD_TARGETS or (world.command.startswith("aot")
+                                           and world.timeout in BAD_TIMEOUTS)
 
 
 def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:

@@ -30,7 +30,8 @@ def _machine(tmp_path: Path, installed: set[str], running: bool,
     _stub(bin_dir, "apt-get", "exit 0\n")
     _stub(bin_dir, "docker", f"exit {0 if running else 1}\n")
     _stub(bin_dir, "sudo", '"$@"\n')
-    _stub(bin_dir, "sleep", "exit 0\n")  # the wait for an engine that never answers: no wait
+    _stub(bin_dir, "sleep", "exit 0\n")
+    _stub(bin_dir, "g++", "exit 0\n")  # the wait for an engine that never answers: no wait
     if dockerd:
         _stub(bin_dir, "dockerd", "exit 0\n")
     (bin_dir / "python3").symlink_to(Path(sys.base_prefix) / "bin" / "python3")

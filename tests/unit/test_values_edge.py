@@ -1,0 +1,142 @@
+"""Values you are given (issue 54, class B): every value checked at the edge, before any work.
+
+- a duration (`aot --timeout`, the SM121_*_TIMEOUT limits) is finite, above 0 and at most a
+  day, one rule for both: `inf`, `1e300`, `nan` are one line, never a traceback or a limit of
+  "nan s"
+- an empty value is refused the same way on every command (never the default, the current
+  folder, or "not given")
+- a GPU comes from one table (`compat.KNOWN_ARCHS`, the arch lists' table): `sm_999` is
+  refused at the edge, never by ptxas once per module
+
+Draft for tests/unit/ (the real CLI; DOCKER_HOST points nowhere, so a value that reaches the
+engine shows as exit 4, not 2).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sm121_build
+from devkit.helpers import DATA, cli, compile_cached, cuda_home, gencode, one_line_error
+from sm121_build.core.errors import Sm121Error
+
+PACKAGE_ROOT = Path(sm121_build.__file__).resolve().parents[1]  # run from another folder
+ENV = {"CUDA_HOME": str(cuda_home()), "DOCKER_HOST": "unix:///nonexistent.sock"}
+RULE = "expected a number of seconds above 0 and at most 86400"
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> dict[str, str]:
+    return {**ENV, "XDG_CACHE_HOME": f"{tmp_path}/cache", "XDG_STATE_HOME": f"{tmp_path}/state"}
+
+
+# -- 5. durations ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "-inf", "0", "-1", "86401", "soon"])
+def test_a_timeout_that_is_not_a_bounded_duration_is_refused_first(
+        value: str, tmp_path: Path, home: dict[str, str]) -> None:
+    """Refused while the command line is read: the input (no ELF file) is never opened."""
+    (tmp_path / "x.so").write_bytes(b"not read\n")
+    line = one_line_error(cli("aot", str(tmp_path / "x.so"), "--out", str(tmp_path / "o"),
+                              "--timeout", value, env=home), alone=True)
+    assert f"'--timeout': {value!r}: {RULE}" in line
+
+
+def test_the_option_and_the_environment_keep_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sm121_build.cli.inputs import seconds_value
+    from sm121_build.core.limits import Limits, seconds
+
+    for value in ("inf", "1e300", "nan", "0", "86401"):
+        with pytest.raises(ValueError, match=RULE):
+            seconds(value)
+        monkeypatch.setenv("SM121_ENGINE_TIMEOUT", value)
+        with pytest.raises(Sm121Error, match=RULE):
+            Limits.from_environment()
+    assert seconds("86400") == 86400.0 and seconds_value(None, None, "1.5") == 1.5
+
+
+# -- 6. values at the edge: empty strings, GPU targets ---------------------------------------
+
+
+@pytest.mark.parametrize("args, option", [
+    (["aot", "vllm/vllm-openai:v0.33.0", "--gpu", ""], "--gpu"),
+    (["aot", "vllm/vllm-openai:v0.33.0", "--target="], "--target"),
+    (["aot", "vllm/vllm-openai:v0.33.0", "--tag", ""], "--tag"),
+    (["aot", "x.so", "--out", ""], "--out"),
+    (["audit", "x.so", "--target", ""], "--target"),
+    (["audit", "x.so", "--driver", ""], "--driver"),
+    (["build", "--base", "vllm/vllm-openai:v0.33.0", "--tag", ""], "--tag"),
+    (["build", "--base", "vllm/vllm-openai:v0.33.0", "--gpu", ""], "--gpu"),
+    (["build", "--base", "vllm/vllm-openai:v0.33.0", "--arch", ""], "--arch"),
+    (["inject", "--base", "x:y", "--artifacts", ".", "--gpu", ""], "--gpu"),
+    (["kernels", "publish", "--artifacts", ".", "--to", ""], "--to"),
+])
+def test_an_empty_value_is_refused_the_same_way_everywhere(
+        args: list[str], option: str, tmp_path: Path,
+        home: dict[str, str]) -> None:
+    (tmp_path / "x.so").write_bytes(b"not read\n")
+    done = cli(*[str(tmp_path / a) if a == "x.so" else a for a in args], env=home)
+    line = one_line_error(done, alone=True)
+    assert line.startswith(f"error: an empty value for {option}: give a value, or leave the "
+                           "option out for its default"), line
+
+
+@pytest.mark.slow
+def test_an_empty_out_never_writes_into_the_current_folder(
+        tmp_path: Path, home: dict[str, str]) -> None:
+    """`--out ""` was Path("") (the current folder): the rewritten file landed there."""
+    jit_so = compile_cached("doors_jit", DATA / "kernels.cu",
+                            [*gencode("compute_80:compute_80", "compute_80:sm_80"),
+                             "--compress-mode=none"])
+    work = tmp_path / "cwd"
+    work.mkdir()
+    done = subprocess.run([sys.executable, "-m", "sm121_build", "aot", str(jit_so), "--out",
+                           "", "--target", "sm_121"], cwd=work, capture_output=True,
+                          text=True, check=False,
+                          env={**os.environ, **home, "PYTHONPATH": str(PACKAGE_ROOT)})
+    one_line_error(done, alone=True)
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["aot", "x.so", "--out", "o", "--target", "sm_999"],
+    ["aot", "vllm/vllm-openai:v0.33.0", "--gpu", "sm_999"],
+    ["audit", "x.so", "--target", "sm_999"],
+    ["audit", "x.so", "--target", "12.9"],
+    ["build", "--base", "vllm/vllm-openai:v0.33.0", "--gpu", "sm_130"],
+])
+def test_a_gpu_no_cuda_knows_is_refused_before_any_work(
+        args: list[str], tmp_path: Path, home: dict[str, str]) -> None:
+    (tmp_path / "x.so").write_bytes(b"not read\n")
+    done = cli(*[str(tmp_path / a) if a in ("x.so", "o") else a for a in args], env=home)
+    line = one_line_error(done, alone=True)
+    assert "unknown GPU target" in line and "sm_121" in line, line
+    assert "ptxas" not in done.stderr
+
+
+def test_gpu_targets_come_from_the_one_table() -> None:
+    from sm121_build.cli.inputs import arch_list
+    from sm121_build.cuda.compat import KNOWN_ARCHS, parse_target
+
+    assert str(arch_list(None, None, "12.1")) == "12.1"  # arch lists check the same table
+    for arch in KNOWN_ARCHS:
+        assert str(parse_target(arch)) == f"sm_{arch.replace('.', '')}"
+    for text in ("sm_30", "sm_999", "sm_122", "12.9", "13.0", ""):
+        with pytest.raises(Sm121Error, match="unknown GPU target"):
+            parse_target(text)
+
+
+def test_the_driver_and_cuda_versions_are_checked_before_any_work(
+        tmp_path: Path, home: dict[str, str]) -> None:
+    """`audit --cuda` was read only after the audit began."""
+    (tmp_path / "x.so").write_bytes(b"not read\n")
+    for option in ("--driver", "--cuda"):
+        line = one_line_error(cli("audit", str(tmp_path / "x.so"), "--target", "sm_121",
+                                  option, "1x", env=home), alone=True)
+        assert f"Invalid value for '{option}'" in line, line
