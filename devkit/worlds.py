@@ -283,6 +283,7 @@ def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
     sent = None
     try:
         if world.signum is not None:
+            tool_started(process.pid)
             try:
                 process.wait(world.delay)
             except subprocess.TimeoutExpired:
@@ -319,6 +320,23 @@ def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
 
 
 _PEAK = [0]  # the largest peak memory of a run so far (getrusage keeps the maximum)
+
+
+def tool_started(pid: int, seconds: float = 20.0) -> None:
+    """Wait until the process runs the tool's own code: its entry module holds SIGTERM
+    (blocked) and the command then handles it (caught); before that is the interpreter's
+    start, whose default handling of a signal is not the tool's (docs/security.md)."""
+    sigterm = 1 << (signal.SIGTERM - 1)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return  # it has ended already
+        masks = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if (int(masks.get("SigBlk", "0"), 16) | int(masks.get("SigCgt", "0"), 16)) & sigterm:
+            return
+        time.sleep(0.002)
 
 
 def _check_world(outcome: Outcome, root: Path, before: dict[str, tuple[object, ...]],

@@ -44,6 +44,7 @@ from sm121_build.core.inputs import InputRefused, open_file, read_head, read_inp
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
+from sm121_build.cuda.wheel import checked_members, member_name
 from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
 from sm121_build.image.spill import write_stream
@@ -398,26 +399,19 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
 
 
 def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Binary]:
-    """The wanted members, extracted by one thread per core (inflate lets go of the GIL; a
-    wheel's `.so` files are most of its bytes).  The central directory is read once: the
-    threads share its `ZipFile` (zipfile seeks and reads a member under a lock of its own,
-    and never closes a file object it was handed)."""
-    found = []
+    """The wanted members of a wheel the one rule takes (`cuda/wheel.checked_members`:
+    else `CorruptBinaryError`, as `aot` refuses it), extracted by one thread per core
+    (inflate lets go of the GIL; a wheel's `.so` files are most of its bytes).  The central
+    directory is read once: the threads share its `ZipFile` (zipfile seeks and reads a
+    member under a lock of its own, and never closes a file object it was handed)."""
+    found: list[Binary] = []
     members = []
     with open_file(archive, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
-        for info in wheel.infolist():
-            if not info.filename:  # zipfile's own is_dir() fails on it
-                found.append(Binary("(a member with no name)", dest, skipped=(
-                    "a member with no name (a damaged archive): not extracted")))
-                continue
+        for info in checked_members(wheel, archive):  # aot's rule: refused whole, or each
+            # member's plain name is its own and inside the archive
             if info.is_dir() or not wanted(info.filename):
                 continue
-            name = os.path.normpath(info.filename)
-            if name.startswith("..") or os.path.isabs(name):
-                found.append(Binary(info.filename, dest, skipped=(
-                    "member path leaves the archive (not extracted)")))
-                continue
-            members.append((info, dest / name))
+            members.append((info, dest / member_name(info.filename)))
         # largest first: the longest member starts at once instead of last
         members.sort(key=lambda member: -member[0].file_size)
         pool = ThreadPoolExecutor(len(os.sched_getaffinity(0)))

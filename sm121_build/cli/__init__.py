@@ -9,7 +9,6 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
-from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -17,7 +16,7 @@ import click
 from sm121_build.core.children import end_all
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
-from sm121_build.core.interrupts import hold_from_start, release
+from sm121_build.core.interrupts import hold_from_start, install, quiet, release
 
 if TYPE_CHECKING:
     from sm121_build.image.api import ImageEngine
@@ -98,8 +97,7 @@ class _Group(click.Group):
                                      else ""))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            notice(interrupted_line())
-            sys.exit(INTERRUPTED)
+            interrupted()
         except BrokenPipeError:
             closed_pipe()
         except OSError as exc:
@@ -135,6 +133,20 @@ def refuse_empty(ctx: click.Context, args: list[str]) -> None:
         raise click.UsageError(f"an empty value for {after}: give a value, or leave the "
                                "option out for its default" if after else
                                "an empty argument: give a value", ctx)
+
+
+def interrupted() -> NoReturn:
+    """The one end of an interrupted run, its cleanup done: the line, then exit 130 at once.
+    Not through SystemExit: a KeyboardInterrupt that once passed through code `exec` ran
+    from a string (a dataclass's or namedtuple's methods being made) leaves CPython's flag
+    of an unhandled interrupt set, caught or not, and the interpreter would then end the
+    process by SIGINT instead of with 130; nothing is left for its finalization to do."""
+    notice(interrupted_line())
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    os._exit(INTERRUPTED)
 
 
 def closed_pipe() -> NoReturn:
@@ -205,17 +217,6 @@ COMMANDS = {
 }
 
 
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    """The first Ctrl-C or SIGTERM stops the work: every program the run started is killed
-    with its group at once (a ptxas an hour from its limit too), then the cleanup runs
-    (temporary files, containers, the image a run made); any more signals are ignored, so that
-    cleanup is never cut short."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    end_all()
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     # Ctrl-C and a CI runner's cancel (SIGINT, then SIGTERM) both clean up and exit 130, also
     # when a shell started this in the background with SIGINT ignored.
@@ -223,9 +224,18 @@ def main() -> None:
     # lands before it would end in a traceback.  Python's first look for its temp folder
     # (a probe file written and removed) happens in that window too, not cut in two.
     hold_from_start()
-    signal.signal(signal.SIGINT, _terminated)
-    signal.signal(signal.SIGTERM, _terminated)
+    # the first Ctrl-C or SIGTERM stops the work: every program the run started is killed
+    # with its group at once (a ptxas an hour from its limit too), then the cleanup runs
+    # (temporary files, containers, the image a run made), never cut short by another
+    install(end_all)
     tempfile.gettempdir()
+    try:
+        _run_command()
+    finally:
+        quiet()  # ended: a signal from here on cannot turn its exit into a death by signal
+
+
+def _run_command() -> NoReturn:
     try:
         code = cli.main(prog_name="sm121-build", standalone_mode=False)
         sys.stdout.flush()
@@ -240,7 +250,6 @@ def main() -> None:
     except click.ClickException as exc:
         report_error(" ".join(exc.format_message().split()))
         sys.exit(exc.exit_code)
-    except click.Abort:
-        notice("interrupted")
-        sys.exit(INTERRUPTED)
+    except (click.Abort, KeyboardInterrupt):  # (after the command's own handler let go)
+        interrupted()
     sys.exit(code if isinstance(code, int) else 0)

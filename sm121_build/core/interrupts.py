@@ -1,10 +1,17 @@
-"""Ctrl-C and SIGTERM held back across the few steps that must not be cut in two.
+"""Ctrl-C and SIGTERM: the one handler of a run, and the few steps it must not cut in two.
 
-A KeyboardInterrupt that lands between `mkdtemp` and the code that removes the folder again
-(or between Python's probe of the temp folder and its removal) leaves a folder or a file
-behind; one that lands before the command's own handler is in place ends in a traceback.
-`held()` delays both signals over such a step; they are delivered, and handled as usual,
-the moment it ends.  Only the main thread can hold them (others run on unchanged).
+`install` puts the handler in place (the command line does, before any work): the first
+signal ends every program the run started (`children.end_all`), ignores any more (so the
+cleanup it starts is never cut short) and raises KeyboardInterrupt in the main thread,
+which the command turns into one line and exit 130.  `held()` defers it over a step that
+must not be split (a temp folder made but not yet owned by the code that removes it, a
+program started but not yet registered): a signal that lands inside is raised the moment
+the block ends.  The deferral is the handler's, not the kernel's: a worker thread (a
+ThreadPoolExecutor's) may be the one the kernel delivers to, but Python runs the handler in
+the main thread, where it sees the hold.  Before the handler is in place the entry module
+blocks both signals (`hold_from_start`, `release`); after the command ends, `quiet` ignores
+them, so one that lands while the interpreter finalizes (which restores the default action
+for a Python handler) cannot end a finished run by the signal.
 """
 
 from __future__ import annotations
@@ -12,33 +19,62 @@ from __future__ import annotations
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 HELD = frozenset({signal.SIGINT, signal.SIGTERM})
+_STATE = {"holding": 0, "pending": False}
+
+
+def install(on_signal: Callable[[], None]) -> None:
+    """The run's handler of both signals: `on_signal` (end the programs), then the interrupt,
+    deferred while `held()`."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        for each in HELD:
+            signal.signal(each, signal.SIG_IGN)
+        on_signal()
+        if _STATE["holding"]:
+            _STATE["pending"] = True
+            return
+        raise KeyboardInterrupt
+
+    for each in HELD:
+        signal.signal(each, handler)
 
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block ends (main thread; elsewhere: no effect)."""
+    """An interrupt waits until the block ends (main thread; elsewhere: no effect, the
+    handler runs in the main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    _STATE["holding"] += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _STATE["holding"] -= 1
+        if not _STATE["holding"] and _STATE["pending"]:
+            _STATE["pending"] = False
+            raise KeyboardInterrupt
 
 
 def hold_from_start() -> None:
-    """Hold both signals from here until `release()` (the command's handler is in place)."""
+    """Block both signals in this thread until `release()` (the handler is in place)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
 
 
 def release() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+
+
+def quiet() -> None:
+    """The command has ended: both signals ignored from here to the process's end."""
+    for each in HELD:
+        signal.signal(each, signal.SIG_IGN)
 
 
 @contextmanager

@@ -148,19 +148,19 @@ def test_wheel_members_that_cannot_be_extracted_are_reported(
         tmp_path: Path, matrix: dict[str, Path]) -> None:
     good = matrix["sm121"].read_bytes()
     wheel = _zip_with_flags(tmp_path / "x-1.0-py3-none-any.whl", {
-        "vllm/_C.abi3.so": good, "vllm/_locked.so": good, "vllm/_d64.so": good,
-        "../escape.so": good}, flags={"vllm/_locked.so": 1}, methods={"vllm/_d64.so": 9})
+        "vllm/_C.abi3.so": good, "vllm/_locked.so": good, "vllm/_d64.so": good},
+        flags={"vllm/_locked.so": 1}, methods={"vllm/_d64.so": 9})
     result = cli("audit", "--json", str(wheel))
     assert result.returncode == 2
     assert _binaries(result) == {"vllm/_C.abi3.so": "native"}
     lines = result.stderr.strip().splitlines()
-    assert "unreadable: ../escape.so: member path leaves the archive (not extracted)" in lines
     assert any(line.startswith("unreadable: vllm/_locked.so: not extracted: ") and
                "encrypted" in line for line in lines), lines
     assert any(line.startswith("unreadable: vllm/_d64.so: not extracted: ") and
                "compression" in line for line in lines), lines
     assert "Traceback" not in result.stderr
-    assert lines[-1].startswith("error: 3 of 4 file(s) or folder(s)")
+    assert lines[-1].startswith("error: 2 of 3 file(s) or folder(s)")
+    # (a member whose path leaves the archive refuses the whole wheel: test_wheel_rule.py)
 
 
 # -- indexes of every shape, bounded -------------------------------------------------------

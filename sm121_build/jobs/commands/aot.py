@@ -25,7 +25,6 @@ import threading
 import time
 import zipfile
 import zlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -71,6 +70,7 @@ from sm121_build.cuda.ptxas import (
     run_ptxas,
 )
 from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
+from sm121_build.cuda.wheel import checked_members
 from sm121_build.jobs.commands.aot_compile import Compiled, Plan, compile_all, kept_pace
 from sm121_build.verify.aot_check import check_aot
 
@@ -510,9 +510,10 @@ def _code(cubin: bytes) -> dict[str, bytes]:
 def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResult,
                results: Results) -> None:
     """A wheel: its rewritten members in a copy at `target`, RECORD updated (sha256 and
-    size of each, read and written as CSV), every other member byte for byte.  A wheel with
-    two members of one name is refused; a member is read only when its first bytes are an
-    ELF header whose declared extent holds its size."""
+    size of each, read and written as CSV), every other member byte for byte.  The wheel's
+    members by the one rule (`cuda/wheel.checked_members`) and its RECORD (read once, a row
+    for every member to compile) are checked before anything is compiled; a member is read
+    only when its first bytes are an ELF header whose declared extent holds its size."""
     with open_file(source, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
         infos = wheel.infolist()
         works: list[FileWork] = []
@@ -522,11 +523,18 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
                          outcome)
             if work is not None:
                 works.append(work)
+        if not works:
+            return
+        record_name, rows = _read_record(wheel, infos, source)
+        listed = {row[0] for row in rows if row}
+        missing = sorted(m for w in works if (m := w.name.split("!", 1)[1]) not in listed)
+        if missing:
+            raise CorruptBinaryError(f"{source}: its RECORD has no row for {missing[0]}")
         replaced = {w.name.split("!", 1)[1]: new
                     for w, new in _compile_and_rewrite(works, request, outcome)}
         if not replaced:
             return
-        record = _new_record(wheel, infos, replaced, source)
+        record = (record_name, _record_text(rows, replaced))
         results.write(target, lambda out: _copy_wheel(wheel, infos, replaced, record, out),
                       stat.S_IMODE(os.fstat(handle.fileno()).st_mode))
         outcome.written.append(target)
@@ -537,15 +545,7 @@ def elf_members(wheel: zipfile.ZipFile, source: Path) -> Iterator[tuple[zipfile.
     member of no name or two members of one name is refused (pip would not install it the
     same way twice); a member is read only when its first bytes are an ELF header whose
     declared extent holds its size."""
-    names = Counter(info.filename for info in wheel.infolist())
-    if "" in names:
-        raise CorruptBinaryError(f"{source}: holds a member with no name: a damaged wheel; "
-                                 "refused")
-    twice = [name for name, count in names.items() if count > 1]
-    if twice:
-        raise CorruptBinaryError(f"{source}: holds two members named {twice[0]}: not a "
-                                 "wheel pip would install the same way twice; refused")
-    for info in wheel.infolist():
+    for info in checked_members(wheel, source):
         if info.is_dir() or not (info.filename.endswith(".so") or ".so." in info.filename):
             continue
         data = _elf_member(wheel, info, f"{source.name}!{info.filename}")
@@ -632,10 +632,9 @@ def _stream_range(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, offset: int, si
     return bytes(kept)
 
 
-def _new_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
-                replaced: dict[str, bytes], where: Path) -> tuple[str, bytes]:
-    """The RECORD member's name and its new text: the rows of the replaced members with
-    their new sha256 and size, every other row as it was (CSV, as PEP 376 writes it)."""
+def _read_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
+                 where: Path) -> tuple[str, list[list[str]]]:
+    """The RECORD member's name and its rows (CSV, as PEP 376 writes it), read once."""
     record = next((i.filename for i in infos if i.filename.endswith(".dist-info/RECORD")),
                   None)
     if record is None:
@@ -648,19 +647,23 @@ def _new_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
         rows = list(csv.reader(io.StringIO(wheel.read(info).decode("utf-8"), newline="")))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise CorruptBinaryError(f"{where}: its RECORD is not CSV: {exc}") from None
-    seen = set()
+    return record, rows
+
+
+def _record_text(rows: list[list[str]], replaced: dict[str, bytes]) -> bytes:
+    """The RECORD's new text: the rows of the replaced members with their new sha256 and
+    size, every other row as it was (each replaced member has a row: checked before its
+    compile)."""
+    new = []
     for row in rows:
         if row and row[0] in replaced:
             data = replaced[row[0]]
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-            row[1:] = [f"sha256={digest.decode()}", str(len(data))]
-            seen.add(row[0])
-    missing = sorted(set(replaced) - seen)
-    if missing:
-        raise CorruptBinaryError(f"{where}: its RECORD has no row for {missing[0]}")
+            row = [row[0], f"sha256={digest.decode()}", str(len(data))]
+        new.append(row)
     text = io.StringIO(newline="")
-    csv.writer(text, lineterminator="\n").writerows(rows)
-    return record, text.getvalue().encode()
+    csv.writer(text, lineterminator="\n").writerows(new)
+    return text.getvalue().encode()
 
 
 def _copy_wheel(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],

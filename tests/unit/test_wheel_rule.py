@@ -1,0 +1,108 @@
+"""One rule for a wheel's members, read by `audit` and `aot` alike (`cuda/wheel.py`): a wheel
+with a nameless member, two members of one plain name (`pkg/a.so`, `pkg/./a.so`,
+`pkg//a.so`), a name that leaves the archive or one with a control character is refused
+whole by both, in one line; a RECORD with no row for a member aot would rewrite is refused
+before anything is compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from devkit.helpers import DATA, link_cached
+
+SPELLINGS = {
+    "nameless": [""],
+    "dot": ["pkg/./_k.so"],
+    "slashes": ["pkg//_k.so"],
+    "twice": ["pkg/_k.so"],
+    "leaves": ["../_k.so"],
+    "absolute": ["/_k.so"],
+    "control": ["pkg/_k\n.so"],
+    "backslash": ["pkg\\_k.so"],
+}
+
+
+@pytest.fixture(scope="module")
+def jit_so() -> Path:
+    return link_cached("aot_two", [
+        (DATA / "two_tus" / "a.cu", ["-gencode", "arch=compute_80,code=sm_80",
+                                     "-gencode", "arch=compute_80,code=compute_80"]),
+        (DATA / "two_tus" / "b.cu", ["-gencode", "arch=compute_80,code=sm_80",
+                                     "-gencode", "arch=compute_80,code=compute_80",
+                                     "-Xptxas", "--maxrregcount=32"]),
+    ])
+
+
+def _wheel(path: Path, elf: bytes, extra: list[str], record: str) -> Path:
+    with zipfile.ZipFile(path, "w") as wheel, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wheel.writestr("pkg/_k.so", elf)
+        for name in extra:
+            wheel.writestr(zipfile.ZipInfo(name), elf[:64])
+        wheel.writestr("pkg-1.0.dist-info/RECORD", record)
+    return path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sm121_build", *args], capture_output=True,
+                          text=True, timeout=120, check=False, env=env)
+
+
+@pytest.mark.parametrize("how", sorted(SPELLINGS))
+def test_audit_and_aot_refuse_a_wheel_by_one_rule(how: str, jit_so: Path,
+                                                  tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_so.read_bytes(),
+                   SPELLINGS[how], "pkg/_k.so,,\n")
+    audited = _cli("audit", str(wheel))
+    aoted = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121")
+    for done in (audited, aoted):
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, done.stderr
+        assert lines[-1].startswith(f"error: {wheel}: holds "), lines
+        assert lines[-1].endswith("refused"), lines
+    assert audited.stderr.strip().splitlines()[-1] == aoted.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_lists_a_refused_wheel_and_audits_the_rest(jit_so: Path,
+                                                           tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _wheel(folder / "bad-1.0-py3-none-any.whl", jit_so.read_bytes(), ["pkg/./_k.so"],
+           "pkg/_k.so,,\n")
+    _wheel(folder / "good-1.0-py3-none-any.whl", jit_so.read_bytes(), [], "pkg/_k.so,,\n")
+    done = _cli("audit", str(folder))
+    assert done.returncode == 2
+    assert "good-1.0-py3-none-any.whl!pkg/_k.so" in done.stdout
+    assert "two members named pkg/_k.so (one spelled pkg/./_k.so)" in done.stdout + \
+        done.stderr
+
+
+def test_a_record_without_the_members_row_is_refused_before_any_compile(
+        jit_so: Path, tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    for tool in ("ptxas", "fatbinary"):
+        script = home / "bin" / tool
+        script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncase "$1" in --version) echo '
+                          '"Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; '
+                          'esac\nexit 1\n')
+        script.chmod(0o755)
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_so.read_bytes(), [],
+                   "pkg/__init__.py,,\n")
+    done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
+                "--cuda-home", str(home), "--no-cache",
+                env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {wheel}: its RECORD has no row for pkg/_k.so")
+    assert calls.read_text().split("\n")[:-1] == ["--version"], "ptxas compiled before"
+    assert "native now" not in done.stdout + done.stderr
