@@ -114,7 +114,12 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
     each audited; and aot's member reader and RECORD rewrite."""
     from sm121_build.audit.inputs import binaries
     from sm121_build.cuda.binary import SPARK, audit_binary
-    from sm121_build.jobs.commands.aot import _new_record, elf_members, wheel_errors
+    from sm121_build.jobs.commands.aot import (
+        _read_record,
+        _record_text,
+        elf_members,
+        wheel_errors,
+    )
 
     path = _file(tmp, "x.whl", data)
     with binaries(str(path)) as found:
@@ -124,7 +129,8 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
     with wheel_errors(path), zipfile.ZipFile(path) as wheel:
         members = [info.filename for info, _data in elf_members(wheel, path)]
         if members:
-            _new_record(wheel, wheel.infolist(), {members[0]: b"new"}, path)
+            _name, rows = _read_record(wheel, wheel.infolist(), path)
+            _record_text(rows, {members[0]: b"new"})
     return len(members)
 
 

@@ -37,8 +37,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devkit.hostile import nested_rodata
+
 EXITS = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 130})  # README's table (test_exit_codes checks it)
-RUN_S = 40.0  # one run, without a signal
+RUN_S = 25.0  # one run, without a signal (a quadratic search of a `nested` file: minutes)
 SIGNAL_S = 2.0  # from the signal to the end
 MAX_RSS = 500 << 20
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -48,13 +50,14 @@ NAMES = ("k.so", "a b.so", "k\x1b]0;x\x07.so", "k\x1b[2J.so", "l\nfake: all nati
          "\u202egpj.so", "t|`x`[l](u).so", "ü✓.so", "-rf.so", ".hidden.so", "k.so.1")
 KINDS = ("elf", "jit", "truncated", "empty", "noise", "fifo", "link_out", "link_loop",
          "link_dangling", "dir", "mode000", "wheel", "wheel_dup", "wheel_nameless",
-         "wheel_dot", "wheel_norecord", "tar")
+         "wheel_dot", "wheel_norecord", "tar", "nested")
+BAD_WHEELS = frozenset({"wheel_dup", "wheel_nameless", "wheel_dot"})  # the one rule refuses
 PTXAS = ("real", "hang", "flood", "lie", "die", "fork", "none")
 PLANTS = ("none", "cache_ledger", "cache_link", "state_unwritable", "cache_file")
 COMMANDS = ("audit", "audit_json", "audit_md", "audit_file", "aot", "aot_file")
-TIMEOUTS = ("2", "1", "inf", "nan", "-1", "0", "", "1e300", "x", "3601e9")
+TIMEOUTS = ("2", "1", "600", "inf", "nan", "-1", "0", "", "1e300", "x", "3601e9")
 TARGETS = (None, "sm_121", "sm_90", "", "sm_999", "sm_12", "compute_121", "sm_121a")
-BAD_TIMEOUTS = frozenset(TIMEOUTS) - {"2", "1"}
+BAD_TIMEOUTS = frozenset(TIMEOUTS) - {"2", "1", "600"}
 BAD_TARGETS = frozenset({"", "sm_999", "sm_12"})
 
 
@@ -145,11 +148,12 @@ def warnings_off() -> Iterator[None]:
         yield
 
 
-def _place(folder: Path, kind: str, name: str, seeds: Seeds, outside: Path) -> None:
-    """One file of the world (a name already there: this one is left out)."""
-    path = folder / name
+def _place(folder: Path, kind: str, name: str, seeds: Seeds, outside: Path) -> Path | None:
+    """One file of the world, its path (a name already there: this one is left out, None)."""
+    path = folder / (name + ".whl" if kind.startswith("wheel") else
+                     name + ".tar" if kind == "tar" else name)
     if os.path.lexists(path):
-        return
+        return None
     elf = seeds.elf.read_bytes()
     if kind == "elf":
         path.write_bytes(elf)
@@ -176,9 +180,12 @@ def _place(folder: Path, kind: str, name: str, seeds: Seeds, outside: Path) -> N
         path.write_bytes(elf)
         path.chmod(0)
     elif kind.startswith("wheel"):
-        _wheel(folder / (name + ".whl"), elf, kind)
+        _wheel(path, elf, kind)
     elif kind == "tar":
-        (folder / (name + ".tar")).write_bytes(b"not a tarball" * 100)
+        path.write_bytes(b"not a tarball" * 100)
+    elif kind == "nested":
+        path.write_bytes(nested_rodata(8000))  # 640 KB: 92 s when searched quadratically
+    return path
 
 
 def _plant(home: Path, plant: str, outside: Path) -> None:
@@ -226,9 +233,20 @@ def _alive(pid: int) -> bool:
     return fields[0] not in ("Z", "X")
 
 
+def _first(world: World, folder: Path) -> tuple[str, Path]:
+    """The kind and path of the world's first regular file (the `_file` commands' input),
+    or the folder."""
+    for kind, name in world.files:
+        path = folder / (name + ".whl" if kind.startswith("wheel") else
+                         name + ".tar" if kind == "tar" else name)
+        if path.is_file() and not path.is_symlink():
+            return kind, path
+    return "folder", folder
+
+
 def _args(world: World, folder: Path, out: Path, summary: Path,
           cuda_home: Path | None) -> list[str]:
-    first = next((folder / n for _k, n in world.files if (folder / n).is_file()), folder)
+    first = _first(world, folder)[1]
     target = [] if world.target is None else ["--target", world.target]
     if world.command.startswith("audit"):
         what = first if world.command == "audit_file" else folder
@@ -248,7 +266,7 @@ def run_world(world: World, seeds: Seeds, root: Path) -> Outcome:
         made.mkdir()
     (outside / "victim.so").write_bytes(b"unrelated")
     for kind, name in world.files:
-        _place(folder, kind, name, seeds, outside / "victim.so")
+        _place(folder, kind, name, seeds, outside / "victim.so")  # (its path: `_first`)
     _plant(home, world.plant, outside)
     cuda_home: Path | None = None
     if world.ptxas == "real":
@@ -265,6 +283,11 @@ def run_world(world: World, seeds: Seeds, root: Path) -> Outcome:
     if refused_at_the_edge(world) and world.signum is None and (
             outcome.code != 2 or list(pids.iterdir()) or out.exists()):
         outcome.broken.append(f"a bad value was not refused before any work (exit "
+                              f"{outcome.code})")
+    kind, _path = _first(world, folder)
+    if world.command.endswith("_file") and kind in BAD_WHEELS and world.signum is None \
+            and not refused_at_the_edge(world) and outcome.code != 2:
+        outcome.broken.append(f"a {kind} wheel was not refused by the one rule (exit "
                               f"{outcome.code})")
     return outcome
 

@@ -11,16 +11,15 @@ runs, times under 50 ms counted as 50 ms: noise) or stay under a memory bound.
 from __future__ import annotations
 
 import os
-import struct
 import time
 import tracemalloc
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import zstandard
 
+from devkit.hostile import CONTAINER, ENTRY, nested_rodata, stored_wheel
 from devkit.imagetar import oci_layout
 from sm121_build.audit.inputs import binaries
 from sm121_build.audit.owners import Owners
@@ -28,8 +27,6 @@ from sm121_build.core import inputs as core_inputs
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.fatbin import CONTAINER_MAGIC, HostBinary
 
-_CONTAINER = struct.Struct("<IHHQ")
-_ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")  # 64 bytes
 FLOOR = 0.05  # seconds: shorter times are noise
 MiB = 1 << 20
 
@@ -58,45 +55,6 @@ def _peak(call: Callable[[], object]) -> int:
 
 
 # -- 1: nested candidate containers ---------------------------------------------------------
-def _elf(sections: list[tuple[str, bytes]]) -> bytes:
-    """A minimal ELF64 shared object: each (name, bytes) an allocated PROGBITS section,
-    then `.shstrtab` and the section header table."""
-    names = b"\0" + b"".join(n.encode() + b"\0" for n, _ in sections) + b".shstrtab\0"
-    body = bytearray(64)
-    rows = [bytes(64)]
-    name_at = 1
-    for name, data in sections:
-        body += bytes(-len(body) % 16)
-        rows.append(struct.pack("<IIQQQQIIQQ", name_at, 1, 0x2, 0, len(body), len(data),
-                                0, 0, 16, 0))
-        body += data
-        name_at += len(name) + 1
-    rows.append(struct.pack("<IIQQQQIIQQ", name_at, 3, 0, 0, len(body), len(names), 0, 0,
-                            1, 0))
-    body += names + bytes(-(len(body) + len(names)) % 8)
-    shoff = len(body)
-    body += b"".join(rows)
-    body[:64] = (b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
-                 + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0, 64,
-                               len(rows), len(rows) - 1))
-    return bytes(body)
-
-
-def _nested_rodata(n: int) -> bytes:
-    """`.rodata` of `n` chained PTX entries, each payload a container header claiming the
-    rest of the section, then an entry of no known kind: every candidate container walks
-    every later entry before it fails."""
-    length = n * (_ENTRY.size + _CONTAINER.size) + _ENTRY.size
-    out = bytearray()
-    for _ in range(n):
-        out += _ENTRY.pack(1, 0x101, _ENTRY.size, _CONTAINER.size, 0, 0, 0, 8, 80, 0, 0,
-                           0x11, 0, 0)
-        body = len(out) + _CONTAINER.size
-        out += _CONTAINER.pack(CONTAINER_MAGIC, 1, _CONTAINER.size, length - body)
-    out += _ENTRY.pack(7, 0, _ENTRY.size, 0, 0, 0, 0, 0, 80, 0, 0, 0, 0, 0)
-    return _elf([(".rodata", bytes(out))])
-
-
 def _search(path: Path) -> int | None:
     try:
         with HostBinary.open(path) as binary:
@@ -107,29 +65,22 @@ def _search(path: Path) -> int | None:
 
 def test_nested_candidate_containers_are_searched_in_linear_time(tmp_path: Path) -> None:
     small, large = tmp_path / "libn.so", tmp_path / "lib2n.so"
-    small.write_bytes(_nested_rodata(600))
-    large.write_bytes(_nested_rodata(1200))
+    small.write_bytes(nested_rodata(600))
+    large.write_bytes(nested_rodata(1200))
     assert _search(small) in (0, None)  # no container in it holds together
     ratio = _ratio(_best(lambda: _search(small)), _best(lambda: _search(large)))
     assert ratio <= 2.5, f"2N costs {ratio:.1f}x N"
 
 
 # -- 2: a wheel of many stored members ------------------------------------------------------
-def _stored_wheel(path: Path, n: int) -> Path:
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as wheel:
-        for i in range(n):
-            wheel.writestr(f"pkg/m{i:06d}.so", b"not an ELF file")
-    return path
-
-
 def _read(target: Path) -> int:
     with binaries(str(target)) as found:
         return len(found)
 
 
 def test_a_wheel_of_many_stored_members_reads_its_directory_once(tmp_path: Path) -> None:
-    small = _stored_wheel(tmp_path / "small-1.0-py3-none-any.whl", 600)
-    large = _stored_wheel(tmp_path / "large-1.0-py3-none-any.whl", 1200)
+    small = stored_wheel(tmp_path / "small-1.0-py3-none-any.whl", 600)
+    large = stored_wheel(tmp_path / "large-1.0-py3-none-any.whl", 1200)
     assert _read(small) == 0  # none of them is device code
     ratio = _ratio(_best(lambda: _read(small)), _best(lambda: _read(large)))
     assert ratio <= 2.5, f"2N costs {ratio:.1f}x N"
@@ -173,10 +124,10 @@ def _zstd_fatbin(count: int, size: int) -> bytes:
     text[::128] = os.urandom(len(text[::128]))
     frame = zstandard.ZstdCompressor(level=1).compress(bytes(text))
     stored = len(frame) + (-len(frame) % 8)
-    entry = _ENTRY.pack(1, 0x101, _ENTRY.size, stored, len(frame), 0, 0, 8, 80, 0, 0,
+    entry = ENTRY.pack(1, 0x101, ENTRY.size, stored, len(frame), 0, 0, 8, 80, 0, 0,
                         0x11 | 0x8000, 0, size) + frame + bytes(stored - len(frame))
     body = entry * count
-    return _CONTAINER.pack(CONTAINER_MAGIC, 1, _CONTAINER.size, len(body)) + body
+    return CONTAINER.pack(CONTAINER_MAGIC, 1, CONTAINER.size, len(body)) + body
 
 
 def _kernels(path: Path) -> int:
