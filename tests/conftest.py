@@ -30,13 +30,25 @@ MATRIX: dict[str, list[str]] = {
 }
 
 
+_SESSION_STATE: list[str] = []
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """No test, and no fixture of a wider scope than a test, writes the tool's state (the
     ledger, logs) into the real home: a session-wide state dir first, each test its own."""
     import os
     import tempfile
 
-    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="sm121-test-state-")
+    _SESSION_STATE.append(tempfile.mkdtemp(prefix="sm121-test-state-"))
+    os.environ["XDG_STATE_HOME"] = _SESSION_STATE[-1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's state dir goes with the session: no test leaves one in the temp folder."""
+    import shutil
+
+    for folder in _SESSION_STATE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -83,6 +83,11 @@ def _candidates(cuda_home: Path | None) -> list[Path]:
     return found
 
 
+def ptxas_folders() -> list[Path]:
+    """The folders aot looks in for ptxas when no --cuda-home is given, in that order."""
+    return _candidates(None)
+
+
 INSTALL_HINT = "pip install 'sm121-build[cuda]'"  # PyPI's ptxas and fatbinary, newest
 
 

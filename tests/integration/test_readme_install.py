@@ -24,15 +24,18 @@ FRESH = "sm121-test/debian-fresh:bookworm"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def readme_install_line() -> tuple[str, str]:
-    """(set-up part, main job) of the README's first bash block."""
+def readme_install_line() -> tuple[str, str, str]:
+    """(set-up part, the doctor step, main job) of the README's first bash block."""
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## On a fresh machine.*?```bash\n(.*?)\n```", text, re.S)
     assert block, "README has no set-up command"
     (line,) = block.group(1).strip().splitlines()
-    setup, _, main_job = line.rpartition(" && ")
-    assert re.fullmatch(r"\S*sm121-build --base \S+.*", main_job), main_job
-    return setup, main_job
+    rest, _, main_job = line.rpartition(" && ")
+    setup, _, doctor = rest.rpartition(" && ")
+    assert re.fullmatch(r"sm121-build --base \S+.*", main_job), main_job  # by name, on PATH
+    assert doctor == "{ sm121-build doctor || [ $? = 1 ]; }", doctor  # a FAIL stops the run
+    assert "'.[cuda]'" in setup  # NVIDIA's newest ptxas, not only a Spark's older one
+    return setup, doctor, main_job
 
 
 def _source_tarball(dest: Path) -> Path:
@@ -50,11 +53,13 @@ def _source_tarball(dest: Path) -> Path:
 def test_readme_install_line_on_a_fresh_debian(tmp_path: Path) -> None:
     client = client_or_skip()
     image = ensure_debian(client, FRESH, "python3,sudo,ca-certificates")
-    setup, main_job = readme_install_line()
-    installed = main_job.split()[0]  # the venv's sm121-build, as the line calls it
+    setup, _doctor, main_job = readme_install_line()
+    installed = main_job.split()[0]  # `sm121-build`, by name: the line linked it on PATH
     so = stock_extensions() / "_C.abi3.so"
     tarball = _source_tarball(tmp_path)
+    # doctor as the line runs it, but not stopping here: no engine in this container (FAIL)
     script = (f"set -e; tar -C /root -xf /in/src.tar; cd /root/src; {setup}; "
+              f"{installed} doctor || true; "
               f"{installed} --version; {installed} audit /in/_C.abi3.so")
     volumes = {str(tarball): {"bind": "/in/src.tar", "mode": "ro"},
                str(so): {"bind": "/in/_C.abi3.so", "mode": "ro"}}
@@ -76,3 +81,6 @@ def test_readme_install_line_on_a_fresh_debian(tmp_path: Path) -> None:
     assert re.search(r"^sm121-build, version \S+$", logs, re.M), logs[-2000:]
     assert "_C.abi3.so" in logs and "sm_90" in logs
     assert "NO loadable code" in logs  # sm_90 cubins only: nothing for sm_121
+    # the tools the set-up brought are found where it put them (the venv, `[cuda]`'s ptxas)
+    assert re.search(r"^OK +host tools +cmake \S*\.sm121-build/bin/cmake", logs, re.M), logs
+    assert re.search(r"^OK +aot ptxas +ptxas 13\.", logs, re.M), logs[-3000:]

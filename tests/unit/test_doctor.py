@@ -219,3 +219,25 @@ def test_a_bad_registry_reference_is_refused_before_any_check() -> None:
     done = cli("doctor", "--registry", "Not A Ref")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: ")
+
+
+def test_tools_are_found_where_the_set_up_put_them(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """cmake and ninja in the tool's own venv (not on PATH until it is activated), ptxas of
+    `[cuda]` (PyPI's nvidia folder): found, not called missing (issue #55)."""
+    from sm121_build.jobs.commands import doctor as doctor_module
+
+    venv, nvidia = tmp_path / "venv" / "bin", tmp_path / "nvidia" / "cu13" / "bin"
+    for folder, tools in ((venv, ("python", "cmake", "ninja")), (nvidia, ("ptxas", "nvcc"))):
+        folder.mkdir(parents=True)
+        for tool in tools:
+            (folder / tool).write_text("#!/bin/sh\n")
+            (folder / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(doctor_module.sys, "executable", str(venv / "python"))
+    monkeypatch.setattr(doctor_module, "ptxas_folders", lambda: [nvidia])
+    monkeypatch.setattr(doctor_module.Path, "glob", lambda self, pattern: iter(()))
+    assert doctor_module.find_tool("cmake") == str(venv / "cmake")
+    assert doctor_module.find_tool("ptxas") == str(nvidia / "ptxas")
+    assert doctor_module.find_tool("nvcc") == str(nvidia / "nvcc")
+    assert doctor_module.find_tool("no-such-tool") is None

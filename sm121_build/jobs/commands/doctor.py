@@ -13,6 +13,7 @@ import grp
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.paths import cache_dir, state_dir
 from sm121_build.cuda.nvidia_smi import output, read
-from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, toolchains
+from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, ptxas_folders, toolchains
 from sm121_build.image.refs import registry_of
 from sm121_build.image.toolchain import host_tools as packaged
 
@@ -68,10 +69,27 @@ class Probe:
 
     engine: Callable[[], EngineFacts]  # raises OSError/Exception naming why not
     free: Callable[[str], int] = field(default=lambda path: shutil.disk_usage(path).free)
-    which: Callable[[str], str | None] = shutil.which
+    which: Callable[[str], str | None] = field(default=lambda name: find_tool(name))
     run: Callable[[list[str]], str | None] = field(default=lambda args: output(args))
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     toolchains: Callable[[], list[Toolchain]] = field(default=lambda: toolchains(None))
+
+
+def find_tool(name: str) -> str | None:
+    """Where a tool is, wherever this tool's set-up put it: PATH; this Python's own
+    environment (cmake and ninja come with the package, in its venv, reached by name only
+    once that is on PATH); the folders aot looks in for ptxas ($CUDA_HOME, PyPI's
+    nvidia-cuda-nvcc of `[cuda]`, /usr/local/cuda); and every /usr/local/cuda*."""
+    found = shutil.which(name)
+    if found:
+        return found
+    folders = [Path(sys.executable).parent, *ptxas_folders(),
+               *sorted(Path("/usr/local").glob("cuda*/bin"), reverse=True)]
+    for folder in folders:
+        candidate = folder / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
 
 
 def docker_engine() -> EngineFacts:
@@ -182,10 +200,6 @@ def host_tools(probe: Probe) -> list[Check]:
     """This machine's compilers: `sm121-build local` uses them all, `aot` (and the main
     job's aot actions) ptxas and fatbinary; a source build compiles inside the image."""
     found = {tool: probe.which(tool) for tool in ("cmake", "ninja", "nvcc", "ptxas")}
-    for tool in ("nvcc", "ptxas"):
-        if not found[tool]:
-            cuda = sorted(Path("/usr/local").glob(f"cuda*/bin/{tool}"))
-            found[tool] = str(cuda[-1]) if cuda else None
     missing = [tool for tool, path in found.items() if not path]
     have = ", ".join(f"{tool} {path}" for tool, path in found.items() if path) or "none"
     if not missing:
