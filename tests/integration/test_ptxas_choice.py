@@ -8,6 +8,7 @@ shared object; the older ptxas is the machine's real CUDA 13.0 one."""
 from __future__ import annotations
 
 import os
+import platform
 import stat
 import subprocess
 import zipfile
@@ -32,7 +33,8 @@ def newer_cuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cuda135")
     for name in WHEELS:
         wheel = pypi_download(f"{name}=={NEWER}", CACHE / "nvidia",
-                              platform="manylinux2014_x86_64", tags="x86_64")
+                              platform=f"manylinux2014_{platform.machine()}",
+                              tags=platform.machine())  # this host's, to run here
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(root)
     home = root / "nvidia" / "cu13"

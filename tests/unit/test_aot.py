@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import platform
 import re
 import shutil
 import struct
@@ -198,11 +199,12 @@ def test_no_ptxas_is_one_line_before_any_work(jit_only_so: Path, tmp_path: Path)
 
 def test_a_wheel_comes_back_repaired_and_pip_installs_it(jit_only_so: Path,
                                                          tmp_path: Path) -> None:
-    wheel = tmp_path / "demo-1.0-py3-none-linux_x86_64.whl"
+    tag = f"py3-none-linux_{platform.machine()}"  # this host's: pip installs it here
+    wheel = tmp_path / f"demo-1.0-{tag}.whl"
     files = {"demo/__init__.py": b"", "demo/_k.abi3.so": jit_only_so.read_bytes(),
              "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
              "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
-                                         b"Root-Is-Purelib: false\nTag: py3-none-linux_x86_64\n"}
+                                         b"Root-Is-Purelib: false\nTag: " + tag.encode() + b"\n"}
     record = "".join(f"{name},{_hash(data)},{len(data)}\n" for name, data in files.items())
     with zipfile.ZipFile(wheel, "w") as out:
         for name, data in files.items():
