@@ -30,12 +30,11 @@ DEFAULT_CUDA = "13.0"  # the CUDA toolkit a build assumes where the image does n
 
 Verdict = Literal["native", "jit", "none"]
 VERDICT_RANK: dict[Verdict, int] = {"none": 0, "jit": 1, "native": 2}
-# CUDA's real architectures (nvcc --list-gpu-arch, CUDA 12.8-13.x), as TORCH_CUDA_ARCH_LIST
-# spells them: the one table of GPUs a value given to any command (an arch list, --gpu,
-# --target) may name.
-KNOWN_ARCHS = frozenset({
-    "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.8",
-    "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"})
+# CUDA's real architectures, as TORCH_CUDA_ARCH_LIST spells them: the one table of GPUs a
+# value given to any command (an arch list, --gpu, --target) may name; data
+# (`data/gpus.yaml`), read once here.
+KNOWN_ARCHS = frozenset(str(arch) for arch in yaml.safe_load(
+    resources.files("sm121_build").joinpath("data/gpus.yaml").read_text()))
 _TARGET = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
 _DOTTED = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
 

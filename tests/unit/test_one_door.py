@@ -42,6 +42,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("cuda/compat.py",
      'resources.files("sm121_build").joinpath("data/ptx_isa.yaml").read_text()'):
         "the package's shipped data",
+    ("cuda/compat.py",
+     'resources.files("sm121_build").joinpath("data/gpus.yaml").read_text()'):
+        "the package's shipped data",
     ("verify/checks.py", 'resources.files("sm121_build").joinpath("data/left_out.yaml")'):
         "the package's shipped data",
     ("jobs/formats/render.py", "(templates_dir() / name).read_text()"):
