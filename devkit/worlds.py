@@ -46,6 +46,7 @@ MAX_RSS = 500 << 20
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 # names a world's files may have: plain, spaced, escapes, newline, bidi, Markdown, unicode
+FORGED = "fake: all native"  # a line that begins so was forged by a name (below)
 NAMES = ("k.so", "a b.so", "k\x1b]0;x\x07.so", "k\x1b[2J.so", "l\nfake: all native.so",
          "\u202egpj.so", "t|`x`[l](u).so", "ü✓.so", "-rf.so", ".hidden.so", "k.so.1")
 KINDS = ("elf", "jit", "truncated", "empty", "noise", "fifo", "link_out", "link_loop",
@@ -84,6 +85,7 @@ class Outcome:
     code: int
     seconds: float
     broken: list[str] = field(default_factory=list)
+    said: str = ""  # its stderr
 
 
 def random_world(rng: random.Random) -> World:
@@ -286,7 +288,8 @@ def run_world(world: World, seeds: Seeds, root: Path) -> Outcome:
                               f"{outcome.code})")
     kind, _path = _first(world, folder)
     if world.command.endswith("_file") and kind in BAD_WHEELS and world.signum is None \
-            and not refused_at_the_edge(world) and outcome.code != 2:
+            and not refused_at_the_edge(world) and (
+                outcome.code != 2 or "not a wheel pip would install" not in outcome.said):
         outcome.broken.append(f"a {kind} wheel was not refused by the one rule (exit "
                               f"{outcome.code})")
     return outcome
@@ -320,7 +323,8 @@ def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
         outcome = Outcome(world, -1, time.monotonic() - started, [f"ran past {RUN_S} s"])
         return outcome
     ended = time.monotonic()
-    outcome = Outcome(world, process.returncode, ended - started)
+    outcome = Outcome(world, process.returncode, ended - started,
+                      said=stderr.decode("utf-8", "replace"))
     text = stdout.decode("utf-8", "replace") + stderr.decode("utf-8", "replace")
     if "Traceback" in text:
         outcome.broken.append("a traceback: " + text[-600:])
@@ -331,6 +335,9 @@ def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
         assert found is not None
         outcome.broken.append(f"a raw control character {found.group()!r} in: "
                               f"{text[max(found.start() - 80, 0):found.end() + 80]!r}")
+    forged = [line for line in text.splitlines() if line.startswith(FORGED)]
+    if forged:  # a name's newline began a line of its own (NAMES)
+        outcome.broken.append(f"a forged line: {forged[0]!r}")
     if sent is not None and ended - sent > SIGNAL_S and process.returncode == 130:
         outcome.broken.append(f"{ended - sent:.1f} s from the signal to the end")
     if process.returncode == 130 and "interrupted" not in stderr.decode("utf-8", "replace"):
