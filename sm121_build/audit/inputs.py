@@ -40,11 +40,11 @@ from sm121_build.audit.owners import (
 )
 from sm121_build.core.console import Progress, notice, shown
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
-from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input
+from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input, walk
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
-from sm121_build.cuda.wheel import checked_members, member_name
+from sm121_build.cuda.wheel import checked_members, member_name, require_honest_size
 from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
 from sm121_build.image.spill import write_stream
@@ -369,7 +369,7 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
         rel = where.relative_to(root).as_posix() if where != root else "."
         found.append(Binary(rel + "/", where, skipped=f"folder not read: {exc.strerror or exc}"))
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
+    for dirpath, dirnames, filenames in walk(root, onerror=unreadable):
         dirnames.sort()
         for name in sorted(filenames):
             full = Path(dirpath) / name
@@ -452,6 +452,7 @@ def _extract(archive: Path, wheel: zipfile.ZipFile,
             return Binary(info.filename, target, skipped=(
                 f"{info.file_size} bytes, more than the {extent} its ELF headers account for "
                 "(not extracted)"))
+        require_honest_size(info, archive)  # before it is written out whole
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "wb") as out:
             out.write(head)
@@ -460,6 +461,9 @@ def _extract(archive: Path, wheel: zipfile.ZipFile,
     except (NotImplementedError, RuntimeError, OSError, ValueError) as exc:  # a bad offset
         target.unlink(missing_ok=True)
         return Binary(info.filename, target, skipped=f"not extracted: {exc}")
+    except CorruptBinaryError as exc:  # a zip bomb: said, never written
+        return Binary(info.filename, target, skipped=f"not extracted: "
+                      f"{str(exc).removeprefix(f'{archive}: {info.filename}: ')}")
     return Binary(info.filename, target)
 
 

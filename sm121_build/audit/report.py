@@ -198,15 +198,16 @@ def table(reports: list[BinaryReport], policy: Policy, show_kernels: bool,
         lines.append(f"{skipped} other ELF file(s) carry no device code")
     if not reports:
         lines.append("no ELF files found")
-    return "\n".join(lines)
+    return "\n".join(shown(line) for line in lines)  # one line each: a name's newline escaped
 
 
 def cuobjdump(reports: list[BinaryReport]) -> str:
-    """Exactly `cuobjdump -lelf -lptx FILE` output; several files get a `# name` header each."""
+    """Exactly `cuobjdump -lelf -lptx FILE` output (a name's control characters escaped, one
+    line each); several files get a `# name` header each."""
     with_code = [r for r in reports if r.cuobjdump]
     if len(with_code) == 1:
-        return "\n".join(with_code[0].cuobjdump)
-    return "\n".join(line for r in with_code for line in (f"# {r.name}", *r.cuobjdump))
+        return "\n".join(shown(line) for line in with_code[0].cuobjdump)
+    return "\n".join(shown(line) for r in with_code for line in (f"# {r.name}", *r.cuobjdump))
 
 
 def as_json(reports: list[BinaryReport], policy: Policy,

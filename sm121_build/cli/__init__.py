@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from sm121_build.core.children import end_all
+from sm121_build.core.children import adopt_orphans, end_all
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
 from sm121_build.core.interrupts import hold_from_start, install, quiet, release
@@ -122,12 +122,12 @@ def interrupted_line() -> str:
 
 
 def refuse_empty(ctx: click.Context, args: list[str]) -> None:
-    """An empty value (`--gpu ""`, `--out=`, an empty argument) is refused the same way on
-    every command, before any value is read: never taken as the default, the current
-    folder or "not given"."""
+    """An empty value (`--gpu ""`, `--out=`, `--out " "`, an empty argument; whitespace
+    alone is empty) is refused the same way on every command, before any value is read:
+    never taken as the default, the current folder, a file named " " or "not given"."""
     for at, arg in enumerate(args):
         option, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", "")
-        if arg != "" and not (equals and value == ""):
+        if arg.strip() != "" and not (equals and value.strip() == ""):
             continue
         after = option or (args[at - 1] if at and args[at - 1].startswith("-") else "")
         raise click.UsageError(f"an empty value for {after}: give a value, or leave the "
@@ -228,6 +228,7 @@ def main() -> None:
     # with its group at once (a ptxas an hour from its limit too), then the cleanup runs
     # (temporary files, containers, the image a run made), never cut short by another
     install(end_all)
+    adopt_orphans()  # a program's grandchild that leaves its group is still ended with it
     tempfile.gettempdir()
     try:
         _run_command()

@@ -13,7 +13,7 @@ import click
 from sm121_build.audit import report
 from sm121_build.audit.inputs import Binary, Reading, binaries
 from sm121_build.cli.inputs import cuda_version, gpu_name, require_writable
-from sm121_build.core.console import md, notice, say, say_json
+from sm121_build.core.console import md, notice, results_to_stderr, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.interrupts import held
 from sm121_build.core.outputs import append_text, refuse_onto_inputs
@@ -121,6 +121,8 @@ def audit(  # noqa: PLR0913 (a click command: a parameter per option)
           cuda: str) -> None:
     """Audit a .so, directory, wheel, image tarball or local image for a GPU target."""
     fmt = "json" if as_json else fmt
+    if fmt == "json":
+        results_to_stderr()  # stdout holds the JSON alone (an annotation goes to stderr)
     if summary_md is not None and os.path.lexists(target):  # never onto what it audits
         refuse_onto_inputs(summary_md, tuple(p for p in (Path(target), source) if p),
                            "--summary-md")

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from sm121_build.core.console import say, say_json, shown
+from sm121_build.core.console import results_to_stderr, say, say_json, shown
 from sm121_build.image.refs import validate_image_ref
 from sm121_build.jobs.commands.doctor import RANK, Probe, docker_engine, run_checks, worst
 
@@ -19,6 +19,8 @@ from sm121_build.jobs.commands.doctor import RANK, Probe, docker_engine, run_che
 @click.option("--json", "as_json", is_flag=True, help="The checks as JSON on stdout.")
 def doctor(refs: tuple[str, ...], as_json: bool) -> None:
     """Check the engine, BuildKit, disk, tools, GPU, logins and paths, each with its fix."""
+    if as_json:
+        results_to_stderr()  # stdout holds the JSON alone (an annotation goes to stderr)
     for ref in refs:
         validate_image_ref(ref)  # before any probe
     checks = run_checks(Probe(engine=docker_engine), refs)

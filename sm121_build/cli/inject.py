@@ -8,6 +8,7 @@ import click
 
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
 from sm121_build.cli.inputs import gpu_option, require_outputs, trust_key_option
+from sm121_build.core.console import results_to_stderr
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
 from sm121_build.image.cosign import TrustKey
@@ -55,6 +56,8 @@ def inject(  # noqa: PLR0913 (a click command: a parameter per option)
     Refuses artifacts built for another vLLM version or commit, or made for another GPU
     than --gpu.
     """
+    if as_json:
+        results_to_stderr()  # stdout holds the JSON alone (an annotation goes to stderr)
     if (folder is None) == (kernels_ref is None):
         raise click.UsageError("name the kernels: --artifacts DIR or --from REF (one of them)")
     validate_image_ref(base)

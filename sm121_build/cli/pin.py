@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.core.console import say, say_json, shown
+from sm121_build.core.console import results_to_stderr, say, say_json, shown
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
 
@@ -20,6 +20,8 @@ from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, ver
 @click.option("--repo", default=UPSTREAM, show_default=True, help="Upstream git URL.")
 def pin(image: str, as_json: bool, fetch: bool, source: Path | None, repo: str) -> None:
     """Read IMAGE's vLLM version and commit (no container is run) and map them to git."""
+    if as_json:
+        results_to_stderr()  # stdout holds the JSON alone (an annotation goes to stderr)
     facts, vllm = Pipeline.connect().resolve_image(image)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     checkout = commit = None

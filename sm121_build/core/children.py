@@ -5,17 +5,24 @@ Every program runs in a process group of its own (`start_new_session`), so a wra
 whatever it starts (PyPI's and conda's ptxas shims, a `docker build` and its helpers) end
 together: the whole group is killed when the deadline passes, when the run is interrupted
 (`end_all`, called by the command's Ctrl-C/SIGTERM handler: no program outlives the run),
-and after the program itself exits (a grandchild it left is not kept).  The deadline is kept
-by the thread that waits, with `select` and a polled wait: no timer thread, nothing that
-keeps the process alive after the run.  Output is read as it comes and bounded: the first and
-the last `KEPT` bytes of each stream are kept, the middle is counted and dropped, so a program
-that never stops printing costs 2 × `KEPT` bytes, not the machine's memory; a caller that
-needs all of it (a hash of `git diff`, the build log) takes each chunk through `sink`.
+and after the program itself exits (a grandchild it left is not kept).  One that leaves the
+group (`setsid`) is still found: the command line makes this process its descendants'
+subreaper (`adopt_orphans`, Linux's PR_SET_CHILD_SUBREAPER), so an orphan becomes its child
+and is killed with the program that left it (every other child of the tool's process is a
+program started here, which the door's test makes sure of).  A program's end is its own
+exit, not its pipes' closing: a grandchild that keeps stdout open cannot make a finished
+ptxas look hung.  The deadline is kept by the thread that waits, with `select` and a polled
+wait: no timer thread, nothing that keeps the process alive after the run.  Output is read
+as it comes and bounded: the first and the last `KEPT` bytes of each stream are kept, the
+middle is counted and dropped, so a program that never stops printing costs 2 × `KEPT`
+bytes, not the machine's memory; a caller that needs all of it (a hash of `git diff`, the
+build log) takes each chunk through `sink`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import selectors
 import signal
@@ -31,6 +38,8 @@ from sm121_build.core.interrupts import held
 KEPT = 64 * 1024  # bytes kept at each end of each stream
 _READ = 64 * 1024
 _POLL_S = 0.02
+_DRAIN_S = 0.5  # after the program exits, what its pipes still hold is read this long
+_SUBREAPER = 36  # prctl's PR_SET_CHILD_SUBREAPER
 
 
 @dataclass(frozen=True)
@@ -138,12 +147,44 @@ class Ending(Exception):
 
 
 def end_all() -> None:
-    """The run is interrupted: kill every program's group now, and start none from here on."""
+    """The run is interrupted: kill every program's group now, and every orphan one left
+    with us, and start none from here on."""
     with _LOCK:
         _ENDING.set()
         groups = list(_GROUPS)
     for group in groups:
         _kill(group)
+    _end_orphans()
+
+
+def adopt_orphans() -> None:
+    """Orphans of the programs this process starts become its children (Linux), not
+    init's, and are ended with the program that left them.  For the command line's process
+    alone, whose every child is a program started here: a library's host (a test runner)
+    may have children of its own, which no sweep may touch."""
+    with contextlib.suppress(OSError, AttributeError):
+        if ctypes.CDLL(None, use_errno=True).prctl(_SUBREAPER, 1, 0, 0, 0) == 0:
+            _ADOPTING.append(True)
+
+
+def _end_orphans() -> None:
+    """Kill and reap every child of this process that is no running program's leader: an
+    orphan a program left (reparented here, `adopt_orphans`)."""
+    if not _ADOPTING:
+        return
+    with _LOCK:
+        leaders = set(_GROUPS)
+        for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                for pid in map(int, task.read_text().split()):
+                    if pid not in leaders:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, signal.SIGKILL)
+                        with contextlib.suppress(ChildProcessError):
+                            os.waitpid(pid, 0)
+
+
+_ADOPTING: list[bool] = []
 
 
 def running() -> int:
@@ -162,15 +203,15 @@ def run(program: Program, sink: Callable[[bytes], None] | None = None) -> Ended:
     chunk of stdout also goes to `sink` when one is given."""
     if _ENDING.is_set():
         raise Ending(f"{program.what} was not started: the run is being interrupted")
-    with held():  # a Ctrl-C cannot fall between the start and the registration
+    # a Ctrl-C cannot fall between the start and the registration, nor an orphan sweep
+    with held(), _LOCK:
         process = subprocess.Popen(
             program.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if program.merge else subprocess.PIPE,
             cwd=program.cwd, env=None if program.env is None else dict(program.env),
             start_new_session=True)
-        with _LOCK:
-            _GROUPS.add(process.pid)
-            ending = _ENDING.is_set()
+        _GROUPS.add(process.pid)
+        ending = _ENDING.is_set()
     if ending:
         _kill(process.pid)
     deadline = time.monotonic() + program.seconds
@@ -178,7 +219,6 @@ def run(program: Program, sink: Callable[[bytes], None] | None = None) -> Ended:
     timed_out = True
     try:
         timed_out = not _read(process, deadline, (out, err), sink)
-        timed_out = timed_out or not _exited(process.pid, deadline)
     finally:
         _kill(process.pid)  # on a deadline, an interrupt, and what the program left behind
         _pid, status, usage = os.wait4(process.pid, 0)
@@ -188,22 +228,30 @@ def run(program: Program, sink: Callable[[bytes], None] | None = None) -> Ended:
                 stream.close()
         with _LOCK:
             _GROUPS.discard(process.pid)
+        _end_orphans()
     return Ended(process.returncode, out.value(), err.value(), out.dropped + err.dropped,
                  timed_out, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
 
 
 def _read(process: subprocess.Popen[bytes], deadline: float, kept: tuple[Kept, Kept],
           sink: Callable[[bytes], None] | None) -> bool:
-    """Read stdout and stderr until both close (True) or the deadline passes (False)."""
+    """Read stdout and stderr until the program has exited and its pipes are drained (or
+    held open past `_DRAIN_S` by what it left), True; or until the deadline passes, False."""
+    exited_at: float | None = None
     with selectors.DefaultSelector() as selector:
         for stream, keep in ((process.stdout, kept[0]), (process.stderr, kept[1])):
             if stream is not None:
                 selector.register(stream, selectors.EVENT_READ, keep)
         while selector.get_map():
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            if exited_at is None and _exited(process.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > _DRAIN_S:
+                return True  # a grandchild holds the pipe open: the program itself ended
+            left = deadline - now
             if left <= 0:
-                return False
-            for key, _events in selector.select(min(left, 1.0)):
+                return exited_at is not None
+            for key, _events in selector.select(min(left, _POLL_S * 5)):
                 chunk = os.read(key.fd, _READ)
                 if not chunk:
                     selector.unregister(key.fileobj)
@@ -211,15 +259,19 @@ def _read(process: subprocess.Popen[bytes], deadline: float, kept: tuple[Kept, K
                 key.data.add(chunk)
                 if sink is not None and key.data is kept[0]:
                     sink(chunk)
-    return True
+    return exited_at is not None or _wait_exit(process.pid, deadline)
 
 
-def _exited(pid: int, deadline: float) -> bool:
+def _exited(pid: int) -> bool:
+    """Whether the process has exited (not reaped: its pid, and its group's, stay ours)."""
+    found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    return found is not None and found.si_pid == pid
+
+
+def _wait_exit(pid: int, deadline: float) -> bool:
     """Wait, without reaping it, until the process has exited (True) or the deadline passed."""
-    while True:
-        found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        if found is not None and found.si_pid == pid:
-            return True
+    while not _exited(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(_POLL_S)
+    return True

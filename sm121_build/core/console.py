@@ -5,9 +5,11 @@ long builds and reads on a terminal, and the results on stdout (`say`, `say_json
 
 Text out is a door like files in: no other module prints (tests/unit/test_text_door.py).
 Every line leaves here with each control character escaped (C0 and C1 controls, ESC, DEL,
-the bidirectional overrides and line separators): a name from outside cannot retitle the
-terminal, clear it, or reorder what is read.  A one-line sink (`note`, `notice`, `result`,
-`report_error`, a step's title, the live line) escapes a newline too, so a name cannot forge
+the bidirectional overrides and line separators), and a line that would begin with `::` (a
+CI runner's workflow command) with its first colon escaped (`\x3a`): a name from outside
+cannot retitle the terminal, clear it, reorder what is read or command the runner.  A
+one-line sink (`note`, `notice`, `result`, `report_error`, a step's title, the live line)
+escapes a newline too, so a name cannot forge
 a line there; a block (`say`: a table) keeps its own line breaks, so the renderer of a block
 passes every name from outside through `shown` (plain text) or `md` (Markdown), which escape
 newlines as well.  JSON leaves exact (`say_json`: json.dumps escapes what it must)."""
@@ -64,12 +66,15 @@ def md_code(text: str) -> str:
     return f"`{text}`"
 
 
+_COMMAND = re.compile(r"^(\s*):(?=:)", re.M)  # a line a CI runner reads as `::command::`
+
+
 def _line(text: str) -> str:
-    return _CONTROL.sub(_escaped, text)
+    return _COMMAND.sub(r"\1\\x3a", _CONTROL.sub(_escaped, text))
 
 
 def _block(text: str) -> str:
-    return _BLOCK_CONTROL.sub(_escaped, text)
+    return _COMMAND.sub(r"\1\\x3a", _BLOCK_CONTROL.sub(_escaped, text))
 
 
 def say(text: str = "", nl: bool = True) -> None:
@@ -170,7 +175,8 @@ def report_error(message: str) -> None:
     click.echo(f"error: {message}", err=True)
     if on_github_actions():
         text = message.replace("%", "%25")  # (no newline is left to escape as %0A)
-        click.echo(f"::error title=sm121-build::{text}")
+        # stdout, where the runner reads workflow commands; stderr when stdout carries JSON
+        click.echo(f"::error title=sm121-build::{text}", err=_results["stderr"])
 
 
 _live = {"shown": False}

@@ -17,7 +17,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -78,6 +78,37 @@ def opened(path: str | os.PathLike[str], what: str = "input") -> Iterator[tuple[
         yield fd, os.fstat(fd).st_size
     finally:
         os.close(fd)
+
+
+def walk(top: str | os.PathLike[str], onerror: Callable[[OSError], None] | None = None
+         ) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(top)` top-down, links not followed, without recursion: a folder nested a
+    thousand deep (Python 3.11's own walk recurses into a RecursionError) is walked like any
+    other; a caller may prune `dirnames` in place, as with os.walk."""
+    stack = [os.fspath(top)]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as entries:
+                listed = list(entries)
+        except OSError as exc:
+            if onerror is not None:
+                onerror(exc)
+            continue
+        dirnames: list[str] = []
+        filenames: list[str] = []
+        links: set[str] = set()
+        for entry in listed:
+            try:  # as os.walk: a link to a folder is listed as a folder, never entered
+                is_dir = entry.is_dir()
+                if is_dir and entry.is_symlink():
+                    links.add(entry.name)
+            except OSError:
+                is_dir = False
+            (dirnames if is_dir else filenames).append(entry.name)
+        yield folder, dirnames, filenames
+        stack.extend(os.path.join(folder, name) for name in reversed(dirnames)
+                     if name not in links)
 
 
 def read_input(path: str | os.PathLike[str], limit: int, what: str = "input") -> bytes:

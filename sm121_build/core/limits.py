@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sm121_build.core.errors import Sm121Error
@@ -38,12 +39,14 @@ class Limits:
     cmake_s: float = DEFAULT_CMAKE_S
 
     @classmethod
-    def from_environment(cls) -> Limits:
-        """The limits the environment sets (defaults otherwise); a value that is not a
-        number of seconds in (0, 86400] is refused with one line."""
-        return cls(_seconds(ENGINE_VARIABLE, DEFAULT_ENGINE_S),
-                   _seconds(REGISTRY_VARIABLE, DEFAULT_REGISTRY_S),
-                   _seconds(CMAKE_VARIABLE, DEFAULT_CMAKE_S))
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Limits:
+        """The limits the environment (this process's, or `environ`) sets, defaults
+        otherwise; a value that is not a number of seconds in (0, 86400] is refused with
+        one line."""
+        env = os.environ if environ is None else environ
+        return cls(_seconds(env, ENGINE_VARIABLE, DEFAULT_ENGINE_S),
+                   _seconds(env, REGISTRY_VARIABLE, DEFAULT_REGISTRY_S),
+                   _seconds(env, CMAKE_VARIABLE, DEFAULT_CMAKE_S))
 
 
 SECONDS_RULE = f"expected a number of seconds above 0 and at most {MAX_S:.0f}"
@@ -52,8 +55,8 @@ SECONDS_RULE = f"expected a number of seconds above 0 and at most {MAX_S:.0f}"
 def seconds(raw: str) -> float:
     """A duration the user gives (a limit here, `aot --timeout`): finite, above 0 and at
     most `MAX_S`, else a ValueError saying `SECONDS_RULE`; the one rule for every one."""
-    try:
-        value = float(raw)
+    try:  # ASCII digits only (float() takes fullwidth and Arabic-Indic ones too)
+        value = float(raw) if raw.isascii() else math.nan
     except ValueError:
         value = math.nan
     if not (0 < value <= MAX_S):  # NaN compares false: refused with inf and 1e300
@@ -61,8 +64,8 @@ def seconds(raw: str) -> float:
     return value
 
 
-def _seconds(variable: str, default: float) -> float:
-    raw = os.environ.get(variable, "").strip()
+def _seconds(environ: Mapping[str, str], variable: str, default: float) -> float:
+    raw = environ.get(variable, "").strip()
     if not raw:
         return default
     try:

@@ -35,8 +35,9 @@ VERDICT_RANK: dict[Verdict, int] = {"none": 0, "jit": 1, "native": 2}
 # (`data/gpus.yaml`), read once here.
 KNOWN_ARCHS = frozenset(str(arch) for arch in yaml.safe_load(
     resources.files("sm121_build").joinpath("data/gpus.yaml").read_text()))
-_TARGET = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
-_DOTTED = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
+# ASCII digits only: `\d` alone takes `sm_١٢١` (Arabic-Indic) or fullwidth digits too
+_TARGET = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$", re.ASCII)
+_DOTTED = re.compile(r"^(\d{1,2})\.(\d)([af]?)$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def dotted_arch(text: str) -> tuple[int, str] | None:
 
 
 def parse_cuda_version(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
+    match = re.fullmatch(r"(\d+)\.(\d+)", text.strip(), re.ASCII)
     if not match:
         raise Sm121Error(f"unknown CUDA driver version {text!r}: expected e.g. 13.0")
     return int(match.group(1)), int(match.group(2))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sm121_build.core.children import Ended, Program, run
 from sm121_build.core.errors import ToolchainError
+from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.compat import Target, max_ptx_isa, ptx_isa_table
 
@@ -32,7 +33,12 @@ _OPTION = re.compile(r"^(-{1,2}(maxrregcount|maxntid|minnctapersm)[= ]?\d+(,\d+)
                      r"-{1,2}(generate-line-info|lineinfo|verbose|v|warn-on-spills|"
                      r"warn-on-local-memory-usage|warn-on-double-precision-use|"
                      r"allow-expensive-optimizations(=true|=false)?))$")
-VERSION_TIMEOUT = 60.0
+VERSION_TIMEOUT = 30.0  # `ptxas --version`: milliseconds when it works
+# What a tool's output may hold: a cubin or fatbin is smaller than the PTX or cubin it comes
+# from, give or take; this many times its input and no less than the floor, else refused
+# (a ptxas that writes gigabytes is read no further than its size)
+OUTPUT_TIMES = 8
+OUTPUT_FLOOR = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,9 @@ def _read_version(folder: Path) -> Toolchain:
     except OSError as exc:
         raise ToolchainError(f"{ptxas} does not run: {exc}") from None
     match = _RELEASE.search(done.text)
-    if done.timed_out or done.returncode or not match:
+    if done.timed_out:
+        raise ToolchainError(f"{ptxas} --version gave no answer in {VERSION_TIMEOUT:.0f} s")
+    if done.returncode or not match:
         raise ToolchainError(f"{ptxas} --version printed no CUDA release")
     return Toolchain(folder, (int(match.group(1)), int(match.group(2))), match.group(3))
 
@@ -206,7 +214,8 @@ def run_ptxas(toolchain: Toolchain, ptx: bytes, how: Compile) -> PtxasRun:
         source.write_bytes(ptx.rstrip(b"\0"))
         done = _run(Program((str(toolchain.ptxas), *how.args(source, cubin)), how.timeout,
                             "ptxas", merge=True))
-        return PtxasRun(_written(cubin, "ptxas", "cubin"), done.cpu_seconds, done.peak_rss)
+        return PtxasRun(_written(cubin, "ptxas", "cubin", len(ptx)), done.cpu_seconds,
+                        done.peak_rss)
 
 
 def fatbin_entry(toolchain: Toolchain, cubin: bytes, sm: str, timeout: float) -> bytes:
@@ -217,7 +226,7 @@ def fatbin_entry(toolchain: Toolchain, cubin: bytes, sm: str, timeout: float) ->
         _run(Program((str(toolchain.fatbinary), f"--create={fatbin}", "--64",
                       "--compress-all", f"--image3=kind=elf,sm={sm},file={source}"),
                      timeout, "fatbinary"))
-        data = _written(fatbin, "fatbinary", "fatbin")
+        data = _written(fatbin, "fatbinary", "fatbin", len(cubin))
     if len(data) < 16 + 4 + 12:
         raise ToolchainError(f"fatbinary wrote a fatbin of {len(data)} bytes: too short")
     head, payload = struct.unpack_from("<IQ", data, 16 + 4)
@@ -238,12 +247,16 @@ def _run(program: Program) -> Ended:
     return done
 
 
-def _written(path: Path, what: str, kind: str) -> bytes:
-    """The file a tool was to write, or the error that says it exited 0 and wrote none."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        data = b""
+def _written(path: Path, what: str, kind: str, given: int) -> bytes:
+    """The file a tool was to write (read through the door, at most `OUTPUT_TIMES` its
+    input's `given` bytes), or the error that says it exited 0 and wrote none."""
+    data = b""
+    if os.path.lexists(path):
+        try:
+            data = read_input(path, max(OUTPUT_TIMES * given, OUTPUT_FLOOR),
+                              f"{what}'s {kind}")
+        except InputRefused as exc:
+            raise ToolchainError(str(exc).removeprefix(f"{path}: ")) from None
     if not data:
         raise ToolchainError(f"{what} exited 0 and wrote no {kind}")
     return data

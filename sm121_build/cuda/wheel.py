@@ -2,8 +2,12 @@
 refused whole (`CorruptBinaryError`, one line naming it) when a member has no name, a name
 with a control character or a backslash, a name that leaves the archive (absolute, `..`),
 or a name that another member also has once spelled plainly (`pkg/a.so`, `pkg/./a.so`,
-`pkg//a.so`): pip would not install such a wheel the same way twice, and two members would
-be extracted onto one path.  Read once, before anything is extracted or compiled."""
+`pkg//a.so`, the folder `pkg/a.so/`); or when two `.dist-info` folders at its top each hold
+a RECORD: pip would not install such a wheel the same way twice, two members would be
+extracted onto one path, and a decoy RECORD could be the one updated.  Read once, before
+anything is extracted or compiled.  A member that is to be held whole must not inflate past
+`MAX_RATIO` times its stored bytes (`require_honest_size`).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ from pathlib import Path
 from sm121_build.core.errors import CorruptBinaryError
 
 _ODD = re.compile(r"[\x00-\x1f\x7f\\]")
+# a member may inflate to at most this many times its stored bytes (a shared object
+# compresses 3-10x; a bomb thousands of times), once larger than the floor
+MAX_RATIO = 200
+RATIO_FLOOR = 64 << 20
 
 
 def member_name(name: str) -> str:
@@ -22,6 +30,29 @@ def member_name(name: str) -> str:
     kept."""
     plain = posixpath.normpath(name)
     return plain + "/" if name.endswith("/") and plain != "." else plain
+
+
+def require_honest_size(info: zipfile.ZipInfo, source: Path) -> None:
+    """Before a member is held whole (aot rewrites it in memory; audit writes it out): one
+    that inflates more than `MAX_RATIO` times its stored bytes, past the floor, is refused
+    (a zip bomb: a 3 MB wheel that would hold 3 GB)."""
+    if info.file_size > RATIO_FLOOR and \
+            info.file_size > MAX_RATIO * max(info.compress_size, 1):
+        raise CorruptBinaryError(
+            f"{source}: {info.filename}: inflates to {info.file_size} bytes from "
+            f"{info.compress_size} (more than {MAX_RATIO}x: a zip bomb); refused")
+
+
+def record_of(infos: list[zipfile.ZipInfo], source: Path) -> str | None:
+    """The name of the wheel's RECORD: the one `*.dist-info/RECORD` at its top (PEP 427),
+    None when it has none; two at its top are refused (a RECORD deeper in the wheel is a
+    file like any other, never the wheel's)."""
+    top = [i.filename for i in infos if re.fullmatch(r"[^/]+\.dist-info/RECORD", i.filename)]
+    if len(top) > 1:
+        raise CorruptBinaryError(f"{source}: holds two .dist-info folders ({top[0]}, "
+                                 f"{top[1]}): not a wheel pip would install the same way "
+                                 "twice; refused")
+    return top[0] if top else None
 
 
 def checked_members(wheel: zipfile.ZipFile, source: Path) -> list[zipfile.ZipInfo]:
@@ -39,11 +70,12 @@ def checked_members(wheel: zipfile.ZipFile, source: Path) -> list[zipfile.ZipInf
             plain = member_name(name)
             if plain.startswith("/") or plain == ".." or plain.startswith("../"):
                 why = f"a member {name!r} whose path leaves the archive"
-            elif plain in seen:
-                why = f"two members named {plain}" + (f" (one spelled {name})"
-                                                      if plain != name else "")
-            seen.add(plain)
+            elif plain.rstrip("/") in seen:  # `pkg/a.so` and the folder `pkg/a.so/` too
+                why = f"two members named {plain.rstrip('/')}" + (
+                    f" (one spelled {name})" if plain.rstrip("/") != name else "")
+            seen.add(plain.rstrip("/"))
         if why:
             raise CorruptBinaryError(f"{source}: holds {why}: not a wheel pip would install "
                                      "the same way twice; refused")
+    record_of(infos, source)
     return infos

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
+from sm121_build.core.inputs import walk
 
 SKIPPED = frozenset({".git"})
 
@@ -27,7 +28,7 @@ def require_contained(tree: Path) -> None:
     """Refuse `tree` when any symlink in it resolves outside it, naming the first found
     (in a sorted walk, so the same tree always names the same link)."""
     root = tree.resolve()
-    for folder, dirs, files in os.walk(root, followlinks=False):
+    for folder, dirs, files in walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED or Path(folder) != root)
         for name in sorted([*dirs, *files]):
             path = Path(folder) / name

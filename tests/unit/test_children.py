@@ -235,3 +235,60 @@ def test_a_signal_while_ptxas_works_ends_the_run_in_seconds(
         assert not _alive(int(pidfile.read_text())), "a ptxas outlived the run"
     assert list(tmp.iterdir()) == []
     assert not (tmp_path / "out").exists()
+
+
+def test_a_grandchild_holding_stdout_does_not_make_a_finished_program_hang(
+        tmp_path: Path) -> None:
+    """The program exits at once; a child it left keeps stdout open: its end is its exit,
+    not the pipe's closing (red team, issue #54: 'ptxas ran past its limit', untrue)."""
+    pidfile = tmp_path / "pid"
+    holder = _script(tmp_path, "holder", f"sleep 600 &\necho $! > {pidfile}\necho done\n")
+    started = time.monotonic()
+    done = run(Program((str(holder),), 60.0, "holder"))
+    assert time.monotonic() - started < 5
+    assert (done.returncode, done.timed_out, done.stdout) == (0, False, b"done\n")
+    time.sleep(0.2)
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_a_grandchild_that_leaves_the_group_is_ended_with_the_run(jit_only_so: Path,
+                                                                tmp_path: Path) -> None:
+    """A ptxas whose child calls setsid (leaving the group): the command line adopts the
+    orphan (subreaper) and ends it; nothing outlives the run."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    home = tmp_path / "cuda"
+    home.mkdir()
+    _toolchain(home, f"setsid sleep 600 >/dev/null 2>&1 < /dev/null &\necho $! > {pids}/$$\n"
+               "exit 1\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "aot", str(jit_only_so), "--out",
+         str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
+         "--target", "sm_121"], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 2, done.stderr
+    time.sleep(0.3)
+    left = [int(p.read_text()) for p in pids.iterdir()]
+    assert left, "ptxas never ran"
+    assert not [pid for pid in left if _alive(pid)], "a setsid'd grandchild outlived the run"
+
+
+def test_a_tools_output_is_read_no_further_than_a_bound(tmp_path: Path) -> None:
+    """A ptxas that writes a 6 GB (sparse) cubin: refused by its size, never read whole."""
+    toolchain = _toolchain(tmp_path, 'for a in "$@"; do [ "$prev" = -o ] && out=$a; '
+                           'prev=$a; done\ntruncate -s 6G "$out"\nexit 0\n')
+    with pytest.raises(ToolchainError, match="ptxas's cubin holds 6442450944 bytes"):
+        run_ptxas(toolchain, b".version 8.0\n", Compile("sm_121", timeout=30.0))
+
+
+def test_a_hanging_version_is_said_as_such(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from sm121_build.cuda import ptxas
+
+    monkeypatch.setattr(ptxas, "VERSION_TIMEOUT", 1.0)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("ptxas", "fatbinary"):
+        _script(bin_dir, tool, "sleep 600\n")
+    with pytest.raises(ToolchainError, match=r"--version gave no answer in 1 s$"):
+        ptxas.find_toolchain(tmp_path)

@@ -241,3 +241,18 @@ def test_tools_are_found_where_the_set_up_put_them(tmp_path: Path,
     assert doctor_module.find_tool("ptxas") == str(nvidia / "ptxas")
     assert doctor_module.find_tool("nvcc") == str(nvidia / "nvcc")
     assert doctor_module.find_tool("no-such-tool") is None
+
+
+def test_a_time_limit_every_command_would_refuse_is_a_fail() -> None:
+    """SM121_ENGINE_TIMEOUT=nan: `prune` and `pin` refuse it before any work; doctor says so
+    instead of calling the engine OK (red team, issue #54)."""
+    from sm121_build.jobs.commands.doctor import limits
+
+    def probe(**environ: str) -> Probe:
+        return Probe(engine=lambda: EngineFacts("28", "1.47", "x86_64", "/", "unix://"),
+                     environ=dict(environ))
+
+    (bad,) = limits(probe(SM121_ENGINE_TIMEOUT="nan"))
+    assert bad.status == "FAIL" and "SM121_ENGINE_TIMEOUT='nan'" in bad.detail
+    (good,) = limits(probe(SM121_REGISTRY_TIMEOUT="5"))
+    assert good.status == "OK" and "registry 5 s" in good.detail

@@ -546,3 +546,29 @@ def test_a_trees_own_git_config_runs_nothing(tmp_path: Path) -> None:
     assert checkout.changes and not marker.exists()
     subprocess.run(["git", "diff", "HEAD"], cwd=source, capture_output=True, check=False)
     assert marker.exists()  # plain git does run it: the test can fail
+
+
+def test_a_folder_nested_a_thousand_deep_is_walked_without_a_traceback(
+        tmp_path: Path, matrix: dict[str, Path]) -> None:
+    """Python 3.11's os.walk recurses: a tree 1000 folders deep was a RecursionError in
+    `audit`, `aot` and `patch` (red team, issue #54); the one walk (`core/inputs.walk`) is
+    iterative."""
+    deep = tmp_path / "deep"
+    at = deep
+    at.mkdir()
+    for _ in range(1000):  # one level at a time (Path.mkdir's parents= recurses too)
+        at = at / "d"
+        at.mkdir()
+    (at / "k.so").write_bytes(matrix["sm121"].read_bytes())
+    try:
+        audited = cli("audit", str(deep))
+        assert audited.returncode == 0, audited.stderr[-500:]
+        assert "Traceback" not in audited.stderr and "k.so" in audited.stdout
+        aoted = cli("aot", str(deep), "--out", str(tmp_path / "out"), "--target", "sm_121")
+        assert "Traceback" not in aoted.stderr and aoted.returncode in (0, 2), \
+            aoted.stderr[-500:]
+    finally:  # bottom-up, one level at a time (shutil.rmtree recurses as well)
+        levels = [at, *list(at.parents)[:1000]]
+        (at / "k.so").unlink()
+        for level in levels:
+            level.rmdir()

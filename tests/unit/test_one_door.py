@@ -31,8 +31,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "maps a descriptor open_regular gave",
     ("cuda/host.py", "mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)"):
         "maps a descriptor open_regular gave",
-    ("cuda/ptxas.py", "path.read_bytes()"):
-        "ptxas's or fatbinary's output in the run's temp folder",
+    ("core/children.py", "task.read_text()"):
+        "/proc/self/task/*/children: this process's own children, from the kernel",
     ("cli/__init__.py", "os.open(os.devnull, os.O_WRONLY)"): "/dev/null, for writing",
     ("cli/local.py", "zipfile.is_zipfile(cutlass)"):
         "`local` builds the tree the user asked for on this host, on purpose",

@@ -96,3 +96,36 @@ def test_a_hostile_file_name_reaches_no_terminal_raw(plain_so: Path, tmp_path: P
     assert not any(line.startswith("fake") or "](https" in line for line in table)
     as_json = json.loads(_audit(folder, "--json").stdout)
     assert [b["name"] for b in as_json["binaries"]] == [HOSTILE]  # JSON stays exact
+
+
+def test_no_listing_lets_a_name_forge_a_line(plain_so: Path, tmp_path: Path) -> None:
+    """The table's rebuild reason and the cuobjdump listing's `# name` and file stems carry
+    the name too (red team, issue #54): one line each, whatever the name holds."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(plain_so, folder / HOSTILE)
+    shutil.copy(plain_so, folder / "second.so")
+    for args in ((), ("--format", "cuobjdump")):
+        done = _audit(folder, *args)
+        assert done.returncode == 0, done.stderr
+        assert not any(line.startswith("fake") for line in done.stdout.splitlines()), args
+        assert not RAW.search(done.stdout), args
+
+
+def test_a_name_cannot_command_a_ci_runner(plain_so: Path, tmp_path: Path) -> None:
+    """A line a runner reads as a workflow command (`::error …::`, `::add-mask::`) cannot
+    begin with a name; the tool's own annotation goes to stderr when stdout is JSON."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(plain_so, folder / "::error title=forged::pwned.so")
+    done = _audit(folder)
+    assert not [line for line in done.stdout.splitlines() if line.lstrip().startswith("::")]
+    assert "\\x3a:error title=forged::pwned.so" in done.stdout
+    env = {**os.environ, "GITHUB_ACTIONS": "true"}
+    required = subprocess.run([sys.executable, "-m", "sm121_build", "audit", str(folder),
+                               "--json", "--require", "native", "--target", "sm_75"],
+                              capture_output=True, text=True, env=env, timeout=120,
+                              check=False)
+    assert required.returncode == 1
+    json.loads(required.stdout)  # JSON alone on stdout
+    assert "::error title=sm121-build::" in required.stderr

@@ -140,3 +140,29 @@ def test_the_driver_and_cuda_versions_are_checked_before_any_work(
         line = one_line_error(cli("audit", str(tmp_path / "x.so"), "--target", "sm_121",
                                   option, "1x", env=home), alone=True)
         assert f"Invalid value for '{option}'" in line, line
+
+
+@pytest.mark.parametrize("value", [" ", "\t", "  "])
+def test_whitespace_alone_is_an_empty_value(value: str, tmp_path: Path) -> None:
+    """`--summary-md ' '` wrote a file named ' ' in the current folder (red team)."""
+    done = subprocess.run([sys.executable, "-m", "sm121_build", "audit", "/bin/ls",
+                           f"--summary-md={value}"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60, check=False)
+    assert done.returncode == 2 and "an empty value for --summary-md" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [("--target", "sm_\u0661\u0662\u0661"),
+                                  ("--target", "\uff11\uff12\uff11"),
+                                  ("--driver", "\u0661\u0663.0")])
+def test_digits_are_ascii_digits(args: tuple[str, str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "sm121_build", "audit", "/bin/ls", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
+
+
+def test_a_duration_in_other_digits_is_refused() -> None:
+    from sm121_build.core.limits import seconds
+
+    with pytest.raises(ValueError):
+        seconds("\u0661\u0662")

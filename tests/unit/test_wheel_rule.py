@@ -7,6 +7,7 @@ before anything is compiled."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import warnings
@@ -106,3 +107,77 @@ def test_a_record_without_the_members_row_is_refused_before_any_compile(
         f"error: {wheel}: its RECORD has no row for pkg/_k.so")
     assert calls.read_text().split("\n")[:-1] == ["--version"], "ptxas compiled before"
     assert "native now" not in done.stdout + done.stderr
+
+
+def test_a_folder_entry_on_a_members_path_is_refused_by_both(jit_so: Path,
+                                                             tmp_path: Path) -> None:
+    """`pkg/_k.so` and the folder `pkg/_k.so/` cannot both be extracted (red team)."""
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_so.read_bytes(),
+                   ["pkg/_k.so/"], "pkg/_k.so,,\n")
+    for args in (("audit", str(wheel)), ("aot", str(wheel), "--out", str(tmp_path / "o"))):
+        done = _cli(*args)
+        assert done.returncode == 2
+        assert "holds two members named pkg/_k.so (one spelled pkg/_k.so/)" in done.stderr
+
+
+def test_a_decoy_record_deeper_in_the_wheel_is_never_the_one_updated(
+        jit_so: Path, tmp_path: Path) -> None:
+    """A second `*.dist-info/RECORD` placed first but not at the wheel's top: aot updates
+    the real one; two at the top: refused (red team)."""
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as out:
+        out.writestr("aaa/zzz.dist-info/RECORD", "pkg/_k.so,,\n")
+        out.writestr("pkg/_k.so", jit_so.read_bytes())
+        out.writestr("pkg-1.0.dist-info/RECORD", "pkg/_k.so,,\n")
+    done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
+                env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as repaired:
+        real = repaired.read("pkg-1.0.dist-info/RECORD").decode()
+        assert real.startswith("pkg/_k.so,sha256=") and \
+            repaired.read("aaa/zzz.dist-info/RECORD") == b"pkg/_k.so,,\n"
+    two = tmp_path / "two" / wheel.name
+    two.parent.mkdir()
+    with zipfile.ZipFile(two, "w") as out:
+        out.writestr("pkg/_k.so", jit_so.read_bytes())
+        out.writestr("zzz-1.0.dist-info/RECORD", "pkg/_k.so,,\n")
+        out.writestr("pkg-1.0.dist-info/RECORD", "pkg/_k.so,,\n")
+    for args in (("audit", str(two)), ("aot", str(two), "--out", str(tmp_path / "o2"))):
+        done = _cli(*args)
+        assert done.returncode == 2 and "holds two .dist-info folders" in done.stderr
+
+
+def _bomb(path: Path, size: int) -> Path:
+    """A wheel whose one member is an ELF of `size` bytes, zeros but for headers that
+    account for all of it and name `.nv_fatbin` (it deflates ~1000x)."""
+    names = b"\0.nv_fatbin\0.shstrtab\0"
+    shoff = size - 192
+    rows = bytes(64) + struct.pack("<IIQQQQIIQQ", 1, 1, 2, 0, 64, 16, 0, 0, 8, 0) + \
+        struct.pack("<IIQQQQIIQQ", 12, 3, 0, 0, shoff - len(names), len(names), 0, 0, 1, 0)
+    head = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9) + struct.pack(
+        "<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0, 64, 3, 2)
+    info = zipfile.ZipInfo("pkg/a.so")
+    info.compress_type = zipfile.ZIP_DEFLATED
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as out, \
+            out.open(info, "w") as member:
+        member.write(head)
+        left = shoff - len(head) - len(names)
+        while left > 0:
+            member.write(bytes(min(left, 1 << 24)))
+            left -= 1 << 24
+        member.write(names + rows)
+    with zipfile.ZipFile(path, "a") as out:
+        out.writestr("pkg-1.0.dist-info/RECORD", "pkg/a.so,,\n")
+    return path
+
+
+def test_a_zip_bomb_member_is_refused_before_it_is_held(tmp_path: Path) -> None:
+    wheel = _bomb(tmp_path / "pkg-1.0-py3-none-any.whl", 256 << 20)
+    assert wheel.stat().st_size < 2 << 20
+    aoted = _cli("aot", str(wheel), "--out", str(tmp_path / "o"), "--target", "sm_121")
+    assert aoted.returncode == 2
+    assert "pkg/a.so: inflates to 268435456 bytes from" in aoted.stderr
+    assert "(more than 200x: a zip bomb); refused" in aoted.stderr
+    audited = _cli("audit", str(wheel))
+    assert audited.returncode == 2
+    assert "not extracted: inflates to 268435456 bytes" in audited.stdout + audited.stderr

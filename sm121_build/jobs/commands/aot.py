@@ -40,6 +40,7 @@ from sm121_build.core.inputs import (
     open_file,
     read_head,
     read_input,
+    walk,
 )
 from sm121_build.core.outputs import Results
 from sm121_build.core.paths import state_dir, store_bytes
@@ -70,7 +71,7 @@ from sm121_build.cuda.ptxas import (
     run_ptxas,
 )
 from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
-from sm121_build.cuda.wheel import checked_members
+from sm121_build.cuda.wheel import checked_members, record_of, require_honest_size
 from sm121_build.jobs.commands.aot_compile import Compiled, Plan, compile_all, kept_pace
 from sm121_build.verify.aot_check import check_aot
 
@@ -282,7 +283,7 @@ def _elf_files(source: Path, outcome: AotResult) -> Iterator[tuple[Path, Path]]:
     if kind_of(source) == "file":
         yield source, Path(source.name)
         return
-    for root, dirs, files in os.walk(source, followlinks=False):
+    for root, dirs, files in walk(source):
         dirs.sort()
         for name in sorted(files):
             path = Path(root) / name
@@ -585,6 +586,7 @@ def _elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> byt
             f"{extent} its ELF headers account for; refused (not read)")
     if not _streamed_has_fatbin(wheel, info, head, name):
         return None
+    require_honest_size(info, Path(name.split("!", 1)[0]))  # before it is held whole
     with wheel.open(info) as member:
         data = member.read(info.file_size + 1)
     if len(data) != info.file_size:
@@ -635,8 +637,7 @@ def _stream_range(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, offset: int, si
 def _read_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
                  where: Path) -> tuple[str, list[list[str]]]:
     """The RECORD member's name and its rows (CSV, as PEP 376 writes it), read once."""
-    record = next((i.filename for i in infos if i.filename.endswith(".dist-info/RECORD")),
-                  None)
+    record = record_of(infos, where)  # the one at the wheel's top: never a decoy deeper
     if record is None:
         raise CorruptBinaryError(f"{where}: no .dist-info/RECORD: not a wheel")
     info = wheel.getinfo(record)

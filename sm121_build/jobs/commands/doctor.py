@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import read_input
+from sm121_build.core.limits import Limits
 from sm121_build.core.paths import cache_dir, state_dir
 from sm121_build.cuda.nvidia_smi import output, read
 from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, ptxas_folders, toolchains
@@ -305,9 +306,22 @@ def _existing_parent(path: Path) -> Path:
     return path
 
 
+def limits(probe: Probe) -> list[Check]:
+    """The SM121_*_TIMEOUT variables, checked by the one rule every command applies before
+    any work: a value it would refuse is a FAIL here, not an OK that the run then refuses."""
+    try:
+        found = Limits.from_environment(probe.environ)
+    except Sm121Error as exc:
+        return [Check("time limits", "FAIL", str(exc), "set it to a number of seconds, or "
+                      "unset it for the default")]
+    return [Check("time limits", "OK", f"engine {found.engine_s:g} s, registry "
+                  f"{found.registry_s:g} s, CMake {found.cmake_s:g} s")]
+
+
 def run_checks(probe: Probe, refs: tuple[str, ...] = (),
                base_bytes: int | None = None) -> list[Check]:
     checks, engine = engine_checks(probe)
+    checks += limits(probe)
     checks += docker_group(probe)
     checks += buildkit(probe)
     checks += disk(probe, engine, base_bytes)
