@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import DATA, compile_cached, gencode
+from devkit.helpers import DATA, compile_cached, gencode, link_cached
 from sm121_build.source.cmake_run import HostCMake, evaluating_with
 from sm121_build.source.guards import find_cmake
 
@@ -115,3 +115,14 @@ def fa2_add_rule(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setattr(patch, "patches_dir", lambda: folder)
     yield folder
     patch._load_all.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def jit_only_so() -> Path:
+    """Two translation units: each an sm_80 cubin and compute_80 PTX (FA2's shape), one
+    with ptxas options recorded in its PTX entry: JIT-only on sm_121, what aot compiles."""
+    sm80_ptx = gencode("compute_80:compute_80", "compute_80:sm_80")
+    return link_cached("aot_two", [
+        (DATA / "two_tus" / "a.cu", sm80_ptx),
+        (DATA / "two_tus" / "b.cu", [*sm80_ptx, "-Xptxas", "--maxrregcount=32"]),
+    ])

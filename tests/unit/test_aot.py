@@ -25,7 +25,6 @@ from devkit.helpers import (
     cuda_home,
     cuobjdump,
     gencode,
-    link_cached,
     one_line_error,
     run_cuobjdump,
 )
@@ -37,16 +36,6 @@ from sm121_build.verify.aot_check import check_aot
 pytestmark = pytest.mark.slow
 ENV = {"CUDA_HOME": str(cuda_home())}
 SM80_PTX = gencode("compute_80:compute_80", "compute_80:sm_80")
-
-
-@pytest.fixture(scope="module")
-def jit_only_so() -> Path:
-    """Two translation units: each an sm_80 cubin and compute_80 PTX (FA2's shape), one
-    with ptxas options recorded in its PTX entry."""
-    return link_cached("aot_two", [
-        (DATA / "two_tus" / "a.cu", SM80_PTX),
-        (DATA / "two_tus" / "b.cu", [*SM80_PTX, "-Xptxas", "--maxrregcount=32"]),
-    ])
 
 
 def _listing(path: Path) -> list[str]:

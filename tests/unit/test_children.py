@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import DATA, link_cached
 from sm121_build.core import children
 from sm121_build.core.children import Kept, Lines, Program, end_all, run
 from sm121_build.core.errors import ToolchainError
@@ -184,17 +183,6 @@ def test_ptxas_past_its_limit_is_ended_with_its_children(tmp_path: Path) -> None
     assert time.monotonic() - started < 5
     time.sleep(0.2)
     assert not _alive(int(pidfile.read_text()))
-
-
-@pytest.fixture(scope="module")
-def jit_only_so() -> Path:
-    return link_cached("aot_two", [
-        (DATA / "two_tus" / "a.cu", ["-gencode", "arch=compute_80,code=sm_80",
-                                     "-gencode", "arch=compute_80,code=compute_80"]),
-        (DATA / "two_tus" / "b.cu", ["-gencode", "arch=compute_80,code=sm_80",
-                                     "-gencode", "arch=compute_80,code=compute_80",
-                                     "-Xptxas", "--maxrregcount=32"]),
-    ])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

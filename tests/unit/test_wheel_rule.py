@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import DATA, link_cached
-
 SPELLINGS = {
     "nameless": [""],
     "dot": ["pkg/./_k.so"],
@@ -28,17 +26,6 @@ SPELLINGS = {
     "control": ["pkg/_k\n.so"],
     "backslash": ["pkg\\_k.so"],
 }
-
-
-@pytest.fixture(scope="module")
-def jit_so() -> Path:
-    return link_cached("aot_two", [
-        (DATA / "two_tus" / "a.cu", ["-gencode", "arch=compute_80,code=sm_80",
-                                     "-gencode", "arch=compute_80,code=compute_80"]),
-        (DATA / "two_tus" / "b.cu", ["-gencode", "arch=compute_80,code=sm_80",
-                                     "-gencode", "arch=compute_80,code=compute_80",
-                                     "-Xptxas", "--maxrregcount=32"]),
-    ])
 
 
 def _wheel(path: Path, elf: bytes, extra: list[str], record: str) -> Path:
@@ -57,9 +44,9 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 
 @pytest.mark.parametrize("how", sorted(SPELLINGS))
-def test_audit_and_aot_refuse_a_wheel_by_one_rule(how: str, jit_so: Path,
+def test_audit_and_aot_refuse_a_wheel_by_one_rule(how: str, jit_only_so: Path,
                                                   tmp_path: Path) -> None:
-    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_so.read_bytes(),
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_only_so.read_bytes(),
                    SPELLINGS[how], "pkg/_k.so,,\n")
     audited = _cli("audit", str(wheel))
     aoted = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121")
@@ -72,13 +59,13 @@ def test_audit_and_aot_refuse_a_wheel_by_one_rule(how: str, jit_so: Path,
     assert not (tmp_path / "out").exists()
 
 
-def test_a_folder_lists_a_refused_wheel_and_audits_the_rest(jit_so: Path,
+def test_a_folder_lists_a_refused_wheel_and_audits_the_rest(jit_only_so: Path,
                                                            tmp_path: Path) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
-    _wheel(folder / "bad-1.0-py3-none-any.whl", jit_so.read_bytes(), ["pkg/./_k.so"],
+    _wheel(folder / "bad-1.0-py3-none-any.whl", jit_only_so.read_bytes(), ["pkg/./_k.so"],
            "pkg/_k.so,,\n")
-    _wheel(folder / "good-1.0-py3-none-any.whl", jit_so.read_bytes(), [], "pkg/_k.so,,\n")
+    _wheel(folder / "good-1.0-py3-none-any.whl", jit_only_so.read_bytes(), [], "pkg/_k.so,,\n")
     done = _cli("audit", str(folder))
     assert done.returncode == 2
     assert "good-1.0-py3-none-any.whl!pkg/_k.so" in done.stdout
@@ -87,7 +74,7 @@ def test_a_folder_lists_a_refused_wheel_and_audits_the_rest(jit_so: Path,
 
 
 def test_a_record_without_the_members_row_is_refused_before_any_compile(
-        jit_so: Path, tmp_path: Path) -> None:
+        jit_only_so: Path, tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     home = tmp_path / "cuda"
     (home / "bin").mkdir(parents=True)
@@ -97,7 +84,7 @@ def test_a_record_without_the_members_row_is_refused_before_any_compile(
                           '"Cuda compilation tools, release 13.0, V13.0.88"; exit 0;; '
                           'esac\nexit 1\n')
         script.chmod(0o755)
-    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_so.read_bytes(), [],
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_only_so.read_bytes(), [],
                    "pkg/__init__.py,,\n")
     done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
                 "--cuda-home", str(home), "--no-cache",
@@ -109,10 +96,10 @@ def test_a_record_without_the_members_row_is_refused_before_any_compile(
     assert "native now" not in done.stdout + done.stderr
 
 
-def test_a_folder_entry_on_a_members_path_is_refused_by_both(jit_so: Path,
+def test_a_folder_entry_on_a_members_path_is_refused_by_both(jit_only_so: Path,
                                                              tmp_path: Path) -> None:
     """`pkg/_k.so` and the folder `pkg/_k.so/` cannot both be extracted (red team)."""
-    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_so.read_bytes(),
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_only_so.read_bytes(),
                    ["pkg/_k.so/"], "pkg/_k.so,,\n")
     for args in (("audit", str(wheel)), ("aot", str(wheel), "--out", str(tmp_path / "o"))):
         done = _cli(*args)
@@ -121,13 +108,13 @@ def test_a_folder_entry_on_a_members_path_is_refused_by_both(jit_so: Path,
 
 
 def test_a_decoy_record_deeper_in_the_wheel_is_never_the_one_updated(
-        jit_so: Path, tmp_path: Path) -> None:
+        jit_only_so: Path, tmp_path: Path) -> None:
     """A second `*.dist-info/RECORD` placed first but not at the wheel's top: aot updates
     the real one; two at the top: refused (red team)."""
     wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as out:
         out.writestr("aaa/zzz.dist-info/RECORD", "pkg/_k.so,,\n")
-        out.writestr("pkg/_k.so", jit_so.read_bytes())
+        out.writestr("pkg/_k.so", jit_only_so.read_bytes())
         out.writestr("pkg-1.0.dist-info/RECORD", "pkg/_k.so,,\n")
     done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
                 env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
@@ -139,7 +126,7 @@ def test_a_decoy_record_deeper_in_the_wheel_is_never_the_one_updated(
     two = tmp_path / "two" / wheel.name
     two.parent.mkdir()
     with zipfile.ZipFile(two, "w") as out:
-        out.writestr("pkg/_k.so", jit_so.read_bytes())
+        out.writestr("pkg/_k.so", jit_only_so.read_bytes())
         out.writestr("zzz-1.0.dist-info/RECORD", "pkg/_k.so,,\n")
         out.writestr("pkg-1.0.dist-info/RECORD", "pkg/_k.so,,\n")
     for args in (("audit", str(two)), ("aot", str(two), "--out", str(tmp_path / "o2"))):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devkit import worlds
-from devkit.helpers import DATA, cuda_home, link_cached
+from devkit.helpers import cuda_home
 
 EXAMPLES = int(os.environ.get("SM121_WORLDS", "40"))
 RANDOM = os.environ.get("SM121_FUZZ_RANDOM") == "1"
@@ -43,15 +43,8 @@ FOUND = (
 
 
 @pytest.fixture(scope="module")
-def seeds(plain_so: Path) -> worlds.Seeds:
-    jit = link_cached("aot_two", [
-        (DATA / "two_tus" / "a.cu", ["-gencode", "arch=compute_80,code=sm_80",
-                                     "-gencode", "arch=compute_80,code=compute_80"]),
-        (DATA / "two_tus" / "b.cu", ["-gencode", "arch=compute_80,code=sm_80",
-                                     "-gencode", "arch=compute_80,code=compute_80",
-                                     "-Xptxas", "--maxrregcount=32"]),
-    ])
-    return worlds.Seeds(plain_so, jit, cuda_home())
+def seeds(plain_so: Path, jit_only_so: Path) -> worlds.Seeds:
+    return worlds.Seeds(plain_so, jit_only_so, cuda_home())
 
 
 def _check(world: worlds.World, seeds: worlds.Seeds) -> None:
