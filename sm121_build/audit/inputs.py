@@ -44,7 +44,12 @@ from sm121_build.core.inputs import InputRefused, open_file, read_head, read_inp
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
-from sm121_build.cuda.wheel import checked_members, member_name, require_honest_size
+from sm121_build.cuda.wheel import (
+    Inflated,
+    checked_members,
+    member_name,
+    require_honest_size,
+)
 from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
 from sm121_build.image.spill import write_stream
@@ -419,7 +424,8 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
             with held():  # a Ctrl-C inside submit() can start a thread the pool does not
                 # know of yet, which no shutdown waits for: it would write into a removed
                 # temp folder
-                done = pool.map(partial(_extract, archive, wheel), members)
+                budget = Inflated(archive, os.fstat(handle.fileno()).st_size)
+                done = pool.map(partial(_extract, archive, wheel, budget), members)
             found.extend(b for b in done if b is not None)
         finally:  # interrupted: no member is written after this, so the temp folder's
             # removal finds every file (a second Ctrl-C cannot cut the wait short)
@@ -428,7 +434,7 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
     return sorted(found, key=lambda b: b.name)
 
 
-def _extract(archive: Path, wheel: zipfile.ZipFile,
+def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
              member: tuple[zipfile.ZipInfo, Path]) -> Binary | None:
     """One member written to its path (an own handle: threads do not share a file offset);
     the Binary to audit, a skipped one, or None when it is not device code at all.  Its
@@ -455,13 +461,18 @@ def _extract(archive: Path, wheel: zipfile.ZipFile,
         require_honest_size(info, archive)  # before it is written out whole
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "wb") as out:
+            budget.take(len(head))
             out.write(head)
             for chunk in chunks:
+                budget.take(len(chunk))  # a bomb: the wheel refused, this file removed
                 out.write(chunk)
     except (NotImplementedError, RuntimeError, OSError, ValueError) as exc:  # a bad offset
         target.unlink(missing_ok=True)
         return Binary(info.filename, target, skipped=f"not extracted: {exc}")
     except CorruptBinaryError as exc:  # a zip bomb: said, never written
+        target.unlink(missing_ok=True)
+        if budget.left < 0:
+            raise  # the wheel's budget: refused whole
         return Binary(info.filename, target, skipped=f"not extracted: "
                       f"{str(exc).removeprefix(f'{archive}: {info.filename}: ')}")
     return Binary(info.filename, target)

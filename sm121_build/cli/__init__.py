@@ -83,6 +83,7 @@ class _Group(click.Group):
         while lead < len(args) and (args[lead] in ("-q", "--quiet", "-v", "--verbose")
                                      or args[lead].startswith("--progress")):
             lead += 1 + (args[lead] == "--progress")
+        refuse_empty(ctx, args[:lead])  # the group's own options (`--progress " "`) too
         if lead < len(args) and args[lead].startswith("--base"):
             args = [*args[:lead], "build", *args[lead:]]
         return super().parse_args(ctx, args)
@@ -90,6 +91,9 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             release()  # Ctrl-C and SIGTERM from here on: handled below
+            from sm121_build.core.limits import Limits
+
+            Limits.from_environment()  # every command refuses a bad SM121_*_TIMEOUT alike
             with _tree_code_confined():
                 return super().invoke(ctx)
         except Sm121Error as exc:

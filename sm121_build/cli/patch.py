@@ -46,7 +46,7 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
         line += f", {verb} \"{rewrite.new_list}\" -> {';'.join(rewrite.result) or '(none)'}"
     if guard.branch:
         line += f"   [{guard.branch}]"
-    return line
+    return shown(line)  # the tree's own text (arch lists, names) on one line, escaped
 
 
 @click.command()

@@ -40,6 +40,7 @@ _READ = 64 * 1024
 _POLL_S = 0.02
 _DRAIN_S = 0.5  # after the program exits, what its pipes still hold is read this long
 _SUBREAPER = 36  # prctl's PR_SET_CHILD_SUBREAPER
+_SWEEPS = 64  # passes over the orphans: each kills one generation of a daemon's tree
 
 
 @dataclass(frozen=True)
@@ -169,19 +170,30 @@ def adopt_orphans() -> None:
 
 def _end_orphans() -> None:
     """Kill and reap every child of this process that is no running program's leader: an
-    orphan a program left (reparented here, `adopt_orphans`)."""
+    orphan a program left (reparented here, `adopt_orphans`); again and again, since an
+    orphan's own children are reparented here the moment it dies (a daemon's tree)."""
     if not _ADOPTING:
         return
     with _LOCK:
-        leaders = set(_GROUPS)
-        for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-            with contextlib.suppress(OSError, ValueError):
-                for pid in map(int, task.read_text().split()):
-                    if pid not in leaders:
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(pid, signal.SIGKILL)
-                        with contextlib.suppress(ChildProcessError):
-                            os.waitpid(pid, 0)
+        for _ in range(_SWEEPS):
+            orphans = [pid for pid in _children() if pid not in _GROUPS]
+            if not orphans:
+                return
+            for pid in orphans:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            for pid in orphans:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+
+def _children() -> list[int]:
+    """This process's children, as the kernel lists them for each of its threads."""
+    found: list[int] = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found.extend(map(int, task.read_text().split()))
+    return found
 
 
 _ADOPTING: list[bool] = []

@@ -57,7 +57,7 @@ def read_version_file(text: str) -> tuple[str | None, str | None]:
     version = commit = None
     try:
         tree = ast.parse(text)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested past the parser
         return None, None
     for node in tree.body:
         if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Constant):

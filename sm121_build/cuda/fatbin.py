@@ -497,8 +497,8 @@ def _walk_section(path: Path, data: Buffer, where: CodeSection,
         body_end = body + fat_size
         if header_size < _CONTAINER.size or body_end > end:
             raise CorruptBinaryError(
-                f"{path}: fatbin container at {pos:#x} claims {fat_size} bytes, "
-                f"section has {end - body} left")
+                f"{path}: fatbin container at {pos:#x} claims a {header_size}-byte header "
+                f"and {fat_size} bytes, the section has {max(end - pos, 0)} from there")
         while body + ENTRY_MIN_HEADER <= body_end:
             entry, body = read_entry(path, data, body, body_end,
                                      EntryAt(container, index, section))

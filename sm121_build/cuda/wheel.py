@@ -5,14 +5,16 @@ or a name that another member also has once spelled plainly (`pkg/a.so`, `pkg/./
 `pkg//a.so`, the folder `pkg/a.so/`); or when two `.dist-info` folders at its top each hold
 a RECORD: pip would not install such a wheel the same way twice, two members would be
 extracted onto one path, and a decoy RECORD could be the one updated.  Read once, before
-anything is extracted or compiled.  A member that is to be held whole must not inflate past
-`MAX_RATIO` times its stored bytes (`require_honest_size`).
+anything is extracted or compiled.  A member that is to be held whole (`require_honest_size`)
+and what a reader writes out of one wheel in all (`Inflated`) must not pass `MAX_RATIO`
+times the bytes they come from.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+import threading
 import zipfile
 from pathlib import Path
 
@@ -79,3 +81,22 @@ def checked_members(wheel: zipfile.ZipFile, source: Path) -> list[zipfile.ZipInf
                                      "the same way twice; refused")
     record_of(infos, source)
     return infos
+
+
+class Inflated:
+    """What a reader of one wheel has written out or held so far, against its budget:
+    `MAX_RATIO` times the wheel's own bytes, past the floor (many members, each under the
+    per-member rule, still cannot fill the disk from a small wheel).  Threads share it."""
+
+    def __init__(self, source: Path, stored: int) -> None:
+        self.source = source
+        self.left = MAX_RATIO * stored + RATIO_FLOOR
+        self.lock = threading.Lock()
+
+    def take(self, count: int) -> None:
+        with self.lock:
+            self.left -= count
+            if self.left < 0:
+                raise CorruptBinaryError(
+                    f"{self.source}: its members inflate to more than {MAX_RATIO}x the "
+                    "wheel's bytes (a zip bomb); refused")

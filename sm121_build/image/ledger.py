@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -114,8 +115,14 @@ def load() -> Ledger:
     empty: the next save would overwrite it, and prune would forget what it listed."""
     path = _path()
     try:
-        if not path.exists() and not path.is_symlink():
-            return Ledger()
+        os.lstat(path)
+    except FileNotFoundError:
+        return Ledger()
+    except OSError as exc:  # a file where the state folder should be: said, never "empty"
+        raise Sm121Error(f"{path.parent}: the state folder cannot be used "
+                         f"({exc.strerror or exc}): it lists the images this tool made; "
+                         "set XDG_STATE_HOME to a folder") from None
+    try:
         raw = json.loads(read_input(path, MAX_LEDGER, "the ledger"))
     except InputRefused as exc:
         raise _damaged(path, str(exc).removeprefix(f"{path}: ")) from None

@@ -280,3 +280,24 @@ def test_a_hanging_version_is_said_as_such(tmp_path: Path,
         _script(bin_dir, tool, "sleep 600\n")
     with pytest.raises(ToolchainError, match=r"--version gave no answer in 1 s$"):
         ptxas.find_toolchain(tmp_path)
+
+
+def test_a_daemons_whole_tree_is_ended_with_the_run(jit_only_so: Path, tmp_path: Path) -> None:
+    """ptxas starts a setsid'd shell that starts two more; past --timeout every one of them
+    ends with the run, generation after generation (red team: one sweep left the second)."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    home = tmp_path / "cuda"
+    home.mkdir()
+    _toolchain(home, f'setsid sh -c "sleep 600 & echo \\$! > {pids}/a; sleep 601 & '
+               f'echo \\$! > {pids}/b; wait" >/dev/null 2>&1 < /dev/null &\nsleep 600\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "aot", str(jit_only_so), "--out",
+         str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
+         "--target", "sm_121", "--timeout", "2"], capture_output=True, text=True,
+        timeout=120, check=False, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 2 and "ran past its 2 s limit" in done.stderr, done.stderr
+    time.sleep(0.3)
+    left = [int(p.read_text()) for p in pids.iterdir()]
+    assert len(left) == 2
+    assert not [pid for pid in left if _alive(pid)], "a daemon's child outlived the run"

@@ -13,6 +13,7 @@ on real nvcc-built files, the real CLI and real files that are not files.
 
 from __future__ import annotations
 
+import base64
 import csv
 import hashlib
 import io
@@ -124,8 +125,9 @@ def test_a_report_is_never_written_onto_its_input(jit_so: Path, tmp_path: Path) 
 def _wheel(path: Path, members: list[tuple[str, bytes]]) -> Path:
     record = io.StringIO(newline="")
     writer = csv.writer(record, lineterminator="\n")
-    for name, data in members:
-        writer.writerow([name, "sha256=stale", len(data)])
+    for name, data in members:  # the members' own hashes, as a wheel records them
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        writer.writerow([name, f"sha256={digest.decode()}", len(data)])
     writer.writerow(["pkg-1.0.dist-info/RECORD", "", ""])
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in members:
@@ -145,7 +147,6 @@ def test_record_rows_are_read_and_written_as_csv(jit_so: Path, tmp_path: Path,
         member = result.read("pkg/a,b.so")
     assert member != jit_so.read_bytes()
     digest = hashlib.sha256(member).digest()
-    import base64
     assert rows["pkg/a,b.so"][1:] == [
         "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode(), str(len(member))]
 

@@ -166,3 +166,30 @@ def test_a_duration_in_other_digits_is_refused() -> None:
 
     with pytest.raises(ValueError):
         seconds("\u0661\u0662")
+
+
+def test_a_bad_time_limit_is_refused_by_every_command() -> None:
+    """`audit FILE` never asks the engine, yet refuses SM121_ENGINE_TIMEOUT=nan as `prune`
+    does: one rule, at the edge (red team)."""
+    done = subprocess.run([sys.executable, "-m", "sm121_build", "audit", "/bin/ls"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "SM121_ENGINE_TIMEOUT": "nan"})
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: SM121_ENGINE_TIMEOUT='nan'")
+
+
+def test_a_version_file_nested_past_the_parser_is_no_traceback() -> None:
+    from sm121_build.core.vllm import read_version_file
+
+    assert read_version_file("x=" + "-" * 200_000 + "1\n") == (None, None)
+    assert read_version_file("x=" + "+".join(["1"] * 100_000) + "\n") == (None, None)
+
+
+def test_an_unusable_state_folder_is_said_not_read_as_empty(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sm121_build.image import ledger
+
+    (tmp_path / "state").write_text("a file where the state folder should be")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with pytest.raises(Sm121Error, match="the state folder cannot be used"):
+        ledger.load()

@@ -168,3 +168,33 @@ def test_a_zip_bomb_member_is_refused_before_it_is_held(tmp_path: Path) -> None:
     audited = _cli("audit", str(wheel))
     assert audited.returncode == 2
     assert "not extracted: inflates to 268435456 bytes" in audited.stdout + audited.stderr
+
+
+def test_a_member_that_is_not_what_its_record_says_is_refused_before_any_compile(
+        jit_only_so: Path, tmp_path: Path) -> None:
+    """A member swapped after the wheel was made (its RECORD's sha256 another's): aot
+    would have written it back with a fresh, valid hash (red team)."""
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_only_so.read_bytes(), [],
+                   "pkg/_k.so,sha256=Use6b6rfAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA,4\n")
+    done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
+                env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {wheel}: its RECORD's sha256 of pkg/_k.so is not the member's (changed "
+        "after the wheel was made); refused")
+    assert not (tmp_path / "out").exists()
+
+
+def test_many_small_members_cannot_fill_the_temp_folder(tmp_path: Path) -> None:
+    """16 PTX members of 24 MB of spaces each (a 400 KB wheel): audit stops at the wheel's
+    budget, not 384 MB later (red team)."""
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as out:
+        for i in range(16):
+            out.writestr(f"pkg/k{i}.ptx", b"//\n.version 8.0\n.target sm_90\n"
+                         b".address_size 64\n" + b" " * (24 << 20))
+        out.writestr("pkg-1.0.dist-info/RECORD", "")
+    assert wheel.stat().st_size < 1 << 20
+    done = _cli("audit", str(wheel))
+    assert done.returncode == 2
+    assert "its members inflate to more than 200x the wheel's bytes" in done.stderr

@@ -527,10 +527,7 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
         if not works:
             return
         record_name, rows = _read_record(wheel, infos, source)
-        listed = {row[0] for row in rows if row}
-        missing = sorted(m for w in works if (m := w.name.split("!", 1)[1]) not in listed)
-        if missing:
-            raise CorruptBinaryError(f"{source}: its RECORD has no row for {missing[0]}")
+        _require_recorded(rows, works, source)
         replaced = {w.name.split("!", 1)[1]: new
                     for w, new in _compile_and_rewrite(works, request, outcome)}
         if not replaced:
@@ -649,6 +646,22 @@ def _read_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
     except (UnicodeDecodeError, csv.Error) as exc:
         raise CorruptBinaryError(f"{where}: its RECORD is not CSV: {exc}") from None
     return record, rows
+
+
+def _require_recorded(rows: list[list[str]], works: list[FileWork], source: Path) -> None:
+    """Before any compile: each member to rewrite has a RECORD row, and where the row
+    records a sha256, it is the member's (a member swapped after the wheel was made would
+    otherwise come back with a fresh, valid hash)."""
+    recorded = {row[0]: row[1] if len(row) > 1 else "" for row in rows if row}
+    for work in works:
+        member = work.name.split("!", 1)[1]
+        if member not in recorded:
+            raise CorruptBinaryError(f"{source}: its RECORD has no row for {member}")
+        algorithm, _, digest = recorded[member].partition("=")
+        if algorithm == "sha256" and digest != base64.urlsafe_b64encode(
+                hashlib.sha256(work.data).digest()).rstrip(b"=").decode():
+            raise CorruptBinaryError(f"{source}: its RECORD's sha256 of {member} is not the "
+                                     "member's (changed after the wheel was made); refused")
 
 
 def _record_text(rows: list[list[str]], replaced: dict[str, bytes]) -> bytes:
