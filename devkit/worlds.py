@@ -302,6 +302,7 @@ def refused_at_the_edge(world: World) -> bool:
 
 
 def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
+    peak_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "sm121_build", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -342,14 +343,12 @@ def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
         outcome.broken.append(f"{ended - sent:.1f} s from the signal to the end")
     if process.returncode == 130 and "interrupted" not in stderr.decode("utf-8", "replace"):
         outcome.broken.append("exit 130 without the line that says it was interrupted")
+    # getrusage keeps the largest child's peak of this whole process (a test runner's
+    # earlier children too): a run broke the bound when it raised that past the bound
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    if peak > max(MAX_RSS, _PEAK[0]):  # the largest child so far: this run set it
+    if peak > max(MAX_RSS, peak_before):
         outcome.broken.append(f"peak memory {peak >> 20} MiB")
-    _PEAK[0] = max(_PEAK[0], peak)
     return outcome
-
-
-_PEAK = [0]  # the largest peak memory of a run so far (getrusage keeps the maximum)
 
 
 def tool_started(pid: int, seconds: float = 20.0) -> None:
