@@ -5,8 +5,9 @@ long builds and reads on a terminal, and the results on stdout (`say`, `say_json
 
 Text out is a door like files in: no other module prints (tests/unit/test_text_door.py).
 Every line leaves here with each control character escaped (C0 and C1 controls, ESC, DEL,
-the bidirectional overrides and line separators), and a line that would begin with `::` (a
-CI runner's workflow command) with its first colon escaped (`\x3a`): a name from outside
+the bidirectional overrides and line separators, bytes that are not UTF-8), and a CI
+runner's workflow command (a line that would begin with `::`, a `##[` anywhere) with its
+first character escaped (`\x3a`, `\x23`): a name from outside
 cannot retitle the terminal, clear it, reorder what is read or command the runner.  A
 one-line sink (`note`, `notice`, `result`, `report_error`, a step's title, the live line)
 escapes a newline too, so a name cannot forge
@@ -31,17 +32,20 @@ import click
 from sm121_build.core.compile_progress import CompileProgress, History
 
 # C0 controls (newline and tab among them), DEL, C1 controls, the bidirectional marks,
-# embeddings, overrides and isolates, and the Unicode line and paragraph separators
+# embeddings, overrides and isolates, the Unicode line and paragraph separators, and lone
+# surrogates (a file name's bytes that are not UTF-8, 0x9b among them, as Python holds them)
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
-                      "\u202a-\u202e\u2066-\u2069]")
+                      "\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _BLOCK_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028"
-                            "\u2029\u202a-\u202e\u2066-\u2069]")  # keeps \n and \t
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~&])")
+                            "\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")  # keeps \n, \t
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~&$])")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x1b": "\\e"}
 
 
 def _escaped(match: re.Match[str]) -> str:
     char = match.group()
+    if 0xDC80 <= ord(char) <= 0xDCFF:  # a byte that was not UTF-8: shown as that byte
+        return f"\\x{ord(char) - 0xDC00:02x}"
     return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100
                                 else f"\\u{ord(char):04x}")
 
@@ -66,15 +70,22 @@ def md_code(text: str) -> str:
     return f"`{text}`"
 
 
-_COMMAND = re.compile(r"^(\s*):(?=:)", re.M)  # a line a CI runner reads as `::command::`
+# what a CI runner reads as a workflow command: `::command::` at a line's start, and its
+# older form `##[command]` anywhere in a line
+_COMMAND = re.compile(r"^(\s*):(?=:)", re.M)
+_OLD_COMMAND = re.compile(r"#(?=#\[)")
+
+
+def _commands_escaped(text: str) -> str:
+    return _OLD_COMMAND.sub(r"\\x23", _COMMAND.sub(r"\1\\x3a", text))
 
 
 def _line(text: str) -> str:
-    return _COMMAND.sub(r"\1\\x3a", _CONTROL.sub(_escaped, text))
+    return _commands_escaped(_CONTROL.sub(_escaped, text))
 
 
 def _block(text: str) -> str:
-    return _COMMAND.sub(r"\1\\x3a", _BLOCK_CONTROL.sub(_escaped, text))
+    return _commands_escaped(_BLOCK_CONTROL.sub(_escaped, text))
 
 
 def say(text: str = "", nl: bool = True) -> None:

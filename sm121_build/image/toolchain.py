@@ -33,7 +33,10 @@ _GCC_MAJOR = re.compile(r"g\+\+-(\d+)$")
 _GCC_LIMIT = re.compile(r"#if\s+__GNUC__\s*>\s*(\d+)")
 _SHARE = re.compile(r"cmake-(\d+)\.(\d+)$")
 _SITE_PYTHON = re.compile(r"/lib/python(\d+\.\d+)/")
-_DEVELOPMENT = re.compile(r"find_package\s*\(\s*Python3?\b[^)]*\bDevelopment", re.IGNORECASE)
+# `[^)]{0,256}`, not `[^)]*`: a call's arguments are short, and an unbounded run makes the
+# search quadratic in a file of `find_package(Python ` with no `)` (4 MiB: hours)
+_DEVELOPMENT = re.compile(r"find_package\s*\(\s*Python3?\b[^)]{0,256}?\bDevelopment",
+                          re.IGNORECASE)
 # cmake installs its modules under <prefix>/share/cmake-X.Y; versions probed, newest first.
 CMAKE_SERIES = tuple(f"{major}.{minor}" for major, top in ((4, 9), (3, 40))
                      for minor in range(top, -1, -1) if (major, minor) >= (3, 10))

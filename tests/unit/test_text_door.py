@@ -129,3 +129,14 @@ def test_a_name_cannot_command_a_ci_runner(plain_so: Path, tmp_path: Path) -> No
     assert required.returncode == 1
     json.loads(required.stdout)  # JSON alone on stdout
     assert "::error title=sm121-build::" in required.stderr
+
+
+def test_old_workflow_commands_and_raw_bytes_are_escaped_too() -> None:
+    """A runner also reads `##[error]…` anywhere in a line; a file name's bytes that are
+    not UTF-8 (0x9b, a C1 CSI) reach Python as lone surrogates (red team)."""
+    from sm121_build.core.console import _block, _line
+
+    assert _line("x##[error]forged") == "x\\x23#[error]forged"
+    assert _block("ok\n##[add-mask]x") == "ok\n\\x23#[add-mask]x"
+    assert shown("a\udc9b2Jb\udc85c") == "a\\x9b2Jb\\x85c"
+    assert md("$x^2$") == "\\$x^2\\$"

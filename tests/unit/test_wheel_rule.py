@@ -6,6 +6,8 @@ before anything is compiled."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import struct
 import subprocess
@@ -112,10 +114,12 @@ def test_a_decoy_record_deeper_in_the_wheel_is_never_the_one_updated(
     """A second `*.dist-info/RECORD` placed first but not at the wheel's top: aot updates
     the real one; two at the top: refused (red team)."""
     wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    data = jit_only_so.read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     with zipfile.ZipFile(wheel, "w") as out:
         out.writestr("aaa/zzz.dist-info/RECORD", "pkg/_k.so,,\n")
-        out.writestr("pkg/_k.so", jit_only_so.read_bytes())
-        out.writestr("pkg-1.0.dist-info/RECORD", "pkg/_k.so,,\n")
+        out.writestr("pkg/_k.so", data)
+        out.writestr("pkg-1.0.dist-info/RECORD", f"pkg/_k.so,sha256={digest},{len(data)}\n")
     done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
                 env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
     assert done.returncode == 0, done.stderr
@@ -198,3 +202,15 @@ def test_many_small_members_cannot_fill_the_temp_folder(tmp_path: Path) -> None:
     done = _cli("audit", str(wheel))
     assert done.returncode == 2
     assert "its members inflate to more than 200x the wheel's bytes" in done.stderr
+
+
+@pytest.mark.parametrize("hashed", ["", "md5=abc", "foo=bar", "sha512=AAAA"])
+def test_a_member_with_no_true_strong_hash_in_its_record_is_refused(
+        hashed: str, jit_only_so: Path, tmp_path: Path) -> None:
+    """Only sha256/384/512 that are the member's (as pip checks): an empty, weak, unknown or
+    wrong hash refuses the wheel before any compile (red team)."""
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl", jit_only_so.read_bytes(), [],
+                   f"pkg/_k.so,{hashed},\n")
+    done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121")
+    assert done.returncode == 2 and done.stderr.rstrip().endswith("refused"), done.stderr
+    assert not (tmp_path / "out").exists()

@@ -652,16 +652,22 @@ def _require_recorded(rows: list[list[str]], works: list[FileWork], source: Path
     """Before any compile: each member to rewrite has a RECORD row, and where the row
     records a sha256, it is the member's (a member swapped after the wheel was made would
     otherwise come back with a fresh, valid hash)."""
-    recorded = {row[0]: row[1] if len(row) > 1 else "" for row in rows if row}
+    recorded = {row[0]: row[1:] for row in rows if row}
     for work in works:
         member = work.name.split("!", 1)[1]
         if member not in recorded:
             raise CorruptBinaryError(f"{source}: its RECORD has no row for {member}")
-        algorithm, _, digest = recorded[member].partition("=")
-        if algorithm == "sha256" and digest != base64.urlsafe_b64encode(
-                hashlib.sha256(work.data).digest()).rstrip(b"=").decode():
-            raise CorruptBinaryError(f"{source}: its RECORD's sha256 of {member} is not the "
-                                     "member's (changed after the wheel was made); refused")
+        hashed, size = [*recorded[member], "", ""][:2]
+        algorithm, _, digest = hashed.partition("=")
+        if algorithm not in ("sha256", "sha384", "sha512"):  # as pip checks a wheel
+            raise CorruptBinaryError(f"{source}: its RECORD gives {member} no sha256 (or "
+                                     f"stronger) hash ({hashed or 'none'!r}); refused")
+        if digest != base64.urlsafe_b64encode(
+                hashlib.new(algorithm, work.data).digest()).rstrip(b"=").decode() or (
+                    size and size != str(len(work.data))):
+            raise CorruptBinaryError(f"{source}: its RECORD's {algorithm} of {member} is not "
+                                     "the member's (changed after the wheel was made); "
+                                     "refused")
 
 
 def _record_text(rows: list[list[str]], replaced: dict[str, bytes]) -> bytes:
