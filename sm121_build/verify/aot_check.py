@@ -6,15 +6,17 @@
 - each registered container holds its stock entries byte for byte, in their order, and
   after them only cubins;
 - each container the GPU could only JIT (or not load) before, and that had PTX it can JIT,
-  now has a cubin the GPU loads.
+  now has a cubin the GPU loads, which defines every kernel of that PTX.
 """
 
 from __future__ import annotations
 
+from sm121_build.core.console import shown
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.binary import has_native_cubin, jit_ptx
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import SHT_NOBITS
+from sm121_build.cuda.fatbin import Entry, cubin_kernels, entry_payload, ptx_kernels
 from sm121_build.cuda.fatbin_rewrite import (
     PT_LOAD,
     PT_PHDR,
@@ -46,10 +48,31 @@ def check_aot(stock: bytes, new: bytes, target: Target, where: str) -> list[str]
         if any(e.kind != "elf" for e in added):
             problems.append(f"{where}: container {old.container} gained an entry that is "
                             "not a cubin")
-        if jit_ptx(was.described, target) and not has_native_cubin(got.described, target):
+        ptx = jit_ptx(was.described, target)
+        if ptx and not has_native_cubin(got.described, target):
             problems.append(f"{where}: container {old.container} still has no cubin "
                             f"{target} loads")
+        elif ptx and added:
+            problems += _kernels_covered((stock, ptx), (new, added), where, old.container)
     return problems
+
+
+def _kernels_covered(stock: tuple[bytes, Entry], new: tuple[bytes, tuple[Entry, ...]], where: str,
+                     container: int) -> list[str]:
+    """The added cubins define every kernel of the PTX they were compiled from: a ptxas that
+    wrote some other code (a cubin of unrelated kernels) is caught here, not on the GPU."""
+    try:
+        wanted = set(ptx_kernels(entry_payload(stock[0], stock[1], where)))
+        made: set[str] = set()
+        for entry in new[1]:
+            made.update(cubin_kernels(entry_payload(new[0], entry, where), where))
+    except CorruptBinaryError as exc:
+        return [str(exc)]
+    missing = sorted(wanted - made)
+    if missing:
+        return [f"{where}: container {container}'s added cubin lacks {len(missing)} of the "
+                f"PTX's {len(wanted)} kernel(s) (first: {shown(missing[0])})"]
+    return []
 
 
 def _outside_fatbin(stock: bytes, new: bytes, layout: Layout) -> list[str]:

@@ -230,31 +230,38 @@ def _aot_bytes(stock: bytes, entry_for: dict[int, bytes]) -> bytes:
                                    for i, e in entry_for.items()})
 
 
-def _sm121_entry(jit_only_so: Path, tmp_path: Path) -> bytes:
-    """The entry `aot` added to the first container of the fixture."""
+def _sm121_entries(jit_only_so: Path, tmp_path: Path) -> dict[int, bytes]:
+    """The entry `aot` added to each container of the fixture, by the stock container."""
     out = tmp_path / "made"
     assert cli("aot", str(jit_only_so), "--out", str(out), "--target", "sm_121",
                env=ENV).returncode == 0
     made = read_layout((out / jit_only_so.name).read_bytes(), "made")
     stock = read_layout(jit_only_so.read_bytes(), "stock")
+    added = {}
     for was, now in zip(stock.registrations, made.registrations, strict=True):
         old, new = stock.containers[was.container], made.containers[now.container]
         if len(new.entries) > len(old.entries):
-            return new.entries[len(old.entries)]
-    raise AssertionError("aot added no entry")
+            added[was.container] = new.entries[len(old.entries)]
+    assert added, "aot added no entry"
+    return added
+
 
 
 def test_verification_refuses_changed_host_code_lost_stock_entries_and_no_cubin(
         jit_only_so: Path, tmp_path: Path) -> None:
     stock = jit_only_so.read_bytes()
     layout = read_layout(stock, "stock")
-    entry = _sm121_entry(jit_only_so, tmp_path)
+    entries = _sm121_entries(jit_only_so, tmp_path)
     target = parse_target("sm_121")
-    everyone = {r.container: entry for r in layout.registrations
+    everyone = {r.container: entries[r.container] for r in layout.registrations
                 if jit_ptx(layout.containers[r.container].described, target)}
     assert len(everyone) == 2
     good = _aot_bytes(stock, everyone)
     assert check_aot(stock, good, target, "f") == []
+    # one container's cubin in both: the other's kernels are not in it
+    entry = everyone[min(everyone)]
+    crossed = _aot_bytes(stock, dict.fromkeys(everyone, entry))
+    assert any("added cubin lacks" in p for p in check_aot(stock, crossed, target, "f"))
     # one byte of host code changed
     with open(jit_only_so, "rb") as handle:
         text = ELFFile(handle).get_section_by_name(".text").header.sh_offset
@@ -380,3 +387,28 @@ def test_a_file_with_damaged_headers_is_one_line_never_a_traceback(
     if done.returncode == 2:
         one_line_error(done)
     assert not (tmp_path / "out" / "bad.so").exists() or done.returncode == 0
+
+
+def test_a_cubin_of_other_kernels_from_a_lying_ptxas_is_refused(jit_only_so: Path,
+                                                                tmp_path: Path) -> None:
+    """A ptxas that exits 0 with a valid sm_121 cubin of an unrelated kernel: the file is
+    not written, and the line names the kernel the added cubin lacks (red team)."""
+    other = tmp_path / "other.cu"
+    other.write_text("__global__ void totally_other(float* x) { x[0] = 1.0f; }\n")
+    ptx = tmp_path / "other.ptx"
+    subprocess.run([str(cuda_home() / "bin" / "nvcc"), "-ptx", "-arch=compute_80", "-o",
+                    str(ptx), str(other)], check=True)
+    home = tmp_path / "cuda" / "bin"
+    home.mkdir(parents=True)
+    real = cuda_home() / "bin"
+    (home / "fatbinary").symlink_to(real / "fatbinary")
+    (home / "ptxas").write_text(
+        f'#!/bin/sh\ncase "$1" in --version) exec {real}/ptxas --version;; esac\n'
+        'for a in "$@"; do [ "$prev" = -o ] && out=$a; prev=$a; done\n'
+        f'exec {real}/ptxas -arch=sm_121 -o "$out" {ptx}\n')
+    (home / "ptxas").chmod(0o755)
+    done = cli("aot", str(jit_only_so), "--out", str(tmp_path / "out"), "--target",
+               "sm_121", "--cuda-home", str(home.parent), "--no-cache", env=ENV)
+    assert done.returncode == 2, done.stderr
+    assert "added cubin lacks" in done.stderr and "(first: " in done.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
