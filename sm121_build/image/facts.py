@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import io
 import json
 import posixpath
@@ -26,8 +27,8 @@ from packaging.version import InvalidVersion, Version
 
 from sm121_build.core.console import Progress
 from sm121_build.core.errors import Sm121Error
-from sm121_build.core.inputs import read_input
-from sm121_build.core.paths import cache_dir, store_cache
+from sm121_build.core.inputs import InputRefused, read_input
+from sm121_build.core.paths import cache_dir, state_dir, store_bytes, store_cache
 from sm121_build.core.vllm import read_version_file
 from sm121_build.image.api import ImageEngine, ImageFiles, ImageInfo
 from sm121_build.image.toolchain import BuildTools, find_build_tools
@@ -310,22 +311,35 @@ def inspect_image(engine: ImageEngine, ref: str, use_cache: bool = True) -> Imag
     with engine.reader(info.id, progress.add) as files:
         facts = facts_from_files(info, files)
     progress.done()
-    store_cache(cached, json.dumps(facts.to_json(), indent=2))
+    text = json.dumps(facts.to_json(), indent=2)
+    # kept only once the state vouches for it: the cache may come from anywhere
+    if store_bytes(_voucher(cached), hashlib.sha256(text.encode()).hexdigest().encode()):
+        store_cache(cached, text)
     return facts
 
 
+def _voucher(cached: Path) -> Path:
+    """Where the state folder keeps the digest of a facts entry this tool wrote."""
+    return state_dir() / "facts-digests" / cached.name
+
+
 def _load_facts(path: Path, info: ImageInfo) -> ImageFacts | None:
-    """The cached facts, or None when the file is unreadable (then they are read again)."""
+    """The cached facts, or None when the file is unreadable or not what this tool wrote
+    (its digest in the state folder differs, or is not there): then they are read again."""
     try:
-        raw = json.loads(read_input(path, 16 << 20, "cached image facts"))
+        data = read_input(path, 16 << 20, "cached image facts")
+        recorded = read_input(_voucher(path), 128, "a facts digest").decode().strip()
+        if hashlib.sha256(data).hexdigest() != recorded:
+            return None
+        raw = json.loads(data)
         vllm = raw.pop("vllm")
         raw.update(ref=info.ref, digest_ref=info.digest_ref, labels=info.labels)
         if vllm:
             vllm["extensions"] = tuple(vllm["extensions"])
             vllm["tools"] = BuildTools(**vllm["tools"]) if vllm.get("tools") else None
         return ImageFacts(**raw, vllm=VllmInstall(**vllm) if vllm else None)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
+    except (InputRefused, OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # (no digest: an entry this tool did not write, or one it cannot vouch for)
 
 
 def require_vllm(facts: ImageFacts) -> VllmInstall:

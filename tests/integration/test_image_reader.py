@@ -119,6 +119,15 @@ def test_pin_reads_a_venv_image_from_its_config(venv_image: VenvImage, tmp_path:
     again = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["vllm"] == data
+    # an entry changed in the cache (valid JSON, another vLLM: a cache restored from
+    # elsewhere) is not what this tool wrote: its digest in the state says so, read again
+    for cached in (tmp_path / "cache" / "sm121-build" / "facts").glob("*.json"):
+        poisoned = json.loads(cached.read_text())
+        poisoned["vllm"]["version"] = "9.9.9"
+        cached.write_text(json.dumps(poisoned, indent=2))
+    trusted = cli("pin", "--json", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert trusted.returncode == 0, trusted.stderr
+    assert json.loads(trusted.stdout)["vllm"] == data
 
 
 def test_image_removed_while_it_is_read_is_one_line(tmp_path: Path) -> None:
