@@ -91,9 +91,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             release()  # Ctrl-C and SIGTERM from here on: handled below
-            from sm121_build.core.limits import Limits
-
-            Limits.from_environment()  # every command refuses a bad SM121_*_TIMEOUT alike
+            check_environment()  # every command refuses a bad SM121_* value alike
             with _tree_code_confined():
                 return super().invoke(ctx)
         except Sm121Error as exc:
@@ -123,6 +121,28 @@ def interrupted_line() -> str:
         return "interrupted: the programs it started were ended, its temporary files and " \
             "containers removed"
     return f"interrupted{left_behind()}"
+
+
+def check_environment() -> None:
+    """The tool's SM121_* variables, checked before any work by one rule on every command:
+    a time limit by `core/limits`; `SM121_CMAKE_ON_HOST` 1, 0 or unset; no value of
+    whitespace alone or with a control character (a variable that stands for an option,
+    `SM121_BUILD_REPO`, `SM121_TRUST_KEY`, is refused as the option would refuse it)."""
+    from sm121_build.core.errors import Sm121Error
+    from sm121_build.core.limits import Limits
+    from sm121_build.source.cmake_run import ON_HOST_VARIABLE
+
+    for name, value in sorted(os.environ.items()):
+        if not name.startswith("SM121_"):
+            continue
+        if value and (not value.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F
+                                                 for c in value)):
+            raise Sm121Error(f"{name}={value!r}: whitespace alone or a control character; "
+                             "unset it, or give a value")
+    if os.environ.get(ON_HOST_VARIABLE, "").strip() not in ("", "0", "1"):
+        raise Sm121Error(f"{ON_HOST_VARIABLE}={os.environ[ON_HOST_VARIABLE]!r}: expected 1 "
+                         "(run a tree's CMake on this host) or 0")
+    Limits.from_environment()
 
 
 def refuse_empty(ctx: click.Context, args: list[str]) -> None:

@@ -193,3 +193,15 @@ def test_an_unusable_state_folder_is_said_not_read_as_empty(
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     with pytest.raises(Sm121Error, match="the state folder cannot be used"):
         ledger.load()
+
+
+@pytest.mark.parametrize("name,value", [("SM121_CMAKE_ON_HOST", "yes"),
+                                        ("SM121_TRUST_KEY", " "),
+                                        ("SM121_BUILD_REPO", "a\nb")])
+def test_a_bad_sm121_variable_is_refused_by_every_command(name: str, value: str) -> None:
+    """A variable that stands for an option is refused as the option would be, on every
+    command, before any work (red team)."""
+    done = subprocess.run([sys.executable, "-m", "sm121_build", "audit", "/bin/ls"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, name: value})
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {name}="), done.stderr
