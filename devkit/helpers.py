@@ -18,6 +18,10 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 CACHE = Path(os.environ.get("SM121_TEST_CACHE", ROOT / ".cache"))
+# A kernel in `cuobjdump -symbols`: 13.5 prints `FUNC GLOBAL DEFAULT ENTRY name`, 13.4 and
+# older (the aarch64 oracle: 13.5's needs glibc 2.38) `STT_FUNC STB_GLOBAL STO_ENTRY name`
+CUOBJDUMP_ENTRY = (r"^(?:FUNC\s+\S+\s+\S+\s+ENTRY|STT_FUNC\s+\S+\s+(?:\S+\s+)?STO_ENTRY)"
+                   r"\s+(\S+)$")
 T = TypeVar("T")
 
 

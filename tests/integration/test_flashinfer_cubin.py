@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import CACHE, pypi_download, run_cuobjdump
+from devkit.helpers import CACHE, CUOBJDUMP_ENTRY, pypi_download, run_cuobjdump
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
 pytestmark = [pytest.mark.vllm]
@@ -59,7 +59,7 @@ def test_real_flashinfer_cubins_equal_cuobjdump(tmp_path: Path) -> None:
             seen.add(binary.entries[0].sm)
         assert listing == run_cuobjdump("-lelf", str(path)).stdout.splitlines(), path
         symbols = run_cuobjdump("-symbols", str(path)).stdout
-        assert kernels == sorted(re.findall(r"^FUNC\s+\S+\s+\S+\s+ENTRY\s+(\S+)$", symbols,
+        assert kernels == sorted(re.findall(CUOBJDUMP_ENTRY, symbols,
                                             re.M)), path
         usage = run_cuobjdump("-res-usage", str(path)).stdout  # every function, kernels too
         assert set(kernels) <= set(re.findall(r"^ Function (\S+):$", usage, re.M)), path

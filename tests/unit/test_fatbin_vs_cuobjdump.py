@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import run_cuobjdump
+from devkit.helpers import CUOBJDUMP_ENTRY, run_cuobjdump
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 from tests.conftest import MATRIX
 
@@ -18,7 +18,7 @@ def _symbols_by_cubin(path: Path) -> list[list[str]]:
     """Kernel names per cubin, from `cuobjdump -symbols` (ENTRY symbols)."""
     out = run_cuobjdump("-symbols", str(path)).stdout
     blocks = out.split("Fatbin elf code:")[1:]
-    return [re.findall(r"^FUNC\s+\S+\s+\S+\s+ENTRY\s+(\S+)$", block, re.M) for block in blocks]
+    return [re.findall(CUOBJDUMP_ENTRY, block, re.M) for block in blocks]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

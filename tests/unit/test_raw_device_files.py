@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import DATA, cli, compile_device_file, gencode, run_cuobjdump
+from devkit.helpers import CUOBJDUMP_ENTRY, DATA, cli, compile_device_file, gencode, run_cuobjdump
 from sm121_build.cuda.binary import SPARK, audit_binary
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
@@ -26,7 +26,7 @@ def _cubin(arch: str) -> Path:
 
 def _symbols(path: Path) -> list[str]:
     out = run_cuobjdump("-symbols", str(path)).stdout
-    return sorted(re.findall(r"^FUNC\s+\S+\s+\S+\s+ENTRY\s+(\S+)$", out, re.M))
+    return sorted(re.findall(CUOBJDUMP_ENTRY, out, re.M))
 
 
 @pytest.mark.parametrize("arch", CUBINS)
