@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import EMULATED, EMULATED_WHY
 from sm121_build.core import children
 from sm121_build.core.children import Kept, Lines, Program, end_all, run
 from sm121_build.core.errors import ToolchainError
@@ -239,6 +240,7 @@ def test_a_grandchild_holding_stdout_does_not_make_a_finished_program_hang(
     assert not _alive(int(pidfile.read_text()))
 
 
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 def test_a_grandchild_that_leaves_the_group_is_ended_with_the_run(jit_only_so: Path,
                                                                 tmp_path: Path) -> None:
     """A ptxas whose child calls setsid (leaving the group): the command line adopts the
@@ -282,6 +284,7 @@ def test_a_hanging_version_is_said_as_such(tmp_path: Path,
         ptxas.find_toolchain(tmp_path)
 
 
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 def test_a_daemons_whole_tree_is_ended_with_the_run(jit_only_so: Path, tmp_path: Path) -> None:
     """ptxas starts a setsid'd shell that starts two more; past --timeout every one of them
     ends with the run, generation after generation (red team: one sweep left the second)."""

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devkit import fuzz
+from devkit.helpers import EMULATED, EMULATED_WHY
 
 EXAMPLES = int(os.environ.get("SM121_FUZZ_EXAMPLES", "120"))
 RANDOM = os.environ.get("SM121_FUZZ_RANDOM") == "1"
@@ -72,6 +73,7 @@ def test_the_regressions_name_real_targets() -> None:
     assert {target for target, _ in fuzz.REGRESSIONS()} <= set(fuzz.TARGETS)
 
 
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 def test_a_crash_and_a_broken_bound_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver is not blind: a target that raises outside its class is a crash, one that
     takes too much memory breaks the bound."""

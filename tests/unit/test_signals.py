@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.helpers import EMULATED, EMULATED_WHY
 from devkit.worlds import tool_started
 
 DELAYS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8)  # after the tool's first line
@@ -34,6 +35,7 @@ def _interrupted(args: list[str], tmp: Path, signum: int, delay: float) -> tuple
     return process.returncode, err
 
 
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_at_any_moment_of_an_audit(plain_so: Path, tmp_path: Path,
                                             signum: int) -> None:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devkit import worlds
-from devkit.helpers import cuda_home
+from devkit.helpers import EMULATED, EMULATED_WHY, cuda_home
 
 EXAMPLES = int(os.environ.get("SM121_WORLDS", "40"))
 RANDOM = os.environ.get("SM121_FUZZ_RANDOM") == "1"
@@ -56,6 +56,7 @@ def _check(world: worlds.World, seeds: worlds.Seeds) -> None:
     assert outcome.broken == [], (world, outcome.code, outcome.broken)
 
 
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 @pytest.mark.parametrize("world", FOUND, ids=[f"found{i}" for i in range(len(FOUND))])
 def test_a_world_that_once_broke_an_invariant(world: worlds.World,
                                               seeds: worlds.Seeds) -> None:
@@ -73,6 +74,7 @@ _WORLDS = st.builds(
     st.floats(0.05, 1.5).map(lambda d: round(d, 2)))
 
 
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 def test_generated_worlds_keep_every_invariant(seeds: worlds.Seeds) -> None:
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None,
               suppress_health_check=list(HealthCheck))
