@@ -96,8 +96,9 @@ def say(text: str = "", nl: bool = True) -> None:
 
 
 def say_json(data: Any, indent: int | None = 2, sort_keys: bool = False) -> None:
-    """JSON on stdout, exact (json.dumps escapes every control character itself)."""
-    click.echo(json.dumps(data, indent=indent, sort_keys=sort_keys))
+    """JSON on stdout, exact (json.dumps escapes every control character itself; a CI
+    runner's `##[command]` inside a string is written `\\u0023#[`, the same JSON)."""
+    click.echo(json.dumps(data, indent=indent, sort_keys=sort_keys).replace("##[", "\\u0023#["))
 
 
 def on_github_actions() -> bool:

@@ -3,6 +3,7 @@ user names no `--target`/`--driver`, and what `doctor` checks."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +23,10 @@ class HostGpu:
 
     @property
     def target(self) -> str | None:
-        digits = self.capability.replace(".", "")
-        return f"sm_{digits}" if digits.isdigit() else None
+        """`sm_121` for compute capability `12.1`; None for anything not of that form (a
+        driver version in the wrong column is no GPU)."""
+        found = re.fullmatch(r"(\d{1,2})\.(\d)", self.capability.strip(), re.ASCII)
+        return f"sm_{found.group(1)}{found.group(2)}" if found else None
 
 
 def output(args: list[str]) -> str | None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -106,7 +108,13 @@ def _typed(item: object, kind: type[Built] | type[Replaced]) -> Built | Replaced
     if not all(isinstance(v, str) for v in strings) or not isinstance(values["at"], int | float) \
             or not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         return None
+    if not _IMAGE_ID.fullmatch(values["image_id"]) or not math.isfinite(values["at"]) or \
+            isinstance(values["at"], bool):
+        return None  # an ID the engine never gave (a newline, `..`): never put in a request
     return entry
+
+
+_IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
 
 
 def load() -> Ledger:

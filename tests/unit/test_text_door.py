@@ -140,3 +140,12 @@ def test_old_workflow_commands_and_raw_bytes_are_escaped_too() -> None:
     assert _block("ok\n##[add-mask]x") == "ok\n\\x23#[add-mask]x"
     assert shown("a\udc9b2Jb\udc85c") == "a\\x9b2Jb\\x85c"
     assert md("$x^2$") == "\\$x^2\\$"
+
+
+def test_json_carries_no_old_workflow_command(plain_so: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(plain_so, folder / "x##[warning]pwn.so")
+    done = _audit(folder, "--json")
+    assert "##[" not in done.stdout
+    assert json.loads(done.stdout)["binaries"][0]["name"] == "x##[warning]pwn.so"

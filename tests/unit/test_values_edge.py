@@ -205,3 +205,26 @@ def test_a_bad_sm121_variable_is_refused_by_every_command(name: str, value: str)
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, name: value})
     assert done.returncode == 2 and done.stderr.startswith(f"error: {name}="), done.stderr
+
+
+def test_a_ledger_entry_with_an_id_the_engine_never_gave_is_damage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image ID with a newline (a hand edit) never reaches an engine request (red team)."""
+    import json as json_module
+
+    from sm121_build.image import ledger
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    (tmp_path / "sm121-build").mkdir()
+    (tmp_path / "sm121-build" / "ledger.json").write_text(json_module.dumps(
+        {"format": 1, "built": [{"image_id": "sha256:aa\n::error::x", "tags": [],
+                                 "base_id": "b", "at": 1.0}], "replaced": []}))
+    with pytest.raises(Sm121Error):
+        ledger.load()
+
+
+def test_a_capability_not_of_the_x_y_form_is_no_gpu() -> None:
+    from sm121_build.cuda.nvidia_smi import HostGpu
+
+    assert HostGpu("GB10", "12.1", "580.95.05", "13.0").target == "sm_121"
+    assert HostGpu("x", "580.95.05", "", None).target is None  # a lying nvidia-smi's column

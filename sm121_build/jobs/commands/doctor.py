@@ -247,9 +247,10 @@ def gpu(probe: Probe) -> tuple[list[Check], str | None, str | None]:
         (f" (CUDA {cuda})" if cuda else "")
     if target == "sm_121":
         return [Check("gpu", "OK", detail + ": a DGX Spark GPU")], target, cuda
-    return [Check("gpu", "WARN", detail + f": not sm_121; audit judges for {target} here "
-                  "unless --target sm_121 is given", "audit --target sm_121 for a Spark")], \
-        target, cuda
+    judged = f"audit judges for {target} here" if target else \
+        "its compute capability is unreadable: audit judges for sm_121"
+    return [Check("gpu", "WARN", f"{detail}: not sm_121; {judged} unless --target sm_121 is "
+                  "given", "audit --target sm_121 for a Spark")], target, cuda
 
 
 def registry_logins(probe: Probe, refs: Iterable[str]) -> list[Check]:
