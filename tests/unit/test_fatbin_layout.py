@@ -102,11 +102,12 @@ def test_container_sizes_at_their_bounds() -> None:
     body = entry()
     assert len(walk(container(body, size=len(body)))) == 1
     with pytest.raises(CorruptBinaryError,
-                       match=r"^x.so: fatbin container at 0x0 claims 65 bytes, section has 64 "
-                             r"left$"):
+                       match=r"^x.so: fatbin container at 0x0 claims a 16-byte header and 65 "
+                             r"bytes, the section has 80 from there$"):
         walk(container(body, size=len(body) + 1))
     assert len(walk(container(body, header=24))) == 1
-    with pytest.raises(CorruptBinaryError, match="claims 64 bytes, section has 65 left"):
+    with pytest.raises(CorruptBinaryError,
+                       match="claims a 15-byte header and 64 bytes, the section has 80 from"):
         walk(struct.pack("<IHHQ", CONTAINER_MAGIC, 1, 15, 64) + body)
 
 
