@@ -81,12 +81,16 @@ def test_a_socket_this_user_cannot_use_is_said_not_duplicated(tmp_path: Path) ->
     run_dir.mkdir()
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(run_dir / "docker.sock"))
+    listener.listen()
     try:
         code, out, calls = _run(env)
     finally:
         listener.close()
     assert code == 1
-    assert "cannot use it" in out and "docker group" in out
+    if os.getuid() == 0:
+        assert "fails there" in out and "no second engine" in out
+    else:
+        assert "cannot use it" in out and "docker group" in out
     assert not any(c.startswith("dockerd") or (c.startswith("apt-get install")
                                                 and "docker.io" in c) for c in calls), calls
 
@@ -96,3 +100,39 @@ def test_a_machine_with_no_engine_gets_debians(tmp_path: Path) -> None:
     installs = [c for c in calls if c.startswith("apt-get install")]
     assert installs and installs[0].endswith("docker.io"), calls
     assert code != 0  # the stubbed dockerd never answers: the script says so and stops
+
+
+def test_a_stale_socket_is_no_engine_and_debians_engine_is_started(tmp_path: Path) -> None:
+    """A socket file nothing listens on (a machine image made with the engine running, as on
+    CI's fresh machines) is no engine: docker.io's dockerd is started, which replaces it."""
+    import socket
+
+    env = _machine(tmp_path, {"docker.io", *EVERYTHING}, running=False, dockerd=True)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(run_dir / "docker.sock"))  # bound, never listening: connect is refused
+    try:
+        _code, out, calls = _run(env)
+    finally:
+        stale.close()
+    assert "no engine behind it" in out, out
+    assert "cannot use it" not in out and "fails there" not in out, out
+    assert any(c.startswith("nohup dockerd") or c.startswith("dockerd") for c in calls), calls
+
+
+def test_a_stale_socket_beside_docker_ce_is_the_users_to_start(tmp_path: Path) -> None:
+    import socket
+
+    env = _machine(tmp_path, {"docker-ce", *EVERYTHING}, running=False, dockerd=True)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(run_dir / "docker.sock"))
+    try:
+        code, out, calls = _run(env)
+    finally:
+        stale.close()
+    assert code == 1
+    assert "docker-ce is installed but its engine is not running" in out, out
+    assert not any(c.startswith("dockerd") for c in calls), calls
