@@ -103,6 +103,10 @@ class _Group(click.Group):
         except BrokenPipeError:
             closed_pipe()
         except OSError as exc:
+            answered = _engine_answer(exc)
+            if answered:  # the engine is there and said no (a 404, a 500): not a lost link
+                report_error(answered + left_behind())
+                sys.exit(Sm121Error.exit_code)
             if _engine_connection(exc):
                 report_error(engine_lost_line(exc))
                 sys.exit(EngineUnavailable.exit_code)
@@ -180,6 +184,16 @@ def closed_pipe() -> NoReturn:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     sys.exit(SIGPIPE_STATUS)
+
+
+def _engine_answer(exc: BaseException) -> str:
+    """What the engine answered, for an error the engine sent (the Docker SDK's APIError: an
+    HTTP status and the engine's own words); "" for any other error."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if type(exc).__module__.split(".")[0] != "docker" or not isinstance(status, int):
+        return ""
+    said = " ".join(str(getattr(exc, "explanation", None) or exc).split())[:200]
+    return f"the Docker engine answered {status}: {said}"
 
 
 def _engine_connection(exc: BaseException) -> bool:

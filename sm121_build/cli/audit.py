@@ -141,6 +141,8 @@ def audit(  # noqa: PLR0913 (a click command: a parameter per option)
                                     Reading(include, platform, sys.stderr.isatty()))
     for line in unreadable:
         notice(f"unreadable: {line}")
+    if include and not reports:  # a mistyped glob reads as "nothing to fix": said
+        notice(f"--include {' '.join(include)}: no ELF file in {target} matches")
     verdicts: report.Verdicts | None = None
     if judge is not None:
         from sm121_build.audit.judge import source_verdicts

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -50,15 +51,16 @@ class Limits:
 
 
 SECONDS_RULE = f"expected a number of seconds above 0 and at most {MAX_S:.0f}"
+_DECIMAL = re.compile(r"[0-9]{1,16}(?:\.[0-9]{1,16})?", re.ASCII)
 
 
 def seconds(raw: str) -> float:
     """A duration the user gives (a limit here, `aot --timeout`): finite, above 0 and at
     most `MAX_S`, else a ValueError saying `SECONDS_RULE`; the one rule for every one."""
-    try:  # ASCII digits only (float() takes fullwidth and Arabic-Indic ones too)
-        value = float(raw) if raw.isascii() else math.nan
-    except ValueError:
-        value = math.nan
+    # Decimal ASCII digits with an optional fraction: float() alone takes fullwidth and
+    # Arabic-Indic digits, `1_0`, `0x`-free exponents and `inf`.
+    text = raw.strip()
+    value = float(text) if _DECIMAL.fullmatch(text) else math.nan
     if not (0 < value <= MAX_S):  # NaN compares false: refused with inf and 1e300
         raise ValueError(SECONDS_RULE)
     return value

@@ -12,11 +12,14 @@ import fcntl
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from sm121_build.core.errors import Sm121Error
+
+LOCK_WAIT_S = 60.0  # a lock is held for a read and a write: milliseconds
 
 
 def not_regular(path: Path) -> str | None:
@@ -125,14 +128,26 @@ def write_below(root: Path, path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def held_lock(path: Path) -> Iterator[None]:
+def held_lock(path: Path, seconds: float | None = None) -> Iterator[None]:
     """An exclusive lock (flock) on `path`, made where missing and never opened through a
-    link, held while the block runs; another process (or thread) waits for it.  Released
-    when its holder ends, however it ends."""
+    link, held while the block runs; another process (or thread) waits for it, at most
+    `seconds` (LOCK_WAIT_S when not given; then a TimeoutError: a holder that never lets
+    go is a hung run, and no wait here is endless).  Released when its holder ends,
+    however it ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        limit = LOCK_WAIT_S if seconds is None else seconds
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"held by another process for {limit:g} s") \
+                        from None
+                time.sleep(0.05)
         yield
     finally:
         os.close(handle)

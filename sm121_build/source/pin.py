@@ -67,7 +67,8 @@ def version_to_ref(version: str, commit_id: str | None = None) -> GitRef:
 # `.git/`): hooks, the file-system monitor, an external diff, textconv; all turned off.
 _SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
              "-c", "diff.external=")
-GIT_TIMEOUT_S = 1800.0  # a fetch of vLLM over a slow link; a local call takes milliseconds
+GIT_TIMEOUT_S = 1800.0  # a fetch of vLLM (and its submodules) over a slow link
+LOCAL_GIT_TIMEOUT_S = 300.0  # a call on a tree already here (a diff of vLLM: seconds)
 
 
 MAX_GIT_OUTPUT = 64 << 20  # what git may print that the tool reads whole (a name list)
@@ -83,9 +84,12 @@ class GitResult:
 
 
 def _git(*args: str, cwd: Path | None = None,
-         sink: Callable[[bytes], None] | None = None) -> GitResult:
+         sink: Callable[[bytes], None] | None = None,
+         seconds: float | None = None) -> GitResult:
     """git with the tree's own hooks and helpers off, in its own process group, within
-    GIT_TIMEOUT_S; its stdout whole (at most MAX_GIT_OUTPUT), or each chunk to `sink`."""
+    `seconds` (LOCAL_GIT_TIMEOUT_S when not given, GIT_TIMEOUT_S for what crosses the
+    network); its stdout whole (at most MAX_GIT_OUTPUT), or each chunk to `sink`."""
+    limit = LOCAL_GIT_TIMEOUT_S if seconds is None else seconds
     whole = bytearray()
 
     def keep(chunk: bytes) -> None:
@@ -95,13 +99,13 @@ def _git(*args: str, cwd: Path | None = None,
         whole.extend(chunk)
 
     try:
-        done = run(Program(("git", *_SAFE_GIT, *args), GIT_TIMEOUT_S, f"git {args[0]}",
+        done = run(Program(("git", *_SAFE_GIT, *args), limit, f"git {args[0]}",
                            cwd=cwd, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}),
                    sink or keep)
     except OSError as exc:
         raise Sm121Error(f"git does not run: {exc}") from None
     if done.timed_out:
-        raise Sm121Error(f"git {args[0]} gave no result in {GIT_TIMEOUT_S:g} s: stopped")
+        raise Sm121Error(f"git {args[0]} gave no result in {limit:g} s: stopped")
     return GitResult(done.returncode, whole.decode("utf-8", "surrogateescape"),
                      done.stderr.decode("utf-8", "replace"))
 
@@ -217,16 +221,18 @@ def _fetch_into(work: Path, ref: GitRef, repo: str) -> str:
     _check(_git("remote", "add", "origin", repo, cwd=work), "git remote add")
     if ref.kind == "tag":
         spec = f"+refs/tags/{ref.value}:refs/tags/{ref.value}"
-        fetched = _git("fetch", "-q", "--depth", "1", "origin", spec, cwd=work)
+        fetched = _git("fetch", "-q", "--depth", "1", "origin", spec, cwd=work,
+                       seconds=GIT_TIMEOUT_S)
         if fetched.returncode != 0:
             raise Sm121Error(f"tag {ref.value} not found in {repo}: "
                              f"{_last(fetched.stderr)}")
         target = ref.value
     else:
-        fetched = _git("fetch", "-q", "--depth", "1", "origin", ref.value, cwd=work)
+        fetched = _git("fetch", "-q", "--depth", "1", "origin", ref.value, cwd=work,
+                       seconds=GIT_TIMEOUT_S)
         if fetched.returncode != 0:  # abbreviated hash, or a server that refuses SHA wants
             full = _git("fetch", "-q", "origin", "+refs/heads/*:refs/remotes/origin/*",
-                        "+refs/tags/*:refs/tags/*", cwd=work)
+                        "+refs/tags/*:refs/tags/*", cwd=work, seconds=GIT_TIMEOUT_S)
             if full.returncode != 0:
                 raise Sm121Error(f"cannot fetch {repo}: {_last(full.stderr)}")
         resolved = _git("rev-parse", "--verify", "-q", f"{ref.value}^{{commit}}", cwd=work)
@@ -253,7 +259,8 @@ def update_submodules(path: Path, wanted: tuple[str, ...]) -> None:
     for sub in (w for w in wanted if w in listed):
         if (path / sub).is_dir() and any((path / sub).iterdir()):
             continue
-        _check(_git("submodule", "update", "--init", "--depth", "1", "--", sub, cwd=path),
+        _check(_git("submodule", "update", "--init", "--depth", "1", "--", sub, cwd=path,
+                    seconds=GIT_TIMEOUT_S),
                f"git submodule update {sub}")
 
 

@@ -256,3 +256,15 @@ def test_a_time_limit_every_command_would_refuse_is_a_fail() -> None:
     assert bad.status == "FAIL" and "SM121_ENGINE_TIMEOUT='nan'" in bad.detail
     (good,) = limits(probe(SM121_REGISTRY_TIMEOUT="5"))
     assert good.status == "OK" and "registry 5 s" in good.detail
+
+
+def test_a_docker_cli_without_buildkit_is_named_not_called_missing() -> None:
+    """A docker CLI that is there but whose `build --help` fails, hangs or lacks BuildKit is
+    named as such; "no docker CLI" only when there is none."""
+    from sm121_build.jobs.commands.doctor import buildkit
+
+    there = buildkit(fake_probe(buildkit_help="(classic builder only)"))[0]
+    assert there.status == "WARN" and there.detail.startswith(
+        "/usr/bin/docker: `build --help` failed, hung or offers no BuildKit")
+    none = buildkit(fake_probe(tools=("cmake",)))[0]
+    assert none.status == "WARN" and none.detail.startswith("no docker CLI with BuildKit")

@@ -156,3 +156,22 @@ def test_a_tree_that_is_not_vllm_is_refused_before_anything(tmp_path: Path) -> N
     with pytest.raises(Sm121Error, match=r"is not a vLLM source tree \(no CMakeLists.txt or "
                                          r"cmake/utils.cmake\)"):
         check_checkout(tmp_path, GitRef("tag", "v0.19.1"))
+
+
+def test_a_local_git_call_that_hangs_ends_in_minutes_not_half_an_hour(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call on a tree already here (rev-parse, diff, ls-files, config) has the short local
+    limit; only what crosses the network (fetch, submodule update) has GIT_TIMEOUT_S."""
+    import os
+
+    from sm121_build.source import pin
+
+    assert pin.LOCAL_GIT_TIMEOUT_S < pin.GIT_TIMEOUT_S
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "git").write_text("#!/bin/sh\nexec sleep 60\n")  # FAKE: a git that never answers
+    (fake / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(pin, "LOCAL_GIT_TIMEOUT_S", 0.5)
+    with pytest.raises(Sm121Error, match=r"git rev-parse gave no result in 0\.5 s"):
+        pin.resolve_checkout(tmp_path)

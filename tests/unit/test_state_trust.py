@@ -223,3 +223,30 @@ def test_the_lock_is_never_taken_through_a_link(tmp_path: Path) -> None:
     with pytest.raises(Sm121Error, match=r"could not take the ledger's lock"):
         ledger.record_built("sha256:" + "f" * 64, ["x:y"], "b")
     assert not os.path.lexists(tmp_path / "elsewhere")
+
+
+def test_a_lock_never_let_go_ends_the_wait_in_one_line(tmp_path: Path) -> None:
+    """Another process holding `ledger.lock` for good (a hung run) ends this run's wait after
+    the lock's limit with one line naming the lock, never an endless wait."""
+    import subprocess
+    import sys
+
+    from sm121_build.core import outputs
+
+    state_dir().mkdir(parents=True, exist_ok=True)
+    lock = state_dir() / "ledger.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"h = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.MonkeyPatch.context() as patch, \
+                pytest.raises(Sm121Error, match=r"could not take the ledger's lock .*held by "
+                                                r"another process for 0\.3 s"):
+            patch.setattr(outputs, "LOCK_WAIT_S", 0.3)
+            ledger.record_built("sha256:" + "f" * 64, ["x:y"], "b")
+    finally:
+        holder.kill()
+        holder.wait()

@@ -38,7 +38,8 @@ def home(tmp_path: Path) -> dict[str, str]:
 # -- 5. durations ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "-inf", "0", "-1", "86401", "soon"])
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan", "-inf", "0", "-1", "86401", "soon",
+                                   "1_0", "1e3", "0x10", ".5", "1.2.3"])
 def test_a_timeout_that_is_not_a_bounded_duration_is_refused_first(
         value: str, tmp_path: Path, home: dict[str, str]) -> None:
     """Refused while the command line is read: the input (no ELF file) is never opened."""
@@ -228,3 +229,35 @@ def test_a_capability_not_of_the_x_y_form_is_no_gpu() -> None:
 
     assert HostGpu("GB10", "12.1", "580.95.05", "13.0").target == "sm_121"
     assert HostGpu("x", "580.95.05", "", None).target is None  # a lying nvidia-smi's column
+
+
+def test_an_engine_that_answers_no_is_not_a_lost_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Docker SDK's APIError (a 404, a 500) is an OSError from the requests stack: the
+    engine is there and said no, so the line gives its status and words (escaped), exit 2,
+    never "lost the connection" (exit 4); a dropped connection keeps its own line."""
+    import docker.errors
+    import requests
+    from click.testing import CliRunner
+
+    import sm121_build.cli as cli_module
+
+    answer = requests.Response()
+    answer.status_code = 404
+
+    def refuse() -> None:
+        raise docker.errors.NotFound("404 Client Error", response=answer,
+                                     explanation="No such image: x\x1b]0;owned\x07")
+
+    monkeypatch.setattr(cli_module, "check_environment", refuse)
+    done = CliRunner().invoke(cli_module.cli, ["prune", "--keep", "1"])
+    assert done.exit_code == 2, done.output
+    assert "error: the Docker engine answered 404: No such image: x" in done.output
+    assert "\x1b" not in done.output and "lost the connection" not in done.output
+
+    def cut() -> None:
+        raise requests.exceptions.ConnectionError("Connection aborted.")
+
+    monkeypatch.setattr(cli_module, "check_environment", cut)
+    done = CliRunner().invoke(cli_module.cli, ["prune", "--keep", "1"])
+    assert done.exit_code == 4 and "lost the connection" in done.output, done.output

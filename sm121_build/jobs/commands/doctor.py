@@ -155,7 +155,12 @@ def buildkit(probe: Probe) -> list[Check]:
     if path:
         return [Check("buildkit", "OK", f"{path} builds with BuildKit (cache mounts: a "
                       "rebuild reuses ccache)")]
-    return [Check("buildkit", "WARN", "no docker CLI with BuildKit: builds go through the "
+    from sm121_build.image.engine import BUILDKIT_CLIENT_CANDIDATES
+
+    clients = list(dict.fromkeys(f for f in map(probe.which, BUILDKIT_CLIENT_CANDIDATES) if f))
+    what = (f"{', '.join(clients)}: `build --help` failed, hung or offers no BuildKit"
+            if clients else "no docker CLI with BuildKit")
+    return [Check("buildkit", "WARN", f"{what}: builds go through the "
                   "engine's classic builder (no cache mounts, every rebuild compiles from "
                   "scratch)", "install the docker CLI (Debian/Ubuntu: `apt-get install "
                   "docker.io` or docker-ce-cli with docker-buildx-plugin)")]
