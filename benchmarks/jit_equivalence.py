@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.fatbin import (  # noqa: E402
-    _CONTAINER,
     _ENTRY,
+    CONTAINER_HEADER,
     CONTAINER_MAGIC,
     ENTRY_MIN_HEADER,
     _fatbin_sections,
@@ -47,8 +47,8 @@ def hide_sass(src: Path, dst: Path, arch: int) -> int:
     with open(dst, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as data:
         for start, length in list(_fatbin_sections(dst, handle, os.path.getsize(dst))):
             pos, end = start, start + length
-            while pos + _CONTAINER.size <= end:
-                magic, _v, header, size = _CONTAINER.unpack_from(data, pos)
+            while pos + CONTAINER_HEADER.size <= end:
+                magic, _v, header, size = CONTAINER_HEADER.unpack_from(data, pos)
                 if magic != CONTAINER_MAGIC:
                     pos += 8
                     continue

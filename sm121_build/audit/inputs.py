@@ -42,6 +42,7 @@ from sm121_build.core.console import Progress, notice, shown
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input, walk
 from sm121_build.core.interrupts import held, temp_dir
+from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
 from sm121_build.cuda.wheel import (
@@ -330,7 +331,7 @@ def _stream_image(info: ImageInfo, files: ImageFiles, reading: Reading, dest: Pa
 
 def _auditable_head(head: bytes) -> bool:
     """An ELF file (host or cubin), a fatbin or PTX text, from its first bytes."""
-    return head[:4] == b"\x7fELF" or device_file_kind(head) in ("fatbin", "ptx")
+    return head[:4] == ELF_MAGIC or device_file_kind(head) in ("fatbin", "ptx")
 
 
 def is_auditable(path: Path) -> bool:
@@ -452,7 +453,7 @@ def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
         if not _auditable_head(head[:RAW_PROBE]):
             chunks.close()
             return None
-        extent = declared_extent(head[:_HEAD_WINDOW]) if head[:4] == b"\x7fELF" else None
+        extent = declared_extent(head[:_HEAD_WINDOW]) if head[:4] == ELF_MAGIC else None
         if extent is not None and info.file_size > extent:
             chunks.close()
             return Binary(info.filename, target, skipped=(

@@ -111,14 +111,12 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
                    "result lines go to stderr.")
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help=SUMMARY_HELP)
-@click.option("--local", is_flag=True, hidden=True,
-              help="Moved: `sm121-build local --source SRC --out OUT`.")
 def build(  # noqa: PLR0913 (a click command: a parameter per option)
           base: str | None, tag: str | None, gpu: Policy, driver: str,
           arch: ArchList | None,
           extra_ext: tuple[str, ...],
           jobs: int | None, source: Path | None, repo: str, out: Path | None, force: bool,
-          no_patch: bool, report: Path | None, summary_md: Path | None, local: bool,
+          no_patch: bool, report: Path | None, summary_md: Path | None,
           pull: str, versioned_tag: bool,
           allow_other_commit: bool, fa_source: Path | None, only: tuple[str, ...],
           plan_only: bool, replace_tag: bool, as_json: bool, kernels_from: str | None,
@@ -126,9 +124,6 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
           trust_key: Path | None) -> None:
     """Build every extension of BASE that gains native sm_121 code and inject them into an
     untouched copy."""
-    if local:  # its own command now, with only its own options
-        raise click.UsageError("--local is its own command now: sm121-build local --source "
-                               "SRC --out OUT [--arch …] [--ext …] [--jobs N]")
     if not base:
         raise click.UsageError("name the stock image: --base IMAGE (or `sm121-build local "
                                "--source DIR --out DIR` to build on this machine)")

@@ -35,13 +35,14 @@ from pathlib import Path
 from typing import BinaryIO, Literal, NamedTuple
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.core.inputs import InputRefused, inflate, inflating, open_file, read_head
+from sm121_build.core.inputs import inflate, inflating, open_file
+from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import SHT_NOBITS, Buffer, Elf, ElfError
 from sm121_build.cuda.elf import name as symbol_name
 
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 CONTAINER_MAGIC = 0xBA55ED50
-_CONTAINER = struct.Struct("<IHHQ")
+CONTAINER_HEADER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
 ENTRY_MIN_HEADER = _ENTRY.size  # 64
 
@@ -199,7 +200,7 @@ def read_entries(path: Path, data: Buffer) -> tuple[RawKind, list[Entry]]:
         return raw, [_ptx_file_entry(path, bytes(data[:RAW_PROBE]), size)]
     if size < 64:
         raise CorruptBinaryError(f"{path}: not an ELF file ({size} bytes)")
-    if data[:4] != b"\x7fELF":
+    if data[:4] != ELF_MAGIC:
         raise CorruptBinaryError(f"{path}: not an ELF file (bad magic)")
     if raw == "cubin":
         return raw, [_cubin_file_entry(path, data, size)]
@@ -251,7 +252,7 @@ def device_file_kind(head: bytes) -> RawKind:
     """What a file that is device code itself is, from its first bytes: a cubin (an ELF for
     `EM_CUDA`), a fatbin (its container magic), PTX text (a `.version` and a `.target` line);
     "" for anything else (a host ELF included)."""
-    if head[:4] == b"\x7fELF" and len(head) >= 20 and struct.unpack_from("<H", head, 18)[0] \
+    if head[:4] == ELF_MAGIC and len(head) >= 20 and struct.unpack_from("<H", head, 18)[0] \
             == EM_CUDA:
         return "cubin"
     if len(head) >= 4 and struct.unpack_from("<I", head)[0] == CONTAINER_MAGIC:
@@ -376,7 +377,7 @@ def code_sections(path: Path, data: mmap.mmap | bytes) -> list[CodeSection]:
     for index, row in enumerate(elf.rows):
         kind, flags, offset, size = row[1], row[2], row[4], row[5]
         if kind != SHT_PROGBITS or not flags & SHF_ALLOC or flags & SHF_EXECINSTR \
-                or size < _CONTAINER.size + ENTRY_MIN_HEADER or offset + size > len(data):
+                or size < CONTAINER_HEADER.size + ENTRY_MIN_HEADER or offset + size > len(data):
             continue  # a section past the end holds nothing this reader can trust
         try:
             name = elf.at(index).name
@@ -444,11 +445,11 @@ def _checked_container(work: SearchWork, data: Buffer, pos: int, end: int,
     PTX, LTO-IR), each with a sane header and payload inside the body, up to zero padding;
     a cubin stored plain starts with the ELF magic.  None for anything else.  Each entry
     header and padding looked at is spent from `work` (which names the file)."""
-    if pos + _CONTAINER.size > end:
+    if pos + CONTAINER_HEADER.size > end:
         return None
-    _magic, version, header_size, fat_size = _CONTAINER.unpack_from(data, pos)
+    _magic, version, header_size, fat_size = CONTAINER_HEADER.unpack_from(data, pos)
     body, body_end = pos + header_size, pos + header_size + fat_size
-    if version != 1 or header_size != _CONTAINER.size or body_end > end \
+    if version != 1 or header_size != CONTAINER_HEADER.size or body_end > end \
             or fat_size < ENTRY_MIN_HEADER:
         return None
     entries: list[Entry] = []
@@ -469,7 +470,7 @@ def _checked_container(work: SearchWork, data: Buffer, pos: int, end: int,
             return None
         if entry is None or not 0 < entry.arch < 1000 or (
                 entry.kind == "elf" and entry.compression is None
-                and data[entry.offset:entry.offset + 4] != b"\x7fELF"):
+                and data[entry.offset:entry.offset + 4] != ELF_MAGIC):
             return None
         entries.append(entry)
     if not entries:
@@ -485,8 +486,8 @@ def _walk_section(path: Path, data: Buffer, where: CodeSection,
     pos = start
     container = first_container
     index = 0
-    while pos + _CONTAINER.size <= end:
-        magic, _version, header_size, fat_size = _CONTAINER.unpack_from(data, pos)
+    while pos + CONTAINER_HEADER.size <= end:
+        magic, _version, header_size, fat_size = CONTAINER_HEADER.unpack_from(data, pos)
         if magic != CONTAINER_MAGIC:
             if not any(data[pos:pos + 8]):
                 pos += 8  # alignment padding between containers
@@ -495,7 +496,7 @@ def _walk_section(path: Path, data: Buffer, where: CodeSection,
                 f"{path}: bad fatbin container magic {magic:#x} at file offset {pos:#x}")
         body = pos + header_size
         body_end = body + fat_size
-        if header_size < _CONTAINER.size or body_end > end:
+        if header_size < CONTAINER_HEADER.size or body_end > end:
             raise CorruptBinaryError(
                 f"{path}: fatbin container at {pos:#x} claims a {header_size}-byte header "
                 f"and {fat_size} bytes, the section has {max(end - pos, 0)} from there")
@@ -571,14 +572,6 @@ def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int,
     return entry, payload + payload_size
 
 
-def is_elf(path: Path) -> bool:
-    """True when the file starts with the ELF magic (cheap: reads 4 bytes)."""
-    try:
-        return read_head(path, 4) == b"\x7fELF"
-    except InputRefused:
-        return False
-
-
 def cuobjdump_listing(path: Path, entries: list[Entry], raw: RawKind = "") -> list[str]:
     """The lines `cuobjdump -lelf -lptx FILE` prints to stdout for these entries (a raw
     cubin is named without a number; for PTX text cuobjdump prints nothing)."""
@@ -626,7 +619,7 @@ def dynamic_symbols(path: Path) -> DynamicSymbols:
     exported: set[str] = set()
     try:
         with handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if data[:4] == b"\x7fELF" and data[5] == 2:  # EI_DATA: ELFDATA2MSB
+            if data[:4] == ELF_MAGIC and data[5] == 2:  # EI_DATA: ELFDATA2MSB
                 raise CorruptBinaryError(f"{path}: a big-endian ELF file (no CUDA host is)")
             elf = Elf.read(data)
             table = elf.section(".dynsym")

@@ -28,15 +28,20 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import SHT_NOBITS, Buffer, Elf, ElfError
-from sm121_build.cuda.fatbin import Entry, EntryAt, read_entry
+from sm121_build.cuda.fatbin import (
+    CONTAINER_HEADER,
+    CONTAINER_MAGIC,
+    Entry,
+    EntryAt,
+    read_entry,
+)
 
 WRAPPER_MAGIC = 0x466243B1
 _WRAPPER = struct.Struct("<IIQQ")
-_CONTAINER = struct.Struct("<IHHQ")
 _ENTRY_HEAD = struct.Struct("<HHIQ")  # kind, version, header size, payload size
 _RELA = struct.Struct("<QQq")  # r_offset, r_info, r_addend
-CONTAINER_MAGIC = 0xBA55ED50
 CONTAINER_ALIGN = 8
 SHT_RELA = 4
 SHF_ALLOC = 2
@@ -60,7 +65,7 @@ class Container:
 
     @property
     def size(self) -> int:
-        return _CONTAINER.size + sum(len(e) for e in self.entries)
+        return CONTAINER_HEADER.size + sum(len(e) for e in self.entries)
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ def read_layout(data: Buffer, where: str, keep_bytes: bool = True) -> Layout:
 
 
 def _read_layout(data: Buffer, where: str, keep_bytes: bool) -> Layout:
-    if data[:4] != b"\x7fELF" or len(data) < 64:
+    if data[:4] != ELF_MAGIC or len(data) < 64:
         raise CorruptBinaryError(f"{where}: not an ELF file")
     if data[4] != 2 or data[5] != 1:
         raise CorruptBinaryError(f"{where}: not a 64-bit little-endian ELF file")
@@ -172,14 +177,14 @@ def _containers(data: Buffer, span: Span, where: str) -> list[Container]:
     """The containers of a section, as the fatbin reader walks them (zero padding skipped)."""
     found: list[Container] = []
     pos, end = span.start, span.start + span.size
-    while pos + _CONTAINER.size <= end:
-        magic, _version, header_size, body = _CONTAINER.unpack_from(data, pos)
+    while pos + CONTAINER_HEADER.size <= end:
+        magic, _version, header_size, body = CONTAINER_HEADER.unpack_from(data, pos)
         if magic != CONTAINER_MAGIC:
             if not any(data[pos:pos + CONTAINER_ALIGN]):
                 pos += CONTAINER_ALIGN
                 continue
             raise CorruptBinaryError(f"{where}: bad fatbin container magic at {pos:#x}")
-        if header_size != _CONTAINER.size or pos + header_size + body > end:
+        if header_size != CONTAINER_HEADER.size or pos + header_size + body > end:
             raise CorruptBinaryError(f"{where}: fatbin container at {pos:#x} has a header of "
                                      f"{header_size} bytes or runs past its section")
         entries: list[bytes] = []
@@ -236,7 +241,7 @@ def entry_options(raw: bytes) -> str:
 
 def container_bytes(entries: Sequence[bytes]) -> bytes:
     body = b"".join(entries)
-    return _CONTAINER.pack(CONTAINER_MAGIC, 1, _CONTAINER.size, len(body)) + body
+    return CONTAINER_HEADER.pack(CONTAINER_MAGIC, 1, CONTAINER_HEADER.size, len(body)) + body
 
 
 def laid_out_size(layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> int:
@@ -246,7 +251,7 @@ def laid_out_size(layout: Layout, replaced: Mapping[int, Sequence[bytes]]) -> in
     for index, container in enumerate(layout.containers):
         pos = _aligned(pos)
         entries = replaced.get(index, container.entries)
-        pos += _CONTAINER.size + sum(len(e) for e in entries)
+        pos += CONTAINER_HEADER.size + sum(len(e) for e in entries)
     return pos
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.core.inputs import open_file
+from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import Elf, ElfError, name
 from sm121_build.cuda.fatbin import DynamicSymbols, dynamic_symbols
 
@@ -30,7 +31,7 @@ def host_side(path: Path) -> HostSide:
     try:
         with open_file(path) as handle, \
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if data[:4] != b"\x7fELF" or len(data) < 64:
+            if data[:4] != ELF_MAGIC or len(data) < 64:
                 raise CorruptBinaryError(f"{path.name}: not an ELF file")
             order = "<" if data[5] == 1 else ">"
             machine = struct.unpack_from(order + "H", data, 18)[0]

@@ -26,6 +26,7 @@ from pathlib import Path
 from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.inputs import read_head, read_input
 from sm121_build.core.vllm import MIN_CMAKE
+from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.image.api import ImageFiles
 
 CXX_NAMES = ("c++", "g++")
@@ -230,7 +231,7 @@ def host_tools() -> HostTools | None:
 
 
 def _is_elf(path: Path) -> bool:
-    return read_head(path, 4, "ninja") == b"\x7fELF"
+    return read_head(path, 4, "ninja") == ELF_MAGIC
 
 
 def runs_here(image_platform: str) -> bool:

@@ -150,9 +150,6 @@ def test_the_main_jobs_kernels_options_are_checked_before_the_engine(tmp_path: P
     line = one_line_error(cli("local", "--source", str(tmp_path), "--out",
                               str(tmp_path / "o"), "--kernels-from", "r/k", env=env))
     assert "No such option '--kernels-from'" in line
-    line = one_line_error(cli("build", "--local", "--source", str(tmp_path), "--out",
-                              str(tmp_path / "o"), env=env))
-    assert "--local is its own command now: sm121-build local --source SRC --out OUT" in line
     line = one_line_error(cli("--base", "x:y", "--kernels-to", "ghcr.io/me/k@sha256:" + "1" * 64,
                               env=env))
     assert "--kernels-to ghcr.io/me/k@sha256:" in line and "a repository without a tag" in line

@@ -1,4 +1,4 @@
-"""Generated from `jobs/commands/routes.ROUTES`: every route against every policy.
+"""Generated from `devkit/routes.ROUTES`: every route against every policy.
 
 Each cell that names a function is checked against the code: a static call graph of the
 package (calls resolved through each module's own imports: `f()` to the `f` it defines or
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sm121_build.jobs.commands.routes import ROUTES, NotApplicable, Policy, Reached, table
+from devkit.routes import ROUTES, NotApplicable, Rule, Reached, table
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
 ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
@@ -117,18 +117,18 @@ def reached(entries: tuple[str, ...], root: Path = PACKAGE) -> set[str]:
     return seen
 
 
-CELLS = [(route, policy) for route in ROUTES for policy in Policy]
+CELLS = [(route, policy) for route in ROUTES for policy in Rule]
 
 
 def test_every_route_has_a_cell_for_every_policy() -> None:
     for route in ROUTES:
-        assert set(route.cells) == set(Policy), route.name
+        assert set(route.cells) == set(Rule), route.name
     assert len({route.name for route in ROUTES}) == len(ROUTES)
 
 
 @pytest.mark.parametrize(("route", "policy"), CELLS,
                          ids=[f"{r.name}-{p.name}" for r, p in CELLS])
-def test_each_cell_holds_in_the_code(route: object, policy: Policy) -> None:
+def test_each_cell_holds_in_the_code(route: object, policy: Rule) -> None:
     cell = route.cells[policy]  # type: ignore[attr-defined]
     modules = _graph()
     for entry in route.entries:  # type: ignore[attr-defined]

@@ -52,6 +52,7 @@ from sm121_build.cuda.binary import (
     unreachable_words,
 )
 from sm121_build.cuda.compat import Target
+from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import Elf, ElfError, declared_extent
 from sm121_build.cuda.fatbin import MAX_ENTRY_SIZE, entry_payload, read_entries, read_entry
 from sm121_build.cuda.fatbin_rewrite import (
@@ -75,7 +76,6 @@ from sm121_build.cuda.wheel import checked_members, record_of, require_honest_si
 from sm121_build.jobs.commands.aot_compile import Compiled, Plan, compile_all, kept_pace
 from sm121_build.verify.aot_check import check_aot
 
-ELF_MAGIC = b"\x7fELF"
 HEAD_WINDOW = 1 << 16  # a member's first bytes: the ELF header and program headers
 MAX_RECORD = 64 << 20  # a wheel's RECORD: torch's is ~2 MB
 

@@ -28,6 +28,7 @@ from sm121_build.core.inputs import (
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import SPARK, gpu_of_arch_list
+from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
 
 MANIFEST = "manifest.json"
@@ -271,7 +272,7 @@ def load(folder: Path, trust: TrustKey | None = None) -> Artifacts:
         if sha256_of(folder / name) != expected:
             raise Sm121Error(f"{folder / name}: sha256 differs from the manifest; "
                              "the artifacts were changed after export")
-        if read_head(folder / name, 4, "artifact") != b"\x7fELF":
+        if read_head(folder / name, 4, "artifact") != ELF_MAGIC:
             raise Sm121Error(f"{folder / name}: not an ELF file (a .so extension is one)")
     return Artifacts(folder, Manifest.from_json(manifest))
 

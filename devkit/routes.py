@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class Policy(Enum):
+class Rule(Enum):
     PLACEMENT = "placement allow-list"
     HOST_CODE = "host-code check"
     TRUST_KEY = "trust key"
@@ -48,7 +48,7 @@ Cell = Reached | NotApplicable
 class Route:
     name: str
     entries: tuple[str, ...]  # where the route starts in the code (`module:function`)
-    cells: dict[Policy, Cell]
+    cells: dict[Rule, Cell]
 
 
 # every call on the engine is limited inside it (image.engine.Engine: the client's timeout,
@@ -62,73 +62,73 @@ COMPILED = NotApplicable("compiled in this run from the base's own files: nothin
 
 ROUTES: tuple[Route, ...] = (
     Route("build (main job)", ("jobs.commands.main_job:run_build",), {
-        Policy.PLACEMENT: NotApplicable("places only the base's own extension files, chosen "
+        Rule.PLACEMENT: NotApplicable("places only the base's own extension files, chosen "
                                         "from the base (main_job.choose_to_build)"),
-        Policy.HOST_CODE: HOST,
-        Policy.TRUST_KEY: COMPILED,
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: ENGINE_LIMIT,
+        Rule.HOST_CODE: HOST,
+        Rule.TRUST_KEY: COMPILED,
+        Rule.TAG_RULE: TAGS,
+        Rule.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("aot FILE", ("jobs.commands.aot:run_aot",), {
-        Policy.PLACEMENT: NotApplicable("places nothing in an image: each result at its own "
+        Rule.PLACEMENT: NotApplicable("places nothing in an image: each result at its own "
                                         "claimed path under --out (core.outputs.Results)"),
-        Policy.HOST_CODE: Reached("verify.aot_check:check_aot"),
-        Policy.TRUST_KEY: Reached("jobs.commands.aot:_cached_entry"),
-        Policy.TAG_RULE: NotApplicable("tags nothing"),
-        Policy.TIME_LIMITS: Reached("cuda.ptxas:compile_ptx"),
+        Rule.HOST_CODE: Reached("verify.aot_check:check_aot"),
+        Rule.TRUST_KEY: Reached("jobs.commands.aot:_cached_entry"),
+        Rule.TAG_RULE: NotApplicable("tags nothing"),
+        Rule.TIME_LIMITS: Reached("cuda.ptxas:compile_ptx"),
     }),
     Route("aot IMAGE", ("cli.aot:_aot_image",), {
-        Policy.PLACEMENT: NotApplicable("places only the base's own extension files, aot'd"),
-        Policy.HOST_CODE: HOST,
-        Policy.TRUST_KEY: COMPILED,
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: ENGINE_LIMIT,
+        Rule.PLACEMENT: NotApplicable("places only the base's own extension files, aot'd"),
+        Rule.HOST_CODE: HOST,
+        Rule.TRUST_KEY: COMPILED,
+        Rule.TAG_RULE: TAGS,
+        Rule.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("inject --artifacts", ("cli.inject:inject",), {
-        Policy.PLACEMENT: PLACED,
-        Policy.HOST_CODE: HOST,
-        Policy.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: ENGINE_LIMIT,
+        Rule.PLACEMENT: PLACED,
+        Rule.HOST_CODE: HOST,
+        Rule.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
+        Rule.TAG_RULE: TAGS,
+        Rule.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("inject --from", ("jobs.commands.kernels_image:fetch_step",
                             "jobs.commands.inject:run_inject"), {
-        Policy.PLACEMENT: PLACED,
-        Policy.HOST_CODE: HOST,
-        Policy.TRUST_KEY: Reached("image.cosign:require_signed"),
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: REGISTRY_LIMIT,
+        Rule.PLACEMENT: PLACED,
+        Rule.HOST_CODE: HOST,
+        Rule.TRUST_KEY: Reached("image.cosign:require_signed"),
+        Rule.TAG_RULE: TAGS,
+        Rule.TIME_LIMITS: REGISTRY_LIMIT,
     }),
     Route("--kernels-from (a hit, and with --no-build)",
           ("jobs.commands.run:LookUp.__call__", "jobs.commands.run:InjectHit.__call__"), {
-              Policy.PLACEMENT: PLACED,
-              Policy.HOST_CODE: HOST,
-              Policy.TRUST_KEY: Reached("image.cosign:require_signed"),
-              Policy.TAG_RULE: TAGS,
-              Policy.TIME_LIMITS: REGISTRY_LIMIT,
+              Rule.PLACEMENT: PLACED,
+              Rule.HOST_CODE: HOST,
+              Rule.TRUST_KEY: Reached("image.cosign:require_signed"),
+              Rule.TAG_RULE: TAGS,
+              Rule.TIME_LIMITS: REGISTRY_LIMIT,
           }),
     Route("kernels publish", ("cli.kernels:publish_command",), {
-        Policy.PLACEMENT: Reached("jobs.formats.artifacts:load"),
-        Policy.HOST_CODE: NotApplicable("no base to compare with here: every consumer's "
+        Rule.PLACEMENT: Reached("jobs.formats.artifacts:load"),
+        Rule.HOST_CODE: NotApplicable("no base to compare with here: every consumer's "
                                         "inject checks the files against its own base"),
-        Policy.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: ENGINE_LIMIT,
+        Rule.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
+        Rule.TAG_RULE: TAGS,
+        Rule.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("--kernels-to", ("jobs.commands.run:Publish.__call__",), {
-        Policy.PLACEMENT: Reached("jobs.formats.artifacts:load"),
-        Policy.HOST_CODE: NotApplicable("the files were verified in this run, before it "
+        Rule.PLACEMENT: Reached("jobs.formats.artifacts:load"),
+        Rule.HOST_CODE: NotApplicable("the files were verified in this run, before it "
                                         "publishes (Publish runs after Build)"),
-        Policy.TRUST_KEY: COMPILED,
-        Policy.TAG_RULE: TAGS,
-        Policy.TIME_LIMITS: ENGINE_LIMIT,
+        Rule.TRUST_KEY: COMPILED,
+        Rule.TAG_RULE: TAGS,
+        Rule.TIME_LIMITS: ENGINE_LIMIT,
     }),
 )
 
 
 def table() -> str:
     """The table as ARCHITECTURE.md shows it (Markdown)."""
-    policies = list(Policy)
+    policies = list(Rule)
     lines = ["| route | " + " | ".join(p.value for p in policies) + " |",
              "|---" * (len(policies) + 1) + "|"]
     for route in ROUTES:
