@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.routes import ROUTES, NotApplicable, Rule, Reached, table
+from devkit.routes import ROUTES, NotApplicable, Reached, Rule, table
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
 ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
