@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class Rule(Enum):
+class Safeguard(Enum):
     PLACEMENT = "placement allow-list"
     HOST_CODE = "host-code check"
     TRUST_KEY = "trust key"
@@ -48,7 +48,7 @@ Cell = Reached | NotApplicable
 class Route:
     name: str
     entries: tuple[str, ...]  # where the route starts in the code (`module:function`)
-    cells: dict[Rule, Cell]
+    cells: dict[Safeguard, Cell]
 
 
 # every call on the engine is limited inside it (image.engine.Engine: the client's timeout,
@@ -62,73 +62,73 @@ COMPILED = NotApplicable("compiled in this run from the base's own files: nothin
 
 ROUTES: tuple[Route, ...] = (
     Route("build (main job)", ("jobs.commands.main_job:run_build",), {
-        Rule.PLACEMENT: NotApplicable("places only the base's own extension files, chosen "
+        Safeguard.PLACEMENT: NotApplicable("places only the base's own extension files, chosen "
                                         "from the base (main_job.choose_to_build)"),
-        Rule.HOST_CODE: HOST,
-        Rule.TRUST_KEY: COMPILED,
-        Rule.TAG_RULE: TAGS,
-        Rule.TIME_LIMITS: ENGINE_LIMIT,
+        Safeguard.HOST_CODE: HOST,
+        Safeguard.TRUST_KEY: COMPILED,
+        Safeguard.TAG_RULE: TAGS,
+        Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("aot FILE", ("jobs.commands.aot:run_aot",), {
-        Rule.PLACEMENT: NotApplicable("places nothing in an image: each result at its own "
+        Safeguard.PLACEMENT: NotApplicable("places nothing in an image: each result at its own "
                                         "claimed path under --out (core.outputs.Results)"),
-        Rule.HOST_CODE: Reached("verify.aot_check:check_aot"),
-        Rule.TRUST_KEY: Reached("jobs.commands.aot:_cached_entry"),
-        Rule.TAG_RULE: NotApplicable("tags nothing"),
-        Rule.TIME_LIMITS: Reached("cuda.ptxas:compile_ptx"),
+        Safeguard.HOST_CODE: Reached("verify.aot_check:check_aot"),
+        Safeguard.TRUST_KEY: Reached("jobs.commands.aot:_cached_entry"),
+        Safeguard.TAG_RULE: NotApplicable("tags nothing"),
+        Safeguard.TIME_LIMITS: Reached("cuda.ptxas:compile_ptx"),
     }),
     Route("aot IMAGE", ("cli.aot:_aot_image",), {
-        Rule.PLACEMENT: NotApplicable("places only the base's own extension files, aot'd"),
-        Rule.HOST_CODE: HOST,
-        Rule.TRUST_KEY: COMPILED,
-        Rule.TAG_RULE: TAGS,
-        Rule.TIME_LIMITS: ENGINE_LIMIT,
+        Safeguard.PLACEMENT: NotApplicable("places only the base's own extension files, aot'd"),
+        Safeguard.HOST_CODE: HOST,
+        Safeguard.TRUST_KEY: COMPILED,
+        Safeguard.TAG_RULE: TAGS,
+        Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("inject --artifacts", ("cli.inject:inject",), {
-        Rule.PLACEMENT: PLACED,
-        Rule.HOST_CODE: HOST,
-        Rule.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
-        Rule.TAG_RULE: TAGS,
-        Rule.TIME_LIMITS: ENGINE_LIMIT,
+        Safeguard.PLACEMENT: PLACED,
+        Safeguard.HOST_CODE: HOST,
+        Safeguard.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
+        Safeguard.TAG_RULE: TAGS,
+        Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("inject --from", ("jobs.commands.kernels_image:fetch_step",
                             "jobs.commands.inject:run_inject"), {
-        Rule.PLACEMENT: PLACED,
-        Rule.HOST_CODE: HOST,
-        Rule.TRUST_KEY: Reached("image.cosign:require_signed"),
-        Rule.TAG_RULE: TAGS,
-        Rule.TIME_LIMITS: REGISTRY_LIMIT,
+        Safeguard.PLACEMENT: PLACED,
+        Safeguard.HOST_CODE: HOST,
+        Safeguard.TRUST_KEY: Reached("image.cosign:require_signed"),
+        Safeguard.TAG_RULE: TAGS,
+        Safeguard.TIME_LIMITS: REGISTRY_LIMIT,
     }),
     Route("--kernels-from (a hit, and with --no-build)",
           ("jobs.commands.run:LookUp.__call__", "jobs.commands.run:InjectHit.__call__"), {
-              Rule.PLACEMENT: PLACED,
-              Rule.HOST_CODE: HOST,
-              Rule.TRUST_KEY: Reached("image.cosign:require_signed"),
-              Rule.TAG_RULE: TAGS,
-              Rule.TIME_LIMITS: REGISTRY_LIMIT,
+              Safeguard.PLACEMENT: PLACED,
+              Safeguard.HOST_CODE: HOST,
+              Safeguard.TRUST_KEY: Reached("image.cosign:require_signed"),
+              Safeguard.TAG_RULE: TAGS,
+              Safeguard.TIME_LIMITS: REGISTRY_LIMIT,
           }),
     Route("kernels publish", ("cli.kernels:publish_command",), {
-        Rule.PLACEMENT: Reached("jobs.formats.artifacts:load"),
-        Rule.HOST_CODE: NotApplicable("no base to compare with here: every consumer's "
+        Safeguard.PLACEMENT: Reached("jobs.formats.artifacts:load"),
+        Safeguard.HOST_CODE: NotApplicable("no base to compare with here: every consumer's "
                                         "inject checks the files against its own base"),
-        Rule.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
-        Rule.TAG_RULE: TAGS,
-        Rule.TIME_LIMITS: ENGINE_LIMIT,
+        Safeguard.TRUST_KEY: Reached("jobs.formats.artifacts:_require_signed"),
+        Safeguard.TAG_RULE: TAGS,
+        Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("--kernels-to", ("jobs.commands.run:Publish.__call__",), {
-        Rule.PLACEMENT: Reached("jobs.formats.artifacts:load"),
-        Rule.HOST_CODE: NotApplicable("the files were verified in this run, before it "
+        Safeguard.PLACEMENT: Reached("jobs.formats.artifacts:load"),
+        Safeguard.HOST_CODE: NotApplicable("the files were verified in this run, before it "
                                         "publishes (Publish runs after Build)"),
-        Rule.TRUST_KEY: COMPILED,
-        Rule.TAG_RULE: TAGS,
-        Rule.TIME_LIMITS: ENGINE_LIMIT,
+        Safeguard.TRUST_KEY: COMPILED,
+        Safeguard.TAG_RULE: TAGS,
+        Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
 )
 
 
 def table() -> str:
     """The table as ARCHITECTURE.md shows it (Markdown)."""
-    policies = list(Rule)
+    policies = list(Safeguard)
     lines = ["| route | " + " | ".join(p.value for p in policies) + " |",
              "|---" * (len(policies) + 1) + "|"]
     for route in ROUTES:

@@ -68,7 +68,7 @@ FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin|fatbin|ptx)$"
 
 
 @dataclass(frozen=True)
-class Binary:
+class AuditedFile:
     """An ELF file to audit: the name to show and where its bytes are now."""
 
     name: str
@@ -97,7 +97,7 @@ class Reading(NamedTuple):
     include: tuple[str, ...] = ()
     platform: str | None = None
     progress: bool = False
-    on_kept: Callable[[Binary], None] | None = None
+    on_kept: Callable[[AuditedFile], None] | None = None
 
 
 READ_ALL = Reading()  # every shared object and device file, quietly
@@ -105,7 +105,7 @@ READ_ALL = Reading()  # every shared object and device file, quietly
 
 @contextmanager
 def binaries(target: str, reading: Reading = READ_ALL,
-             engine: Callable[[], ImageEngine] | None = None) -> Iterator[list[Binary]]:
+             engine: Callable[[], ImageEngine] | None = None) -> Iterator[list[AuditedFile]]:
     """Yield the ELF files a target holds; temporary copies are removed afterwards."""
     path = Path(target)
     wanted = _wanted(reading.include)
@@ -123,7 +123,7 @@ def binaries(target: str, reading: Reading = READ_ALL,
                          "files, directories, wheels, image tarballs and images")
     if path.is_file():
         if is_auditable(path):
-            yield [Binary(str(path), path)]
+            yield [AuditedFile(str(path), path)]
             return
         with temp_dir("sm121-audit-") as tmp:
             kind = archive_kind(path)
@@ -158,7 +158,7 @@ ARCHIVE_ERRORS = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, IS
 # name flagged UTF-8 that is not
 
 
-def _archive(path: Path, kind: str, dest: Path, reading: Reading) -> list[Binary]:
+def _archive(path: Path, kind: str, dest: Path, reading: Reading) -> list[AuditedFile]:
     """A wheel's or an image tarball's files to audit, each named by the distribution
     that installs it: a wheel's own, or the RECORD of the image's `.dist-info` that lists
     it."""
@@ -175,27 +175,27 @@ def _archive(path: Path, kind: str, dest: Path, reading: Reading) -> list[Binary
 
 
 def _expand(archives: list[tuple[str, Path]], dest: Path,
-            wanted: Callable[[str], bool]) -> list[Binary]:
+            wanted: Callable[[str], bool]) -> list[AuditedFile]:
     """The wheels and tarballs of a folder, each audited as its own (members named
     `ARCHIVE!MEMBER`); one that cannot be read is listed with why, never passed over."""
-    found: list[Binary] = []
+    found: list[AuditedFile] = []
     for number, (rel, archive) in enumerate(archives):
         kind = archive_kind(archive)
         if kind is None:
-            found.append(Binary(rel, archive, skipped="named as an archive, but neither a "
+            found.append(AuditedFile(rel, archive, skipped="named as an archive, but neither a "
                                 "wheel (zip) nor a tarball"))
             continue
         try:
             inner = _archive(archive, kind, dest / str(number), Reading())
         except CorruptBinaryError as exc:
-            found.append(Binary(rel, archive, skipped=str(exc).removeprefix(f"{archive}: ")))
+            found.append(AuditedFile(rel, archive, skipped=str(exc).removeprefix(f"{archive}: ")))
             continue
         found += [replace(b, name=f"{rel}!{b.name.lstrip('/')}") for b in inner
                   if wanted(b.name.lstrip("/")) or b.skipped]
     return found
 
 
-def _owned(found: list[Binary], owners: Owners) -> list[Binary]:
+def _owned(found: list[AuditedFile], owners: Owners) -> list[AuditedFile]:
     """Each file with the distribution whose RECORD lists it, where one does; a RECORD that
     could not be read is said (its files keep their folder's name)."""
     for line in owners.unreadable:
@@ -266,12 +266,12 @@ def _literal_prefix(parts: list[str]) -> list[str]:
 
 
 def _stream_image(info: ImageInfo, files: ImageFiles, reading: Reading, dest: Path,
-                  progress: Progress) -> list[Binary]:
+                  progress: Progress) -> list[AuditedFile]:
     """Stream the roots; keep the ELF files `include` wants that carry device code, and list
     the others by name and size only (`host_only_size`), so the table still counts them."""
     include = reading.include
     wanted = _wanted(include)
-    found: list[Binary] = []
+    found: list[AuditedFile] = []
     kept: set[str] = set()
     owners = Owners()
 
@@ -279,11 +279,11 @@ def _stream_image(info: ImageInfo, files: ImageFiles, reading: Reading, dest: Pa
         if not is_auditable(target):
             target.unlink()
         elif not _has_device_code(target):
-            found.append(Binary("/" + rel, target, target.stat().st_size))
+            found.append(AuditedFile("/" + rel, target, target.stat().st_size))
             target.unlink()
         else:
             kept.add(rel)
-            found.append(Binary("/" + rel, target))
+            found.append(AuditedFile("/" + rel, target))
             progress.update(found=len(found))
             if reading.on_kept is not None:
                 reading.on_kept(found[-1])
@@ -320,11 +320,11 @@ def _stream_image(info: ImageInfo, files: ImageFiles, reading: Reading, dest: Pa
         if linked in kept:
             os.link(dest / linked, target)
             kept.add(rel)
-            found.append(Binary("/" + rel, target))
+            found.append(AuditedFile("/" + rel, target))
         elif files.copy_file("/" + linked, target) is not None:
             take(rel, target)
         else:
-            found.append(Binary("/" + rel, target, skipped=(
+            found.append(AuditedFile("/" + rel, target, skipped=(
                 f"hard link to /{linked}, which the image does not hold")))
     return _owned(sorted(found, key=lambda b: b.name), owners)
 
@@ -355,7 +355,7 @@ class Folder:
     """What a folder holds for the audit: files to read, wheels and tarballs to open, and
     the owners its `.dist-info` RECORDs name."""
 
-    found: list[Binary]
+    found: list[AuditedFile]
     archives: list[tuple[str, Path]]
     owners: Owners
 
@@ -373,7 +373,8 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
     def unreadable(exc: OSError) -> None:
         where = Path(exc.filename or root)
         rel = where.relative_to(root).as_posix() if where != root else "."
-        found.append(Binary(rel + "/", where, skipped=f"folder not read: {exc.strerror or exc}"))
+        found.append(AuditedFile(rel + "/", where,
+                                 skipped=f"folder not read: {exc.strerror or exc}"))
 
     for dirpath, dirnames, filenames in walk(root, onerror=unreadable):
         dirnames.sort()
@@ -394,23 +395,23 @@ def _walk(root: Path, wanted: Callable[[str], bool]) -> Folder:
                 head = b"" if archive else read_head(full, RAW_PROBE)
             except InputRefused as exc:
                 why = str(exc).removeprefix(f"{full}: ").removeprefix("cannot open: ")
-                found.append(Binary(rel, full, skipped=f"not read: {why}"))
+                found.append(AuditedFile(rel, full, skipped=f"not read: {why}"))
                 continue
             if archive:
                 folder.archives.append((rel, full))
             elif _auditable_head(head):
-                found.append(Binary(rel, full))
+                found.append(AuditedFile(rel, full))
     found.sort(key=lambda b: b.name)
     return folder
 
 
-def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Binary]:
+def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[AuditedFile]:
     """The wanted members of a wheel the one rule takes (`cuda/wheel.checked_members`:
     else `CorruptBinaryError`, as `aot` refuses it), extracted by one thread per core
     (inflate lets go of the GIL; a wheel's `.so` files are most of its bytes).  The central
     directory is read once: the threads share its `ZipFile` (zipfile seeks and reads a
     member under a lock of its own, and never closes a file object it was handed)."""
-    found: list[Binary] = []
+    found: list[AuditedFile] = []
     members = []
     with open_file(archive, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
         for info in checked_members(wheel, archive):  # aot's rule: refused whole, or each
@@ -436,9 +437,9 @@ def _unzip(archive: Path, dest: Path, wanted: Callable[[str], bool]) -> list[Bin
 
 
 def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
-             member: tuple[zipfile.ZipInfo, Path]) -> Binary | None:
+             member: tuple[zipfile.ZipInfo, Path]) -> AuditedFile | None:
     """One member written to its path (an own handle: threads do not share a file offset);
-    the Binary to audit, a skipped one, or None when it is not device code at all.  Its
+    the AuditedFile to audit, a skipped one, or None when it is not device code at all.  Its
     first bytes decide before anything is written: a member that is not device code costs
     one window of memory and no temp space, and an ELF member larger than its headers
     account for is skipped, said, and not written."""
@@ -456,7 +457,7 @@ def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
         extent = declared_extent(head[:_HEAD_WINDOW]) if head[:4] == ELF_MAGIC else None
         if extent is not None and info.file_size > extent:
             chunks.close()
-            return Binary(info.filename, target, skipped=(
+            return AuditedFile(info.filename, target, skipped=(
                 f"{info.file_size} bytes, more than the {extent} its ELF headers account for "
                 "(not extracted)"))
         require_honest_size(info, archive)  # before it is written out whole
@@ -469,14 +470,14 @@ def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
                 out.write(chunk)
     except (NotImplementedError, RuntimeError, OSError, ValueError) as exc:  # a bad offset
         target.unlink(missing_ok=True)
-        return Binary(info.filename, target, skipped=f"not extracted: {exc}")
+        return AuditedFile(info.filename, target, skipped=f"not extracted: {exc}")
     except CorruptBinaryError as exc:  # a zip bomb: said, never written
         target.unlink(missing_ok=True)
         if budget.left < 0:
             raise  # the wheel's budget: refused whole
-        return Binary(info.filename, target, skipped=f"not extracted: "
+        return AuditedFile(info.filename, target, skipped=f"not extracted: "
                       f"{str(exc).removeprefix(f'{archive}: {info.filename}: ')}")
-    return Binary(info.filename, target)
+    return AuditedFile(info.filename, target)
 
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
@@ -526,7 +527,7 @@ def _member_chunks(archive: Path, wheel: zipfile.ZipFile,
 
 
 def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], reading: Reading,
-           owners: Owners) -> list[Binary]:
+           owners: Owners) -> list[AuditedFile]:
     dest.mkdir(parents=True, exist_ok=True)
     with _bar(reading.progress, None, "reading layers") as bar:
         fs = layers.extract_files(archive, dest, wanted, reading.platform, bar.update)
@@ -536,9 +537,10 @@ def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], reading: Re
                 owners.add_record(rel, read_input(dest / rel, MAX_RECORD, "RECORD"))
             except InputRefused as exc:
                 owners.unreadable.append(str(exc))
-    found = [Binary("/" + p, dest / p) for p in sorted(fs.extracted)
+    found = [AuditedFile("/" + p, dest / p) for p in sorted(fs.extracted)
              if not is_record(p) and is_auditable(dest / p)]
-    return found + [Binary("/" + p, dest / p, skipped=why) for p, why in sorted(fs.broken.items())
+    return found + [AuditedFile("/" + p, dest / p, skipped=why)
+                    for p, why in sorted(fs.broken.items())
                     if p in fs.files and p not in fs.extracted]
 
 

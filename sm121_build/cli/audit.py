@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from sm121_build.audit import report
-from sm121_build.audit.inputs import Binary, Reading, binaries
+from sm121_build.audit.inputs import AuditedFile, Reading, binaries
 from sm121_build.cli.inputs import cuda_version, gpu_name, require_writable
 from sm121_build.core.console import md, notice, results_to_stderr, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
@@ -37,7 +37,7 @@ def run_audit(target: str, policy: Policy, with_kernels: bool,
     ahead: dict[str, Future[BinaryReport]] = {}
     pool = ThreadPoolExecutor(1)
 
-    def on_kept(binary: Binary) -> None:
+    def on_kept(binary: AuditedFile) -> None:
         ahead[binary.name] = pool.submit(audit_binary, binary.path, binary.name, policy,
                                          with_kernels)
 

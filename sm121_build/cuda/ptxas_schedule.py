@@ -31,7 +31,7 @@ MAX_THREADS = 16  # ptxas gains little past this (its optimiser's parallel share
 
 
 @dataclass(frozen=True)
-class Job:
+class PtxTask:
     """One module to compile: its estimated CPU-seconds and its PTX size."""
 
     cost: float
@@ -56,7 +56,7 @@ def peak_memory(size: int, threads: int) -> int:
 class Schedule:
     """The jobs not started yet (largest first), the cores and memory free now."""
 
-    jobs: tuple[Job, ...]
+    jobs: tuple[PtxTask, ...]
     cores: int
     memory: int  # bytes ptxas may take in all
     split: bool = True

@@ -54,7 +54,7 @@ PUBLISHABLE = frozenset({RunStatus.BUILT, RunStatus.UP_TO_DATE, RunStatus.INJECT
 
 
 @dataclass(frozen=True)
-class Binary:
+class ExtensionCounts:
     """One .so as the report shows it: cubins and PTX per arch, kernels native / JIT / none
     on sm_121."""
 
@@ -63,17 +63,17 @@ class Binary:
     kernels: dict[str, int]
 
     @classmethod
-    def of(cls, report: BinaryReport) -> Binary:
+    def of(cls, report: BinaryReport) -> ExtensionCounts:
         return cls(report.arch_counts("elf"), report.arch_counts("ptx"),
                    {str(k): v for k, v in report.kernel_counts().items()})
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Binary:
+    def from_json(cls, data: dict[str, Any]) -> ExtensionCounts:
         return cls(dict(data["cubins"]), dict(data["ptx"]), dict(data["kernels"]))
 
 
-def binaries(reports: dict[str, BinaryReport]) -> dict[str, Binary]:
-    return {name: Binary.of(r) for name, r in sorted(reports.items())}
+def binaries(reports: dict[str, BinaryReport]) -> dict[str, ExtensionCounts]:
+    return {name: ExtensionCounts.of(r) for name, r in sorted(reports.items())}
 
 
 @dataclass(frozen=True)
@@ -125,10 +125,10 @@ class RunRecord:
     external: dict[str, ExternalSource] = field(default_factory=dict)
     content_key: str | None = None
     extensions: list[str] | None = None
-    decision: Decision | None = None  # main_job.choose_to_build: per extension
+    decision: RunDecision | None = None  # main_job.choose_to_build: per extension
     log: str | None = None
-    before: dict[str, Binary] | None = None
-    after: dict[str, Binary] | None = None
+    before: dict[str, ExtensionCounts] | None = None
+    after: dict[str, ExtensionCounts] | None = None
     fp4_excluded: dict[str, int] | None = None
     abi_symbols_checked: int | None = None
     artifacts: str | None = None
@@ -170,7 +170,7 @@ class RunRecord:
     def external_copied(self, name: str, source: ExternalSource) -> None:
         self.external[name] = source
 
-    def decided(self, decision: Decision) -> None:
+    def decided(self, decision: RunDecision) -> None:
         self.decision = decision
         if not decision.chosen:
             self.status = RunStatus.NOT_NEEDED
@@ -212,14 +212,14 @@ class RunRecord:
     def keep_audit_of(self, kept: dict[str, Any]) -> None:
         """The audit a verified run of the same content key recorded (its `as_json`)."""
         with suppress(KeyError, TypeError, ValueError, AttributeError):
-            self.before = {n: Binary.from_json(b) for n, b in kept["before"].items()}
-            self.after = {n: Binary.from_json(b) for n, b in kept["after"].items()}
+            self.before = {n: ExtensionCounts.from_json(b) for n, b in kept["before"].items()}
+            self.after = {n: ExtensionCounts.from_json(b) for n, b in kept["after"].items()}
             self.fp4_excluded = {str(n): int(c) for n, c in kept["fp4_excluded"].items()}
             self.log = str(kept["log"])
 
 
 @dataclass(frozen=True)
-class Decision:
+class RunDecision:
     """The run's decision, made once: rebuild or not and why, the extensions chosen (to build
     or aot), and per extension of the base what its plan says (its `action`: build, aot or
     keep; kernels before and after; the reason; what stays non-native)."""
@@ -235,7 +235,7 @@ class Decision:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Decision):
+    if isinstance(value, RunDecision):
         return value.as_json()
     if isinstance(value, Enum):
         return value.value
@@ -278,7 +278,7 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{sm} ×{n}" for sm, n in counts.items()) or "—"
 
 
-def _kernels(entry: Binary | None) -> str:
+def _kernels(entry: ExtensionCounts | None) -> str:
     if not entry:
         return "—"
     k = entry.kernels

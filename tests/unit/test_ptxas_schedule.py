@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sm121_build.cuda.ptxas_schedule import (
     MAX_THREADS,
     MIN_SPLIT_SECONDS,
-    Job,
+    PtxTask,
     Schedule,
     Start,
     peak_memory,
@@ -40,7 +40,7 @@ def _simulate(schedule: Schedule, speedup: float = 0.7) -> tuple[float, list[Sta
 
 def test_the_module_that_sets_the_wall_is_split_and_the_rest_are_not() -> None:
     # vLLM 0.33.0's x86_64 `_C` on 16 cores: one 294 CPU-s module among small ones
-    jobs = (Job(294.0, 33700000), *tuple(Job(12.0, 1000000) for _ in range(30)))
+    jobs = (PtxTask(294.0, 33700000), *tuple(PtxTask(12.0, 1000000) for _ in range(30)))
     plain, _ = _simulate(Schedule(jobs, 16, 64 * GB, split=False))
     split, starts = _simulate(Schedule(jobs, 16, 64 * GB))
     assert plain == 294.0  # the slowest module is the wall
@@ -50,14 +50,14 @@ def test_the_module_that_sets_the_wall_is_split_and_the_rest_are_not() -> None:
 
 
 def test_many_equal_modules_keep_one_thread_each() -> None:
-    jobs = tuple(Job(30.0, 2_000_000) for _ in range(64))  # FA2-like: 64 modules, 16 cores
+    jobs = tuple(PtxTask(30.0, 2_000_000) for _ in range(64))  # FA2-like: 64 modules, 16 cores
     wall, starts = _simulate(Schedule(jobs, 16, 64 * GB))
     assert all(s.threads == 1 for s in starts[:48])  # the tail may split, the bulk never
     assert wall <= 4 * 30.0 + 1e-9
 
 
 def test_a_split_never_takes_more_memory_than_given() -> None:
-    job = Job(300.0, 33_700_000)
+    job = PtxTask(300.0, 33_700_000)
     fits_two = peak_memory(job.size, 2) + 1
     schedule = Schedule((job,), 16, fits_two)
     (start,) = schedule.starts()
@@ -65,7 +65,7 @@ def test_a_split_never_takes_more_memory_than_given() -> None:
 
 
 def test_a_module_that_fits_nowhere_waits_then_runs_alone() -> None:
-    big, small = Job(100.0, 40_000_000), Job(5.0, 1_000)
+    big, small = PtxTask(100.0, 40_000_000), PtxTask(5.0, 1_000)
     schedule = Schedule((big, small), 4, peak_memory(big.size, 1) - 1)
     first = schedule.starts()
     assert [s.index for s in first] == [0]  # alone: nothing else runs, so it starts anyway
@@ -78,7 +78,7 @@ def test_a_module_that_fits_nowhere_waits_then_runs_alone() -> None:
        cores=st.integers(1, 24), memory_gb=st.integers(1, 128))
 def test_any_schedule_starts_each_module_once_within_the_cores(
         costs: list[float], cores: int, memory_gb: int) -> None:
-    jobs = tuple(Job(c, int(c * 100_000)) for c in costs)
+    jobs = tuple(PtxTask(c, int(c * 100_000)) for c in costs)
     schedule = Schedule(jobs, cores, memory_gb * GB)
     wall, starts = _simulate(schedule)
     assert sorted(s.index for s in starts) == list(range(len(jobs)))

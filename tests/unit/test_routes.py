@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.routes import ROUTES, NotApplicable, Reached, Rule, table
+from devkit.routes import ROUTES, NotApplicable, Reached, Safeguard, table
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
 ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
@@ -117,18 +117,18 @@ def reached(entries: tuple[str, ...], root: Path = PACKAGE) -> set[str]:
     return seen
 
 
-CELLS = [(route, policy) for route in ROUTES for policy in Rule]
+CELLS = [(route, policy) for route in ROUTES for policy in Safeguard]
 
 
 def test_every_route_has_a_cell_for_every_policy() -> None:
     for route in ROUTES:
-        assert set(route.cells) == set(Rule), route.name
+        assert set(route.cells) == set(Safeguard), route.name
     assert len({route.name for route in ROUTES}) == len(ROUTES)
 
 
 @pytest.mark.parametrize(("route", "policy"), CELLS,
                          ids=[f"{r.name}-{p.name}" for r, p in CELLS])
-def test_each_cell_holds_in_the_code(route: object, policy: Rule) -> None:
+def test_each_cell_holds_in_the_code(route: object, policy: Safeguard) -> None:
     cell = route.cells[policy]  # type: ignore[attr-defined]
     modules = _graph()
     for entry in route.entries:  # type: ignore[attr-defined]

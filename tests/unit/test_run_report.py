@@ -18,8 +18,8 @@ def _record(**extra: Any) -> run_report.RunRecord:
 
 
 def test_built_run_has_the_before_after_table() -> None:
-    entry = run_report.Binary({"sm_90": 2}, {}, {"native": 0, "jit": 0, "none": 9})
-    after = run_report.Binary({"sm_121": 3}, {}, {"native": 9, "jit": 0, "none": 0})
+    entry = run_report.ExtensionCounts({"sm_90": 2}, {}, {"native": 0, "jit": 0, "none": 9})
+    after = run_report.ExtensionCounts({"sm_121": 3}, {}, {"native": 9, "jit": 0, "none": 0})
     text = run_report.markdown(_record(status="built", vllm_version="0.19.1",
                                        before={"_C.abi3.so": entry},
                                        after={"_C.abi3.so": after, "_moe_C.abi3.so": after},

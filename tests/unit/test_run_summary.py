@@ -10,9 +10,9 @@ import pytest
 from sm121_build.core.console import Steps
 from sm121_build.core.errors import Sm121Error
 from sm121_build.verify.run_report import (
-    Binary,
-    Decision,
+    ExtensionCounts,
     KernelsFrom,
+    RunDecision,
     markdown,
     new_record,
     recorded,
@@ -25,9 +25,10 @@ def _record() -> object:
     record.status = "built"
     record.steps = [{"name": "pull", "seconds": 12.0, "ok": True},
                     {"name": "build", "seconds": 1104.9, "ok": True}]
-    record.before = {"_C.abi3.so": Binary({}, {}, {"native": 4149, "jit": 281, "none": 239})}
-    record.after = {"_C.abi3.so": Binary({}, {}, {"native": 4352, "jit": 0, "none": 0})}
-    record.decision = Decision(True, "", (), {"_C.abi3.so": {"remains": [
+    record.before = {"_C.abi3.so": ExtensionCounts({}, {}, {"native": 4149, "jit": 281,
+                                                            "none": 239})}
+    record.after = {"_C.abi3.so": ExtensionCounts({}, {}, {"native": 4352, "jit": 0, "none": 0})}
+    record.decision = RunDecision(True, "", (), {"_C.abi3.so": {"remains": [
         "239 kernel(s) have no code sm_121 loads: only sm_90a"]}, "_moe_C.abi3.so": {
         "remains": ["1 kernel(s) stay JIT-only (PTX compiled by the driver at first use)"]}})
     return record

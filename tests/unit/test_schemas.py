@@ -88,7 +88,7 @@ def test_run_reports_of_each_outcome() -> None:
                                  "vllm/vllm-openai:nightly-sm121", "12.1")
     _check("report", base.as_json())  # a run that failed before anything was known
     assert set(base.as_json()) == {"format", *run_report.RunRecord.REQUIRED}
-    counts = run_report.Binary({"sm_121": 2}, {}, {"native": 4, "jit": 0, "none": 0})
+    counts = run_report.ExtensionCounts({"sm_121": 2}, {}, {"native": 4, "jit": 0, "none": 0})
     record = replace(
         base, status="built", vllm_version="0.26.0", vllm_commit="c" * 40,
         base_digest="vllm/vllm-openai@sha256:" + "a" * 64, content_key="0" * 24,

@@ -23,7 +23,7 @@ from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.paths import state_dir, store_bytes
 from sm121_build.core.units import duration
 from sm121_build.cuda.ptxas_cost import Estimate
-from sm121_build.cuda.ptxas_schedule import Job, Schedule, Start
+from sm121_build.cuda.ptxas_schedule import PtxTask, Schedule, Start
 
 MEMORY_SHARE = 0.7  # of the machine's memory, what ptxas processes may take in all
 TICK = 1.0  # seconds between looks at the line while nothing ends
@@ -85,7 +85,7 @@ def compile_all(plan: Plan, work: Callable[[int, int], Compiled],
                 ) -> Iterator[tuple[int, Compiled | ToolchainError]]:
     """Each module's index with its result (or its ptxas error), as they end; `work(index,
     threads)` compiles one."""
-    jobs = tuple(Job(c.cpu_seconds, s) for c, s in zip(plan.costs, plan.sizes, strict=True))
+    jobs = tuple(PtxTask(c.cpu_seconds, s) for c, s in zip(plan.costs, plan.sizes, strict=True))
     schedule = Schedule(jobs, plan.cores, machine_memory(), plan.split)
     tally = _Tally()
     line = LiveLine(every=30.0, gap=0.2)

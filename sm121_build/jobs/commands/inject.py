@@ -22,7 +22,7 @@ from sm121_build.jobs.formats.render import (
     provenance_labels,
     render_inject,
 )
-from sm121_build.jobs.framework.pipeline import ImageBuild, Pipeline, Target
+from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline
 from sm121_build.verify.run_report import RunStatus
 
 
@@ -91,7 +91,7 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
         pipeline.build_verify_tag(
             ImageBuild(facts, context, dockerfile, extensions, log,
                        f"inject {', '.join(extensions)}"),
-            Target(tag, out, replace(built, base=facts.ref, base_digest=facts.digest_ref,
+            Delivery(tag, out, replace(built, base=facts.ref, base_digest=facts.digest_ref,
                                      platform=facts.platform, gpu=built.served),
                    replace_tag=replace_tag,
                    origins=tuple((name, "placed") for name in extensions)))

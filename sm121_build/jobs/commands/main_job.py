@@ -51,7 +51,7 @@ from sm121_build.jobs.formats.render import (
     render_inject,
     template_digest,
 )
-from sm121_build.jobs.framework.pipeline import ImageBuild, Pipeline, Target
+from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline
 from sm121_build.jobs.framework.run_warnings import ptx_warning
 from sm121_build.jobs.payload import PAYLOAD
 from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extensions
@@ -72,7 +72,7 @@ from sm121_build.source.pin import (
 )
 from sm121_build.source.tree import require_contained
 from sm121_build.verify import run_report
-from sm121_build.verify.run_report import Decision
+from sm121_build.verify.run_report import RunDecision
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
     extensions = {p.name: {**p.as_record(), "action": "build" if p.build else "keep"}
                   for p in plans}
     extensions.update({a.name: a.as_record(_before(stock, a.name)) for a in aot})
-    record.decided(Decision(bool(chosen or aot), reason,
+    record.decided(RunDecision(bool(chosen or aot), reason,
                             (*chosen, *(a.name for a in aot)), extensions))
     if not chosen and not aot:
         jit = sum(p.after["jit"] for p in plans)
@@ -257,7 +257,7 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
     pipeline, opts, image = job.pipeline, job.opts, job.image
     aot, stock = planned_aot(job)
     if not aot and (opts.aot_only or not opts.gpu.has_source_rules):
-        pipeline.record.decided(Decision(False, "nothing to aot"))
+        pipeline.record.decided(RunDecision(False, "nothing to aot"))
         result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
                f"on {opts.gpu}; nothing tagged")
         return None
@@ -373,7 +373,7 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
             "name": name, "target": extension_target(name), "before": before, "after": before,
             "build": False, "action": "keep", "reason": "kept: no source read", "remains": []})
         extensions[name]["remains"] = [why]
-    pipeline.record.decided(Decision(
+    pipeline.record.decided(RunDecision(
         True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot), extensions))
 
 
@@ -447,7 +447,7 @@ def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str,
 
 
 def inject_aot(job: Job, plan: Placement,
-               target: Target, context: Path) -> str:
+               target: Delivery, context: Path) -> str:
     """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     log = pipeline.new_log(f"aot-{target.content_key}")
@@ -578,7 +578,7 @@ def patches_of(opts: Options) -> str:
 
 
 def target_for(job: Job, sources: Sources,
-                  plan: Placement, key: str, patches: str | None = None) -> Target:
+                  plan: Placement, key: str, patches: str | None = None) -> Delivery:
     """Where the verified image goes (tags, --out) and what its files' manifest says."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     record, facts, vllm = pipeline.record, image.facts, image.vllm
@@ -592,11 +592,11 @@ def target_for(job: Job, sources: Sources,
         torch_version=vllm.torch_version, platform=facts.platform, gpu=str(opts.gpu))
     also = (versioned_tag(opts.tag, vllm.version, sources.commit, facts.id),) \
         if opts.versioned_tag else ()
-    return Target(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
+    return Delivery(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
 
 
 def up_to_date(job: Job, plan: Placement,
-               target: Target, existing: str) -> str:
+               target: Delivery, existing: str) -> str:
     """The content key names an image this tool built: tag it (and export --out, verified
     as after a build); nothing compiles."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
@@ -615,7 +615,7 @@ def up_to_date(job: Job, plan: Placement,
 
 
 def build(job: Job, plan: BuildPlan,
-          target: Target, context: Path) -> str:
+          target: Delivery, context: Path) -> str:
     """Render the Dockerfile (FROM a temporary tag of exactly the base), bring what the
     builder lacks, build -> verify -> tag."""
     pipeline, opts, image = job.pipeline, job.opts, job.image

@@ -57,7 +57,7 @@ class ImageBuild:
 
 
 @dataclass(frozen=True)
-class Target:
+class Delivery:
     """Where a verified image goes: its tags, and the artifacts folder with what its
     manifest says the files were built from."""
 
@@ -194,7 +194,7 @@ class Pipeline:
         return log
 
     # -- tail ----------------------------------------------------------------------------
-    def build_verify_tag(self, build: ImageBuild, target: Target) -> str:
+    def build_verify_tag(self, build: ImageBuild, target: Delivery) -> str:
         """Build (untagged) -> verify -> export -> tag.  Returns the image ID.  What
         verification reads of the base (the stock files, torch's exports) depends on the
         base alone: it is read while the candidate builds, by one thread of its own."""
@@ -226,7 +226,7 @@ class Pipeline:
     def verify_and_export(self, stock: ImageFacts, image_id: str,
                           extensions: tuple[str, ...],
                           log_and_stock: tuple[Path | None, StockRead | None],
-                          target: Target) -> None:
+                          target: Delivery) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`.
         `log_and_stock`: where problems are written, and the base's side when it was read
         ahead (`read_stock_side`; None: read now)."""
@@ -255,7 +255,7 @@ class Pipeline:
             replace_tag, image_id, stock.id,
             lambda entry: entry.base_ref in ("", stock.ref), ""))
 
-    def tag_result(self, stock: ImageFacts, image_id: str, target: Target) -> None:
+    def tag_result(self, stock: ImageFacts, image_id: str, target: Delivery) -> None:
         """Give the verified image every tag asked for, and write it in the ledger."""
         self.require_tags_free(stock, target.tags, target.replace_tag, image_id)
         ledger.record_built(image_id, target.tags, stock.id, stock.ref, target.content_key)
