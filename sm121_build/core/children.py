@@ -40,7 +40,7 @@ _READ = 64 * 1024
 _POLL_S = 0.02
 _DRAIN_S = 0.5  # after the program exits, what its pipes still hold is read this long
 _SUBREAPER = 36  # prctl's PR_SET_CHILD_SUBREAPER
-_SWEEPS = 64  # passes over the orphans: each kills one generation of a daemon's tree
+_SWEEP_S = 5.0  # how long orphans are swept for: each pass kills one generation, and groups
 
 
 @dataclass(frozen=True)
@@ -170,16 +170,25 @@ def adopt_orphans() -> None:
 
 def _end_orphans() -> None:
     """Kill and reap every child of this process that is no running program's leader: an
-    orphan a program left (reparented here, `adopt_orphans`); again and again, since an
-    orphan's own children are reparented here the moment it dies (a daemon's tree)."""
+    orphan a program left (reparented here, `adopt_orphans`), with the whole process group
+    it leads or sits in (a daemon that `setsid`'d and forked a chain inside its new group
+    dies at once); again and again, since an orphan's own children are reparented here the
+    moment it dies (a tree that calls `setsid` at each level), until none is left or
+    `_SWEEP_S` has passed (a program that forks faster than it is killed)."""
     if not _ADOPTING:
         return
+    ours = os.getpgrp()
+    deadline = time.monotonic() + _SWEEP_S
     with _LOCK:
-        for _ in range(_SWEEPS):
+        while time.monotonic() < deadline:
             orphans = [pid for pid in _children() if pid not in _GROUPS]
             if not orphans:
                 return
             for pid in orphans:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    group = os.getpgid(pid)
+                    if group != ours and group not in _GROUPS:
+                        os.killpg(group, signal.SIGKILL)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             for pid in orphans:

@@ -304,3 +304,39 @@ def test_a_daemons_whole_tree_is_ended_with_the_run(jit_only_so: Path, tmp_path:
     left = [int(p.read_text()) for p in pids.iterdir()]
     assert len(left) == 2
     assert not [pid for pid in left if _alive(pid)], "a daemon's child outlived the run"
+
+
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
+@pytest.mark.parametrize("each_level", [False, True], ids=["one-group", "setsid-each-level"])
+def test_a_chain_deeper_than_any_count_of_sweeps_is_ended(jit_only_so: Path, tmp_path: Path,
+                                                          each_level: bool) -> None:
+    """Red team round 5: ptxas leaves a daemon that nests 300 generations, in one new group
+    or in a new session at each level; every one ends with the run (a fixed count of sweeps,
+    one generation each, left 37 alive)."""
+    chain = tmp_path / "chain.py"
+    chain.write_text(
+        "import os, time\nos.setsid()\n"
+        f"for depth in range(300):\n    if os.fork() != 0:\n"
+        "        while True: time.sleep(100)\n"
+        f"    {'os.setsid()' if each_level else 'pass'}\n"
+        f"    open({str(tmp_path / 'pids')!r} + '/' + str(os.getpid()), 'w').close()\n"
+        "while True: time.sleep(100)\n")
+    (tmp_path / "pids").mkdir()
+    home = tmp_path / "cuda"
+    home.mkdir()
+    _toolchain(home, f"{sys.executable} {chain} >/dev/null 2>&1 </dev/null &\n"
+               f"while [ $(ls {tmp_path / 'pids'} | wc -l) -lt 300 ]; do sleep 0.1; done\n"
+               "exit 1\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "aot", str(jit_only_so), "--out",
+         str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
+         "--target", "sm_121"], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 2, done.stderr
+    time.sleep(0.3)
+    left = [int(p.name) for p in (tmp_path / "pids").iterdir()]
+    assert len(left) >= 300  # (ptxas may run once for each module)
+    alive = [pid for pid in left if _alive(pid)]
+    for pid in alive:  # never leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"{len(alive)} of a 300-deep chain outlived the run"
