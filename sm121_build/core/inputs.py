@@ -114,7 +114,7 @@ def walk(top: str | os.PathLike[str], onerror: Callable[[OSError], None] | None 
 def read_input(path: str | os.PathLike[str], limit: int, what: str = "input") -> bytes:
     """A regular file's bytes, when it holds at most `limit` of them (else refused before
     anything is read), read in windows."""
-    with opened(path, what) as (fd, size):
+    with opened(path, what) as (fd, size), _reading(path, what):
         if size > limit:
             raise InputRefused(f"{path}: {what} holds {size} bytes, more than the {limit} "
                                "it may")
@@ -123,8 +123,21 @@ def read_input(path: str | os.PathLike[str], limit: int, what: str = "input") ->
 
 def read_head(path: str | os.PathLike[str], count: int, what: str = "input") -> bytes:
     """The first `count` bytes (or fewer: the whole file) of a regular file."""
-    with opened(path, what) as (fd, _size):
+    with opened(path, what) as (fd, _size), _reading(path, what):
         return os.read(fd, count)
+
+
+@contextlib.contextmanager
+def _reading(path: str | os.PathLike[str], what: str) -> Iterator[None]:
+    """A read the disk refuses (EIO, a file on a lost mount) is this file's refusal, named:
+    the other files of a folder are still read."""
+    try:
+        yield
+    except InputRefused:
+        raise
+    except OSError as exc:
+        raise InputRefused(f"{path}: {what} cannot be read: {exc.strerror or exc}") \
+            from None
 
 
 def _read_exactly(fd: int, size: int, where: str) -> bytes:

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -361,6 +362,35 @@ def test_one_bad_file_is_one_line_and_every_other_file_is_done(
     assert "bad.so" in one_line_error(done)
     assert (tmp_path / "o" / "good.so").is_file()
     assert not (tmp_path / "o" / "bad.so").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a file whose reads fail (EIO) is made by a bind mount: root only")
+def test_a_file_the_disk_cannot_read_is_named_and_the_others_are_done(
+        jit_so: Path, tmp_path: Path, home: dict[str, str]) -> None:
+    """Red team round 5: a file whose read fails with EIO (another process's /proc/PID/mem
+    bind-mounted onto it, in a mount namespace of the test's own: what a failing disk
+    gives) was `error: Input/output error`, naming no file, the rest of the folder undone.
+    It is listed as unreadable by name; every other file is audited."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "good.so").write_bytes(jit_so.read_bytes())
+    (folder / "bad.so").write_bytes(b"")
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        done = subprocess.run(
+            ["unshare", "-m", "sh", "-c", 'mount --make-rprivate / && mount --bind "$1" "$2" '
+             '&& exec "$3" -m sm121_build audit --json "$4"', "sh",
+             f"/proc/{sleeper.pid}/mem", str(folder / "bad.so"), sys.executable, str(folder)],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, **home})
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert "unreadable: bad.so: not read: input cannot be read: Input/output error" \
+        in done.stderr, done.stderr
+    assert done.returncode == 2 and "1 of 2 file(s)" in done.stderr
+    assert [b["name"] for b in json.loads(done.stdout)["binaries"]] == ["good.so"]
 
 
 # -- trust ---------------------------------------------------------------------------------------
