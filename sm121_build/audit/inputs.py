@@ -40,13 +40,19 @@ from sm121_build.audit.owners import (
 )
 from sm121_build.core.console import Progress, notice, shown
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
-from sm121_build.core.inputs import InputRefused, open_file, read_head, read_input, walk
+from sm121_build.core.inputs import (
+    Inflated,
+    InputRefused,
+    open_file,
+    read_head,
+    read_input,
+    walk,
+)
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
 from sm121_build.cuda.wheel import (
-    Inflated,
     checked_members,
     member_name,
     require_honest_size,

@@ -191,6 +191,36 @@ def kind_of(path: str | os.PathLike[str]) -> Literal["file", "folder", "missing"
     return "folder" if stat.S_ISDIR(mode) else "other"
 
 
+# -- what an archive may write out -----------------------------------------------------------
+
+# an archive (a wheel, an image tarball) may inflate to at most this many times its stored
+# bytes (a shared object compresses 3-10x, an image layer 2-4x; a bomb thousands of times),
+# once past the floor
+MAX_RATIO = 200
+RATIO_FLOOR = 64 << 20
+
+
+class Inflated:
+    """What a reader of one archive has written out or held so far, against its budget:
+    `MAX_RATIO` times the archive's own bytes, past the floor (many members, each under a
+    per-member rule, or one hard-linked many times, still cannot fill the disk from a small
+    archive).  Threads share it."""
+
+    def __init__(self, source: Path, stored: int, what: str = "wheel") -> None:
+        self.source = source
+        self.what = what
+        self.left = MAX_RATIO * stored + RATIO_FLOOR
+        self.lock = threading.Lock()
+
+    def take(self, count: int) -> None:
+        with self.lock:
+            self.left -= count
+            if self.left < 0:
+                raise CorruptBinaryError(
+                    f"{self.source}: its members inflate to more than {MAX_RATIO}x the "
+                    f"{self.what}'s bytes (a decompression bomb); refused")
+
+
 # -- the one way to decompress ---------------------------------------------------------------
 
 Compression = Literal["lz4", "zstd"]

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import posixpath
 import re
-import threading
 import zipfile
 from pathlib import Path
 
 from sm121_build.core.errors import CorruptBinaryError
+from sm121_build.core.inputs import MAX_RATIO, RATIO_FLOOR
 
 _ODD = re.compile(r"[\x00-\x1f\x7f\\]")
-# a member may inflate to at most this many times its stored bytes (a shared object
-# compresses 3-10x; a bomb thousands of times), once larger than the floor
-MAX_RATIO = 200
-RATIO_FLOOR = 64 << 20
 
 
 def member_name(name: str) -> str:
@@ -82,21 +78,3 @@ def checked_members(wheel: zipfile.ZipFile, source: Path) -> list[zipfile.ZipInf
     record_of(infos, source)
     return infos
 
-
-class Inflated:
-    """What a reader of one wheel has written out or held so far, against its budget:
-    `MAX_RATIO` times the wheel's own bytes, past the floor (many members, each under the
-    per-member rule, still cannot fill the disk from a small wheel).  Threads share it."""
-
-    def __init__(self, source: Path, stored: int) -> None:
-        self.source = source
-        self.left = MAX_RATIO * stored + RATIO_FLOOR
-        self.lock = threading.Lock()
-
-    def take(self, count: int) -> None:
-        with self.lock:
-            self.left -= count
-            if self.left < 0:
-                raise CorruptBinaryError(
-                    f"{self.source}: its members inflate to more than {MAX_RATIO}x the "
-                    "wheel's bytes (a zip bomb); refused")

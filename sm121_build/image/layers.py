@@ -9,8 +9,8 @@ layers.  https://github.com/opencontainers/image-spec/blob/main/layer.md#whiteou
 from __future__ import annotations
 
 import json
+import os
 import posixpath
-import shutil
 import tarfile
 import zlib
 from collections.abc import Callable
@@ -21,7 +21,7 @@ from typing import IO, Any, BinaryIO, Literal, cast
 import zstandard
 
 from sm121_build.core.errors import Sm121Error
-from sm121_build.core.inputs import open_file
+from sm121_build.core.inputs import Inflated, open_file
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -161,6 +161,23 @@ class Filesystem:
     files: set[str] = field(default_factory=set)
     extracted: set[str] = field(default_factory=set)
     broken: dict[str, str] = field(default_factory=dict)  # wanted path -> why it is unreadable
+    budget: Inflated | None = None  # what the wanted files may hold in all (links included)
+
+    def write(self, source: IO[bytes], target: Path) -> None:
+        """A member's bytes to `target`, each chunk taken from the budget first."""
+        with source, open(target, "wb") as out:
+            while chunk := source.read(1 << 20):
+                if self.budget is not None:
+                    self.budget.take(len(chunk))
+                out.write(chunk)
+
+    def link(self, existing: Path, target: Path) -> None:
+        """A hard link's file: the same inode (no second copy on disk), its bytes taken from
+        the budget all the same (each name is read again when audited)."""
+        if self.budget is not None:
+            self.budget.take(existing.stat().st_size)
+        target.unlink(missing_ok=True)
+        os.link(existing, target)
 
     def remove(self, path: str, keep_dir: bool = False) -> None:
         prefix = path.rstrip("/") + "/" if path else ""
@@ -212,8 +229,9 @@ class _Capped:
 def _extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
                    platform: str | None,
                    progress: Callable[[int], None] | None) -> Filesystem:
-    fs = Filesystem(dest)
     tarball = open_file(archive, "image tarball")
+    fs = Filesystem(dest, budget=Inflated(archive, os.fstat(tarball.fileno()).st_size,
+                                          "image tarball"))
     magic = tarball.read(6)
     # plain, gzip'd or bzip2'd, chosen by the magic: never "r:*", which would try lzma, whose
     # decoder's memory (an xz or legacy .lzma header's dictionary) is the file's to choose
@@ -286,7 +304,7 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
         if member.islnk():  # a stream cannot seek back: copy the file the link names
             linked = _safe_relpath(member.linkname)
             if linked in fs.extracted:
-                shutil.copy(fs.root / linked, target)
+                fs.link(fs.root / linked, target)
                 fs.extracted.add(path)
             elif linked:
                 pending.setdefault(linked, []).append(path)
@@ -294,8 +312,7 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
         source = layer.extractfile(member)
         if source is None:
             continue
-        with source, open(target, "wb") as out:
-            shutil.copyfileobj(source, out, 1 << 20)
+        fs.write(source, target)
         target.chmod(member.mode & 0o755 | 0o600)  # the image's mode, readable by us
         fs.extracted.add(path)
     return pending
@@ -313,12 +330,11 @@ def _resolve_links(layer: tarfile.TarFile, fs: Filesystem, pending: dict[str, li
             continue
         first, *others = links
         target = fs.root / first
-        with source, open(target, "wb") as out:
-            shutil.copyfileobj(source, out, 1 << 20)
+        fs.write(source, target)
         target.chmod(member.mode & 0o755 | 0o600)
         fs.extracted.add(first)
         for other in others:
-            shutil.copy(target, fs.root / other)
+            fs.link(target, fs.root / other)
             fs.extracted.add(other)
         if not pending:
             return

@@ -11,6 +11,8 @@ runs, times under 50 ms counted as 50 ms: noise) or stay under a memory bound.
 from __future__ import annotations
 
 import os
+import tempfile
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -147,3 +149,69 @@ def test_what_a_run_holds_inflated_at_once_is_bounded(tmp_path: Path,
     peak_one, peak_two = _peak(lambda: _kernels(one)), _peak(lambda: _kernels(two))
     assert peak_two < 96 * MiB, f"{peak_two / MiB:.0f} MiB held at once"
     assert peak_two <= 1.5 * peak_one, f"{peak_two / MiB:.0f} MiB vs {peak_one / MiB:.0f}"
+
+
+# -- 6: what an image tarball's layers may write out -----------------------------------------
+def _disk_peak(folder: Path, call: Callable[[], object]) -> tuple[int, BaseException | None]:
+    """The most bytes (blocks on disk) `folder` held while `call` ran, and what it raised."""
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            used = sum(os.lstat(os.path.join(d, f)).st_blocks * 512
+                       for d, _dirs, files in os.walk(folder) for f in files)
+            peak[0] = max(peak[0], used)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    raised: BaseException | None = None
+    try:
+        call()
+    except CorruptBinaryError as exc:
+        raised = exc
+    finally:
+        stop.set()
+        watcher.join()
+    return peak[0], raised
+
+
+@pytest.mark.parametrize("links", [0, 60], ids=["one-member", "hard-links"])
+def test_an_image_tarballs_layers_write_out_a_bounded_multiple_of_it(
+        tmp_path: Path, links: int, monkeypatch: pytest.MonkeyPatch,
+        jit_only_so: Path) -> None:
+    """Red team round 5: a 0.3 MB tarball whose .so has 60 hard links wrote 1.34 GB (each
+    link a full copy); a 1.8 MB one with one member of zeros wrote 1.55 GB.  What the
+    wanted files hold in all (links counted) is bounded by `MAX_RATIO` times the tarball,
+    past the floor; a link is the same inode on disk."""
+    from devkit.imagetar import HardLink
+
+    padded = jit_only_so.read_bytes() + bytes((30 if links else 200) * MiB)
+    pkg = "usr/lib/python3/dist-packages/pkg"
+    layer: dict[str, bytes | HardLink | None] = {f"{pkg}/base.so": padded}
+    layer.update({f"{pkg}/l{k}.so": HardLink(f"{pkg}/base.so") for k in range(links)})
+    image = oci_layout(tmp_path / "image.tar", [layer])
+    work = tmp_path / "tmp"
+    work.mkdir()
+    monkeypatch.setenv("TMPDIR", str(work))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    bound = core_inputs.MAX_RATIO * image.stat().st_size + core_inputs.RATIO_FLOOR
+    peak, raised = _disk_peak(work, lambda: _read(image))
+    assert raised is not None and "a decompression bomb" in str(raised), raised
+    assert peak <= bound + 2 * MiB, f"{peak / MiB:.0f} MiB on disk, bound {bound / MiB:.0f}"
+    assert list(work.iterdir()) == []
+
+
+def test_an_honest_hard_link_is_read_as_its_file(tmp_path: Path, jit_only_so: Path) -> None:
+    """The bound takes nothing from an image with a few linked libraries: each name is
+    audited, and on disk the link shares its file's blocks."""
+    from devkit.imagetar import HardLink
+
+    pkg = "usr/lib/python3/dist-packages/pkg"
+    image = oci_layout(tmp_path / "image.tar", [{
+        f"{pkg}/a.so": jit_only_so.read_bytes(), f"{pkg}/b.so": HardLink(f"{pkg}/a.so")}])
+    with binaries(str(image)) as found:
+        named = {Path(b.name).name: b.path for b in found}
+        assert set(named) == {"a.so", "b.so"}
+        assert os.stat(named["a.so"]).st_ino == os.stat(named["b.so"]).st_ino
