@@ -201,7 +201,8 @@ def test_many_small_members_cannot_fill_the_temp_folder(tmp_path: Path) -> None:
     assert wheel.stat().st_size < 1 << 20
     done = _cli("audit", str(wheel))
     assert done.returncode == 2
-    assert "its members inflate to more than 200x the wheel's bytes (a decompression bomb)" in done.stderr
+    assert "its members inflate to more than 200x the wheel's bytes (a decompression " \
+        "bomb)" in done.stderr
 
 
 @pytest.mark.parametrize("hashed", ["", "md5=abc", "foo=bar", "sha512=AAAA"])
