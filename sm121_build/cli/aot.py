@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.inputs import gpu_name, seconds_value
+from sm121_build.cli.inputs import Count, gpu_name, seconds_value
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import parse_target
@@ -62,7 +62,7 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
 @click.option("--cuda-home", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Where ptxas and fatbinary are (DIR/bin) [default: $CUDA_HOME, PATH, "
                    "PyPI's nvidia-cuda-nvcc, /usr/local/cuda]")
-@click.option("-j", "--jobs", type=click.IntRange(1, 1024),
+@click.option("-j", "--jobs", type=Count(1, 1024),
               default=lambda: len(os.sched_getaffinity(0)),
               help="Cores ptxas may use (processes, and --split-compile threads) "
                    "[default: every core]")

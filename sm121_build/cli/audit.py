@@ -12,7 +12,7 @@ import click
 
 from sm121_build.audit import report
 from sm121_build.audit.inputs import AuditedFile, Reading, binaries
-from sm121_build.cli.inputs import cuda_version, gpu_name, require_writable
+from sm121_build.cli.inputs import cuda_version, gpu_name, platform_value, require_writable
 from sm121_build.core.console import md, notice, results_to_stderr, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.interrupts import held
@@ -104,7 +104,8 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
               help="Exit 1 when any kernel would load worse than this.")
 @click.option("--include", multiple=True, metavar="GLOB",
               help="Only .so paths matching GLOB (repeatable), e.g. '*/vllm/*'.")
-@click.option("--platform", help="Platform to read from a multi-platform OCI tarball.")
+@click.option("--platform", callback=platform_value,
+              help="Platform to read from a multi-platform OCI tarball (linux/arm64).")
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help="Also append a Markdown table to this file (e.g. $GITHUB_STEP_SUMMARY).")
 @click.option("--source", type=click.Path(path_type=Path),

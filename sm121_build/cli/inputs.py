@@ -139,7 +139,43 @@ def extension_names(ctx: click.Context | None, param: click.Parameter | None,
     return value
 
 
-JOBS = click.IntRange(min=1, max=4096)
+class Count(click.ParamType[int]):
+    """A whole number from `low` to `high`, in ASCII decimal digits: click's own int takes
+    what Python's int() takes (`1_0`, Arabic-Indic and fullwidth digits, spaces around)."""
+
+    name = "integer"
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            number = value
+        elif not (isinstance(value, str) and _DIGITS.fullmatch(value)):
+            self.fail(f"{value!r}: expected a whole number from {self.low} to {self.high} "
+                      "in the digits 0-9", param, ctx)
+        else:
+            number = int(value)
+        if not self.low <= number <= self.high:
+            self.fail(f"{number} is not in the range {self.low}-{self.high}", param, ctx)
+        return number
+
+
+_DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
+JOBS = Count(1, 4096)
+
+
+_PLATFORM = re.compile(r"[a-z0-9]{1,32}/[a-z0-9_]{1,32}(?:/[a-z0-9]{1,16})?", re.ASCII)
+
+
+def platform_value(ctx: click.Context | None, param: click.Parameter | None,
+                   value: str | None) -> str | None:
+    """An OCI platform (`linux/arm64`, `linux/arm64/v8`), checked before any work."""
+    if value is not None and not _PLATFORM.fullmatch(value):
+        raise click.BadParameter(f"{value!r}: expected OS/ARCH or OS/ARCH/VARIANT, as "
+                                 "linux/arm64 or linux/arm64/v8")
+    return value
 
 
 def seconds_value(ctx: click.Context | None, param: click.Parameter | None,

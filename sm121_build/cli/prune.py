@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
+from sm121_build.cli.inputs import Count
 from sm121_build.core.console import say, shown
 from sm121_build.image.engine import Engine
 from sm121_build.jobs.commands.prune import prune
 
 
 @click.command(name="prune")
-@click.option("--keep", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--keep", type=Count(1, 1_000_000), default=3, show_default=True,
               help="Keep the newest N (>= 1) images this tool built on this machine.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 def prune_command(keep: int, dry_run: bool) -> None:

@@ -59,7 +59,7 @@ def seconds(raw: str) -> float:
     most `MAX_S`, else a ValueError saying `SECONDS_RULE`; the one rule for every one."""
     # Decimal ASCII digits with an optional fraction: float() alone takes fullwidth and
     # Arabic-Indic digits, `1_0`, `0x`-free exponents and `inf`.
-    text = raw.strip()
+    text = raw.strip(" \t")  # str.strip() also takes \x1c-\x1f and \x85
     value = float(text) if _DECIMAL.fullmatch(text) else math.nan
     if not (0 < value <= MAX_S):  # NaN compares false: refused with inf and 1e300
         raise ValueError(SECONDS_RULE)
@@ -67,7 +67,7 @@ def seconds(raw: str) -> float:
 
 
 def _seconds(environ: Mapping[str, str], variable: str, default: float) -> float:
-    raw = environ.get(variable, "").strip()
+    raw = environ.get(variable, "").strip(" \t")
     if not raw:
         return default
     try:

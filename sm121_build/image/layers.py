@@ -120,23 +120,36 @@ def _member_name(outer: tarfile.TarFile, name: str, archive: Path) -> str:
 
 def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
                      archive: Path) -> dict[str, Any]:
+    """The manifest of the platform asked for (`os/arch`, or `os/arch/variant`), or the one
+    real platform when none is asked for; a platform asked for and not held is refused,
+    never read as another.  A lone manifest that names no platform (docker save's) is read
+    as it is."""
     if not manifests:
         raise _bad(archive, "index.json lists no manifests")
-    if len(manifests) == 1:
-        return manifests[0]
-    found = {}
+    found: dict[str, dict[str, Any]] = {}
     for entry in manifests:
-        plat = entry.get("platform") or {}
+        plat = entry.get("platform")
+        if not isinstance(plat, dict):
+            continue
         name = f"{plat.get('os', '?')}/{plat.get('architecture', '?')}"
         if name != "unknown/unknown":  # attestation manifests
             found[name] = entry
-    if platform in found:
-        return found[platform]
-    if len(found) == 1:
-        return next(iter(found.values()))
-    raise Sm121Error(
-        f"{archive}: holds several platforms ({', '.join(sorted(found))}); "
-        "pick one with --platform")
+            if plat.get("variant"):
+                found[f"{name}/{plat['variant']}"] = entry
+    if len(manifests) == 1 and not found:
+        return manifests[0]
+    if platform is not None:
+        if platform in found:
+            return found[platform]
+        raise Sm121Error(f"{archive}: holds no {platform} image (it holds "
+                         f"{', '.join(sorted(found)) or 'no platform it names'})")
+    real = list({id(entry): entry for entry in found.values()}.values())
+    if len(real) == 1:
+        return real[0]
+    if len(manifests) == 1:
+        return manifests[0]
+    raise Sm121Error(f"{archive}: holds several platforms ({', '.join(sorted(found))}); "
+                     "pick one with --platform")
 
 
 def _open_layer(handle: IO[bytes]) -> tarfile.TarFile:

@@ -261,3 +261,40 @@ def test_an_engine_that_answers_no_is_not_a_lost_connection(
     monkeypatch.setattr(cli_module, "check_environment", cut)
     done = CliRunner().invoke(cli_module.cli, ["prune", "--keep", "1"])
     assert done.exit_code == 4 and "lost the connection" in done.output, done.output
+
+
+@pytest.mark.parametrize("args", [("aot", "X", "--out", "O", "-j", "\u0661"),
+                                  ("aot", "X", "--out", "O", "-j", "1_0"),
+                                  ("aot", "X", "--out", "O", "-j", " 2"),
+                                  ("prune", "--keep", "\uff12"),
+                                  ("audit", "X", "--platform", "linux/amd\x1b"),
+                                  ("audit", "X", "--platform", "arm64"),
+                                  ("aot", "X", "--out", "O", "--timeout", "5\x1c")])
+def test_counts_and_platforms_keep_the_rule_of_durations(args: tuple[str, ...],
+                                                         tmp_path: Path) -> None:
+    """Red team round 5: `-j ١`, `--keep ２`, `-j 1_0` were taken (click's int is Python's
+    int()), `--platform` was never checked, `--timeout 5\\x1c` was stripped to 5: each is one
+    line at the command line, before the input is opened."""
+    named = [str(tmp_path / "x.so") if a == "X" else str(tmp_path / "o") if a == "O" else a
+             for a in args]
+    line = one_line_error(cli(*named, env={"DOCKER_HOST": "unix:///nonexistent.sock"}),
+                          alone=True)
+    assert "Invalid value for" in line
+
+
+def test_a_platform_the_tarball_does_not_hold_is_refused_not_read_as_another(
+        tmp_path: Path, jit_only_so: Path) -> None:
+    """Red team round 5: `--platform linux/amd64` on a tarball of linux/arm64 alone (and an
+    attestation) audited the arm64 image and said nothing."""
+    from devkit.imagetar import oci_layout
+
+    image = oci_layout(tmp_path / "one.tar", [{
+        "usr/lib/python3/dist-packages/vllm/_C.abi3.so": jit_only_so.read_bytes()}])
+    line = one_line_error(cli("audit", str(image), "--platform", "linux/amd64"))
+    assert "holds no linux/amd64 image (it holds linux/arm64)" in line
+    done = cli("audit", "--json", str(image), "--platform", "linux/arm64")
+    assert done.returncode == 0, done.stderr
+    two = oci_layout(tmp_path / "two.tar", [{"a.so": jit_only_so.read_bytes()}],
+                     platforms=("linux/arm64", "linux/amd64"))
+    assert "pick one with --platform" in one_line_error(cli("audit", str(two)))
+    assert cli("audit", str(two), "--platform", "linux/amd64").returncode == 0
