@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "system"
 
@@ -26,7 +28,8 @@ def _machine(tmp_path: Path, installed: set[str], running: bool,
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     listed = " ".join(sorted(installed))
-    _stub(bin_dir, "dpkg", f'for p in {listed}; do [ "$2" = "$p" ] && exit 0; done\nexit 1\n')
+    _stub(bin_dir, "dpkg-query", f'for p in {listed}; do [ "$3" = "$p" ] && '
+          'printf "install ok installed" && exit 0; done\nexit 1\n')
     _stub(bin_dir, "apt-get", "exit 0\n")
     _stub(bin_dir, "docker", f"exit {0 if running else 1}\n")
     _stub(bin_dir, "sudo", '"$@"\n')
@@ -39,9 +42,9 @@ def _machine(tmp_path: Path, installed: set[str], running: bool,
         found = shutil.which(tool)
         if found:
             (bin_dir / tool).symlink_to(found)
-    # DOCKER_HOST names the one engine the script may look for: a socket in the test's folder
+    # the one place the script may look for an engine's socket: in the test's folder
     return {"PATH": str(bin_dir), "CALLS": str(tmp_path / "calls"), "HOME": str(tmp_path),
-            "DOCKER_HOST": f"unix://{tmp_path}/run/docker.sock"}
+            "SM121_CI_SOCKETS": f"{tmp_path}/run/docker.sock"}
 
 
 def _run(env: dict[str, str]) -> tuple[int, str, list[str]]:
@@ -136,3 +139,65 @@ def test_a_stale_socket_beside_docker_ce_is_the_users_to_start(tmp_path: Path) -
     assert code == 1
     assert "docker-ce is installed but its engine is not running" in out, out
     assert not any(c.startswith("dockerd") for c in calls), calls
+
+
+# -- red team round 5 --------------------------------------------------------------------------
+@pytest.mark.parametrize("named", [{"DOCKER_HOST": "tcp://10.0.0.5:2376"},
+                                   {"DOCKER_HOST": "ssh://me@build-host"},
+                                   {"DOCKER_CONTEXT": "remote"}])
+def test_an_engine_the_user_names_is_theirs_and_nothing_is_installed_for_it(
+        tmp_path: Path, named: dict[str, str]) -> None:
+    """A remote engine (DOCKER_HOST tcp:// or ssh://, a context) that answers, with only
+    Docker's CLI installed: docker.io (which conflicts with docker-ce-cli) is never asked
+    for; when it does not answer, no local engine is started in its place."""
+    env = {**_machine(tmp_path, {"docker-ce-cli", *EVERYTHING}, running=True), **named}
+    code, out, calls = _run(env)
+    assert code == 0, out
+    assert not any(c.startswith("apt-get install") and "docker.io" in c for c in calls), calls
+    (tmp_path / "calls").unlink(missing_ok=True)
+    down = tmp_path / "down"
+    down.mkdir()
+    env = {**_machine(down, {"docker.io", *EVERYTHING}, running=False, dockerd=True), **named}
+    code, out, calls = _run(env)
+    assert code == 1 and "does not answer" in out and "starts no engine" in out, out
+    assert not any(c.startswith(("dockerd", "nohup")) for c in calls), calls
+
+
+def test_a_docker_context_chosen_in_the_users_config_is_theirs(tmp_path: Path) -> None:
+    env = _machine(tmp_path, {"docker.io", *EVERYTHING}, running=False, dockerd=True)
+    (tmp_path / ".docker").mkdir()
+    (tmp_path / ".docker" / "config.json").write_text('{"currentContext": "spark"}')
+    code, out, calls = _run(env)
+    assert code == 1 and "docker context chosen in" in out, out
+    assert not any(c.startswith(("dockerd", "nohup")) for c in calls), calls
+
+
+def test_a_package_removed_with_its_configuration_left_is_not_installed(
+        tmp_path: Path) -> None:
+    """`dpkg -s` succeeds for "deinstall ok config-files": git and docker-ce so removed
+    are missing (git is installed; docker-ce is no engine to wait for)."""
+    env = _machine(tmp_path, {"docker-registry", "debootstrap", "shellcheck", "openssl"},
+                   running=False, dockerd=True)
+    query = Path(env["PATH"]) / "dpkg-query"
+    query.write_text(query.read_text().replace(
+        "exit 1\n", 'case "$3" in git|docker-ce) printf "deinstall ok config-files"; exit 0;; '
+        "esac\nexit 1\n", 1))
+    _code, out, calls = _run(env)
+    installs = [c for c in calls if c.startswith("apt-get install")]
+    assert installs and " git" in installs[0], calls
+    assert "docker-ce is installed" not in out, out
+
+
+def test_no_home_and_no_sudo_are_one_line_each(tmp_path: Path) -> None:
+    env = _machine(tmp_path, {"docker-ce", *EVERYTHING}, running=True)
+    del env["HOME"]
+    code, out, _calls = _run(env)
+    assert code == 0 and "unbound variable" not in out, out
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    env = _machine(bare, {"docker-ce"}, running=True)
+    (Path(env["PATH"]) / "sudo").unlink()
+    (Path(env["PATH"]) / "id").unlink()
+    _stub(Path(env["PATH"]), "id", 'case "$1" in -u) echo 1000;; -un) echo alice;; esac\n')
+    code, out, _calls = _run(env)
+    assert code == 1 and "needs root, and there is no sudo here" in out, out
