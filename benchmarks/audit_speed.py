@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devkit.helpers import CACHE, cuobjdump, median_timed, pypi_download  # noqa: E402
-from sm121_build.audit.inputs import binaries  # noqa: E402
+from sm121_build.audit.unpack import binaries  # noqa: E402
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing  # noqa: E402
 
 FILES = ("vllm/_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so")

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.audit.inputs import binaries  # noqa: E402
+from sm121_build.audit.unpack import binaries  # noqa: E402
 from sm121_build.cuda.binary import (  # noqa: E402
     SPARK,
     audit_binary,

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devkit.helpers import CACHE, median_timed, pyelftools_dynsym, pypi_download  # noqa: E402
-from sm121_build.cuda.fatbin import dynamic_symbols  # noqa: E402
+from sm121_build.cuda.dynsym import dynamic_symbols  # noqa: E402
 
 LIBRARIES = ("libc10.so", "libtorch_cpu.so", "libtorch_cuda.so", "libtorch_python.so")
 

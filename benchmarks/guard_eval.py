@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from devkit.helpers import CACHE, median_timed, pypi_download  # noqa: E402
 from sm121_build.source import guards  # noqa: E402
-from sm121_build.source.patch import PatchFor, RuleResult, apply_all  # noqa: E402
+from sm121_build.source.guard_rules import PatchFor, RuleResult, apply_all  # noqa: E402
 
 
 def _launcher_each_time() -> str:

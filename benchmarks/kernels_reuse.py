@@ -48,7 +48,7 @@ from sm121_build.cuda.binary import (  # noqa: E402
 from sm121_build.image.engine import Engine  # noqa: E402
 from sm121_build.image.facts import inspect_image, require_vllm  # noqa: E402
 from sm121_build.jobs.formats.artifacts import Provenance, export  # noqa: E402
-from sm121_build.source.patch import rules_digest  # noqa: E402
+from sm121_build.source.guard_rules import rules_digest  # noqa: E402
 
 # `_moe_C` only: the real `_C` of the wheel holds 42 kernels with sm_120a code alone, which a
 # GB10 rebuild compiles for sm_121 and verification rightly misses in the wheel's own file

@@ -50,10 +50,10 @@ SUITES: dict[str, list[str]] = {
                                       f"{U}test_audit_tus.py", f"{U}test_cli_audit.py"],
     "sm121_build/verify/checks.py": [f"{U}test_verify_checks.py", f"{U}test_pipeline.py",
                                      f"{U}test_verify_promises.py"],
-    "sm121_build/jobs/commands/prune.py": [f"{U}test_tag_safety.py"],
+    "sm121_build/jobs/commands/pruning.py": [f"{U}test_tag_safety.py"],
     "sm121_build/image/refs.py": [f"{U}test_refs.py"],
     "sm121_build/jobs/commands/main_job.py": [f"{U}test_content_key.py"],  # with --only content_key
-    "sm121_build/source/patch.py": [f"{U}test_patch.py", f"{U}test_guard_rules.py",
+    "sm121_build/source/guard_rules.py": [f"{U}test_patch.py", f"{U}test_guard_rules.py",
                                     f"{U}test_flash_attn_rule.py"],
     "sm121_build/source/guards.py": [f"{U}test_guards.py", f"{U}test_guard_rules.py",
                                      f"{U}test_flash_attn_rule.py", f"{U}test_cmake_lang.py"],

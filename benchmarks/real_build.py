@@ -42,8 +42,7 @@ sys.path.insert(0, str(ROOT))
 from sm121_build.cuda.binary import SPARK, Policy, audit_binary  # noqa: E402
 from sm121_build.cuda.compat import SM121, parse_target  # noqa: E402
 from sm121_build.jobs.payload.build_extensions import PTXAS_FP4  # noqa: E402
-from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
-from sm121_build.source.patch import (  # noqa: E402
+from sm121_build.source.guard_rules import (  # noqa: E402
     PatchFor,
     apply_all,
     apply_macros,
@@ -51,6 +50,7 @@ from sm121_build.source.patch import (  # noqa: E402
     covered,
     read_source_version,
 )
+from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.verify.checks import check_abi, torch_exports  # noqa: E402
 
 LOAD_SNIPPET = """

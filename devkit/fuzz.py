@@ -69,7 +69,8 @@ def host_binary(data: bytes, tmp: Path) -> object:
     """`cuda/fatbin.HostBinary` (what `audit` reads): entries, every payload inflated, the
     kernels of each; and the dynamic symbols verification compares."""
     from sm121_build.cuda.binary import SPARK, audit_binary
-    from sm121_build.cuda.fatbin import HostBinary, dynamic_symbols
+    from sm121_build.cuda.dynsym import dynamic_symbols
+    from sm121_build.cuda.fatbin import HostBinary
 
     path = _file(tmp, "x.so", data)
     with HostBinary.open(path) as binary:
@@ -112,9 +113,9 @@ def fatbin_entry(data: bytes, tmp: Path) -> object:
 def wheel_audit(data: bytes, tmp: Path) -> object:
     """A wheel (zip) as `audit` and `aot` read it: members extracted by their first bytes,
     each audited; and aot's member reader and RECORD rewrite."""
-    from sm121_build.audit.inputs import binaries
+    from sm121_build.audit.unpack import binaries
     from sm121_build.cuda.binary import SPARK, audit_binary
-    from sm121_build.jobs.commands.aot import (
+    from sm121_build.jobs.commands.aot_files import (
         _read_record,
         _record_text,
         elf_members,
@@ -137,8 +138,8 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
 def image_tarball(data: bytes, tmp: Path) -> object:
     """A `docker save` or OCI layout tarball (`audit FILE.tar`): its index, manifests,
     config and layers applied; then the audit's own reading of it, whose `.dist-info`
-    RECORDs name each file's package (`audit/owners.py`)."""
-    from sm121_build.audit.inputs import binaries
+    RECORDs name each file's package (`audit/distributions.py`)."""
+    from sm121_build.audit.unpack import binaries
     from sm121_build.image.layers import extract_files
 
     path = _file(tmp, "x.tar", data)
@@ -179,7 +180,7 @@ def cmake_reader(data: bytes, tmp: Path) -> object:
     from sm121_build.core.vllm import projects
     from sm121_build.source.cmake_lang import commands
     from sm121_build.source.external import read_pin, source_targets
-    from sm121_build.source.owners import defined_targets
+    from sm121_build.source.guard_targets import defined_targets
     from sm121_build.source.ptx_sass import _macro_end
 
     text = data.decode("utf-8", errors="surrogateescape")

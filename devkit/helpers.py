@@ -251,7 +251,7 @@ def vllm_like_tree(tmp_path: Path, cmakelists: str | None = "", utils_extra: str
 
 def pyelftools_dynsym(path: Path) -> tuple[set[str], set[str]]:
     """(undefined, exported) of `.dynsym` through pyelftools' own symbol objects, one at a
-    time: the reader `fatbin.dynamic_symbols` replaced (~20x slower), kept as its oracle."""
+    time: the reader `dynsym.dynamic_symbols` replaced (~20x slower), kept as its oracle."""
     from elftools.elf.elffile import ELFFile
     from elftools.elf.sections import SymbolTableSection
 

@@ -57,7 +57,7 @@ ENGINE_LIMIT = Reached("image.api:ImageEngine.build", "the engine's calls")
 REGISTRY_LIMIT = Reached("image.registry:Registry._request")
 TAGS = Reached("jobs.framework.pipeline:require_tags_free")
 HOST = Reached("verify.checks:check_host_code")
-PLACED = Reached("jobs.commands.inject:require_known_paths")
+PLACED = Reached("jobs.commands.injection:require_known_paths")
 COMPILED = NotApplicable("compiled in this run from the base's own files: nothing to trust")
 
 ROUTES: tuple[Route, ...] = (
@@ -69,11 +69,11 @@ ROUTES: tuple[Route, ...] = (
         Safeguard.TAG_RULE: TAGS,
         Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
-    Route("aot FILE", ("jobs.commands.aot:run_aot",), {
+    Route("aot FILE", ("jobs.commands.aot_files:run_aot",), {
         Safeguard.PLACEMENT: NotApplicable("places nothing in an image: each result at its own "
                                         "claimed path under --out (core.outputs.Results)"),
         Safeguard.HOST_CODE: Reached("verify.aot_check:check_aot"),
-        Safeguard.TRUST_KEY: Reached("jobs.commands.aot:_cached_entry"),
+        Safeguard.TRUST_KEY: Reached("jobs.commands.aot_files:_cached_entry"),
         Safeguard.TAG_RULE: NotApplicable("tags nothing"),
         Safeguard.TIME_LIMITS: Reached("cuda.ptxas:compile_ptx"),
     }),
@@ -92,7 +92,7 @@ ROUTES: tuple[Route, ...] = (
         Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
     Route("inject --from", ("jobs.commands.kernels_image:fetch_step",
-                            "jobs.commands.inject:run_inject"), {
+                            "jobs.commands.injection:run_inject"), {
         Safeguard.PLACEMENT: PLACED,
         Safeguard.HOST_CODE: HOST,
         Safeguard.TRUST_KEY: Reached("image.cosign:require_signed"),

@@ -106,7 +106,7 @@ def fa2_add_rule(tmp_path_factory: pytest.TempPathFactory,
     the add-rule machinery keeps its tests.  The rule cache is cleared on both sides."""
     import shutil
 
-    from sm121_build.source import patch
+    from sm121_build.source import guard_rules as patch
 
     folder = tmp_path_factory.mktemp("rules")
     shutil.copy2(patch.patches_dir() / "fp4-sm12x-arch-specific.yaml", folder)

@@ -29,7 +29,7 @@ from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import ArchList, Target
 from sm121_build.rebuild.decide import ExtensionPlan, Rebuild, decide_inputs, plan_extensions
-from sm121_build.source.patch import PatchFor, apply_for_build, read_source_version
+from sm121_build.source.guard_rules import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.tree import require_contained
 
 _WHEEL_VERSION = re.compile(r"^vllm-([^-]+)-.*\.whl\Z")

@@ -1,4 +1,4 @@
-"""The `sm121-build` command: a click group; one module per subcommand, options in inputs."""
+"""The `sm121-build` command: a click group; one module per subcommand, options in params."""
 
 from __future__ import annotations
 

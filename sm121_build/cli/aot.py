@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.inputs import Count, gpu_name, seconds_value
+from sm121_build.cli.params import Count, gpu_name, seconds_value
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import parse_target
@@ -94,7 +94,7 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     extensions are aot'd and injected into an untouched copy tagged like the main job's
     (the main job's aot actions, with no source).
     """
-    from sm121_build.jobs.commands.aot import AotRequest, run_aot, say_results
+    from sm121_build.jobs.commands.aot_files import AotRequest, run_aot, say_results
 
     if len(paths) == 1 and not os.path.lexists(paths[0]):
         _aot_image(paths[0], out, (tag, replace_tag), gpu, all_packages)
@@ -130,7 +130,7 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
                gpu: str | None, all_packages: bool) -> None:
     """An image: the main job with its aot actions alone (no source), for the GPU given
     (sm_121 by default, as the main job)."""
-    from sm121_build.cli.inputs import gpu_value, require_outputs
+    from sm121_build.cli.params import gpu_value, require_outputs
     from sm121_build.image.refs import (
         default_tag,
         require_not_base,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import click
 
 from sm121_build.audit import report
-from sm121_build.audit.inputs import AuditedFile, Reading, binaries
-from sm121_build.cli.inputs import cuda_version, gpu_name, platform_value, require_writable
+from sm121_build.audit.unpack import AuditedFile, Reading, binaries
+from sm121_build.cli.params import cuda_version, gpu_name, platform_value, require_writable
 from sm121_build.core.console import md, notice, results_to_stderr, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.interrupts import held

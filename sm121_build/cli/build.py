@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.inputs import (
+from sm121_build.cli.params import (
     JOBS,
     arch_for_gpu,
     extension_names,
@@ -34,7 +34,7 @@ from sm121_build.jobs.commands.main_job import Options
 from sm121_build.jobs.commands.run import Kernels, RunRequest, run_main
 from sm121_build.jobs.framework.session import Reporting
 from sm121_build.source.external import projects_for, require_project_tree
-from sm121_build.source.pin import UPSTREAM, require_vllm_tree
+from sm121_build.source.git_pin import UPSTREAM, require_vllm_tree
 
 REPORT_HELP = "Write what the run did (status, provenance, audit before/after) as JSON."
 SUMMARY_HELP = "Append that report as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")."

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import click
 
-from sm121_build.cli.inputs import JOBS, arch_list, extension_names, gpu_option
+from sm121_build.cli.params import JOBS, arch_list, extension_names, gpu_option
 from sm121_build.core.console import notice, say
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
@@ -15,7 +15,7 @@ from sm121_build.image.refs import IMAGE_ID
 from sm121_build.image.toolchain import require_buildable
 from sm121_build.jobs.formats.render import PlanRequest, plan_for, render_build
 from sm121_build.jobs.framework.pipeline import Pipeline
-from sm121_build.source.pin import version_to_ref
+from sm121_build.source.git_pin import version_to_ref
 
 
 @click.command()

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
-from sm121_build.cli.inputs import gpu_option, require_outputs, trust_key_option
+from sm121_build.cli.params import gpu_option, require_outputs, trust_key_option
 from sm121_build.core.console import results_to_stderr
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
@@ -18,7 +18,7 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.jobs.commands.inject import Destination, run_inject
+from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.kernels_image import fetch_step, gpu_refusal
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.session import Reporting, run_session

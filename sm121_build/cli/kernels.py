@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.inputs import trust_key_option
+from sm121_build.cli.params import trust_key_option
 from sm121_build.core.console import notice, say, say_json, shown
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref

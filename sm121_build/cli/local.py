@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.inputs import JOBS, arch_list, extension_names
+from sm121_build.cli.params import JOBS, arch_list, extension_names
 from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.commands.local import LocalBuild, run_local
+from sm121_build.jobs.commands.local_build import LocalBuild, run_local
 from sm121_build.source.external import require_project_tree
-from sm121_build.source.pin import require_vllm_tree
+from sm121_build.source.git_pin import require_vllm_tree
 
 
 @click.command()

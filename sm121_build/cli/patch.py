@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.inputs import arch_list
+from sm121_build.cli.params import arch_list
 from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import SM121, ArchList, loads_natively
 from sm121_build.source.external import tree_project
-from sm121_build.source.guards import DEFAULT_CUDA, Guard, effective_archs
-from sm121_build.source.patch import (
+from sm121_build.source.git_pin import require_vllm_tree
+from sm121_build.source.guard_rules import (
     PatchFor,
     RuleResult,
     apply_all,
@@ -21,7 +21,7 @@ from sm121_build.source.patch import (
     read_source_version,
     rules_for,
 )
-from sm121_build.source.pin import require_vllm_tree
+from sm121_build.source.guards import DEFAULT_CUDA, Guard, effective_archs
 
 
 def _targets(guard: Guard) -> str:

@@ -8,7 +8,7 @@ import click
 
 from sm121_build.core.console import results_to_stderr, say, say_json, shown
 from sm121_build.jobs.framework.pipeline import Pipeline
-from sm121_build.source.pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
+from sm121_build.source.git_pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
 
 
 @click.command()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from sm121_build.cli.inputs import Count
+from sm121_build.cli.params import Count
 from sm121_build.core.console import say, shown
 from sm121_build.image.engine import Engine
-from sm121_build.jobs.commands.prune import prune
+from sm121_build.jobs.commands.pruning import prune
 
 
 @click.command(name="prune")

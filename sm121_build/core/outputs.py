@@ -1,7 +1,7 @@
 """Files the tool writes for the user (`--report`, `--summary-md`): regular files only.
 
 A symlink, FIFO or device named as an output is refused before any work
-(`cli.inputs.require_writable`); at write time a path that became one since is refused too,
+(`cli.params.require_writable`); at write time a path that became one since is refused too,
 without blocking (a FIFO with no reader would hang the run after its work is done).
 """
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.core.inputs import open_file
+from sm121_build.cuda.dynsym import DynamicSymbols, dynamic_symbols
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import Elf, ElfError, name
-from sm121_build.cuda.fatbin import DynamicSymbols, dynamic_symbols
 
 SHT_DYNAMIC = 6
 DT_NEEDED, DT_INIT, DT_INIT_ARRAYSZ, DT_PREINIT_ARRAYSZ = 1, 12, 27, 32

@@ -42,9 +42,9 @@ from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import Target, entry_verdict, loads_natively
 from sm121_build.source.cmake_lang import read_source
 from sm121_build.source.external import source_targets
+from sm121_build.source.guard_rules import fixable_targets, load_macro_rules
+from sm121_build.source.guard_targets import defined_targets, feeds, guard_owners
 from sm121_build.source.guards import Call, Guard, effective_archs, evaluate, find_calls
-from sm121_build.source.owners import defined_targets, feeds, guard_owners
-from sm121_build.source.patch import fixable_targets, load_macro_rules
 
 NEWEST_DRIVER = (99, 9)  # "could any driver JIT it": only the code's kind and arch matter
 

@@ -75,7 +75,7 @@ def read_pin(vllm_source: Path, project: Project) -> ProjectPin:
 def projects_for(targets: Iterable[str], fa_source: Path | None) -> list[Project]:
     """The external projects whose extensions are built; each must have a rule that builds it
     for sm_12x (flash-attention 3 has none: sm_90a code)."""
-    from sm121_build.source.patch import fixable_targets
+    from sm121_build.source.guard_rules import fixable_targets
 
     found: list[Project] = []
     fixable = fixable_targets()

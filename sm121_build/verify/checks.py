@@ -34,7 +34,8 @@ from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, store_cache
 from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
 from sm121_build.cuda.compat import SM121, Target, cubin_loads
-from sm121_build.cuda.fatbin import Entry, HostBinary, demangle, dynamic_symbols
+from sm121_build.cuda.dynsym import demangle, dynamic_symbols
+from sm121_build.cuda.fatbin import Entry, HostBinary
 from sm121_build.cuda.host import host_side
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep, ImageEngine, ImageFiles, ImageInfo
 from sm121_build.image.facts import ImageFacts, VllmInstall, facts_from_files, require_vllm

@@ -19,7 +19,7 @@ import pytest
 
 from devkit.dirfiles import DirectoryFiles
 from devkit.helpers import CACHE, pypi_download
-from sm121_build.cuda.fatbin import dynamic_symbols
+from sm121_build.cuda.dynsym import dynamic_symbols
 from sm121_build.verify.checks import TORCH_LIB, check_abi, image_torch_exports
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -13,7 +13,7 @@ import pytest
 from devkit.helpers import DATA, cuda_home
 from sm121_build.cuda.binary import Policy, audit_binary
 from sm121_build.cuda.compat import parse_target
-from sm121_build.source.patch import PatchFor, apply_all
+from sm121_build.source.guard_rules import PatchFor, apply_all
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ import pytest
 from packaging.version import Version
 
 from devkit.helpers import CACHE, cli, pypi_download
+from sm121_build.source.guard_rules import PatchFor, apply_all, breaks_ptxas, covered
 from sm121_build.source.guards import effective_archs, evaluate
-from sm121_build.source.patch import PatchFor, apply_all, breaks_ptxas, covered
 
 pytestmark = [pytest.mark.vllm]
 
@@ -190,7 +190,7 @@ def test_sass_from_ptx_applies_to_every_release(tmp_path: Path) -> None:
     source's own macro, run through cmake -P, then gives a PTX-only list SASS for the GPU from
     the same PTX and a native list nothing more; a second run is a no-op."""
     from sm121_build.cuda.compat import parse_target
-    from sm121_build.source.patch import apply_macros
+    from sm121_build.source.guard_rules import apply_macros
     from sm121_build.source.ptx_sass import gencode_flags
 
     gpu = parse_target("sm_121")

@@ -17,7 +17,7 @@ from sm121_build.cuda.compat import SM121
 from sm121_build.jobs.commands.aot_step import aot_actions
 from sm121_build.jobs.commands.main_job import aot_does_as_well
 from sm121_build.rebuild.decide import decide_inputs, plan_extensions
-from sm121_build.source.patch import PatchFor, apply_for_build
+from sm121_build.source.guard_rules import PatchFor, apply_for_build
 
 pytestmark = [pytest.mark.vllm]
 VERSION = "0.33.0"

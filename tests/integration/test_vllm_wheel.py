@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, pypi_download, run_cuobjdump
-from sm121_build.audit.inputs import Reading, binaries
+from sm121_build.audit.unpack import Reading, binaries
 from sm121_build.cuda.binary import Policy, audit_binary
 from sm121_build.cuda.compat import parse_target
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing

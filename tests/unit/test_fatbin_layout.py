@@ -19,7 +19,8 @@ from elftools.elf.elffile import ELFFile
 
 from devkit.helpers import DATA, compile_cached, gencode, pyelftools_dynsym
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.cuda import fatbin
+from sm121_build.cuda import dynsym, fatbin
+from sm121_build.cuda.dynsym import dynamic_symbols
 from sm121_build.cuda.fatbin import (
     CONTAINER_MAGIC,
     FLAG_ARCH_SPECIFIC,
@@ -33,7 +34,6 @@ from sm121_build.cuda.fatbin import (
     EntryAt,
     _walk_section,
     cuobjdump_listing,
-    dynamic_symbols,
     read_entry,
 )
 
@@ -249,7 +249,7 @@ def test_dynamic_symbols_agree_with_pyelftools(symbols_so: Path, host_only_so: P
     for path in (symbols_so, host_only_so, elf32_so, Path(libstdcxx).resolve()):
         found = dynamic_symbols(path)
         assert (set(found.undefined), set(found.exported)) == pyelftools_dynsym(path), path
-    assert dynamic_symbols(elf32_so) == fatbin.DynamicSymbols(frozenset({"undef32"}),
+    assert dynamic_symbols(elf32_so) == dynsym.DynamicSymbols(frozenset({"undef32"}),
                                                               frozenset({"f32", "w32"}))
     assert len(dynamic_symbols(Path(libstdcxx).resolve()).exported) > 1000
 
@@ -279,10 +279,10 @@ def test_demangle_agrees_with_cxxfilt_on_a_real_library() -> None:
               "i", "Pc", "v"]
     oracle = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True,
                             text=True, check=True).stdout.split("\n")[:len(names)]
-    ours = [fatbin.demangle(name) for name in names]
+    ours = [dynsym.demangle(name) for name in names]
     assert [_abbreviated(name) for name in ours] == [_abbreviated(name) for name in oracle]
     assert sum(a != b for a, b in zip(names, ours, strict=True)) > 1000  # really demangled
-    assert fatbin.demangle("_ZN3c1013MessageLoggerC1EPKciib") == \
+    assert dynsym.demangle("_ZN3c1013MessageLoggerC1EPKciib") == \
         "c10::MessageLogger::MessageLogger(char const*, int, int, bool)"
 
 
@@ -298,17 +298,17 @@ def test_demangle_frees_what_the_cxx_runtime_allocates() -> None:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
     name = "_ZN3c1013MessageLoggerC1EPKciib"
-    assert fatbin.demangle(name) != name
+    assert dynsym.demangle(name) != name
     before = libc.mallinfo2().uordblks
     for _ in range(10_000):
-        fatbin.demangle(name)
+        dynsym.demangle(name)
     assert libc.mallinfo2().uordblks - before < 100_000
 
 
 def test_demangle_without_a_cxx_runtime_keeps_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
     # STAND-IN: a host where libstdc++ cannot be loaded (every machine here has one).
-    monkeypatch.setattr(fatbin, "_cxa_demangle", lambda: None)
-    assert fatbin.demangle("_ZN3c104cuda12device_countEv") == "_ZN3c104cuda12device_countEv"
+    monkeypatch.setattr(dynsym, "_cxa_demangle", lambda: None)
+    assert dynsym.demangle("_ZN3c104cuda12device_countEv") == "_ZN3c104cuda12device_countEv"
 
 
 def test_dynamic_symbols_refuse_what_is_not_a_little_endian_table(tmp_path: Path,
@@ -374,7 +374,7 @@ def test_dynamic_symbols_of_files_without_a_table_or_unreadable(tmp_path: Path,
     obj = tmp_path / "o.o"
     (tmp_path / "o.c").write_text("int f(void) { return 1; }\n")
     subprocess.run(["gcc", "-c", "-o", str(obj), str(tmp_path / "o.c")], check=True)
-    assert dynamic_symbols(obj) == fatbin.DynamicSymbols(frozenset(), frozenset())
+    assert dynamic_symbols(obj) == dynsym.DynamicSymbols(frozenset(), frozenset())
     assert "answer" in dynamic_symbols(host_only_so).exported
     with pytest.raises(CorruptBinaryError, match=r"^/nonexistent.so: cannot open: No such file"):
         dynamic_symbols(Path("/nonexistent.so"))

@@ -13,8 +13,8 @@ import pytest
 from devkit.helpers import DATA
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import parse_target
+from sm121_build.source.guard_rules import PatchFor, apply_all, load_rules
 from sm121_build.source.guards import effective_archs, evaluate
-from sm121_build.source.patch import PatchFor, apply_all, load_rules
 
 SM121 = parse_target("sm_121")
 
@@ -93,7 +93,7 @@ def test_a_malformed_add_rule_is_one_error(tmp_path: Path, body: str, message: s
 
 def test_an_add_that_cannot_reach_the_gpu_is_an_error(tmp_path: Path) -> None:
     (rule,) = load_rules(_rules(tmp_path, "add: ['{arch}']\nproject: vllm-flash-attn\n"))
-    from sm121_build.source.patch import apply_rule
+    from sm121_build.source.guard_rules import apply_rule
 
     with pytest.raises(Sm121Error, match=r"CMakeLists.txt:\d+: no form of rule r stops "
                                          r"FA2_ARCHS giving sm_121 no native code "
@@ -128,7 +128,7 @@ def test_the_build_patch_step_gives_flash_attention_sass_in_process(tmp_path: Pa
     """`apply_for_build`, as the main job calls it (vLLM's tree, then flash-attention's for the
     archs vLLM hands it): the sass-from-ptx rule lands in flash-attention's utils.cmake with
     the GPU's SASS; `apply_macros(check=True)` writes nothing."""
-    from sm121_build.source.patch import apply_for_build, apply_macros
+    from sm121_build.source.guard_rules import apply_for_build, apply_macros
 
     vllm = Path(shutil.copytree(DATA / "vllm_like", tmp_path / "vllm"))
     fa = _fa(tmp_path)
@@ -153,7 +153,7 @@ def test_the_build_patch_step_gives_flash_attention_sass_in_process(tmp_path: Pa
 def test_the_build_patch_step_on_a_vllm_shaped_tree_in_process(tmp_path: Path) -> None:
     """`apply_for_build` on the tree itself (vllm=True): the guard rules, then the macro rule
     for the archs this tree's CMake narrows `12.1` to (12.0 with CUDA 13: SASS sm_120)."""
-    from sm121_build.source.patch import apply_for_build
+    from sm121_build.source.guard_rules import apply_for_build
 
     tree = _fa(tmp_path)
     lines = apply_for_build(tree, {}, PatchFor("0.33.0", "12.1", "13.0", SM121))
@@ -166,7 +166,7 @@ def test_the_build_patch_step_on_a_vllm_shaped_tree_in_process(tmp_path: Path) -
 
 
 def test_the_version_of_a_tree_whose_version_file_is_not_utf8(tmp_path: Path) -> None:
-    from sm121_build.source.patch import read_source_version
+    from sm121_build.source.guard_rules import read_source_version
 
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "_version.py").write_bytes(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sm121_build.cli.inputs import arch_for_gpu, gpu_value
+from sm121_build.cli.params import arch_for_gpu, gpu_value
 from sm121_build.core.labels import FIELD_LABELS
 from sm121_build.cuda.binary import SPARK, Policy, gpu_of_arch_list
 from sm121_build.cuda.compat import ArchList, parse_target

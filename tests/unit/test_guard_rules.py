@@ -14,8 +14,8 @@ import pytest
 from devkit.helpers import ROOT
 from devkit.helpers import vllm_like_tree as _source
 from sm121_build.core.errors import Sm121Error
+from sm121_build.source.guard_rules import PatchFor, apply_all, apply_rule, load_rules
 from sm121_build.source.guards import evaluate, find_calls
-from sm121_build.source.patch import PatchFor, apply_all, apply_rule, load_rules
 
 NEW13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 

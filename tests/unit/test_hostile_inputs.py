@@ -292,7 +292,7 @@ def test_fuzzed_image_tarballs_are_one_line_errors(tmp_path_factory: pytest.Temp
     members = {name: json.dumps(document).encode(),
                f"blobs/sha256/{hashlib.sha256(blob_bytes).hexdigest()}": blob_bytes}
     path = _tarball(folder / "fuzz.tar", members)
-    from sm121_build.audit.inputs import binaries
+    from sm121_build.audit.unpack import binaries
 
     try:
         with binaries(str(path)):
@@ -479,7 +479,7 @@ def test_local_refuses_what_it_would_ignore(tmp_path: Path, extra: list[str],
 def test_fuzzed_archives_are_one_line_errors(tmp_path_factory: pytest.TempPathFactory,
                                              data: bytes, suffix: str, head: bytes) -> None:
     """Bytes that start like a wheel, a compressed tarball or an ELF file and then are not."""
-    from sm121_build.audit.inputs import binaries
+    from sm121_build.audit.unpack import binaries
 
     path = tmp_path_factory.mktemp("fuzz") / f"x{suffix}"
     path.write_bytes(head + data)
@@ -524,7 +524,7 @@ def test_links_inside_the_tree_are_followed_and_kept(tmp_path: Path) -> None:
 def test_a_trees_own_git_config_runs_nothing(tmp_path: Path) -> None:
     """A tree handed over with its `.git/` may configure git to run programs (the file-system
     monitor, an external diff, hooks): hashing its changes runs none of them."""
-    from sm121_build.source.pin import GitRef, check_git_tree
+    from sm121_build.source.git_pin import GitRef, check_git_tree
 
     source = Path(shutil.copytree(ROOT / "tests" / "data" / "vllm_like", tmp_path / "src"))
     marker = tmp_path / "ran"

@@ -14,7 +14,7 @@ def test_the_audit_of_a_file_loads_no_engine_git_renderer_or_job() -> None:
     own = {name for name in loaded if name.startswith("sm121_build")}
     assert "sm121_build.cuda.binary" in own and "sm121_build.audit.report" in own
     assert "docker" not in loaded
-    for forbidden in ("sm121_build.image.engine", "sm121_build.source.pin",
+    for forbidden in ("sm121_build.image.engine", "sm121_build.source.git_pin",
                       "sm121_build.jobs", "sm121_build.jobs.formats.render",
                       "sm121_build.cli.build",
                       "sm121_build.verify.checks"):

@@ -18,16 +18,16 @@ OUTSIDE = {"jobs/payload/build_extensions.py"}
 
 # (module, the call's source text) -> why it is not an input from outside
 ALLOWED: dict[tuple[str, str], str] = {
-    ("audit/inputs.py", "HostBinary.open(path)"): "the door itself (open_regular)",
+    ("audit/unpack.py", "HostBinary.open(path)"): "the door itself (open_regular)",
     ("cuda/binary.py", "HostBinary.open(path)"): "the door itself (open_regular)",
     ("verify/checks.py", "HostBinary.open(path)"): "the door itself (open_regular)",
-    ("audit/inputs.py", 'open(target, "wb")'): "writes the member to the run's temp folder",
-    ("audit/inputs.py", "wheel.open(info)"): "a member of a wheel the door opened",
-    ("audit/inputs.py", "zipfile.is_zipfile(handle)"): "a file the door opened",
-    ("audit/inputs.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
+    ("audit/unpack.py", 'open(target, "wb")'): "writes the member to the run's temp folder",
+    ("audit/unpack.py", "wheel.open(info)"): "a member of a wheel the door opened",
+    ("audit/unpack.py", "zipfile.is_zipfile(handle)"): "a file the door opened",
+    ("audit/unpack.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
     ("cuda/fatbin.py", "mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)"):
         "maps a descriptor open_regular gave",
-    ("cuda/fatbin.py", "mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)"):
+    ("cuda/dynsym.py", "mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)"):
         "maps a descriptor open_regular gave",
     ("cuda/host.py", "mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)"):
         "maps a descriptor open_regular gave",
@@ -52,8 +52,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("jobs/formats/render.py", "path.read_bytes()"): "the package's shipped templates",
     ("jobs/framework/cmake_sandbox.py", '(shipped_dir("dockerfiles") / DOCKERFILE)'):
         "the package's shipped Dockerfile",
-    ("source/patch.py", "path.read_text()"): "the package's shipped guard rules",
-    ("source/patch.py", "target.read_bytes()"):
+    ("source/guard_rules.py", "path.read_text()"): "the package's shipped guard rules",
+    ("source/guard_rules.py", "target.read_bytes()"):
         "the file this run is about to replace, kept to roll back (a regular file: "
         "real_file resolved it inside the tree)",
     ("image/engine.py", 'open(log, "a", encoding="utf-8")'): "the run's own log",
@@ -71,10 +71,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("image/layers.py", "json.load(handle)"): "a member of a tarball the door opened, bounded",
     ("image/layers.py", 'open(target, "wb")'): "writes a file to the run's temp folder",
     ("image/spill.py", 'open(dest, "wb")'): "writes a file to the run's temp folder",
-    ("jobs/commands/aot.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
-    ("jobs/commands/aot.py", "wheel.open(info)"): "a member of a wheel the door opened",
-    ("jobs/commands/aot.py", 'zipfile.ZipFile(out, "w")'): "the result, written by the door",
-    ("jobs/commands/aot.py", 'copy.open(info, "w")'): "the result, written by the door",
+    ("jobs/commands/aot_files.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
+    ("jobs/commands/aot_files.py", "wheel.open(info)"): "a member of a wheel the door opened",
+    ("jobs/commands/aot_files.py", 'zipfile.ZipFile(out, "w")'): "the result, written by the door",
+    ("jobs/commands/aot_files.py", 'copy.open(info, "w")'): "the result, written by the door",
     ("jobs/formats/artifacts.py", 'open(dest / name, "wb")'):
         "the copy into the run's build context",
     ("verify/checks.py", 'open(log, "a", encoding="utf-8")'): "the run's own log",

@@ -22,10 +22,9 @@ from devkit.helpers import DATA
 from devkit.helpers import vllm_like_tree as _tree
 from sm121_build.core.errors import PatchDrift, Sm121Error
 from sm121_build.cuda.compat import parse_target
-from sm121_build.source import patch
+from sm121_build.source import guard_rules as patch
 from sm121_build.source.cmake_lang import Argument
-from sm121_build.source.guards import Call, Guard, evaluate
-from sm121_build.source.patch import (
+from sm121_build.source.guard_rules import (
     PatchFor,
     _tolerant,
     _write_all,
@@ -45,6 +44,7 @@ from sm121_build.source.patch import (
     rules_for,
     target_gpu,
 )
+from sm121_build.source.guards import Call, Guard, evaluate
 
 GE13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 FP4 = 'cuda_archs_loose_intersection(FP4_ARCHS "{}" "${{CUDA_ARCHS}}")\n'

@@ -9,7 +9,7 @@ import pytest
 
 from devkit.helpers import git
 from sm121_build.core.errors import Sm121Error
-from sm121_build.source.pin import GitRef, fetch_source, version_to_ref
+from sm121_build.source.git_pin import GitRef, fetch_source, version_to_ref
 
 
 @pytest.mark.parametrize(("version", "commit_id", "expected"), [
@@ -110,7 +110,7 @@ def checkout(tmp_path: Path) -> tuple[Path, str, str]:
 
 def test_source_at_another_commit_is_refused_unless_allowed(
         checkout: tuple[Path, str, str]) -> None:
-    from sm121_build.source.pin import check_checkout
+    from sm121_build.source.git_pin import check_checkout
 
     path, first, head = checkout
     with pytest.raises(Sm121Error, match=rf"--source {path} is at {head[:12]}; the image's vLLM "
@@ -127,7 +127,7 @@ def test_source_at_another_commit_is_refused_unless_allowed(
 
 
 def test_uncommitted_changes_are_hashed(checkout: tuple[Path, str, str]) -> None:
-    from sm121_build.source.pin import check_checkout
+    from sm121_build.source.git_pin import check_checkout
 
     path, _first, head = checkout
     ref = GitRef("commit", head)
@@ -151,7 +151,7 @@ def test_uncommitted_changes_are_hashed(checkout: tuple[Path, str, str]) -> None
 
 
 def test_a_tree_that_is_not_vllm_is_refused_before_anything(tmp_path: Path) -> None:
-    from sm121_build.source.pin import check_checkout
+    from sm121_build.source.git_pin import check_checkout
 
     with pytest.raises(Sm121Error, match=r"is not a vLLM source tree \(no CMakeLists.txt or "
                                          r"cmake/utils.cmake\)"):
@@ -164,7 +164,7 @@ def test_a_local_git_call_that_hangs_ends_in_minutes_not_half_an_hour(
     limit; only what crosses the network (fetch, submodule update) has GIT_TIMEOUT_S."""
     import os
 
-    from sm121_build.source import pin
+    from sm121_build.source import git_pin as pin
 
     assert pin.LOCAL_GIT_TIMEOUT_S < pin.GIT_TIMEOUT_S
     fake = tmp_path / "bin"

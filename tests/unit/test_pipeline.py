@@ -20,7 +20,7 @@ from sm121_build.core.errors import BuildFailed, Sm121Error, VerificationError
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.commands.inject import Destination, run_inject
+from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.main_job import Options, run_build
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline

@@ -14,8 +14,8 @@ from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
 from sm121_build.cuda.compat import SM121
 from sm121_build.rebuild.decide import MIN_JIT_SHARE, Inputs, plan_extensions
 from sm121_build.source.external import source_targets
+from sm121_build.source.guard_targets import guard_owners
 from sm121_build.source.guards import find_calls
-from sm121_build.source.owners import guard_owners
 
 KERNELS = DATA / "kernels.cu"
 CMAKELISTS = """

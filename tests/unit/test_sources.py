@@ -10,7 +10,7 @@ import pytest
 
 from devkit.helpers import cli
 from devkit.imagetar import docker_save, oci_layout
-from sm121_build.audit.inputs import Reading, binaries
+from sm121_build.audit.unpack import Reading, binaries
 from sm121_build.core.errors import Sm121Error
 
 

@@ -19,9 +19,9 @@ from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image import ledger
 from sm121_build.image.refs import require_not_base
-from sm121_build.jobs.commands.inject import Destination, run_inject
+from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.main_job import Options, run_build
-from sm121_build.jobs.commands.prune import prune
+from sm121_build.jobs.commands.pruning import prune
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report

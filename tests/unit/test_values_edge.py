@@ -50,7 +50,7 @@ def test_a_timeout_that_is_not_a_bounded_duration_is_refused_first(
 
 
 def test_the_option_and_the_environment_keep_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm121_build.cli.inputs import seconds_value
+    from sm121_build.cli.params import seconds_value
     from sm121_build.core.limits import Limits, seconds
 
     for value in ("inf", "1e300", "nan", "0", "86401"):
@@ -122,7 +122,7 @@ def test_a_gpu_no_cuda_knows_is_refused_before_any_work(
 
 
 def test_gpu_targets_come_from_the_one_table() -> None:
-    from sm121_build.cli.inputs import arch_list
+    from sm121_build.cli.params import arch_list
     from sm121_build.cuda.compat import KNOWN_ARCHS, parse_target
 
     assert str(arch_list(None, None, "12.1")) == "12.1"  # arch lists check the same table

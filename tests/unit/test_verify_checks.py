@@ -13,7 +13,7 @@ import pytest
 from devkit.dirfiles import DirectoryFiles
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
-from sm121_build.cuda.fatbin import dynamic_symbols
+from sm121_build.cuda.dynsym import dynamic_symbols
 from sm121_build.image.api import HistoryStep, ImageInfo
 from sm121_build.image.engine import failure_cause
 from sm121_build.image.facts import VllmInstall

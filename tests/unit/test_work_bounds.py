@@ -23,8 +23,8 @@ import zstandard
 
 from devkit.hostile import CONTAINER, ENTRY, nested_rodata, stored_wheel
 from devkit.imagetar import oci_layout
-from sm121_build.audit.inputs import binaries
-from sm121_build.audit.owners import Owners
+from sm121_build.audit.distributions import Owners
+from sm121_build.audit.unpack import binaries
 from sm121_build.core import inputs as core_inputs
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.fatbin import CONTAINER_MAGIC, HostBinary

@@ -56,13 +56,7 @@ from sm121_build.jobs.framework.run_warnings import ptx_warning
 from sm121_build.jobs.payload import PAYLOAD
 from sm121_build.rebuild.decide import ExtensionPlan, decide_inputs, plan_extensions
 from sm121_build.source.external import projects_for, read_pin
-from sm121_build.source.guards import DEFAULT_CUDA
-from sm121_build.source.patch import (
-    PatchFor,
-    apply_for_build,
-    rules_digest,
-)
-from sm121_build.source.pin import (
+from sm121_build.source.git_pin import (
     Checkout,
     GitRef,
     check_checkout,
@@ -70,6 +64,12 @@ from sm121_build.source.pin import (
     fetch_source,
     version_to_ref,
 )
+from sm121_build.source.guard_rules import (
+    PatchFor,
+    apply_for_build,
+    rules_digest,
+)
+from sm121_build.source.guards import DEFAULT_CUDA
 from sm121_build.source.tree import require_contained
 from sm121_build.verify import run_report
 from sm121_build.verify.run_report import RunDecision

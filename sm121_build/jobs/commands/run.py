@@ -22,7 +22,7 @@ from typing import ClassVar, Protocol
 from sm121_build.core.console import note
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.cosign import SigningKey, TrustKey
-from sm121_build.jobs.commands.inject import Destination, run_inject
+from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.kernels_image import Wanted, look_up, publish_step
 from sm121_build.jobs.commands.main_job import Options, run_build
 from sm121_build.jobs.formats.artifacts import Artifacts

@@ -20,7 +20,7 @@ from sm121_build.cuda.compat import ArchList
 from sm121_build.image.facts import ImageFacts, require_vllm
 from sm121_build.image.toolchain import TOOLS_PREFIX, how_to_bring
 from sm121_build.source.external import source_targets, stand_in_envs
-from sm121_build.source.patch import rules_digest
+from sm121_build.source.guard_rules import rules_digest
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm121_build.audit.inputs import binaries
+from sm121_build.audit.unpack import binaries
 from sm121_build.core.compile_progress import shipped_histories
 from sm121_build.core.console import BuildStatus, LiveLine, Progress, Steps, end_status_line, note
 from sm121_build.core.errors import Sm121Error

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import real_build as rb  # noqa: E402
 
 from sm121_build.source.guards import cmake_arch_list, effective_archs  # noqa: E402
-from sm121_build.source.patch import apply_all, apply_macros  # noqa: E402
+from sm121_build.source.guard_rules import apply_all, apply_macros  # noqa: E402
 from sm121_build.verify.compat import parse_target  # noqa: E402
 
 SDIST = ROOT / ".devbuild/vllm-0.33.0-build.tar.xz"

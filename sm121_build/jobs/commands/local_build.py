@@ -32,9 +32,9 @@ from sm121_build.source.external import (
     source_targets,
     stand_in_envs,
 )
+from sm121_build.source.git_pin import copy_into
+from sm121_build.source.guard_rules import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.guards import DEFAULT_CUDA, find_cmake
-from sm121_build.source.patch import PatchFor, apply_for_build, read_source_version
-from sm121_build.source.pin import copy_into
 from sm121_build.source.tree import require_contained
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 from isal import isal_zlib
 
-from sm121_build.audit.owners import (
+from sm121_build.audit.distributions import (
     MAX_RECORD,
     SHARED_OBJECT,
     Owners,
