@@ -115,12 +115,7 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
     each audited; and aot's member reader and RECORD rewrite."""
     from sm121_build.audit.unpack import binaries
     from sm121_build.cuda.binary import SPARK, audit_binary
-    from sm121_build.jobs.commands.aot_files import (
-        _read_record,
-        _record_text,
-        elf_members,
-        wheel_errors,
-    )
+    from sm121_build.cuda.wheel import elf_members, read_record, record_text, wheel_errors
 
     path = _file(tmp, "x.whl", data)
     with binaries(str(path)) as found:
@@ -130,8 +125,8 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
     with wheel_errors(path), zipfile.ZipFile(path) as wheel:
         members = [info.filename for info, _data in elf_members(wheel, path)]
         if members:
-            _name, rows = _read_record(wheel, wheel.infolist(), path)
-            _record_text(rows, {members[0]: b"new"})
+            _name, rows = read_record(wheel, wheel.infolist(), path)
+            record_text(rows, {members[0]: b"new"})
     return len(members)
 
 

@@ -14,23 +14,18 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
-MAX_RECORD = 64 << 20  # torch's RECORD is ~2 MB
+from sm121_build.cuda.wheel import record_owner
+
 # What is audited in a folder, archive or image: shared objects, and device code as files
 # of its own (FlashInfer's cubin packages ship thousands of raw `.cubin` files); only the
 # RECORD rows that name such a file are kept, the only ones an owner is asked of
 SHARED_OBJECT = re.compile(r"\.(so(\.\d+)*|cubin|fatbin|ptx)$")
-_DIST_INFO = re.compile(r"(?:^|/)([^/]+?)-[^/-]+\.dist-info/RECORD\Z")
 _WHEEL_NAME = re.compile(r"\A([^-/]+)-[^-/]+(-[^-/]+)?-[^-/]+-[^-/]+-[^-/]+\.whl\Z")
 
 
 def canonical(name: str) -> str:
     """A distribution name as PEP 503 normalises it (`nvidia_cublas` -> `nvidia-cublas`)."""
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def is_record(path: str) -> bool:
-    """A `NAME-VERSION.dist-info/RECORD` file."""
-    return _DIST_INFO.search(path) is not None
 
 
 def wheel_distribution(filename: str) -> str | None:
@@ -52,10 +47,10 @@ class Owners:
         a time, never held whole as rows (a 60 MB RECORD of short rows is millions of
         lists).  One that is not CSV text is noted (its files fall back to their folder's
         name) and none of its rows is kept."""
-        found = _DIST_INFO.search(record_path)
-        if found is None:
+        named = record_owner(record_path)
+        if named is None:
             return
-        owner = canonical(found.group(1))
+        owner = canonical(named)
         site = posixpath.dirname(posixpath.dirname(record_path))
         kept: dict[str, str] = {}
         text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", newline="\n")

@@ -15,12 +15,11 @@ import os
 import posixpath
 import re
 import stat
-import struct
 import sys
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -31,13 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 from isal import isal_zlib
 
-from sm121_build.audit.distributions import (
-    MAX_RECORD,
-    SHARED_OBJECT,
-    Owners,
-    is_record,
-    wheel_distribution,
-)
+from sm121_build.audit.distributions import SHARED_OBJECT, Owners, wheel_distribution
 from sm121_build.core.console import Progress, notice, shown
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.inputs import (
@@ -53,7 +46,11 @@ from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import declared_extent
 from sm121_build.cuda.fatbin import RAW_PROBE, HostBinary, device_file_kind
 from sm121_build.cuda.wheel import (
+    HEAD_WINDOW,
+    MAX_RECORD,
     checked_members,
+    is_record,
+    member_chunks,
     member_name,
     require_honest_size,
 )
@@ -451,7 +448,7 @@ def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
     account for is skipped, said, and not written."""
     info, target = member
     try:
-        chunks = _member_chunks(archive, wheel, info)
+        chunks = member_chunks(archive, wheel, info)
         head = b""
         for chunk in chunks:
             head += chunk
@@ -460,7 +457,7 @@ def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
         if not _auditable_head(head[:RAW_PROBE]):
             chunks.close()
             return None
-        extent = declared_extent(head[:_HEAD_WINDOW]) if head[:4] == ELF_MAGIC else None
+        extent = declared_extent(head[:HEAD_WINDOW]) if head[:4] == ELF_MAGIC else None
         if extent is not None and info.file_size > extent:
             chunks.close()
             return AuditedFile(info.filename, target, skipped=(
@@ -484,52 +481,6 @@ def _extract(archive: Path, wheel: zipfile.ZipFile, budget: Inflated,
         return AuditedFile(info.filename, target, skipped=f"not extracted: "
                       f"{str(exc).removeprefix(f'{archive}: {info.filename}: ')}")
     return AuditedFile(info.filename, target)
-
-
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., name length, extra length
-_CHUNK = 4 << 20
-_HEAD_WINDOW = 1 << 16
-
-
-def _member_chunks(archive: Path, wheel: zipfile.ZipFile,
-                   info: zipfile.ZipInfo) -> Generator[bytes, None, None]:
-    """A member's bytes in windows: deflated ones through ISA-L's inflate (twice zlib's
-    speed on a wheel's `.so` files), size and CRC-32 checked as zipfile checks them; stored
-    ones, or what zipfile refuses in its own words (deflate64, encrypted), through the
-    wheel's `ZipFile` (its central directory read once, not once a member)."""
-    if info.compress_type != zipfile.ZIP_DEFLATED or info.flag_bits & 1:
-        with wheel.open(info) as source:
-            while chunk := source.read(_CHUNK):
-                yield chunk
-        return
-    with open_file(archive, "wheel") as handle:
-        handle.seek(info.header_offset)
-        signature, name_length, extra_length = _LOCAL_HEADER.unpack(
-            handle.read(_LOCAL_HEADER.size).ljust(_LOCAL_HEADER.size, b"\0"))
-        if signature != b"PK\x03\x04":
-            raise zipfile.BadZipFile(f"{info.filename}: no local file header")
-        handle.seek(name_length + extra_length, os.SEEK_CUR)
-        inflater = isal_zlib.decompressobj(-15)
-        left, crc, size = info.compress_size, 0, 0
-        while left:
-            chunk = handle.read(min(left, _CHUNK))
-            if not chunk:
-                raise zipfile.BadZipFile(f"{info.filename}: cut short")
-            left -= len(chunk)
-            data = inflater.decompress(chunk, _CHUNK)
-            while data:
-                crc, size = isal_zlib.crc32(data, crc), size + len(data)
-                if size > info.file_size:
-                    raise zipfile.BadZipFile(f"{info.filename}: inflates past the "
-                                             f"{info.file_size} bytes it declares")
-                yield data
-                data = inflater.decompress(inflater.unconsumed_tail, _CHUNK) \
-                    if inflater.unconsumed_tail else b""
-        data = inflater.flush()
-        crc, size = isal_zlib.crc32(data, crc), size + len(data)
-        yield data
-        if (crc, size) != (info.CRC, info.file_size):
-            raise zipfile.BadZipFile(f"{info.filename}: bad CRC-32 or size (damaged member)")
 
 
 def _untar(archive: Path, dest: Path, wanted: Callable[[str], bool], reading: Reading,

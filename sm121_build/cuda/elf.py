@@ -203,3 +203,25 @@ def declared_extent(head: bytes) -> int | None:
                 continue  # a section that takes no bytes of the file
             extent = max(extent, int(fields[at_offset]) + int(fields[at_size]))
     return extent
+
+
+def section_table_at(head: bytes) -> tuple[int, int, int] | None:
+    """Where an ELF64 little-endian file's section header table is, from its first bytes:
+    (offset, size, index of the section name table); None when the layout is another
+    (ELF32, big-endian, extended numbering, no table), to be judged on the whole bytes."""
+    if len(head) < 0x40 or head[:4] != MAGIC or head[4] != 2 or head[5] != 1:
+        return None
+    at_shoff, off_fmt, at_rest, header_fmt, _, _ = _CLASS[2]
+    (shoff,) = struct.unpack_from("<" + off_fmt, head, at_shoff)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, at_rest)
+    if shoff == 0 or shnum == 0 or shentsize != struct.calcsize("<" + header_fmt) \
+            or shstrndx >= shnum:
+        return None
+    return shoff, shnum * shentsize, shstrndx
+
+
+def section_extent(table: bytes, index: int) -> tuple[int, int]:
+    """(offset, size) of section `index` in an ELF64 little-endian section header table."""
+    layout = struct.Struct("<" + _CLASS[2][3])
+    row = layout.unpack_from(table, index * layout.size)
+    return int(row[4]), int(row[5])

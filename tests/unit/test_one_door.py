@@ -22,7 +22,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("cuda/binary.py", "HostBinary.open(path)"): "the door itself (open_regular)",
     ("verify/checks.py", "HostBinary.open(path)"): "the door itself (open_regular)",
     ("audit/unpack.py", 'open(target, "wb")'): "writes the member to the run's temp folder",
-    ("audit/unpack.py", "wheel.open(info)"): "a member of a wheel the door opened",
+    ("cuda/wheel.py", "wheel.open(info)"): "a member of a wheel the door opened",
     ("audit/unpack.py", "zipfile.is_zipfile(handle)"): "a file the door opened",
     ("audit/unpack.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
     ("cuda/fatbin.py", "mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)"):
@@ -72,9 +72,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("image/layers.py", 'open(target, "wb")'): "writes a file to the run's temp folder",
     ("image/spill.py", 'open(dest, "wb")'): "writes a file to the run's temp folder",
     ("jobs/commands/aot_files.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
-    ("jobs/commands/aot_files.py", "wheel.open(info)"): "a member of a wheel the door opened",
-    ("jobs/commands/aot_files.py", 'zipfile.ZipFile(out, "w")'): "the result, written by the door",
-    ("jobs/commands/aot_files.py", 'copy.open(info, "w")'): "the result, written by the door",
+    ("cuda/wheel.py", 'zipfile.ZipFile(out, "w")'): "the result, written by the door",
+    ("cuda/wheel.py", 'copy.open(info, "w")'): "the result, written by the door",
     ("jobs/formats/artifacts.py", 'open(dest / name, "wb")'):
         "the copy into the run's build context",
     ("verify/checks.py", 'open(log, "a", encoding="utf-8")'): "the run's own log",

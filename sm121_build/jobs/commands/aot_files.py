@@ -12,11 +12,7 @@ and is left as it was.
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import csv
 import hashlib
-import io
 import mmap
 import os
 import stat
@@ -24,7 +20,6 @@ import struct
 import threading
 import time
 import zipfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,7 +48,7 @@ from sm121_build.cuda.binary import (
 )
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
-from sm121_build.cuda.elf import Elf, ElfError, declared_extent
+from sm121_build.cuda.elf import Elf, ElfError
 from sm121_build.cuda.fatbin import MAX_ENTRY_SIZE, entry_payload, read_entries, read_entry
 from sm121_build.cuda.fatbin_rewrite import (
     Layout,
@@ -72,12 +67,16 @@ from sm121_build.cuda.ptxas import (
     run_ptxas,
 )
 from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
-from sm121_build.cuda.wheel import checked_members, record_of, require_honest_size
+from sm121_build.cuda.wheel import (
+    copy_wheel,
+    elf_members,
+    read_record,
+    record_text,
+    require_recorded,
+    wheel_errors,
+)
 from sm121_build.jobs.commands.aot_compile import Compiled, Plan, compile_all, kept_pace
 from sm121_build.verify.aot_check import check_aot
-
-HEAD_WINDOW = 1 << 16  # a member's first bytes: the ELF header and program headers
-MAX_RECORD = 64 << 20  # a wheel's RECORD: torch's is ~2 MB
 
 
 @dataclass
@@ -526,179 +525,16 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
                 works.append(work)
         if not works:
             return
-        record_name, rows = _read_record(wheel, infos, source)
-        _require_recorded(rows, works, source)
+        record_name, rows = read_record(wheel, infos, source)
+        require_recorded(rows, {w.name.split("!", 1)[1]: w.data for w in works}, source)
         replaced = {w.name.split("!", 1)[1]: new
                     for w, new in _compile_and_rewrite(works, request, outcome)}
         if not replaced:
             return
-        record = (record_name, _record_text(rows, replaced))
-        results.write(target, lambda out: _copy_wheel(wheel, infos, replaced, record, out),
+        record = (record_name, record_text(rows, replaced))
+        results.write(target, lambda out: copy_wheel(wheel, infos, replaced, record, out),
                       stat.S_IMODE(os.fstat(handle.fileno()).st_mode))
         outcome.written.append(target)
-
-
-def elf_members(wheel: zipfile.ZipFile, source: Path) -> Iterator[tuple[zipfile.ZipInfo, bytes]]:
-    """The shared objects of a wheel that are ELF files, with their bytes.  A wheel with a
-    member of no name or two members of one name is refused (pip would not install it the
-    same way twice); a member is read only when its first bytes are an ELF header whose
-    declared extent holds its size."""
-    for info in checked_members(wheel, source):
-        if info.is_dir() or not (info.filename.endswith(".so") or ".so." in info.filename):
-            continue
-        data = _elf_member(wheel, info, f"{source.name}!{info.filename}")
-        if data is not None:
-            yield info, data
-
-
-@contextlib.contextmanager
-def wheel_errors(source: Path) -> Iterator[None]:
-    """Whatever a damaged zip raises while it is read (a bad header, CRC or deflate stream,
-    a member zipfile cannot read) as one `CorruptBinaryError` naming the wheel."""
-    try:
-        yield
-    except CorruptBinaryError as exc:
-        if str(source) in str(exc):
-            raise
-        raise CorruptBinaryError(f"{source}: {exc}") from None
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
-            ValueError, OSError) as exc:
-        raise CorruptBinaryError(f"{source}: damaged wheel ({type(exc).__name__}: "
-                                 f"{str(exc)[:80]})") from None
-
-
-def _elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> bytes | None:
-    """A member's bytes when it is an ELF file whose headers account for its size and name
-    a `.nv_fatbin` section; None when it is no ELF file (read no further than its first
-    bytes) or has no device code (its section table and names streamed through a window,
-    never held whole)."""
-    with wheel.open(info) as member:
-        head = member.read(HEAD_WINDOW)
-    if head[:4] != ELF_MAGIC:
-        return None
-    extent = declared_extent(head)  # None: not judged from the first bytes
-    if extent is not None and info.file_size > extent:
-        raise CorruptBinaryError(
-            f"{name}: {info.file_size} bytes, more than the "
-            f"{extent} its ELF headers account for; refused (not read)")
-    if not _streamed_has_fatbin(wheel, info, head, name):
-        return None
-    require_honest_size(info, Path(name.split("!", 1)[0]))  # before it is held whole
-    with wheel.open(info) as member:
-        data = member.read(info.file_size + 1)
-    if len(data) != info.file_size:
-        raise CorruptBinaryError(f"{name}: {len(data)} bytes, not the {info.file_size} the "
-                                 "wheel declares")
-    return data
-
-
-MAX_SECTION_TABLE = 64 << 20  # a section header table, or its name table, held while streamed
-
-
-def _streamed_has_fatbin(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, head: bytes,
-                         name: str) -> bool:
-    """Whether a member's section names include `.nv_fatbin`, reading it in windows: once
-    for its section header table, once more for the name table."""
-    if head[4] != 2 or head[5] != 1 or len(head) < 64:
-        return True  # not ELF64 little-endian: read_layout says why, on the whole bytes
-    shoff = struct.unpack_from("<Q", head, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
-    if shoff == 0 or shnum == 0 or shentsize != 64 or shstrndx >= shnum:
-        return True  # extended numbering or none: decided on the whole bytes
-    table = _stream_range(wheel, info, shoff, shnum * 64, name)
-    row = struct.unpack_from("<IIQQQQIIQQ", table, shstrndx * 64)
-    names = _stream_range(wheel, info, row[4], row[5], name)
-    return b"\0.nv_fatbin\0" in b"\0" + names
-
-
-def _stream_range(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, offset: int, size: int,
-                  name: str) -> bytes:
-    """Bytes [offset, offset + size) of a member, streamed (a window at a time)."""
-    if size > MAX_SECTION_TABLE or offset + size > info.file_size:
-        raise CorruptBinaryError(f"{name}: a section table of {size} bytes at {offset:#x} "
-                                 f"does not fit its {info.file_size} bytes")
-    kept = bytearray()
-    at = 0
-    with wheel.open(info) as member:
-        while len(kept) < size:
-            chunk = member.read(1 << 20)
-            if not chunk:
-                raise CorruptBinaryError(f"{name}: cut short")
-            lo, hi = max(offset - at, 0), min(offset + size - at, len(chunk))
-            if lo < hi:
-                kept += chunk[lo:hi]
-            at += len(chunk)
-    return bytes(kept)
-
-
-def _read_record(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
-                 where: Path) -> tuple[str, list[list[str]]]:
-    """The RECORD member's name and its rows (CSV, as PEP 376 writes it), read once."""
-    record = record_of(infos, where)  # the one at the wheel's top: never a decoy deeper
-    if record is None:
-        raise CorruptBinaryError(f"{where}: no .dist-info/RECORD: not a wheel")
-    info = wheel.getinfo(record)
-    if info.file_size > MAX_RECORD:
-        raise CorruptBinaryError(f"{where}: its RECORD holds {info.file_size} "
-                                 f"bytes, more than {MAX_RECORD}")
-    try:
-        rows = list(csv.reader(io.StringIO(wheel.read(info).decode("utf-8"), newline="")))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise CorruptBinaryError(f"{where}: its RECORD is not CSV: {exc}") from None
-    return record, rows
-
-
-def _require_recorded(rows: list[list[str]], works: list[FileWork], source: Path) -> None:
-    """Before any compile: each member to rewrite has a RECORD row, and where the row
-    records a sha256, it is the member's (a member swapped after the wheel was made would
-    otherwise come back with a fresh, valid hash)."""
-    recorded = {row[0]: row[1:] for row in rows if row}
-    for work in works:
-        member = work.name.split("!", 1)[1]
-        if member not in recorded:
-            raise CorruptBinaryError(f"{source}: its RECORD has no row for {member}")
-        hashed, size = [*recorded[member], "", ""][:2]
-        algorithm, _, digest = hashed.partition("=")
-        if algorithm not in ("sha256", "sha384", "sha512"):  # as pip checks a wheel
-            raise CorruptBinaryError(f"{source}: its RECORD gives {member} no sha256 (or "
-                                     f"stronger) hash ({hashed or 'none'!r}); refused")
-        if digest != base64.urlsafe_b64encode(
-                hashlib.new(algorithm, work.data).digest()).rstrip(b"=").decode() or (
-                    size and size != str(len(work.data))):
-            raise CorruptBinaryError(f"{source}: its RECORD's {algorithm} of {member} is not "
-                                     "the member's (changed after the wheel was made); "
-                                     "refused")
-
-
-def _record_text(rows: list[list[str]], replaced: dict[str, bytes]) -> bytes:
-    """The RECORD's new text: the rows of the replaced members with their new sha256 and
-    size, every other row as it was (each replaced member has a row: checked before its
-    compile)."""
-    new = []
-    for row in rows:
-        if row and row[0] in replaced:
-            data = replaced[row[0]]
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-            row = [row[0], f"sha256={digest.decode()}", str(len(data))]
-        new.append(row)
-    text = io.StringIO(newline="")
-    csv.writer(text, lineterminator="\n").writerows(new)
-    return text.getvalue().encode()
-
-
-def _copy_wheel(wheel: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
-                replaced: dict[str, bytes], record: tuple[str, bytes], out: BinaryIO) -> None:
-    with zipfile.ZipFile(out, "w") as copy:
-        for info in infos:
-            if info.filename == record[0]:
-                copy.writestr(info, record[1])
-            elif info.filename in replaced:
-                copy.writestr(info, replaced[info.filename],
-                              compress_type=zipfile.ZIP_DEFLATED)
-            else:
-                with wheel.open(info) as member, copy.open(info, "w") as to:
-                    while chunk := member.read(1 << 20):
-                        to.write(chunk)
 
 
 def say_results(outcome: AotResult) -> None:
