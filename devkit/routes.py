@@ -63,7 +63,7 @@ COMPILED = NotApplicable("compiled in this run from the base's own files: nothin
 ROUTES: tuple[Route, ...] = (
     Route("build (main job)", ("jobs.commands.main_job:run_build",), {
         Safeguard.PLACEMENT: NotApplicable("places only the base's own extension files, chosen "
-                                        "from the base (main_job.choose_to_build)"),
+                                        "from the base (main_plan.choose_to_build)"),
         Safeguard.HOST_CODE: HOST,
         Safeguard.TRUST_KEY: COMPILED,
         Safeguard.TAG_RULE: TAGS,

@@ -30,7 +30,7 @@ from sm121_build.image.refs import (
     validate_tag,
 )
 from sm121_build.jobs.commands.kernels_image import require_repository
-from sm121_build.jobs.commands.main_job import Options
+from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.commands.run import Kernels, RunRequest, run_main
 from sm121_build.jobs.framework.session import Reporting
 from sm121_build.source.external import projects_for, require_project_tree

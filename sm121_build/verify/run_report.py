@@ -125,7 +125,7 @@ class RunRecord:
     external: dict[str, ExternalSource] = field(default_factory=dict)
     content_key: str | None = None
     extensions: list[str] | None = None
-    decision: RunDecision | None = None  # main_job.choose_to_build: per extension
+    decision: RunDecision | None = None  # main_plan.choose_to_build: per extension
     log: str | None = None
     before: dict[str, ExtensionCounts] | None = None
     after: dict[str, ExtensionCounts] | None = None

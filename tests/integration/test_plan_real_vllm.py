@@ -15,8 +15,7 @@ from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import SPARK, audit_binary
 from sm121_build.cuda.compat import SM121
 from sm121_build.jobs.commands.aot_step import aot_actions
-from sm121_build.jobs.commands.main_job import aot_does_as_well
-from sm121_build.rebuild.decide import decide_inputs, plan_extensions
+from sm121_build.rebuild.decide import aot_does_as_well, decide_inputs, plan_extensions
 from sm121_build.source.guard_rules import PatchFor, apply_for_build
 
 pytestmark = [pytest.mark.vllm]
@@ -79,6 +78,6 @@ def test_the_default_run_plans_fa2_qutlass_and_c_on_0_33_0(tmp_path: Path) -> No
     aot = {a.name: a.able.kernels for a in aot_actions(stock)}
     assert aot == {"_C_stable_libtorch.abi3.so": 281, "_moe_C_stable_libtorch.abi3.so": 1,
                    "vllm_flash_attn/_vllm_fa2_C.abi3.so": 2224}
-    actions = aot_actions(stock)
-    assert {n for n, p in plans.items() if p.build and not aot_does_as_well(p, actions)} == {
+    native = {a.name: a.able.kernels or 0 for a in aot_actions(stock)}
+    assert {n for n, p in plans.items() if p.build and not aot_does_as_well(p, native)} == {
         "_qutlass_C.abi3.so"}

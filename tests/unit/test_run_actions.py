@@ -14,7 +14,7 @@ from devkit.fakeengine import FakeEngine
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands import run as run_mod
-from sm121_build.jobs.commands.main_job import Options
+from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.commands.run import ACTIONS, Kernels, RunRequest, run_main
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify.run_report import RunStatus

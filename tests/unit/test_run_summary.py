@@ -96,16 +96,17 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
     never says "nothing" stays while it does; what aot covers whole stays out."""
     from sm121_build.cuda.binary import AotAble
     from sm121_build.jobs.commands.aot_step import AotAction
-    from sm121_build.jobs.commands.main_job import choose_record, left_by_aot
+    from sm121_build.jobs.commands.main_plan import choose_record, native_by_aot
     from sm121_build.jobs.framework.pipeline import Pipeline
+    from sm121_build.rebuild.decide import left_by_aot
 
     fa2, c, moe = "vllm_flash_attn/_vllm_fa2_C.abi3.so", "_C.abi3.so", "_moe_C.abi3.so"
     stock = {fa2: _report(fa2, {"k1": "jit", "k2": "jit"}),
              c: _report(c, {"a": "native", "b": "none", "c": "none", "d": "jit"}),
              moe: _report(moe, {"m": "native"}), "gone.abi3.so": None}
     aot = (AotAction(fa2, AotAble(2, 2, 100)), AotAction(c, AotAble(1, 1, 10)))
-    assert left_by_aot(aot, stock) == {c: (0, 2)}  # type: ignore[arg-type]
-    assert left_by_aot(aot[:1], stock) == {c: (1, 2)}  # type: ignore[arg-type]
+    assert left_by_aot(native_by_aot(aot), stock) == {c: (0, 2)}
+    assert left_by_aot(native_by_aot(aot[:1]), stock) == {c: (1, 2)}
     record = new_record("build", "base", "tag", "12.1")
     choose_record(Pipeline(None, record), aot[:1], stock)  # type: ignore[arg-type]
     assert record.decision is not None

@@ -20,7 +20,8 @@ from sm121_build.cuda.compat import ArchList
 from sm121_build.image import ledger
 from sm121_build.image.refs import require_not_base
 from sm121_build.jobs.commands.injection import Destination, run_inject
-from sm121_build.jobs.commands.main_job import Options, run_build
+from sm121_build.jobs.commands.main_job import run_build
+from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.commands.pruning import prune
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline

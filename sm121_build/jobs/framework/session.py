@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sm121_build.core.console import Steps, results_to_stderr
 from sm121_build.core.interrupts import temp_dir
+from sm121_build.cuda.binary import SPARK, Policy
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify.run_report import new_record, recorded
@@ -25,16 +26,29 @@ class Reporting:
     as_json: bool = False
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What a run is for: the arch list its record names (None for inject: its files say)
+    and the GPU it serves (`--gpu`), set on the run here and nowhere else."""
+
+    arch: ArchList | None
+    gpu: Policy = SPARK
+
+
 @contextmanager
-def run_session(command: str, base: str, tag: str, arch: ArchList | None,
+def run_session(command: str, base: str, tag: str, serving: Serving,
                 reporting: Reporting = Reporting()) -> Iterator[tuple[Pipeline, Path]]:
-    """A run of the main job, inject or aot: its record, the pipeline on the engine, and a
-    temp folder; `--json` moves the result lines to stderr."""
+    """A run of the main job, inject or aot: its record, the pipeline on the engine serving
+    the run's GPU, and a temp folder; `--json` moves the result lines to stderr."""
     if reporting.as_json:
         results_to_stderr()
     steps = Steps()
+    arch = serving.arch
     with recorded(new_record(command, base, tag, str(arch) if arch else None),
                   reporting.report,
                   reporting.summary_md, steps, reporting.as_json) as record, \
             temp_dir("sm121-run-") as tmp:
-        yield Pipeline.connect(record, steps), Path(tmp)
+        pipeline = Pipeline.connect(record, steps)
+        pipeline.gpu = serving.gpu
+        record.serves(str(serving.gpu))
+        yield pipeline, Path(tmp)

@@ -1,0 +1,391 @@
+"""The main job's plan: what the run does to each extension of the base (aot it, build it
+from source, keep it), decided from what was read (the base's facts and its stock files'
+audit, the source and its guards when they are needed), recorded and said; and the values
+a run carries (`Options`, `Resolved`, `Sources`, `Job`, `ExtensionActions`).  Carrying the
+plan out is `main_job.py`'s."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm121_build.core.console import note, result
+from sm121_build.core.errors import Sm121Error
+from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
+from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, unreachable_words
+from sm121_build.cuda.compat import SM121, ArchList
+from sm121_build.cuda.ptxas import Toolchain
+from sm121_build.image.facts import ImageFacts, VllmInstall
+from sm121_build.image.toolchain import (
+    require_buildable,
+    require_python_headers,
+)
+from sm121_build.jobs.commands.aot_step import (
+    AotAction,
+    aot_actions,
+    aot_toolchain,
+)
+from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.framework.run_warnings import ptx_warning
+from sm121_build.rebuild.decide import (
+    ExtensionPlan,
+    aot_does_as_well,
+    decide_inputs,
+    left_by_aot,
+    plan_extensions,
+    stock_counts,
+)
+from sm121_build.source.git_pin import (
+    Checkout,
+    GitRef,
+    check_checkout,
+    fetch_source,
+    version_to_ref,
+)
+from sm121_build.source.guard_rules import (
+    PatchFor,
+    apply_for_build,
+    rules_digest,
+)
+from sm121_build.source.guards import DEFAULT_CUDA
+from sm121_build.source.tree import require_contained
+from sm121_build.verify.run_report import RunDecision
+
+
+@dataclass(frozen=True)
+class Options:
+    base: str
+    tag: str
+    arch: ArchList
+    extra_ext: tuple[str, ...]
+    jobs: int | None
+    source: Path | None
+    repo: str
+    out: Path | None
+    force: bool
+    no_patch: bool
+    pull: str = "never"  # "always" (like docker build --pull), "missing" or "never"
+    versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>-b<base ID>
+    allow_other_commit: bool = False  # build a --source at another commit than the image's
+    fa_source: Path | None = None  # a local flash-attention checkout
+    only: tuple[str, ...] = ()  # --only: build no other extension than these
+    plan_only: bool = False  # --plan: decide, say the plan, build nothing
+    replace_tag: bool = False  # --replace-tag: --tag may move off an image we did not build
+    from_source: bool = False  # --from-source: build every gaining extension, no aot
+    aot_only: bool = False  # `aot IMAGE`: the aot actions alone, never the source
+    all_packages: bool = False  # `aot IMAGE --all-packages`: every aot-able file of the image
+    gpu: Policy = SPARK  # --gpu: the GPU the run serves (and the driver it is judged with)
+
+
+def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Path,
+                    aot: tuple[AotAction, ...] = ()) -> tuple[str, ...]:
+    """The decide step: per stock extension, whether the build gives sm_121 native code it
+    lacks (`decide.plan_extensions`); then --ext adds and --only restricts.  Empty: nothing
+    to build (said, and recorded as not-needed)."""
+    pipeline, opts = job.pipeline, job.opts
+    arch_cmake, cuda = job.image.arch.cmake, job.image.cuda
+    record, steps = pipeline.record, pipeline.steps
+    names = {extension_target(n): n for n in stock}
+    extra = tuple(e for e in opts.extra_ext if e != "auto")
+    if opts.force:
+        chosen = [n for n in stock if DEFAULT_EXTENSIONS.match(n.rsplit("/", 1)[-1])]
+        plans: list[ExtensionPlan] = []
+    else:
+        with steps.step("decide"):
+            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, SM121),
+                                    {t: p.name for p in projects() for t in p.targets})
+            plans = [p for p in plans if not aot_does_as_well(p, native_by_aot(aot))]
+            for item in plans:
+                note(item.line())
+                for why in item.remains:
+                    note(f"  {why}")
+            for action in aot:
+                note(action.line())
+            chosen = [p.name for p in plans if p.build]
+    for name in extra:
+        file = names.get(extension_target(name), name)
+        if file not in chosen:
+            chosen.append(file)
+    if opts.only:
+        wanted = {extension_target(o) for o in opts.only}
+        chosen = [n for n in chosen if extension_target(n) in wanted]
+    built = [p for p in plans if p.name in chosen]
+    reason = "forced (--force)" if opts.force else "; ".join(
+        [f"{p.target}: {p.reason}" for p in built] + [a.line() for a in aot]) \
+        or "no extension gains"
+    extensions = {p.name: {**p.as_record(), "action": "build" if p.build else "keep"}
+                  for p in plans}
+    extensions.update({a.name: a.as_record(stock_counts(stock, a.name)) for a in aot})
+    record.decided(RunDecision(bool(chosen or aot), reason,
+                            (*chosen, *(a.name for a in aot)), extensions))
+    if not chosen and not aot:
+        jit = sum(p.after["jit"] for p in plans)
+        kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
+                         or p.before["jit"] or p.before["none"])
+        result(f"no rebuild needed: no extension of {opts.base} gains native sm_121 code "
+                   f"from a rebuild ({kept or 'every kernel is already native'})"
+                   f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
+                   "--force builds _C/_moe_C anyway, --ext NAME builds NAME")
+    return tuple(chosen)
+
+
+def native_by_aot(aot: tuple[AotAction, ...]) -> dict[str, int]:
+    """Per file aot takes, the kernels it makes native (what `rebuild/decide` weighs)."""
+    return {a.name: a.able.kernels or 0 for a in aot}
+
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The base and what a build of it needs to know."""
+
+    facts: ImageFacts
+    vllm: VllmInstall
+    ref: GitRef  # the vLLM commit (or tag) the image was built from
+    cuda: str  # the image's CUDA toolkit, X.Y
+    arch: ArchList  # what to build for, in torch's and CMake's forms
+    gpu: Policy = SPARK  # the GPU the run serves (--gpu)
+
+    @property
+    def patch_for(self) -> PatchFor:
+        """What the source trees are patched for: this vLLM, arch list, CUDA, sm_121."""
+        return PatchFor(self.vllm.version, self.arch.cmake, self.cuda, SM121)
+
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the build compiles: vLLM at `commit` and the external projects' trees."""
+
+    commit: str
+    provenance: str  # commit[+changes], then `\0project@commit+changes` per project
+    external: tuple[tuple[str, str], ...] = ()  # (environment variable, context folder)
+    tree: Path | None = None  # vLLM's tree in the build context (None: no source build)
+
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of the main job as its stages see it: the pipeline (engine, record, steps),
+    the options, and the base resolved."""
+
+    pipeline: Pipeline
+    opts: Options
+    image: Resolved
+
+
+
+@dataclass(frozen=True)
+class ExtensionActions:
+    """The run's plan, per extension: the files aot makes native from their own PTX, and the
+    ones built from the source (every other extension is kept as the base has it); with the
+    source they were decided on, when it was read, and the ptxas aot uses."""
+
+    aot: tuple[AotAction, ...]
+    build: tuple[str, ...]
+    checkout: Checkout | None
+    toolchain: Toolchain | None  # None: nothing to aot
+
+    def line(self, arch: ArchList) -> str:
+        """`aot A, B; build C for 12.1`."""
+        parts = ([f"aot {', '.join(a.name for a in self.aot)}"] if self.aot else []) + \
+            ([f"build {', '.join(self.build)}"] if self.build else [])
+        return f"{'; '.join(parts)} for {arch}"
+
+
+def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
+    """The decide step: which extensions aot makes native (none with --from-source, --force
+    or --no-patch), and which a source build improves, read from the source when it is
+    needed (always without aot; with aot, only when a kernel aot cannot make native remains
+    and the source can be had).  None: nothing to do, said and recorded."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
+    aot, stock = planned_aot(job)
+    if not aot and (opts.aot_only or not opts.gpu.has_source_rules):
+        pipeline.record.decided(RunDecision(False, "nothing to aot"))
+        result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
+               f"on {opts.gpu}; nothing tagged")
+        return None
+    toolchain: Toolchain | None = None
+    if aot:
+        toolchain = aot_toolchain()  # this machine's ptxas, before any work
+        checkout = _source_if_needed(job, aot, stock, context / "src")
+    else:
+        require_buildable(image.vllm.tools, image.facts.ref)  # a build, before any fetch
+        checkout = vllm_source(job, context / "src")
+        stock = stock or stock_extensions(pipeline, image)
+    chosen: tuple[str, ...] = ()
+    if checkout is not None:
+        patch_vllm(job, context / "src")
+        chosen = choose_to_build(job, stock, context / "src", aot)
+    else:
+        with pipeline.steps.step("decide"):
+            for action in aot:
+                note(action.line())
+            choose_record(pipeline, aot, stock,
+                          image.vllm.package_dir.lstrip("/") + "/" if opts.all_packages else "")
+    if not chosen and not aot:
+        return None
+    return ExtensionActions(aot, chosen, checkout, toolchain)
+
+
+def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport | None]]:
+    """The extensions aot makes native (none with --from-source or --force), and the stock
+    audit it read for them (empty when it read none)."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
+    if opts.from_source or opts.force or opts.no_patch:
+        return (), {}
+    stock = pipeline.read_device_files(image.facts) if opts.all_packages \
+        else stock_extensions(pipeline, image)
+    aot = aot_actions(stock, opts.gpu.target)
+    if opts.only:
+        wanted = {extension_target(o) for o in opts.only}
+        aot = tuple(a for a in aot if extension_target(a.name) in wanted)
+    return aot, stock
+
+
+def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
+                  stock: dict[str, BinaryReport | None], vllm_prefix: str = "") -> None:
+    """The decision of a run without the source: the aot actions, and every extension left
+    with kernels aot cannot make native (kept, its reason in `remains`, so the summary and
+    the report say what stays non-native).  `vllm_prefix`: with `--all-packages`, where
+    vLLM's files are (the source build can only help those)."""
+    extensions = {a.name: a.as_record(stock_counts(stock, a.name)) for a in aot}
+    for name, (jit, none) in left_by_aot(native_by_aot(aot), stock).items():
+        before = stock_counts(stock, name)
+        what = [f"{none} kernel(s) load nothing on {pipeline.gpu}"] if none else []
+        what += [f"{jit} stay JIT-only"] if jit else []
+        report = stock.get(name)
+        if report is not None and report.reach is not None and report.reach.chosen \
+                and name not in extensions:
+            why = (f"{' and '.join(what)}: aot would make the JIT-only ones native; not asked "
+                   "(--only)")
+        elif report is not None and report.reach is not None and report.reach.unreachable:
+            why = f"{' and '.join(what)}: {unreachable_words(report.reach.unreachable)}"
+        elif not pipeline.gpu.has_source_rules:
+            why = (f"{' and '.join(what)}: aot cannot change them, and a source build is for "
+                   f"sm_121 alone: only a release built for {pipeline.gpu} makes them native")
+        elif vllm_prefix and not name.startswith(vllm_prefix):
+            why = (f"{' and '.join(what)}: aot cannot change them; only a build of its "
+                   "package for the GPU can")
+        else:
+            why = (f"{' and '.join(what)}: aot cannot change them; whether a source build can "
+                   "was not decided (the source was not read: `sm121-build --base IMAGE "
+                   "--source DIR` reads it)")
+        extensions.setdefault(name, {
+            "name": name, "target": extension_target(name), "before": before, "after": before,
+            "build": False, "action": "keep", "reason": "kept: no source read", "remains": []})
+        extensions[name]["remains"] = [why]
+    pipeline.record.decided(RunDecision(
+        True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot), extensions))
+
+
+def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
+                      dest: Path) -> Checkout | None:
+    """The source, when a kernel remains that aot cannot make native and the source can be
+    had (a given --source always is); None otherwise, said."""
+    opts = job.opts
+    if opts.aot_only or (opts.only and opts.source is None):
+        return None
+    if not opts.gpu.has_source_rules:
+        note(f"no guard rules for {opts.gpu} (a source build is for sm_121): aot alone; what "
+             f"aot cannot change is left as it is "
+             f"({', '.join(left_by_aot(native_by_aot(aot), stock))})")
+        return None
+    left = list(left_by_aot(native_by_aot(aot), stock))
+    if not left and opts.source is None:
+        note("every kernel that is not native has PTX: aot alone, no source needed")
+        return None
+    blocked = job.image.vllm.tools.blocking(job.image.facts.ref) \
+        if job.image.vllm.tools is not None else None
+    if blocked and opts.source is None:
+        note(f"no source build in this image ({blocked}): what only a source build could "
+             f"change is left as it is ({', '.join(left)}); aot goes on")
+        return None
+    try:
+        return vllm_source(job, dest)
+    except Sm121Error as exc:
+        if opts.source is not None:
+            raise
+        note(f"the vLLM source cannot be had ({exc}): what only a source build could change "
+             f"is left as it is ({', '.join(left)}); aot goes on; --source DIR builds them")
+        return None
+
+
+def files_root(job: Job) -> str:
+    """The folder a run's files are named under: vLLM's package, or the image's root for
+    `--all-packages` (files of every package, named by their path from `/`)."""
+    return "/" if job.opts.all_packages else job.image.vllm.package_dir
+
+
+def builds_for_sure(opts: Options) -> bool:
+    """Whether the run builds from source whatever the plan says (a --source given, or no
+    aot: --from-source, --force, --no-patch): the image's compiler is checked up front, and
+    the GPU must be one the guard rules cover."""
+    certain = not opts.aot_only and (opts.source is not None or opts.from_source
+                                     or opts.force or opts.no_patch)
+    if certain and not opts.gpu.has_source_rules:
+        raise Sm121Error(f"--gpu {opts.gpu}: a source build (--source, --from-source, --force, "
+                         "--no-patch) is for sm_121 only (the guard rules are written for it); "
+                         f"{opts.gpu} gets aot: drop those options")
+    return certain
+
+
+def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
+    """Pull when asked, inspect, and every check of the base made before any work: the
+    result's tag is free, the image can build (a CUDA toolkit, the tools)."""
+    facts, vllm = pipeline.resolve_image(opts.base, opts.pull)
+    if not opts.plan_only:
+        pipeline.require_tags_free(facts, [opts.tag], opts.replace_tag)
+    if builds_for_sure(opts):  # aot compiles on this machine: it needs no compiler there
+        require_buildable(vllm.tools, facts.ref)
+    return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
+                    vllm.cuda_version or DEFAULT_CUDA, opts.arch, opts.gpu)
+
+
+def vllm_source(job: Job, dest: Path) -> Checkout:
+    """The source at the image's commit (a checked --source, or fetched), copied to `dest`."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
+    record = pipeline.record
+    with pipeline.steps.step(f"source ({image.ref})"):
+        if opts.source:
+            checkout = check_checkout(opts.source, image.ref, opts.allow_other_commit)
+            record.source_checked(checkout.other_commit, checkout.changes)
+            if checkout.other_commit:
+                note(f"warning: {checkout.other_commit} (--allow-other-commit)")
+            if checkout.changes:
+                note(f"uncommitted changes in {checkout.path}: built as they are "
+                     f"(sha256 {checkout.changes[:12]}, part of the content key)")
+        else:
+            checkout = Checkout(*fetch_source(image.ref, opts.repo), "", "")
+        require_python_headers(image.vllm.tools, checkout.path, image.facts.ref)
+        require_contained(checkout.path)  # the copy keeps links as links, all inside
+        shutil.copytree(checkout.path, dest, ignore=shutil.ignore_patterns(".git"),
+                        symlinks=True)
+        note(f"{checkout.path} @ {checkout.commit}")
+    return checkout
+
+
+def stock_extensions(pipeline: Pipeline, image: Resolved) -> dict[str, BinaryReport | None]:
+    """The base's extensions, audited (and PTX newer than a Spark's driver, said)."""
+    with pipeline.steps.step("audit the stock extensions"):
+        stock = pipeline.read_stock(image.facts, image.vllm.extensions)
+        too_new = ptx_warning(stock, pipeline.gpu.target, pipeline.gpu.driver)
+        if too_new:
+            note(too_new)
+    return stock
+
+
+def patch_vllm(job: Job, src: Path) -> None:
+    pipeline, opts, image = job.pipeline, job.opts, job.image
+    with pipeline.steps.step("patch"):
+        if opts.no_patch:
+            note("patches skipped (--no-patch)")
+            return
+        for line in apply_for_build(src, {}, image.patch_for):
+            note(line)
+
+
+def patches_of(opts: Options) -> str:
+    """The rules digest a build names (labels, manifest): `none` with --no-patch."""
+    return "none" if opts.no_patch else rules_digest()
