@@ -10,6 +10,7 @@ from typing import Literal
 
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.compat import (
+    DEFAULT_GPU_DRIVER,
     SM121,
     VERDICT_RANK,
     ArchList,
@@ -34,7 +35,8 @@ from sm121_build.cuda.fatbin_rewrite import read_layout
 from sm121_build.cuda.ptxas_cost import Estimate, cost_table, digest, ptx_kind
 
 FileVerdict = Literal["native", "jit", "partial", "none"]
-DEFAULT_DRIVER = (13, 0)  # the oldest driver a run is judged with: a DGX Spark's first
+# the oldest driver a run is judged with: the default GPU's first (a DGX Spark's)
+DEFAULT_DRIVER = DEFAULT_GPU_DRIVER
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,15 @@ class Policy:
 
     @property
     def has_source_rules(self) -> bool:
-        """Whether the guard rules (patches/) cover it: a source build is for the Spark's
-        sm_121 alone; any other GPU gets aot only (the plan says so)."""
-        return self.target == SM121
+        """Whether the guard rules (patches/) cover it: a source build is for the default
+        GPU (the Spark's sm_121) alone; any other GPU gets aot only (the plan says so)."""
+        return self.target.has_source_rules
+
+    @property
+    def is_default(self) -> bool:
+        """The GPU a run serves unless --gpu names another; its reports and keys stay as
+        they were before --gpu existed."""
+        return self.target.is_default
 
     def __str__(self) -> str:
         return str(self.target)

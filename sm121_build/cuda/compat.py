@@ -30,11 +30,42 @@ DEFAULT_CUDA = "13.0"  # the CUDA toolkit a build assumes where the image does n
 
 Verdict = Literal["native", "jit", "none"]
 VERDICT_RANK: dict[Verdict, int] = {"none": 0, "jit": 1, "native": 2}
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What the GPU table (`data/gpus.yaml`) says of one GPU."""
+
+    name: str  # what it is: "Blackwell (GB10, DGX Spark)"
+    first_cuda: str | None = None  # the first CUDA whose ptxas compiles for it
+    default: bool = False  # the GPU a run serves unless --gpu names another
+    machine: str = ""  # how a run names it ("a DGX Spark's GB10"); the default's alone
+    driver: tuple[int, int] | None = None  # the oldest driver it ships with
+    platform: str = ""  # what its images run on (linux/arm64)
+    source_rules: bool = False  # the guard rules (patches/) are written for it
+
+
+def _gpu_table() -> dict[str, GpuFacts]:
+    raw = yaml.safe_load(resources.files("sm121_build").joinpath("data/gpus.yaml").read_text())
+    table = {}
+    for arch, row in raw.items():
+        driver = tuple(int(part) for part in row["driver"].split(".")) if "driver" in row \
+            else None
+        table[str(arch)] = GpuFacts(row["name"], row.get("first_cuda"),
+                                    bool(row.get("default")), row.get("machine", ""),
+                                    (driver[0], driver[1]) if driver else None,
+                                    row.get("platform", ""), bool(row.get("source_rules")))
+    defaults = [arch for arch, facts in table.items() if facts.default]
+    if len(defaults) != 1 or table[defaults[0]].driver is None:
+        raise RuntimeError("data/gpus.yaml: exactly one GPU is the default, with its driver")
+    return table
+
+
 # CUDA's real architectures, as TORCH_CUDA_ARCH_LIST spells them: the one table of GPUs a
-# value given to any command (an arch list, --gpu, --target) may name; data
-# (`data/gpus.yaml`), read once here.
-KNOWN_ARCHS = frozenset(str(arch) for arch in yaml.safe_load(
-    resources.files("sm121_build").joinpath("data/gpus.yaml").read_text()))
+# value given to any command (an arch list, --gpu, --target) may name, and what is known of
+# each; data (`data/gpus.yaml`), read once here.
+GPU_TABLE = _gpu_table()
+KNOWN_ARCHS = frozenset(GPU_TABLE)
 # ASCII digits only: `\d` alone takes `sm_١٢١` (Arabic-Indic) or fullwidth digits too
 _TARGET = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$", re.ASCII)
 _DOTTED = re.compile(r"^(\d{1,2})\.(\d)([af]?)$", re.ASCII)
@@ -53,6 +84,22 @@ class Target:
     @property
     def minor(self) -> int:
         return self.arch % 10
+
+    @property
+    def facts(self) -> GpuFacts:
+        """What the GPU table says of it (a name alone for a GPU it does not list)."""
+        return GPU_TABLE.get(f"{self.major}.{self.minor}", GpuFacts(str(self)))
+
+    @property
+    def is_default(self) -> bool:
+        """The GPU a run serves unless --gpu names another (a DGX Spark's)."""
+        return self.facts.default
+
+    @property
+    def has_source_rules(self) -> bool:
+        """Whether the guard rules (patches/) are written for it: a source build is for it
+        alone; any other GPU gets aot only."""
+        return self.facts.source_rules
 
     def __str__(self) -> str:
         return f"sm_{self.arch}"
@@ -209,5 +256,14 @@ def best(verdicts: list[Verdict]) -> Verdict:
     return max(verdicts, key=VERDICT_RANK.__getitem__, default="none")
 
 
-# the GPU this tool builds for: a DGX Spark's GB10
-SM121 = Target(121)
+# the GPU this tool builds for unless told otherwise (the table's default: a DGX Spark's
+# GB10, sm_121)
+SM121, DEFAULT_GPU_DRIVER = next(
+    (Target(int(arch.replace(".", ""))), facts.driver) for arch, facts in GPU_TABLE.items()
+    if facts.default and facts.driver is not None)
+
+
+def is_default_gpu(name: str) -> bool:
+    """Whether a GPU named as the tool writes it (`sm_121`: a record's, a manifest's) is the
+    table's default."""
+    return name == str(SM121)

@@ -33,7 +33,7 @@ from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, store_cache
 from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
-from sm121_build.cuda.compat import SM121, Target, cubin_loads
+from sm121_build.cuda.compat import SM121, Target, cubin_loads, is_default_gpu
 from sm121_build.cuda.dynsym import demangle, dynamic_symbols
 from sm121_build.cuda.fatbin import Entry, HostBinary
 from sm121_build.cuda.host import host_side
@@ -208,7 +208,7 @@ class KernelComparison:
     def problems(self) -> list[str]:
         """One line per lost kernel: the same number of kernels is not enough, each stock
         kernel must be there by name."""
-        if self.target != "sm_121":  # aot for another GPU: what it loads must be native
+        if not is_default_gpu(self.target):  # aot for another GPU: all it loads, native
             return [f"{self.name}: kernel {kernel} is {self.stock_arch} in the stock image "
                     f"(natively or through the JIT) but not native there in the build"
                     for kernel in self.missing]
@@ -238,7 +238,7 @@ def compare_kernels(name: str, stock: Path | None, built: BinaryReport,
     or through the JIT (`stock_report`, audited for it): aot makes them all native."""
     cubins = cubin_kernels(stock) if stock else []
     arch, kernels = _newest(cubins)
-    if target != SM121 and stock_report is not None and stock_report.kernels is not None:
+    if not target.is_default and stock_report is not None and stock_report.kernels is not None:
         arch = f"loadable on {target}"
         kernels = frozenset(kernel_key(k) for k, v in stock_report.kernels.items()
                             if v in ("native", "jit"))

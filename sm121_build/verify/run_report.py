@@ -21,6 +21,7 @@ from sm121_build.core.inputs import read_input
 from sm121_build.core.outputs import append_text, replace_text
 from sm121_build.core.paths import cache_dir
 from sm121_build.cuda.binary import BinaryReport
+from sm121_build.cuda.compat import is_default_gpu
 
 FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
 class RunStatus(str, Enum):
@@ -157,7 +158,7 @@ class RunRecord:
     def serves(self, gpu: str) -> None:
         """The GPU the run serves, when it is not the Spark's sm_121 (whose reports stay as
         they were)."""
-        self.gpu = None if gpu == "sm_121" else gpu
+        self.gpu = None if is_default_gpu(gpu) else gpu
 
     def base_pulled(self, pulled: Pulled) -> None:
         self.pulled = pulled

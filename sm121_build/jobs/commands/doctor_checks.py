@@ -24,6 +24,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.limits import Limits
 from sm121_build.core.paths import cache_dir, state_dir
+from sm121_build.cuda.compat import is_default_gpu
 from sm121_build.cuda.nvidia_smi import output, read
 from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, ptxas_folders, toolchains
 from sm121_build.image.refs import registry_of
@@ -250,7 +251,7 @@ def gpu(probe: Probe) -> tuple[list[Check], str | None, str | None]:
     target, cuda = found.target, found.cuda
     detail = f"{found.name}, compute capability {found.capability}, driver {found.driver}" + \
         (f" (CUDA {cuda})" if cuda else "")
-    if target == "sm_121":
+    if target is not None and is_default_gpu(target):
         return [Check("gpu", "OK", detail + ": a DGX Spark GPU")], target, cuda
     judged = f"audit judges for {target} here" if target else \
         "its compute capability is unreadable: audit judges for sm_121"

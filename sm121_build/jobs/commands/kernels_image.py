@@ -42,7 +42,7 @@ from sm121_build.core.errors import (
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import FIELD_LABELS, KIND_LABEL, REUSE_KEY_LABEL
 from sm121_build.cuda.binary import SPARK, Policy
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.compat import ArchList, is_default_gpu
 from sm121_build.image import cosign, ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, Status
 from sm121_build.image.facts import VllmInstall
@@ -68,7 +68,7 @@ def reuse_key(manifest: artifacts_mod.Manifest) -> str:
              built.arch_list, built.patches, ",".join(manifest.names)]
     if built.platform:  # arm64 and amd64 files of one build are two kernels images
         parts.append(built.platform)
-    if built.served != str(SPARK):  # one build per GPU; the Spark's keys stay as they were
+    if not is_default_gpu(built.served):  # one build per GPU; the Spark's keys stay as they were
         parts.append(f"gpu={built.served}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 

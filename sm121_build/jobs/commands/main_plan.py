@@ -14,7 +14,7 @@ from sm121_build.core.console import note, result
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
 from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, unreachable_words
-from sm121_build.cuda.compat import SM121, ArchList
+from sm121_build.cuda.compat import ArchList
 from sm121_build.cuda.ptxas import Toolchain
 from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.image.toolchain import (
@@ -93,7 +93,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
         plans: list[ExtensionPlan] = []
     else:
         with steps.step("decide"):
-            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, SM121),
+            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, opts.gpu.target),
                                     {t: p.name for p in projects() for t in p.targets})
             plans = [p for p in plans if not aot_does_as_well(p, native_by_aot(aot))]
             for item in plans:
@@ -150,7 +150,7 @@ class Resolved:
     @property
     def patch_for(self) -> PatchFor:
         """What the source trees are patched for: this vLLM, arch list, CUDA, sm_121."""
-        return PatchFor(self.vllm.version, self.arch.cmake, self.cuda, SM121)
+        return PatchFor(self.vllm.version, self.arch.cmake, self.cuda, self.gpu.target)
 
 
 
