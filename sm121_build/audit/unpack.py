@@ -5,7 +5,9 @@ error or Ctrl-C included.  An image in the engine is streamed, never exported: o
 directories the `--include` patterns can match are read (a pattern's fixed leading folders;
 a pattern that starts with `*/NAME` is looked for under the image's Python package
 directories, where vLLM lives), the whole filesystem only when no pattern has a fixed part.
-Only ELF files that carry device code stay in temp; the others are dropped once read.
+Of a folder or an engine image, only ELF files that carry device code stay in temp (the
+others are dropped once read, listed by name and size); a wheel's or an image tarball's
+wanted members are extracted whole, within the archive's budget (`core/inputs.Inflated`).
 """
 
 from __future__ import annotations

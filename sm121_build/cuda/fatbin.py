@@ -1,4 +1,5 @@
-"""Everything that reads ELF files and the CUDA fatbins inside them.
+"""The CUDA fatbins inside ELF files: where they are, their containers and entries (the ELF
+sections and symbols themselves are read by `cuda/elf`).
 
 A host ELF (.so, executable, relocatable .o) carries device code in `.nv_fatbin` (linked
 objects) or `__nv_relfatbin` (relocatable objects).  That section holds one or more fatbin

@@ -13,8 +13,10 @@ gains, and moves each relocation's addend (and the pointer's own bytes, where th
 also wrote the value in place) to its container's new address.  When they fit the section,
 they stay in its place; else the whole section moves to a new read-only PT_LOAD at the end of
 the file (the program header table moves there too, as patchelf does: the old one has no
-room for another entry), the section header follows it, and the old bytes are zeroed (they
-compress to nothing in a wheel or an image layer).  A reader of the first `.nv_fatbin`
+room for another entry), the section header follows it, and the old bytes are cut out in
+whole pages (every later segment keeps its address; the segment that held the section is
+split around the hole, what is left of it under a page stays as zeros, and the file offsets
+after the cut shift down by the pages cut).  A reader of the first `.nv_fatbin`
 (cuobjdump) sees every container; host code, symbols and every other section stay byte for
 byte.  A file this module cannot rewrite safely is refused before anything is written.
 """

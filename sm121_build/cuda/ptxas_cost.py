@@ -5,9 +5,10 @@ before it is compiled.  Bytes alone mislead: CUTLASS GEMM PTX (vLLM's `_C`) take
 times more ptxas CPU per byte than flash-attention's.  So, as the build's ETA uses recorded
 builds (`data/ninja/`), aot uses recorded compiles: `data/ptxas_costs.json` holds the
 CPU-seconds ptxas took on each module of the vLLM releases measured there (by
-`benchmarks/aot_costs.py`: each process's own CPU time, so a busy machine does not inflate
-it), keyed by the digest of the PTX entry as the file stores it (the plan reads it without
-decompressing) and of the PTX text.  A module not in the table is its size times a rate per
+`benchmarks/device/ptxas_costs_measure.py` on the lent machine, tabled by
+`benchmarks/aot_costs_table.py`: each process's own CPU time, so a busy machine does not
+inflate it), keyed by the digest of the PTX entry as the file stores it and of the PTX
+text.  A module not in the table is its size times a rate per
 kind of PTX, fitted on the same measurements.  CPU time, not wall time: what a module costs
 does not depend on how many run beside it.
 
@@ -86,8 +87,8 @@ class CostTable:
 
 
 # kinds of PTX told apart by the text, first match wins (flash-attention is built on
-# CUTLASS's cute too, but compiles several times faster per byte than CUTLASS's GEMMs); the
-# plan, which does not decompress the PTX, uses "unknown"
+# CUTLASS's cute too, but compiles several times faster per byte than CUTLASS's GEMMs); a
+# module whose text was not read (None) is "unknown"
 _KINDS = ((b"flash", "flash"), (b"cutlass", "cutlass"))
 
 

@@ -1,8 +1,10 @@
 """What an aot'd file must be against the stock file it came from.
 
-- every byte outside `.nv_fatbin` equals the stock's, but for the wrappers' relocation
-  addends (and, where the section moved to a new segment, the ELF header's program header
-  fields and the section's own header row): host code cannot have changed;
+- every byte outside `.nv_fatbin` equals the stock's as the loader and the linkers see it
+  (at its address: where the section moved to a new segment its old pages are cut out and
+  later offsets shift), but for the wrappers' relocation addends, the ELF header's program
+  and section header fields and the section's own header row: host code cannot have
+  changed;
 - each registered container holds its stock entries byte for byte, in their order, and
   after them only cubins;
 - each container the GPU could only JIT (or not load) before, and that had PTX it can JIT,

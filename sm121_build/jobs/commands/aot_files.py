@@ -4,7 +4,9 @@ For every fatbin container of a file whose code does not load natively on the GP
 PTX it can JIT, ptxas compiles that PTX for the GPU ahead of time (what the driver's JIT does
 at first start: the same PTX, the default optimisation, the options the entry records) and
 the cubin is added to that container (`cuda/fatbin_rewrite`).  Modules compile on every
-core, largest first (the largest sets the wall time).  Each rewritten file is verified
+core in the order and on the threads `cuda/ptxas_schedule` chooses from their estimated
+costs (`cuda/ptxas_cost`), within the memory left (`jobs/commands/aot_compile` runs it).
+Each rewritten file is verified
 against its stock file (`verify/aot_check`) and one module per file is compiled again and
 its code compared, before anything is written; a file that cannot be rewritten is one line,
 and is left as it was.
