@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.fatbin import (  # noqa: E402
-    _ENTRY,
     CONTAINER_HEADER,
     CONTAINER_MAGIC,
+    ENTRY_HEADER,
     ENTRY_MIN_HEADER,
-    _fatbin_sections,
+    code_sections,
 )
 
 ARCH_FIELD = 28  # offset of `arch` in a fatbin entry header ("<HHIQIIHHI…")
@@ -45,7 +45,7 @@ def hide_sass(src: Path, dst: Path, arch: int) -> int:
     shutil.copy2(src, dst)
     hidden = 0
     with open(dst, "r+b") as handle, mmap.mmap(handle.fileno(), 0) as data:
-        for start, length in list(_fatbin_sections(dst, handle, os.path.getsize(dst))):
+        for start, length in [(c.start, c.length) for c in code_sections(dst, data) if c.strict]:
             pos, end = start, start + length
             while pos + CONTAINER_HEADER.size <= end:
                 magic, _v, header, size = CONTAINER_HEADER.unpack_from(data, pos)
@@ -54,7 +54,7 @@ def hide_sass(src: Path, dst: Path, arch: int) -> int:
                     continue
                 body, body_end = pos + header, pos + header + size
                 while body + ENTRY_MIN_HEADER <= body_end:
-                    fields = _ENTRY.unpack_from(data, body)
+                    fields = ENTRY_HEADER.unpack_from(data, body)
                     kind, entry_header, payload = fields[0], fields[2], fields[3]
                     if kind == 0 and entry_header == 0:
                         break

@@ -8,10 +8,9 @@ import struct
 import zipfile
 from pathlib import Path
 
+from sm121_build.cuda.fatbin import CONTAINER_HEADER as CONTAINER
 from sm121_build.cuda.fatbin import CONTAINER_MAGIC
-
-CONTAINER = struct.Struct("<IHHQ")
-ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")  # 64 bytes
+from sm121_build.cuda.fatbin import ENTRY_HEADER as ENTRY  # 64 bytes
 
 
 def elf_with(sections: list[tuple[str, bytes]]) -> bytes:

@@ -208,12 +208,6 @@ def _children() -> list[int]:
 _ADOPTING: list[bool] = []
 
 
-def running() -> int:
-    """How many programs are running now (the tests' count of what a run left)."""
-    with _LOCK:
-        return len(_GROUPS)
-
-
 def _kill(group: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(group, signal.SIGKILL)

@@ -107,7 +107,7 @@ class Target:
 
 class Code(Protocol):
     """What decides whether a fatbin entry loads: its kind, arch, variant and version (a
-    fatbin's `Entry`, or an `EntryCode` where none is at hand)."""
+    fatbin's `Entry`)."""
 
     @property
     def kind(self) -> str: ...
@@ -117,16 +117,6 @@ class Code(Protocol):
     def variant(self) -> str: ...
     @property
     def version(self) -> tuple[int, int]: ...
-
-
-@dataclass(frozen=True)
-class EntryCode:
-    """An entry's code alone: `elf`/`ptx`/..., 121, `a`/`f`/`""`, (ISA or cubin version)."""
-
-    kind: str
-    arch: int
-    variant: str
-    version: tuple[int, int]
 
 
 def parse_target(text: str) -> Target:

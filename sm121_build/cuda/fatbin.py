@@ -40,8 +40,8 @@ from sm121_build.cuda.elf import SHT_NOBITS, Buffer, Elf, ElfError
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 CONTAINER_MAGIC = 0xBA55ED50
 CONTAINER_HEADER = struct.Struct("<IHHQ")
-_ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
-ENTRY_MIN_HEADER = _ENTRY.size  # 64
+ENTRY_HEADER = struct.Struct("<HHIQIIHHIIIQQQ")
+ENTRY_MIN_HEADER = ENTRY_HEADER.size  # 64
 
 FLAG_LZ4 = 0x2000
 FLAG_ZSTD = 0x8000
@@ -526,7 +526,7 @@ def read_entry(path: Path, data: bytes | mmap.mmap, pos: int, end: int,
     next one starts (None at the zero padding that closes the container)."""
     container, index, section = at
     (kind, _version, header_size, payload_size, compressed, _unknown, minor, major, arch,
-     _name_off, _name_len, flags, _zero_field, uncompressed) = _ENTRY.unpack_from(data, pos)
+     _name_off, _name_len, flags, _zero_field, uncompressed) = ENTRY_HEADER.unpack_from(data, pos)
     if kind == 0 and header_size == 0:
         return None, end  # zero padding closes the container
     payload = pos + header_size

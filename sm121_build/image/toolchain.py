@@ -32,7 +32,6 @@ from sm121_build.image.api import ImageFiles
 CXX_NAMES = ("c++", "g++")
 _GCC_MAJOR = re.compile(r"g\+\+-(\d+)$")
 _GCC_LIMIT = re.compile(r"#if\s+__GNUC__\s*>\s*(\d+)")
-_SHARE = re.compile(r"cmake-(\d+)\.(\d+)$")
 _SITE_PYTHON = re.compile(r"/lib/python(\d+\.\d+)/")
 # `[^)]{0,256}`, not `[^)]*`: a call's arguments are short, and an unbounded run makes the
 # search quadratic in a file of `find_package(Python ` with no `)` (4 MiB: hours)

@@ -23,7 +23,6 @@ from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.inputs import InputRefused
 from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.cuda.compat import DEFAULT_CUDA as DEFAULT_CUDA  # re-exported
-from sm121_build.cuda.compat import ArchList
 from sm121_build.source.cmake_lang import (
     Argument,
     CMakeSyntaxError,
@@ -586,6 +585,3 @@ def cmake_error(stderr: str) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "no output")
 
 
-def cmake_arch_list(arch: str) -> str:
-    """TORCH_CUDA_ARCH_LIST style (`12.1`, `12.1a`, `9.0 12.1`) to CMake's `12.1;9.0`."""
-    return ArchList.parse(arch).cmake

@@ -31,7 +31,6 @@ from sm121_build.source.cmake_run import CMakeScript, current_runner
 from sm121_build.source.guards import cmake_error
 
 KIND = "macro-insert"
-PLAIN_PTX = re.compile(r"^(\d+)\.(\d+)\+PTX$")
 ENTRY = re.compile(r"^(\d+)\.(\d+)([af]?)$")
 
 

@@ -150,12 +150,9 @@ def cubin_kernels(path: Path) -> Cubins:
         return [(e, binary.kernel_sizes(e)) for e in binary.entries if e.kind == "elf"]
 
 
-def stub_kernels(path: Path, target: Target = SM121) -> dict[str, Stub]:
-    """The kernels (by `kernel_key`) whose code `target` loads from this file is a stub."""
-    return _stubs(cubin_kernels(path), target)
-
-
-def _stubs(cubins: Cubins, target: Target) -> dict[str, Stub]:
+def stubs_of(cubins: Cubins, target: Target) -> dict[str, Stub]:
+    """The kernels (by `kernel_key`) whose code `target` loads from these cubins (a file's,
+    `cubin_kernels`) is a stub."""
     loaded: dict[str, tuple[int, str]] = {}
     elsewhere: dict[str, tuple[int, str]] = {}
     for entry, sizes in cubins:
@@ -216,12 +213,9 @@ class KernelComparison:
                 f"image but none for sm_121 in the build" for kernel in self.missing]
 
 
-def newest_arch_kernels(path: Path) -> tuple[str | None, frozenset[str]]:
-    """The newest SM a .so has cubins for, and the kernels those cubins define."""
-    return _newest(cubin_kernels(path))
-
-
-def _newest(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
+def newest_of(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
+    """The newest SM a file's cubins (`cubin_kernels`) are for, and the kernels they
+    define."""
     if not cubins:
         return None, frozenset()
     newest = max(entry.arch for entry, _ in cubins)
@@ -237,13 +231,13 @@ def compare_kernels(name: str, stock: Path | None, built: BinaryReport,
     for another GPU (aot alone), every kernel the stock file gives that GPU at all, natively
     or through the JIT (`stock_report`, audited for it): aot makes them all native."""
     cubins = cubin_kernels(stock) if stock else []
-    arch, kernels = _newest(cubins)
+    arch, kernels = newest_of(cubins)
     if not target.is_default and stock_report is not None and stock_report.kernels is not None:
         arch = f"loadable on {target}"
         kernels = frozenset(kernel_key(k) for k, v in stock_report.kernels.items()
                             if v in ("native", "jit"))
     native = frozenset(kernel_key(k) for k, v in (built.kernels or {}).items() if v == "native")
-    return KernelComparison(name, arch, kernels, native, frozenset(_stubs(cubins, target)),
+    return KernelComparison(name, arch, kernels, native, frozenset(stubs_of(cubins, target)),
                             str(target))
 
 

@@ -105,7 +105,7 @@ def test_what_a_program_leaves_behind_is_ended_with_it(tmp_path: Path) -> None:
     assert done.returncode == 0 and not done.timed_out
     time.sleep(0.2)
     assert not _alive(int(pidfile.read_text()))
-    assert children.running() == 0
+    assert len(children._GROUPS) == 0
 
 
 def test_end_all_ends_a_program_waited_on_by_another_thread(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_end_all_ends_a_program_waited_on_by_another_thread(tmp_path: Path) -> N
         run(Program(("sleep", "600"), 600.0, "sleep"))))
     waiter.start()
     for _ in range(200):
-        if children.running():
+        if len(children._GROUPS):
             break
         time.sleep(0.01)
     try:

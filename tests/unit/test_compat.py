@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import (
     ArchList,
-    EntryCode,
     best,
     dotted_arch,
     entry_verdict,
@@ -18,6 +19,16 @@ from sm121_build.cuda.compat import (
 )
 
 SM121 = parse_target("sm_121")
+
+
+@dataclass(frozen=True)
+class EntryCode:
+    """An entry's code alone (a fatbin `Entry`'s kind, arch, variant and version)."""
+
+    kind: str
+    arch: int
+    variant: str
+    version: tuple[int, int]
 CUDA13 = (13, 0)
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from devkit.helpers import vllm_like_tree as _tree
 from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import ArchList
 from sm121_build.source import guards
 from sm121_build.source.cmake_lang import commands
 from sm121_build.source.guards import (
@@ -28,7 +29,6 @@ from sm121_build.source.guards import (
     _literal,
     _quote,
     _run,
-    cmake_arch_list,
     cmake_error,
     effective_archs,
     evaluate,
@@ -73,13 +73,13 @@ def _guard(targets: tuple[str, ...] | None, function: str = guards.GUARD_FUNCTIO
     ("8.0+PTX;12.1", "8.0;12.1"), (" 10.0,12.1 ", "10.0;12.1"),
 ])
 def test_cmake_arch_list(given: str, expected: str) -> None:
-    assert cmake_arch_list(given) == expected
+    assert ArchList.parse(given).cmake == expected
 
 
 @pytest.mark.parametrize("bad", ["12", "sm_121", "121.1", "12.1b", "12.10", "12.1+ptx", "1.2.3"])
 def test_cmake_arch_list_refuses(bad: str) -> None:
     with pytest.raises(Sm121Error) as error:
-        cmake_arch_list(f"9.0 {bad}")
+        ArchList.parse(f"9.0 {bad}")
     assert str(error.value) == (f"unknown arch {bad!r} in '9.0 {bad}': expected e.g. 12.1 or "
                                 "12.1a")
 

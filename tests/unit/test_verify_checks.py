@@ -26,9 +26,10 @@ from sm121_build.verify.checks import (
     check_version,
     compare_kernels,
     copy_destination,
+    cubin_kernels,
     image_torch_exports,
     kernel_key,
-    newest_arch_kernels,
+    newest_of,
     torch_exports,
 )
 
@@ -250,11 +251,11 @@ def test_kernel_comparison_compares_names_not_counts() -> None:
 
 
 def test_newest_arch_kernels_reads_real_cubins(matrix: dict[str, Path]) -> None:
-    arch, kernels = newest_arch_kernels(matrix["sm90"])
+    arch, kernels = newest_of(cubin_kernels(matrix["sm90"]))
     assert arch == "sm_90"
     assert "_ZN4vllm15rms_norm_kernelEPfPKfi" in kernels
-    assert newest_arch_kernels(matrix["plain"])[0] == "sm_121"
-    assert newest_arch_kernels(matrix["ptx_only"]) == (None, frozenset())
+    assert newest_of(cubin_kernels(matrix["plain"]))[0] == "sm_121"
+    assert newest_of(cubin_kernels(matrix["ptx_only"])) == (None, frozenset())
 
 
 # The CUDAStream ABI break seen on Spark builds: c10::DeviceIndex changed from int8_t to
