@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sm121_build.core.children import Program, run
 
 QUERY = ("--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader")
-Run = Callable[[list[str]], "str | None"]
+SmiRunner = Callable[[list[str]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def output(args: list[str]) -> str | None:
     return done.text if done.returncode == 0 and not done.timed_out else None
 
 
-def read(smi: str, run: Run = output) -> HostGpu | None:
+def read(smi: str, run: SmiRunner = output) -> HostGpu | None:
     """The first GPU nvidia-smi lists, or None when it lists none (or fails)."""
     rows = run([smi, *QUERY])
     if not rows:
@@ -59,7 +59,7 @@ def driver_cuda(header: str) -> str | None:
 
 
 def gpu_defaults(which: Callable[[str], str | None] = shutil.which,
-                 run: Run = output) -> tuple[str | None, str | None]:
+                 run: SmiRunner = output) -> tuple[str | None, str | None]:
     """(target, driver CUDA version) of this machine's GPU; (None, None) without one."""
     smi = which("nvidia-smi")
     found = read(smi, run) if smi else None

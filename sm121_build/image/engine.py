@@ -57,7 +57,7 @@ from sm121_build.image.api import (
     ImageInfo,
     PathLookups,
     PathStat,
-    Status,
+    StatusLine,
 )
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
@@ -159,7 +159,7 @@ class Engine:
             created=str(attrs.get("Created") or ""),
         )
 
-    def pull(self, ref: str, status: Status | None = None) -> str:
+    def pull(self, ref: str, status: StatusLine | None = None) -> str:
         """Pull `ref` (a repository reference: cmd_build refuses image IDs up front) from its
         registry, as `docker pull`; returns the local image ID."""
         name, tag, digest = split_ref(ref)
@@ -421,7 +421,7 @@ class Engine:
             self.client.images.remove(image_id, force=False, noprune=False)
 
     def build(self, context: Path, dockerfile: Path, log: Path,
-                  status: Status | None = None) -> str:
+                  status: StatusLine | None = None) -> str:
         """Build an untagged image; returns its ID.  BuildKit (CLI) when available, else the
         legacy builder through the API (no cache mounts then)."""
         client_path = self.buildkit_client()
@@ -621,7 +621,7 @@ class _CountingReader:
         return data
 
 
-def _stream_to(log: Path, line: str, status: Status | None) -> None:
+def _stream_to(log: Path, line: str, status: StatusLine | None) -> None:
     with open(log, "a", encoding="utf-8") as out:
         out.write(line if line.endswith("\n") else line + "\n")
     if status and line.strip():

@@ -52,7 +52,7 @@ from sm121_build.source.ptx_sass import (
 )
 
 Outcome = Literal["applied", "not needed", "not applicable"]
-Action = Literal["rewrite", "add"]
+RuleAction = Literal["rewrite", "add"]
 REQUESTED_SM12X = re.compile(r"^(12\.\d+)[af]?$")
 # The source trees a rule may apply to: vLLM itself, or an external project it builds.
 PROJECTS = ("vllm", "vllm-flash-attn")
@@ -84,7 +84,7 @@ class Rule:
     digest: str
     # "rewrite": a call giving a plain 12.x target has its 12.x entries replaced;
     # "add": a call giving the GPU no native code has the first form that does appended
-    action: Action = "rewrite"
+    action: RuleAction = "rewrite"
     project: str = "vllm"  # the tree it applies to (PROJECTS)
     targets: tuple[str, ...] = ()  # the extension targets its guards feed
 
@@ -125,7 +125,7 @@ class RuleResult:
     before: list[Guard] = field(default_factory=list)
     after: list[Guard] = field(default_factory=list)
     rewrites: list[Rewrite] = field(default_factory=list)
-    action: Action = "rewrite"
+    action: RuleAction = "rewrite"
 
 
 def _tolerant(text: str) -> re.Pattern[str]:
@@ -164,7 +164,7 @@ def _rule(raw: Any, text: str) -> Rule:
     if len(actions) != 1:
         raise ValueError("give exactly one of rewrite: (replace 12.x entries) or add: "
                          "(append a 12.x entry)")
-    action: Action = "add" if actions == ["add"] else "rewrite"
+    action: RuleAction = "add" if actions == ["add"] else "rewrite"
     rewrite = _strings(raw[action], action)
     suffix = r"[af]" if action == "rewrite" else r"[af]?"
     for form in rewrite:

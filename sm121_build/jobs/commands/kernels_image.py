@@ -44,7 +44,7 @@ from sm121_build.core.labels import FIELD_LABELS, KIND_LABEL, REUSE_KEY_LABEL
 from sm121_build.cuda.binary import SPARK, Policy
 from sm121_build.cuda.compat import ArchList, is_default_gpu
 from sm121_build.image import cosign, ledger
-from sm121_build.image.api import ImageEngine, ImageFiles, Status
+from sm121_build.image.api import ImageEngine, ImageFiles, StatusLine
 from sm121_build.image.facts import VllmInstall
 from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
@@ -230,7 +230,7 @@ def publish_step(pipeline: Pipeline, folder: Path, repo: str, base: str,
     return tags
 
 
-def fetch(engine: ImageEngine, ref: str, dest: Path, status: Status | None = None,
+def fetch(engine: ImageEngine, ref: str, dest: Path, status: StatusLine | None = None,
           trust: cosign.TrustKey | None = None) -> Fetched:
     """Resolve `ref` to its digest, (with `trust`: refuse it unless that key signed that
     digest, before anything is pulled), pull exactly that, and read it back into an
