@@ -143,11 +143,35 @@ def signatures(known: dict[str, Path]) -> tuple[list[tuple[str, int]], int, int]
     return sorted(wide, key=lambda item: -item[1]), total, arch_str
 
 
+def figures(known: dict[str, Path], file: str) -> str:
+    """The figures ARCHITECTURE.md quotes, as its Markdown table."""
+    found = imports(known)
+    module_cycles = cycles({(a, b) for a, b, _ in found})
+    loaded = [n for n in modules_loaded("audit", file) if n.startswith("sm121_build")]
+    where, length = main_job_lines(known)
+    wide, total, arch_str = signatures(known)
+    rows = [("modules in the package; import cycles between them", f"{len(known)}; "
+             f"{len(module_cycles)}"),
+            ("modules `sm121-build audit FILE` loads", str(len(loaded))),
+            ("functions with more than 5 parameters (click commands aside)",
+             f"{len(wide)} of {total}"),
+            ("parameters carrying an arch list as `str`", str(arch_str)),
+            ("the main job", f"`{where.removeprefix('sm121_build.').replace('.', '/', 2)}"
+             f".run_build`, {length} lines")]
+    return "\n".join(["| figure | now |", "|---|---|",
+                      *(f"| {name} | {value} |" for name, value in rows)])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--file", default=sys.executable, help="what `audit` reads (any ELF)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="only the figures table ARCHITECTURE.md carries (a test compares)")
     options = parser.parse_args()
     known = modules()
+    if options.markdown:
+        print(figures(known, options.file))
+        return 0
     found = imports(known)
     between = Counter((folder(a), folder(b), lazy) for a, b, lazy in found
                       if folder(a) != folder(b))
