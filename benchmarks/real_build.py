@@ -50,7 +50,8 @@ from sm121_build.source.guard_rules import (  # noqa: E402
     covered,
     read_source_version,
 )
-from sm121_build.source.guards import cmake_arch_list, effective_archs, evaluate, find_cmake  # noqa: E402
+from sm121_build.cuda.compat import ArchList  # noqa: E402
+from sm121_build.source.guards import effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.verify.checks import check_abi, torch_exports  # noqa: E402
 
 LOAD_SNIPPET = """
@@ -200,7 +201,7 @@ def main() -> int:
     source = unpack(args.sdist, args.work / "src")
     version = version_of(source, args.sdist)
     report["version"] = version
-    arch = cmake_arch_list(args.arch)
+    arch = ArchList.parse(args.arch).cmake
     report["guards_before"] = fp4_guards(source, arch)
     env = build_env(arch, args.jobs)
     if not os.environ.get("QUTLASS_SRC_DIR"):
