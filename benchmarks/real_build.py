@@ -40,7 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.binary import SPARK, Policy, audit_binary  # noqa: E402
-from sm121_build.cuda.compat import SM121, parse_target  # noqa: E402
+from sm121_build.cuda.compat import (  # noqa: E402
+    SM121,
+    ArchList,
+    parse_target,
+)
 from sm121_build.jobs.payload.build_extensions import PTXAS_FP4  # noqa: E402
 from sm121_build.source.guard_rules import (  # noqa: E402
     PatchFor,
@@ -50,7 +54,6 @@ from sm121_build.source.guard_rules import (  # noqa: E402
     covered,
     read_source_version,
 )
-from sm121_build.cuda.compat import ArchList  # noqa: E402
 from sm121_build.source.guards import effective_archs, evaluate, find_cmake  # noqa: E402
 from sm121_build.verify.checks import check_abi, torch_exports  # noqa: E402
 
