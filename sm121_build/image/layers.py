@@ -129,8 +129,10 @@ def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
     found: dict[str, dict[str, Any]] = {}
     for entry in manifests:
         plat = entry.get("platform")
-        if not isinstance(plat, dict):
+        if plat is None:
             continue
+        if not isinstance(plat, dict):
+            raise _bad(archive, "a manifest's platform is not an object")
         name = f"{plat.get('os', '?')}/{plat.get('architecture', '?')}"
         if name != "unknown/unknown":  # attestation manifests
             found[name] = entry
@@ -148,6 +150,8 @@ def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
         return real[0]
     if len(manifests) == 1:
         return manifests[0]
+    if not found:
+        raise _bad(archive, f"{len(manifests)} manifests, none naming its platform")
     raise Sm121Error(f"{archive}: holds several platforms ({', '.join(sorted(found))}); "
                      "pick one with --platform")
 
