@@ -196,6 +196,31 @@ def cmake_reader(data: bytes, tmp: Path) -> object:
     return len(found)
 
 
+def prove_child(data: bytes, tmp: Path) -> object:
+    """What `prove`'s children print (JSON lines from the user's interpreter), as the job
+    reads it: every line, bounded, each field checked."""
+    from sm121_build.jobs.commands.prove_child import Said
+
+    said = Said()
+    for line in data.decode("utf-8", "replace").splitlines():
+        said.line(line)
+    return said.lines - said.ignored
+
+
+PROVE_LINES = b"\n".join([  # one line of each kind the payloads print
+    b'{"device": {"name": "NVIDIA GB10", "major": 12, "minor": 1, "driver": 13000, '
+    b'"module": "580.95.05"}}',
+    b'{"cubin": "c0", "loaded": true, "found": 3, "missing": [], "missing_count": 0}',
+    b'{"cubin": "c1", "loaded": false, "error": "CUDA_ERROR_INVALID_IMAGE"}',
+    b'{"done": 2}',
+    b'{"op": "varlen_fwd", "case": "bf16-d128-causal", "first_s": 11.4}',
+    b'{"op": "gptq_marlin_repack", "case": "gptq-4bit-256x192", '
+    b'"error": "PTX JIT compilation was disabled"}',
+    b'{"saved": 2}',
+    b'{"key": "varlen_fwd/bf16-d128-causal", "bitwise_equal": true, "max_abs_diff": 0.0}',
+    b'{"schema_error": "_C.gptq_marlin_repack has no argument size_k"}'])
+
+
 TARGETS: dict[str, Target] = {
     "elf": elf_reader,
     "host-binary": host_binary,
@@ -206,6 +231,7 @@ TARGETS: dict[str, Target] = {
     "registry": registry_answers,
     "artifacts": artifacts_manifest,
     "cmake": cmake_reader,
+    "prove-child": prove_child,
 }
 EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     name: (Sm121Error,) for name in TARGETS}
@@ -287,6 +313,7 @@ def seeds(name: str, fixtures: dict[str, Path]) -> list[bytes]:
         "registry": lambda: _signatures(),
         "artifacts": lambda: [_manifest(sos[0])],
         "cmake": lambda: [*_cmake_files(), b"project(x)\nadd_library(_C MODULE a.cu)\n"],
+        "prove-child": lambda: [PROVE_LINES],
     }
     real = made[name]()
     return real + [case for target, case in REGRESSIONS() if target == name] + \

@@ -252,6 +252,7 @@ COMMANDS = {
     "prune": ("sm121_build.cli.prune", "prune_command"),
     "doctor": ("sm121_build.cli.doctor", "doctor"),
     "kernels": ("sm121_build.cli.kernels", "kernels"),
+    "prove": ("sm121_build.cli.prove", "prove"),
 }
 
 

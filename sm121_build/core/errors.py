@@ -81,6 +81,19 @@ class RegistryUnavailable(Sm121Error):
     exit_code = 7
 
 
+class NoGpu(Sm121Error):
+    """`prove`: no GPU to run on (libcuda.so.1 missing, cuInit failed, no device) (exit 2)."""
+
+
+class WrongGpu(Sm121Error):
+    """`prove`: the files' added cubins are for another GPU than this machine's (exit 2)."""
+
+
+class HarnessMismatch(Sm121Error):
+    """`prove`: a library's ops are not those a harness calls (an op or an argument name
+    missing) (exit 2)."""
+
+
 EXIT_CODES: dict[str, int] = {cls.__name__: cls.exit_code for cls in (
     RequirementNotMet, Sm121Error, VerificationError, EngineUnavailable, BuildFailed,
     PatchDrift, RegistryUnavailable)}

@@ -26,7 +26,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
 DOOR = "core/children.py"
 # runs inside the builder container, on the standard library only (a contract forbids any
 # import of the package): the build's own compiler calls
-OUTSIDE = {"jobs/payload/build_extensions.py"}
+OUTSIDE = {"jobs/payload/build_extensions.py",
+           # `prove`'s children, run by the user's interpreter on the GPU's machine: the
+           # standard library and torch only (the same contract); they print JSON lines
+           # the job parses, and read the cubins and list the job wrote for them
+           "jobs/payload/load_cubins.py", "jobs/payload/harness_fa2.py",
+           "jobs/payload/harness_marlin.py", "jobs/payload/compare_outputs.py"}
 STARTS = {"system", "popen", "spawnl", "spawnv", "spawnvp", "execv", "execvp", "execve",
           "fork", "forkpty", "posix_spawn", "posix_spawnp", "create_subprocess_exec"}
 

@@ -68,7 +68,7 @@ def test_summary_markdown(matrix: dict[str, Path], tmp_path: Path) -> None:
 
 
 COMMANDS = ("build", "local", "inject", "audit", "pin", "patch", "dockerfile", "prune",
-            "doctor", "kernels", "aot")
+            "doctor", "kernels", "aot", "prove")
 
 
 def test_help_lists_every_command_and_each_has_its_own() -> None:

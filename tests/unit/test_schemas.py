@@ -26,7 +26,7 @@ def _check(name: str, data: Any) -> None:
     jsonschema.Draft202012Validator(schema(name)).validate(data)
 
 
-@pytest.mark.parametrize("name", ["audit", "report", "manifest"])
+@pytest.mark.parametrize("name", ["audit", "report", "manifest", "proof"])
 def test_each_schema_is_a_valid_schema_and_closed(name: str) -> None:
     loaded = schema(name)
     jsonschema.Draft202012Validator.check_schema(loaded)

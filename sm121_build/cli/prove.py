@@ -1,0 +1,58 @@
+"""`sm121-build prove --files DIR --stock DIR`: on the GPU's machine, the cubins aot added
+load natively and the ops they serve compute what the stock files compute by the JIT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from sm121_build.cli.params import require_writable, seconds_value
+from sm121_build.core.errors import VerificationError
+
+DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five configs on an H100
+
+
+@click.command()
+@click.option("--files", "files", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The aot'd files (aot's --out): every .so under it with a stock file.")
+@click.option("--stock", "stock", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="The stock files aot read, at the same paths as under --files.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the proof document here (data/schemas/proof.schema.json).")
+@click.option("--python", "python", default="python3", show_default=True,
+              help="The interpreter the children run under: torch (with the CUDA the "
+                   "files were built against) for the harnesses, ctypes for the loader.")
+@click.option("--timeout", default=DEFAULT_TIMEOUT, callback=seconds_value, metavar="SECONDS",
+              show_default=True, help="Seconds one child (a harness run, the loader) may take.")
+def prove(files: Path, stock: Path, json_out: Path | None, python: str,
+          timeout: float) -> None:
+    """Prove on this machine's GPU that the cubins aot added load and compute what the
+    stock files compute.
+
+    With the PTX JIT disabled, each cubin a file of --files has and its stock file lacks
+    (for this GPU) is loaded by the driver and each of its kernels found by name.  For
+    FA2 (`_vllm_fa2_C`: varlen_fwd, fwd_kvcache) and `_C` (the Marlin repack ops), the
+    ops run on seeded inputs: the stock file with the driver's JIT (the reference), the
+    stock file without it (which must fail), the aot'd file without it; the outputs are
+    compared bit for bit and each first call timed.  Exit 3 when anything is not proven.
+    """
+    from sm121_build.core.outputs import refuse_onto_inputs, replace_text
+    from sm121_build.jobs.commands.prove_document import say_proof
+    from sm121_build.jobs.commands.proving import ProveRequest, run_prove
+
+    if json_out is not None:
+        require_writable(json_out, "--json")
+        refuse_onto_inputs(json_out, (files, stock), "--json")
+    proof = run_prove(ProveRequest(files, stock, python, timeout))
+    say_proof(proof)
+    if json_out is not None:
+        import json
+
+        replace_text(json_out, json.dumps(proof.as_json(), indent=2) + "\n")
+    problems = proof.problems()
+    if problems:
+        raise VerificationError(f"not proven: {len(problems)} problem(s); the first: "
+                                f"{problems[0]}")

@@ -1,0 +1,211 @@
+"""What `prove`'s children say (jobs/payload/load_cubins.py, harness_*.py, compare_outputs.py):
+JSON lines on stdout, read as they come and parsed as outside input.
+
+A line is cut at `LINE_BYTES` (`core.children.Lines`), at most `MAX_LINES` are read, each
+must be one JSON object whose fields have the types the protocol names; anything else (a
+torch warning on stdout, a line cut short, a field of the wrong type) is counted as
+ignored, never trusted.  Texts are cut to `TEXT` characters and lists to `NAMES` items.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sm121_build.core.children import Ended, Lines, Program, run
+from sm121_build.cuda.compat import Target
+
+LINE_BYTES = 64 * 1024
+MAX_LINES = 100_000
+TEXT = 300
+NAMES = 20
+
+
+def _text(value: object) -> str | None:
+    return value[:TEXT] if isinstance(value, str) else None
+
+
+def _count(value: object) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+    return value if ok else None  # type: ignore[return-value]
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and 0 <= number < 1e7 else None
+
+
+@dataclass(frozen=True)
+class Device:
+    """The GPU the loader found (device 0): its name, compute capability, the CUDA version
+    its driver runs (`cuDriverGetVersion`: 13000) and the kernel module's version."""
+
+    name: str
+    major: int
+    minor: int
+    driver: int
+    version: str | None
+
+    @property
+    def capability(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    @property
+    def target(self) -> Target:
+        return Target(self.major * 10 + self.minor)
+
+    @property
+    def driver_cuda(self) -> str:
+        return f"{self.driver // 1000}.{self.driver % 1000 // 10}"
+
+
+@dataclass(frozen=True)
+class CubinLoad:
+    """One cubin as the driver took it: loaded or not (the driver's error name), and how
+    many of its kernels `cuModuleGetFunction` found (the first missing ones by name)."""
+
+    cubin: str
+    loaded: bool
+    found: int = 0
+    missing: tuple[str, ...] = ()
+    missing_count: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """One case of a harness: the seconds of its first call, or the error it ended with."""
+
+    op: str
+    case: str
+    first_s: float | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One output compared with the reference's: `OP/CASE`, equal bit for bit, the largest
+    absolute difference (None: shapes differ, or a NaN), or the side it is missing from."""
+
+    key: str
+    bitwise_equal: bool
+    max_abs_diff: float | None
+    missing_in: str | None = None
+
+
+@dataclass
+class Said:
+    """Everything one child said that parsed, in order, and how many lines did not."""
+
+    device: Device | None = None
+    error: str | None = None
+    schema_error: str | None = None
+    loads: list[CubinLoad] = field(default_factory=list)
+    cases: list[CaseRun] = field(default_factory=list)
+    compared: list[Compared] = field(default_factory=list)
+    saved: int | None = None
+    done: int | None = None
+    lines: int = 0
+    ignored: int = 0
+
+    def line(self, text: str) -> None:
+        """One line of the child's stdout."""
+        self.lines += 1
+        if self.lines > MAX_LINES:
+            self.ignored += 1
+            return
+        try:
+            data = json.loads(text) if text.lstrip().startswith("{") else None
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict) or not self._take(data):
+            self.ignored += 1
+
+    def _take(self, data: Mapping[str, Any]) -> bool:
+        if "device" in data:
+            return self._device(data["device"])
+        if "cubin" in data:
+            return self._cubin(data)
+        if "op" in data:
+            return self._case(data)
+        if "key" in data:
+            return self._compared(data)
+        for name in ("error", "schema_error"):
+            if name in data and _text(data[name]) is not None:
+                setattr(self, name, _text(data[name]))
+                return True
+        for name in ("saved", "done"):
+            if name in data and _count(data[name]) is not None:
+                setattr(self, name, _count(data[name]))
+                return True
+        return False
+
+    def _device(self, value: object) -> bool:
+        if not isinstance(value, dict):
+            return False
+        name, version = _text(value.get("name")), value.get("version")
+        major, minor = _count(value.get("major")), _count(value.get("minor"))
+        driver = _count(value.get("driver"))
+        if name is None or major is None or minor is None or driver is None \
+                or not major < 100 or not minor < 10:
+            return False
+        self.device = Device(name, major, minor, driver, _text(version))
+        return True
+
+    def _cubin(self, data: Mapping[str, Any]) -> bool:
+        cubin, loaded = _text(data["cubin"]), data.get("loaded")
+        if cubin is None or not isinstance(loaded, bool):
+            return False
+        if not loaded:
+            self.loads.append(CubinLoad(cubin, False, error=_text(data.get("error"))
+                                        or "no reason given"))
+            return True
+        found, count = _count(data.get("found")), _count(data.get("missing_count"))
+        missing = data.get("missing")
+        if found is None or count is None or not isinstance(missing, list):
+            return False
+        names = tuple(n for n in (_text(m) for m in missing[:NAMES]) if n is not None)
+        self.loads.append(CubinLoad(cubin, True, found, names, max(count, len(names))))
+        return True
+
+    def _case(self, data: Mapping[str, Any]) -> bool:
+        op, case = _text(data["op"]), _text(data.get("case"))
+        first, error = _seconds(data.get("first_s")), _text(data.get("error"))
+        if op is None or case is None or (first is None) == (error is None):
+            return False
+        self.cases.append(CaseRun(op, case, first, error))
+        return True
+
+    def _compared(self, data: Mapping[str, Any]) -> bool:
+        key = _text(data["key"])
+        if key is None:
+            return False
+        side = data.get("missing_in")
+        if side in ("reference", "other"):
+            self.compared.append(Compared(key, False, None, str(side)))
+            return True
+        equal, diff = data.get("bitwise_equal"), data.get("max_abs_diff")
+        if not isinstance(equal, bool) or (diff is not None and not _finite(diff)):
+            return False
+        self.compared.append(Compared(key, equal, None if diff is None else float(diff)))
+        return True
+
+
+def _finite(value: object) -> bool:
+    """A difference may be any finite number (`_seconds` bounds a time, not this)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def talk(program: Program) -> tuple[Ended, Said]:
+    """Run a child to its end or deadline; what it said, parsed line by line as it came."""
+    said = Said()
+    lines = Lines(said.line, LINE_BYTES)
+    ended = run(program, lines)
+    lines.close()
+    return ended, said

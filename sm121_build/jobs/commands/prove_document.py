@@ -1,0 +1,165 @@
+"""The proof `sm121-build prove` makes: per file, per added cubin, whether the driver loaded
+it and found its kernels; per op case, whether the native file computed what the stock file
+computes through the driver's JIT, bit for bit, and how long each first call took; whether
+the stock file failed with the JIT disabled; and the verdict.  Its JSON form is
+`data/schemas/proof.schema.json` (`--json`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sm121_build.core.console import note, result, shown
+from sm121_build.jobs.commands.prove_child import Device
+
+FORMAT = 1
+Verdict = Literal["proven", "failed"]
+
+
+@dataclass(frozen=True)
+class CubinResult:
+    """One added cubin the GPU loads: where it sits, what it defines, what the driver did."""
+
+    number: int
+    sm: str
+    container: int
+    kernels: int
+    loaded: bool
+    found: int
+    missing: tuple[str, ...]
+    missing_count: int
+    error: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"number": self.number, "sm": self.sm, "container": self.container,
+                "kernels": self.kernels, "loaded": self.loaded, "found": self.found,
+                "missing": list(self.missing), "missing_count": self.missing_count,
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """One file of --files with its stock file: its added cubins this GPU loads, how many
+    it added for other GPUs (not proven here), and the harness its ops ran under."""
+
+    name: str
+    cubins: tuple[CubinResult, ...]
+    other_gpus: int
+    harness: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "cubins": [c.as_json() for c in self.cubins],
+                "added_for_other_gpus": self.other_gpus, "harness": self.harness}
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """One case of an op: equal bit for bit to the stock JIT's output (None: not compared,
+    `error` says why), the largest difference, each first call's seconds."""
+
+    file: str
+    op: str
+    case: str
+    bitwise_equal: bool | None
+    max_abs_diff: float | None
+    stock_jit_s: float | None
+    native_s: float | None
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"file": self.file, "op": self.op, "case": self.case,
+                "bitwise_equal": self.bitwise_equal, "max_abs_diff": self.max_abs_diff,
+                "first_call_s": {"stock_jit": self.stock_jit_s, "native": self.native_s},
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class StockWithoutJit:
+    """The stock file run with the PTX JIT disabled: it must fail (the GPU cannot run it
+    natively), else the harness did not reach a kernel that needed the added cubins."""
+
+    file: str
+    failed: bool
+    said: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"file": self.file, "failed": self.failed, "said": self.said}
+
+
+@dataclass(frozen=True)
+class Proof:
+    tool_version: str
+    device: Device
+    files: tuple[FileResult, ...]
+    ops: tuple[OpResult, ...]
+    stock_without_jit: tuple[StockWithoutJit, ...]
+
+    def problems(self) -> list[str]:
+        """Each thing that keeps the files from being proven, one line each."""
+        lines = []
+        for item in self.files:
+            for cubin in item.cubins:
+                where = f"{shown(item.name)}: added cubin {cubin.number} ({cubin.sm}, " \
+                        f"container {cubin.container})"
+                if not cubin.loaded:
+                    lines.append(f"{where} does not load: {shown(cubin.error or '?')}")
+                elif cubin.missing_count or cubin.found != cubin.kernels:
+                    first = f" (first: {shown(cubin.missing[0])})" if cubin.missing else ""
+                    lines.append(f"{where}: {cubin.kernels - cubin.found} of {cubin.kernels} "
+                                 f"kernel(s) not found{first}")
+        for op in self.ops:
+            where = f"{shown(op.file)}: {shown(op.op)} {shown(op.case)}"
+            if op.error is not None:
+                lines.append(f"{where}: {shown(op.error)}")
+            elif not op.bitwise_equal:
+                diff = "not comparable" if op.max_abs_diff is None else \
+                    f"max abs diff {op.max_abs_diff:g}"
+                lines.append(f"{where}: differs from the stock JIT's output ({diff})")
+        for stock in self.stock_without_jit:
+            if not stock.failed:
+                lines.append(f"{shown(stock.file)}: the stock file ran with the PTX JIT "
+                             "disabled: its ops did not need the added cubins")
+        return lines
+
+    @property
+    def verdict(self) -> Verdict:
+        return "failed" if self.problems() else "proven"
+
+    def as_json(self) -> dict[str, Any]:
+        d = self.device
+        return {"format": FORMAT, "tool_version": self.tool_version,
+                "gpu": {"name": d.name, "compute_capability": d.capability,
+                        "target": str(d.target), "driver_cuda": d.driver_cuda,
+                        "driver_version": d.version},
+                "files": [f.as_json() for f in self.files],
+                "ops": [o.as_json() for o in self.ops],
+                "stock_without_jit": [s.as_json() for s in self.stock_without_jit],
+                "verdict": self.verdict, "problems": self.problems()}
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def say_proof(proof: Proof) -> None:
+    """The human summary: a line per file and per op, then the verdict."""
+    d = proof.device
+    result(f"GPU: {shown(d.name)}, compute capability {d.capability} ({d.target}), driver "
+           f"{shown(d.version or '?')} (CUDA {d.driver_cuda})")
+    for item in proof.files:
+        loaded = sum(c.loaded for c in item.cubins)
+        kernels = sum(c.found for c in item.cubins)
+        wanted = sum(c.kernels for c in item.cubins)
+        result(f"{shown(item.name)}: {loaded} of {len(item.cubins)} added cubin(s) loaded "
+               f"with the JIT disabled, {kernels} of {wanted} kernel(s) found")
+        if item.other_gpus:
+            note(f"{shown(item.name)}: {item.other_gpus} added cubin(s) for other GPUs, not "
+                 "proven here")
+    for op in proof.ops:
+        same = "error" if op.error else "bitwise equal" if op.bitwise_equal else "DIFFERS"
+        result(f"{shown(op.file)}: {shown(op.op)} {shown(op.case)}: {same}; first call "
+               f"{_seconds(op.stock_jit_s)} stock JIT, {_seconds(op.native_s)} native")
+    for stock in proof.stock_without_jit:
+        note(f"{shown(stock.file)}: stock with the JIT disabled "
+             f"{'failed, as it must' if stock.failed else 'ran'}: {shown(stock.said)}")
+    result(f"verdict: {proof.verdict}")

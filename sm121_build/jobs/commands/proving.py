@@ -1,0 +1,279 @@
+"""`sm121-build prove`: on a machine with the GPU, prove that the cubins a tool run added to
+files (aot) load natively and that the ops they serve compute what the stock files compute
+through the driver's JIT.
+
+1. The GPU: `load_cubins.py probe` (ctypes on libcuda.so.1, device 0).
+2. Per file of --files with the same-named stock file under --stock, the cubins it added
+   (`cuda/added.read_added`), written to the run's temp folder; the GPU must load some.
+3. Those cubins loaded by the driver, each kernel found by name, with the PTX JIT disabled.
+4. Per file a harness serves (`HARNESSES`): the stock file with the JIT (the reference), the
+   stock file without it (must fail), the file without it; outputs compared bit for bit.
+
+Every child runs under `--python` (torch for the harnesses, ctypes for the loader) through
+`core.children.run`; what it says is parsed as outside input (`prove_child`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm121_build import __version__
+from sm121_build.core.children import Ended, Program
+from sm121_build.core.console import note, shown
+from sm121_build.core.errors import HarnessMismatch, NoGpu, Sm121Error, WrongGpu
+from sm121_build.core.inputs import kind_of, require_folder, walk
+from sm121_build.core.vllm import extension_target
+from sm121_build.cuda.added import AddedCubin, read_added
+from sm121_build.cuda.compat import Target
+from sm121_build.jobs.commands.prove_child import CubinLoad, Device, Said, talk
+from sm121_build.jobs.commands.prove_document import (
+    CubinResult,
+    FileResult,
+    OpResult,
+    Proof,
+    StockWithoutJit,
+)
+from sm121_build.jobs.payload import PAYLOAD
+
+PAYLOADS = PAYLOAD.parent
+LOADER = PAYLOADS / "load_cubins.py"
+COMPARE = PAYLOADS / "compare_outputs.py"
+# extension target -> its harness (jobs/payload), run on a file of that target's name
+HARNESSES = {"_vllm_fa2_C": "harness_fa2.py", "_C": "harness_marlin.py"}
+PROBE_SECONDS = 60.0
+# variables that would change what the driver does with PTX: set by `_env` alone
+DRIVER_JIT = ("CUDA_DISABLE_PTX_JIT", "CUDA_FORCE_PTX_JIT", "CUDA_CACHE_DISABLE")
+
+
+@dataclass(frozen=True)
+class ProveRequest:
+    """What `prove` was given: the two folders, the interpreter the children run under, the
+    seconds each child may take."""
+
+    files: Path
+    stock: Path
+    python: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str  # the path under --files
+    new: Path
+    stock: Path
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """A pair's added cubins, those this GPU loads written to the temp folder."""
+
+    pair: Pair
+    cubins: tuple[AddedCubin, ...]
+    paths: Mapping[int, Path]  # cubin number -> its bytes' file (the GPU's cubins only)
+
+
+def _env(jit: bool) -> dict[str, str]:
+    """The child's environment: ours, with the driver's JIT on or off and its cache off (a
+    cached JIT result would hide the JIT's first-call time, and could stand in for a
+    cubin)."""
+    env = {k: v for k, v in os.environ.items() if k not in DRIVER_JIT}
+    env["CUDA_CACHE_DISABLE"] = "1"
+    if not jit:
+        env["CUDA_DISABLE_PTX_JIT"] = "1"
+    return env
+
+
+def _program(request: ProveRequest, args: tuple[str, ...], what: str, jit: bool) -> Program:
+    return Program((request.python, *args), request.seconds, what, env=_env(jit))
+
+
+def find_pairs(files: Path, stock: Path) -> list[Pair]:
+    """Each `.so` under --files whose path under --stock is a regular file too."""
+    require_folder(files, "--files")
+    require_folder(stock, "--stock")
+    pairs = []
+    for folder, dirnames, filenames in walk(files):
+        dirnames.sort()
+        for filename in sorted(filenames):
+            if not filename.endswith(".so"):
+                continue
+            new = Path(folder) / filename
+            name = new.relative_to(files).as_posix()
+            if kind_of(new) == "file" and kind_of(stock / name) == "file":
+                pairs.append(Pair(name, new, stock / name))
+    return pairs
+
+
+def probe(request: ProveRequest) -> Device:
+    """The GPU (device 0), or NoGpu in one line: no libcuda, cuInit failed, no device."""
+    try:
+        ended, said = talk(Program((request.python, str(LOADER), "probe"), PROBE_SECONDS,
+                                   "the CUDA driver probe", env=_env(jit=False)))
+    except OSError as exc:
+        raise Sm121Error(f"--python {request.python}: cannot be run "
+                         f"({exc.strerror or exc})") from None
+    if said.device is None or ended.returncode != 0:
+        why = said.error or ("timed out" if ended.timed_out else ended.said(200))
+        raise NoGpu(f"no GPU to prove on: {why} (prove runs on the machine with the GPU the "
+                    "files were made for)")
+    return said.device
+
+
+def extract(pairs: list[Pair], gpu: Target, folder: Path) -> list[Extracted]:
+    """Every pair's added cubins; the bytes of those the GPU loads, written under `folder`.
+    Refused when no file added a cubin, or none the GPU loads."""
+    found = []
+    for number, pair in enumerate(pairs):
+        paths: dict[int, Path] = {}
+
+        def keep(cubin: AddedCubin, payload: bytes, at: int = number,
+                 into: dict[int, Path] = paths) -> None:
+            if cubin.loads_on(gpu):
+                into[cubin.number] = folder / f"{at:04d}-{cubin.number:05d}.cubin"
+                into[cubin.number].write_bytes(payload)
+
+        cubins = read_added(pair.stock, pair.new, keep)
+        if cubins:
+            found.append(Extracted(pair, cubins, paths))
+    if not found:
+        raise Sm121Error(f"no file under --files {pairs[0].new.parent if pairs else ''} has "
+                         "cubins its stock file lacks: nothing to prove (give aot's --out "
+                         "and the stock files it read)")
+    if not any(e.paths for e in found):
+        made = sorted({c.sm for e in found for c in e.cubins})
+        raise WrongGpu(f"the files' added cubins are for {', '.join(made)}; this GPU is "
+                       f"{gpu} (compute capability {gpu.major}.{gpu.minor}): prove them on "
+                       "the GPU they were made for")
+    return found
+
+
+def load_all(request: ProveRequest, extracted: list[Extracted], folder: Path
+             ) -> dict[str, CubinLoad]:
+    """Every added cubin the GPU loads, loaded by the driver with the JIT disabled."""
+    items = [{"id": path.stem, "path": str(path),
+              "kernels": list(next(c for c in e.cubins if c.number == n).kernels)}
+             for e in extracted for n, path in e.paths.items()]
+    listing = folder / "cubins.json"
+    listing.write_text(json.dumps(items))
+    ended, said = talk(_program(request, (str(LOADER), "load", str(listing)),
+                                "the cubin loader", jit=False))
+    if said.device is None:
+        raise NoGpu(f"no GPU to prove on: {said.error or ended.said(200)}")
+    if said.done != len(items):
+        note(f"the loader answered {len(said.loads)} of {len(items)} cubin(s) "
+             f"({'timed out' if ended.timed_out else ended.said(200)})")
+    return {load.cubin: load for load in said.loads}
+
+
+def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | None
+                ) -> FileResult:
+    results = []
+    for cubin in item.cubins:
+        path = item.paths.get(cubin.number)
+        if path is None:
+            continue
+        load = loads.get(path.stem, CubinLoad(path.stem, False, error="the loader did not "
+                                              "answer for it"))
+        results.append(CubinResult(cubin.number, cubin.sm, cubin.entry.container,
+                                   len(cubin.kernels), load.loaded, load.found, load.missing,
+                                   load.missing_count, load.error))
+    return FileResult(item.pair.name, tuple(results), len(item.cubins) - len(results), harness)
+
+
+@dataclass(frozen=True)
+class HarnessRun:
+    """One run of a harness: how it ended and what it said."""
+
+    ended: Ended
+    said: Said
+
+    def failure(self) -> str:
+        """Why it did not complete, in one line."""
+        errors = [c for c in self.said.cases if c.error]
+        if errors:
+            return f"{errors[0].op} {errors[0].case}: {errors[0].error}"
+        if self.ended.timed_out:
+            return "timed out"
+        return f"exit {self.ended.returncode}: {self.ended.said(200)}"
+
+
+def _harness(request: ProveRequest, script: str, so: Path, out: Path, jit: bool) -> HarnessRun:
+    ended, said = talk(_program(request, (str(PAYLOADS / script), str(so), str(out)),
+                                f"the {script} harness", jit))
+    if said.schema_error is not None:
+        raise HarnessMismatch(f"{so}: {said.schema_error}; the {script} harness does not fit "
+                              "this library's ops")
+    return HarnessRun(ended, said)
+
+
+def prove_ops(request: ProveRequest, pair: Pair, script: str, folder: Path
+              ) -> tuple[list[OpResult], StockWithoutJit]:
+    """A harness on the stock file with the JIT, the stock file without it, the new file
+    without it; the outputs compared."""
+    stem = folder / pair.name.replace("/", "_")
+    reference = _harness(request, script, pair.stock, stem.with_suffix(".jit.pt"), jit=True)
+    if reference.ended.returncode != 0 and not reference.said.cases:
+        raise Sm121Error(f"the {script} harness could not run the stock {pair.name} with "
+                         f"--python {request.python}: {reference.failure()}")
+    stock = _harness(request, script, pair.stock, stem.with_suffix(".nojit.pt"), jit=False)
+    stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
+    without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
+                              else f"{len(stock.said.cases)} case(s) ran")
+    native = _harness(request, script, pair.new, stem.with_suffix(".native.pt"), jit=False)
+    compared: dict[str, tuple[bool, float | None, str | None]] = {}
+    if reference.said.saved is not None and native.said.saved is not None:
+        _ended, said = talk(_program(request, (str(COMPARE), str(stem.with_suffix(".jit.pt")),
+                                              str(stem.with_suffix(".native.pt"))),
+                                    "the output comparison", jit=True))
+        for item in said.compared:
+            compared[item.key] = (item.bitwise_equal, item.max_abs_diff, item.missing_in and
+                                  f"output missing in the {item.missing_in} run")
+    return _op_results(pair.name, (reference, native), compared), without
+
+
+def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
+                compared: Mapping[str, tuple[bool, float | None, str | None]]
+                ) -> list[OpResult]:
+    reference, native = runs
+    native_cases = {(c.op, c.case): c for c in native.said.cases}
+    results = []
+    for case in reference.said.cases:
+        mine = native_cases.get((case.op, case.case))
+        equal, diff, missing = compared.get(f"{case.op}/{case.case}", (None, None, None))
+        error = (f"the stock JIT run failed: {case.error}" if case.error else
+                 f"the native run failed: {mine.error}" if mine is not None and mine.error else
+                 f"the native run ended before it: {native.failure()}" if mine is None else
+                 missing or (None if equal is not None else
+                             f"not compared: the native run failed: {native.failure()}"
+                             if native.said.saved is None else "the outputs were not compared"))
+        results.append(OpResult(name, case.op, case.case, None if error else equal,
+                                diff, case.first_s, mine.first_s if mine else None, error))
+    return results
+
+
+def run_prove(request: ProveRequest) -> Proof:
+    """The whole proof: refused in one line before any GPU work where it cannot be made."""
+    pairs = find_pairs(request.files, request.stock)
+    device = probe(request)
+    note(f"GPU {shown(device.name)} ({device.target}); {len(pairs)} file(s) with a stock file")
+    with tempfile.TemporaryDirectory(prefix="sm121-prove-") as temp:
+        folder = Path(temp)
+        extracted = extract(pairs, device.target, folder)
+        loads = load_all(request, extracted, folder)
+        files, ops, stock_runs = [], [], []
+        for item in extracted:
+            script = HARNESSES.get(extension_target(item.pair.name))
+            files.append(file_result(item, loads, script))
+            if script is None:
+                note(f"{shown(item.pair.name)}: no harness for its ops: its cubins' loading "
+                     "is proven, not what they compute")
+                continue
+            results, without = prove_ops(request, item.pair, script, folder)
+            ops += results
+            stock_runs.append(without)
+    return Proof(__version__, device, tuple(files), tuple(ops), tuple(stock_runs))

@@ -1,0 +1,265 @@
+"""`sm121-build prove`: what can be proven without a GPU.
+
+- the added cubins of a real aot'd file (nvcc 13.0, the real ptxas) against its stock file:
+  found by content, their kernels those of the PTX they came from, their bytes cubins;
+- the whole command against a FAKE interpreter (`--python FAKE`): a script that prints what
+  the real payloads (jobs/payload/load_cubins.py, harness_*.py, compare_outputs.py) print on
+  the GPU, so the job's parsing, verdict, JSON document and refusals are exercised;
+  THE FAKE IS NOT THE PROOF: the real payloads run only on a GPU (device_run.sh);
+- what the children say parsed as outside input (garbage, wrong types, NaN, long lines);
+- no GPU: the real loader on this machine (no libcuda.so.1) is one `error:` line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from devkit.helpers import cli, cuda_home, one_line_error
+from sm121_build.core.errors import WrongGpu
+from sm121_build.core.shipped import schema
+from sm121_build.cuda.compat import Target
+from sm121_build.cuda.fatbin import HostBinary, device_file_kind, ptx_kernels
+from sm121_build.jobs.commands.prove_child import Said
+from sm121_build.jobs.commands.proving import Pair, extract
+
+ENV = {"CUDA_HOME": str(cuda_home())}
+
+# FAKE: stands in for `--python`.  It is given the payload script and its arguments, and
+# prints what that script prints on a GPU (FAKE_MODE picks a story); it never loads a cubin
+# nor runs a kernel.  The device (sm_121, a GB10) and every number are made up.
+FAKE = '''
+import json, os, sys
+from pathlib import Path
+mode = os.environ.get("FAKE_MODE", "proven")
+script, args = Path(sys.argv[1]).name, sys.argv[2:]
+jit = os.environ.get("CUDA_DISABLE_PTX_JIT") != "1"
+assert os.environ.get("CUDA_CACHE_DISABLE") == "1"
+def say(**data): print(json.dumps(data), flush=True)
+if script == "load_cubins.py":
+    if mode == "no-gpu":
+        say(error="cuInit: CUDA_ERROR_NO_DEVICE"); sys.exit(3)
+    major, minor = (9, 0) if mode == "hopper" else (12, 1)
+    print("a line that is not JSON")
+    say(device={"name": "FAKE GB10", "major": major, "minor": minor, "driver": 13000,
+                "version": "580.95.05"})
+    if args[0] == "load":
+        items = json.loads(Path(args[1]).read_text())
+        for n, item in enumerate(items):
+            if mode == "missing" and n == 0:
+                say(cubin=item["id"], loaded=True, found=len(item["kernels"]) - 1,
+                    missing=item["kernels"][:1], missing_count=1)
+            elif mode == "unloadable" and n == 0:
+                say(cubin=item["id"], loaded=False, error="CUDA_ERROR_INVALID_IMAGE")
+            else:
+                say(cubin=item["id"], loaded=True, found=len(item["kernels"]), missing=[],
+                    missing_count=0)
+        say(done=len(items))
+elif script.startswith("harness_"):
+    so, out = args
+    stock = "/stock/" in so
+    if mode == "schema":
+        say(schema_error="_C.gptq_marlin_repack has no argument size_k"); sys.exit(4)
+    if stock and not jit and mode != "stock-runs":
+        say(op="gptq_marlin_repack", case="gptq-4bit-256x192",
+            error="CUDA error: PTX JIT compilation was disabled"); sys.exit(3)
+    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
+        say(op="gptq_marlin_repack", case=case, first_s=2.5 if jit else 0.001)
+    Path(out).write_text("saved")
+    say(saved=2)
+elif script == "compare_outputs.py":
+    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
+        differs = mode == "differs" and case.startswith("awq")
+        say(key="gptq_marlin_repack/" + case, bitwise_equal=not differs,
+            max_abs_diff=3.0 if differs else 0.0)
+else:
+    sys.exit(f"FAKE: unknown payload {script}")
+'''
+
+
+@pytest.fixture(scope="module")
+def aot_pair(jit_only_so: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(--files, --stock): the aot'd file and its stock file, both named `_C.abi3.so` (so
+    the Marlin harness is the one run)."""
+    root = tmp_path_factory.mktemp("prove")
+    stock, made = root / "stock", root / "aot"
+    stock.mkdir()
+    (stock / "_C.abi3.so").write_bytes(jit_only_so.read_bytes())
+    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
+               env=ENV)
+    assert done.returncode == 0, done.stderr
+    return made, stock
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Path:
+    path = tmp_path / "FAKE-python"
+    path.write_text(f"#!{sys.executable}\n" + FAKE)
+    path.chmod(0o755)
+    return path
+
+
+def _prove(pair: tuple[Path, Path], python: Path | str, out: Path, mode: str = "proven"
+           ) -> subprocess.CompletedProcess[str]:
+    made, stock = pair
+    return cli("prove", "--files", str(made), "--stock", str(stock), "--json", str(out),
+               "--python", str(python), env={"FAKE_MODE": mode})
+
+
+def _check(data: object) -> None:
+    jsonschema.Draft202012Validator(schema("proof")).validate(data)
+
+
+@pytest.mark.slow
+def test_the_added_cubins_of_a_real_aot_file(aot_pair: tuple[Path, Path],
+                                             tmp_path: Path) -> None:
+    made, stock = aot_pair
+    pair = Pair("_C.abi3.so", made / "_C.abi3.so", stock / "_C.abi3.so")
+    found = extract([pair], Target(121), tmp_path)
+    assert len(found) == 1
+    cubins = found[0].cubins
+    assert [c.sm for c in cubins] == ["sm_121", "sm_121"]  # one per translation unit
+    with HostBinary.open(stock / "_C.abi3.so") as binary:
+        ptx = {name for e in binary.entries if e.kind == "ptx"
+               for name in ptx_kernels(binary.payload(e))}
+    assert {k for c in cubins for k in c.kernels} == ptx  # every kernel of the PTX
+    for path in found[0].paths.values():  # the bytes written are the cubins, decompressed
+        assert device_file_kind(path.read_bytes()[:4096]) == "cubin"
+    # a file against itself added nothing; on another GPU, nothing loads: refused
+    with pytest.raises(Exception, match="nothing to prove"):
+        extract([Pair("s", pair.stock, pair.stock)], Target(121), tmp_path)
+    with pytest.raises(WrongGpu, match=r"sm_121; this GPU is sm_90"):
+        extract([pair], Target(90), tmp_path)
+
+
+@pytest.mark.slow
+def test_a_fake_gpu_that_proves_it(aot_pair: tuple[Path, Path], fake: Path,
+                                   tmp_path: Path) -> None:
+    done = _prove(aot_pair, fake, tmp_path / "proof.json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "proof.json").read_text())
+    _check(data)
+    assert data["verdict"] == "proven" and data["problems"] == []
+    assert data["gpu"] == {"name": "FAKE GB10", "compute_capability": "12.1",
+                           "target": "sm_121", "driver_cuda": "13.0",
+                           "driver_version": "580.95.05"}
+    [item] = data["files"]
+    assert item["harness"] == "harness_marlin.py" and len(item["cubins"]) == 2
+    assert all(c["loaded"] and c["found"] == c["kernels"] > 0 for c in item["cubins"])
+    assert [o["first_call_s"] for o in data["ops"]] == [
+        {"stock_jit": 2.5, "native": 0.001}] * 2
+    assert data["stock_without_jit"][0]["failed"] is True
+    assert "verdict: proven" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "said"), [
+    ("differs", "differs from the stock JIT's output (max abs diff 3)"),
+    ("missing", "1 of"),
+    ("unloadable", "does not load: CUDA_ERROR_INVALID_IMAGE"),
+    ("stock-runs", "the stock file ran with the PTX JIT disabled"),
+])
+def test_a_fake_gpu_that_does_not(aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path,
+                                  mode: str, said: str) -> None:
+    line = one_line_error(_prove(aot_pair, fake, tmp_path / "proof.json", mode), 3)
+    assert said in line and "_C.abi3.so" in line
+    data = json.loads((tmp_path / "proof.json").read_text())
+    _check(data)
+    assert data["verdict"] == "failed" and said in data["problems"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "said"), [
+    ("no-gpu", "no GPU to prove on: cuInit: CUDA_ERROR_NO_DEVICE"),
+    ("hopper", "added cubins are for sm_121; this GPU is sm_90 (compute capability 9.0)"),
+    ("schema", "has no argument size_k; the harness_marlin.py harness does not fit"),
+])
+def test_refusals_are_one_line(aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path,
+                               mode: str, said: str) -> None:
+    line = one_line_error(_prove(aot_pair, fake, tmp_path / "proof.json", mode))
+    assert said in line
+    assert not (tmp_path / "proof.json").exists()
+
+
+def test_no_libcuda_is_no_gpu(tmp_path: Path) -> None:
+    """The real loader, on a machine without the driver."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this machine has libcuda.so.1")
+    except OSError:
+        pass
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    done = cli("prove", "--files", str(tmp_path / "a"), "--stock", str(tmp_path / "b"),
+               "--python", sys.executable)
+    line = one_line_error(done)
+    assert line.startswith("error: no GPU to prove on: libcuda.so.1")
+
+
+def test_nothing_to_prove_and_no_folder(tmp_path: Path, fake: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    done = cli("prove", "--files", str(tmp_path / "a"), "--stock", str(tmp_path / "b"),
+               "--python", str(fake))
+    assert "nothing to prove" in one_line_error(done)
+    done = cli("prove", "--files", str(tmp_path / "none"), "--stock", str(tmp_path / "b"),
+               "--python", str(fake))
+    assert "--files" in one_line_error(done)
+
+
+def test_what_a_child_says_is_parsed_as_outside_input() -> None:
+    said = Said()
+    for line in [
+        "not json", "{", "[1, 2]", '{"op": "x", "case": "y", "first_s": true}',
+        '{"op": "x", "case": "y", "first_s": NaN}', '{"op": "x", "case": "y"}',
+        '{"op": "x", "case": "y", "first_s": 1, "error": "both"}',
+        '{"device": {"name": "g", "major": 900, "minor": 0, "driver": 1}}',
+        '{"cubin": "c", "loaded": true, "found": -1, "missing": [], "missing_count": 0}',
+        '{"cubin": "c", "loaded": "yes"}', '{"key": "k", "bitwise_equal": 1}',
+        '{"key": "k", "bitwise_equal": true, "max_abs_diff": Infinity}',
+        '{"saved": 1e400}', "{" * 100_000, '{"other": 1}',
+    ]:
+        said.line(line)
+    assert said.ignored == said.lines == 15
+    assert (said.cases, said.loads, said.compared, said.device) == ([], [], [], None)
+    said.line('{"cubin": "c", "loaded": true, "found": 2, "missing": ["' + "k" * 5000 +
+              '", 7], "missing_count": 0}')
+    said.line('{"op": "o", "case": "\x1b", "first_s": 0.5}')  # a raw control: not JSON
+    said.line('{"op": "o", "case": "\\u001b]0;x\\u0007", "first_s": 0.5}')
+    [load] = said.loads
+    assert load.missing == ("k" * 300,) and load.missing_count == 1  # cut; 7 dropped
+    assert [(c.case, c.first_s) for c in said.cases] == [("\x1b]0;x\x07", 0.5)]
+
+
+def test_the_proof_schema_is_closed() -> None:
+    loaded = schema("proof")
+    jsonschema.Draft202012Validator.check_schema(loaded)
+    assert loaded["additionalProperties"] is False
+    proven_with_a_problem = {
+        "format": 1, "tool_version": "0", "gpu": {
+            "name": "g", "compute_capability": "9.0", "target": "sm_90", "driver_cuda": "13.0",
+            "driver_version": None},
+        "files": [], "ops": [], "stock_without_jit": [], "verdict": "proven",
+        "problems": ["x"]}
+    with pytest.raises(jsonschema.ValidationError):
+        _check(proven_with_a_problem)
+    _check({**proven_with_a_problem, "problems": []})
+
+
+def test_the_children_get_the_jit_they_are_meant_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sm121_build.jobs.commands.proving import _env
+
+    monkeypatch.setenv("CUDA_FORCE_PTX_JIT", "1")  # would make every cubin JIT from PTX
+    monkeypatch.setenv("CUDA_DISABLE_PTX_JIT", "1")
+    on, off = _env(jit=True), _env(jit=False)
+    assert "CUDA_FORCE_PTX_JIT" not in on and "CUDA_FORCE_PTX_JIT" not in off
+    assert "CUDA_DISABLE_PTX_JIT" not in on and off["CUDA_DISABLE_PTX_JIT"] == "1"
+    assert on["CUDA_CACHE_DISABLE"] == off["CUDA_CACHE_DISABLE"] == "1"
+    assert os.environ["CUDA_FORCE_PTX_JIT"] == "1"  # ours untouched
