@@ -93,6 +93,7 @@ class Proof:
     files: tuple[FileResult, ...]
     ops: tuple[OpResult, ...]
     stock_without_jit: tuple[StockWithoutJit, ...]
+    made: str  # when, UTC (`2026-11-28T04:10:00Z`): the proof's date
 
     def problems(self) -> list[str]:
         """Each thing that keeps the files from being proven, one line each."""
@@ -127,7 +128,7 @@ class Proof:
 
     def as_json(self) -> dict[str, Any]:
         d = self.device
-        return {"format": FORMAT, "tool_version": self.tool_version,
+        return {"format": FORMAT, "tool_version": self.tool_version, "made": self.made,
                 "gpu": {"name": d.name, "compute_capability": d.capability,
                         "target": str(d.target), "driver_cuda": d.driver_cuda,
                         "driver_version": d.version},

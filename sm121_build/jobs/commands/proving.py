@@ -20,6 +20,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from sm121_build import __version__
@@ -276,4 +277,5 @@ def run_prove(request: ProveRequest) -> Proof:
             results, without = prove_ops(request, item.pair, script, folder)
             ops += results
             stock_runs.append(without)
-    return Proof(__version__, device, tuple(files), tuple(ops), tuple(stock_runs))
+    made = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Proof(__version__, device, tuple(files), tuple(ops), tuple(stock_runs), made)
