@@ -243,7 +243,7 @@ def test_the_proof_schema_is_closed() -> None:
     jsonschema.Draft202012Validator.check_schema(loaded)
     assert loaded["additionalProperties"] is False
     proven_with_a_problem = {
-        "format": 1, "tool_version": "0", "gpu": {
+        "format": 1, "tool_version": "0", "made": "2026-11-28T04:10:00Z", "gpu": {
             "name": "g", "compute_capability": "9.0", "target": "sm_90", "driver_cuda": "13.0",
             "driver_version": None},
         "files": [], "ops": [], "stock_without_jit": [], "verdict": "proven",
