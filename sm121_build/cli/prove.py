@@ -44,8 +44,8 @@ def prove(files: Path, stock: Path, json_out: Path | None, python: str,
     from sm121_build.jobs.commands.proving import ProveRequest, run_prove
 
     if json_out is not None:
+        refuse_onto_inputs(json_out, (files, stock), "--json")  # before anything is made
         require_writable(json_out, "--json")
-        refuse_onto_inputs(json_out, (files, stock), "--json")
     proof = run_prove(ProveRequest(files, stock, python, timeout))
     say_proof(proof)
     if json_out is not None:

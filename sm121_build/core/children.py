@@ -113,27 +113,44 @@ class Kept:
 
 class Lines:
     """Chunks of output as lines, for a caller that follows a log line by line; a line is
-    cut at `width` bytes, so one that never ends is not held whole."""
+    cut at `width` bytes, so one that never ends is not held whole.  A log goes on with
+    what follows the cut as a line of its own; a caller that must never read part of a
+    line as a whole one (`on_cut`: a protocol a child speaks) is told of the cut line
+    instead, and nothing of it is handed on, up to its newline."""
 
-    def __init__(self, on_line: Callable[[str], None], width: int = 16 * 1024) -> None:
+    def __init__(self, on_line: Callable[[str], None], width: int = 16 * 1024,
+                 on_cut: Callable[[], None] | None = None) -> None:
         self.on_line = on_line
+        self.on_cut = on_cut
         self.width = width
         self.partial = bytearray()
+        self.skipping = False  # inside a cut line, with on_cut: up to its newline
 
     def __call__(self, chunk: bytes) -> None:
         self.partial += chunk
         while True:
             cut = self.partial.find(b"\n")
+            if self.skipping:
+                if cut < 0:
+                    self.partial.clear()
+                    return
+                del self.partial[:cut + 1]
+                self.skipping = False
+                continue
             if cut < 0 and len(self.partial) < self.width:
                 return
+            if self.on_cut is not None and not 0 <= cut < self.width:
+                self.on_cut()
+                self.skipping = True
+                continue
             end = cut + 1 if 0 <= cut < self.width else self.width
             line, self.partial = bytes(self.partial[:end]), self.partial[end:]
             self.on_line(line.decode("utf-8", "replace"))
 
     def close(self) -> None:
-        if self.partial:
+        if self.partial and not self.skipping:
             self.on_line(bytes(self.partial).decode("utf-8", "replace"))
-            self.partial = bytearray()
+        self.partial = bytearray()
 
 
 # The groups of the programs now running; `end_all` kills them.  An RLock: the signal handler

@@ -34,7 +34,7 @@ from sm121_build.core.compile_progress import CompileProgress, History
 # C0 controls (newline and tab among them), DEL, C1 controls, the bidirectional marks,
 # embeddings, overrides and isolates, the Unicode line and paragraph separators, and lone
 # surrogates (a file name's bytes that are not UTF-8, 0x9b among them, as Python holds them)
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
                       "\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _BLOCK_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028"
                             "\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")  # keeps \n, \t
@@ -53,7 +53,7 @@ def _escaped(match: re.Match[str]) -> str:
 def shown(text: str) -> str:
     """A name from outside as plain text on one line: every control character escaped
     (`\\n`, `\\e`, `\\x07`, `\\u202e`), nothing else changed."""
-    return _CONTROL.sub(_escaped, text)
+    return CONTROL.sub(_escaped, text)
 
 
 def md(text: str) -> str:
@@ -65,7 +65,7 @@ def md(text: str) -> str:
 def md_code(text: str) -> str:
     """A name from outside as a Markdown code span (`` `name` ``) when it can be one (no
     backtick, no `|`, no control character), else as `md` text."""
-    if "`" in text or "|" in text or _CONTROL.search(text):
+    if "`" in text or "|" in text or CONTROL.search(text):
         return md(text)
     return f"`{text}`"
 
@@ -81,7 +81,7 @@ def _commands_escaped(text: str) -> str:
 
 
 def _line(text: str) -> str:
-    return _commands_escaped(_CONTROL.sub(_escaped, text))
+    return _commands_escaped(CONTROL.sub(_escaped, text))
 
 
 def _block(text: str) -> str:

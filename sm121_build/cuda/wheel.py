@@ -35,12 +35,11 @@ from typing import BinaryIO
 
 from isal import isal_zlib
 
+from sm121_build.core.console import CONTROL
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.core.inputs import MAX_RATIO, RATIO_FLOOR, open_file
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import declared_extent, section_extent, section_table_at
-
-_ODD = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 def member_name(name: str) -> str:
@@ -82,7 +81,7 @@ def checked_members(wheel: zipfile.ZipFile, source: Path) -> list[zipfile.ZipInf
         why = ""
         if not name:
             why = "a member with no name (a damaged archive)"
-        elif _ODD.search(name):
+        elif "\\" in name or CONTROL.search(name):  # the control characters console escapes
             why = f"a member named {name!r}, with a control character or a backslash"
         else:
             plain = member_name(name)

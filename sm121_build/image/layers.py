@@ -88,6 +88,7 @@ def _layer_paths(outer: tarfile.TarFile, archive: Path, platform: str | None) ->
             raise _bad(archive, "manifest.json has no Layers")
         if len(manifest) > 1:
             raise Sm121Error(f"{archive}: holds {len(manifest)} images; save one image per tarball")
+        _require_platform(outer, manifest[0].get("Config"), platform, archive)
         return [_member_name(outer, str(p), archive) for p in manifest[0]["Layers"]]
     if "index.json" in names:
         document = _read_json(outer, "index.json", archive)
@@ -107,9 +108,30 @@ def _layer_paths(outer: tarfile.TarFile, archive: Path, platform: str | None) ->
             document = _read_json(outer, _blob(digest), archive)
         if not isinstance(document["layers"], list):
             raise _bad(archive, "a manifest's layers is not a list")
+        config = document.get("config")
+        _require_platform(outer, _blob(str(config["digest"])) if isinstance(config, dict)
+                          and "digest" in config else None, platform, archive)
         return [_member_name(outer, _blob(str(layer["digest"])), archive)
                 for layer in document["layers"]]
     raise _bad(archive, "neither manifest.json nor index.json found")
+
+
+def _require_platform(outer: tarfile.TarFile, config: object, platform: str | None,
+                      archive: Path) -> None:
+    """With --platform: the image chosen must be of that platform, as its config says (a
+    lone manifest that names none in the index, `docker save`'s); a config that does not
+    say is taken as it is."""
+    if platform is None or not isinstance(config, str):
+        return
+    if posixpath.normpath(config) not in _members(outer):
+        return
+    facts = _read_json(outer, config, archive)
+    if not isinstance(facts, dict) or not facts.get("os") or not facts.get("architecture"):
+        return
+    held = f"{facts['os']}/{facts['architecture']}"
+    variant = facts.get("variant")
+    if platform not in (held, f"{held}/{variant}" if variant else held):
+        raise Sm121Error(f"{archive}: holds no {platform} image (it holds {held})")
 
 
 def _member_name(outer: tarfile.TarFile, name: str, archive: Path) -> str:
@@ -179,6 +201,7 @@ class Filesystem:
     extracted: set[str] = field(default_factory=set)
     broken: dict[str, str] = field(default_factory=dict)  # wanted path -> why it is unreadable
     budget: Inflated | None = None  # what the wanted files may hold in all (links included)
+    _below: dict[str, set[str]] = field(default_factory=dict)  # folder -> what it holds
 
     def write(self, source: IO[bytes], target: Path) -> None:
         """A member's bytes to `target`, each chunk taken from the budget first."""
@@ -196,10 +219,34 @@ class Filesystem:
         target.unlink(missing_ok=True)
         os.link(existing, target)
 
+    def add(self, path: str) -> None:
+        """A file of the final filesystem (so far), listed under each folder above it."""
+        self.files.add(path)
+        child = path
+        while child:
+            parent = posixpath.dirname(child)
+            listed = self._below.setdefault(parent, set())
+            if child in listed:
+                break  # the folders above are listed already
+            listed.add(child)
+            child = parent
+
     def remove(self, path: str, keep_dir: bool = False) -> None:
-        prefix = path.rstrip("/") + "/" if path else ""
-        for name in [n for n in self.files if n.startswith(prefix) or (n == path and
-                                                                       not keep_dir)]:
+        """`path` and everything below it leave the list (and the disk); `keep_dir`: only
+        what is below (an opaque whiteout).  The cost is what is removed, never the whole
+        list: a layer of many members is read in time linear in them."""
+        path = path.rstrip("/")
+        doomed = [path] if not keep_dir and path in self.files else []
+        folders = [path]
+        while folders:
+            for child in self._below.pop(folders.pop(), ()):
+                if child in self._below:
+                    folders.append(child)
+                if child in self.files:
+                    doomed.append(child)
+        if not keep_dir and path:
+            self._below.get(posixpath.dirname(path), set()).discard(path)
+        for name in doomed:
             self.files.discard(name)
             if name in self.extracted:
                 (self.root / name).unlink(missing_ok=True)
@@ -313,7 +360,7 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
         if member.isdir():
             continue
         fs.remove(path)  # an upper layer's entry replaces whatever was at that path
-        fs.files.add(path)
+        fs.add(path)
         if not (member.isfile() or member.islnk()) or not wanted(path):
             continue
         target = fs.root / path

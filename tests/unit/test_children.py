@@ -345,3 +345,24 @@ def test_a_chain_deeper_than_any_count_of_sweeps_is_ended(jit_only_so: Path, tmp
     for pid in alive:  # never leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"{len(alive)} of a 300-deep chain outlived the run"
+
+
+def test_a_protocol_never_reads_the_tail_of_a_cut_line_as_a_line() -> None:
+    """Red team round 6: 64 KiB of noise then a JSON object, on one line: the tail after the
+    cut was handed on as a line of its own, and a child's forged answer was trusted.  With
+    `on_cut`, the whole cut line is reported as cut and nothing of it is handed on; a log
+    (no `on_cut`) still goes on after the cut."""
+    from sm121_build.core.children import Lines
+
+    said: list[str] = []
+    cuts: list[int] = []
+    protocol = Lines(said.append, 16, on_cut=lambda: cuts.append(1))
+    for chunk in (b'{"a": 1}\n', b"x" * 10, b"y" * 10 + b'{"forged": 1}', b"\n",
+                  b'{"b": 2}\n', b"z" * 40):
+        protocol(chunk)
+    protocol.close()
+    assert said == ['{"a": 1}\n', '{"b": 2}\n'] and len(cuts) == 2
+    log: list[str] = []
+    follows = Lines(log.append, 16)
+    follows(b"x" * 20 + b"tail\n")
+    assert log == ["x" * 16, "xxxxtail\n"]

@@ -59,8 +59,8 @@ if script == "load_cubins.py":
             elif mode == "unloadable" and n == 0:
                 say(cubin=item["id"], loaded=False, error="CUDA_ERROR_INVALID_IMAGE")
             else:
-                say(cubin=item["id"], loaded=True, found=len(item["kernels"]), missing=[],
-                    missing_count=0)
+                say(cubin=item["id"], loaded=True, missing=[], missing_count=0,
+                    found=2**31 - 1 if mode == "hugecount" else len(item["kernels"]))
         say(done=len(items))
 elif script.startswith("harness_"):
     so, out = args
@@ -263,3 +263,25 @@ def test_the_children_get_the_jit_they_are_meant_to(monkeypatch: pytest.MonkeyPa
     assert "CUDA_DISABLE_PTX_JIT" not in on and off["CUDA_DISABLE_PTX_JIT"] == "1"
     assert on["CUDA_CACHE_DISABLE"] == off["CUDA_CACHE_DISABLE"] == "1"
     assert os.environ["CUDA_FORCE_PTX_JIT"] == "1"  # ours untouched
+
+
+def test_a_json_inside_an_input_is_refused_before_anything_is_made(
+        aot_pair: tuple[Path, Path], fake: Path) -> None:
+    """Red team round 6: `--json STOCK/made/by/prove/p.json` was refused only after the
+    folders it names were made (and a probe file written) inside --stock."""
+    made, stock = aot_pair
+    before = sorted(p.relative_to(stock) for p in stock.rglob("*"))
+    done = cli("prove", "--files", str(made), "--stock", str(stock), "--json",
+               str(stock / "made" / "by" / "prove" / "p.json"), "--python", str(fake))
+    assert "is inside the input" in one_line_error(done)
+    assert sorted(p.relative_to(stock) for p in stock.rglob("*")) == before
+
+
+def test_a_loader_that_counts_past_the_kernels_it_was_given_proves_nothing(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Red team round 6: `found` 2**31-1 of 4 kernels was shown as "4294967294 of 4"; a
+    count past what the loader was given is the loader's error, and the cubin unproven."""
+    done = _prove(aot_pair, fake, tmp_path / "p.json", "hugecount")
+    assert done.returncode == 3, done.stderr
+    assert "the loader said it found 2147483647 of" in done.stderr
+    _check(json.loads((tmp_path / "p.json").read_text()))

@@ -298,3 +298,18 @@ def test_a_platform_the_tarball_does_not_hold_is_refused_not_read_as_another(
                      platforms=("linux/arm64", "linux/amd64"))
     assert "pick one with --platform" in one_line_error(cli("audit", str(two)))
     assert cli("audit", str(two), "--platform", "linux/amd64").returncode == 0
+
+
+def test_a_lone_image_of_another_platform_is_refused_by_its_config(
+        tmp_path: Path, jit_only_so: Path) -> None:
+    """Red team round 6: a tarball whose one image names no platform in an index (`docker
+    save`'s form) was read whatever `--platform` asked; its config says which it is."""
+    from devkit.imagetar import docker_save
+
+    image = docker_save(tmp_path / "saved.tar", [{
+        "usr/lib/python3/dist-packages/vllm/_C.abi3.so": jit_only_so.read_bytes()}],
+        architecture="amd64")
+    line = one_line_error(cli("audit", str(image), "--platform", "linux/arm64"))
+    assert "holds no linux/arm64 image (it holds linux/amd64)" in line
+    assert cli("audit", "--json", str(image), "--platform", "linux/amd64").returncode == 0
+    assert cli("audit", "--json", str(image)).returncode == 0

@@ -26,6 +26,10 @@ SPELLINGS = {
     "leaves": ["../_k.so"],
     "absolute": ["/_k.so"],
     "control": ["pkg/_k\n.so"],
+    "c1-control": ["pkg/_k\x9b.so"],  # red team round 6: C1, bidi and line separators
+    "next-line": ["pkg/_k\x85.so"],
+    "bidi": ["pkg/_k\u202e.so"],
+    "line-separator": ["pkg/_k\u2028.so"],
     "backslash": ["pkg\\_k.so"],
 }
 

@@ -113,6 +113,11 @@ class Said:
     lines: int = 0
     ignored: int = 0
 
+    def cut(self) -> None:
+        """A line longer than `LINE_BYTES`: counted and ignored whole, never read in part."""
+        self.lines += 1
+        self.ignored += 1
+
     def line(self, text: str) -> None:
         """One line of the child's stdout."""
         self.lines += 1
@@ -205,7 +210,7 @@ def _finite(value: object) -> bool:
 def talk(program: Program) -> tuple[Ended, Said]:
     """Run a child to its end or deadline; what it said, parsed line by line as it came."""
     said = Said()
-    lines = Lines(said.line, LINE_BYTES)
+    lines = Lines(said.line, LINE_BYTES, on_cut=said.cut)
     ended = run(program, lines)
     lines.close()
     return ended, said

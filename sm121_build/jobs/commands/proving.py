@@ -113,7 +113,8 @@ def find_pairs(files: Path, stock: Path) -> list[Pair]:
 def probe(request: ProveRequest) -> Device:
     """The GPU (device 0), or NoGpu in one line: no libcuda, cuInit failed, no device."""
     try:
-        ended, said = talk(Program((request.python, str(LOADER), "probe"), PROBE_SECONDS,
+        ended, said = talk(Program((request.python, str(LOADER), "probe"),
+                                   min(PROBE_SECONDS, request.seconds),
                                    "the CUDA driver probe", env=_env(jit=False)))
     except OSError as exc:
         raise Sm121Error(f"--python {request.python}: cannot be run "
@@ -165,9 +166,10 @@ def load_all(request: ProveRequest, extracted: list[Extracted], folder: Path
                                 "the cubin loader", jit=False))
     if said.device is None:
         raise NoGpu(f"no GPU to prove on: {said.error or ended.said(200)}")
-    if said.done != len(items):
-        note(f"the loader answered {len(said.loads)} of {len(items)} cubin(s) "
-             f"({'timed out' if ended.timed_out else ended.said(200)})")
+    if said.done != len(items) or ended.timed_out or ended.returncode != 0:
+        note(f"the loader answered {len(said.loads)} of {len(items)} cubin(s) and "
+             f"{'ran past --timeout' if ended.timed_out else f'exited {ended.returncode}'}"
+             f" ({ended.said(200)})")
     return {load.cubin: load for load in said.loads}
 
 
@@ -180,6 +182,9 @@ def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | 
             continue
         load = loads.get(path.stem, CubinLoad(path.stem, False, error="the loader did not "
                                               "answer for it"))
+        if load.found > len(cubin.kernels):  # a loader's count past what it was given
+            load = CubinLoad(path.stem, False, error=f"the loader said it found {load.found} "
+                             f"of {len(cubin.kernels)} kernel(s)")
         results.append(CubinResult(cubin.number, cubin.sm, cubin.entry.container,
                                    len(cubin.kernels), load.loaded, load.found, load.missing,
                                    load.missing_count, load.error))
