@@ -231,19 +231,24 @@ class Filesystem:
             listed.add(child)
             child = parent
 
-    def remove(self, path: str, keep_dir: bool = False) -> None:
+    def remove(self, path: str, keep_dir: bool = False,
+               spare: frozenset[str] | set[str] = frozenset()) -> None:
         """`path` and everything below it leave the list (and the disk); `keep_dir`: only
-        what is below (an opaque whiteout).  The cost is what is removed, never the whole
-        list: a layer of many members is read in time linear in them."""
+        what is below (an opaque whiteout); `spare`: files that stay (the whiteout's own
+        layer's).  The cost is what is looked at below `path`, never the whole list: a
+        layer of many members is read in time linear in them."""
         path = path.rstrip("/")
-        doomed = [path] if not keep_dir and path in self.files else []
+        doomed: list[str] = []
+        kept: list[str] = []
+        if not keep_dir and path in self.files:
+            (kept if path in spare else doomed).append(path)
         folders = [path]
         while folders:
             for child in self._below.pop(folders.pop(), ()):
                 if child in self._below:
                     folders.append(child)
                 if child in self.files:
-                    doomed.append(child)
+                    (kept if child in spare else doomed).append(child)
         if not keep_dir and path:
             self._below.get(posixpath.dirname(path), set()).discard(path)
         for name in doomed:
@@ -251,6 +256,9 @@ class Filesystem:
             if name in self.extracted:
                 (self.root / name).unlink(missing_ok=True)
                 self.extracted.discard(name)
+        for name in kept:  # listed again under their folders
+            self.files.discard(name)
+            self.add(name)
 
 
 def extract_files(archive: Path, dest: Path, wanted: Callable[[str], bool],
@@ -346,21 +354,25 @@ def _apply_layer(layer: tarfile.TarFile, fs: Filesystem,
     """Apply one layer; returns the wanted hard links whose file was not written (the file
     they name -> the links), for `_resolve_links`."""
     pending: dict[str, list[str]] = {}
+    this_layer: set[str] = set()
     for member in layer:
         path = _safe_relpath(member.name)
         if path is None:
             continue
         parent, base = posixpath.split(path)
+        # a whiteout hides what lower layers hold, never what its own layer holds (in
+        # whatever order the layer lists them), as the engine applies it
         if base == OPAQUE:
-            fs.remove(parent, keep_dir=True)
+            fs.remove(parent, keep_dir=True, spare=this_layer)
             continue
         if base.startswith(WHITEOUT):
-            fs.remove(posixpath.join(parent, base[len(WHITEOUT):]))
+            fs.remove(posixpath.join(parent, base[len(WHITEOUT):]), spare=this_layer)
             continue
         if member.isdir():
             continue
         fs.remove(path)  # an upper layer's entry replaces whatever was at that path
         fs.add(path)
+        this_layer.add(path)
         if not (member.isfile() or member.islnk()) or not wanted(path):
             continue
         target = fs.root / path

@@ -71,6 +71,8 @@ elif script.startswith("harness_"):
         say(op="gptq_marlin_repack", case="gptq-4bit-256x192",
             error="CUDA error: PTX JIT compilation was disabled"); sys.exit(3)
     for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
+        if mode == "prefixed":  # a library's printf before each line: none of them parses
+            print("[W] ", end="")
         say(op="gptq_marlin_repack", case=case, first_s=2.5 if jit else 0.001)
     Path(out).write_text("saved")
     say(saved=2)
@@ -285,3 +287,16 @@ def test_a_loader_that_counts_past_the_kernels_it_was_given_proves_nothing(
     assert done.returncode == 3, done.stderr
     assert "the loader said it found 2147483647 of" in done.stderr
     _check(json.loads((tmp_path / "p.json").read_text()))
+
+
+def test_cases_the_runs_did_not_say_prove_nothing(aot_pair: tuple[Path, Path], fake: Path,
+                                                  tmp_path: Path) -> None:
+    """Red team round 7: every case line behind a library's printf (none parses), the
+    outputs saved and compared: "proven" with no op at all.  What the runs said must account
+    for what they saved and what was compared."""
+    done = _prove(aot_pair, fake, tmp_path / "p.json", "prefixed")
+    assert done.returncode == 3, done.stderr
+    assert "no op case was said by the stock JIT run" in done.stderr
+    proof = json.loads((tmp_path / "p.json").read_text())
+    assert proof["verdict"] == "failed"
+    _check(proof)

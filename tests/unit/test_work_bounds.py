@@ -242,3 +242,19 @@ def test_whiteouts_remove_what_they_name_and_only_that(tmp_path: Path,
     with binaries(str(image)) as found:
         names = sorted(b.name.split("dist-packages/")[1] for b in found)
     assert names == ["ab.so", "b/z.so", "c/v.so"]
+
+
+@pytest.mark.parametrize("order", ["file-first", "whiteout-first"])
+def test_a_whiteout_never_hides_its_own_layers_files(tmp_path: Path, jit_only_so: Path,
+                                                     order: str) -> None:
+    """Red team round 7: `opt/lib/evil.so` and `opt/lib/.wh..wh..opq` in one layer: the
+    audit saw no file, the engine (docker load, export) keeps it.  A whiteout hides what
+    lower layers hold, in whatever order its layer lists them."""
+    so = jit_only_so.read_bytes()
+    top: dict[str, bytes | None] = {"opt/lib/.wh..wh..opq": b"", "opt/lib/evil.so": so,
+                                    "opt/lib/.wh.mine.so": b"", "opt/lib/mine.so": so}
+    if order == "file-first":
+        top = dict(reversed(list(top.items())))
+    image = oci_layout(tmp_path / "same.tar", [{"opt/lib/lower.so": so}, top])
+    with binaries(str(image)) as found:
+        assert sorted(Path(b.name).name for b in found) == ["evil.so", "mine.so"]

@@ -259,6 +259,17 @@ def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
                              if native.said.saved is None else "the outputs were not compared"))
         results.append(OpResult(name, case.op, case.case, None if error else equal,
                                 diff, case.first_s, mine.first_s if mine else None, error))
+    said = {f"{c.op}/{c.case}" for c in reference.said.cases}
+    unsaid = sorted(set(compared) - said)
+    saved = reference.said.saved
+    why = ("no op case was said by the stock JIT run" if not reference.said.cases else
+           f"the stock JIT run saved {saved} output(s) but said {len(said)} case(s)"
+           if saved is not None and saved != len(said) else
+           f"{len(unsaid)} output(s) compared that no run said, e.g. {unsaid[0]}" if unsaid
+           else None)
+    if why:  # what the runs said does not account for what was compared: nothing proven
+        results.append(OpResult(name, "(every op)", "(the runs' account)", None, None, None,
+                                None, why))
     return results
 
 
