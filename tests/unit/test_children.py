@@ -172,6 +172,18 @@ def _toolchain(tmp_path: Path, ptxas_body: str, fatbinary_body: str = "exit 0\n"
     return Toolchain(bin_dir, (13, 0), "13.0.88")
 
 
+def _aot_with_failing_ptxas(so: Path, home: Path, tmp_path: Path) -> None:
+    """The command line's aot of `so` with the toolchain under `home`, whose ptxas fails:
+    one line, exit 2; then a moment for the kernel to reap what the run killed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "aot", str(so), "--out",
+         str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
+         "--target", "sm_121"], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert done.returncode == 2, done.stderr
+    time.sleep(0.3)
+
+
 def test_ptxas_that_exits_0_and_writes_nothing_is_named(tmp_path: Path) -> None:
     toolchain = _toolchain(tmp_path, "exit 0\n")
     with pytest.raises(ToolchainError, match=r"^ptxas exited 0 and wrote no cubin$"):
@@ -256,13 +268,7 @@ def test_a_grandchild_that_leaves_the_group_is_ended_with_the_run(jit_only_so: P
     home.mkdir()
     _toolchain(home, f"setsid sleep 600 >/dev/null 2>&1 < /dev/null &\necho $! > {pids}/$$\n"
                "exit 1\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "sm121_build", "aot", str(jit_only_so), "--out",
-         str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
-         "--target", "sm_121"], capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
-    assert done.returncode == 2, done.stderr
-    time.sleep(0.3)
+    _aot_with_failing_ptxas(jit_only_so, home, tmp_path)
     left = [int(p.read_text()) for p in pids.iterdir()]
     assert left, "ptxas never ran"
     assert not [pid for pid in left if _alive(pid)], "a setsid'd grandchild outlived the run"
@@ -332,13 +338,7 @@ def test_a_chain_deeper_than_any_count_of_sweeps_is_ended(jit_only_so: Path, tmp
     _toolchain(home, f"{sys.executable} {chain} >/dev/null 2>&1 </dev/null &\n"
                f"while [ $(ls {tmp_path / 'pids'} | wc -l) -lt 300 ]; do sleep 0.1; done\n"
                "exit 1\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "sm121_build", "aot", str(jit_only_so), "--out",
-         str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
-         "--target", "sm_121"], capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
-    assert done.returncode == 2, done.stderr
-    time.sleep(0.3)
+    _aot_with_failing_ptxas(jit_only_so, home, tmp_path)
     left = [int(p.name) for p in (tmp_path / "pids").iterdir()]
     assert len(left) >= 300  # (ptxas may run once for each module)
     alive = [pid for pid in left if _alive(pid)]
