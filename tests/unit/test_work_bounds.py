@@ -157,9 +157,15 @@ def _disk_peak(folder: Path, call: Callable[[], object]) -> tuple[int, BaseExcep
     peak = [0]
     stop = threading.Event()
 
+    def blocks(path: str) -> int:
+        try:
+            return os.lstat(path).st_blocks * 512
+        except OSError:  # removed between the listing and the look
+            return 0
+
     def watch() -> None:
         while not stop.is_set():
-            used = sum(os.lstat(os.path.join(d, f)).st_blocks * 512
+            used = sum(blocks(os.path.join(d, f))
                        for d, _dirs, files in os.walk(folder) for f in files)
             peak[0] = max(peak[0], used)
             time.sleep(0.02)
