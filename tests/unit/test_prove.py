@@ -300,3 +300,71 @@ def test_cases_the_runs_did_not_say_prove_nothing(aot_pair: tuple[Path, Path], f
     proof = json.loads((tmp_path / "p.json").read_text())
     assert proof["verdict"] == "failed"
     _check(proof)
+
+
+# FAKE: a stand-in `torch` module for the op harnesses' shared run (harness_run.py) on a
+# machine with no GPU; STORY picks how the library behaves.  It proves nothing of a GPU.
+STUB_TORCH = '''
+import os
+STORY = os.environ["STORY"]
+int32 = "int32"
+class _Schema:
+    def __init__(self, names):
+        self.arguments = [type("A", (), {"name": n})() for n in names]
+class _Op:
+    def __init__(self, names):
+        self.default = type("D", (), {"_schema": _Schema(names)})()
+    def __call__(self, *args):
+        raise RuntimeError("CUDA error: PTX JIT compilation was disabled\\nmore")
+class _Namespace:
+    def __getattr__(self, name):
+        if STORY == "schema":
+            raise AttributeError(name)
+        names = ["b_q_weight", "perm", "size_k", "size_n", "num_bits"]
+        return _Op(names if name.startswith("gptq") else names[:1] + names[2:])
+class _Ops:
+    _C = _Namespace()
+    def load_library(self, path):
+        pass
+ops = _Ops()
+class cuda:
+    @staticmethod
+    def synchronize():
+        pass
+class Generator:
+    def __init__(self, device):
+        pass
+    def manual_seed(self, seed):
+        return self
+def randint(*args, **kwargs):
+    if STORY == "inputs":
+        raise RuntimeError("CUDA error: an illegal instruction was encountered")
+    return object()
+def empty(*args, **kwargs):
+    return object()
+'''
+
+
+@pytest.mark.parametrize(("story", "code", "said"), [
+    ("schema", 4, {"schema_error": "_C.gptq_marlin_repack: no such op in this library"}),
+    ("inputs", 3, {"op": "(inputs)", "case": "(between cases)",
+                   "error": "CUDA error: an illegal instruction was encountered"}),
+    ("call", 3, {"op": "gptq_marlin_repack", "case": "gptq-4bit-256x192",
+                 "error": "CUDA error: PTX JIT compilation was disabled"}),
+])
+def test_the_harnesses_shared_run_says_each_ending_in_one_line(
+        tmp_path: Path, story: str, code: int, said: dict[str, object]) -> None:
+    """harness_marlin.py run as `prove` runs it (a script, its sibling harness_run.py
+    beside it) against the FAKE torch: a schema that does not fit (exit 4), an error
+    between cases and one in an op's first call (exit 3), each its one JSON line."""
+    import sm121_build.jobs.payload as payload
+
+    (tmp_path / "torch.py").write_text(STUB_TORCH)
+    done = subprocess.run(
+        [sys.executable, str(Path(payload.__file__).parent / "harness_marlin.py"),
+         str(tmp_path / "lib.so"), str(tmp_path / "out.pt")],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "STORY": story})
+    assert done.returncode == code, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [said]
+    assert not (tmp_path / "out.pt").exists()

@@ -5,24 +5,21 @@ Standard library and torch only, run as a script by the interpreter `prove --pyt
 
     python3 harness_fa2.py SO OUT.pt
 
-Each line on stdout is one JSON object:
-
-    {"schema_error": "..."}                        an op or argument it does not know (exit 4)
-    {"op": OP, "case": CASE, "first_s": S}         a case ran; S: its first call, synchronized
-    {"op": OP, "case": CASE, "error": "..."}       a case failed: nothing follows (exit 3)
-    {"saved": N}                                   N outputs saved to OUT.pt
+Its lines on stdout, and the run around its cases, are harness_run.py's.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
-FAILED, SCHEMA = 3, 4
+# the sibling module both harnesses share (found beside this script when it runs as one)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+harness = importlib.import_module("harness_run")
+
 NAMESPACE = "_vllm_fa2_C"
 # the arguments each op must have by these names (the rest are filled by their type)
 NEEDED = {
@@ -36,20 +33,11 @@ VARLEN = [("bfloat16", 128, True), ("bfloat16", 128, False), ("float16", 64, Tru
 KVCACHE = [("bfloat16", 128, False), ("bfloat16", 128, True), ("float16", 64, False)]
 
 
-class SchemaError(Exception):
-    pass
-
-
-def _say(data: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data) + "\n")
-    sys.stdout.flush()
-
-
 def schema_of(torch: Any, op: str) -> Any:
     try:
         return getattr(getattr(torch.ops, NAMESPACE), op).default._schema
     except (AttributeError, RuntimeError):
-        raise SchemaError(f"{NAMESPACE}.{op}: no such op in this library") from None
+        raise harness.SchemaError(f"{NAMESPACE}.{op}: no such op in this library") from None
 
 
 def check(torch: Any, op: str) -> Any:
@@ -57,7 +45,7 @@ def check(torch: Any, op: str) -> Any:
     names = {a.name for a in schema.arguments}
     lacking = sorted(NEEDED[op] - names)
     if lacking:
-        raise SchemaError(f"{NAMESPACE}.{op} has no argument {', '.join(lacking)} "
+        raise harness.SchemaError(f"{NAMESPACE}.{op} has no argument {', '.join(lacking)} "
                           f"(schema: {schema})")
     return schema
 
@@ -79,27 +67,9 @@ def arguments(torch: Any, schema: Any, named: dict[str, Any]) -> list[Any]:
         elif ty == "Tensor" and n == "out":
             values.append(torch.empty_like(named["q"]))
         else:
-            raise SchemaError(f"{NAMESPACE}: argument {n} of type {ty} is not one the "
+            raise harness.SchemaError(f"{NAMESPACE}: argument {n} of type {ty} is not one the "
                               "harness knows")
     return values
-
-
-def timed(torch: Any, op: Any, values: list[Any], label: tuple[str, str]) -> tuple[Any, float]:
-    """The op's first call, synchronized and timed, its output on the host.  Any error ends
-    the run (a CUDA error is sticky: the next call would fail for this one's cause)."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    try:
-        result = op(*values)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - start
-        out = (result[0] if isinstance(result, (list, tuple)) else result).cpu()
-    except Exception as exc:  # RuntimeError, torch.AcceleratorError: any, said in one line
-        _say({"op": label[0], "case": label[1],
-              "error": (str(exc).splitlines() or [type(exc).__name__])[0][:300]})
-        raise SystemExit(FAILED) from None
-    _say({"op": label[0], "case": label[1], "first_s": round(first, 4)})
-    return out, first
 
 
 def varlen(torch: Any, saved: dict[str, Any], gen: Any) -> None:
@@ -116,7 +86,8 @@ def varlen(torch: Any, saved: dict[str, Any], gen: Any) -> None:
             "max_seqlen_q": length, "max_seqlen_k": length,
             "softmax_scale": 1.0 / math.sqrt(d), "is_causal": causal})
         case = f"{dtype_name}-d{d}-{'causal' if causal else 'full'}"
-        saved[f"varlen_fwd/{case}"] = timed(torch, op, values, ("varlen_fwd", case))[0]
+        saved[f"varlen_fwd/{case}"] = harness.first_call(torch, op, values,
+                                                         ("varlen_fwd", case))
 
 
 def kvcache(torch: Any, saved: dict[str, Any], gen: Any) -> None:
@@ -138,33 +109,17 @@ def kvcache(torch: Any, saved: dict[str, Any], gen: Any) -> None:
             "q": q, "kcache": kc, "vcache": vc, "seqlens_k": lengths, "block_table": table,
             "softmax_scale": 1.0 / math.sqrt(d), "is_causal": True})
         case = f"{dtype_name}-d{d}-{'paged' if paged else 'contiguous'}"
-        saved[f"fwd_kvcache/{case}"] = timed(torch, op, values, ("fwd_kvcache", case))[0]
+        saved[f"fwd_kvcache/{case}"] = harness.first_call(torch, op, values,
+                                                          ("fwd_kvcache", case))
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: harness_fa2.py SO OUT.pt\n")
-        return 2
-    torch = importlib.import_module("torch")
-    torch.ops.load_library(argv[0])
+def cases(torch: Any, saved: dict[str, Any]) -> None:
     gen = torch.Generator(device="cuda").manual_seed(121)
-    saved: dict[str, Any] = {}
-    try:
-        check(torch, "varlen_fwd")
-        check(torch, "fwd_kvcache")
-        varlen(torch, saved, gen)
-        kvcache(torch, saved, gen)
-    except SchemaError as exc:
-        _say({"schema_error": str(exc)[:500]})
-        return SCHEMA
-    except Exception as exc:  # between cases (making inputs): a sticky CUDA error shows here
-        _say({"op": "(inputs)", "case": "(between cases)",
-              "error": (str(exc).splitlines() or [type(exc).__name__])[0][:300]})
-        return FAILED
-    torch.save(saved, argv[1])
-    _say({"saved": len(saved)})
-    return 0
+    check(torch, "varlen_fwd")
+    check(torch, "fwd_kvcache")
+    varlen(torch, saved, gen)
+    kvcache(torch, saved, gen)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(harness.run(sys.argv[1:], "harness_fa2.py", cases))

@@ -5,32 +5,24 @@ Standard library and torch only, run as a script by the interpreter `prove --pyt
 
     python3 harness_marlin.py SO OUT.pt
 
-Its lines on stdout are those of harness_fa2.py: `schema_error` (exit 4), a line per case
-(`op`, `case`, `first_s` or `error`; an error ends the run, exit 3), then `saved`.
+Its lines on stdout, and the run around its cases, are harness_run.py's.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
-FAILED, SCHEMA = 3, 4
+# the sibling module both harnesses share (found beside this script when it runs as one)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+harness = importlib.import_module("harness_run")
+
 NAMESPACE = "_C"
 NEEDED = {"gptq_marlin_repack": {"b_q_weight", "perm", "size_k", "size_n", "num_bits"},
           "awq_marlin_repack": {"b_q_weight", "size_k", "size_n", "num_bits"}}
 SHAPES = [(256, 192), (4096, 4096), (7168, 2112)]  # (size_k, size_n)
-
-
-class SchemaError(Exception):
-    pass
-
-
-def _say(data: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data) + "\n")
-    sys.stdout.flush()
 
 
 def check(torch: Any, op: str) -> Any:
@@ -40,32 +32,13 @@ def check(torch: Any, op: str) -> Any:
         found = getattr(getattr(torch.ops, NAMESPACE), op)
         names = {a.name for a in found.default._schema.arguments}
     except (AttributeError, RuntimeError):
-        raise SchemaError(f"{NAMESPACE}.{op}: no such op in this library") from None
+        raise harness.SchemaError(f"{NAMESPACE}.{op}: no such op in this library") from None
     lacking = sorted(NEEDED[op] - names)
     unknown = sorted(names - NEEDED[op] - {"is_a_8bit"})
     if lacking or unknown:
-        raise SchemaError(f"{NAMESPACE}.{op}: lacks {lacking or 'nothing'}, has unknown "
+        raise harness.SchemaError(f"{NAMESPACE}.{op}: lacks {lacking or 'nothing'}, has unknown "
                           f"{unknown or 'nothing'} (schema: {found.default._schema})")
     return found
-
-
-def call(torch: Any, op: Any, values: dict[str, Any], label: tuple[str, str]) -> Any:
-    """The op's first call, synchronized and timed, its output on the host.  Any error ends
-    the run (a CUDA error is sticky: the next call would fail for this one's cause)."""
-    args = [values[a.name] for a in op.default._schema.arguments]
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    try:
-        result = op(*args)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - start
-        out = result.cpu()
-    except Exception as exc:  # RuntimeError, torch.AcceleratorError: any, said in one line
-        _say({"op": label[0], "case": label[1],
-              "error": (str(exc).splitlines() or [type(exc).__name__])[0][:300]})
-        raise SystemExit(FAILED) from None
-    _say({"op": label[0], "case": label[1], "first_s": round(first, 4)})
-    return out
 
 
 def repack(torch: Any, saved: dict[str, Any]) -> None:
@@ -85,29 +58,10 @@ def repack(torch: Any, saved: dict[str, Any]) -> None:
                 values = {"b_q_weight": q, "perm": perm, "size_k": k, "size_n": n,
                           "num_bits": bits, "is_a_8bit": False}
                 case = f"{name}-{bits}bit-{k}x{n}"
-                saved[f"{op_name}/{case}"] = call(torch, op, values, (op_name, case))
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: harness_marlin.py SO OUT.pt\n")
-        return 2
-    torch = importlib.import_module("torch")
-    torch.ops.load_library(argv[0])
-    saved: dict[str, Any] = {}
-    try:
-        repack(torch, saved)
-    except SchemaError as exc:
-        _say({"schema_error": str(exc)[:500]})
-        return SCHEMA
-    except Exception as exc:  # between cases (making inputs): a sticky CUDA error shows here
-        _say({"op": "(inputs)", "case": "(between cases)",
-              "error": (str(exc).splitlines() or [type(exc).__name__])[0][:300]})
-        return FAILED
-    torch.save(saved, argv[1])
-    _say({"saved": len(saved)})
-    return 0
+                args = [values[a.name] for a in op.default._schema.arguments]
+                saved[f"{op_name}/{case}"] = harness.first_call(torch, op, args,
+                                                                (op_name, case))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(harness.run(sys.argv[1:], "harness_marlin.py", repack))
