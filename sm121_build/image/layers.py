@@ -170,8 +170,6 @@ def _choose_manifest(manifests: list[dict[str, Any]], platform: str | None,
     real = list({id(entry): entry for entry in found.values()}.values())
     if len(real) == 1:
         return real[0]
-    if len(manifests) == 1:
-        return manifests[0]
     if not found:
         raise _bad(archive, f"{len(manifests)} manifests, none naming its platform")
     raise Sm121Error(f"{archive}: holds several platforms ({', '.join(sorted(found))}); "
