@@ -105,7 +105,7 @@ _DIST_INFO = re.compile(r"(?:^|/)([^/]+?)-[^/-]+\.dist-info/RECORD\Z")
 
 def is_record(path: str) -> bool:
     """A `NAME-VERSION.dist-info/RECORD` file."""
-    return _DIST_INFO.search(path) is not None
+    return record_owner(path) is not None
 
 
 def record_owner(path: str) -> str | None:

@@ -95,7 +95,8 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
         with steps.step("decide"):
             plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, opts.gpu.target),
                                     {t: p.name for p in projects() for t in p.targets})
-            plans = [p for p in plans if not aot_does_as_well(p, native_by_aot(aot))]
+            native = native_by_aot(aot)
+            plans = [p for p in plans if not aot_does_as_well(p, native)]
             for item in plans:
                 note(item.line())
                 for why in item.remains:
@@ -287,12 +288,11 @@ def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, Bin
     opts = job.opts
     if opts.aot_only or (opts.only and opts.source is None):
         return None
+    left = list(left_by_aot(native_by_aot(aot), stock))
     if not opts.gpu.has_source_rules:
         note(f"no guard rules for {opts.gpu} (a source build is for sm_121): aot alone; what "
-             f"aot cannot change is left as it is "
-             f"({', '.join(left_by_aot(native_by_aot(aot), stock))})")
+             f"aot cannot change is left as it is ({', '.join(left)})")
         return None
-    left = list(left_by_aot(native_by_aot(aot), stock))
     if not left and opts.source is None:
         note("every kernel that is not native has PTX: aot alone, no source needed")
         return None
