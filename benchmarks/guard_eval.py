@@ -16,6 +16,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from sm121_build.cuda.compat import ArchList
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -58,7 +60,8 @@ def main() -> int:
         tree = _cmake_tree(args.version, Path(tmp))
 
         def decide() -> list[RuleResult]:
-            return apply_all(tree, PatchFor(args.version, args.archs, args.cuda), check=True)
+            want = PatchFor(args.version, ArchList.parse(args.archs), args.cuda)
+            return apply_all(tree, want, check=True)
 
         binary = guards.find_cmake
         guards.find_cmake = _launcher_each_time  # type: ignore[assignment]

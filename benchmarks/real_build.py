@@ -151,7 +151,7 @@ def fp4_objects(build: Path) -> list[str]:
 def fp4_guards(source: Path, arch: str) -> list[dict[str, Any]]:
     return [{"file": g.file, "line": g.line, "var": g.variable, "branch": g.branch,
              "yields": list(g.targets), "taken": g.taken, "breaks_ptxas": breaks_ptxas(g)}
-            for g in evaluate(source, arch) if covered(g)]
+            for g in evaluate(source, ArchList.parse(arch)) if covered(g)]
 
 
 def unpack(sdist: Path, dest: Path) -> Path:
@@ -231,17 +231,17 @@ def main() -> int:
     policy = Policy(gpu, SPARK.driver)
     report["gpu"] = str(gpu)
     report["patch"] = [{"set": r.name, "outcome": r.outcome, "replacements": r.replacements}
-                       for r in apply_all(source, PatchFor(version, arch))]
+                       for r in apply_all(source, PatchFor(version, ArchList.parse(arch)))]
     report["patch"] += [{"set": r.name, "outcome": r.outcome, "detail": r.detail}
-                        for r in apply_macros(source, "vllm", effective_archs(source, arch),
-                                              gpu)]
+                        for r in apply_macros(source, "vllm",
+                                              effective_archs(source, ArchList.parse(arch)), gpu)]
     report["guards_after"] = fp4_guards(source, arch)
     if args.flash_attn:
         flash = unpack(args.flash_attn, args.work / "flash-attn")
-        handed = effective_archs(source, arch)
+        handed = effective_archs(source, ArchList.parse(arch))
         results = apply_all(flash,
                 PatchFor(version, handed, gpu=SM121), project="vllm-flash-attn")
-        report["flash_attn"] = {"cuda_archs_from_vllm": handed, "rules": [
+        report["flash_attn"] = {"cuda_archs_from_vllm": str(handed), "rules": [
             {"set": r.name, "outcome": r.outcome, "detail": r.detail, "rewrites": [
                 {"at": w.guard.location, "list": w.new_list, "gives": list(w.result)}
                 for w in r.rewrites]} for r in results]}

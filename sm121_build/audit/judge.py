@@ -92,15 +92,14 @@ def source_verdicts(reports: list[BinaryReport],
             stock[name], audited[name] = report, report.name
     if not stock:
         return {}
-    arch_cmake = under.arch.cmake
     with temp_dir("sm121-audit-source-") as tmp:
         tree = Path(tmp) / "src"
         tree.mkdir()
         shutil.copy2(source / "CMakeLists.txt", tree / "CMakeLists.txt")
         if (source / "cmake").is_dir():
             shutil.copytree(source / "cmake", tree / "cmake", symlinks=True)
-        apply_for_build(tree, {}, PatchFor(version, arch_cmake, cuda, gpu))
-        plans = plan_extensions(stock, decide_inputs(tree, arch_cmake, cuda, gpu),
+        apply_for_build(tree, {}, PatchFor(version, under.arch, cuda, gpu))
+        plans = plan_extensions(stock, decide_inputs(tree, under.arch, cuda, gpu),
                                 {t: p.name for p in projects() for t in p.targets})
     return {audited[p.name]: judged(p, gpu) for p in plans}
 

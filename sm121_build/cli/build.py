@@ -9,10 +9,11 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.params import (
-    JOBS,
     arch_for_gpu,
     extension_names,
+    extension_option,
     gpu_option,
+    jobs_option,
     optional_arch_list,
     require_outputs,
     trust_key_option,
@@ -53,16 +54,15 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
 @click.option("--arch", callback=optional_arch_list,
               help="TORCH_CUDA_ARCH_LIST of a source build (sm_121); 12.1a keeps NVFP4 kernels "
                    "where the source allows.  [default: 12.1]")
-@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
-              help="Also rebuild this extension (e.g. _moe_C_stable_libtorch), whatever the "
-                   "decision says; `auto` is accepted (the default run already builds every "
-                   "extension that gains).")
+@extension_option("Also rebuild this extension (e.g. _moe_C_stable_libtorch), whatever the "
+                  "decision says; `auto` is accepted (the default run already builds every "
+                  "extension that gains).")
 @click.option("--only", multiple=True, callback=extension_names,
               help="Build no extension but these (repeatable; a CMake target or file name).")
 @click.option("--plan", "plan_only", is_flag=True,
               help="Decide and print the plan (per extension: build or keep, and why); build "
                    "nothing.")
-@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
+@jobs_option()
 @click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Existing vLLM checkout at the image's commit (else fetched).")
 @click.option("--repo", default=UPSTREAM, show_default=True, envvar="SM121_BUILD_REPO",

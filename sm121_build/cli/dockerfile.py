@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import click
 
-from sm121_build.cli.params import JOBS, arch_list, extension_names, gpu_option
+from sm121_build.cli.params import arch_option, extension_option, gpu_option, jobs_option
 from sm121_build.core.console import notice, say
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
@@ -21,11 +21,9 @@ from sm121_build.source.git_pin import version_to_ref
 @click.command()
 @click.option("--base", required=True, help="Stock vLLM image in the local engine.")
 @gpu_option()
-@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
-              help="TORCH_CUDA_ARCH_LIST.")
-@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
-              help="Another extension to rebuild.")
-@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
+@arch_option("TORCH_CUDA_ARCH_LIST.")
+@extension_option("Another extension to rebuild.")
+@jobs_option()
 @click.option("--no-buildkit", is_flag=True, help="No RUN --mount cache (legacy builder).")
 def dockerfile(base: str, gpu: Policy, arch: ArchList,  # noqa: PLR0913 (click options)
                extra_ext: tuple[str, ...], jobs: int | None, no_buildkit: bool) -> None:

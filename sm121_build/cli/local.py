@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import JOBS, arch_list, extension_names
+from sm121_build.cli.params import arch_option, extension_option, jobs_option
 from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.local_build import LocalBuild, run_local
@@ -21,11 +21,9 @@ from sm121_build.source.git_pin import require_vllm_tree
               help="The vLLM checkout to build (a copy of it is patched and built).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the built .so files go.")
-@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
-              help="TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
-@click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
-              help="Also build this extension (e.g. _moe_C_stable_libtorch).")
-@click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")
+@arch_option("TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
+@extension_option("Also build this extension (e.g. _moe_C_stable_libtorch).")
+@jobs_option()
 @click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
 @click.option("--fa-source", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Existing flash-attention checkout at the commit vLLM pins (else fetched "

@@ -27,6 +27,7 @@ from sm121_build.cuda.compat import (
     arch_list_items,
     cubin_loads,
     dotted_arch,
+    known_in_order,
     parse_cuda_version,
     parse_target,
 )
@@ -48,7 +49,7 @@ def arch_list(ctx: click.Context | None, param: click.Parameter | None,
     for item in items:
         match = ARCH_ENTRY.match(item)
         if match is None or match.group(1) not in KNOWN_ARCHS:
-            known = ", ".join(sorted(KNOWN_ARCHS, key=_order))
+            known = ", ".join(known_in_order())
             raise click.BadParameter(f"{item!r} is not a CUDA architecture (known: {known}; "
                                      "suffix a or f, or +PTX)")
     native = [i for i in items if (parsed := dotted_arch(i.replace("+PTX", ""))) is not None
@@ -121,11 +122,6 @@ def arch_for_gpu(arch: ArchList | None, gpu: Policy) -> ArchList:
                                  f"build is for sm_121 only; --gpu {gpu} gets aot, for "
                                  f"{gpu.arch_list}", param_hint="--arch")
     return gpu.arch_list
-
-
-def _order(arch: str) -> tuple[int, int]:
-    major, minor = arch.split(".")
-    return int(major), int(minor)
 
 
 def extension_names(ctx: click.Context | None, param: click.Parameter | None,
@@ -240,3 +236,21 @@ def trust_key_option(help_text: str, required: bool = False) -> Callable[[F], F]
     return click.option("--trust-key", type=KEY_FILE, envvar="SM121_TRUST_KEY",
                         required=required,
                         help=help_text + ("" if required else "  Default: $SM121_TRUST_KEY."))
+
+
+def arch_option(help_text: str) -> Callable[[F], F]:
+    """`--arch LIST` (default 12.1): a source build's TORCH_CUDA_ARCH_LIST, parsed into an
+    `ArchList` by `arch_list`; the same option on each command that compiles from source."""
+    return click.option("--arch", default="12.1", show_default=True, callback=arch_list,
+                        help=help_text)
+
+
+def extension_option(help_text: str) -> Callable[[F], F]:
+    """`--ext NAME` (repeatable): another extension to build, checked by `extension_names`."""
+    return click.option("--ext", "extra_ext", multiple=True, callback=extension_names,
+                        help=help_text)
+
+
+def jobs_option() -> Callable[[F], F]:
+    """`--jobs N`: MAX_JOBS of a source build (1 to 4096 ASCII digits)."""
+    return click.option("--jobs", type=JOBS, help="MAX_JOBS (default: from cores and memory).")

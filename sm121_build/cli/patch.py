@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import arch_list
+from sm121_build.cli.params import arch_option
 from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import SM121, ArchList, loads_natively
 from sm121_build.source.external import tree_project
@@ -51,8 +51,7 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 
 @click.command()
 @click.argument("source", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--arch", default="12.1", show_default=True, callback=arch_list,
-              help="TORCH_CUDA_ARCH_LIST for the build, e.g. 12.1 or 12.1a.")
+@arch_option("TORCH_CUDA_ARCH_LIST for the build, e.g. 12.1 or 12.1a.")
 @click.option("--version", "vllm_version", help="vLLM version of SOURCE (read from it if unset).")
 @click.option("--check", is_flag=True, help="Report only; write nothing.")
 @click.option("--explain", is_flag=True,
@@ -67,19 +66,18 @@ def patch(  # noqa: PLR0913 (a click command: a parameter per option)
     project = tree_project(source)
     if project is None:
         require_vllm_tree(source)
-    archs = arch.cmake
     version = vllm_version or (read_source_version(source) if project is None else "0")
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
     name = project.name if project else "vllm"
-    want = PatchFor(version, archs, cuda_version, SM121)
+    want = PatchFor(version, arch, cuda_version, SM121)
     results: list[RuleResult] = apply_all(source, want, check=check or explain, project=name)
     if explain:
-        effective = effective_archs(source, archs, cuda_version)
+        effective = effective_archs(source, arch, cuda_version)
         what = f"vLLM {version}" if project is None else f"{name} (as vLLM builds it)"
         whose = "vLLM's" if project is None else "its"
-        narrowed = f" (narrowed by {whose} CUDA {cuda_version} list from {archs})" if (
-            effective != archs) else ""
+        narrowed = f" (narrowed by {whose} CUDA {cuda_version} list from {arch.cmake})" if (
+            effective.cmake != arch.cmake) else ""
         say(f"{what}, CUDA_ARCHS={effective}{narrowed}: what each guard gives nvcc")
         listed: set[str] = set()
         for result in results:
@@ -97,13 +95,13 @@ def patch(  # noqa: PLR0913 (a click command: a parameter per option)
                    if not any(a.startswith("12.") for a in r.result)]
         if dropped:
             say(f"note: after the rewrite, {len(dropped)} guard(s) give no SM12x target "
-                       f"for {archs}: those kernels are left out of the build")
+                       f"for {arch.cmake}: those kernels are left out of the build")
     for result in results:
         verb = "would apply" if (check or explain) and result.outcome == "applied" else None
         say(f"{shown(result.name)}: {verb or result.outcome} ({shown(result.detail)})")
         if result.diff and not explain:
             say(result.diff, nl=False)
-    handed = effective_archs(source, archs, cuda_version)
+    handed = effective_archs(source, arch, cuda_version)
     for macro in apply_macros(source, name, handed, SM121, check=check or explain):
         verb = "would apply" if (check or explain) and macro.outcome == "applied" else None
         say(f"{shown(macro.name)}: {verb or macro.outcome} ({shown(macro.detail)})")

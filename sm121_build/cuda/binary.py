@@ -83,10 +83,10 @@ def gpu_policy(text: str, driver: tuple[int, int] = DEFAULT_DRIVER) -> Policy:
     return Policy(parse_target(text), driver)
 
 
-def gpu_of_arch_list(arch_list: str) -> Policy | None:
+def gpu_of_arch_list(arch_list: ArchList) -> Policy | None:
     """The GPU files made for `arch_list` serve, when it names exactly one (`12.1`, `12.1a`,
     `12.0f`): what an older manifest with no `gpu` field was made for."""
-    items = ArchList.parse(arch_list).items
+    items = arch_list.items
     parsed = dotted_arch(items[0].replace("+PTX", "")) if len(items) == 1 else None
     return Policy(Target(parsed[0]), DEFAULT_DRIVER) if parsed else None
 

@@ -119,6 +119,11 @@ class Code(Protocol):
     def version(self) -> tuple[int, int]: ...
 
 
+def known_in_order() -> list[str]:
+    """The GPU table's compute capabilities, oldest first (`7.5`, ..., `12.1`)."""
+    return sorted(KNOWN_ARCHS, key=lambda dotted: tuple(map(int, dotted.split("."))))
+
+
 def parse_target(text: str) -> Target:
     """`sm_121`, `121`, `12.1` (a device has no `a`/`f` variant; one given is ignored), one of
     `KNOWN_ARCHS`: a GPU no CUDA toolkit knows is refused here, not by ptxas per module."""
@@ -130,8 +135,7 @@ def parse_target(text: str) -> Target:
         arch = int(match.group(1)) * 10 + int(match.group(2))
     if f"{arch // 10}.{arch % 10}" in KNOWN_ARCHS:
         return Target(arch)
-    known = ", ".join(f"sm_{a.replace('.', '')}" for a in
-                      sorted(KNOWN_ARCHS, key=lambda a: tuple(map(int, a.split(".")))))
+    known = ", ".join(f"sm_{a.replace('.', '')}" for a in known_in_order())
     raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1 "
                      f"(known: {known})")
 
@@ -154,7 +158,7 @@ class ArchList:
         """Parsed once at the edge; `,`, spaces and `;` all separate."""
         items = arch_list_items(text)
         for item in items:
-            if not re.fullmatch(r"\d{1,2}\.\d[af]?(\+PTX)?", item):
+            if not re.fullmatch(r"\d{1,2}\.\d[af]?(\+PTX)?", item, re.ASCII):
                 raise Sm121Error(f"unknown arch {item!r} in {text!r}: expected e.g. 12.1 or "
                                  "12.1a")
         return cls(";".join(items))
@@ -164,9 +168,14 @@ class ArchList:
         return tuple(arch_list_items(self.torch))
 
     @property
+    def cmake_items(self) -> tuple[str, ...]:
+        """The entries in vLLM's CMake form: `+PTX` dropped (`8.0+PTX` -> `8.0`)."""
+        return tuple(i.replace("+PTX", "") for i in self.items)
+
+    @property
     def cmake(self) -> str:
-        """vLLM's CMake form (CUDA_ARCHS): `+PTX` dropped."""
-        return ";".join(i.replace("+PTX", "") for i in self.items)
+        """vLLM's CMake form (CUDA_ARCHS): `;`-separated, `+PTX` dropped."""
+        return ";".join(self.cmake_items)
 
     @property
     def tag(self) -> str:

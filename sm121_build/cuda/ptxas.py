@@ -200,10 +200,11 @@ class Compile:
         return [f"-arch={self.arch}", *self.options, *split, "-o", str(cubin), str(source)]
 
 
-def compile_ptx(toolchain: Toolchain, ptx: bytes, arch: str, options: list[str],
+def compile_ptx(toolchain: Toolchain, ptx: bytes, sm: str, options: list[str],
                 timeout: float) -> bytes:
-    """ptxas -arch=ARCH on the PTX text (its trailing NULs dropped): the cubin."""
-    return run_ptxas(toolchain, ptx, Compile(arch, tuple(options), 1, timeout)).cubin
+    """ptxas -arch=SM on the PTX text (its trailing NULs dropped): the cubin.  `sm` is one
+    GPU in ptxas's form, as `arch_for` writes it (`sm_121`, `sm_90a`), not an arch list."""
+    return run_ptxas(toolchain, ptx, Compile(sm, tuple(options), 1, timeout)).cubin
 
 
 def run_ptxas(toolchain: Toolchain, ptx: bytes, how: Compile) -> PtxasRun:

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target
 from sm121_build.cuda.binary import BinaryReport
-from sm121_build.cuda.compat import Target, entry_verdict, loads_natively
+from sm121_build.cuda.compat import ArchList, Target, entry_verdict, loads_natively
 from sm121_build.source.cmake_lang import read_source
 from sm121_build.source.external import source_targets
 from sm121_build.source.guard_rules import fixable_targets, load_macro_rules
@@ -94,7 +94,7 @@ class Inputs:
     """What the per-extension decision reads besides the stock files."""
 
     source: Path  # the vLLM tree as it will be built (its rules applied)
-    arch: str  # CMake form
+    arch: ArchList  # the requested list (CMake reads its `cmake` form)
     cuda: str
     gpu: Target
     defined: frozenset[str]  # the targets the source can build
@@ -102,8 +102,8 @@ class Inputs:
     rebuildable: frozenset[str]  # external-project targets a rule builds (fixable_targets)
 
 
-def decide_inputs(source: Path, arch: str, cuda: str, gpu: Target) -> Inputs:
-    """The inputs for a tree as it will be built (`arch` in CMake form)."""
+def decide_inputs(source: Path, arch: ArchList, cuda: str, gpu: Target) -> Inputs:
+    """The inputs for a tree as it will be built for the arch list `arch`."""
     same_ptx = frozenset(p for rule in load_macro_rules() for p in rule.projects)
     return Inputs(source, arch, cuda, gpu, frozenset(source_targets(source)), same_ptx,
                   frozenset(fixable_targets()))
@@ -149,8 +149,7 @@ def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
     # itself: vLLM's narrowing of the requested list, a guard of its own
     main = Guard(Call("CMakeLists.txt", 0, "(narrowing)", "CUDA_ARCHS", None, None, (), "",
                       (), "", True),
-                 tuple(a for a in effective_archs(inputs.source, inputs.arch, inputs.cuda)
-                       .split(";") if a))
+                 effective_archs(inputs.source, inputs.arch, inputs.cuda).cmake_items)
     top = {name for _, name in defined_targets(read_source(inputs.source / "CMakeLists.txt"))} \
         if (inputs.source / "CMakeLists.txt").is_file() else set()
     plans = []

@@ -31,7 +31,7 @@ from sm121_build.core.errors import PatchDrift, Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import read_version_file
-from sm121_build.cuda.compat import Target, loads_natively, parse_target
+from sm121_build.cuda.compat import ArchList, Target, loads_natively, parse_target
 from sm121_build.source.cmake_lang import Argument, read_source, real_file, source_text_bytes
 from sm121_build.source.guards import (
     DEFAULT_CUDA,
@@ -244,9 +244,9 @@ def fixable_targets() -> dict[str, str]:
     return {target: name for name, targets in named for target in targets}
 
 
-def target_gpu(archs: str) -> Target:
+def target_gpu(archs: ArchList) -> Target:
     """The GPU a requested arch list is for: its first 12.x entry (`12.1a` -> sm_121)."""
-    found = next((m.group(1) for a in archs.split(";") if (m := REQUESTED_SM12X.match(a))),
+    found = next((m.group(1) for a in archs.cmake_items if (m := REQUESTED_SM12X.match(a))),
                  "12.1")
     return parse_target(found)
 
@@ -258,9 +258,9 @@ def parse_version(text: str) -> Version:
         raise Sm121Error(f"vLLM version {text!r} is not a PEP 440 version") from None
 
 
-def candidate_entries(form: str, archs: str) -> list[str]:
+def candidate_entries(form: str, archs: ArchList) -> list[str]:
     """A rewrite form's entries for the requested archs (`{arch}a` -> `12.1a`)."""
-    requested = list(dict.fromkeys(m.group(1) for a in archs.split(";")
+    requested = list(dict.fromkeys(m.group(1) for a in archs.cmake_items
                                    if (m := REQUESTED_SM12X.match(a))))
     entries: list[str] = []
     for part in form.split(";"):
@@ -309,7 +309,7 @@ class PatchFor:
     12.x arch)."""
 
     version: str
-    archs: str
+    archs: ArchList
     cuda_version: str = DEFAULT_CUDA
     gpu: Target | None = None
 
@@ -317,7 +317,7 @@ class PatchFor:
     def target(self) -> Target:
         return self.gpu or target_gpu(self.archs)
 
-    def handed(self, archs: str) -> PatchFor:
+    def handed(self, archs: ArchList) -> PatchFor:
         """The same build, for a project vLLM hands `archs`."""
         return PatchFor(self.version, archs, self.cuda_version, self.gpu)
 
@@ -338,7 +338,7 @@ def apply_rule(rule: Rule, source: Path, want: PatchFor, check: bool = False) ->
                          f"rule {rule.name} covers it, so not building blind")
     gpu = want.target
     if rule.action == "add":
-        built = effective_archs(source, archs, cuda_version).split(";")
+        built = effective_archs(source, archs, cuda_version).cmake_items
         relevant = [g for g in mine if g.taken] if any(
             REQUESTED_SM12X.match(a) for a in built) else []
     else:
@@ -363,10 +363,10 @@ def apply_rule(rule: Rule, source: Path, want: PatchFor, check: bool = False) ->
     changed = _changed(texts, originals)
     if not changed:
         detail = (
-            f"no guard the rule covers {_need_text(rule, gpu, 'gives')} for {archs} with CUDA "
-            f"{cuda_version}" if relevant else
+            f"no guard the rule covers {_need_text(rule, gpu, 'gives')} for {archs.cmake} "
+            f"with CUDA {cuda_version}" if relevant else
             "no guard the rule covers has an SM12x entry in this source" if rule.action ==
-            "rewrite" else f"no guard the rule covers is built for a {archs} build here")
+            "rewrite" else f"no guard the rule covers is built for a {archs.cmake} build here")
         return RuleResult(rule.name, "not needed" if relevant else "not applicable", detail,
                           before=before, after=before, action=rule.action)
     after = _evaluate(source, changed, files, want, rule.files)
@@ -493,7 +493,7 @@ def _write_all(source: Path, texts: dict[str, str]) -> None:
 
 
 def apply_external(vllm_tree: Path, tree: Path, project: str,
-                   want: PatchFor) -> tuple[str, list[RuleResult]]:
+                   want: PatchFor) -> tuple[ArchList, list[RuleResult]]:
     """An external project's rules on its tree, for the CUDA_ARCHS the vLLM tree hands it
     (vLLM narrows the requested archs before including the project).  Returns those archs
     and the results."""
@@ -542,7 +542,7 @@ def apply_for_build(source: Path, external: dict[str, Path], want: PatchFor,
     return lines
 
 
-def apply_macros(tree: Path, project: str, effective: str, gpu: Target,
+def apply_macros(tree: Path, project: str, effective: ArchList, gpu: Target,
                  check: bool = False) -> list[MacroResult]:
     """The project's macro-insert rules (sass-from-ptx) on a tree, for the archs it builds."""
     return [apply_macro_rule(rule, tree, effective, gpu, check) for rule in load_macro_rules()

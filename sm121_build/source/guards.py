@@ -23,6 +23,7 @@ from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.inputs import InputRefused
 from sm121_build.core.vllm import MIN_CMAKE
 from sm121_build.cuda.compat import DEFAULT_CUDA as DEFAULT_CUDA  # re-exported
+from sm121_build.cuda.compat import ArchList
 from sm121_build.source.cmake_lang import (
     Argument,
     CMakeSyntaxError,
@@ -471,12 +472,18 @@ def supported_archs_block(source: Path) -> list[str]:
     return blocks
 
 
-def effective_archs(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA) -> str:
-    """The CUDA_ARCHS vLLM's CMake derives from the requested archs (`;`-joined)."""
-    return _run(source, archs, cuda_version, [])[1]
+def effective_archs(source: Path, archs: ArchList, cuda_version: str = DEFAULT_CUDA) -> ArchList:
+    """The CUDA_ARCHS vLLM's CMake derives from the requested archs.  What the tree's CMake
+    gives is parsed as any arch list: an entry that is not one is refused."""
+    said = _run(source, archs, cuda_version, [])[1]
+    try:
+        return ArchList.parse(said)
+    except Sm121Error:
+        raise Sm121Error(f"{source}: its CMake narrows the arch list {archs} to {said!r}, "
+                         "which is not an arch list") from None
 
 
-def evaluate(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA,
+def evaluate(source: Path, archs: ArchList, cuda_version: str = DEFAULT_CUDA,
              patterns: tuple[str, ...] = DEFAULT_FILES,
              calls: list[Call] | None = None) -> list[Guard]:
     """Run each guard call through the source's own functions.
@@ -502,7 +509,7 @@ def evaluate(source: Path, archs: str, cuda_version: str = DEFAULT_CUDA,
     return guards
 
 
-def intersect(source: Path, archs: str, lists: list[str],
+def intersect(source: Path, archs: ArchList, lists: list[str],
               cuda_version: str = DEFAULT_CUDA) -> list[tuple[str, ...]]:
     """What the source's cuda_archs_loose_intersection gives each list for the archs."""
     if not lists:
@@ -531,14 +538,14 @@ def _quote(value: str) -> str:
 _UTILS_COPY = rf"\S*{re.escape(UTILS_AT)}"
 
 
-def _run(source: Path, archs: str, cuda_version: str,
+def _run(source: Path, archs: ArchList, cuda_version: str,
          invocations: list[Invocation]) -> tuple[dict[int, tuple[str, ...]], str]:
     utils = source.resolve() / UTILS
     if not utils.exists():
         raise Sm121Error(f"{source}: no {UTILS}; is this a vLLM source tree?")
     if not re.fullmatch(r"\d+\.\d+", cuda_version):
         raise Sm121Error(f"unknown CUDA version {cuda_version!r}: expected e.g. 13.0")
-    script = [f'set(CUDA_ARCHS "{archs}")',
+    script = [f"set(CUDA_ARCHS {_quote(archs.cmake)})",
               f'set(CMAKE_CUDA_COMPILER_VERSION "{cuda_version}")']
     supported = supported_archs_block(source)
     if supported:

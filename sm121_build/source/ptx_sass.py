@@ -19,7 +19,7 @@ from typing import Any
 
 from sm121_build.core.errors import PatchDrift, Sm121Error
 from sm121_build.core.outputs import replace_bytes
-from sm121_build.cuda.compat import Target
+from sm121_build.cuda.compat import ArchList, Target
 from sm121_build.source.cmake_lang import (
     CMakeSyntaxError,
     commands,
@@ -89,12 +89,12 @@ def native_regex(gpu: Target) -> str:
     return rf"^{gpu.major}\\.[{minors}]f?$|^{gpu.major}\\.{gpu.minor}a$"
 
 
-def sass_arch(effective: str, gpu: Target) -> str:
+def sass_arch(effective: ArchList, gpu: Target) -> str:
     """The SASS target: the lowest 12.x entry of the build's narrowed arch list the GPU
     loads (`12.0` under vLLM's CUDA 13 list: sm_120, which sm_121 loads), else the GPU's own."""
     found = []
-    for entry in effective.split(";"):
-        match = ENTRY.match(entry.replace("+PTX", ""))
+    for entry in effective.cmake_items:
+        match = ENTRY.match(entry)
         if match and int(match.group(1)) == gpu.major and int(match.group(2)) <= gpu.minor:
             found.append(int(match.group(2)))
     minor = min(found) if found else gpu.minor
@@ -118,7 +118,7 @@ def _macro_end(text: str, macro: str) -> int | None:
     return None
 
 
-def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
+def apply_macro_rule(rule: MacroRule, tree: Path, effective: ArchList, gpu: Target,
                      check: bool = False) -> MacroResult:
     """Insert the rule's text into the tree's macro (or say why not); verified with CMake."""
     path = tree / rule.file
@@ -147,18 +147,16 @@ def apply_macro_rule(rule: MacroRule, tree: Path, effective: str, gpu: Target,
                        f"PTX-only sources sm_{sass} SASS from the same PTX", diff)
 
 
-def gencode_flags(utils_text: str, cuda_archs: str) -> list[str]:
+def gencode_flags(utils_text: str, cuda_archs: ArchList) -> list[str]:
     """What the given utils.cmake's set_gencode_flags_for_srcs hands nvcc for one source whose
     arch list is `cuda_archs` (`arch=compute_89,code=sm_89`, …), run with CMake where the
     command's context runs a tree's code (`cmake_run.current_runner`: a throwaway container
     by default, never this host unless asked)."""
-    if '"' in cuda_archs or "\\" in cuda_archs or "\n" in cuda_archs:
-        raise PatchDrift(f"not an arch list: {cuda_archs!r}")
     body = ("macro(set_gencode_flag_for_srcs)\n"
             '  cmake_parse_arguments(sm121 "" "ARCH;CODE" "SRCS" ${ARGN})\n'
             '  message(STATUS "SM121GENCODE|arch=${sm121_ARCH},code=${sm121_CODE}")\n'
             "endmacro()\n"
-            f'set_gencode_flags_for_srcs(SRCS "x.cu" CUDA_ARCHS "{cuda_archs}")\n')
+            f'set_gencode_flags_for_srcs(SRCS "x.cu" CUDA_ARCHS "{cuda_archs.torch}")\n')
     result = current_runner().run(CMakeScript(utils_text, body))
     if result.status is None:
         raise PatchDrift("cmake -P of set_gencode_flags_for_srcs gave no result within its "
@@ -173,12 +171,12 @@ def gencode_flags(utils_text: str, cuda_archs: str) -> list[str]:
 def _verify(rule: MacroRule, original: str, patched: str, gpu: Target, sass: str) -> None:
     """The patched macro gives a PTX-only list exactly one SASS flag more, and a list the GPU
     loads natively nothing more, than the original does."""
-    probes = {"8.0+PTX": [f"arch=compute_80,code=sm_{sass}"],
-              f"8.0+PTX;{gpu.major}.0": []}
+    probes = {ArchList.parse("8.0+PTX"): [f"arch=compute_80,code=sm_{sass}"],
+              ArchList.parse(f"8.0+PTX;{gpu.major}.0"): []}
     for archs, extra in probes.items():
         before = gencode_flags(original, archs)
         after = gencode_flags(patched, archs)
         if after != before + extra:
             raise PatchDrift(f"rule {rule.name}: {rule.macro} in {rule.file} gives "
-                             f"{after} for {archs!r} after the insert (expected "
+                             f"{after} for {archs.torch!r} after the insert (expected "
                              f"{before + extra}); not building blind")

@@ -21,7 +21,7 @@ from sm121_build.core.inputs import read_input
 from sm121_build.core.outputs import append_text, replace_text
 from sm121_build.core.paths import cache_dir
 from sm121_build.cuda.binary import BinaryReport
-from sm121_build.cuda.compat import is_default_gpu
+from sm121_build.cuda.compat import ArchList, is_default_gpu
 
 FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
 class RunStatus(str, Enum):
@@ -176,11 +176,12 @@ class RunRecord:
         if not decision.chosen:
             self.status = RunStatus.NOT_NEEDED
 
-    def build_named(self, vllm_version: str, commit: str, arch_list: str,
+    def build_named(self, vllm_version: str, commit: str, arch_list: ArchList,
                    content_key: str | None = None,
                    extensions: tuple[str, ...] | None = None) -> None:
         """What is built (or injected): vLLM, commit, arch list; a build's key and files."""
-        self.vllm_version, self.vllm_commit, self.arch_list = vllm_version, commit, arch_list
+        self.vllm_version, self.vllm_commit = vllm_version, commit
+        self.arch_list = str(arch_list)
         if content_key is not None:
             self.content_key = content_key
         if extensions is not None:
@@ -247,8 +248,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def new_record(command: str, base: str, tag: str, arch: str | None) -> RunRecord:
-    return RunRecord(command, base, tag, arch)
+def new_record(command: str, base: str, tag: str, arch: ArchList | None) -> RunRecord:
+    """A run's record as it starts: what it was asked (the arch list in torch's form)."""
+    return RunRecord(command, base, tag, str(arch) if arch is not None else None)
 
 
 def cached_path(key: str) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from devkit.helpers import DATA, cuda_home
 from sm121_build.cuda.binary import Policy, audit_binary
-from sm121_build.cuda.compat import parse_target
+from sm121_build.cuda.compat import ArchList, parse_target
 from sm121_build.source.guard_rules import PatchFor, apply_all
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def test_unpatched_build_fails_with_ptxas_message(source: Path, tmp_path: Path) 
 
 
 def test_patched_build_has_sm121_cubins(source: Path, tmp_path: Path) -> None:
-    (result,) = apply_all(source, PatchFor("0.19.1", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.19.1", ArchList.parse("12.1")))
     # CUDA 13 takes the first FP4 branch; QUTLASS's guard is the other rewrite
     assert (result.outcome, result.replacements) == ("applied", 2)
     assert [r.new_list for r in result.rewrites] == ["12.1a", "10.0f;12.1a"]
@@ -67,7 +67,7 @@ def test_patched_build_has_sm121_cubins(source: Path, tmp_path: Path) -> None:
 
 
 def test_arch_121a_keeps_fp4_without_patch(source: Path, tmp_path: Path) -> None:
-    (result,) = apply_all(source, PatchFor("0.19.1", "12.1a"))
+    (result,) = apply_all(source, PatchFor("0.19.1", ArchList.parse("12.1a")))
     assert result.outcome == "not needed"
     built = _build(source, tmp_path / "out", "12.1a")
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr

@@ -18,8 +18,11 @@ import pytest
 from packaging.version import Version
 
 from devkit.helpers import CACHE, cli, pypi_download
+from sm121_build.cuda.compat import ArchList
 from sm121_build.source.guard_rules import PatchFor, apply_all, breaks_ptxas, covered
 from sm121_build.source.guards import effective_archs, evaluate
+
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
 pytestmark = [pytest.mark.vllm]
 
@@ -72,7 +75,7 @@ def _files(source: Path) -> dict[str, list[str]]:
 def survey_one(version: str, cuda: str, profile: str, work: Path) -> tuple[str, list[str]]:
     source = _copy(version, work)
     before = _files(source)
-    (result,) = apply_all(source, PatchFor(version, profile, cuda))
+    (result,) = apply_all(source, PatchFor(version, ArchList.parse(profile), cuda))
     after = _files(source)
     rewritten = {(r.guard.file, r.guard.line) for r in result.rewrites}
     for name, lines in before.items():
@@ -81,11 +84,11 @@ def survey_one(version: str, cuda: str, profile: str, work: Path) -> tuple[str, 
             # only a rewritten call's lines change (its list may sit on a later line)
             assert old == new or any(f == name and line <= number < line + 8
                                      for f, line in rewritten), (version, name, number, new)
-    guards = evaluate(source, profile, cuda)
+    guards = evaluate(source, ArchList.parse(profile), cuda)
     assert not [g.location for g in guards if breaks_ptxas(g)], (version, cuda, profile)
     others = [(g.location, g.arch_list, g.result) for g in result.before if not covered(g)]
     assert others == [(g.location, g.arch_list, g.result) for g in guards if not covered(g)]
-    (again,) = apply_all(source, PatchFor(version, profile, cuda))
+    (again,) = apply_all(source, PatchFor(version, ArchList.parse(profile), cuda))
     assert again.outcome in ("not needed", "not applicable") and not again.rewrites
     assert _files(source) == after
     return result.outcome, [f"{r.guard.variable} \"{r.guard.arch_list}\" -> \"{r.new_list}\""
@@ -123,8 +126,8 @@ def test_the_narrowing_per_release_and_cuda_version(tmp_path: Path) -> None:
         ("0.33.0", "12.9", "12.1", ("12.1a",)),  # the CUDA 12 branch lists "12.0a;12.1a"
     ):
         source = _copy(version, tmp_path / f"{version}-{cuda}")
-        assert effective_archs(source, "12.1", cuda) == effective, (version, cuda)
-        first = [g for g in evaluate(source, "12.1", cuda)
+        assert str(effective_archs(source, ARCHS_121, cuda)) == effective, (version, cuda)
+        first = [g for g in evaluate(source, ARCHS_121, cuda)
                  if g.taken and g.variable.startswith("FP4") and g.targets]
         assert first and all(g.targets == fp4 for g in first), (version, cuda, first)
 
@@ -144,7 +147,7 @@ def test_a_nightly_that_renames_splits_and_adds_a_family(tmp_path: Path) -> None
     text, lists = re.subn(r'(set\(CUDA_SUPPORTED_ARCHS "[^"]*;12\.0)"\)', r'\1;12.1")', text)
     assert lists >= 2, "0.33.0's CUDA 13 lists"
     cmake.write_text(text)
-    (result,) = apply_all(source, PatchFor("0.33.0", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.33.0", ARCHS_121))
     assert sorted((r.guard.variable, r.new_list) for r in result.rewrites) == [
         ("MXFP4_ARCHS", "10.0f;11.0f;12.1a"), ("NVFP4_SM12X_ARCHS", "12.1a"),
         ("QUTLASS_SM120_ARCHS", "12.1a")]
@@ -197,17 +200,18 @@ def test_sass_from_ptx_applies_to_every_release(tmp_path: Path) -> None:
     outcomes = {}
     for version in releases():
         source = _copy(version, tmp_path / version)
-        effective = effective_archs(source, "12.1", "13.0")
-        (result,) = apply_macros(source, "vllm", effective, gpu)
+        effective = effective_archs(source, ARCHS_121, "13.0")
+        (result,) = apply_macros(source, "vllm", ArchList.parse(effective), gpu)
         outcomes[version] = result.outcome
         if result.outcome != "applied":
             continue
         utils = (source / "cmake" / "utils.cmake").read_text()
-        sass = "sm_121" if "12.1" in effective.split(";") else "sm_120"
-        assert gencode_flags(utils, "7.5;8.0;8.7;8.9+PTX")[-1] == f"arch=compute_89,code={sass}"
+        sass = "sm_121" if "12.1" in effective.items else "sm_120"
+        flags = gencode_flags(utils, ArchList.parse("7.5;8.0;8.7;8.9+PTX"))
+        assert flags[-1] == f"arch=compute_89,code={sass}"
         assert not any(f.endswith(sass) and "compute_80" in f
-                       for f in gencode_flags(utils, "8.0+PTX;12.0f"))
-        (again,) = apply_macros(source, "vllm", effective, gpu)
+                       for f in gencode_flags(utils, ArchList.parse("8.0+PTX;12.0f")))
+        (again,) = apply_macros(source, "vllm", ArchList.parse(effective), gpu)
         assert again.outcome == "not needed", version
     assert len(outcomes) >= 37
     assert set(outcomes.values()) == {"applied"}, outcomes

@@ -13,10 +13,12 @@ import pytest
 from devkit.helpers import CACHE, pypi_download
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import SPARK, audit_binary
-from sm121_build.cuda.compat import SM121
+from sm121_build.cuda.compat import SM121, ArchList
 from sm121_build.jobs.commands.aot_step import aot_actions
 from sm121_build.rebuild.decide import aot_does_as_well, decide_inputs, plan_extensions
 from sm121_build.source.guard_rules import PatchFor, apply_for_build
+
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
 pytestmark = [pytest.mark.vllm]
 VERSION = "0.33.0"
@@ -43,11 +45,11 @@ def test_the_default_run_plans_fa2_qutlass_and_c_on_0_33_0(tmp_path: Path) -> No
             m for m in tar.getmembers() if m.name == prefix + "CMakeLists.txt"
             or m.name.startswith(prefix + "cmake/")])
     source = tmp_path / "sdist" / prefix
-    lines = apply_for_build(source, {}, PatchFor(VERSION, "12.1", "13.0", SM121))
+    lines = apply_for_build(source, {}, PatchFor(VERSION, ARCHS_121, "13.0", SM121))
     assert lines[-1].startswith("sass-from-ptx: applied (set_gencode_flags_for_srcs in "
                                 "cmake/utils.cmake:")
     plans = {p.name: p for p in plan_extensions(
-        stock, decide_inputs(source, "12.1", "13.0", SM121),
+        stock, decide_inputs(source, ARCHS_121, "13.0", SM121),
         {t: p.name for p in projects() for t in p.targets})}
     built = {name for name, p in plans.items() if p.build}
     assert built == {"_C_stable_libtorch.abi3.so", "_qutlass_C.abi3.so",

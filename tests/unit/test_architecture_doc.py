@@ -77,3 +77,11 @@ def test_the_figures_are_what_the_script_measures() -> None:
                            cwd=ROOT).stdout.strip()
     assert table in DOC, f"paste `python benchmarks/layers.py --markdown` into " \
         f"ARCHITECTURE.md:\n{table}"
+
+
+def test_no_function_takes_an_arch_list_as_str() -> None:
+    """An arch list is an `ArchList` from the edge down (the figure above counts them)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import layers
+
+    assert layers.signatures(layers.modules())[2] == 0

@@ -20,6 +20,8 @@ from sm121_build.jobs.commands.kernels_image import gpu_refusal, pinned_tag, reu
 from sm121_build.jobs.formats import artifacts
 from sm121_build.jobs.formats.render import gpu_label
 
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
+
 # compute capabilities of real GPUs (CUDA 12.8-13.x), spelt every way the option takes them
 _ARCHS = (75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
 _SPELLINGS = st.sampled_from(_ARCHS).flatmap(lambda arch: st.sampled_from([
@@ -49,7 +51,7 @@ def test_a_gpu_is_read_back_the_same_from_everything_written_for_it(written: str
     # the kernels image's pinned tag names its arch list, which names the GPU alone
     pinned = pinned_tag("0.33.0", "c" * 40, arch, "2.11.0+cu130")
     assert pinned.endswith(f"-{gpu.suffix}")
-    assert gpu_of_arch_list(str(arch)) == gpu
+    assert gpu_of_arch_list(arch) == gpu
     # the manifest, through its JSON, and the label
     manifest = artifacts.Manifest.from_json(_manifest(gpu, str(arch)).as_json())
     assert manifest.provenance.served == str(gpu)
@@ -98,9 +100,9 @@ def test_a_source_builds_arch_list_is_refused_for_another_gpu() -> None:
     sm120 = gpu_value(None, None, "sm_120")
     assert arch_for_gpu(None, sm120) == ArchList.parse("12.0")
     with pytest.raises(click.BadParameter, match="a source build is for sm_121 only"):
-        arch_for_gpu(ArchList.parse("12.1"), sm120)
+        arch_for_gpu(ARCHS_121, sm120)
     assert arch_for_gpu(ArchList.parse("12.1a"), SPARK) == ArchList.parse("12.1a")
-    assert arch_for_gpu(None, SPARK) == ArchList.parse("12.1")
+    assert arch_for_gpu(None, SPARK) == ARCHS_121
 
 
 def test_an_unknown_gpu_is_one_error() -> None:

@@ -14,8 +14,11 @@ import pytest
 from devkit.helpers import ROOT
 from devkit.helpers import vllm_like_tree as _source
 from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import ArchList
 from sm121_build.source.guard_rules import PatchFor, apply_all, apply_rule, load_rules
 from sm121_build.source.guards import evaluate, find_calls
+
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
 NEW13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 
@@ -42,7 +45,7 @@ def test_renamed_and_new_families_get_only_their_12x_entry_rewritten(tmp_path: P
 endif()
 """)
     before = _snapshot(source)
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert (result.outcome, result.replacements) == ("applied", 2)
     assert _changed_lines(before, _snapshot(source)) == [
         ("CMakeLists.txt",
@@ -51,11 +54,11 @@ endif()
         ("CMakeLists.txt",
          'cuda_archs_loose_intersection(MXFP4_SM12X_ARCHS "10.0f;11.0f;12.0f" "${CUDA_ARCHS}")',
          'cuda_archs_loose_intersection(MXFP4_SM12X_ARCHS "10.0f;11.0f;12.1a" "${CUDA_ARCHS}")')]
-    after = {g.variable: g.result for g in evaluate(source, "12.1")}
+    after = {g.variable: g.result for g in evaluate(source, ARCHS_121)}
     assert after == {"NVFP4_BLOCKSCALE_ARCHS": ("12.1a",), "MXFP4_SM12X_ARCHS": ("12.1a",),
                      "SCALED_MM_ARCHS": ("12.1",)}  # another family: untouched
     patched = _snapshot(source)
-    (again,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (again,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert (again.outcome, again.diff) == ("not needed", "")
     assert _snapshot(source) == patched
 
@@ -65,7 +68,7 @@ def test_a_call_split_over_lines_with_comments_is_rewritten_in_place(tmp_path: P
             '      FP4_ARCHS  # output\n      "12.0f"   #[[ family ]]\n'
             '      "${CUDA_ARCHS}"\n  )\nendif()\n')
     source = _source(tmp_path, text)
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert result.outcome == "applied"
     assert (source / "CMakeLists.txt").read_text() == text.replace('"12.0f"', '"12.1a"')
     (call,) = find_calls(source)
@@ -80,12 +83,12 @@ def test_nested_if_and_the_cuda_version_branch(tmp_path: Path) -> None:
             '    cuda_archs_loose_intersection(FP4_ARCHS "12.0f;10.0f" "${CUDA_ARCHS}")\n'
             '  endif()\nendif()\n')
     source = _source(tmp_path, text)
-    guards = evaluate(source, "12.1", "13.0")
+    guards = evaluate(source, ARCHS_121, "13.0")
     assert [(g.line, g.taken, g.targets) for g in guards] == [(3, False, ()), (5, True, ("12.1",))]
-    (at13,) = apply_all(source, PatchFor("0.99.0", "12.1"), check=True)
+    (at13,) = apply_all(source, PatchFor("0.99.0", ARCHS_121), check=True)
     assert [r.guard.line for r in at13.rewrites] == [5]
     assert '"12.1a;10.0f"' in at13.diff and (source / "CMakeLists.txt").read_text() == text
-    (at129,) = apply_all(source, PatchFor("0.99.0", "12.1", "12.9"), check=True)
+    (at129,) = apply_all(source, PatchFor("0.99.0", ARCHS_121, "12.9"), check=True)
     assert [r.guard.line for r in at129.rewrites] == [3]
 
 
@@ -94,8 +97,8 @@ def test_a_list_from_a_variable_is_resolved_and_the_call_site_rewritten(tmp_path
             'cuda_archs_loose_intersection(FP4_ARCHS "${FP4_LIST}" "${CUDA_ARCHS}")\n'
             'cuda_archs_loose_intersection(QUTLASS_ARCHS "${SM100};12.0f" "${CUDA_ARCHS}")\n')
     source = _source(tmp_path, text)
-    assert [g.targets for g in evaluate(source, "12.1")] == [("12.1",), ("12.1",)]
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    assert [g.targets for g in evaluate(source, ARCHS_121)] == [("12.1",), ("12.1",)]
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert (source / "CMakeLists.txt").read_text().splitlines() == [
         'set(FP4_LIST "10.0f;12.0f")', 'set(SM100 "10.0f")',
         'cuda_archs_loose_intersection(FP4_ARCHS "10.0f;12.1a" "${CUDA_ARCHS}")',
@@ -109,29 +112,29 @@ def test_an_unresolvable_covered_list_is_an_error_naming_file_and_line(tmp_path:
     source = _source(tmp_path, text)
     with pytest.raises(Sm121Error, match=r"^CMakeLists.txt:5: cannot evaluate FP4_ARCHS "
                                          r"\(\$\{L\} is not set once to a literal list"):
-        apply_all(source, PatchFor("0.99.0", "12.1"))
+        apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert (source / "CMakeLists.txt").read_text() == text
 
 
 def test_an_unresolvable_list_that_cannot_hold_12x_is_not_an_error(tmp_path: Path) -> None:
     source = _source(tmp_path, 'set(L "")\nif(A)\n  list(APPEND L "10.0a")\nendif()\n'
                                'cuda_archs_loose_intersection(FP4_ARCHS "${L}" "${CUDA_ARCHS}")\n')
-    (guard,) = evaluate(source, "12.1")
+    (guard,) = evaluate(source, ARCHS_121)
     assert guard.result is None and not guard.call.may_give_sm12x
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert result.outcome == "not applicable"
 
 
 def test_an_unquoted_list_is_rewritten_unquoted_and_a_split_one_is_refused(
         tmp_path: Path) -> None:
     source = _source(tmp_path, 'cuda_archs_loose_intersection(FP4_ARCHS 12.0f "${CUDA_ARCHS}")\n')
-    apply_all(source, PatchFor("0.99.0", "12.1"))
+    apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert (source / "CMakeLists.txt").read_text() == (
         'cuda_archs_loose_intersection(FP4_ARCHS 12.1a "${CUDA_ARCHS}")\n')
     split = _source(tmp_path / "b", 'cuda_archs_loose_intersection(FP4_ARCHS 10.0f;12.0f '
                                     '"${CUDA_ARCHS}")\n')
     with pytest.raises(Sm121Error, match="unquoted: CMake splits it"):
-        apply_all(split, PatchFor("0.99.0", "12.1"))
+        apply_all(split, PatchFor("0.99.0", ARCHS_121))
 
 
 def test_a_wrapper_function_is_evaluated_and_refused_when_it_needs_a_rewrite(
@@ -142,22 +145,22 @@ def test_a_wrapper_function_is_evaluated_and_refused_when_it_needs_a_rewrite(
         utils.write('function(fp4_archs OUT TGT)\n'
                     '  cuda_archs_loose_intersection(_a "12.0f" "${TGT}")\n'
                     '  set(${OUT} ${_a} PARENT_SCOPE)\nendfunction()\n')
-    guards = evaluate(source, "12.1")
+    guards = evaluate(source, ARCHS_121)
     assert [(g.variable, g.arch_list, g.targets) for g in guards] == [
         ("FP4_WRAPPED_ARCHS", "(in fp4_archs)", ("12.1",)),
         ("OTHER_ARCHS", "(in fp4_archs)", ("12.1",))]
     with pytest.raises(Sm121Error, match=r"CMakeLists.txt:1: FP4_WRAPPED_ARCHS gives plain 12.1 "
                                          r"through fp4_archs, whose list is inside"):
-        apply_all(source, PatchFor("0.99.0", "12.1"))
+        apply_all(source, PatchFor("0.99.0", ARCHS_121))
 
 
 def test_profile_121a_needs_no_rewrite_and_other_files_are_scanned(tmp_path: Path) -> None:
     source = _source(tmp_path, "include(cmake/external_projects/q.cmake)\n",
                      **{"external_projects/q": 'cuda_archs_loose_intersection(QUTLASS_ARCHS '
                                                '"10.0f;12.0f" "${CUDA_ARCHS}")\n'})
-    (at121a,) = apply_all(source, PatchFor("0.99.0", "12.1a"), check=True)
+    (at121a,) = apply_all(source, PatchFor("0.99.0", ArchList.parse("12.1a")), check=True)
     assert at121a.outcome == "not needed"
-    (at121,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (at121,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert [r.guard.location for r in at121.rewrites] == ["cmake/external_projects/q.cmake:1"]
     assert "QUTLASS_ARCHS \"10.0f;12.1a\"" in (
         source / "cmake/external_projects/q.cmake").read_text()
@@ -183,9 +186,9 @@ exceptions:
     text = ('set(FP4_LIST "9.0a")\n'
             'cuda_archs_loose_intersection(FP4_ARCHS "${FP4_LIST}" "${CUDA_ARCHS}")\n')
     other = _source(tmp_path / "a", text)
-    assert apply_rule(rule, other, PatchFor("0.6.0", "12.1")).outcome == "not applicable"
+    assert apply_rule(rule, other, PatchFor("0.6.0", ARCHS_121)).outcome == "not applicable"
     keyed = _source(tmp_path / "b", text)
-    result = apply_rule(rule, keyed, PatchFor("0.5.0", "12.1"))
+    result = apply_rule(rule, keyed, PatchFor("0.5.0", ARCHS_121))
     assert result.outcome == "applied"
     assert (keyed / "CMakeLists.txt").read_text() == (
         'set(FP4_LIST "12.0f")\n'
@@ -193,7 +196,7 @@ exceptions:
     drifted = _source(tmp_path / "c", text.replace("9.0a", "9.0"))
     with pytest.raises(Sm121Error, match=r"patch drift in CMakeLists\.txt for vLLM 0\.5\.0: "
                                          r"expected 1 match"):
-        apply_rule(rule, drifted, PatchFor("0.5.0", "12.1"))
+        apply_rule(rule, drifted, PatchFor("0.5.0", ARCHS_121))
 
 
 @pytest.mark.parametrize("body, message", [
@@ -210,7 +213,7 @@ def test_a_relative_source_path_is_evaluated(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     _source(tmp_path, 'cuda_archs_loose_intersection(FP4_ARCHS "12.0f" "${CUDA_ARCHS}")\n')
     monkeypatch.chdir(tmp_path)
-    (guard,) = evaluate(Path("src"), "12.1")
+    (guard,) = evaluate(Path("src"), ARCHS_121)
     assert guard.targets == ("12.1",)
 
 
@@ -218,8 +221,8 @@ def test_a_tree_rewritten_for_121_keeps_fp4_for_121a(tmp_path: Path) -> None:
     """#15: the recipe's 12.0a gave a 12.1a build nothing; the rewrite keeps FP4 for both."""
     source = _source(tmp_path, f'{NEW13}\n  cuda_archs_loose_intersection(FP4_ARCHS "12.0f" '
                                '"${CUDA_ARCHS}")\nendif()\n')
-    assert apply_all(source, PatchFor("0.99.0", "12.1"))[0].outcome == "applied"
-    (again,) = apply_all(source, PatchFor("0.99.0", "12.1a"))
+    assert apply_all(source, PatchFor("0.99.0", ARCHS_121))[0].outcome == "applied"
+    (again,) = apply_all(source, PatchFor("0.99.0", ArchList.parse("12.1a")))
     assert again.outcome == "not needed"
     assert [g.targets for g in again.before] == [("12.1a",)]
 

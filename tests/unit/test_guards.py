@@ -40,6 +40,8 @@ from sm121_build.source.guards import (
     supported_archs_block,
 )
 
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
+
 GE13 = "${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0"
 # Guard functions for the driver tests, beside the fixture's cuda_archs_loose_intersection.
 ECHO = """
@@ -362,10 +364,10 @@ def test_a_list_built_by_literal_steps_is_replayed(tmp_path: Path, lists: str, m
     assert call.prelude and all(step[0].startswith(("set(L", "list(APPEND L"))
                                 for step in call.prelude)
     assert call.may_give_sm12x is may
-    (guard,) = evaluate(source, "8.0;9.0;10.0;12.0", "13.0")
+    (guard,) = evaluate(source, ArchList.parse("8.0;9.0;10.0;12.0"), "13.0")
     assert guard.result is not None and set(guard.result) == set(gives)
     if "else()" in lists:  # the other branch under CUDA 12.9: 12.0a, not the family entry
-        (older,) = evaluate(source, "8.0;9.0;10.0;12.0", "12.9")
+        (older,) = evaluate(source, ArchList.parse("8.0;9.0;10.0;12.0"), "12.9")
         assert older.result is not None and set(older.result) == {"8.0", "12.0a"}
 
 
@@ -532,11 +534,24 @@ def test_supported_archs_block_without_cmakelists_or_with_a_stray_endif(tmp_path
 
 def test_the_driver_passes_arguments_verbatim_and_resets_the_output(tmp_path: Path) -> None:
     source = _tree(tmp_path, "", ECHO)
-    results, effective = _run(source, "12.1;9.0;xSM121ARCHS|y", "13.0", [
+    results, effective = _run(source, ArchList.parse("12.1,9.0"), "13.0", [
         ("sm121_echo", ('a"b\\c;d|e;;f;xSM121GUARD|y',), (), ()),
         ("sm121_nothing", (), (), ()), ("sm121_echo", ("",), (), ())])
     assert results == {0: ('a"b\\c', "d|e", "f", "xSM121GUARD|y"), 1: (), 2: ()}
-    assert effective == "12.1;9.0;xSM121ARCHS|y"
+    assert effective == "12.1;9.0"
+
+
+def test_a_narrowing_that_gives_no_arch_list_is_refused(tmp_path: Path) -> None:
+    """What the tree's CMake makes of CUDA_ARCHS is its answer, read as outside input: a
+    value that is not an arch list goes no further than one error."""
+    source = _tree(tmp_path, 'set(CUDA_SUPPORTED_ARCHS "12.1")\n', (
+        'macro(cuda_archs_loose_intersection OUT A B)\n'
+        '  set(${OUT} "12.1;x\\")\nmessage(FATAL_ERROR)\n")\n'
+        'endmacro()\n'))
+    with pytest.raises(Sm121Error) as error:
+        effective_archs(source, ARCHS_121)
+    assert str(error.value) == (f"{source}: its CMake narrows the arch list 12.1 to "
+                                "'12.1;x\")', which is not an arch list")
 
 
 def test_the_driver_replays_branches_by_cuda_version(tmp_path: Path) -> None:
@@ -550,10 +565,10 @@ def test_the_driver_replays_branches_by_cuda_version(tmp_path: Path) -> None:
         ("sm121_echo", ("nested",), (((), "TRUE"), ((), lt13)), ()),
         ("sm121_echo", ("always",), (), ()),
     ]
-    assert _run(source, "12.1", "13.0", invocations)[0] == {0: ("in 13",), 4: ("always",)}
-    assert _run(source, "12.1", "12.8", invocations)[0] == {
+    assert _run(source, ARCHS_121, "13.0", invocations)[0] == {0: ("in 13",), 4: ("always",)}
+    assert _run(source, ARCHS_121, "12.8", invocations)[0] == {
         1: ("else of 13",), 2: ("elseif",), 3: ("nested",), 4: ("always",)}
-    assert _run(source, "12.1", "12.9", invocations)[0] == {
+    assert _run(source, ARCHS_121, "12.9", invocations)[0] == {
         1: ("else of 13",), 3: ("nested",), 4: ("always",)}
 
 
@@ -563,9 +578,10 @@ def test_the_driver_narrows_to_the_supported_archs(tmp_path: Path) -> None:
         '  set(CUDA_SUPPORTED_ARCHS "9.0;12.0;12.1")\nendif()\n'
         'cuda_archs_loose_intersection(CUDA_ARCHS "${CUDA_SUPPORTED_ARCHS}" "${CUDA_ARCHS}")\n'))
     # the fixture's plain entries pass only on an equal request: 12.1 is lost with CUDA 13
-    assert effective_archs(source, "9.0;12.1") == "9.0"
-    assert effective_archs(source, "9.0;12.1", "12.9") == "9.0;12.1"
-    assert effective_archs(_tree(tmp_path / "b", ""), "12.1;12.1a") == "12.1;12.1a"
+    assert str(effective_archs(source, ArchList.parse("9.0;12.1"))) == "9.0"
+    assert str(effective_archs(source, ArchList.parse("9.0;12.1"), "12.9")) == "9.0;12.1"
+    assert str(effective_archs(_tree(tmp_path / "b", ""), ArchList.parse("12.1;12.1a"))) == \
+        "12.1;12.1a"
 
 
 def test_the_driver_runs_in_a_scratch_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -574,21 +590,21 @@ def test_the_driver_runs_in_a_scratch_folder(tmp_path: Path, monkeypatch: pytest
     here.mkdir()
     monkeypatch.chdir(here)
     source = _tree(tmp_path, "", ECHO)
-    assert _run(source, "12.1", "13.0", [("sm121_stray", (), (), ())])[0] == {0: ()}
+    assert _run(source, ARCHS_121, "13.0", [("sm121_stray", (), (), ())])[0] == {0: ()}
     assert list(here.iterdir()) == []
 
 
 def test_the_driver_errors(tmp_path: Path) -> None:
     source = _tree(tmp_path, "")
     with pytest.raises(Sm121Error) as error:
-        _run(source, "12.1", "13", [])
+        _run(source, ARCHS_121, "13", [])
     assert str(error.value) == "unknown CUDA version '13': expected e.g. 13.0"
     for bad in ("13.0.1", "v13.0", "13.x"):
         with pytest.raises(Sm121Error, match=r"^unknown CUDA version"):
-            _run(source, "12.1", bad, [])
+            _run(source, ARCHS_121, bad, [])
     (source / "cmake" / "utils.cmake").unlink()
     with pytest.raises(Sm121Error) as error:
-        _run(source, "12.1", "bad", [])  # the tree is checked first
+        _run(source, ARCHS_121, "bad", [])  # the tree is checked first
     assert str(error.value) == f"{source}: no cmake/utils.cmake; is this a vLLM source tree?"
 
 
@@ -597,18 +613,18 @@ def test_a_failing_utils_is_one_error_with_cmakes_message(tmp_path: Path) -> Non
     utils = source.resolve() / "cmake" / "utils.cmake"
     utils.write_text('# broken\nmessage(FATAL_ERROR "broken utils")\n')
     with pytest.raises(Sm121Error) as error:
-        _run(source, "12.1", "13.0", [])
+        _run(source, ARCHS_121, "13.0", [])
     assert str(error.value) == (f"cmake -P could not evaluate {utils}: CMake Error at "
                                 f"{utils}:2 (message): broken utils")
     utils.write_text("function(x\n")
     with pytest.raises(Sm121Error) as error:
-        _run(source, "12.1", "13.0", [])
+        _run(source, ARCHS_121, "13.0", [])
     assert str(error.value) == (f"cmake -P could not evaluate {utils}: CMake Error at "
                                 f"{utils}:1: Parse error. Function missing ending \")\". "
                                 "End of file reached.")
     utils.write_text("cmake_language(EXIT 3)\n")
     with pytest.raises(Sm121Error) as error:
-        effective_archs(source, "12.1")
+        effective_archs(source, ARCHS_121)
     assert str(error.value) == f"cmake -P could not evaluate {utils}: no output"
 
 
@@ -627,7 +643,7 @@ def test_a_relative_source_is_included_by_its_absolute_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _tree(tmp_path, "", ECHO)
     monkeypatch.chdir(tmp_path)
-    assert _run(Path("src"), "12.1", "13.0", [("sm121_echo", ("x",), (), ())])[0] == {0: ("x",)}
+    assert _run(Path("src"), ARCHS_121, "13.0", [("sm121_echo", ("x",), (), ())])[0] == {0: ("x",)}
 
 
 # --- evaluate and intersect --------------------------------------------------------------------
@@ -639,10 +655,10 @@ def test_evaluate_maps_results_to_calls(tmp_path: Path) -> None:
         f'if({GE13})\n  cuda_archs_loose_intersection(C "12.0a" "${{CUDA_ARCHS}}")\n'
         'else()\n  cuda_archs_loose_intersection(D "12.1" "${CUDA_ARCHS}")\nendif()\n'
         'cuda_archs_loose_intersection(E "8.0" "${CUDA_ARCHS}")\n'))
-    got = [(g.variable, g.result, g.taken) for g in evaluate(source, "12.1;9.0")]
+    got = [(g.variable, g.result, g.taken) for g in evaluate(source, ArchList.parse("12.1;9.0"))]
     assert got == [("A", ("12.1", "9.0"), True), ("B", None, True), ("C", (), True),
                    ("D", (), False), ("E", (), True)]
-    got = [(g.variable, g.result, g.taken) for g in evaluate(source, "12.1", "12.9")]
+    got = [(g.variable, g.result, g.taken) for g in evaluate(source, ARCHS_121, "12.9")]
     assert got == [("A", ("12.1",), True), ("B", None, True), ("C", (), False),
                    ("D", ("12.1",), True), ("E", (), True)]
 
@@ -650,26 +666,26 @@ def test_evaluate_maps_results_to_calls(tmp_path: Path) -> None:
 def test_evaluate_with_given_calls_and_patterns(tmp_path: Path) -> None:
     source = _tree(tmp_path, 'cuda_archs_loose_intersection(A "12.0f" "${CUDA_ARCHS}")\n',
                    **{"external/x": 'cuda_archs_loose_intersection(X "12.1a" "${CUDA_ARCHS}")\n'})
-    assert [(g.variable, g.result) for g in evaluate(source, "12.1a", patterns=(
+    assert [(g.variable, g.result) for g in evaluate(source, ArchList.parse("12.1a"), patterns=(
         "cmake/external/*.cmake",))] == [("X", ("12.1a",))]
     calls = find_calls(source)
-    assert [g.result for g in evaluate(source, "12.1", calls=calls[:1])] == [("12.1",)]
+    assert [g.result for g in evaluate(source, ARCHS_121, calls=calls[:1])] == [("12.1",)]
 
 
 def test_nothing_to_evaluate_runs_no_cmake(tmp_path: Path) -> None:
     source = _tree(tmp_path, 'cuda_archs_loose_intersection(B "${UNSET}" "${CUDA_ARCHS}")\n')
     (source / "cmake" / "utils.cmake").unlink()  # cmake would fail: it is not run
-    (guard,) = evaluate(source, "12.1")
+    (guard,) = evaluate(source, ARCHS_121)
     assert (guard.variable, guard.result) == ("B", None)
-    assert evaluate(source, "12.1", calls=[]) == []
-    assert intersect(source, "12.1", []) == []
+    assert evaluate(source, ARCHS_121, calls=[]) == []
+    assert intersect(source, ARCHS_121, []) == []
 
 
 def test_intersect_gives_one_result_per_list(tmp_path: Path) -> None:
     source = _tree(tmp_path, "")
-    assert intersect(source, "12.1", ["12.0f", "12.0a", "12.1;9.0", "8.0", "12.0f"]) == [
+    assert intersect(source, ARCHS_121, ["12.0f", "12.0a", "12.1;9.0", "8.0", "12.0f"]) == [
         ("12.1",), (), ("12.1",), (), ("12.1",)]
-    assert intersect(source, "12.1a", ["12.1a"], "12.9") == [("12.1a",)]
+    assert intersect(source, ArchList.parse("12.1a"), ["12.1a"], "12.9") == [("12.1a",)]
 
 
 
@@ -686,7 +702,7 @@ def test_two_built_up_lists_in_one_argument_are_both_replayed(tmp_path: Path) ->
     (call,) = find_calls(source)
     assert call.unresolved == "" and {s[0].split()[0] for s in call.prelude} == {
         "set(A", "list(APPEND", "set(B"}
-    (guard,) = evaluate(source, "7.5;8.0;9.0;10.0;12.0", "13.0")
+    (guard,) = evaluate(source, ArchList.parse("7.5;8.0;9.0;10.0;12.0"), "13.0")
     assert guard.result is not None and set(guard.result) == {"7.5", "8.0", "9.0", "10.0",
                                                               "12.0"}
 
@@ -698,7 +714,7 @@ def test_an_elseif_branch_on_the_cuda_version_is_replayed(tmp_path: Path) -> Non
     source = _tree(tmp_path, text)
     (call,) = find_calls(source)
     assert call.unresolved == ""
-    (guard,) = evaluate(source, "9.0;12.0", "12.9")
+    (guard,) = evaluate(source, ArchList.parse("9.0;12.0"), "12.9")
     assert guard.result is not None and set(guard.result) == {"9.0", "12.0a"}
 
 
@@ -718,5 +734,5 @@ def test_a_command_that_only_reads_the_list_is_not_a_step(tmp_path: Path) -> Non
     (call,) = find_calls(source)
     assert call.unresolved == "" and [s[0] for s in call.prelude] == [
         'set(A "9.0")', 'list(APPEND A "12.0f")']
-    (guard,) = evaluate(source, "9.0;12.0", "13.0")
+    (guard,) = evaluate(source, ArchList.parse("9.0;12.0"), "13.0")
     assert guard.result is not None and set(guard.result) == {"9.0", "12.0"}

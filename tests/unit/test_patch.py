@@ -21,7 +21,7 @@ from packaging.version import Version
 from devkit.helpers import DATA
 from devkit.helpers import vllm_like_tree as _tree
 from sm121_build.core.errors import PatchDrift, Sm121Error
-from sm121_build.cuda.compat import parse_target
+from sm121_build.cuda.compat import ArchList, parse_target
 from sm121_build.source import guard_rules as patch
 from sm121_build.source.cmake_lang import Argument
 from sm121_build.source.guard_rules import (
@@ -45,6 +45,8 @@ from sm121_build.source.guard_rules import (
     target_gpu,
 )
 from sm121_build.source.guards import Call, Guard, evaluate
+
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
 GE13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 FP4 = 'cuda_archs_loose_intersection(FP4_ARCHS "{}" "${{CUDA_ARCHS}}")\n'
@@ -215,10 +217,18 @@ def test_tolerant_matches_any_whitespace_also_around_parentheses() -> None:
 
 @pytest.mark.parametrize(("archs", "gpu"), [
     ("12.1", "sm_121"), ("9.0;12.1a", "sm_121"), ("12.0f;12.1", "sm_120"), ("9.0;8.0", "sm_121"),
-    ("", "sm_121"), ("12.1b", "sm_121"), ("x12.0", "sm_121"),
+    ("", "sm_121"), ("8.0+PTX;12.0", "sm_120"),
 ])
 def test_target_gpu(archs: str, gpu: str) -> None:
-    assert target_gpu(archs) == parse_target(gpu)
+    assert target_gpu(ArchList.parse(archs)) == parse_target(gpu)
+
+
+@pytest.mark.parametrize("text", ["12.1b", "x12.0", '12.1")', "12.1\"", "１２.１"])
+def test_what_is_no_arch_list_never_reaches_the_guards(text: str) -> None:
+    """The guards and rules take an `ArchList`: what is not one is refused where it is
+    parsed, so no CMake script is written with it."""
+    with pytest.raises(Sm121Error, match="unknown arch"):
+        ArchList.parse(text)
 
 
 def test_parse_version() -> None:
@@ -234,11 +244,11 @@ def test_parse_version() -> None:
     ("12.0a", "12.1", ["12.0a"]),
     ("12.0a;{arch}a;12.0a", "12.1", ["12.0a", "12.1a"]),
     ("{arch}a", "9.0", []),
-    ("{arch}", "12.1b;x12.0;12.0", ["12.0"]),
+    ("{arch}", "9.0;12.0+PTX", ["12.0"]),
     ("12.0a", "9.0", ["12.0a"]),
 ])
 def test_candidate_entries(form: str, archs: str, entries: list[str]) -> None:
-    assert candidate_entries(form, archs) == entries
+    assert candidate_entries(form, ArchList.parse(archs)) == entries
 
 
 @pytest.mark.parametrize(("written", "expanded", "entries", "new"), [
@@ -268,7 +278,7 @@ def test_added_list(written: str, expanded: str, entries: list[str], new: str) -
 def test_applied_in_check_mode_writes_nothing_and_gives_the_diff(tmp_path: Path) -> None:
     text = f"{GE13}\n  " + FP4.format("10.0f;12.0f") + "endif()\n"
     source = _tree(tmp_path, text)
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"), check=True)
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121), check=True)
     assert (result.name, result.outcome, result.replacements, result.action) == (
         "fp4-sm12x-arch-specific", "applied", 1, "rewrite")
     assert result.detail == "1 guard call(s) rewritten in 1 file(s)"
@@ -290,7 +300,7 @@ def test_the_first_form_that_works_is_taken(tmp_path: Path) -> None:
     source = _tree(tmp_path, FP4.format("12.0f"))
     # the fixture's "12.0f" gives plain 12.1: that form is tried and passed over
     rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.0f', '12.1a;12.0a', '{arch}a']\n")
-    result = apply_rule(rule, source, PatchFor("0.99.0", "12.1"))
+    result = apply_rule(rule, source, PatchFor("0.99.0", ARCHS_121))
     assert [(r.new_list, r.result) for r in result.rewrites] == [("12.1a;12.0a", ("12.1a",))]
     assert (source / "CMakeLists.txt").read_text() == FP4.format("12.1a;12.0a")
 
@@ -300,7 +310,7 @@ def test_no_form_that_works_is_drift(tmp_path: Path) -> None:
     source = _tree(tmp_path, text)
     rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.0f', '12.1f;12.0f']\n")
     with pytest.raises(PatchDrift) as error:
-        apply_rule(rule, source, PatchFor("0.99.0", "12.1"))
+        apply_rule(rule, source, PatchFor("0.99.0", ARCHS_121))
     assert str(error.value) == ("CMakeLists.txt:1: no form of rule r stops FP4_ARCHS giving a "
                                 "plain 12.x target (tried 12.0f, 12.1f;12.0f)")
     assert (source / "CMakeLists.txt").read_text() == text
@@ -326,7 +336,7 @@ def test_no_form_that_works_is_drift(tmp_path: Path) -> None:
 def test_nothing_to_do(tmp_path: Path, text: str, archs: str, cuda: str, outcome: str,
                        detail: str) -> None:
     source = _tree(tmp_path, text)
-    (result,) = apply_all(source, PatchFor("0.99.0", archs, cuda))
+    (result,) = apply_all(source, PatchFor("0.99.0", ArchList.parse(archs), cuda))
     assert (result.outcome, result.detail, result.replacements, result.diff,
             result.rewrites) == (outcome, detail, 0, "", [])
     assert result.after == result.before
@@ -336,7 +346,7 @@ def test_nothing_to_do(tmp_path: Path, text: str, archs: str, cuda: str, outcome
 def test_a_relevant_guard_giving_nothing_is_not_needed(tmp_path: Path) -> None:
     """An SM12x entry in the list makes the guard relevant even when it gives nothing."""
     source = _tree(tmp_path, FP4.format("12.0a"))
-    (result,) = apply_all(source, PatchFor("0.99.0", "9.0"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ArchList.parse("9.0")))
     assert result.outcome == "not needed"
 
 
@@ -344,7 +354,7 @@ def test_a_guard_without_12x_entries_that_gives_12x_is_relevant(tmp_path: Path) 
     # the fixture's guard has no `+` semantics: a variable list giving plain 12.1 is rewritten
     source = _tree(tmp_path, 'set(L "12.1")\n'
                              'cuda_archs_loose_intersection(FP4_ARCHS "${L}" "${CUDA_ARCHS}")\n')
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert result.outcome == "applied"
 
 
@@ -353,7 +363,7 @@ def test_bracket_and_unquoted_arguments_keep_their_kind(tmp_path: Path) -> None:
             'cuda_archs_loose_intersection(NVFP4_ARCHS 12.0f "${CUDA_ARCHS}")\n'
             'cuda_archs_loose_intersection(MXFP4_ARCHS [[12.0f]] "${CUDA_ARCHS}")\n')
     source = _tree(tmp_path, text)
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert (source / "CMakeLists.txt").read_text() == (
         'cuda_archs_loose_intersection(FP4_ARCHS [==[10.0f;12.1a]==] "${CUDA_ARCHS}")\n'
         'cuda_archs_loose_intersection(NVFP4_ARCHS 12.1a "${CUDA_ARCHS}")\n'
@@ -366,7 +376,7 @@ def test_rewrites_that_change_a_lists_length_in_one_file(tmp_path: Path) -> None
     text = (FP4.format("12.0f") + "# between\n" + FP4.replace("FP4_", "NVFP4_").format("12.0f")
             + FP4.replace("FP4_", "MXFP4_").format("10.0f;12.0f"))
     source = _tree(tmp_path, text)
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1;12.0"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ArchList.parse("12.1;12.0")))
     assert result.replacements == 3
     assert (source / "CMakeLists.txt").read_text() == text.replace('"12.0f"', '"12.1a;12.0a"') \
         .replace('"10.0f;12.0f"', '"10.0f;12.1a;12.0a"')
@@ -376,7 +386,7 @@ def test_rewrites_that_change_a_lists_length_in_one_file(tmp_path: Path) -> None
 def test_two_files_are_written_together(tmp_path: Path) -> None:
     source = _tree(tmp_path, FP4.format("12.0f"), q=FP4.replace("FP4_", "QUTLASS_").format(
         "12.0f;10.0f"))
-    (result,) = apply_all(source, PatchFor("0.99.0", "12.1"))
+    (result,) = apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert result.detail == "2 guard call(s) rewritten in 2 file(s)"
     assert (source / "cmake" / "q.cmake").read_text() == FP4.replace("FP4_", "QUTLASS_").format(
         "12.1a;10.0f")
@@ -394,7 +404,7 @@ def test_a_wrapper_that_gives_12x_cannot_be_rewritten(tmp_path: Path) -> None:
                     '  cuda_archs_loose_intersection(${OUT} "12.0f;9.0" "${TGT}")\n'
                     '  set(${OUT} ${${OUT}} PARENT_SCOPE)\nendfunction()\n')
     with pytest.raises(PatchDrift) as error:
-        apply_all(source, PatchFor("0.99.0", "12.1;12.0;9.0"))
+        apply_all(source, PatchFor("0.99.0", ArchList.parse("12.1;12.0;9.0")))
     assert str(error.value) == (
         "CMakeLists.txt:1: FP4_ARCHS gives plain 12.1;12.0 through fp4_archs, whose list is inside "
         "that function: rule fp4-sm12x-arch-specific cannot rewrite it")
@@ -404,13 +414,13 @@ def test_an_unreadable_covered_guard_is_drift(tmp_path: Path) -> None:
     source = _tree(tmp_path, 'cuda_archs_loose_intersection(FP4_ARCHS "${UNSET}" '
                              '"${CUDA_ARCHS}")\n')
     with pytest.raises(PatchDrift) as error:
-        apply_all(source, PatchFor("0.99.0", "12.1"))
+        apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert str(error.value) == (
         "CMakeLists.txt:1: cannot evaluate FP4_ARCHS (${UNSET} is not set once to a literal list "
         "in the scanned files); rule fp4-sm12x-arch-specific covers it, so not building blind")
     other = _tree(tmp_path / "b", 'cuda_archs_loose_intersection(MM_ARCHS "${UNSET}" '
                                   '"${CUDA_ARCHS}")\n')
-    assert apply_all(other, PatchFor("0.99.0", "12.1"))[0].outcome == "not applicable"
+    assert apply_all(other, PatchFor("0.99.0", ARCHS_121))[0].outcome == "not applicable"
 
 
 def test_a_call_an_exception_brings_is_rewritten_too(tmp_path: Path) -> None:
@@ -421,7 +431,7 @@ exceptions:
      replace: 'cuda_archs_loose_intersection(FP4_LATE_ARCHS "12.0f;12.0f" "${CUDA_ARCHS}")'}
 """)
     source = _tree(tmp_path, "set(X 1)\n" + FP4.format("12.0f"))
-    result = apply_rule(rule, source, PatchFor("0.99.0", "12.1"))
+    result = apply_rule(rule, source, PatchFor("0.99.0", ARCHS_121))
     assert result.outcome == "applied" and len(result.rewrites) == 2
     assert result.replacements == 3  # two calls and the exception's file
     assert (source / "CMakeLists.txt").read_text() == (
@@ -451,7 +461,7 @@ def _exception_rule(tmp_path: Path, file: str = "CMakeLists.txt", count: str = "
 
 def test_an_exception_is_applied_literally_and_counted(tmp_path: Path) -> None:
     source = _tree(tmp_path, LISTED)
-    result = apply_rule(_exception_rule(tmp_path), source, PatchFor("0.5.0", "12.1"))
+    result = apply_rule(_exception_rule(tmp_path), source, PatchFor("0.5.0", ARCHS_121))
     assert (source / "CMakeLists.txt").read_text() == (
         'set(FP4_LIST "12.0f") # \\1\n'
         'cuda_archs_loose_intersection(FP4_ARCHS "12.1a" "${CUDA_ARCHS}")\n')
@@ -460,7 +470,7 @@ def test_an_exception_is_applied_literally_and_counted(tmp_path: Path) -> None:
 
 def test_an_exception_for_another_version_is_not_applied(tmp_path: Path) -> None:
     source = _tree(tmp_path, LISTED)
-    result = apply_rule(_exception_rule(tmp_path), source, PatchFor("0.5.1", "12.1"))
+    result = apply_rule(_exception_rule(tmp_path), source, PatchFor("0.5.1", ARCHS_121))
     assert (result.outcome, result.replacements) == ("not applicable", 0)
     assert (source / "CMakeLists.txt").read_text() == LISTED
 
@@ -468,7 +478,7 @@ def test_an_exception_for_another_version_is_not_applied(tmp_path: Path) -> None
 def test_an_exception_alone_is_applied(tmp_path: Path) -> None:
     text = 'set(FP4_LIST "9.0a")\n'
     source = _tree(tmp_path, text)
-    result = apply_rule(_exception_rule(tmp_path), source, PatchFor("0.5.0", "12.1"))
+    result = apply_rule(_exception_rule(tmp_path), source, PatchFor("0.5.0", ARCHS_121))
     assert (result.outcome, result.replacements, result.rewrites) == ("applied", 1, [])
     assert result.detail == "0 guard call(s) rewritten in 1 file(s)"
 
@@ -478,7 +488,7 @@ def test_an_exception_matching_another_count_is_drift(tmp_path: Path, count: str
                                                       found: str) -> None:
     source = _tree(tmp_path, LISTED)
     with pytest.raises(PatchDrift) as error:
-        apply_rule(_exception_rule(tmp_path, count=count), source, PatchFor("0.5.0", "12.1"))
+        apply_rule(_exception_rule(tmp_path, count=count), source, PatchFor("0.5.0", ARCHS_121))
     expected = " or ".join(re.findall(r"\d", count))
     assert str(error.value) == (
         f"patch drift in CMakeLists.txt for vLLM 0.5.0: expected {expected} match(es) of "
@@ -489,7 +499,7 @@ def test_an_exception_matching_another_count_is_drift(tmp_path: Path, count: str
 def test_an_exception_may_match_one_of_several_counts(tmp_path: Path) -> None:
     source = _tree(tmp_path, LISTED)
     result = apply_rule(_exception_rule(tmp_path, count="[2, 1]"), source,
-            PatchFor("0.5.0", "12.1"))
+            PatchFor("0.5.0", ARCHS_121))
     assert result.outcome == "applied"
 
 
@@ -497,15 +507,15 @@ def test_an_exception_for_a_missing_file(tmp_path: Path) -> None:
     source = _tree(tmp_path, LISTED)
     rule = _exception_rule(tmp_path, file="cmake/gone.cmake")
     with pytest.raises(PatchDrift) as error:
-        apply_rule(rule, source, PatchFor("0.5.0", "12.1"))
+        apply_rule(rule, source, PatchFor("0.5.0", ARCHS_121))
     assert str(error.value) == "patch drift: cmake/gone.cmake missing in vLLM 0.5.0 source"
     optional = _exception_rule(tmp_path / "b", file="cmake/gone.cmake",
                                extra="    if_exists: true\n")
-    assert apply_rule(optional, source, PatchFor("0.5.0", "12.1")).outcome == "not applicable"
+    assert apply_rule(optional, source, PatchFor("0.5.0", ARCHS_121)).outcome == "not applicable"
     then = _exception_rule(tmp_path / "c", file="cmake/gone.cmake", extra=(
         "    if_exists: true\n  - {file: CMakeLists.txt, find: 'set(FP4_LIST \"9.0a\")', "
         "replace: 'set(FP4_LIST \"12.0f\")', count: 1, versions: '>0'}\n"))
-    result = apply_rule(then, source, PatchFor("0.5.0", "12.1"))  # the next exception still applies
+    result = apply_rule(then, source, PatchFor("0.5.0", ARCHS_121))  # the next one still applies
     assert (result.outcome, result.replacements) == ("applied", 2)
 
 
@@ -595,7 +605,7 @@ def test_a_failed_write_leaves_the_tree_as_it_was(tmp_path: Path,
 
     monkeypatch.setattr(patch.os, "replace", fail_second)
     with pytest.raises(OSError):
-        apply_all(source, PatchFor("0.99.0", "12.1"))
+        apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert (source / "CMakeLists.txt").read_text() == FP4.format("12.0f")
     assert (source / "cmake" / "q.cmake").read_text() == q
 
@@ -621,7 +631,7 @@ def test_the_build_patch_step_lines(tmp_path: Path) -> None:
                              '"${CUDA_ARCHS}")\n' + FP4.format("12.0a"))
     fa = Path(shutil.copytree(DATA / "fa_like", tmp_path / "fa"))
     lines = apply_for_build(source, {"vllm-flash-attn": fa},
-            PatchFor("0.99.0", "12.1;12.0", "13.0", SM121))
+            PatchFor("0.99.0", ArchList.parse("12.1;12.0"), "13.0", SM121))
     assert lines == [
         "fp4-sm12x-arch-specific: not needed (no guard the rule covers gives a plain 12.x "
         "target for 12.1;12.0 with CUDA 13.0)",
@@ -629,7 +639,7 @@ def test_the_build_patch_step_lines(tmp_path: Path) -> None:
         "target in 1 file(s))"]
     assert '"8.0+PTX;12.0"' in (fa / "CMakeLists.txt").read_text()
     plain = _tree(tmp_path / "b", FP4.format("12.0f"))
-    assert apply_for_build(plain, {}, PatchFor("0.99.0", "12.1", "12.9", SM121)) == [
+    assert apply_for_build(plain, {}, PatchFor("0.99.0", ARCHS_121, "12.9", SM121)) == [
         "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))"]
 
 
@@ -639,11 +649,11 @@ def test_an_add_rule_reports_the_gpu(tmp_path: Path) -> None:
     text = (fa / "CMakeLists.txt").read_text().replace('"8.0+PTX"', '"8.0+PTX;12.0"')
     (fa / "CMakeLists.txt").write_text(text)
     (result,) = apply_all(fa,
-            PatchFor("0.19.1", "12.1", gpu=SM121), project="vllm-flash-attn")
+            PatchFor("0.19.1", ARCHS_121, gpu=SM121), project="vllm-flash-attn")
     assert (result.outcome, result.detail, result.action) == (
         "not needed", "no guard the rule covers gives sm_121 no native code for 12.1 with CUDA "
         "13.0", "add")
-    (result,) = apply_all(fa, PatchFor("0.19.1", "9.0"), project="vllm-flash-attn")
+    (result,) = apply_all(fa, PatchFor("0.19.1", ArchList.parse("9.0")), project="vllm-flash-attn")
     assert result.detail == "no guard the rule covers is built for a 9.0 build here"
 
 
@@ -652,11 +662,11 @@ def test_a_rule_sees_only_its_files_and_the_copy_brings_utils(tmp_path: Path) ->
     assert rule.files == ("CMakeLists.txt",)
     outside = FP4.replace("FP4_", "FP4_OUTSIDE_").format("12.0f")
     source = _tree(tmp_path, FP4.format("12.0f"), other=outside)
-    result = apply_rule(rule, source, PatchFor("0.99.0", "12.1"))
+    result = apply_rule(rule, source, PatchFor("0.99.0", ARCHS_121))
     assert [(g.variable, g.targets) for g in result.before] == [("FP4_ARCHS", ("12.1",))]
     assert [g.targets for g in result.after] == [("12.1a",)]
     assert (source / "cmake" / "other.cmake").read_text() == outside
-    assert [(g.variable, g.targets) for g in evaluate(source, "12.1")] == [
+    assert [(g.variable, g.targets) for g in evaluate(source, ARCHS_121)] == [
         ("FP4_ARCHS", ("12.1a",)), ("FP4_OUTSIDE_ARCHS", ("12.1",))]
 
 
@@ -665,7 +675,7 @@ def test_a_rule_scanning_only_a_file_under_cmake(tmp_path: Path) -> None:
     rule = _one_rule(tmp_path, REWRITE.replace("[CMakeLists.txt]", "[cmake/q.cmake]") +
                      "rewrite: ['{arch}a']\n")
     source = _tree(tmp_path, FP4.format("12.0f"), q=FP4.format("10.0f;12.0f"))
-    result = apply_rule(rule, source, PatchFor("0.99.0", "12.1"))
+    result = apply_rule(rule, source, PatchFor("0.99.0", ARCHS_121))
     assert [r.guard.location for r in result.rewrites] == ["cmake/q.cmake:1"]
     assert (source / "CMakeLists.txt").read_text() == FP4.format("12.0f")
     assert (source / "cmake" / "q.cmake").read_text() == FP4.format("10.0f;12.1a")
@@ -683,14 +693,14 @@ ADD = REWRITE + "add: ['{arch}', '12.0']\n"
 def test_an_add_rule_follows_what_the_cuda_version_builds(tmp_path: Path) -> None:
     rule = _one_rule(tmp_path, ADD)
     source = _tree(tmp_path, NARROWING + FP4.format("9.0"))
-    at13 = apply_rule(rule, source, PatchFor("0.99.0", "9.0;12.1", "13.0"))
+    at13 = apply_rule(rule, source, PatchFor("0.99.0", ArchList.parse("9.0;12.1"), "13.0"))
     assert (at13.outcome, at13.detail) == (
         "not applicable", "no guard the rule covers is built for a 9.0;12.1 build here")
-    at129 = apply_rule(rule, source, PatchFor("0.99.0", "9.0;12.1", "12.9"))
+    at129 = apply_rule(rule, source, PatchFor("0.99.0", ArchList.parse("9.0;12.1"), "12.9"))
     assert (at129.outcome, at129.detail, at129.action) == (
         "applied", "1 guard call(s) given a target in 1 file(s)", "add")
     assert [(r.new_list, r.result) for r in at129.rewrites] == [("9.0;12.1", ("9.0", "12.1"))]
-    again = apply_rule(rule, source, PatchFor("0.99.0", "9.0;12.1", "12.9"))
+    again = apply_rule(rule, source, PatchFor("0.99.0", ArchList.parse("9.0;12.1"), "12.9"))
     assert (again.outcome, again.detail) == (
         "not needed", "no guard the rule covers gives sm_121 no native code for 9.0;12.1 with "
                       "CUDA 12.9")
@@ -700,7 +710,7 @@ def test_the_forms_are_tried_for_the_build_s_cuda_version(tmp_path: Path) -> Non
     """With CUDA 12.9 this tree keeps 12.1; "12.0f" then still gives plain 12.1."""
     rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.0f', '{arch}a']\n")
     source = _tree(tmp_path, NARROWING + FP4.format("12.0f"))
-    result = apply_rule(rule, source, PatchFor("0.99.0", "12.1", "12.9"))
+    result = apply_rule(rule, source, PatchFor("0.99.0", ARCHS_121, "12.9"))
     assert [(r.new_list, r.result) for r in result.rewrites] == [("12.1a", ("12.1a",))]
 
 
@@ -714,7 +724,8 @@ def test_an_add_rule_cannot_reach_into_a_wrapper(tmp_path: Path, archs: str, giv
     with (source / "cmake" / "utils.cmake").open("a") as utils:
         utils.write(WRAPPED)
     with pytest.raises(PatchDrift) as error:
-        apply_rule(_one_rule(tmp_path, ADD), source, PatchFor("0.99.0", archs, "12.9"))
+        apply_rule(_one_rule(tmp_path, ADD), source,
+                   PatchFor("0.99.0", ArchList.parse(archs), "12.9"))
     assert str(error.value) == (
         f"CMakeLists.txt:7: FP4_ARCHS gives {gives} through fp4_w, whose list is inside that "
         "function: rule r cannot add to it")
@@ -728,16 +739,16 @@ def test_external_projects_get_the_archs_vllm_hands_them_and_the_gpu(tmp_path: P
     (fa / "CMakeLists.txt").write_text(text)
     for cuda, handed in (("12.9", "9.0;12.0;12.1"), ("13.0", "9.0;12.0")):
         got, (result,) = patch.apply_external(source, fa, "vllm-flash-attn",
-                PatchFor("0.99.0", "9.0;12.0;12.1", cuda, SM121))
-        assert got == handed
+                PatchFor("0.99.0", ArchList.parse("9.0;12.0;12.1"), cuda, SM121))
+        assert str(got) == handed
         assert (result.outcome, result.detail) == (
             "not needed", f"no guard the rule covers gives sm_121 no native code for {handed} "
                           f"with CUDA {cuda}")
     (result,) = apply_all(fa,
-            PatchFor("0.99.0", "12.0", gpu=SM121), project="vllm-flash-attn")
+            PatchFor("0.99.0", ArchList.parse("12.0"), gpu=SM121), project="vllm-flash-attn")
     assert "gives sm_121 no native code" in result.detail  # not the sm_120 of 12.0
     assert apply_for_build(source, {"vllm-flash-attn": fa},
-            PatchFor("0.99.0", "12.0", "12.9", SM121)) == [
+            PatchFor("0.99.0", ArchList.parse("12.0"), "12.9", SM121)) == [
         "fp4-sm12x-arch-specific: not applicable (no guard the rule covers has an SM12x entry in "
         "this source)",
         "fa2-sm12x-native (vllm-flash-attn, CUDA_ARCHS 12.0): not needed (no guard the rule "
@@ -746,7 +757,7 @@ def test_external_projects_get_the_archs_vllm_hands_them_and_the_gpu(tmp_path: P
 
 def test_the_build_patch_step_uses_the_build_s_cuda_version(tmp_path: Path) -> None:
     source = _tree(tmp_path, f"{GE13}\nelse()\n  " + FP4.format("12.0f") + "endif()\n")
-    assert apply_for_build(source, {}, PatchFor("0.99.0", "12.1", "12.9", SM121)) == [
+    assert apply_for_build(source, {}, PatchFor("0.99.0", ARCHS_121, "12.9", SM121)) == [
         "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))",
         "sass-from-ptx: not applicable (cmake/utils.cmake defines no set_gencode_flags_for_srcs)"]
 
@@ -762,7 +773,7 @@ def test_a_form_that_still_breaks_after_the_rewrite_is_drift(
     source = _tree(tmp_path, text)
     rule = _one_rule(tmp_path, REWRITE + "rewrite: ['12.0f;12.1f']\n")
     with pytest.raises(PatchDrift) as error:
-        apply_rule(rule, source, PatchFor("0.99.0", "12.1;12.0"))
+        apply_rule(rule, source, PatchFor("0.99.0", ArchList.parse("12.1;12.0")))
     assert str(error.value) == ("rule r leaves CMakeLists.txt:1 FP4_ARCHS yielding 12.1;12.0 for "
                                 "0.99.0")
     assert (source / "CMakeLists.txt").read_text() == text
@@ -776,7 +787,7 @@ def test_an_add_that_still_gives_nothing_is_drift(tmp_path: Path,
     source = _tree(tmp_path, FP4.format("8.0a"))
     rule = _one_rule(tmp_path, REWRITE + "add: ['12.5']\n")
     with pytest.raises(PatchDrift) as error:
-        apply_rule(rule, source, PatchFor("0.99.0", "9.0;12.1"))
+        apply_rule(rule, source, PatchFor("0.99.0", ArchList.parse("9.0;12.1")))
     assert str(error.value) == "rule r leaves CMakeLists.txt:1 FP4_ARCHS yielding nothing for " \
                                "0.99.0"
 
@@ -797,7 +808,7 @@ def test_a_rewrite_that_would_move_another_family_is_refused(
     text = FP4.format("12.0f") + 'cuda_archs_loose_intersection(MM_ARCHS "12.0f" "${CUDA_ARCHS}")\n'
     source = _tree(tmp_path, text)
     with pytest.raises(PatchDrift) as error:
-        apply_all(source, PatchFor("0.99.0", "12.1"))
+        apply_all(source, PatchFor("0.99.0", ARCHS_121))
     assert str(error.value) == ("rule fp4-sm12x-arch-specific would change guards outside its "
                                 "family; not applied")
     assert (source / "CMakeLists.txt").read_text() == text

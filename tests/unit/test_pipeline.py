@@ -27,6 +27,8 @@ from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
+
 BASE = "vllm/vllm-openai:fixture"
 TAG = "vllm/vllm-openai:fixture-sm121"
 
@@ -46,7 +48,7 @@ def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str, stock: str = "
 
 def _options(source: Path, out: Path | None = None, force: bool = False,
              no_patch: bool = False) -> Options:
-    return Options(base=BASE, tag=TAG, arch=ArchList.parse("12.1"), extra_ext=(), jobs=2,
+    return Options(base=BASE, tag=TAG, arch=ARCHS_121, extra_ext=(), jobs=2,
                    source=source,
                    repo="/nonexistent", out=out, force=force, no_patch=no_patch)
 
@@ -58,7 +60,7 @@ def _quick(source: Path) -> Options:
 
 
 def _run(engine: FakeEngine, opts: Options) -> run_report.RunRecord:
-    record = run_report.new_record("build", opts.base, opts.tag, str(opts.arch))
+    record = run_report.new_record("build", opts.base, opts.tag, opts.arch)
     with run_report.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     jsonschema.validate(record.as_json(), schema("report"))
@@ -118,7 +120,7 @@ def test_a_failure_or_ctrl_c_tags_nothing_and_removes_what_the_run_made(
     engine = _engine(tmp_path, matrix, checkout[1])
     before = set(engine.images)
     setattr(engine, how, where)
-    record = run_report.new_record("build", BASE, TAG, "12.1")
+    record = run_report.new_record("build", BASE, TAG, ARCHS_121)
     with pytest.raises(raised), run_report.recorded(record, None, None):
         run_build(Pipeline(engine, record), _quick(checkout[0]))
     assert (record.status, record.error) == ("failed", said.format(where=where))
@@ -195,7 +197,7 @@ def test_inject_refuses_a_base_with_another_torch_before_any_work(
 def test_resolve_image_is_the_prelude_of_every_command(
         tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
     engine = _engine(tmp_path, matrix, checkout[1])
-    record = run_report.new_record("build", BASE, TAG, "12.1")
+    record = run_report.new_record("build", BASE, TAG, ARCHS_121)
     facts, vllm = Pipeline(engine, record).resolve_image(BASE)
     assert (vllm.version, vllm.extensions) == (VERSION, ("_C.abi3.so", "_moe_C.abi3.so"))
     assert (vllm.cuda_version, vllm.python) == ("13.0", "3.12")

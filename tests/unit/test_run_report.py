@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from sm121_build.core.errors import VerificationError
+from sm121_build.cuda.compat import ArchList
 from sm121_build.verify import run_report
 
 
 def _record(**extra: Any) -> run_report.RunRecord:
-    return replace(run_report.new_record("build", "vllm/vllm-openai:nightly",
-                                         "vllm/vllm-openai:nightly-sm121", "12.1"), **extra)
+    record = run_report.new_record("build", "vllm/vllm-openai:nightly",
+                                   "vllm/vllm-openai:nightly-sm121", ArchList.parse("12.1"))
+    return replace(record, **extra)
 
 
 def test_built_run_has_the_before_after_table() -> None:

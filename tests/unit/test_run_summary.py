@@ -9,6 +9,7 @@ import pytest
 
 from sm121_build.core.console import Steps
 from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.compat import ArchList
 from sm121_build.verify.run_report import (
     ExtensionCounts,
     KernelsFrom,
@@ -19,9 +20,11 @@ from sm121_build.verify.run_report import (
     summary_lines,
 )
 
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
+
 
 def _record() -> object:
-    record = new_record("build", "vllm/vllm-openai:nightly", "x:sm121", "12.1")
+    record = new_record("build", "vllm/vllm-openai:nightly", "x:sm121", ARCHS_121)
     record.status = "built"
     record.steps = [{"name": "pull", "seconds": 12.0, "ok": True},
                     {"name": "build", "seconds": 1104.9, "ok": True}]
@@ -67,7 +70,7 @@ def test_the_summary_and_markdown_say_which_kernels_image_was_used_and_pushed() 
 
 def test_a_failed_run_says_so_and_json_still_comes(capsys: pytest.CaptureFixture[str]) -> None:
     steps = Steps()
-    record = new_record("build", "b:1", "b:1-sm121", "12.1")
+    record = new_record("build", "b:1", "b:1-sm121", ARCHS_121)
     with pytest.raises(Sm121Error), recorded(record, None, None, steps, as_json=True):
         with steps.step("inspect b:1"):
             pass
@@ -107,7 +110,7 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
     aot = (AotAction(fa2, AotAble(2, 2, 100)), AotAction(c, AotAble(1, 1, 10)))
     assert left_by_aot(native_by_aot(aot), stock) == {c: (0, 2)}
     assert left_by_aot(native_by_aot(aot[:1]), stock) == {c: (1, 2)}
-    record = new_record("build", "base", "tag", "12.1")
+    record = new_record("build", "base", "tag", ARCHS_121)
     choose_record(Pipeline(None, record), aot[:1], stock)  # type: ignore[arg-type]
     assert record.decision is not None
     assert record.decision.chosen == (fa2,)
@@ -118,6 +121,6 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
         "    _C.abi3.so: 2 kernel(s) load nothing on sm_121 and 1 stay JIT-only: aot cannot "
         "change them; whether a source build can was not decided (the source was not read: "
         "`sm121-build --base IMAGE --source DIR` reads it)"]
-    covered = new_record("build", "base", "tag", "12.1")
+    covered = new_record("build", "base", "tag", ARCHS_121)
     choose_record(Pipeline(None, covered), aot, {fa2: stock[fa2]})  # type: ignore[arg-type]
     assert summary_lines(covered)[-1] == "  stays non-native: nothing the plan knows of"

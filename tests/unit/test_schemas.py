@@ -18,6 +18,7 @@ import pytest
 from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.binary import SPARK, audit_binary
+from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.formats import artifacts
 from sm121_build.verify import run_report
 
@@ -85,7 +86,7 @@ def test_the_manifest_export_writes_and_inject_reads(tmp_path: Path) -> None:
 
 def test_run_reports_of_each_outcome() -> None:
     base = run_report.new_record("build", "vllm/vllm-openai:nightly",
-                                 "vllm/vllm-openai:nightly-sm121", "12.1")
+                                 "vllm/vllm-openai:nightly-sm121", ArchList.parse("12.1"))
     _check("report", base.as_json())  # a run that failed before anything was known
     assert set(base.as_json()) == {"format", *run_report.RunRecord.REQUIRED}
     counts = run_report.ExtensionCounts({"sm_121": 2}, {}, {"native": 4, "jit": 0, "none": 0})

@@ -27,6 +27,8 @@ from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
+
 BASE = "vllm/vllm-openai:fixture"
 TAG = "vllm/vllm-openai:fixture-sm121"
 NAMES = ("_C.abi3.so", "_moe_C.abi3.so")
@@ -44,11 +46,11 @@ def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str) -> FakeEngine:
 
 def _run(engine: FakeEngine, source: Path, tag: str = TAG, force: bool = True,
          replace_tag: bool = False, out: Path | None = None) -> run_report.RunRecord:
-    opts = Options(base=BASE, tag=tag, arch=ArchList.parse("12.1"), extra_ext=(), jobs=2,
+    opts = Options(base=BASE, tag=tag, arch=ARCHS_121, extra_ext=(), jobs=2,
                    source=source,
                    repo="/nonexistent", out=out, force=force, no_patch=True,
                    replace_tag=replace_tag)
-    record = run_report.new_record("build", BASE, tag, "12.1")
+    record = run_report.new_record("build", BASE, tag, ARCHS_121)
     with run_report.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     return record

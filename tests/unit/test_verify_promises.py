@@ -30,6 +30,8 @@ from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify import run_report
 
+ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
+
 BASE = "vllm/vllm-openai:fixture"
 TAG = "vllm/vllm-openai:fixture-sm121"
 PROMISES = DATA / "promises"
@@ -99,10 +101,10 @@ def _engine(tmp_path: Path, files: dict[str, Path], commit: str, built: str = "b
 
 
 def _run(engine: FakeEngine, source: Path) -> run_report.RunRecord:
-    opts = Options(base=BASE, tag=TAG, arch=ArchList.parse("12.1"), extra_ext=(), jobs=2,
+    opts = Options(base=BASE, tag=TAG, arch=ARCHS_121, extra_ext=(), jobs=2,
                    source=source,
                    repo="/nonexistent", out=None, force=True, no_patch=True)
-    record = run_report.new_record("build", BASE, TAG, "12.1")
+    record = run_report.new_record("build", BASE, TAG, ARCHS_121)
     with run_report.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     return record

@@ -13,7 +13,6 @@ from pathlib import Path
 from sm121_build.core.console import result
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
-from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.kernels_image import gpu_refusal, refusal
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.formats.render import (
@@ -68,7 +67,7 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
     folder, tag, out, replace_tag = found.folder, dest.tag, dest.out, dest.replace_tag
     built = found.provenance
     arch_list = built.arch_list
-    record.build_named(built.vllm_version, built.vllm_commit, arch_list)
+    record.build_named(built.vllm_version, built.vllm_commit, built.archs)
     facts, vllm = pipeline.resolve_image(base)
     pipeline.require_tags_free(facts, [tag], replace_tag)
     why = refusal(built, vllm, base, facts.platform) or gpu_refusal(built, pipeline.gpu)
@@ -81,7 +80,7 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
         context = Path(tmp)
         found.place(context / "artifacts")
         stock_modes(pipeline, facts.id, vllm.package_dir, context / "artifacts", extensions)
-        labels = provenance_labels(facts, built.vllm_commit, ArchList.parse(arch_list),
+        labels = provenance_labels(facts, built.vllm_commit, built.archs,
                                    extensions, built.patches) | gpu_label(built.served)
         placement = Placement(pin, arch_list, vllm.version, built.vllm_commit, extensions,
                               vllm.package_dir, labels)

@@ -93,7 +93,7 @@ def tags_for(repo: str, manifest: artifacts_mod.Manifest, extra: tuple[str, ...]
     each."""
     built = manifest.provenance
     pinned = pinned_tag(built.vllm_version, built.vllm_commit_id or built.vllm_commit,
-                        ArchList.parse(built.arch_list), built.torch_version or "")
+                        built.archs, built.torch_version or "")
     return list(dict.fromkeys([
         f"{repo}:k-{reuse_key(manifest)}", f"{repo}:{pinned}",
         *(f"{repo}:{_TAG_UNSAFE.sub('_', t)[:128]}" for t in extra)]))

@@ -79,7 +79,6 @@ def run_local(asked: LocalBuild) -> list[Path]:
     version = read_source_version(source)
     if version is None:
         raise Sm121Error(f"cannot read the vLLM version of {source} (no vllm/_version.py)")
-    archs = arch.cmake
     home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     if not (home / "bin" / "nvcc").exists():
         raise Sm121Error(f"no nvcc under {home}: set CUDA_HOME to a CUDA 13 toolkit")
@@ -101,7 +100,7 @@ def run_local(asked: LocalBuild) -> list[Path]:
         # `local` runs the tree's whole CMake on this host anyway: its guards may too
         with evaluating_with(HostCMake(find_cmake, Limits.from_environment().cmake_s)):
             if not no_patch:
-                want = PatchFor(version, archs, cuda, SM121)
+                want = PatchFor(version, arch, cuda, SM121)
                 for line in apply_for_build(copy, trees, want):
                     note(line)
         environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch.torch, "CUDA_HOME": str(home),

@@ -119,7 +119,7 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
         key = aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
     else:  # plan_actions returns None when there is neither
         raise AssertionError("a plan with nothing to aot or build")
-    pipeline.record.build_named(image.vllm.version, sources.commit, plan.arch_list, key,
+    pipeline.record.build_named(image.vllm.version, sources.commit, image.arch, key,
                                 plan.extensions)
     target = replace(delivery_for(job, sources, plan, key, patches),
                      origins=tuple((name, "aot") for name in prebuilt))

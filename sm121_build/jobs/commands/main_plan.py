@@ -84,7 +84,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
     lacks (`decide.plan_extensions`); then --ext adds and --only restricts.  Empty: nothing
     to build (said, and recorded as not-needed)."""
     pipeline, opts = job.pipeline, job.opts
-    arch_cmake, cuda = job.image.arch.cmake, job.image.cuda
+    arch, cuda = job.image.arch, job.image.cuda
     record, steps = pipeline.record, pipeline.steps
     names = {extension_target(n): n for n in stock}
     extra = tuple(e for e in opts.extra_ext if e != "auto")
@@ -93,7 +93,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
         plans: list[ExtensionPlan] = []
     else:
         with steps.step("decide"):
-            plans = plan_extensions(stock, decide_inputs(source, arch_cmake, cuda, opts.gpu.target),
+            plans = plan_extensions(stock, decide_inputs(source, arch, cuda, opts.gpu.target),
                                     {t: p.name for p in projects() for t in p.targets})
             native = native_by_aot(aot)
             plans = [p for p in plans if not aot_does_as_well(p, native)]
@@ -151,7 +151,7 @@ class Resolved:
     @property
     def patch_for(self) -> PatchFor:
         """What the source trees are patched for: this vLLM, arch list, CUDA, sm_121."""
-        return PatchFor(self.vllm.version, self.arch.cmake, self.cuda, self.gpu.target)
+        return PatchFor(self.vllm.version, self.arch, self.cuda, self.gpu.target)
 
 
 

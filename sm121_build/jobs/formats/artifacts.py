@@ -28,6 +28,7 @@ from sm121_build.core.inputs import (
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import SPARK, gpu_of_arch_list
+from sm121_build.cuda.compat import ArchList
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
 
@@ -82,13 +83,18 @@ class Provenance:
     gpu: str | None = None  # the GPU the files are native on (`sm_121`); None: before --gpu
 
     @property
+    def archs(self) -> ArchList:
+        """The arch list as a value (the manifest's field was checked when it was read)."""
+        return ArchList.parse(self.arch_list)
+
+    @property
     def served(self) -> str:
         """The GPU the files serve: the `gpu` field, else what the arch list names alone
         (manifests written before `--gpu` existed), else the Spark's."""
         if self.gpu:
             return self.gpu
         try:
-            found = gpu_of_arch_list(self.arch_list)
+            found = gpu_of_arch_list(self.archs)
         except Sm121Error:
             found = None
         return str(found or SPARK)

@@ -44,7 +44,7 @@ def run_session(command: str, base: str, tag: str, serving: Serving,
         results_to_stderr()
     steps = Steps()
     arch = serving.arch
-    with recorded(new_record(command, base, tag, str(arch) if arch else None),
+    with recorded(new_record(command, base, tag, arch),
                   reporting.report,
                   reporting.summary_md, steps, reporting.as_json) as record, \
             temp_dir("sm121-run-") as tmp:
