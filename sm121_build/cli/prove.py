@@ -1,5 +1,6 @@
-"""`sm121-build prove --files DIR --stock DIR`: on the GPU's machine, the cubins aot added
-load natively and the ops they serve compute what the stock files compute by the JIT."""
+"""`sm121-build prove IMAGE` and `prove --files DIR --stock DIR`: on the GPU's machine, the
+cubins the tool added load natively and the ops they serve compute what the stock files
+compute by the JIT."""
 
 from __future__ import annotations
 
@@ -9,30 +10,38 @@ import click
 
 from sm121_build.cli.params import require_writable, seconds_value
 from sm121_build.core.errors import VerificationError
+from sm121_build.image.refs import validate_image_ref
 
 DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five configs on an H100
 
 
 @click.command()
-@click.option("--files", "files", required=True,
-              type=click.Path(file_okay=False, path_type=Path),
-              help="The aot'd files (aot's --out): every .so under it with a stock file.")
-@click.option("--stock", "stock", required=True,
-              type=click.Path(file_okay=False, path_type=Path),
-              help="The stock files aot read, at the same paths as under --files.")
+@click.argument("image", required=False)
+@click.option("--files", "files", type=click.Path(file_okay=False, path_type=Path),
+              help="Instead of IMAGE: the aot'd files (aot's --out), every .so under it with "
+                   "a stock file, proven with this host's --python.")
+@click.option("--stock", "stock", type=click.Path(file_okay=False, path_type=Path),
+              help="With --files: the stock files aot read, at the same paths as under "
+                   "--files.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the proof document here (data/schemas/proof.schema.json).")
 @click.option("--python", "python", default="python3", show_default=True,
-              help="The interpreter the children run under: torch (with the CUDA the "
-                   "files were built against) for the harnesses, ctypes for the loader.")
+              help="The interpreter the children run under (IMAGE's own, for IMAGE): torch "
+                   "(with the CUDA the files were built against) for the harnesses, ctypes "
+                   "for the loader.")
 @click.option("--timeout", default=DEFAULT_TIMEOUT, callback=seconds_value, metavar="SECONDS",
               show_default=True, help="Seconds one child (a harness run, the loader) may take.")
-def prove(files: Path, stock: Path, json_out: Path | None, python: str,
-          timeout: float) -> None:
-    """Prove on this machine's GPU that the cubins aot added load and compute what the
+def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PLR0913
+          json_out: Path | None, python: str, timeout: float) -> None:
+    """Prove on this machine's GPU that the cubins the tool added load and compute what the
     stock files compute.
 
-    With the PTX JIT disabled, each cubin a file of --files has and its stock file lacks
+    IMAGE is one the main job (or inject) made: its placed files are proven in place, in
+    throwaway containers of IMAGE given the GPU by the engine (`--gpus all`: the NVIDIA
+    Container Toolkit), against the stock files of the base it was made from (which must be
+    in the engine).  --files DIR --stock DIR proves files on this host instead.
+
+    With the PTX JIT disabled, each cubin a file has and its stock file lacks
     (for this GPU) is loaded by the driver and each of its kernels found by name.  For
     FA2 (`_vllm_fa2_C`: varlen_fwd, fwd_kvcache) and `_C` (the Marlin repack ops), the
     ops run on seeded inputs: the stock file with the driver's JIT (the reference), the
@@ -41,12 +50,23 @@ def prove(files: Path, stock: Path, json_out: Path | None, python: str,
     """
     from sm121_build.core.outputs import refuse_onto_inputs, replace_text
     from sm121_build.jobs.commands.prove_document import say_proof
-    from sm121_build.jobs.commands.proving import ProveRequest, run_prove
+    from sm121_build.jobs.commands.proving import HostChildren, run_prove
 
+    if (image is None) == (files is None) or (files is None) != (stock is None):
+        raise click.UsageError("give IMAGE, or --files DIR and --stock DIR")
+    if image is not None:
+        validate_image_ref(image)
     if json_out is not None:
-        refuse_onto_inputs(json_out, (files, stock), "--json")  # before anything is made
+        inputs = (files, stock) if files is not None and stock is not None else ()
+        refuse_onto_inputs(json_out, inputs, "--json")  # before anything is made
         require_writable(json_out, "--json")
-    proof = run_prove(ProveRequest(files, stock, python, timeout))
+    if files is not None and stock is not None:
+        proof = run_prove(files, stock, HostChildren(python, timeout))
+    else:
+        from sm121_build.jobs.commands.prove_image import run_prove_image
+
+        assert image is not None
+        proof = run_prove_image(image, python, timeout)
     say_proof(proof)
     if json_out is not None:
         import json

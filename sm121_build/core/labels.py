@@ -22,6 +22,9 @@ FIELD_LABELS: dict[str, str] = {
     "extensions": f"{LABEL_PREFIX}.extensions",
     "tool_version": f"{LABEL_PREFIX}.tool-version",
     "gpu": f"{LABEL_PREFIX}.gpu",  # the GPU the files are native on (--gpu): `sm_121`
+    # the files aot made beside a source build (`extensions` names the files built); an
+    # aot-only image names its files in `extensions`
+    "aot": f"{LABEL_PREFIX}.aot",
 }
 # The OCI annotations for the base image, which the tool sets too (they name the stock
 # image the result was made from, replacing whatever the stock image said of its own base).

@@ -66,6 +66,30 @@ class ConfinedJob:
 
 
 @dataclass(frozen=True)
+class Bind:
+    """A folder of this host seen inside a container at `inside` (read-only unless
+    `writable`)."""
+
+    host: Path
+    inside: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class GpuJob:
+    """A program to run in a throwaway container of an image with this machine's GPUs
+    (`run_with_gpu`): as `user`, no network, a read-only root, the `binds` its only folders
+    from outside."""
+
+    what: str  # for messages: "the cubin loader"
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    seconds: float  # killed after this
+    binds: tuple[Bind, ...]
+    user: str  # `uid:gid`: what it writes into a writable bind is the caller's
+
+
+@dataclass(frozen=True)
 class ConfinedResult:
     """How a confined job ended: its exit status (None: killed at its time limit) and
     output."""
@@ -184,6 +208,8 @@ class ImageEngine(Protocol):
     def history(self, image_id: str) -> list[HistoryStep]: ...
 
     def run_confined(self, image_id: str, job: ConfinedJob) -> ConfinedResult: ...
+
+    def run_with_gpu(self, image_id: str, job: GpuJob) -> ConfinedResult: ...
 
     def build(self, context: Path, dockerfile: Path, log: Path,
               status: StatusLine | None = None) -> str: ...

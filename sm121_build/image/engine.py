@@ -43,6 +43,7 @@ from sm121_build.core.errors import (
     EngineRefused,
     EngineUnavailable,
     ManifestUnknown,
+    NoGpu,
     RegistryUnavailable,
     Sm121Error,
 )
@@ -53,6 +54,7 @@ from sm121_build.image.api import (
     RUNTIME_FIELDS,
     ConfinedJob,
     ConfinedResult,
+    GpuJob,
     HistoryStep,
     ImageInfo,
     PathLookups,
@@ -75,6 +77,11 @@ _NO_ANSWER = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError
 BUILD_SILENCE_S = 3600.0
 # the longest a BuildKit build (the docker CLI) may run: a source build on a Spark takes 20-90 min
 BUILD_S = 86_400.0
+# how an engine words "I have nothing to hand a container a GPU with": no device driver for
+# the request (no NVIDIA Container Toolkit), or the toolkit's hook failing (no driver loaded)
+_NO_GPU_SUPPORT = re.compile(r"could not select device driver|nvidia-container-cli|"
+                             r"unknown or invalid runtime name|no devices? (?:were )?found",
+                             re.I)
 __all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "failure_cause"]
 
 
@@ -349,8 +356,43 @@ class Engine:
                                 f"{exc.explanation}") from None
         return str(container["Id"])
 
-    def _wait_for(self, container: str, job: ConfinedJob) -> ConfinedResult:
-        """Start the confined container and wait for it, at most `job.seconds`."""
+    def run_with_gpu(self, image_id: str, job: GpuJob) -> ConfinedResult:
+        """Run `job.argv` in a throwaway container of `image_id` given every GPU of this
+        machine through the engine's device request (`docker run --gpus all`): no network,
+        a read-only root, no capabilities, no new privileges, as `job.user`, the binds its
+        only folders from outside, a bounded log.  Killed after `job.seconds` and removed on
+        every exit.  An engine that cannot hand a container a GPU is NoGpu, in one line."""
+        name = f"sm121-build-gpu-{os.getpid()}-{secrets.token_hex(4)}"
+        with self._removed_after(name):
+            try:
+                created = self.client.api.create_container(
+                    image_id, command=list(job.argv), environment=dict(job.env), name=name,
+                    user=job.user, network_disabled=True, labels={READER_LABEL: "gpu"},
+                    host_config=self.client.api.create_host_config(
+                        network_mode="none", read_only=True, cap_drop=["ALL"],
+                        security_opt=["no-new-privileges"], pids_limit=4096,
+                        device_requests=self.gpu_devices(),
+                        mounts=[docker.types.Mount(b.inside, str(b.host), type="bind",
+                                                   read_only=not b.writable)
+                                for b in job.binds],
+                        log_config={"Type": "json-file",
+                                    "Config": {"max-size": "1m", "max-file": "1"}}))
+            except docker.errors.APIError as exc:
+                raise _gpu_refusal(exc) or EngineRefused(
+                    f"engine refused to create a container of {image_id}: "
+                    f"{exc.explanation}") from None
+            try:
+                return self._wait_for(str(created["Id"]), job)
+            except EngineRefused as exc:
+                raise _gpu_refusal(exc.__cause__) or exc from None
+
+    def gpu_devices(self) -> list[docker.types.DeviceRequest]:
+        """The device request of `docker run --gpus all`: every GPU, through whatever
+        the engine has for them (the NVIDIA Container Toolkit, on a DGX Spark)."""
+        return [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+
+    def _wait_for(self, container: str, job: ConfinedJob | GpuJob) -> ConfinedResult:
+        """Start the container and wait for it, at most `job.seconds`."""
         try:
             self.client.api.start(container)
             try:
@@ -366,7 +408,7 @@ class Engine:
             return ConfinedResult(int(status.get("StatusCode", -1)),
                                   out.decode(errors="replace"), err.decode(errors="replace"))
         except docker.errors.APIError as exc:
-            raise EngineRefused(f"engine refused to run {job.what}: {exc.explanation}") from None
+            raise EngineRefused(f"engine refused to run {job.what}: {exc.explanation}") from exc
 
     def history(self, image_id: str) -> list[HistoryStep]:
         """The image's build steps, newest first (`docker history`)."""
@@ -498,6 +540,17 @@ def kept_pin(tag: str) -> None:
     and the user is told."""
     note(f"the base image has no tag of its own: its pin tag {tag} stays (removing it would "
          f"delete the image); `docker rmi {tag}` once you no longer need the base")
+
+
+def _gpu_refusal(exc: BaseException | None) -> NoGpu | None:
+    """The engine's answer to a GPU request as NoGpu, when it says it has no GPU to give."""
+    said = str(getattr(exc, "explanation", None) or exc or "")
+    if not _NO_GPU_SUPPORT.search(said):
+        return None
+    answer = " ".join(said.split())[:300]
+    return NoGpu(f"the Docker engine cannot give a container the GPU ({answer}): "
+                 "`prove IMAGE` needs the NVIDIA Container Toolkit (a DGX Spark has it); "
+                 "`prove --files DIR --stock DIR` proves files with this host's torch")
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -26,7 +26,8 @@ import docker
 import jsonschema
 import pytest
 
-from devkit.helpers import DATA, compile_cached, compile_device_file, gencode
+from devkit.fake_gpu import fake_python
+from devkit.helpers import DATA, ROOT, compile_cached, compile_device_file, gencode, one_line_error
 from devkit.keys import key_pair
 from devkit.registry import local_registry
 from devkit.silent import silent_listener
@@ -696,6 +697,7 @@ def test_the_default_run_aots_the_ptx_only_extension_and_builds_the_rest(
     assert "external sources" not in with_aot.stderr
     labels = e2e.client.images.get(f"{PREFIX}:aot").labels
     assert labels["io.github.sm121-build.extensions"] == ",".join(INJECTED)
+    assert labels["io.github.sm121-build.aot"] == FA2  # placed too: `prove IMAGE` reads both
     audit = json.loads(e2e.run("audit", "--json", "--include", "*/vllm*/_*.so",
                                f"{PREFIX}:aot").stdout)["binaries"]
     found = {Path(b["name"]).name: (b["verdict"], b["cubins"]) for b in audit}
@@ -898,3 +900,117 @@ def test_aot_of_every_package_of_an_image(e2e: E2E, tmp_path: Path) -> None:
 def _changed_between(e2e: E2E, one: str, other: str) -> set[str]:
     before, after = _flat_files(e2e.client, one), _flat_files(e2e.client, other)
     return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+
+
+# --- prove IMAGE: every child in a container of the image; the GPU is FAKE -----------------
+
+FAKE_STORIES = ("proven", "hopper", "schema", "no-gpu")
+
+
+@pytest.fixture(scope="module")
+def fake_gpu_images(e2e: E2E, with_aot: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """FAKE: `{PREFIX}:aot` with the FAKE interpreter (devkit/fake_gpu.py) added at
+    /usr/local/bin/fake-python, one tag per story (FAKE_MODE in its environment).  Labels
+    are inherited: each says of itself what `{PREFIX}:aot` says."""
+    assert with_aot.returncode == 0, with_aot.stderr
+    context = e2e.work / "fake-gpu"
+    context.mkdir()
+    fake_python(context / "fake-python", "/usr/bin/python3")
+    tags = {}
+    for story in FAKE_STORIES:
+        (context / "Dockerfile").write_text(
+            f"FROM {PREFIX}:aot\nCOPY fake-python /usr/local/bin/fake-python\n"
+            f"ENV FAKE_MODE={story}\n")
+        tags[story] = f"{PREFIX}:fake-gpu-{story}"
+        e2e.client.images.build(path=str(context), tag=tags[story], rm=True)
+    return tags
+
+
+def _prove_image(e2e: E2E, image: str, *extra: str, requests: Path | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+    """`prove IMAGE --python /usr/local/bin/fake-python`; with `requests`, through the CLI
+    whose engine gives no GPU and logs each request there (devkit.fake_gpu)."""
+    args = ["prove", image, "--python", "/usr/local/bin/fake-python", *extra]
+    if requests is None:
+        return e2e.run(*args)
+    requests.touch()
+    return subprocess.run([sys.executable, "-m", "devkit.fake_gpu", *args], capture_output=True,
+                          text=True, check=False, cwd=ROOT,
+                          env={**e2e.env, "FAKE_GPU_REQUESTS": str(requests)})
+
+
+def _gpu_containers(e2e: E2E) -> list[str]:
+    return [c.name for c in e2e.client.containers.list(
+        all=True, filters={"label": "io.github.sm121-build.reader=gpu"})]
+
+
+def test_prove_image_runs_each_child_in_a_container_of_the_image(
+        e2e: E2E, fake_gpu_images: dict[str, str], tmp_path: Path) -> None:
+    """The proof of a made image: its placed files read from it, their stock copies from its
+    base, every child (the probe, the loader, each harness run, the comparison) in a
+    throwaway container of the image that asked the engine for the GPU; the image itself
+    unchanged and nothing left behind."""
+    image = fake_gpu_images["proven"]
+    before = e2e.client.images.get(image).id
+    out = tmp_path / "proof.json"
+    done = _prove_image(e2e, image, "--json", str(out), requests=tmp_path / "requests")
+    assert done.returncode == 0, done.stderr
+    assert "verdict: proven" in done.stdout
+    proof = json.loads(out.read_text())
+    jsonschema.Draft202012Validator(schema("proof")).validate(proof)
+    labels = e2e.client.images.get(image).labels
+    assert proof["subject"] == {"image": image, "image_id": before, "files": None,
+                                "stock": None,
+                                "base": labels["org.opencontainers.image.base.digest"]}
+    placed = [*labels["io.github.sm121-build.extensions"].split(","),
+              labels["io.github.sm121-build.aot"]]
+    assert sorted(f["name"] for f in proof["files"]) == sorted(placed)
+    for item in proof["files"]:  # the bytes proven are the image's (= the exported files)
+        exported = e2e.work / "aot-artifacts" / item["name"]
+        assert item["sha256"] == hashlib.sha256(exported.read_bytes()).hexdigest()
+        assert item["cubins"] and all(c["loaded"] for c in item["cubins"])
+    harnessed = [f for f in proof["files"] if f["harness"]]
+    assert {f["harness"] for f in harnessed} == {"harness_fa2.py", "harness_marlin.py"}
+    assert len(proof["ops"]) == 2 * len(harnessed)
+    # the probe, the loader, and per harnessed file three harness runs and a comparison
+    asked = (tmp_path / "requests").read_text().splitlines()
+    assert len(asked) == 2 + 4 * len(harnessed)
+    assert e2e.client.images.get(image).id == before
+    assert _gpu_containers(e2e) == []
+
+
+def test_prove_image_refusals(e2e: E2E, fake_gpu_images: dict[str, str], tmp_path: Path
+                              ) -> None:
+    """Each refusal is one line, before any op runs, with nothing left behind."""
+    # this engine has no NVIDIA Container Toolkit: the real device request is refused
+    line = one_line_error(e2e.run("prove", fake_gpu_images["proven"], "--python",
+                                  "/usr/local/bin/fake-python"))
+    assert "the Docker engine cannot give a container the GPU (could not select device " \
+        "driver" in line
+    stories = {"hopper": f"{fake_gpu_images['hopper']} serves sm_121; this GPU is sm_90",
+               "no-gpu": "no GPU to prove on: cuInit: CUDA_ERROR_NO_DEVICE",
+               "schema": "the harness_"}
+    for story, said in stories.items():
+        line = one_line_error(_prove_image(e2e, fake_gpu_images[story],
+                                           requests=tmp_path / story))
+        assert said in line, (story, line)
+    stock = one_line_error(_prove_image(e2e, e2e.stock.tag, requests=tmp_path / "stock"))
+    assert "label: it was not made by sm121-build" in stock
+    assert (tmp_path / "stock").read_text() == ""  # refused before any container
+    both = e2e.run("prove", fake_gpu_images["proven"], "--files", str(tmp_path))
+    assert both.returncode == 2 and "give IMAGE, or --files DIR and --stock DIR" in both.stderr
+    # labels an attacker wrote: a name out of the package, a base that is not here
+    hostile = {"io.github.sm121-build.extensions": "../../../etc/shadow.so",
+               "org.opencontainers.image.base.digest": f"{PREFIX}-gone@sha256:{'0' * 64}"}
+    for key, value in hostile.items():
+        context = tmp_path / key
+        context.mkdir()
+        (context / "Dockerfile").write_text(f'FROM {fake_gpu_images["proven"]}\n'
+                                            f'LABEL {key}="{value}"\n')
+        tag = f"{PREFIX}:hostile-{len(value)}"
+        e2e.client.images.build(path=str(context), tag=tag, rm=True)
+        line = one_line_error(_prove_image(e2e, tag, requests=tmp_path / f"{key}.log"))
+        assert ("not a relative .so path" if "extensions" in key else
+                "which is not in the engine") in line, line
+        assert (tmp_path / f"{key}.log").read_text() == ""
+    assert _gpu_containers(e2e) == []

@@ -22,69 +22,17 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from devkit.fake_gpu import fake_python
 from devkit.helpers import cli, cuda_home, one_line_error
 from sm121_build.core.errors import WrongGpu
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.fatbin import HostBinary, device_file_kind, ptx_kernels
 from sm121_build.jobs.commands.prove_child import Said
+from sm121_build.jobs.commands.prove_document import Subject
 from sm121_build.jobs.commands.proving import Pair, extract
 
 ENV = {"CUDA_HOME": str(cuda_home())}
-
-# FAKE: stands in for `--python`.  It is given the payload script and its arguments, and
-# prints what that script prints on a GPU (FAKE_MODE picks a story); it never loads a cubin
-# nor runs a kernel.  The device (sm_121, a GB10) and every number are made up.
-FAKE = '''
-import json, os, sys
-from pathlib import Path
-mode = os.environ.get("FAKE_MODE", "proven")
-script, args = Path(sys.argv[1]).name, sys.argv[2:]
-jit = os.environ.get("CUDA_DISABLE_PTX_JIT") != "1"
-assert os.environ.get("CUDA_CACHE_DISABLE") == "1"
-def say(**data): print(json.dumps(data), flush=True)
-if script == "load_cubins.py":
-    if mode == "no-gpu":
-        say(error="cuInit: CUDA_ERROR_NO_DEVICE"); sys.exit(3)
-    major, minor = (9, 0) if mode == "hopper" else (12, 1)
-    print("a line that is not JSON")
-    say(device={"name": "FAKE GB10", "major": major, "minor": minor, "driver": 13000,
-                "version": "580.95.05"})
-    if args[0] == "load":
-        items = json.loads(Path(args[1]).read_text())
-        for n, item in enumerate(items):
-            if mode == "missing" and n == 0:
-                say(cubin=item["id"], loaded=True, found=len(item["kernels"]) - 1,
-                    missing=item["kernels"][:1], missing_count=1)
-            elif mode == "unloadable" and n == 0:
-                say(cubin=item["id"], loaded=False, error="CUDA_ERROR_INVALID_IMAGE")
-            else:
-                say(cubin=item["id"], loaded=True, missing=[], missing_count=0,
-                    found=2**31 - 1 if mode == "hugecount" else len(item["kernels"]))
-        say(done=len(items))
-elif script.startswith("harness_"):
-    so, out = args
-    stock = "/stock/" in so
-    if mode == "schema":
-        say(schema_error="_C.gptq_marlin_repack has no argument size_k"); sys.exit(4)
-    if stock and not jit and mode != "stock-runs":
-        say(op="gptq_marlin_repack", case="gptq-4bit-256x192",
-            error="CUDA error: PTX JIT compilation was disabled"); sys.exit(3)
-    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
-        if mode == "prefixed":  # a library's printf before each line: none of them parses
-            print("[W] ", end="")
-        say(op="gptq_marlin_repack", case=case, first_s=2.5 if jit else 0.001)
-    Path(out).write_text("saved")
-    say(saved=2)
-elif script == "compare_outputs.py":
-    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
-        differs = mode == "differs" and case.startswith("awq")
-        say(key="gptq_marlin_repack/" + case, bitwise_equal=not differs,
-            max_abs_diff=3.0 if differs else 0.0)
-else:
-    sys.exit(f"FAKE: unknown payload {script}")
-'''
-
 
 @pytest.fixture(scope="module")
 def aot_pair(jit_only_so: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
@@ -102,10 +50,7 @@ def aot_pair(jit_only_so: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Path:
-    path = tmp_path / "FAKE-python"
-    path.write_text(f"#!{sys.executable}\n" + FAKE)
-    path.chmod(0o755)
-    return path
+    return fake_python(tmp_path / "FAKE-python", sys.executable)
 
 
 def _prove(pair: tuple[Path, Path], python: Path | str, out: Path, mode: str = "proven"
@@ -123,8 +68,10 @@ def _check(data: object) -> None:
 def test_the_added_cubins_of_a_real_aot_file(aot_pair: tuple[Path, Path],
                                              tmp_path: Path) -> None:
     made, stock = aot_pair
-    pair = Pair("_C.abi3.so", made / "_C.abi3.so", stock / "_C.abi3.so")
-    found = extract([pair], Target(121), tmp_path)
+    pair = Pair("_C.abi3.so", made / "_C.abi3.so", stock / "_C.abi3.so",
+                str(made / "_C.abi3.so"))
+    subject = Subject(files=str(made), stock=str(stock))
+    found = extract([pair], Target(121), tmp_path, subject)
     assert len(found) == 1
     cubins = found[0].cubins
     assert [c.sm for c in cubins] == ["sm_121", "sm_121"]  # one per translation unit
@@ -136,9 +83,9 @@ def test_the_added_cubins_of_a_real_aot_file(aot_pair: tuple[Path, Path],
         assert device_file_kind(path.read_bytes()[:4096]) == "cubin"
     # a file against itself added nothing; on another GPU, nothing loads: refused
     with pytest.raises(Exception, match="nothing to prove"):
-        extract([Pair("s", pair.stock, pair.stock)], Target(121), tmp_path)
+        extract([Pair("s", pair.stock, pair.stock, "s")], Target(121), tmp_path, subject)
     with pytest.raises(WrongGpu, match=r"sm_121; this GPU is sm_90"):
-        extract([pair], Target(90), tmp_path)
+        extract([pair], Target(90), tmp_path, subject)
 
 
 @pytest.mark.slow
@@ -245,7 +192,9 @@ def test_the_proof_schema_is_closed() -> None:
     jsonschema.Draft202012Validator.check_schema(loaded)
     assert loaded["additionalProperties"] is False
     proven_with_a_problem = {
-        "format": 1, "tool_version": "0", "made": "2026-11-28T04:10:00Z", "gpu": {
+        "format": 2, "tool_version": "0", "made": "2026-11-28T04:10:00Z",
+        "subject": {"image": None, "image_id": None, "base": None, "files": "f", "stock": "s"},
+        "gpu": {
             "name": "g", "compute_capability": "9.0", "target": "sm_90", "driver_cuda": "13.0",
             "driver_version": None},
         "files": [], "ops": [], "stock_without_jit": [], "verdict": "proven",

@@ -47,6 +47,7 @@ from sm121_build.jobs.formats.render import (
     BuildPlan,
     Placement,
     PlanRequest,
+    aot_label,
     gpu_label,
     plan_for,
     provenance_labels,
@@ -104,8 +105,9 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
     prebuilt = tuple(a.name for a in aot)
     if chosen and checkout is not None:  # from source, with the aot'd files in it if any
         sources = external_sources(job, context, checkout, chosen)
-        plan: Placement = replace(plan_for(image.facts, source_plan(job, chosen, sources)),
-                                  prebuilt=prebuilt)
+        built = plan_for(image.facts, source_plan(job, chosen, sources))
+        plan: Placement = replace(built, prebuilt=prebuilt,
+                                  labels=built.labels | aot_label(prebuilt))
         provenance, patches = sources.provenance, patches_of(opts)
         if toolchain is not None:
             provenance += "\0" + aot_key(image.facts.id, aot, toolchain, opts.gpu.target)

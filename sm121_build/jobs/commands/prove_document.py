@@ -12,7 +12,7 @@ from typing import Any, Literal
 from sm121_build.core.console import note, result, shown
 from sm121_build.jobs.commands.prove_child import Device
 
-FORMAT = 1
+FORMAT = 2  # 2: `subject` and each file's sha256
 Verdict = Literal["proven", "failed"]
 
 
@@ -46,9 +46,11 @@ class FileResult:
     cubins: tuple[CubinResult, ...]
     other_gpus: int
     harness: str | None
+    sha256: str  # of the file proven: what ties the proof to a kernels image's manifest
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "cubins": [c.as_json() for c in self.cubins],
+        return {"name": self.name, "sha256": self.sha256,
+                "cubins": [c.as_json() for c in self.cubins],
                 "added_for_other_gpus": self.other_gpus, "harness": self.harness}
 
 
@@ -87,6 +89,25 @@ class StockWithoutJit:
 
 
 @dataclass(frozen=True)
+class Subject:
+    """What a proof is of: an image (its reference, ID and the base its stock files came
+    from), or files on this host (`--files`, `--stock`)."""
+
+    image: str | None = None
+    image_id: str | None = None
+    base: str | None = None
+    files: str | None = None
+    stock: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"image": self.image, "image_id": self.image_id, "base": self.base,
+                "files": self.files, "stock": self.stock}
+
+    def __str__(self) -> str:
+        return f"image {self.image}" if self.image else f"--files {self.files}"
+
+
+@dataclass(frozen=True)
 class Proof:
     tool_version: str
     device: Device
@@ -94,6 +115,7 @@ class Proof:
     ops: tuple[OpResult, ...]
     stock_without_jit: tuple[StockWithoutJit, ...]
     made: str  # when, UTC (`2026-11-28T04:10:00Z`): the proof's date
+    subject: Subject
 
     def problems(self) -> list[str]:
         """Each thing that keeps the files from being proven, one line each."""
@@ -129,6 +151,7 @@ class Proof:
     def as_json(self) -> dict[str, Any]:
         d = self.device
         return {"format": FORMAT, "tool_version": self.tool_version, "made": self.made,
+                "subject": self.subject.as_json(),
                 "gpu": {"name": d.name, "compute_capability": d.capability,
                         "target": str(d.target), "driver_cuda": d.driver_cuda,
                         "driver_version": d.version},

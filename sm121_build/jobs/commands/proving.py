@@ -9,12 +9,15 @@ through the driver's JIT.
 4. Per file a harness serves (`HARNESSES`): the stock file with the JIT (the reference), the
    stock file without it (must fail), the file without it; outputs compared bit for bit.
 
-Every child runs under `--python` (torch for the harnesses, ctypes for the loader) through
-`core.children.run`; what it says is parsed as outside input (`prove_child`).
+Every child runs under `--python` (torch for the harnesses, ctypes for the loader) where
+`Children` says: on this host through `core.children.run` (`HostChildren`, `--files`), or in
+a throwaway container of the image with the GPU (`prove_image.ImageChildren`, `prove IMAGE`).
+What it says is parsed as outside input (`prove_child`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -22,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 from sm121_build import __version__
 from sm121_build.core.children import Ended, Program
@@ -30,7 +34,7 @@ from sm121_build.core.errors import HarnessMismatch, NoGpu, Sm121Error, WrongGpu
 from sm121_build.core.inputs import kind_of, require_folder, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added
-from sm121_build.cuda.compat import Target
+from sm121_build.cuda.compat import Target, cubin_loads
 from sm121_build.jobs.commands.prove_child import CubinLoad, Device, Said, talk
 from sm121_build.jobs.commands.prove_document import (
     CubinResult,
@@ -38,6 +42,7 @@ from sm121_build.jobs.commands.prove_document import (
     OpResult,
     Proof,
     StockWithoutJit,
+    Subject,
 )
 from sm121_build.jobs.payload import PAYLOAD
 
@@ -51,22 +56,51 @@ PROBE_SECONDS = 60.0
 DRIVER_JIT = ("CUDA_DISABLE_PTX_JIT", "CUDA_FORCE_PTX_JIT", "CUDA_CACHE_DISABLE")
 
 
-@dataclass(frozen=True)
-class ProveRequest:
-    """What `prove` was given: the two folders, the interpreter the children run under, the
-    seconds each child may take."""
+class Children(Protocol):
+    """Where prove's children run: each is given `args` after the interpreter, says its
+    lines, and ends by its deadline; `at` is where it sees a path of this host."""
 
-    files: Path
-    stock: Path
+    @property
+    def python(self) -> str:
+        """The interpreter, as messages name it."""
+        ...
+
+    def talk(self, args: tuple[str, ...], what: str, jit: bool,
+             seconds: float | None = None) -> tuple[Ended, Said]: ...
+
+    def at(self, path: Path) -> str: ...
+
+
+@dataclass(frozen=True)
+class HostChildren:
+    """The children on this host, under `python` (`--python`), each for at most `seconds`."""
+
     python: str
     seconds: float
+
+    def talk(self, args: tuple[str, ...], what: str, jit: bool,
+             seconds: float | None = None) -> tuple[Ended, Said]:
+        return talk(Program((self.python, *args), min(seconds or self.seconds, self.seconds),
+                            what, env=_env(jit)))
+
+    def at(self, path: Path) -> str:
+        return str(path)
 
 
 @dataclass(frozen=True)
 class Pair:
-    name: str  # the path under --files
-    new: Path
+    name: str  # the path under --files (under the package, for an image)
+    new: Path  # this host's copy: its added cubins are read from it
     stock: Path
+    runs_as: str  # the new file as the children open it (an image's own, in place)
+
+    @property
+    def sha256(self) -> str:
+        digest = hashlib.sha256()
+        with self.new.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -89,10 +123,6 @@ def _env(jit: bool) -> dict[str, str]:
     return env
 
 
-def _program(request: ProveRequest, args: tuple[str, ...], what: str, jit: bool) -> Program:
-    return Program((request.python, *args), request.seconds, what, env=_env(jit))
-
-
 def find_pairs(files: Path, stock: Path) -> list[Pair]:
     """Each `.so` under --files whose path under --stock is a regular file too."""
     require_folder(files, "--files")
@@ -106,18 +136,17 @@ def find_pairs(files: Path, stock: Path) -> list[Pair]:
             new = Path(folder) / filename
             name = new.relative_to(files).as_posix()
             if kind_of(new) == "file" and kind_of(stock / name) == "file":
-                pairs.append(Pair(name, new, stock / name))
+                pairs.append(Pair(name, new, stock / name, str(new)))
     return pairs
 
 
-def probe(request: ProveRequest) -> Device:
+def probe(children: Children) -> Device:
     """The GPU (device 0), or NoGpu in one line: no libcuda, cuInit failed, no device."""
     try:
-        ended, said = talk(Program((request.python, str(LOADER), "probe"),
-                                   min(PROBE_SECONDS, request.seconds),
-                                   "the CUDA driver probe", env=_env(jit=False)))
+        ended, said = children.talk((children.at(LOADER), "probe"), "the CUDA driver probe",
+                                    jit=False, seconds=PROBE_SECONDS)
     except OSError as exc:
-        raise Sm121Error(f"--python {request.python}: cannot be run "
+        raise Sm121Error(f"--python {children.python}: cannot be run "
                          f"({exc.strerror or exc})") from None
     if said.device is None or ended.returncode != 0:
         why = said.error or ("timed out" if ended.timed_out else ended.said(200))
@@ -126,7 +155,7 @@ def probe(request: ProveRequest) -> Device:
     return said.device
 
 
-def extract(pairs: list[Pair], gpu: Target, folder: Path) -> list[Extracted]:
+def extract(pairs: list[Pair], gpu: Target, folder: Path, subject: Subject) -> list[Extracted]:
     """Every pair's added cubins; the bytes of those the GPU loads, written under `folder`.
     Refused when no file added a cubin, or none the GPU loads."""
     found = []
@@ -143,9 +172,9 @@ def extract(pairs: list[Pair], gpu: Target, folder: Path) -> list[Extracted]:
         if cubins:
             found.append(Extracted(pair, cubins, paths))
     if not found:
-        raise Sm121Error(f"no file under --files {pairs[0].new.parent if pairs else ''} has "
-                         "cubins its stock file lacks: nothing to prove (give aot's --out "
-                         "and the stock files it read)")
+        raise Sm121Error(f"no file of {shown(str(subject))} has cubins its stock file lacks: "
+                         "nothing to prove (give aot's --out and the stock files it read, or "
+                         "an image the main job made)")
     if not any(e.paths for e in found):
         made = sorted({c.sm for e in found for c in e.cubins})
         raise WrongGpu(f"the files' added cubins are for {', '.join(made)}; this GPU is "
@@ -154,16 +183,16 @@ def extract(pairs: list[Pair], gpu: Target, folder: Path) -> list[Extracted]:
     return found
 
 
-def load_all(request: ProveRequest, extracted: list[Extracted], folder: Path
+def load_all(children: Children, extracted: list[Extracted], folder: Path
              ) -> dict[str, CubinLoad]:
     """Every added cubin the GPU loads, loaded by the driver with the JIT disabled."""
-    items = [{"id": path.stem, "path": str(path),
+    items = [{"id": path.stem, "path": children.at(path),
               "kernels": list(next(c for c in e.cubins if c.number == n).kernels)}
              for e in extracted for n, path in e.paths.items()]
     listing = folder / "cubins.json"
     listing.write_text(json.dumps(items))
-    ended, said = talk(_program(request, (str(LOADER), "load", str(listing)),
-                                "the cubin loader", jit=False))
+    ended, said = children.talk((children.at(LOADER), "load", children.at(listing)),
+                                "the cubin loader", jit=False)
     if said.device is None:
         raise NoGpu(f"no GPU to prove on: {said.error or ended.said(200)}")
     if said.done != len(items) or ended.timed_out or ended.returncode != 0:
@@ -188,7 +217,8 @@ def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | 
         results.append(CubinResult(cubin.number, cubin.sm, cubin.entry.container,
                                    len(cubin.kernels), load.loaded, load.found, load.missing,
                                    load.missing_count, load.error))
-    return FileResult(item.pair.name, tuple(results), len(item.cubins) - len(results), harness)
+    return FileResult(item.pair.name, tuple(results), len(item.cubins) - len(results), harness,
+                      item.pair.sha256)
 
 
 @dataclass(frozen=True)
@@ -208,34 +238,36 @@ class HarnessRun:
         return f"exit {self.ended.returncode}: {self.ended.said(200)}"
 
 
-def _harness(request: ProveRequest, script: str, so: Path, out: Path, jit: bool) -> HarnessRun:
-    ended, said = talk(_program(request, (str(PAYLOADS / script), str(so), str(out)),
-                                f"the {script} harness", jit))
+def _harness(children: Children, script: str, so: str, out: Path, jit: bool) -> HarnessRun:
+    ended, said = children.talk((children.at(PAYLOADS / script), so, children.at(out)),
+                                f"the {script} harness", jit)
     if said.schema_error is not None:
         raise HarnessMismatch(f"{so}: {said.schema_error}; the {script} harness does not fit "
                               "this library's ops")
     return HarnessRun(ended, said)
 
 
-def prove_ops(request: ProveRequest, pair: Pair, script: str, folder: Path
+def prove_ops(children: Children, pair: Pair, script: str, folder: Path
               ) -> tuple[list[OpResult], StockWithoutJit]:
     """A harness on the stock file with the JIT, the stock file without it, the new file
     without it; the outputs compared."""
     stem = folder / pair.name.replace("/", "_")
-    reference = _harness(request, script, pair.stock, stem.with_suffix(".jit.pt"), jit=True)
+    stock_at = children.at(pair.stock)
+    reference = _harness(children, script, stock_at, stem.with_suffix(".jit.pt"), jit=True)
     if reference.ended.returncode != 0 and not reference.said.cases:
         raise Sm121Error(f"the {script} harness could not run the stock {pair.name} with "
-                         f"--python {request.python}: {reference.failure()}")
-    stock = _harness(request, script, pair.stock, stem.with_suffix(".nojit.pt"), jit=False)
+                         f"--python {children.python}: {reference.failure()}")
+    stock = _harness(children, script, stock_at, stem.with_suffix(".nojit.pt"), jit=False)
     stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
                               else f"{len(stock.said.cases)} case(s) ran")
-    native = _harness(request, script, pair.new, stem.with_suffix(".native.pt"), jit=False)
+    native = _harness(children, script, pair.runs_as, stem.with_suffix(".native.pt"), jit=False)
     compared: dict[str, tuple[bool, float | None, str | None]] = {}
     if reference.said.saved is not None and native.said.saved is not None:
-        _ended, said = talk(_program(request, (str(COMPARE), str(stem.with_suffix(".jit.pt")),
-                                              str(stem.with_suffix(".native.pt"))),
-                                    "the output comparison", jit=True))
+        _ended, said = children.talk((children.at(COMPARE),
+                                      children.at(stem.with_suffix(".jit.pt")),
+                                      children.at(stem.with_suffix(".native.pt"))),
+                                     "the output comparison", jit=True)
         for item in said.compared:
             compared[item.key] = (item.bitwise_equal, item.max_abs_diff, item.missing_in and
                                   f"output missing in the {item.missing_in} run")
@@ -273,25 +305,52 @@ def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
     return results
 
 
-def run_prove(request: ProveRequest) -> Proof:
-    """The whole proof: refused in one line before any GPU work where it cannot be made."""
-    pairs = find_pairs(request.files, request.stock)
-    device = probe(request)
-    note(f"GPU {shown(device.name)} ({device.target}); {len(pairs)} file(s) with a stock file")
-    with tempfile.TemporaryDirectory(prefix="sm121-prove-") as temp:
-        folder = Path(temp)
-        extracted = extract(pairs, device.target, folder)
-        loads = load_all(request, extracted, folder)
-        files, ops, stock_runs = [], [], []
-        for item in extracted:
-            script = HARNESSES.get(extension_target(item.pair.name))
-            files.append(file_result(item, loads, script))
-            if script is None:
-                note(f"{shown(item.pair.name)}: no harness for its ops: its cubins' loading "
-                     "is proven, not what they compute")
-                continue
-            results, without = prove_ops(request, item.pair, script, folder)
-            ops += results
-            stock_runs.append(without)
+@dataclass(frozen=True)
+class ProveRequest:
+    """What is proven, where: the files with their stock files, where the children run,
+    what the proof is of, and the GPU the files serve where that is known (an image's
+    label)."""
+
+    pairs: tuple[Pair, ...]
+    children: Children
+    subject: Subject
+    serves: Target | None = None
+
+
+def prove_pairs(request: ProveRequest, folder: Path) -> Proof:
+    """The proof of the pairs, the children's files in `folder`: refused in one line before
+    any GPU work where it cannot be made."""
+    children, subject = request.children, request.subject
+    device = probe(children)
+    serves = request.serves
+    if serves is not None and not cubin_loads(serves.arch, "", device.target):
+        raise WrongGpu(f"{shown(str(subject))} serves {serves}; this GPU is {device.target} "
+                       f"(compute capability {device.target.major}.{device.target.minor}): "
+                       "prove it on the GPU it was made for")
+    note(f"GPU {shown(device.name)} ({device.target}); {len(request.pairs)} file(s) with a "
+         "stock file")
+    extracted = extract(list(request.pairs), device.target, folder, subject)
+    loads = load_all(children, extracted, folder)
+    files, ops, stock_runs = [], [], []
+    for item in extracted:
+        script = HARNESSES.get(extension_target(item.pair.name))
+        files.append(file_result(item, loads, script))
+        if script is None:
+            note(f"{shown(item.pair.name)}: no harness for its ops: its cubins' loading "
+                 "is proven, not what they compute")
+            continue
+        results, without = prove_ops(children, item.pair, script, folder)
+        ops += results
+        stock_runs.append(without)
     made = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return Proof(__version__, device, tuple(files), tuple(ops), tuple(stock_runs), made)
+    return Proof(__version__, device, tuple(files), tuple(ops), tuple(stock_runs), made,
+                 subject)
+
+
+def run_prove(files: Path, stock: Path, children: Children) -> Proof:
+    """`prove --files DIR --stock DIR`: the pairs found there, proven in a temp folder."""
+    pairs = find_pairs(files, stock)
+    with tempfile.TemporaryDirectory(prefix="sm121-prove-") as temp:
+        return prove_pairs(ProveRequest(tuple(pairs), children,
+                                        Subject(files=str(files), stock=str(stock))),
+                           Path(temp))

@@ -236,6 +236,12 @@ def gpu_label(gpu: str) -> dict[str, str]:
     return {FIELD_LABELS["gpu"]: gpu}
 
 
+def aot_label(files: tuple[str, ...]) -> dict[str, str]:
+    """The label naming the files aot made that a source build's image also places (none:
+    no label)."""
+    return {FIELD_LABELS["aot"]: ",".join(files)} if files else {}
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What a build plan is asked for, beside the image: the arch list (torch's form), the

@@ -1,0 +1,92 @@
+"""FAKE stand-ins for a GPU, at the boundaries a CPU machine cannot cross: an interpreter
+that answers as prove's payloads answer on a GB10, and the CLI with the engine's GPU request
+taken out.  Neither is a proof of anything: the real payloads run only on a GPU
+(benchmarks/device/prove_run.sh)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# FAKE: stands in for `--python`.  It is given the payload script and its arguments, and
+# prints what that script prints on a GPU (FAKE_MODE picks a story); it never loads a cubin
+# nor runs a kernel.  The device (sm_121, a GB10) and every number are made up.
+FAKE_PYTHON = '''
+import json, os, sys
+from pathlib import Path
+mode = os.environ.get("FAKE_MODE", "proven")
+script, args = Path(sys.argv[1]).name, sys.argv[2:]
+jit = os.environ.get("CUDA_DISABLE_PTX_JIT") != "1"
+assert os.environ.get("CUDA_CACHE_DISABLE") == "1"
+def say(**data): print(json.dumps(data), flush=True)
+if script == "load_cubins.py":
+    if mode == "no-gpu":
+        say(error="cuInit: CUDA_ERROR_NO_DEVICE"); sys.exit(3)
+    major, minor = (9, 0) if mode == "hopper" else (12, 1)
+    print("a line that is not JSON")
+    say(device={"name": "FAKE GB10", "major": major, "minor": minor, "driver": 13000,
+                "version": "580.95.05"})
+    if args[0] == "load":
+        items = json.loads(Path(args[1]).read_text())
+        for n, item in enumerate(items):
+            if mode == "missing" and n == 0:
+                say(cubin=item["id"], loaded=True, found=len(item["kernels"]) - 1,
+                    missing=item["kernels"][:1], missing_count=1)
+            elif mode == "unloadable" and n == 0:
+                say(cubin=item["id"], loaded=False, error="CUDA_ERROR_INVALID_IMAGE")
+            else:
+                say(cubin=item["id"], loaded=True, missing=[], missing_count=0,
+                    found=2**31 - 1 if mode == "hugecount" else len(item["kernels"]))
+        say(done=len(items))
+elif script.startswith("harness_"):
+    so, out = args
+    stock = "/stock/" in so
+    if mode == "schema":
+        say(schema_error="_C.gptq_marlin_repack has no argument size_k"); sys.exit(4)
+    if stock and not jit and mode != "stock-runs":
+        say(op="gptq_marlin_repack", case="gptq-4bit-256x192",
+            error="CUDA error: PTX JIT compilation was disabled"); sys.exit(3)
+    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
+        if mode == "prefixed":  # a library's printf before each line: none of them parses
+            print("[W] ", end="")
+        say(op="gptq_marlin_repack", case=case, first_s=2.5 if jit else 0.001)
+    Path(out).write_text("saved")
+    say(saved=2)
+elif script == "compare_outputs.py":
+    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
+        differs = mode == "differs" and case.startswith("awq")
+        say(key="gptq_marlin_repack/" + case, bitwise_equal=not differs,
+            max_abs_diff=3.0 if differs else 0.0)
+else:
+    sys.exit(f"FAKE: unknown payload {script}")
+'''
+
+
+def fake_python(path: Path, interpreter: str) -> Path:
+    """The FAKE interpreter at `path`, run by `interpreter` (its `#!` line): executable."""
+    path.write_text(f"#!{interpreter}\n" + FAKE_PYTHON)
+    path.chmod(0o755)
+    return path
+
+
+# the CLI (`python -m devkit.fake_gpu ARGS`) with the engine's device request taken out: the
+# containers `prove IMAGE` runs get no GPU, and each time the engine is asked for one a line
+# is added to $FAKE_GPU_REQUESTS (so a test sees that every child asked)
+def _no_gpu_request() -> None:
+    import os
+    import runpy
+    import sys
+
+    from sm121_build.image.engine import Engine
+
+    def gpu_devices(self: Engine) -> list[object]:
+        with open(os.environ["FAKE_GPU_REQUESTS"], "a") as log:
+            log.write("gpu requested\n")
+        return []
+
+    Engine.gpu_devices = gpu_devices  # type: ignore[method-assign,assignment]
+    sys.argv = ["sm121-build", *sys.argv[1:]]
+    runpy.run_module("sm121_build", run_name="__main__")
+
+
+if __name__ == "__main__":
+    _no_gpu_request()
