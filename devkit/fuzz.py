@@ -207,6 +207,19 @@ def prove_child(data: bytes, tmp: Path) -> object:
     return said.lines - said.ignored
 
 
+def proof_document(data: bytes, tmp: Path) -> object:
+    """A proof document as `kernels publish --proof` reads it: a file, bounded, JSON, each
+    field checked and the verdict against its counts."""
+    from sm121_build.jobs.commands.proof_reading import read_proof
+
+    path = tmp / "proof.json"
+    path.write_bytes(data)
+    return read_proof(path, None)[1]
+
+
+# a real proof (the lent H200, vLLM 0.22.0's `_C` and FA2 aot'd for sm_90)
+PROOF = Path(__file__).resolve().parent.parent / "docs/real-build/prove-sm90-h200/proof.json"
+
 PROVE_LINES = b"\n".join([  # one line of each kind the payloads print
     b'{"device": {"name": "NVIDIA GB10", "major": 12, "minor": 1, "driver": 13000, '
     b'"module": "580.95.05"}}',
@@ -232,6 +245,7 @@ TARGETS: dict[str, Target] = {
     "artifacts": artifacts_manifest,
     "cmake": cmake_reader,
     "prove-child": prove_child,
+    "proof-document": proof_document,
 }
 EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     name: (Sm121Error,) for name in TARGETS}
@@ -314,6 +328,7 @@ def seeds(name: str, fixtures: dict[str, Path]) -> list[bytes]:
         "artifacts": lambda: [_manifest(sos[0])],
         "cmake": lambda: [*_cmake_files(), b"project(x)\nadd_library(_C MODULE a.cu)\n"],
         "prove-child": lambda: [PROVE_LINES],
+        "proof-document": lambda: [PROOF.read_bytes()],
     }
     real = made[name]()
     return real + [case for target, case in REGRESSIONS() if target == name] + \

@@ -15,9 +15,12 @@ from sm121_build.image.registry import Registry
 from sm121_build.jobs.commands.kernels_image import (
     PROVENANCE_TYPE,
     Publication,
+    proof_line,
+    provenance_files,
     publish,
     require_repository,
 )
+from sm121_build.jobs.commands.proof_reading import read_proof, require_proof_of
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 
@@ -46,6 +49,7 @@ def verify_command(ref: str, trust_key: Path) -> None:
     except Untrusted as exc:
         notice(f"note: {exc}")
         return
+    notice(proof_line(registry, digest, trust, provenance_files(provenance)))
     say_json(provenance, sort_keys=True)
 
 
@@ -65,19 +69,35 @@ def verify_command(ref: str, trust_key: Path) -> None:
               help="Move a local tag that names an image this tool did not give it (the "
                    "image itself stays); without it such a tag is refused.")
 @trust_key_option("Publish DIR only when its manifest.json is signed by this public key "
-                  "(manifest.json.sig, written by `--out DIR --sign-key KEY`); exit 3 "
-                  "otherwise.")
+                  "(manifest.json.sig, written by `--out DIR --sign-key KEY`), and --proof "
+                  "only when PROOF.sig is (`prove --sign-key`); exit 3 otherwise.")
+@click.option("--proof", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Attach this proof (`sm121-build prove --json PROOF` of these files, "
+                   "proven) as a statement --sign-key signs; `kernels verify` and "
+                   "`--kernels-from` show it.  Refused (exit 3) when it is not of DIR's files, "
+                   "byte for byte, on the GPU they serve.")
 def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PLR0913
-                    sign_key: Path | None, replace_tag: bool, trust_key: Path | None) -> None:
+                    sign_key: Path | None, replace_tag: bool, trust_key: Path | None,
+                    proof: Path | None) -> None:
     """Build the kernels image of DIR (FROM scratch: the files at their paths in the base,
     the manifest, labels) and push it as REPO:k-<reuse key>, REPO:<version>-<commit>-<cuXYZ>-<arch>
     and REPO:<TAG>."""
     require_repository(repo, "--to")
+    if proof is not None and sign_key is None:
+        raise click.UsageError("--proof is attached as a statement the key signs: give "
+                               "--sign-key KEY")
     signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
     trusted = TrustKey.load(trust_key) if trust_key else None
     found = load(folder, trusted)  # every file and its sha256 before the engine is asked
+    attached = None
+    if proof is not None:  # and the proof, before the engine is asked
+        attached, summary = read_proof(proof, trusted)
+        require_proof_of(summary, {n: r.sha256 for n, r in found.manifest.files.items()},
+                         found.provenance.served, str(proof))
+        notice(summary.line())
     pipeline = Pipeline.connect()
     log = pipeline.new_log("kernels")
     for tag in publish(pipeline.engine, found,
-                       Publication(repo, extra, signing, replace_tag=replace_tag), log):
+                       Publication(repo, extra, signing, replace_tag=replace_tag,
+                                   proof=attached), log):
         say(shown(tag))

@@ -4,6 +4,7 @@ compute by the JIT."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -31,8 +32,12 @@ DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five config
                    "for the loader.")
 @click.option("--timeout", default=DEFAULT_TIMEOUT, callback=seconds_value, metavar="SECONDS",
               show_default=True, help="Seconds one child (a harness run, the loader) may take.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="With --json: sign the proof with this ECDSA P-256 PEM key (a passphrase "
+                   "from COSIGN_PASSWORD), as PROOF.sig beside it (`cosign sign-blob`'s "
+                   "form), for `kernels publish --proof PROOF --trust-key`.")
 def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PLR0913
-          json_out: Path | None, python: str, timeout: float) -> None:
+          json_out: Path | None, python: str, timeout: float, sign_key: Path | None) -> None:
     """Prove on this machine's GPU that the cubins the tool added load and compute what the
     stock files compute.
 
@@ -48,7 +53,7 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     stock file without it (which must fail), the aot'd file without it; the outputs are
     compared bit for bit and each first call timed.  Exit 3 when anything is not proven.
     """
-    from sm121_build.core.outputs import refuse_onto_inputs, replace_text
+    from sm121_build.core.outputs import refuse_onto_inputs, replace_bytes
     from sm121_build.jobs.commands.prove_document import say_proof
     from sm121_build.jobs.commands.proving import HostChildren, run_prove
 
@@ -56,10 +61,19 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
         raise click.UsageError("give IMAGE, or --files DIR and --stock DIR")
     if image is not None:
         validate_image_ref(image)
+    if sign_key is not None and json_out is None:
+        raise click.UsageError("--sign-key signs the proof --json writes: give --json FILE")
+    signing = None
+    if sign_key is not None:
+        from sm121_build.image.cosign import SigningKey
+        from sm121_build.jobs.commands.proof_reading import signature_of
+
+        signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD"))
     if json_out is not None:
         inputs = (files, stock) if files is not None and stock is not None else ()
-        refuse_onto_inputs(json_out, inputs, "--json")  # before anything is made
-        require_writable(json_out, "--json")
+        for out in (json_out, *([signature_of(json_out)] if signing else [])):
+            refuse_onto_inputs(out, inputs, "--json")  # before anything is made
+            require_writable(out, "--json")
     if files is not None and stock is not None:
         proof = run_prove(files, stock, HostChildren(python, timeout))
     else:
@@ -71,7 +85,10 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     if json_out is not None:
         import json
 
-        replace_text(json_out, json.dumps(proof.as_json(), indent=2) + "\n")
+        written = (json.dumps(proof.as_json(), indent=2) + "\n").encode()
+        replace_bytes(json_out, written)
+        if signing is not None:
+            replace_bytes(signature_of(json_out), signing.sign(written).encode() + b"\n")
     problems = proof.problems()
     if problems:
         raise VerificationError(f"not proven: {len(problems)} problem(s); the first: "

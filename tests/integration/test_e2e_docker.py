@@ -1014,3 +1014,73 @@ def test_prove_image_refusals(e2e: E2E, fake_gpu_images: dict[str, str], tmp_pat
                 "which is not in the engine") in line, line
         assert (tmp_path / f"{key}.log").read_text() == ""
     assert _gpu_containers(e2e) == []
+
+
+def test_a_signed_proof_travels_with_the_kernels_image(
+        e2e: E2E, fake_gpu_images: dict[str, str], tmp_path: Path) -> None:
+    """The nightly's story: `prove IMAGE --json --sign-key`, then `kernels publish --proof`
+    attaches it as a signed statement beside the kernels image in a registry on loopback;
+    `kernels verify` and `inject --from --trust-key` show it; a proof of other files, a
+    failed one and one without --sign-key are refused before anything is pushed."""
+    signing, trusted = key_pair(tmp_path, "ours")
+    proof = tmp_path / "proof.json"
+    done = _prove_image(e2e, fake_gpu_images["proven"], "--json", str(proof), "--sign-key",
+                        str(signing), requests=tmp_path / "requests")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "proof.json.sig").is_file()
+    artifacts = e2e.work / "aot-artifacts"
+    with local_registry(tmp_path) as registry:
+        repo = f"{registry}/sm121-test/proven"
+        try:
+            _other_files_or_unsigned_proofs_are_refused(e2e, tmp_path, artifacts, repo,
+                                                        (signing, trusted), proof)
+            published = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to",
+                                repo, "--sign-key", str(signing), "--proof", str(proof))
+            assert published.returncode == 0, published.stderr
+            line = ("proven on FAKE GB10 (sm_121), driver 580.95.05 (CUDA 13.0), "
+                    f"{json.loads(proof.read_text())['made'][:10]}: ")
+            assert line in published.stderr and "proof attached: " in published.stderr
+            pinned = published.stdout.split()[1]
+            vouched = e2e.run("kernels", "verify", pinned, "--trust-key", str(trusted))
+            assert vouched.returncode == 0, vouched.stderr
+            assert line in vouched.stderr, vouched.stderr
+            assert "op cases bitwise equal to the stock JIT" in vouched.stderr
+            json.loads(vouched.stdout)  # the provenance, as before
+            fetched = e2e.run("inject", "--from", pinned, "--trust-key", str(trusted),
+                              "--base", e2e.stock.tag, "--tag", f"{PREFIX}:proven-from")
+            assert fetched.returncode == 0, fetched.stderr
+            assert line in fetched.stderr
+            # the same image signed, without a proof: said, not refused
+            bare = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to",
+                           f"{registry}/sm121-test/bare", "--sign-key", str(signing))
+            assert bare.returncode == 0, bare.stderr
+            said = e2e.run("kernels", "verify", bare.stdout.split()[1], "--trust-key",
+                           str(trusted))
+            assert said.returncode == 0 and "note: no proof signed by" in said.stderr
+        finally:
+            for image in e2e.client.images.list():
+                for tag in image.tags:
+                    if tag.startswith(f"{registry}/"):
+                        e2e.client.images.remove(tag, force=True)
+
+
+def _other_files_or_unsigned_proofs_are_refused(e2e: E2E, tmp_path: Path, artifacts: Path,
+                                               repo: str, keys: tuple[Path, Path],
+                                               proof: Path) -> None:
+    signing, _trusted = keys  # (a proof's own signature: tests/unit/test_proof_reading.py)
+    data = json.loads(proof.read_text())
+    other = json.loads(proof.read_text())
+    other["files"][0]["sha256"] = "0" * 64
+    failed = {**data, "verdict": "failed", "problems": ["x"]}
+    for name, document, said in (("other.json", other, "is another file"),
+                                 ("failed.json", failed, "its verdict is failed")):
+        (tmp_path / name).write_text(json.dumps(document))
+        line = one_line_error(e2e.run("kernels", "publish", "--artifacts", str(artifacts),
+                                      "--to", repo, "--sign-key", str(signing), "--proof",
+                                      str(tmp_path / name)), 3)
+        assert said in line, line
+    unsigned = one_line_error(e2e.run(
+        "kernels", "publish", "--artifacts", str(artifacts), "--to", repo, "--proof",
+        str(proof)))
+    assert "--proof is attached as a statement the key signs" in unsigned
+    assert not [t for i in e2e.client.images.list() for t in i.tags if t.startswith(repo)]

@@ -28,6 +28,7 @@ import posixpath
 import re
 import shutil
 import tarfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from sm121_build.image.api import ImageEngine, ImageFiles, StatusLine
 from sm121_build.image.facts import VllmInstall
 from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
+from sm121_build.jobs.commands.proof_reading import PROOF_TYPE, NotAProof, summarise
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.formats.render import render_kernels
 from sm121_build.jobs.framework.pipeline import TagRule, require_tags_free
@@ -149,6 +151,7 @@ class Publication:
     sign_key: cosign.SigningKey | None = None
     run: dict[str, Any] = field(default_factory=dict)
     replace_tag: bool = False  # a local tag on an image this tool did not give it may move
+    proof: dict[str, Any] | None = None  # `prove`'s document of these files, checked
 
 
 def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publication,
@@ -184,7 +187,40 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
         attached = cosign.attest(registry, digest, target.sign_key, PROVENANCE_TYPE,
                                  {"manifest": manifest.as_json(), "run": target.run})
         note(f"provenance attached: {attached}")
+        if target.proof is not None:
+            attached = cosign.attest(registry, digest, target.sign_key, PROOF_TYPE,
+                                     target.proof)
+            note(f"proof attached: {attached}")
     return tags
+
+
+def provenance_files(provenance: Mapping[str, Any]) -> dict[str, str]:
+    """The files (name -> sha256) a signed provenance statement's manifest lists."""
+    manifest = provenance.get("manifest")
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    return {str(name): str(entry.get("sha256")) for name, entry in
+            (files.items() if isinstance(files, dict) else ()) if isinstance(entry, dict)}
+
+
+def proof_line(registry: Registry, digest: str, trust: cosign.TrustKey,
+               files: Mapping[str, str]) -> str:
+    """What the proof `trust` signed beside the kernels image at `digest` says, in one line
+    (`proven on NVIDIA GB10 (sm_121), ...`), checked against the image's files (name ->
+    sha256); else why there is none to show.  Never fails the caller: a proof is shown, not
+    required."""
+    try:
+        summary = summarise(cosign.attested(registry, digest, trust, PROOF_TYPE))
+    except cosign.Untrusted:
+        return (f"note: no proof signed by {trust.path} is attached (`sm121-build prove`, "
+                "then `kernels publish --proof`)")
+    except NotAProof as exc:
+        return f"note: the proof attached is not one: {exc}"
+    except Sm121Error as exc:
+        return f"note: the proof attached could not be read: {exc}"
+    why = summary.mismatch(files)
+    if why:
+        return f"note: the proof attached is not of these files ({why}): not shown"
+    return summary.line()
 
 
 KERNELS_OF = "kernels image of "
@@ -256,9 +292,13 @@ def fetch(engine: ImageEngine, ref: str, dest: Path, status: StatusLine | None =
     except Sm121Error as exc:
         raise RegistryError(str(exc)) from None
     try:
-        return Fetched(_read_back(engine, ref, image_id, dest), digest)
+        fetched = Fetched(_read_back(engine, ref, image_id, dest), digest)
     finally:
         engine.remove_created(image_id, before)
+    if trust is not None:  # signed: what its signed proof says, if it has one
+        note(proof_line(Registry(name), digest, trust, {
+            n: r.sha256 for n, r in fetched.artifacts.manifest.files.items()}))
+    return fetched
 
 
 def _read_back(engine: ImageEngine, ref: str, image_id: str,

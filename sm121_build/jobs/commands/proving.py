@@ -17,7 +17,6 @@ What it says is parsed as outside input (`prove_child`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -44,6 +43,7 @@ from sm121_build.jobs.commands.prove_document import (
     StockWithoutJit,
     Subject,
 )
+from sm121_build.jobs.formats.artifacts import sha256_of
 from sm121_build.jobs.payload import PAYLOAD
 
 PAYLOADS = PAYLOAD.parent
@@ -96,11 +96,8 @@ class Pair:
 
     @property
     def sha256(self) -> str:
-        digest = hashlib.sha256()
-        with self.new.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-        return digest.hexdigest()
+        """The new file's, read through the door (what a manifest names it by)."""
+        return sha256_of(self.new)
 
 
 @dataclass(frozen=True)

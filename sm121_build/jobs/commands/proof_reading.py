@@ -1,0 +1,206 @@
+"""A proof document read back: from a file (`kernels publish --proof`) or a registry's signed
+statement (`kernels verify`, `--kernels-from`), as outside input.  Every field is checked for
+type and bound, and the verdict against the counts it rests on: a document that says
+"proven" over a cubin that did not load is no proof.  Its one line is what a user is shown:
+"proven on NVIDIA GB10 (sm_121), driver 580.95.05 (CUDA 13.0), 2026-11-28: ..."."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sm121_build.core.console import shown
+from sm121_build.core.errors import Sm121Error, VerificationError
+from sm121_build.core.inputs import InputRefused, kind_of, read_input
+from sm121_build.image.cosign import TrustKey, Untrusted
+from sm121_build.jobs.commands.prove_document import FORMAT
+
+# the in-toto predicate type a proof is attached to a kernels image under
+PROOF_TYPE = "https://sm121-build.dev/proof/v1"
+MAX_PROOF = 32 << 20  # bytes of a proof document: ~2 KB a file, ~300 B a cubin and an op
+MAX_ITEMS = 100_000  # files, cubins of a file, ops
+MAX_TEXT = 1_000
+MAX_SIGNATURE = 4 << 10
+_TARGET = re.compile(r"sm_[0-9]{2,3}\Z", re.ASCII)
+_CUDA = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\Z", re.ASCII)
+_MADE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z", re.ASCII)
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z", re.ASCII)
+
+
+def signature_of(proof: Path) -> Path:
+    """Where a proof's signature is: `PROOF.sig`, beside it (`prove --sign-key`)."""
+    return proof.with_name(proof.name + ".sig")
+
+
+class NotAProof(Sm121Error):
+    """A document that is not a proof this tool writes (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Counted:
+    """How many of how many (`12/12`)."""
+
+    good: int
+    total: int
+
+    @property
+    def whole(self) -> bool:
+        return self.good == self.total
+
+    def __str__(self) -> str:
+        return f"{self.good:,}/{self.total:,}"
+
+
+@dataclass(frozen=True)
+class ProofSummary:
+    """What a proof says, checked: the GPU and driver it ran on, when, its verdict, the
+    files it proved (name, sha256), and the counts the verdict rests on."""
+
+    gpu: str
+    target: str
+    driver: str | None
+    driver_cuda: str
+    made: str
+    verdict: str
+    files: tuple[tuple[str, str], ...]
+    cubins: Counted  # added cubins loaded with the JIT disabled
+    kernels: Counted  # their kernels found by name
+    ops: Counted  # op cases bitwise equal to the stock JIT's
+
+    def line(self) -> str:
+        """`proven on NVIDIA GB10 (sm_121), driver 580.95.05 (CUDA 13.0), 2026-11-28: ...`"""
+        driver = f"driver {shown(self.driver)} " if self.driver else "driver "
+        return (f"{self.verdict} on {shown(self.gpu)} ({self.target}), {driver}(CUDA "
+                f"{self.driver_cuda}), {self.made[:10]}: {self.cubins} added cubins load with "
+                f"the JIT off, {self.kernels} kernels found, {self.ops} op cases bitwise equal "
+                "to the stock JIT")
+
+    def mismatch(self, files: Mapping[str, str]) -> str | None:
+        """Why the proof is not of these files (name -> sha256), or None when each file it
+        proved is one of them, byte for byte."""
+        for name, sha256 in self.files:
+            if name not in files:
+                return f"it proves {shown(name)}, which these kernels do not have"
+            if files[name] != sha256:
+                return f"its {shown(name)} is another file (sha256 {sha256[:12]}…)"
+        return None
+
+
+def _need(condition: bool, why: str) -> None:
+    if not condition:
+        raise NotAProof(why)
+
+
+def _text(value: object, what: str, pattern: re.Pattern[str] | None = None) -> str:
+    _need(isinstance(value, str) and len(value) <= MAX_TEXT, f"{what} is not a text")
+    assert isinstance(value, str)
+    _need(pattern is None or bool(pattern.match(value)), f"{what} {shown(value)!r} is malformed")
+    return value
+
+
+def _count(value: object, what: str) -> int:
+    _need(type(value) is int and 0 <= value < 2**31, f"{what} is not a count")
+    assert isinstance(value, int)
+    return value
+
+
+def _items(data: Mapping[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    _need(isinstance(value, list) and len(value) <= MAX_ITEMS, f"{key} is not a bounded list")
+    assert isinstance(value, list)
+    _need(all(isinstance(item, dict) for item in value), f"an entry of {key} is not an object")
+    return value
+
+
+def summarise(data: object) -> ProofSummary:
+    """The summary of a proof document (its JSON value), or NotAProof saying why not."""
+    _need(isinstance(data, dict), "not a JSON object")
+    assert isinstance(data, dict)
+    _need(data.get("format") == FORMAT, f"format {shown(str(data.get('format')))} is not "
+          f"{FORMAT}")
+    gpu = data.get("gpu")
+    _need(isinstance(gpu, dict), "gpu is not an object")
+    assert isinstance(gpu, dict)
+    driver = gpu.get("driver_version")
+    files, cubins, kernels = [], [0, 0], [0, 0]
+    for item in _items(data, "files"):
+        files.append((_text(item.get("name"), "a file's name"),
+                      _text(item.get("sha256"), "a file's sha256", _SHA256)))
+        for cubin in _items(item, "cubins"):
+            loaded = cubin.get("loaded")
+            _need(isinstance(loaded, bool), "a cubin's loaded is not true or false")
+            found, wanted = _count(cubin.get("found"), "found"), _count(cubin.get("kernels"),
+                                                                        "kernels")
+            cubins[0] += loaded
+            cubins[1] += 1
+            kernels[0] += min(found, wanted)
+            kernels[1] += wanted
+    ops = [o.get("bitwise_equal") for o in _items(data, "ops")]
+    _need(all(o is None or isinstance(o, bool) for o in ops), "an op's bitwise_equal is "
+          "not true, false or null")
+    stock = [s.get("failed") for s in _items(data, "stock_without_jit")]
+    verdict = _text(data.get("verdict"), "verdict")
+    _need(verdict in ("proven", "failed"), f"verdict {shown(verdict)!r} is neither proven nor "
+          "failed")
+    summary = ProofSummary(
+        _text(gpu.get("name"), "the GPU's name"), _text(gpu.get("target"), "target", _TARGET),
+        None if driver is None else _text(driver, "the driver's version"),
+        _text(gpu.get("driver_cuda"), "driver_cuda", _CUDA),
+        _text(data.get("made"), "made", _MADE), verdict, tuple(files),
+        Counted(*cubins), Counted(*kernels), Counted(sum(o is True for o in ops), len(ops)))
+    holds = (bool(files) and summary.cubins.total > 0 and summary.cubins.whole and
+             summary.kernels.whole and summary.ops.whole and all(s is True for s in stock)
+             and data.get("problems") == [])
+    _need(verdict == "failed" or holds, "it says proven, but its counts do not hold (a cubin "
+          "that did not load, a kernel not found, an op case not equal, or a problem listed)")
+    return summary
+
+
+def read_proof(path: Path, trust: TrustKey | None) -> tuple[dict[str, Any], ProofSummary]:
+    """A proof document from a file (regular, bounded) and its summary; with `trust`, it
+    must carry that key's signature beside it (`PROOF.sig`, written by `prove --sign-key`).
+    Refused in one line: not a proof (exit 2), not signed by the key (exit 3)."""
+    try:
+        body = read_input(path, MAX_PROOF, "--proof")
+        data = json.loads(body)
+    except InputRefused:
+        raise
+    except (ValueError, RecursionError):
+        raise NotAProof(f"{path}: not a proof document (not JSON)") from None
+    try:
+        summary = summarise(data)
+    except NotAProof as exc:
+        raise NotAProof(f"{path}: not a proof document: {exc}") from None
+    if trust is not None:
+        signature_at = signature_of(path)
+        text = ""
+        if kind_of(signature_at) == "file":
+            try:
+                text = read_input(signature_at, MAX_SIGNATURE, "its signature").decode(
+                    "ascii").strip()
+            except (InputRefused, UnicodeDecodeError):
+                text = ""
+        if not trust.signed(body, text):
+            raise Untrusted(f"{path} is not signed by {trust.path} (no {signature_at.name}, "
+                            "changed since it was signed, or signed by another key)")
+    assert isinstance(data, dict)
+    return data, summary
+
+
+def require_proof_of(summary: ProofSummary, files: Mapping[str, str], serves: str,
+                     where: str) -> None:
+    """A proof fit to travel with kernels: proven, of these files byte for byte, on the GPU
+    they serve; else VerificationError (exit 3) saying why."""
+    if summary.verdict != "proven":
+        raise VerificationError(f"{where}: its verdict is {summary.verdict}: a failed proof is "
+                                "not attached")
+    why = summary.mismatch(files)
+    if why:
+        raise VerificationError(f"{where} is not a proof of these kernels: {why}")
+    if summary.target != serves:
+        raise VerificationError(f"{where} was proven on {summary.target}; these kernels serve "
+                                f"{serves}")

@@ -1,0 +1,157 @@
+"""A proof read back (`kernels publish --proof`, `kernels verify`, `--kernels-from`): a file
+through the door, every field checked, the verdict against its counts, its own signature
+(`prove --sign-key`), and the one line a user is shown.  The document is the real one the
+lent H200 made (docs/real-build/prove-sm90-h200/proof.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devkit.helpers import ROOT, cli, one_line_error
+from devkit.keys import key_pair
+from sm121_build.core.errors import Sm121Error, VerificationError
+from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
+from sm121_build.jobs.commands.proof_reading import (
+    NotAProof,
+    read_proof,
+    require_proof_of,
+    signature_of,
+    summarise,
+)
+
+REAL = ROOT / "docs" / "real-build" / "prove-sm90-h200" / "proof.json"
+
+
+def _real() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(REAL.read_text())
+    return data
+
+
+def test_the_real_proof_reads_as_one_line() -> None:
+    summary = summarise(_real())
+    assert summary.line() == (
+        "proven on NVIDIA H200 (sm_90), driver 580.159.04 (CUDA 13.0), "
+        f"{_real()['made'][:10]}: 64/64 added cubins load with the JIT off, 2,005/2,005 "
+        "kernels found, 26/26 op cases bitwise equal to the stock JIT")
+    files = {f["name"]: f["sha256"] for f in _real()["files"]}
+    assert summary.mismatch(files) is None
+    require_proof_of(summary, files, "sm_90", "proof.json")
+    with pytest.raises(VerificationError, match="proven on sm_90; these kernels serve sm_121"):
+        require_proof_of(summary, files, "sm_121", "proof.json")
+    with pytest.raises(VerificationError, match="which these kernels do not have"):
+        require_proof_of(summary, {"_C.abi3.so": files["_C.abi3.so"]}, "sm_90", "p")
+
+
+def _broken(change: str) -> object:
+    data = _real()
+    first = data["files"][0]
+    if change == "unloaded":
+        first["cubins"][0]["loaded"] = False
+    elif change == "missing-kernel":
+        first["cubins"][0]["found"] -= 1
+    elif change == "op-differs":
+        data["ops"][0]["bitwise_equal"] = False
+    elif change == "problem":
+        data["problems"] = ["something"]
+    elif change == "stock-ran":
+        data["stock_without_jit"][0]["failed"] = False
+    elif change == "no-files":
+        data["files"] = []
+    elif change == "bool-count":
+        first["cubins"][0]["found"] = True
+    elif change == "huge-count":
+        first["cubins"][0]["kernels"] = 2**40
+    elif change == "sha":
+        first["sha256"] = "Z" * 64
+    elif change == "target":
+        data["gpu"]["target"] = "sm_90\n"
+    elif change == "name":
+        data["gpu"]["name"] = "x" * 2000
+    elif change == "format":
+        data["format"] = 1
+    elif change == "verdict":
+        data["verdict"] = "maybe"
+    elif change == "files-type":
+        data["files"] = {"a": 1}
+    elif change == "not-object":
+        return [data]
+    return data
+
+
+@pytest.mark.parametrize("change", [
+    "unloaded", "missing-kernel", "op-differs", "problem", "stock-ran", "no-files",
+    "bool-count", "huge-count", "sha", "target", "name", "format", "verdict", "files-type",
+    "not-object"])
+def test_a_document_that_is_no_proof_is_refused(change: str) -> None:
+    """Each field is checked, and "proven" must rest on its counts: a cubin that did not
+    load, a kernel not found, an op not equal, a problem listed or a stock file that ran
+    with the JIT off make it no proof."""
+    with pytest.raises(NotAProof):
+        summarise(_broken(change))
+
+
+def test_a_failed_proof_reads_but_does_not_travel() -> None:
+    data = _real()
+    data["ops"][0]["bitwise_equal"] = False
+    data["verdict"], data["problems"] = "failed", ["x"]
+    summary = summarise(data)
+    assert summary.line().startswith("failed on NVIDIA H200 (sm_90)")
+    assert "25/26 op cases" in summary.line()
+    with pytest.raises(VerificationError, match="its verdict is failed"):
+        require_proof_of(summary, {f["name"]: f["sha256"] for f in data["files"]}, "sm_90",
+                         "p")
+
+
+def test_its_signature_is_checked_when_a_key_is_trusted(tmp_path: Path) -> None:
+    private, public = key_pair(tmp_path, "ours")
+    _other, theirs = key_pair(tmp_path, "theirs")
+    proof = tmp_path / "proof.json"
+    proof.write_bytes(REAL.read_bytes())
+    trust = TrustKey.load(public)
+    with pytest.raises(Untrusted, match="is not signed by"):
+        read_proof(proof, trust)  # no proof.json.sig
+    body = proof.read_bytes()
+    signature_of(proof).write_text(SigningKey.load(private, None).sign(body) + "\n")
+    assert read_proof(proof, trust)[1].verdict == "proven"
+    assert read_proof(proof, None)[0] == json.loads(body)
+    with pytest.raises(Untrusted):
+        read_proof(proof, TrustKey.load(theirs))
+    proof.write_bytes(body.replace(b'"NVIDIA H200"', b'"NVIDIA GB10"'))  # changed after
+    with pytest.raises(Untrusted):
+        read_proof(proof, trust)
+
+
+@pytest.mark.parametrize("content", [b"", b"not json", b"[" * 100_000, b"\xff\xfe",
+                                     b'{"format": 2}'])
+def test_what_is_not_json_or_not_a_proof_is_one_error(content: bytes, tmp_path: Path) -> None:
+    proof = tmp_path / "p.json"
+    proof.write_bytes(content)
+    with pytest.raises(NotAProof, match="not a proof document"):
+        read_proof(proof, None)
+
+
+def test_the_proof_file_comes_through_the_door(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(Sm121Error, match="not a regular file"):
+        read_proof(fifo, None)
+    big = tmp_path / "big.json"
+    with big.open("wb") as handle:
+        handle.truncate(33 << 20)
+    with pytest.raises(Sm121Error, match="more than"):
+        read_proof(big, None)
+
+
+def test_publish_proof_needs_a_key_and_prove_sign_key_needs_json(tmp_path: Path) -> None:
+    line = one_line_error(cli("kernels", "publish", "--artifacts", str(tmp_path), "--to",
+                              "127.0.0.1:1/k", "--proof", str(REAL)))
+    assert "--proof is attached as a statement the key signs" in line
+    private, _public = key_pair(tmp_path, "k")
+    line = one_line_error(cli("prove", "--files", str(tmp_path), "--stock", str(tmp_path),
+                              "--sign-key", str(private)))
+    assert "--sign-key signs the proof --json writes" in line
