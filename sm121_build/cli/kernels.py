@@ -15,6 +15,7 @@ from sm121_build.image.registry import Registry
 from sm121_build.jobs.commands.kernels_image import (
     PROVENANCE_TYPE,
     Publication,
+    attach_proof,
     proof_line,
     provenance_files,
     publish,
@@ -51,6 +52,28 @@ def verify_command(ref: str, trust_key: Path) -> None:
         return
     notice(proof_line(registry, digest, trust, provenance_files(provenance)))
     say_json(provenance, sort_keys=True)
+
+
+@kernels.command("attest")
+@click.argument("ref")
+@click.option("--proof", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              required=True, help="The proof (`sm121-build prove --json PROOF`) to attach.")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              required=True, help="The key that signed REF's provenance (`--kernels-to "
+                                  "--sign-key`); it signs the proof's statement too.")
+@trust_key_option("Attach the proof only when PROOF.sig is signed by this public key "
+                  "(`prove --sign-key`); exit 3 otherwise.")
+def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None) -> None:
+    """Attach a proof beside the kernels image REF already in its registry, as `publish
+    --proof` does: checked against the files REF's signed provenance lists (proven, byte for
+    byte, on the GPU they serve), then signed with the key that signed that provenance.
+    Asks the registry only: nothing is pulled.  How a nightly publishes (`--kernels-to`),
+    proves the image on the Spark, then attaches the proof."""
+    validate_image_ref(ref)
+    signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD"))
+    read = read_proof(proof, TrustKey.load(trust_key) if trust_key else None)
+    notice(read[1].line())
+    say(shown(attach_proof(ref, read, signing, sign_key)))
 
 
 @kernels.command("publish")

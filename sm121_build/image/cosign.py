@@ -96,6 +96,10 @@ class SigningKey:
     def sign(self, data: bytes) -> str:
         return base64.b64encode(self.key.sign(data, ec.ECDSA(hashes.SHA256()))).decode()
 
+    def public(self, path: Path) -> TrustKey:
+        """Its public half, as a trust key (`path` names it in messages)."""
+        return TrustKey(self.key.public_key(), path)
+
 
 @dataclass(frozen=True)
 class TrustKey:

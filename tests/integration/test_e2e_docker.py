@@ -1057,6 +1057,20 @@ def test_a_signed_proof_travels_with_the_kernels_image(
             said = e2e.run("kernels", "verify", bare.stdout.split()[1], "--trust-key",
                            str(trusted))
             assert said.returncode == 0 and "note: no proof signed by" in said.stderr
+            # ... then the proof attached beside it, as the nightly does after `prove`
+            other_key, _other_pub = key_pair(tmp_path, "theirs")
+            refused = one_line_error(e2e.run(
+                "kernels", "attest", bare.stdout.split()[1], "--proof", str(proof),
+                "--sign-key", str(other_key)), 3)
+            assert "no https://sm121-build.dev/provenance/v1 statement about" in refused
+            attached = e2e.run("kernels", "attest", bare.stdout.split()[1], "--proof",
+                               str(proof), "--sign-key", str(signing), "--trust-key",
+                               str(trusted))
+            assert attached.returncode == 0, attached.stderr
+            assert attached.stdout.strip().endswith(".att")
+            said = e2e.run("kernels", "verify", bare.stdout.split()[1], "--trust-key",
+                           str(trusted))
+            assert said.returncode == 0 and line in said.stderr, said.stderr
         finally:
             for image in e2e.client.images.list():
                 for tag in image.tags:

@@ -191,6 +191,14 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     assert (f"sm_121 ×{after['cubins']['sm_121']}, sm_121a ×{after['cubins']['sm_121a']} | "
             f"{after['kernels']['native']} native" in c_row)
 
+    # the proof step proves the tag the run made; this machine's engine has no NVIDIA
+    # Container Toolkit, so it refuses in one line, and the step fails visibly
+    proved = runner.run_step("prove")
+    assert proved.returncode == 2, proved.stdout + proved.stderr
+    assert "error: the Docker engine cannot give a container the GPU" in proved.stdout
+    assert f"inspect {report['tag']}" in proved.stdout
+    assert not (out / "proof.json").exists()
+
     again = runner.run_step("build")
     assert again.returncode == 0, again.stderr
     assert runner.report["status"] == "up-to-date"

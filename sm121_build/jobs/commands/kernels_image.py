@@ -49,7 +49,13 @@ from sm121_build.image.api import ImageEngine, ImageFiles, StatusLine
 from sm121_build.image.facts import VllmInstall
 from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
-from sm121_build.jobs.commands.proof_reading import PROOF_TYPE, NotAProof, summarise
+from sm121_build.jobs.commands.proof_reading import (
+    PROOF_TYPE,
+    NotAProof,
+    ProofSummary,
+    require_proof_of,
+    summarise,
+)
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.formats.render import render_kernels
 from sm121_build.jobs.framework.pipeline import TagRule, require_tags_free
@@ -192,6 +198,26 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
                                      target.proof)
             note(f"proof attached: {attached}")
     return tags
+
+
+def attach_proof(ref: str, proof: tuple[dict[str, Any], ProofSummary],
+                 key: cosign.SigningKey, key_path: Path) -> str:
+    """`kernels attest`: a checked proof attached beside a kernels image already in its
+    registry, as `publish --proof` attaches it, and signed by the key that signed the image's
+    provenance (its statement is how the image's files are known: nothing is pulled).
+    Returns the statement's tag."""
+    name, tag, digest = split_ref(ref)
+    registry = Registry(name)
+    digest = digest or registry.digest(tag or "latest")
+    signed = cosign.attested(registry, digest, key.public(key_path), PROVENANCE_TYPE)
+    listed = signed.get("manifest")
+    if not isinstance(listed, dict):
+        raise Sm121Error(f"{name}@{digest}: its provenance names no manifest")
+    manifest = artifacts_mod.Manifest.from_json(listed)
+    document, summary = proof
+    require_proof_of(summary, {n: r.sha256 for n, r in manifest.files.items()},
+                     manifest.provenance.served, f"the proof for {name}@{digest}")
+    return cosign.attest(registry, digest, key, PROOF_TYPE, document)
 
 
 def provenance_files(provenance: Mapping[str, Any]) -> dict[str, str]:
