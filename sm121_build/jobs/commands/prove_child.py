@@ -96,6 +96,7 @@ class Compared:
     bitwise_equal: bool
     max_abs_diff: float | None
     missing_in: str | None = None
+    max_ulp: int | None = None  # units in the last place, for floats (None: not said)
 
 
 @dataclass
@@ -194,10 +195,13 @@ class Said:
         if side in ("reference", "other"):
             self.compared.append(Compared(key, False, None, str(side)))
             return True
-        equal, diff = data.get("bitwise_equal"), data.get("max_abs_diff")
-        if not isinstance(equal, bool) or (diff is not None and not _finite(diff)):
+        equal, diff, ulp = data.get("bitwise_equal"), data.get("max_abs_diff"), \
+            data.get("max_ulp")
+        if not isinstance(equal, bool) or (diff is not None and not _finite(diff)) or (
+                ulp is not None and (type(ulp) is not int or not 0 <= ulp < 2**64)):
             return False
-        self.compared.append(Compared(key, equal, None if diff is None else float(diff)))
+        self.compared.append(Compared(key, equal, None if diff is None else float(diff),
+                                      max_ulp=ulp))
         return True
 
 

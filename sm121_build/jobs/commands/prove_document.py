@@ -7,12 +7,15 @@ the stock file failed with the JIT disabled; and the verdict.  Its JSON form is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, Literal
 
-from sm121_build.core.console import note, result, shown
-from sm121_build.jobs.commands.prove_child import Device
+import yaml
 
-FORMAT = 2  # 2: `subject` and each file's sha256
+from sm121_build.core.console import note, result, shown
+from sm121_build.jobs.commands.prove_child import Compared, Device
+
+FORMAT = 2  # 2: `subject`, each file's sha256, each op's ULPs and vLLM's tolerance
 Verdict = Literal["proven", "failed"]
 
 
@@ -55,23 +58,70 @@ class FileResult:
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """What vLLM's own test of an op accepts (`torch.testing.assert_close`'s atol, rtol),
+    and which test says so (`data/op_tolerances.yaml`)."""
+
+    atol: float
+    rtol: float
+    test: str
+
+    def __str__(self) -> str:
+        return "exact" if self.atol == self.rtol == 0 else f"atol {self.atol:g}, rtol " \
+            f"{self.rtol:g}"
+
+
+def _tolerances() -> dict[str, Tolerance]:
+    raw = yaml.safe_load(resources.files("sm121_build").joinpath(
+        "data/op_tolerances.yaml").read_text())
+    return {str(op): Tolerance(float(v["atol"]), float(v["rtol"]), str(v["test"]))
+            for op, v in raw.items()}
+
+
+OP_TOLERANCES = _tolerances()
+
+
+@dataclass(frozen=True)
 class OpResult:
-    """One case of an op: equal bit for bit to the stock JIT's output (None: not compared,
-    `error` says why), the largest difference, each first call's seconds."""
+    """One case of an op: how its native output compared with the stock JIT's (None: not
+    compared, `error` says why: bit for bit, the largest difference absolute and in units
+    in the last place), each first call's seconds (stock JIT, native)."""
 
     file: str
     op: str
     case: str
-    bitwise_equal: bool | None
-    max_abs_diff: float | None
-    stock_jit_s: float | None
-    native_s: float | None
+    compared: Compared | None
+    first_s: tuple[float | None, float | None]
     error: str | None = None
 
+    @property
+    def bitwise_equal(self) -> bool | None:
+        return None if self.compared is None else self.compared.bitwise_equal
+
+    @property
+    def tolerance(self) -> Tolerance | None:
+        """What vLLM's own test of the op accepts, where the table knows the op."""
+        return OP_TOLERANCES.get(self.op)
+
+    def difference(self) -> str:
+        """How far off a differing output is, beside what vLLM's test accepts."""
+        item = self.compared
+        diff = "not comparable" if item is None or item.max_abs_diff is None else \
+            f"max abs diff {item.max_abs_diff:g}"
+        ulp = f", {item.max_ulp:,} ULP" if item is not None and item.max_ulp is not None \
+            else ""
+        allowed = f"; vLLM's test allows {self.tolerance}" if self.tolerance else ""
+        return diff + ulp + allowed
+
     def as_json(self) -> dict[str, Any]:
+        item, tolerance = self.compared, self.tolerance
         return {"file": self.file, "op": self.op, "case": self.case,
-                "bitwise_equal": self.bitwise_equal, "max_abs_diff": self.max_abs_diff,
-                "first_call_s": {"stock_jit": self.stock_jit_s, "native": self.native_s},
+                "bitwise_equal": self.bitwise_equal,
+                "max_abs_diff": None if item is None else item.max_abs_diff,
+                "max_ulp": None if item is None else item.max_ulp,
+                "vllm_tolerance": None if tolerance is None else {
+                    "atol": tolerance.atol, "rtol": tolerance.rtol, "test": tolerance.test},
+                "first_call_s": {"stock_jit": self.first_s[0], "native": self.first_s[1]},
                 "error": self.error}
 
 
@@ -135,9 +185,8 @@ class Proof:
             if op.error is not None:
                 lines.append(f"{where}: {shown(op.error)}")
             elif not op.bitwise_equal:
-                diff = "not comparable" if op.max_abs_diff is None else \
-                    f"max abs diff {op.max_abs_diff:g}"
-                lines.append(f"{where}: differs from the stock JIT's output ({diff})")
+                lines.append(f"{where}: differs from the stock JIT's output "
+                             f"({op.difference()})")
         for stock in self.stock_without_jit:
             if not stock.failed:
                 lines.append(f"{shown(stock.file)}: the stock file ran with the PTX JIT "
@@ -180,9 +229,10 @@ def say_proof(proof: Proof) -> None:
             note(f"{shown(item.name)}: {item.other_gpus} added cubin(s) for other GPUs, not "
                  "proven here")
     for op in proof.ops:
-        same = "error" if op.error else "bitwise equal" if op.bitwise_equal else "DIFFERS"
+        same = "error" if op.error else "bitwise equal" if op.bitwise_equal else \
+            f"DIFFERS ({op.difference()})"
         result(f"{shown(op.file)}: {shown(op.op)} {shown(op.case)}: {same}; first call "
-               f"{_seconds(op.stock_jit_s)} stock JIT, {_seconds(op.native_s)} native")
+               f"{_seconds(op.first_s[0])} stock JIT, {_seconds(op.first_s[1])} native")
     for stock in proof.stock_without_jit:
         note(f"{shown(stock.file)}: stock with the JIT disabled "
              f"{'failed, as it must' if stock.failed else 'ran'}: {shown(stock.said)}")

@@ -34,7 +34,7 @@ from sm121_build.core.inputs import kind_of, require_folder, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added
 from sm121_build.cuda.compat import Target, cubin_loads
-from sm121_build.jobs.commands.prove_child import CubinLoad, Device, Said, talk
+from sm121_build.jobs.commands.prove_child import Compared, CubinLoad, Device, Said, talk
 from sm121_build.jobs.commands.prove_document import (
     CubinResult,
     FileResult,
@@ -259,35 +259,34 @@ def prove_ops(children: Children, pair: Pair, script: str, folder: Path
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
                               else f"{len(stock.said.cases)} case(s) ran")
     native = _harness(children, script, pair.runs_as, stem.with_suffix(".native.pt"), jit=False)
-    compared: dict[str, tuple[bool, float | None, str | None]] = {}
+    compared: dict[str, Compared] = {}
     if reference.said.saved is not None and native.said.saved is not None:
         _ended, said = children.talk((children.at(COMPARE),
                                       children.at(stem.with_suffix(".jit.pt")),
                                       children.at(stem.with_suffix(".native.pt"))),
                                      "the output comparison", jit=True)
-        for item in said.compared:
-            compared[item.key] = (item.bitwise_equal, item.max_abs_diff, item.missing_in and
-                                  f"output missing in the {item.missing_in} run")
+        compared = {item.key: item for item in said.compared}
     return _op_results(pair.name, (reference, native), compared), without
 
 
 def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
-                compared: Mapping[str, tuple[bool, float | None, str | None]]
-                ) -> list[OpResult]:
+                compared: Mapping[str, Compared]) -> list[OpResult]:
     reference, native = runs
     native_cases = {(c.op, c.case): c for c in native.said.cases}
     results = []
     for case in reference.said.cases:
         mine = native_cases.get((case.op, case.case))
-        equal, diff, missing = compared.get(f"{case.op}/{case.case}", (None, None, None))
+        item = compared.get(f"{case.op}/{case.case}")
+        missing = item is not None and item.missing_in and \
+            f"output missing in the {item.missing_in} run"
         error = (f"the stock JIT run failed: {case.error}" if case.error else
                  f"the native run failed: {mine.error}" if mine is not None and mine.error else
                  f"the native run ended before it: {native.failure()}" if mine is None else
-                 missing or (None if equal is not None else
+                 missing or (None if item is not None else
                              f"not compared: the native run failed: {native.failure()}"
                              if native.said.saved is None else "the outputs were not compared"))
-        results.append(OpResult(name, case.op, case.case, None if error else equal,
-                                diff, case.first_s, mine.first_s if mine else None, error))
+        results.append(OpResult(name, case.op, case.case, None if error else item,
+                                (case.first_s, mine.first_s if mine else None), error or None))
     said = {f"{c.op}/{c.case}" for c in reference.said.cases}
     unsaid = sorted(set(compared) - said)
     saved = reference.said.saved
@@ -297,8 +296,8 @@ def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
            f"{len(unsaid)} output(s) compared that no run said, e.g. {unsaid[0]}" if unsaid
            else None)
     if why:  # what the runs said does not account for what was compared: nothing proven
-        results.append(OpResult(name, "(every op)", "(the runs' account)", None, None, None,
-                                None, why))
+        results.append(OpResult(name, "(every op)", "(the runs' account)", None,
+                                (None, None), why))
     return results
 
 

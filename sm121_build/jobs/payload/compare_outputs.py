@@ -4,7 +4,8 @@ for bit (`sm121-build prove`; the method of benchmarks/device/fa2_compare.py).
 Standard library and torch only:  python3 compare_outputs.py REFERENCE.pt OTHER.pt
 
 A JSON line per case of either file:
-    {"key": "OP/CASE", "bitwise_equal": B, "max_abs_diff": D}   (D: null where not comparable)
+    {"key": "OP/CASE", "bitwise_equal": B, "max_abs_diff": D, "max_ulp": U}
+    (D, U: null where not comparable; U: units in the last place of the dtype, for floats)
     {"key": "OP/CASE", "missing_in": "reference" | "other"}
 """
 
@@ -39,6 +40,39 @@ def difference(torch: Any, a: Any, b: Any) -> float | None:
     return float(diff) if diff == diff else None  # NaN (a NaN in either): not comparable
 
 
+# a float dtype's width in bits, for its units in the last place (ULP)
+_WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def ulps(torch: Any, a: Any, b: Any) -> int | None:
+    """The largest distance between two float tensors of one dtype in units in the last
+    place: each value's bits as a signed integer, reordered so that the integers run in the
+    order of the floats (-0.0 and 0.0 one apart), then the largest difference.  None: not
+    floats of one dtype and shape, or a NaN in either."""
+    width = _WIDTH.get(str(a.dtype).removeprefix("torch."))
+    if width is None or a.dtype != b.dtype or a.shape != b.shape:
+        return None
+    if a.numel() == 0:
+        return 0
+    if bool(torch.isnan(a).any()) or bool(torch.isnan(b).any()):
+        return None
+    as_int = {16: torch.int16, 32: torch.int32, 64: torch.int64}[width]
+
+    def ordered(x: Any) -> Any:
+        bits = x.contiguous().reshape(-1).view(as_int).to(torch.int64)
+        if width == 64:  # no wider integer: the sign-magnitude order, in int64
+            return torch.where(bits < 0, -(bits & ((1 << 63) - 1)) - 1, bits)
+        return torch.where(bits < 0, -(bits + (1 << (width - 1))) - 1, bits)
+
+    a_key, b_key = ordered(a), ordered(b)
+    # keys of one sign subtract exactly in int64; of opposite signs they may not (64-bit
+    # floats): their distance is taken in float64, exact as far as it matters (2**53)
+    same_sign = (a_key >= 0) == (b_key >= 0)
+    distance = torch.where(same_sign, (a_key - b_key).abs().double(),
+                           (a_key.double() - b_key.double()).abs())
+    return int(distance.max().item())
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         sys.stderr.write("usage: compare_outputs.py REFERENCE.pt OTHER.pt\n")
@@ -51,7 +85,7 @@ def main(argv: list[str]) -> int:
             continue
         a, b = reference[key], other[key]
         _say({"key": key, "bitwise_equal": same_bits(torch, a, b),
-              "max_abs_diff": difference(torch, a, b)})
+              "max_abs_diff": difference(torch, a, b), "max_ulp": ulps(torch, a, b)})
     return 0
 
 
