@@ -16,6 +16,7 @@ from sm121_build.cli.params import (
     jobs_option,
     optional_arch_list,
     require_outputs,
+    sign_key_option,
     trust_key_option,
 )
 from sm121_build.core.errors import Sm121Error
@@ -94,8 +95,7 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
               help="After verification, push the rebuilt files as a kernels image to REPO "
                    "(tags k-<reuse key>, <version>-<commit>-<cuXYZ>-<arch> and the base's "
                    "tag), with the engine's `docker login`.")
-@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="With --kernels-to: sign the pushed kernels image with this ECDSA P-256 "
+@sign_key_option("With --kernels-to: sign the pushed kernels image with this ECDSA P-256 "
                    "PEM key, in cosign's format (`cosign verify --key` reads it); with --out: "
                    "sign the folder's manifest.json (manifest.json.sig, as `cosign sign-blob` "
                    "makes it), which `inject --artifacts DIR --trust-key` requires; a "

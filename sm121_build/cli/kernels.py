@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import trust_key_option
+from sm121_build.cli.params import sign_key_option, trust_key_option
 from sm121_build.core.console import notice, say, say_json, shown
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref
@@ -58,9 +58,8 @@ def verify_command(ref: str, trust_key: Path) -> None:
 @click.argument("ref")
 @click.option("--proof", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               required=True, help="The proof (`sm121-build prove --json PROOF`) to attach.")
-@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              required=True, help="The key that signed REF's provenance (`--kernels-to "
-                                  "--sign-key`); it signs the proof's statement too.")
+@sign_key_option("The key that signed REF's provenance (`--kernels-to --sign-key`); it "
+                 "signs the proof's statement too.", required=True)
 @trust_key_option("Attach the proof only when PROOF.sig is signed by this public key "
                   "(`prove --sign-key`); exit 3 otherwise.")
 def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None) -> None:
@@ -85,8 +84,7 @@ def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None
                    "engine's `docker login` is used.")
 @click.option("--tag", "extra", multiple=True, metavar="TAG",
               help="Also this tag (e.g. the base's moving tag, `nightly`); repeatable.")
-@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Sign what was pushed with this ECDSA P-256 PEM key, in cosign's format "
+@sign_key_option("Sign what was pushed with this ECDSA P-256 PEM key, in cosign's format "
                    "(a passphrase from COSIGN_PASSWORD).")
 @click.option("--replace-tag", is_flag=True,
               help="Move a local tag that names an image this tool did not give it (the "

@@ -230,6 +230,13 @@ def require_outputs(out: Path | None, report: Path | None, summary_md: Path | No
 KEY_FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
 
 
+def sign_key_option(help_text: str, required: bool = False) -> Callable[[F], F]:
+    """`--sign-key KEY` (an ECDSA P-256 PEM private key; its passphrase from
+    COSIGN_PASSWORD), the same option on every command that signs; `help_text` says what it
+    signs there."""
+    return click.option("--sign-key", type=KEY_FILE, required=required, help=help_text)
+
+
 def trust_key_option(help_text: str, required: bool = False) -> Callable[[F], F]:
     """`--trust-key KEY` (default: $SM121_TRUST_KEY), the same option on every command that
     takes prebuilt kernels; `help_text` says what it refuses there."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import require_writable, seconds_value
+from sm121_build.cli.params import require_writable, seconds_value, sign_key_option
 from sm121_build.core.errors import VerificationError
 from sm121_build.image.refs import validate_image_ref
 
@@ -32,8 +32,7 @@ DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five config
                    "for the loader.")
 @click.option("--timeout", default=DEFAULT_TIMEOUT, callback=seconds_value, metavar="SECONDS",
               show_default=True, help="Seconds one child (a harness run, the loader) may take.")
-@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="With --json: sign the proof with this ECDSA P-256 PEM key (a passphrase "
+@sign_key_option("With --json: sign the proof with this ECDSA P-256 PEM key (a passphrase "
                    "from COSIGN_PASSWORD), as PROOF.sig beside it (`cosign sign-blob`'s "
                    "form), for `kernels publish --proof PROOF --trust-key`.")
 def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PLR0913
