@@ -339,8 +339,8 @@ class Engine:
         """The confined container of `run_confined`, created (not started): its ID."""
         try:
             container = self.client.api.create_container(
-                image_id, command=list(job.argv), environment=dict(job.env), name=name,
-                user="65534:65534", network_disabled=True, labels={READER_LABEL: "confined"},
+                image_id, entrypoint=list(job.argv[:1]), command=list(job.argv[1:]),
+                environment=dict(job.env), name=name, user="65534:65534", network_disabled=True, labels={READER_LABEL: "confined"},
                 host_config=self.client.api.create_host_config(
                     network_mode="none", read_only=True, cap_drop=["ALL"],
                     security_opt=["no-new-privileges"], mem_limit=job.memory,
@@ -365,9 +365,11 @@ class Engine:
         name = f"sm121-build-gpu-{os.getpid()}-{secrets.token_hex(4)}"
         with self._removed_after(name):
             try:
+                # the program is the entrypoint: the image's own (`vllm serve`) never runs
                 created = self.client.api.create_container(
-                    image_id, command=list(job.argv), environment=dict(job.env), name=name,
-                    user=job.user, network_disabled=True, labels={READER_LABEL: "gpu"},
+                    image_id, entrypoint=list(job.argv[:1]), command=list(job.argv[1:]),
+                    environment=dict(job.env), name=name, user=job.user,
+                    network_disabled=True, labels={READER_LABEL: "gpu"},
                     host_config=self.client.api.create_host_config(
                         network_mode="none", read_only=True, cap_drop=["ALL"],
                         security_opt=["no-new-privileges"], pids_limit=4096,

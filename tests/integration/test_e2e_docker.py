@@ -920,7 +920,9 @@ def fake_gpu_images(e2e: E2E, with_aot: subprocess.CompletedProcess[str]) -> dic
     for story in FAKE_STORIES:
         (context / "Dockerfile").write_text(
             f"FROM {PREFIX}:aot\nCOPY fake-python /usr/local/bin/fake-python\n"
-            f"ENV FAKE_MODE={story}\n")
+            f"ENV FAKE_MODE={story}\n"
+            # as vLLM's images have one (`vllm serve`): prove must run its own program
+            'ENTRYPOINT ["/bin/false"]\n')
         tags[story] = f"{PREFIX}:fake-gpu-{story}"
         e2e.client.images.build(path=str(context), tag=tags[story], rm=True)
     return tags

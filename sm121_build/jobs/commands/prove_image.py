@@ -37,6 +37,7 @@ PAYLOAD_AT = "/sm121-prove/payload"  # the payload scripts, read-only
 INPUTS_AT = "/sm121-prove/inputs"  # the stock copies (and this host's copies), read-only
 WORK_AT = "/sm121-prove/work"  # the only folder a child writes: cubins, outputs, its HOME
 MAX_NAMES = 4096
+MAX_PLACED = 8 << 30  # bytes of one placed file: vLLM's largest .so is well under 1 GB
 MAX_LABEL = 64 * 1024
 # a placed file's name: relative, plain segments (none starting with a dot), a shared library
 _PLACED = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}/){0,32}"
@@ -148,6 +149,12 @@ def copy_pairs(engine: ImageEngine, image: ImageFacts, base_id: str, made: MadeI
     with engine.reader(image.id) as mine, engine.reader(base_id) as base:
         for name in made.names:
             where = _placed_path(mine, vllm.package_dir, name)
+            for files, image_ref in ((mine, image.ref), (base, made.base)):
+                found = files.resolve(where)
+                if found is not None and found.size > MAX_PLACED:
+                    raise Sm121Error(f"{shown(image_ref)}: {shown(where)} is {found.size:,} "
+                                     f"bytes, more than the {MAX_PLACED:,} a placed file may "
+                                     "be")
             new, stock = inputs / "files" / name, inputs / "stock" / name
             new.parent.mkdir(parents=True, exist_ok=True)
             stock.parent.mkdir(parents=True, exist_ok=True)
