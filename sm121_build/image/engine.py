@@ -340,7 +340,8 @@ class Engine:
         try:
             container = self.client.api.create_container(
                 image_id, entrypoint=list(job.argv[:1]), command=list(job.argv[1:]),
-                environment=dict(job.env), name=name, user="65534:65534", network_disabled=True, labels={READER_LABEL: "confined"},
+                environment=dict(job.env), name=name, user="65534:65534",
+                network_disabled=True, labels={READER_LABEL: "confined"},
                 host_config=self.client.api.create_host_config(
                     network_mode="none", read_only=True, cap_drop=["ALL"],
                     security_opt=["no-new-privileges"], mem_limit=job.memory,
