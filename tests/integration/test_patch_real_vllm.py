@@ -201,7 +201,7 @@ def test_sass_from_ptx_applies_to_every_release(tmp_path: Path) -> None:
     for version in releases():
         source = _copy(version, tmp_path / version)
         effective = effective_archs(source, ARCHS_121, "13.0")
-        (result,) = apply_macros(source, "vllm", ArchList.parse(effective), gpu)
+        (result,) = apply_macros(source, "vllm", effective, gpu)
         outcomes[version] = result.outcome
         if result.outcome != "applied":
             continue
@@ -211,7 +211,7 @@ def test_sass_from_ptx_applies_to_every_release(tmp_path: Path) -> None:
         assert flags[-1] == f"arch=compute_89,code={sass}"
         assert not any(f.endswith(sass) and "compute_80" in f
                        for f in gencode_flags(utils, ArchList.parse("8.0+PTX;12.0f")))
-        (again,) = apply_macros(source, "vllm", ArchList.parse(effective), gpu)
+        (again,) = apply_macros(source, "vllm", effective, gpu)
         assert again.outcome == "not needed", version
     assert len(outcomes) >= 37
     assert set(outcomes.values()) == {"applied"}, outcomes

@@ -7,12 +7,12 @@ the stock file failed with the JIT disabled; and the verdict.  Its JSON form is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Literal
 
 import yaml
 
 from sm121_build.core.console import note, result, shown
+from sm121_build.core.shipped import package_data
 from sm121_build.jobs.commands.prove_child import Compared, Device
 
 FORMAT = 2  # 2: `subject`, each file's sha256, each op's ULPs and vLLM's tolerance
@@ -72,8 +72,7 @@ class Tolerance:
 
 
 def _tolerances() -> dict[str, Tolerance]:
-    raw = yaml.safe_load(resources.files("sm121_build").joinpath(
-        "data/op_tolerances.yaml").read_text())
+    raw = yaml.safe_load(package_data("op_tolerances.yaml"))
     return {str(op): Tolerance(float(v["atol"]), float(v["rtol"]), str(v["test"]))
             for op, v in raw.items()}
 
