@@ -154,7 +154,7 @@ def _append(registry: Registry, digest: str, suffix: str, layer: dict[str, objec
     config = _go_json({"architecture": "", "created": "0001-01-01T00:00:00Z",
                        "history": [{"created": "0001-01-01T00:00:00Z"} for _ in layers],
                        "os": "", "rootfs": {"type": "layers",
-                                            "diff_ids": [item["digest"] for item in layers]},
+                                            "diff_ids": [item.get("digest") for item in layers]},
                        "config": {}})
     registry.put_blob(config)
     manifest = _go_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST,

@@ -571,7 +571,8 @@ def _run(source: Path, archs: ArchList, cuda_version: str,
     for out_line in result.stdout.splitlines():
         if "SM121GUARD|" in out_line:
             key, _, value = out_line.split("SM121GUARD|", 1)[1].partition("|")
-            results[int(key)] = tuple(a for a in value.split(";") if a)
+            if key.isascii() and key.isdigit() and len(key) <= 9:  # else not ours: forged
+                results[int(key)] = tuple(a for a in value.split(";") if a)
         elif "SM121ARCHS|" in out_line:
             effective = out_line.split("SM121ARCHS|", 1)[1].strip()
     return results, effective

@@ -190,4 +190,6 @@ def run_prove_image(ref: str, python: str, seconds: float) -> Proof:
             Bind(PAYLOADS, PAYLOAD_AT), Bind(inputs, INPUTS_AT),
             Bind(work, WORK_AT, writable=True)))
         subject = Subject(image=ref, image_id=facts.id, base=made.base)
-        return prove_pairs(ProveRequest(tuple(pairs), children, subject, made.serves), work)
+        (inputs / "cubins").mkdir()  # mounted read-only: no child can plant a link there
+        return prove_pairs(ProveRequest(tuple(pairs), children, subject, made.serves), work,
+                           inputs / "cubins")

@@ -313,7 +313,7 @@ class ProveRequest:
     serves: Target | None = None
 
 
-def prove_pairs(request: ProveRequest, folder: Path) -> Proof:
+def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -> Proof:
     """The proof of the pairs, the children's files in `folder`: refused in one line before
     any GPU work where it cannot be made."""
     children, subject = request.children, request.subject
@@ -325,8 +325,11 @@ def prove_pairs(request: ProveRequest, folder: Path) -> Proof:
                        "prove it on the GPU it was made for")
     note(f"GPU {shown(device.name)} ({device.target}); {len(request.pairs)} file(s) with a "
          "stock file")
-    extracted = extract(list(request.pairs), device.target, folder, subject)
-    loads = load_all(children, extracted, folder)
+    # what this process writes (the cubins, their listing) goes to `ours`, a folder the
+    # children cannot write: a child could plant a symlink in `folder`, where it writes
+    mine = ours or folder
+    extracted = extract(list(request.pairs), device.target, mine, subject)
+    loads = load_all(children, extracted, mine)
     files, ops, stock_runs = [], [], []
     for item in extracted:
         script = HARNESSES.get(extension_target(item.pair.name))
