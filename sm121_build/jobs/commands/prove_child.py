@@ -211,6 +211,16 @@ def _finite(value: object) -> bool:
         and math.isfinite(value)
 
 
+def heard(output: bytes) -> Said:
+    """What a child said, from its whole output at once (a container's log), parsed as
+    `talk` parses it while it comes."""
+    said = Said()
+    lines = Lines(said.line, LINE_BYTES, on_cut=said.cut)
+    lines(output)
+    lines.close()
+    return said
+
+
 def talk(program: Program) -> tuple[Ended, Said]:
     """Run a child to its end or deadline; what it said, parsed line by line as it came."""
     said = Said()

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm121_build.core.children import KEPT, Ended, Lines
+from sm121_build.core.children import KEPT, Ended
 from sm121_build.core.console import note, shown
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
@@ -28,14 +28,14 @@ from sm121_build.cuda.compat import Target, parse_target
 from sm121_build.image.api import Bind, GpuJob, ImageEngine, ImageFiles
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import validate_image_ref
-from sm121_build.jobs.commands.prove_child import LINE_BYTES, Said
+from sm121_build.jobs.commands.prove_child import Said, heard
 from sm121_build.jobs.commands.prove_document import Proof, Subject
 from sm121_build.jobs.commands.proving import PAYLOADS, Pair, ProveRequest, prove_pairs
 from sm121_build.jobs.framework.pipeline import Pipeline
 
 PAYLOAD_AT = "/sm121-prove/payload"  # the payload scripts, read-only
-INPUTS_AT = "/sm121-prove/inputs"  # the stock copies (and this host's copies), read-only
-WORK_AT = "/sm121-prove/work"  # the only folder a child writes: cubins, outputs, its HOME
+INPUTS_AT = "/sm121-prove/inputs"  # the stock copies, this host's copies, the cubins: read-only
+WORK_AT = "/sm121-prove/work"  # the only folder a child writes: its outputs, its HOME
 MAX_NAMES = 4096
 MAX_PLACED = 8 << 30  # bytes of one placed file: vLLM's largest .so is well under 1 GB
 MAX_LABEL = 64 * 1024
@@ -56,8 +56,10 @@ class MadeImage:
     serves: Target
 
 
-def _label(facts: ImageFacts, field: str) -> str:
-    value = facts.labels.get(FIELD_LABELS[field])
+def _label(facts: ImageFacts, field: str, required: bool = True) -> str:
+    value = facts.labels.get(FIELD_LABELS[field], "")
+    if not value and not required:
+        return ""
     if not value:
         raise Sm121Error(f"{shown(facts.ref)} has no {FIELD_LABELS[field]} label: it was not "
                          "made by sm121-build (prove IMAGE proves an image the main job or "
@@ -70,11 +72,7 @@ def _label(facts: ImageFacts, field: str) -> str:
 
 def made_image(facts: ImageFacts) -> MadeImage:
     """The image's own account of what the tool placed, each value checked before use."""
-    aot = facts.labels.get(FIELD_LABELS["aot"], "")
-    if len(aot) > MAX_LABEL:
-        raise Sm121Error(f"{shown(facts.ref)}: its {FIELD_LABELS['aot']} label is {len(aot)} "
-                         "characters long: not one this tool writes")
-    listed = f"{_label(facts, 'extensions')},{aot}".split(",")
+    listed = f"{_label(facts, 'extensions')},{_label(facts, 'aot', required=False)}".split(",")
     names = tuple(dict.fromkeys(n for n in listed if n))
     bad = next((n for n in names if not _PLACED.match(n)), None)
     if bad is not None or not names or len(names) > MAX_NAMES:
@@ -114,14 +112,10 @@ class ImageChildren:
         done = self.engine.run_with_gpu(self.image_id, GpuJob(
             what, (self.python, *args), env, min(seconds or self.seconds, self.seconds),
             self.binds, f"{os.getuid()}:{os.getgid()}"))
-        said = Said()
-        lines = Lines(said.line, LINE_BYTES, on_cut=said.cut)
         stdout, stderr = done.stdout.encode(), done.stderr.encode()
-        lines(stdout)
-        lines.close()
         dropped = max(0, len(stdout) - KEPT) + max(0, len(stderr) - KEPT)
         return Ended(-9 if done.status is None else done.status, stdout[-KEPT:],
-                     stderr[-KEPT:], dropped, done.status is None, 0.0, 0), said
+                     stderr[-KEPT:], dropped, done.status is None, 0.0, 0), heard(stdout)
 
     def at(self, path: Path) -> str:
         """Where a child sees `path`: under the bind that holds it."""
