@@ -113,7 +113,7 @@ def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PL
     attached = None
     if proof is not None:  # and the proof, before the engine is asked
         attached, summary = read_proof(proof, trusted)
-        require_proof_of(summary, {n: r.sha256 for n, r in found.manifest.files.items()},
+        require_proof_of(summary, found.manifest.digests,
                          found.provenance.served, str(proof))
         notice(summary.line())
     pipeline = Pipeline.connect()

@@ -215,17 +215,16 @@ def attach_proof(ref: str, proof: tuple[dict[str, Any], ProofSummary],
         raise Sm121Error(f"{name}@{digest}: its provenance names no manifest")
     manifest = artifacts_mod.Manifest.from_json(listed)
     document, summary = proof
-    require_proof_of(summary, {n: r.sha256 for n, r in manifest.files.items()},
+    require_proof_of(summary, manifest.digests,
                      manifest.provenance.served, f"the proof for {name}@{digest}")
     return cosign.attest(registry, digest, key, PROOF_TYPE, document)
 
 
 def provenance_files(provenance: Mapping[str, Any]) -> dict[str, str]:
     """The files (name -> sha256) a signed provenance statement's manifest lists."""
-    manifest = provenance.get("manifest")
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    return {str(name): str(entry.get("sha256")) for name, entry in
-            (files.items() if isinstance(files, dict) else ()) if isinstance(entry, dict)}
+    listed = provenance.get("manifest")
+    return artifacts_mod.Manifest.from_json(listed).digests if isinstance(listed, dict) \
+        else {}
 
 
 def proof_line(registry: Registry, digest: str, trust: cosign.TrustKey,
@@ -322,8 +321,7 @@ def fetch(engine: ImageEngine, ref: str, dest: Path, status: StatusLine | None =
     finally:
         engine.remove_created(image_id, before)
     if trust is not None:  # signed: what its signed proof says, if it has one
-        note(proof_line(Registry(name), digest, trust, {
-            n: r.sha256 for n, r in fetched.artifacts.manifest.files.items()}))
+        note(proof_line(Registry(name), digest, trust, fetched.artifacts.manifest.digests))
     return fetched
 
 

@@ -170,6 +170,11 @@ class Manifest:
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self.files))
 
+    @property
+    def digests(self) -> dict[str, str]:
+        """Each file's sha256 by name: what a proof of these files must name."""
+        return {name: record.sha256 for name, record in self.files.items()}
+
 
 @dataclass(frozen=True)
 class Artifacts:
