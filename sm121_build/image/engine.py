@@ -335,6 +335,16 @@ class Engine:
         with self._removed_after(name):
             return self._wait_for(self._create_confined(image_id, job, name), job)
 
+    def _sealed(self, **more: Any) -> Any:
+        """The host config every container this tool runs a program in shares: no network,
+        a read-only root, no capabilities, no new privileges, a 1 MiB log; `more` adds its
+        own limits, devices and mounts."""
+        return self.client.api.create_host_config(
+            network_mode="none", read_only=True, cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            log_config={"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
+            **more)
+
     def _create_confined(self, image_id: str, job: ConfinedJob, name: str) -> str:
         """The confined container of `run_confined`, created (not started): its ID."""
         try:
@@ -342,16 +352,13 @@ class Engine:
                 image_id, entrypoint=list(job.argv[:1]), command=list(job.argv[1:]),
                 environment=dict(job.env), name=name, user="65534:65534",
                 network_disabled=True, labels={READER_LABEL: "confined"},
-                host_config=self.client.api.create_host_config(
-                    network_mode="none", read_only=True, cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"], mem_limit=job.memory,
-                    memswap_limit=job.memory, nano_cpus=1_000_000_000, pids_limit=64,
+                host_config=self._sealed(
+                    mem_limit=job.memory, memswap_limit=job.memory, nano_cpus=1_000_000_000,
+                    pids_limit=64,
                     # a folder the image does not have: over an existing one (`/tmp` of a
                     # FROM scratch image) Docker 20.10 leaves the mount unwritable to uid 65534
                     mounts=[docker.types.Mount(job.scratch, "", type="tmpfs",
-                                               tmpfs_size=16 << 20, tmpfs_mode=0o1777)],
-                    log_config={"Type": "json-file",
-                                "Config": {"max-size": "1m", "max-file": "1"}}))
+                                               tmpfs_size=16 << 20, tmpfs_mode=0o1777)]))
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused to create a container of {image_id}: "
                                 f"{exc.explanation}") from None
@@ -371,15 +378,11 @@ class Engine:
                     image_id, entrypoint=list(job.argv[:1]), command=list(job.argv[1:]),
                     environment=dict(job.env), name=name, user=job.user,
                     network_disabled=True, labels={READER_LABEL: "gpu"},
-                    host_config=self.client.api.create_host_config(
-                        network_mode="none", read_only=True, cap_drop=["ALL"],
-                        security_opt=["no-new-privileges"], pids_limit=4096,
-                        device_requests=self.gpu_devices(),
+                    host_config=self._sealed(
+                        pids_limit=4096, device_requests=self.gpu_devices(),
                         mounts=[docker.types.Mount(b.inside, str(b.host), type="bind",
                                                    read_only=not b.writable)
-                                for b in job.binds],
-                        log_config={"Type": "json-file",
-                                    "Config": {"max-size": "1m", "max-file": "1"}}))
+                                for b in job.binds]))
             except docker.errors.APIError as exc:
                 raise _gpu_refusal(exc) or EngineRefused(
                     f"engine refused to create a container of {image_id}: "
