@@ -11,7 +11,9 @@ tag `sha256-<hex of D>.sig` in the same repository, an OCI manifest whose layers
 
 (Go's compact JSON, this key order), each with its signature in the layer annotation
 `dev.cosignproject.cosign/signature`: ECDSA P-256 over SHA-256 of the exact payload bytes,
-DER, base64.  A second signature is appended to the same manifest, as cosign does.
+DER, base64.  A second signature is appended to the same manifest, as cosign does; the same
+key signing the same image again adds nothing, a statement replaces this key's earlier one
+of its kind, and a list is never written longer than a reader takes (`MAX_SIGNATURES`).
 
 Why this and not a library: PyPI has no cosign; sigstore-python signs files and Python
 packages keylessly (Fulcio, Rekor), with no registry code and no key-file signing; skopeo's
@@ -21,15 +23,18 @@ Debian build has sigstore disabled.  `cryptography` is the one dependency this a
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 
-from sm121_build.core.errors import Sm121Error
+from sm121_build.core.errors import RegistryUnavailable, Sm121Error
 from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.image.registry import OCI_MANIFEST, BlobRefused, Registry, digest_of
 
@@ -40,7 +45,11 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v0.1"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 COSIGN_TYPE = "cosign container image signature"
-MAX_SIGNATURES = 64
+MAX_SIGNATURES = 64  # layers of a `.sig`/`.att` list a reader takes (and a writer writes)
+MAX_ENVELOPE_SIGNATURES = 16  # signatures of one DSSE envelope a reader checks
+MAX_SIGNATURE_TEXT = 512  # base64 of a DER ECDSA P-256 signature is at most 96 characters
+WRITE_TRIES = 3
+SETTLE_S = 0.2  # before a list just written is read back
 MAX_KEY_FILE = 64 << 10  # a PEM key is a few hundred bytes
 
 
@@ -122,9 +131,17 @@ class TrustKey:
         return cls(key, path)
 
     def signed(self, data: bytes, signature: str) -> bool:
+        """Whether `signature` (base64 DER) is this key's over `data`."""
+        return self.signed_digest(hashlib.sha256(data).digest(), signature)
+
+    def signed_digest(self, hashed: bytes, signature: str) -> bool:
+        """Whether `signature` (base64 DER) is this key's over the data whose SHA-256 is
+        `hashed` (one hash for many signatures over the same bytes)."""
+        if not signature or len(signature) > MAX_SIGNATURE_TEXT:
+            return False
         try:
-            self.key.verify(base64.b64decode(signature, validate=True), data,
-                            ec.ECDSA(hashes.SHA256()))
+            self.key.verify(base64.b64decode(signature, validate=True), hashed,
+                            ec.ECDSA(Prehashed(hashes.SHA256())))
         except (InvalidSignature, ValueError):
             return False
         return True
@@ -147,10 +164,65 @@ def _layers(registry: Registry, digest: str, suffix: str = "sig") -> list[dict[s
     return [layer for layer in layers if isinstance(layer, dict)]
 
 
-def _append(registry: Registry, digest: str, suffix: str, layer: dict[str, object]) -> str:
-    """Add `layer` to the `.sig`/`.att` manifest beside `digest` (made when there is none),
-    as cosign does: an OCI manifest with an empty-image config listing every layer."""
-    layers = [*_layers(registry, digest, suffix), layer]
+@dataclass(frozen=True)
+class _Entry:
+    """One layer to add to a `.sig`/`.att` list, and which layers already there it makes
+    needless (the same signature by the same key) or replaces (an older statement of the
+    same kind by the same key)."""
+
+    layer: dict[str, object]
+    suffix: str
+    key: SigningKey
+    kind: str  # a statement's predicate type; "" for a signature
+
+
+def _ours(registry: Registry, layer: dict[str, object], entry: _Entry) -> bool:
+    """Whether `layer` is one `entry`'s key signed, of the kind `entry` adds (a signature,
+    or a statement of its predicate type).  A layer that cannot be read is not."""
+    annotations = layer.get("annotations")
+    blob = layer.get("digest")
+    if not isinstance(annotations, dict) or not isinstance(blob, str):
+        return False
+    trust = entry.key.public(Path("(this key)"))
+    try:
+        body = registry.blob(blob)
+    except Sm121Error:
+        return False
+    if entry.suffix == "sig":
+        signature = annotations.get(SIGNATURE_ANNOTATION)
+        return isinstance(signature, str) and trust.signed(body, signature)
+    if annotations.get("predicateType") != entry.kind:
+        return False
+    read = _envelope(body)
+    return read is not None and _verifies(trust, read)
+
+
+def _plan_list(registry: Registry, digest: str, entry: _Entry) -> list[dict[str, object]] | None:
+    """The list to write beside `digest` with `entry` added, or None when it already holds
+    the same (a signature of the same payload by the same key).  An older statement of the
+    same kind by the same key is replaced; at the cap the oldest layer of this key's goes;
+    when none is this key's, nothing is written: the reader would refuse a longer list."""
+    layers = _layers(registry, digest, entry.suffix)
+    ours = [layer for layer in layers if _ours(registry, layer, entry)]
+    if entry.suffix == "sig" and any(layer.get("digest") == entry.layer["digest"]
+                                     for layer in ours):
+        return None
+    kept = [layer for layer in layers if entry.suffix == "sig" or
+            not any(layer is mine for mine in ours)]
+    if len(kept) >= MAX_SIGNATURES:
+        oldest = next((layer for layer in kept if any(layer is mine for mine in ours)), None)
+        if oldest is None:
+            raise Untrusted(f"{registry.repo}:{signature_tag(digest, entry.suffix)} already "
+                            f"holds {len(kept)} entries, the most a reader takes, none of "
+                            "them this key's: nothing was written")
+        kept = [layer for layer in kept if layer is not oldest]
+    return [*kept, entry.layer]
+
+
+def _write_list(registry: Registry, digest: str, suffix: str,
+                layers: list[dict[str, object]]) -> None:
+    """The `.sig`/`.att` manifest beside `digest`, as cosign writes it: an OCI manifest
+    with an empty-image config listing every layer."""
     config = _go_json({"architecture": "", "created": "0001-01-01T00:00:00Z",
                        "history": [{"created": "0001-01-01T00:00:00Z"} for _ in layers],
                        "os": "", "rootfs": {"type": "layers",
@@ -162,15 +234,35 @@ def _append(registry: Registry, digest: str, suffix: str, layer: dict[str, objec
                                     "digest": digest_of(config)},
                          "layers": layers})
     registry.put_manifest(signature_tag(digest, suffix), manifest)
-    return f"{registry.repo}:{signature_tag(digest, suffix)}"
+
+
+def _append(registry: Registry, digest: str, entry: _Entry) -> str:
+    """Add `entry` to the list beside `digest` and read the list back: a registry has no
+    conditional write, so a writer that read the list before this one wrote can replace it;
+    the write is tried again (up to `WRITE_TRIES` times) until the list read back holds
+    it, else one line says so.  A writer whose whole write lands after this one's last read
+    can still replace it: the OCI API offers nothing to prevent that."""
+    tag = f"{registry.repo}:{signature_tag(digest, entry.suffix)}"
+    for attempt in range(WRITE_TRIES):
+        layers = _plan_list(registry, digest, entry)
+        if layers is None:
+            return tag
+        _write_list(registry, digest, entry.suffix, layers)
+        time.sleep(SETTLE_S * (attempt + 1))
+        if any(layer.get("digest") == entry.layer["digest"]
+               for layer in _layers(registry, digest, entry.suffix)):
+            return tag
+    raise RegistryUnavailable(f"{tag}: another writer replaced the list {WRITE_TRIES} times "
+                              "as this one was written: run this again")
 
 
 def sign(registry: Registry, digest: str, key: SigningKey) -> str:
-    """Sign the image at `digest` in `registry`'s repository; returns the signature tag."""
+    """Sign the image at `digest` in `registry`'s repository; returns the signature tag.  An
+    image this key already signed is left as it is (no second signature of the same)."""
     body = payload(registry.repo, digest)
-    return _append(registry, digest, "sig", {
+    return _append(registry, digest, _Entry({
         "mediaType": SIMPLE_SIGNING, "size": len(body), "digest": registry.put_blob(body),
-        "annotations": {SIGNATURE_ANNOTATION: key.sign(body)}})
+        "annotations": {SIGNATURE_ANNOTATION: key.sign(body)}}, "sig", key, ""))
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -182,7 +274,8 @@ def pae(payload_type: str, body: bytes) -> bytes:
 def attest(registry: Registry, digest: str, key: SigningKey, predicate_type: str,
            predicate: dict[str, object]) -> str:
     """Attach a signed in-toto statement about the image at `digest` (cosign's `attest`
-    layout: a DSSE envelope in the `.att` manifest beside it); returns that tag."""
+    layout: a DSSE envelope in the `.att` manifest beside it); returns that tag.  It
+    replaces an earlier statement of the same type by the same key."""
     statement = _go_json({"_type": STATEMENT_TYPE, "predicateType": predicate_type,
                           "subject": [{"name": registry.repo,
                                        "digest": {"sha256": digest.split(":", 1)[1]}}],
@@ -191,42 +284,91 @@ def attest(registry: Registry, digest: str, key: SigningKey, predicate_type: str
                          "payload": base64.b64encode(statement).decode(),
                          "signatures": [{"keyid": "", "sig": key.sign(pae(IN_TOTO,
                                                                            statement))}]})
-    return _append(registry, digest, "att", {
+    return _append(registry, digest, _Entry({
         "mediaType": DSSE_ENVELOPE, "size": len(envelope),
         "digest": registry.put_blob(envelope),
-        "annotations": {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type}})
+        "annotations": {SIGNATURE_ANNOTATION: "", "predicateType": predicate_type}},
+        "att", key, predicate_type))
+
+
+@dataclass(frozen=True)
+class _Envelope:
+    """A DSSE envelope's statement bytes and signatures, read with bounds and types."""
+
+    statement: bytes
+    signatures: tuple[str, ...]
+
+
+def _envelope(blob: bytes) -> _Envelope | None:
+    """The envelope a blob holds, or None when it is not one this tool reads: not JSON, not
+    in-toto, fields of other types, or more than `MAX_ENVELOPE_SIGNATURES` signatures (a
+    list of thousands would make each check cost as much as the bytes times their count)."""
+    try:
+        envelope = json.loads(blob)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(envelope, dict) or envelope.get("payloadType") != IN_TOTO:
+        return None
+    encoded, signatures = envelope.get("payload"), envelope.get("signatures")
+    if not isinstance(encoded, str) or not isinstance(signatures, list) or \
+            not 0 < len(signatures) <= MAX_ENVELOPE_SIGNATURES:
+        return None
+    sigs = tuple(item["sig"] for item in signatures
+                 if isinstance(item, dict) and isinstance(item.get("sig"), str))
+    try:
+        statement = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return None
+    return _Envelope(statement, sigs)
+
+
+def _verifies(trust: TrustKey, envelope: _Envelope) -> bool:
+    """Whether one of the envelope's signatures is `trust`'s over its statement: the PAE
+    is built and hashed once, however many signatures there are."""
+    hashed = hashlib.sha256(pae(IN_TOTO, envelope.statement)).digest()
+    return any(trust.signed_digest(hashed, sig) for sig in envelope.signatures)
 
 
 def attested(registry: Registry, digest: str, trust: TrustKey,
              predicate_type: str) -> dict[str, object]:
-    """The predicate of a statement of `predicate_type` about exactly this image that
-    `trust` signed; Untrusted when there is none."""
-    for layer in _layers(registry, digest, "att"):
+    """The predicate of the newest statement of `predicate_type` about exactly this image
+    that `trust` signed; Untrusted when there is none.  Each envelope costs its bytes once
+    (one PAE, one hash) and at most `MAX_ENVELOPE_SIGNATURES` signature checks."""
+    for layer in reversed(_layers(registry, digest, "att")):
         blob = layer.get("digest")
         if layer.get("mediaType") != DSSE_ENVELOPE or not isinstance(blob, str):
             continue
         try:
-            envelope = json.loads(registry.blob(blob))
-            statement = base64.b64decode(envelope["payload"], validate=True)
-            signatures = [str(item["sig"]) for item in envelope["signatures"]]
-            data = json.loads(statement)
-        except (Sm121Error, ValueError, KeyError, TypeError, RecursionError):
+            read = _envelope(registry.blob(blob))
+        except Sm121Error:
             continue  # an unreadable attestation is skipped: another may verify
-        if not isinstance(envelope, dict) or not isinstance(data, dict):
+        if read is None or not _verifies(trust, read):
             continue
-        if envelope.get("payloadType") != IN_TOTO or not any(
-                trust.signed(pae(IN_TOTO, statement), sig) for sig in signatures):
-            continue
-        subjects = data.get("subject")
-        names = {(str(item.get("name")), str(item["digest"].get("sha256")))
-                 for item in (subjects if isinstance(subjects, list) else [])
-                 if isinstance(item, dict) and isinstance(item.get("digest"), dict)}
-        if data.get("predicateType") == predicate_type and \
-                (registry.repo, digest.split(":", 1)[1]) in names and \
-                isinstance(data.get("predicate"), dict):
-            return dict(data["predicate"])
+        predicate = _predicate(read.statement, predicate_type, (registry.repo, digest))
+        if predicate is not None:
+            return predicate
     raise Untrusted(f"no {predicate_type} statement about {registry.repo}@{digest} verifies "
                     f"with {trust.path}")
+
+
+def _predicate(statement: bytes, predicate_type: str,
+               subject: tuple[str, str]) -> dict[str, object] | None:
+    """A signed statement's predicate when it is of `predicate_type` about `subject`
+    (repository, digest), else None."""
+    try:
+        data = json.loads(statement)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("predicateType") != predicate_type or \
+            not isinstance(data.get("predicate"), dict):
+        return None
+    subjects = data.get("subject")
+    names = {(item.get("name"), item["digest"].get("sha256"))
+             for item in (subjects if isinstance(subjects, list) else [])
+             if isinstance(item, dict) and isinstance(item.get("digest"), dict)}
+    if (subject[0], subject[1].split(":", 1)[1]) not in names:
+        return None
+    return dict(data["predicate"])
 
 
 def require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:

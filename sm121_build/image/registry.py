@@ -4,8 +4,9 @@ pushed and pulled by the engine.
 
 Plain HTTP for a loopback registry (as the engine does), HTTPS with verification for any
 other.  Credentials: the `auths` of ~/.docker/config.json (or $DOCKER_CONFIG), with the
-registry's token flow; credential helpers are not asked.  Every request waits at most
-SM121_REGISTRY_TIMEOUT for an answer.
+registry's token flow; credential helpers are not asked.  Every request goes through the one
+HTTP door (`image/registry_http.py`): its whole answer within SM121_REGISTRY_TIMEOUT, its
+body bounded, every field of it checked before use.
 """
 
 from __future__ import annotations
@@ -16,14 +17,20 @@ import ipaddress
 import json
 import os
 import re
-from dataclasses import dataclass, field
+import urllib.parse
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import requests
 
 from sm121_build.core.errors import RegistryUnavailable, Sm121Error
 from sm121_build.core.inputs import read_input
-from sm121_build.core.limits import REGISTRY_VARIABLE, Limits
+from sm121_build.core.limits import Limits
+from sm121_build.image.registry_http import (
+    MAX_ERROR_BODY,
+    Answer,
+    BlobRefused,
+    HttpDoor,
+    Request,
+)
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 # what a pushed image's manifest may be: the digest is of the bytes the registry serves
@@ -32,6 +39,15 @@ IMAGE_MANIFESTS = ", ".join([OCI_MANIFEST, "application/vnd.oci.image.index.v1+j
                              "application/vnd.docker.distribution.manifest.list.v2+json"])
 MAX_MANIFEST = 4 << 20
 MAX_BLOB = 1 << 20  # a signature's payload or envelope
+MAX_TOKEN = 16 << 10  # a bearer token, or a config.json `auth`
+MAX_TOKEN_ANSWER = 64 << 10
+MAX_CHALLENGE = 4 << 10  # what of a WWW-Authenticate header is read
+MAX_LOCATION = 4 << 10
+_CHALLENGE = re.compile(r'(\w{1,64})="([^"]{0,2048})"')
+# what an HTTP header value may carry (RFC 9110's visible ASCII): a token is sent in one
+_TOKEN_CHARACTERS = re.compile(r"[\x21-\x7e]+")
+
+__all__ = ["BlobRefused", "Registry", "digest_of", "split_repository"]
 
 
 def digest_of(data: bytes) -> str:
@@ -59,59 +75,87 @@ def _loopback(host: str) -> bool:
 
 
 def _credentials(host: str) -> tuple[str, str] | None:
+    """The user and password `docker login` kept for `host` in Docker's config.json, or
+    None: a file of any other shape (not JSON, `auths` not a mapping, `auth` not base64 of
+    `user:password`) is no credentials, never an error."""
     folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
     try:
-        auths = json.loads(read_input(folder / "config.json", 1 << 20,
-                                      "Docker's config.json")).get("auths") or {}
-        encoded = (auths.get(host) or auths.get(f"https://{host}") or {}).get("auth")
-        if not encoded:
-            return None
-        user, _, password = base64.b64decode(encoded).decode().partition(":")
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError, RecursionError,
-            Sm121Error):
+        config = json.loads(read_input(folder / "config.json", 1 << 20,
+                                       "Docker's config.json"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, Sm121Error):
         return None
-    return user, password
+    auths = config.get("auths") if isinstance(config, dict) else None
+    entry = (auths.get(host) or auths.get(f"https://{host}")) if isinstance(auths, dict) \
+        else None
+    encoded = entry.get("auth") if isinstance(entry, dict) else None
+    if not isinstance(encoded, str) or not encoded or len(encoded) > MAX_TOKEN:
+        return None
+    try:
+        user, colon, password = base64.b64decode(encoded, validate=True).decode().partition(
+            ":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return (user, password) if colon and user else None
 
 
-class BlobRefused(Sm121Error):
-    """A registry's answer that is not what was asked for: larger than it may be, or not
-    what its digest names (the registry's fault or malice, not an outage)."""
+def _token(body: bytes) -> str:
+    """The bearer token a token endpoint's answer holds (`token`, else `access_token`), or
+    "" when the answer is not that: not JSON, not an object, not a string, too long, or
+    characters no HTTP header may carry."""
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return ""
+    if not isinstance(answer, dict):
+        return ""
+    token = answer.get("token") or answer.get("access_token")
+    if not isinstance(token, str) or len(token) > MAX_TOKEN or \
+            not _TOKEN_CHARACTERS.fullmatch(token):
+        return ""
+    return token
+
+
+def _realm_allowed(realm: str, host: str) -> bool:
+    """A token realm credentials may be sent to: HTTPS, or plain HTTP on loopback when the
+    registry itself is on loopback."""
+    parts = urllib.parse.urlsplit(realm)
+    if parts.scheme == "https" and parts.hostname:
+        return True
+    return parts.scheme == "http" and bool(parts.hostname) and _loopback(host) and \
+        _loopback(parts.netloc)
 
 
 @dataclass
 class Registry:
-    """One repository of one registry."""
+    """One repository of one registry; every request through one `HttpDoor`."""
 
     repo: str  # host[:port]/name
     limits: Limits = field(default_factory=Limits.from_environment)
     _token: str = ""
     _basic: tuple[str, str] | None = None
+    _door: HttpDoor | None = None
 
     @property
     def base(self) -> str:
         host, name = split_repository(self.repo)
         return f"{'http' if _loopback(host) else 'https'}://{host}/v2/{name}"
 
-    def _request(self, method: str, url: str, headers: dict[str, str] | None = None,
-                 data: bytes | None = None, stream: bool = False) -> requests.Response:
-        sent = dict(headers or {})
+    @property
+    def door(self) -> HttpDoor:
+        if self._door is None:
+            self._door = HttpDoor(self.limits.registry_s, self.repo)
+        return self._door
+
+    def _call(self, request: Request, wanted: frozenset[int] = frozenset({200})) -> Answer:
+        """`request` with this repository's credentials, logging in once on a 401."""
+        sent = dict(request.headers or {})
         if self._token:
             sent["Authorization"] = f"Bearer {self._token}"
-        try:
-            response = requests.request(method, url, headers=sent, data=data, auth=self._basic,
-                                        timeout=self.limits.registry_s, allow_redirects=True,
-                                        stream=stream)
-            if response.status_code == 401 and not (self._token or self._basic):
-                challenge = response.headers.get("WWW-Authenticate", "")
-                response.close()
-                if self._login(challenge):
-                    return self._request(method, url, headers, data, stream)
-        except requests.exceptions.Timeout:
-            raise RegistryUnavailable(f"{self.repo}: no answer in {self.limits.registry_s:g} s "
-                                      f"(set {REGISTRY_VARIABLE} to wait longer)") from None
-        except requests.exceptions.RequestException as exc:
-            raise RegistryUnavailable(f"{self.repo}: {type(exc).__name__}") from None
-        return response
+        answer = self.door.call(replace(request, headers=sent, auth=self._basic), wanted)
+        if answer.status == 401 and not (self._token or self._basic) and \
+                self._login(answer.headers.get("WWW-Authenticate", "")):
+            return self._call(request, wanted)
+        return answer
 
     def _login(self, challenge: str) -> bool:
         host, name = split_repository(self.repo)
@@ -119,83 +163,73 @@ class Registry:
         if challenge.lower().startswith("basic"):
             self._basic = creds
             return creds is not None
-        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+        params = dict(_CHALLENGE.findall(challenge[:MAX_CHALLENGE]))
         realm = params.pop("realm", "")
-        if not realm.startswith("https://") and not _loopback(host):
+        if not _realm_allowed(realm, host):
             return False
         params["scope"] = f"repository:{name}:pull,push"
-        response = requests.get(realm, params=params, auth=creds,
-                                timeout=self.limits.registry_s)
-        if response.status_code != 200:
-            return False
-        answer = response.json()
-        self._token = str(answer.get("token") or answer.get("access_token") or "")
+        answer = self.door.call(Request("GET", realm, MAX_TOKEN_ANSWER, "a token",
+                                        params=params, auth=creds))
+        self._token = _token(answer.body) if answer.status == 200 else ""
         return bool(self._token)
 
     def manifest(self, reference: str) -> bytes | None:
         """The OCI manifest `reference` names (exactly its bytes), or None when there is
         none."""
-        response = self._request("GET", f"{self.base}/manifests/{reference}",
-                                 {"Accept": OCI_MANIFEST}, stream=True)
-        if response.status_code == 404:
-            response.close()
+        answer = self._call(Request("GET", f"{self.base}/manifests/{reference}", MAX_MANIFEST,
+                                    f"read {reference}", {"Accept": OCI_MANIFEST}),
+                            frozenset({200, 404}))
+        if answer.status == 404:
             return None
-        self._ok(response, f"read {reference}")
-        return self._body(response, MAX_MANIFEST, f"{self.repo}:{reference}: a manifest")
+        return answer.body
 
     def digest(self, reference: str) -> str:
         """The manifest digest `reference` (a tag) names now: sha256 of the exact bytes."""
-        response = self._request("GET", f"{self.base}/manifests/{reference}",
-                                 {"Accept": IMAGE_MANIFESTS}, stream=True)
-        self._ok(response, f"read {reference}")
-        return digest_of(self._body(response, MAX_MANIFEST,
-                                    f"{self.repo}:{reference}: a manifest"))
+        answer = self._call(Request("GET", f"{self.base}/manifests/{reference}", MAX_MANIFEST,
+                                    f"read {reference}", {"Accept": IMAGE_MANIFESTS}))
+        self._ok(answer, f"read {reference}")
+        return digest_of(answer.body)
 
     def blob(self, digest: str, limit: int = MAX_BLOB) -> bytes:
         """A blob's bytes, read no further than `limit` (`BlobRefused` past it, or when the
         bytes are not what the digest names)."""
-        response = self._request("GET", f"{self.base}/blobs/{digest}", stream=True)
-        self._ok(response, f"read {digest}")
-        body = self._body(response, limit, f"{self.repo}: blob {digest}")
-        if digest_of(body) != digest:
+        answer = self._call(Request("GET", f"{self.base}/blobs/{digest}", limit,
+                                    f"read {digest}"))
+        self._ok(answer, f"read {digest}")
+        if digest_of(answer.body) != digest:
             raise BlobRefused(f"{self.repo}: blob {digest} is not what its digest names")
-        return body
-
-    def _body(self, response: requests.Response, limit: int, what: str) -> bytes:
-        """A streamed answer's body, read in windows and never past `limit` bytes."""
-        with response:
-            declared = response.headers.get("Content-Length", "")
-            if declared.isdigit() and int(declared) > limit:
-                raise BlobRefused(f"{what} of {declared} bytes, above the {limit} it may be")
-            parts: list[bytes] = []
-            got = 0
-            try:
-                for chunk in response.iter_content(64 << 10):
-                    got += len(chunk)
-                    if got > limit:
-                        raise BlobRefused(f"{what} above the {limit} bytes it may be")
-                    parts.append(chunk)
-            except requests.exceptions.RequestException as exc:
-                raise RegistryUnavailable(f"{what}: {type(exc).__name__}") from None
-            return b"".join(parts)
+        return answer.body
 
     def put_blob(self, data: bytes) -> str:
         digest = digest_of(data)
-        started = self._request("POST", f"{self.base}/blobs/uploads/")
+        started = self._call(Request("POST", f"{self.base}/blobs/uploads/", MAX_ERROR_BODY,
+                                     "start an upload"), frozenset({202}))
         self._ok(started, "start an upload", 202)
-        where = started.headers.get("Location", "")
-        if where.startswith("/"):
-            where = self.base.split("/v2/")[0] + where
+        where = self._upload_url(started.headers.get("Location", ""))
         where += ("&" if "?" in where else "?") + f"digest={digest}"
-        self._ok(self._request("PUT", where, {"Content-Type": "application/octet-stream"},
-                               data), "upload a blob", 201)
+        self._ok(self._call(Request("PUT", where, MAX_ERROR_BODY, "upload a blob",
+                                    {"Content-Type": "application/octet-stream"}, data),
+                            frozenset({201})), "upload a blob", 201)
         return digest
 
-    def put_manifest(self, tag: str, data: bytes) -> None:
-        self._ok(self._request("PUT", f"{self.base}/manifests/{tag}",
-                               {"Content-Type": OCI_MANIFEST}, data), f"write {tag}", 201)
+    def _upload_url(self, location: str) -> str:
+        """Where an upload continues: the registry's `Location`, on this registry or
+        another HTTP(S) address; anything else is refused."""
+        if location.startswith("/") and not location.startswith("//"):
+            return self.base.split("/v2/")[0] + location
+        parts = urllib.parse.urlsplit(location)
+        if parts.scheme in ("http", "https") and parts.netloc and \
+                (parts.scheme == "https" or _loopback(parts.netloc)) and \
+                len(location) <= MAX_LOCATION:
+            return location
+        raise RegistryUnavailable(f"{self.repo}: cannot start an upload (the registry "
+                                  "named no usable place to send it)")
 
-    def _ok(self, response: requests.Response, what: str, status: int = 200) -> None:
-        if response.status_code != status:
-            raise RegistryUnavailable(f"{self.repo}: cannot {what} (HTTP "
-                                      f"{response.status_code})")
+    def put_manifest(self, tag: str, data: bytes) -> None:
+        self._ok(self._call(Request("PUT", f"{self.base}/manifests/{tag}", MAX_ERROR_BODY,
+                                    f"write {tag}", {"Content-Type": OCI_MANIFEST}, data),
+                            frozenset({201})), f"write {tag}", 201)
+
+    def _ok(self, answer: Answer, what: str, status: int = 200) -> None:
+        if answer.status != status:
+            raise RegistryUnavailable(f"{self.repo}: cannot {what} (HTTP {answer.status})")
