@@ -13,7 +13,12 @@ one-line sink (`note`, `notice`, `result`, `report_error`, a step's title, the l
 escapes a newline too, so a name cannot forge
 a line there; a block (`say`: a table) keeps its own line breaks, so the renderer of a block
 passes every name from outside through `shown` (plain text) or `md` (Markdown), which escape
-newlines as well.  JSON leaves exact (`say_json`: json.dumps escapes what it must)."""
+newlines as well.  JSON leaves exact (`say_json`: json.dumps escapes what it must).
+
+Every value from outside is bounded too: a message names one through `cut` (at most 200
+characters, the rest said as `…(N more bytes)`), `shown` and `md` keep at most 1024, and a
+one-line sink writes at most `LINE_LIMIT` bytes whatever it is given (its head and its
+tail, the cut said): an 8 MB field of a manifest is never an 8 MB line."""
 
 from __future__ import annotations
 
@@ -40,6 +45,40 @@ _BLOCK_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202
                             "\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")  # keeps \n, \t
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~&$])")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x1b": "\\e"}
+CUT = 200  # characters of one value from outside that a message names
+NAME_LIMIT = 1024  # characters of one name that `shown` and `md` keep
+LINE_LIMIT = 4000  # bytes a one-line sink writes at most (`error: ` and an indent beside)
+
+
+def _size(text: str) -> int:
+    """Bytes of `text` in UTF-8 (a byte that was not UTF-8, held as a lone surrogate, as
+    one byte)."""
+    try:
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        return len(text.encode("utf-8", "surrogatepass"))
+
+
+def cut(value: object, limit: int = CUT) -> str:
+    """A value from outside as a message names it: `str(value)`, its first `limit`
+    characters kept and the rest said (`…(N more bytes)`), so no value makes a line
+    unbounded.  Escaping is the sink's (`shown`, `md`, the one-line sinks)."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({_size(text[limit:])} more bytes)"
+
+
+def _bounded(line: str, limit: int = LINE_LIMIT) -> str:
+    """A line (already escaped) of at most `limit` bytes: over it, its head and its tail
+    (where a message's hint is) kept, what was left out said between them."""
+    data = line.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return line
+    head, tail = data[:limit * 2 // 3], data[-(limit // 4):]
+    left_out = len(data) - len(head) - len(tail)
+    return (head.decode("utf-8", "ignore") + f" …({left_out} more bytes)… "
+            + tail.decode("utf-8", "ignore"))
 
 
 def _escaped(match: re.Match[str]) -> str:
@@ -50,24 +89,26 @@ def _escaped(match: re.Match[str]) -> str:
                                 else f"\\u{ord(char):04x}")
 
 
-def shown(text: str) -> str:
+def shown(text: str, limit: int = NAME_LIMIT) -> str:
     """A name from outside as plain text on one line: every control character escaped
-    (`\\n`, `\\e`, `\\x07`, `\\u202e`), nothing else changed."""
-    return CONTROL.sub(_escaped, text)
+    (`\\n`, `\\e`, `\\x07`, `\\u202e`), at most `limit` characters of it kept (`cut`),
+    nothing else changed."""
+    return CONTROL.sub(_escaped, cut(text, limit))
 
 
-def md(text: str) -> str:
-    """A name from outside as Markdown text: `shown`, then every character Markdown or a
+def md(text: str, limit: int = NAME_LIMIT) -> str:
+    """A value from outside as Markdown text: `shown`, then every character Markdown or a
     table cell gives a meaning (`|`, a backtick, `[`, `<`, `&` ...) escaped with a backslash."""
-    return _MARKDOWN.sub(r"\\\1", shown(text))
+    return _MARKDOWN.sub(r"\\\1", shown(text, limit))
 
 
-def md_code(text: str) -> str:
-    """A name from outside as a Markdown code span (`` `name` ``) when it can be one (no
-    backtick, no `|`, no control character), else as `md` text."""
+def md_code(text: str, limit: int = NAME_LIMIT) -> str:
+    """A value from outside as a Markdown code span (`` `name` ``) when it can be one (no
+    backtick, no `|`, no control character), else as `md` text; at most `limit` characters
+    of it kept (`cut`)."""
     if "`" in text or "|" in text or CONTROL.search(text):
-        return md(text)
-    return f"`{text}`"
+        return md(text, limit)
+    return f"`{cut(text, limit)}`"
 
 
 # what a CI runner reads as a workflow command: `::command::` at a line's start, and its
@@ -81,7 +122,9 @@ def _commands_escaped(text: str) -> str:
 
 
 def _line(text: str) -> str:
-    return _commands_escaped(CONTROL.sub(_escaped, text))
+    """A one-line sink's text: every control character escaped, no workflow command, at
+    most `LINE_LIMIT` bytes."""
+    return _bounded(_commands_escaped(CONTROL.sub(_escaped, text)))
 
 
 def _block(text: str) -> str:
@@ -186,7 +229,8 @@ def report_error(message: str) -> None:
     message = _line(message)
     click.echo(f"error: {message}", err=True)
     if on_github_actions():
-        text = message.replace("%", "%25")  # (no newline is left to escape as %0A)
+        # (no newline is left to escape as %0A); bounded again, `%25` being longer
+        text = _bounded(message.replace("%", "%25"))
         # stdout, where the runner reads workflow commands; stderr when stdout carries JSON
         click.echo(f"::error title=sm121-build::{text}", err=_results["stderr"])
 

@@ -24,6 +24,7 @@ from typing import Literal, Protocol
 
 import yaml
 
+from sm121_build.core.console import cut
 from sm121_build.core.errors import Sm121Error
 
 DEFAULT_CUDA = "13.0"  # the CUDA toolkit a build assumes where the image does not say
@@ -136,7 +137,7 @@ def parse_target(text: str) -> Target:
     if f"{arch // 10}.{arch % 10}" in KNOWN_ARCHS:
         return Target(arch)
     known = ", ".join(f"sm_{a.replace('.', '')}" for a in known_in_order())
-    raise Sm121Error(f"unknown GPU target {text!r}: expected e.g. sm_121, 121 or 12.1 "
+    raise Sm121Error(f"unknown GPU target {cut(text)!r}: expected e.g. sm_121, 121 or 12.1 "
                      f"(known: {known})")
 
 

@@ -14,7 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sm121_build.core.console import md, md_code, shown
+from sm121_build.core.errors import Sm121Error
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sm121_build"
 DOOR = "core/console.py"
@@ -156,3 +159,52 @@ def test_json_carries_no_old_workflow_command(plain_so: Path, tmp_path: Path) ->
     done = _audit(folder, "--json")
     assert "##[" not in done.stdout
     assert json.loads(done.stdout)["binaries"][0]["name"] == "x##[warning]pwn.so"
+
+
+# every sink that writes one line, given a value from outside
+ONE_LINE_SINKS = ("report_error", "note", "notice", "result")
+HUGE = "a%\x1b\u202eü" * (2 << 20)  # 10 MB: escaping makes a control character 6 bytes
+
+
+@pytest.mark.parametrize("sink", ONE_LINE_SINKS)
+def test_no_line_is_longer_than_the_bound_whatever_it_is_given(
+        sink: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 8 MB field of a manifest or a 2 MB label named in an error is not an 8 MB line
+    (red team, issue #62): every line a one-line sink writes, the `::error::` annotation
+    among them, is at most 4 KiB; the cut is said, and the message's tail (its hint) kept."""
+    from sm121_build.core import console
+
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    getattr(console, sink)(f"x.json: arch_list {HUGE} is not an arch list: give one")
+    out, err = capsys.readouterr()
+    lines = (out + err).splitlines()
+    assert lines and all(len(line.encode("utf-8", "surrogatepass")) <= 4096 for line in lines)
+    assert all("more bytes)" in line and line.endswith("give one") for line in lines
+               if "x.json" in line)
+
+
+def test_cut_says_what_it_left_out() -> None:
+    from sm121_build.core.console import cut
+
+    assert cut("abc") == "abc" and cut(12) == "12"
+    assert cut("x" * 250) == "x" * 200 + "…(50 more bytes)"
+    assert cut("ü" * 12, limit=10) == "ü" * 10 + "…(4 more bytes)"
+    assert len(shown("\x1b" * 100_000)) < 1100 * 2 and len(md("[" * 100_000)) < 1100 * 2
+
+
+def test_an_8_mb_manifest_value_is_one_short_error_line(tmp_path: Path) -> None:
+    """`inject --artifacts` with a manifest whose arch_list is 8 MB: one `error:` line,
+    bounded, naming the field."""
+    folder = tmp_path / "artifacts"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": 1, "files": {"x.so": {"sha256": "0" * 64}}, "vllm_version": "0.1",
+        "vllm_commit": "c" * 40, "arch_list": "1" * (8 << 20)}))
+    done = subprocess.run([sys.executable, "-m", "sm121_build", "inject", "--artifacts",
+                           str(folder), "--base", "x:y"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == Sm121Error.exit_code
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 4096, len(done.stderr)
+    assert lines[0].startswith("error: ") and "arch_list '111" in lines[0]
+    assert "(8388408 more bytes)" in lines[0]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from sm121_build.core.console import cut
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import (
     InputRefused,
@@ -275,7 +276,7 @@ def load(folder: Path, trust: TrustKey | None = None) -> Artifacts:
         raise Sm121Error(f"{path}: files must be an object of name -> details")
     for name, entry in files.items():
         if not _FILE_NAME.match(name):
-            raise Sm121Error(f"{path}: {name!r} is not a .so file name (plain, or under "
+            raise Sm121Error(f"{path}: {cut(name)!r} is not a .so file name (plain, or under "
                              "vllm_flash_attn/)")
         if kind_of(folder / name) != "file":
             raise Sm121Error(f"{folder / name}: listed in the manifest but missing")
@@ -320,10 +321,11 @@ def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:
         if value is not None and not isinstance(value, str):
             raise Sm121Error(f"{path}: {key} must be a string, not {type(value).__name__}")
         if not str(key).isprintable() or (value and not value.isprintable()):
-            raise Sm121Error(f"{path}: {key!r} holds a control character (a newline?): refused")
+            raise Sm121Error(f"{path}: {cut(key)!r} holds a control character (a newline?): "
+                             "refused")
     if not _ARCH_LIST.fullmatch(str(manifest.get("arch_list"))):
-        raise Sm121Error(f"{path}: arch_list {manifest.get('arch_list')!r} is not an arch list "
-                         "such as 12.1 or 12.0;12.1a")
+        raise Sm121Error(f"{path}: arch_list {cut(str(manifest.get('arch_list')))!r} is not an "
+                         "arch list such as 12.1 or 12.0;12.1a")
     gpu = manifest.get("gpu")
     if gpu is not None and not re.fullmatch(r"sm_\d{2,3}", str(gpu)):
-        raise Sm121Error(f"{path}: gpu {gpu!r} is not a GPU such as sm_121 or sm_120")
+        raise Sm121Error(f"{path}: gpu {cut(str(gpu))!r} is not a GPU such as sm_121 or sm_120")
