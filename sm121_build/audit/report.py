@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from sm121_build.core.console import md_code, shown
+from sm121_build.core.console import md, md_code, shown
 from sm121_build.core.units import human_size
 from sm121_build.cuda.binary import (
     AotAble,
@@ -251,23 +251,31 @@ def as_json(reports: list[BinaryReport], policy: Policy,
     }
 
 
-def markdown(title: str, reports: list[BinaryReport], policy: Policy,
+def _md_counts(counts: dict[str, int]) -> str:
+    return md(_counts(counts))
+
+
+def _md_loadable(report: BinaryReport) -> str:
+    """`native of all` kernels, `-` when they were not counted."""
+    if report.kernels is None:
+        return md("-")
+    counts = report.kernel_counts()
+    return md(f"{counts['native']} of {sum(counts.values())}")
+
+
+def markdown(target: str, reports: list[BinaryReport], policy: Policy,
              verdicts: Verdicts | None = None) -> str:
-    """A GitHub-flavoured Markdown table (for $GITHUB_STEP_SUMMARY) under `title` (Markdown:
-    the caller escapes the names in it with `md`); each name from outside escaped."""
-    rows = [f"### {title}", "",
-            f"| .so | cubins per arch | PTX | {policy.target} | kernels loadable on "
-            f"{policy.target} | rebuild |",
+    """A GitHub-flavoured Markdown table (for $GITHUB_STEP_SUMMARY) headed `Audit of
+    target`; every value in it passes through the one escaper (`md`, `md_code`)."""
+    rows = [f"### Audit of {md(target)}", "",
+            f"| .so | cubins per arch | PTX | {md(str(policy.target))} | kernels loadable on "
+            f"{md(str(policy.target))} | rebuild |",
             "| --- | --- | --- | --- | --- | --- |"]
     for r in reports:
         if not r.has_device_code:
             continue
-        kernels = "-"
-        if r.kernels is not None:
-            kc = r.kernel_counts()
-            kernels = f"{kc['native']} of {sum(kc.values())}"
         rebuild = _rebuild(r, policy, verdicts)
-        rows.append(f"| {md_code(r.name)} | {_counts(r.arch_counts('elf'))} | "
-                    f"{_counts(r.arch_counts('ptx'))} | {r.verdict} | {kernels} | "
-                    f"{rebuild.verdict if rebuild else '-'} |")
+        rows.append(f"| {md_code(r.name)} | {_md_counts(r.arch_counts('elf'))} | "
+                    f"{_md_counts(r.arch_counts('ptx'))} | {md(str(r.verdict))} | "
+                    f"{_md_loadable(r)} | {md(str(rebuild.verdict) if rebuild else '-')} |")
     return "\n".join(rows) + "\n"

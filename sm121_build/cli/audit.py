@@ -13,7 +13,7 @@ import click
 from sm121_build.audit import report
 from sm121_build.audit.unpack import AuditedFile, Reading, binaries
 from sm121_build.cli.params import cuda_version, gpu_name, platform_value, require_writable
-from sm121_build.core.console import md, notice, results_to_stderr, say, say_json
+from sm121_build.core.console import notice, results_to_stderr, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.interrupts import held
 from sm121_build.core.outputs import append_text, refuse_onto_inputs
@@ -164,8 +164,7 @@ def audit(  # noqa: PLR0913 (a click command: a parameter per option)
     else:
         say(report.table(reports, policy, show_kernels=kernels, verdicts=verdicts))
     if summary_md:
-        append_text(summary_md, report.markdown(f"Audit of {md(target)}", reports, policy,
-                                                verdicts))
+        append_text(summary_md, report.markdown(target, reports, policy, verdicts))
     if unreadable:
         raise Sm121Error(f"{len(unreadable)} of {len(reports) + len(unreadable)} file(s) or "
                          f"folder(s) in {target} could not be audited (listed above)")

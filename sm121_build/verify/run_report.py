@@ -8,7 +8,7 @@ a later run that skips the build still reports the audit of the image it found.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import Enum
@@ -288,29 +288,44 @@ def _kernels(entry: ExtensionCounts | None) -> str:
     return f"{k['native']} native, {k['jit']} JIT, {k['none']} none"
 
 
+def _md_counts(counts: dict[str, int]) -> str:
+    return md(_counts(counts))
+
+
+def _md_kernels(entry: ExtensionCounts | None) -> str:
+    return md(_kernels(entry))
+
+
+def _md_change(before: dict[str, Any], after: dict[str, Any], key: str) -> str:
+    return md(f"{before[key]} → {after[key]}")
+
+
 def markdown(record: RunRecord) -> str:
-    """The run as GitHub-flavoured Markdown: status, provenance, the audit before/after."""
+    """The run as GitHub-flavoured Markdown: status, provenance, the audit before/after.
+    Every value in it passes through the one escaper (`md`, `md_code`): a record's values
+    come from outside (a registry's refusal, a base image's files, a cached record), and
+    none may add a heading, a link, HTML or a table cell."""
     status = RunStatus(record.status).words
     lines = [f"## sm121-build: {md_code(record.base)} → {md_code(record.tag or '')}", "",
-             f"**{status}**" + (f": {md(record.error)}" if record.error else ""), ""]
+             f"**{md(status)}**" + (f": {md(record.error)}" if record.error else ""), ""]
     facts = [("vLLM", record.vllm_version), ("commit", record.vllm_commit),
              ("arch list", record.arch_list), ("base digest", record.base_digest),
              ("content key", record.content_key), ("build log", record.log),
              ("artifacts", record.artifacts)]
-    lines += [f"- {name}: {md_code(str(value))}" for name, value in facts if value]
-    lines += kernels_lines(record, "- ", "`")
+    lines += [f"- {md(name)}: {md_code(str(value))}" for name, value in facts if value]
+    lines += kernels_lines(record, "- ", md_code, md)
     decision = record.decision
     if decision:
-        lines += ["", f"Rebuild decision: **{'rebuild' if decision.rebuild else 'no rebuild'}"
-                  f"**: {decision.reason}"]
+        lines += ["", f"Rebuild decision: **{md('rebuild' if decision.rebuild else 'no rebuild')}"
+                  f"**: {md(str(decision.reason))}"]
         lines += ["", "| extension | built | native | JIT only | none | why |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for name, e in sorted(decision.extensions.items()):
             b, a = e["before"], e["after"]
-            why = md("; ".join([e["reason"], *e["remains"]]))
-            lines.append(f"| {md_code(name)} | {'yes' if e['build'] else 'no'} | "
-                         f"{b['native']} → {a['native']} | {b['jit']} → {a['jit']} | "
-                         f"{b['none']} → {a['none']} | {why} |")
+            why = "; ".join(str(w) for w in [e["reason"], *e["remains"]])
+            lines.append(f"| {md_code(str(name))} | {md('yes' if e['build'] else 'no')} | "
+                         f"{_md_change(b, a, 'native')} | {_md_change(b, a, 'jit')} | "
+                         f"{_md_change(b, a, 'none')} | {md(why)} |")
     before = record.before or {}
     after = record.after or {}
     if after:
@@ -318,15 +333,16 @@ def markdown(record: RunRecord) -> str:
                   "rebuilt kernels on sm_121 |", "| --- | --- | --- | --- | --- |"]
         for name in sorted(set(before) | set(after)):
             old, new = before.get(name), after.get(name)
-            lines.append(f"| {md_code(name)} | {_counts(old.cubins) if old else '—'} | "
-                         f"{_kernels(old)} | {_counts(new.cubins) if new else '—'} | "
-                         f"{_kernels(new)} |")
+            lines.append(f"| {md_code(name)} | {_md_counts(old.cubins if old else {})} | "
+                         f"{_md_kernels(old)} | {_md_counts(new.cubins if new else {})} | "
+                         f"{_md_kernels(new)} |")
     elif record.status == RunStatus.UP_TO_DATE:
         lines += ["", "_No audit kept for the existing image; `--force` rebuilds._"]
     excluded = record.fp4_excluded or {}
     for name, count in sorted(excluded.items()):
         if count:
-            lines.append(f"\n{md_code(name)}: {count} FP4 kernel(s) left out on purpose.")
+            lines.append(f"\n{md_code(name)}: {md(str(count))} FP4 kernel(s) left out on "
+                         "purpose.")
     return "\n".join(lines) + "\n"
 
 
@@ -366,16 +382,21 @@ def recorded(record: RunRecord, report: Path | None, summary_md: Path | None,
             say_json(record.as_json())
 
 
-def kernels_lines(record: RunRecord, bullet: str = "  ", code: str = "") -> list[str]:
-    """What a run took from, and gave to, a registry of kernels images."""
+def kernels_lines(record: RunRecord, bullet: str = "  ",
+                  name: Callable[[str], str] = shown,
+                  text: Callable[[str], str] = shown) -> list[str]:
+    """What a run took from, and gave to, a registry of kernels images: each reference
+    and digest through `name`, every other value through `text` (plain text: `shown`;
+    Markdown: `md_code` and `md`)."""
     lines = []
     used = record.kernels_from
     if used:
-        lines.append(f"{bullet}kernels from {code}{used.ref}{code}: {used.outcome}"
-                     + (f" ({code}{used.digest}{code}, reuse key {used.reuse_key})"
-                        if used.outcome == "hit" else f" ({used.why})" if used.why else ""))
+        lines.append(f"{bullet}kernels from {name(used.ref)}: {text(used.outcome)}"
+                     + (f" ({name(used.digest)}, reuse key {text(used.reuse_key)})"
+                        if used.outcome == "hit" else f" ({text(used.why)})" if used.why
+                        else ""))
     for tag in record.kernels_to or []:
-        lines.append(f"{bullet}kernels pushed: {code}{tag}{code}")
+        lines.append(f"{bullet}kernels pushed: {name(tag)}")
     return lines
 
 

@@ -63,8 +63,9 @@ def test_summary_markdown(matrix: dict[str, Path], tmp_path: Path) -> None:
     result = cli("audit", "--summary-md", str(summary), str(matrix["sm90"]))
     assert result.returncode == 0
     text = summary.read_text()
-    assert "| .so | cubins per arch | PTX | sm_121 | kernels loadable on sm_121 |" in text
-    assert "sm_90 x2 | - | none | 0 of 4 |" in text
+    # (Markdown-escaped: `\_` and `\-` are shown `_` and `-`)
+    assert "| .so | cubins per arch | PTX | sm\\_121 | kernels loadable on sm\\_121 |" in text
+    assert "sm\\_90 x2 | \\- | none | 0 of 4 |" in text
 
 
 COMMANDS = ("build", "local", "inject", "audit", "pin", "patch", "dockerfile", "prune",

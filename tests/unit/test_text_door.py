@@ -208,3 +208,52 @@ def test_an_8_mb_manifest_value_is_one_short_error_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and len(lines[0]) <= 4096, len(done.stderr)
     assert lines[0].startswith("error: ") and "arch_list '111" in lines[0]
     assert "(8388408 more bytes)" in lines[0]
+
+
+ESCAPERS = {"md", "md_code"}
+
+
+def _is_renderer(name: str) -> bool:
+    return "markdown" in name or name.startswith("_md")
+
+
+def _escaping(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and (node.func.id in ESCAPERS or _is_renderer(node.func.id)))
+
+
+def _raw_markdown(tree: ast.AST) -> list[str]:
+    """Values a Markdown renderer (a function named `*markdown*` or `_md*`) puts in an
+    f-string other than through the escaper (`md`, `md_code`, another renderer); an
+    f-string the escaper is given whole is escaped whole."""
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef) or not _is_renderer(function.name):
+            continue
+        escaped = {id(arg) for node in ast.walk(function) if _escaping(node)
+                   for arg in ast.walk(node)}
+        for node in ast.walk(function):
+            if isinstance(node, ast.FormattedValue) and id(node) not in escaped \
+                    and not _escaping(node.value):
+                found.append(f"{function.name}: {ast.unparse(node.value)}")
+    return found
+
+
+def test_every_markdown_value_goes_through_the_escaper() -> None:
+    """$GITHUB_STEP_SUMMARY is written by renderers alone, and each puts every value in
+    through `md` or `md_code` (issue #62: a refusal's and a decision's reasons went in raw)."""
+    renderers, raw = 0, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        renderers += sum(isinstance(n, ast.FunctionDef) and n.name == "markdown"
+                         for n in ast.walk(tree))
+        found = _raw_markdown(tree)
+        if found:
+            raw[path.relative_to(PACKAGE).as_posix()] = found
+    assert renderers >= 2 and raw == {}
+
+
+def test_the_markdown_scan_sees_a_raw_value() -> None:
+    source = ("def markdown(r):\n    return f'| {md(r.a)} | {r.why} | {_md_x(r)} | "
+              "{str(r.b)} | {md(f\"{r.c} → {r.d}\")} |'\n")
+    assert _raw_markdown(ast.parse(source)) == ["markdown: r.why", "markdown: str(r.b)"]
