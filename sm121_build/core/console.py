@@ -22,19 +22,25 @@ tail, the cut said): an 8 MB field of a manifest is never an 8 MB line."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import io
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
 
 from sm121_build.core.compile_progress import CompileProgress, History
+from sm121_build.core.outputs import NotWritten, write_all
 
 # C0 controls (newline and tab among them), DEL, C1 controls, the bidirectional marks,
 # embeddings, overrides and isolates, the Unicode line and paragraph separators, and lone
@@ -133,15 +139,55 @@ def _block(text: str) -> str:
 
 def say(text: str = "", nl: bool = True) -> None:
     """A block of text for a person on stdout (a table, a listing, a diff): its own line
-    breaks kept, every other control character escaped."""
+    breaks kept, every other control character escaped; whole or not at all (`_stdout`)."""
     end_status_line()
-    click.echo(_block(text), nl=nl)
+    _stdout(_block(text) + ("\n" if nl else ""))
 
 
 def say_json(data: Any, indent: int | None = 2, sort_keys: bool = False) -> None:
     """JSON on stdout, exact (json.dumps escapes every control character itself; a CI
-    runner's `##[command]` inside a string is written `\\u0023#[`, the same JSON)."""
-    click.echo(json.dumps(data, indent=indent, sort_keys=sort_keys).replace("##[", "\\u0023#["))
+    runner's `##[command]` inside a string is written `\\u0023#[`, the same JSON); whole or
+    not at all (`_stdout`)."""
+    text = json.dumps(data, indent=indent, sort_keys=sort_keys).replace("##[", "\\u0023#[")
+    _stdout(text + "\n")
+
+
+def _regular_fd(stream: Any) -> int | None:
+    """The stream's descriptor when it is a regular file (`> result.json`), else None (a
+    terminal, a pipe, a test's capture)."""
+    try:
+        fd = int(stream.fileno())
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+
+
+def _stdout(text: str) -> None:
+    """Text to stdout.  Where stdout is a file, written whole or not at all: Python's
+    stdout can take a write the disk cut short for a whole one (a full disk left half a
+    JSON document and exit 0), so the bytes go to the descriptor until every one is
+    written, and a write that fails cuts the file back and is `NotWritten`, naming it."""
+    stream = sys.stdout
+    fd = _regular_fd(stream)
+    if fd is None:
+        click.echo(text, nl=False)
+        return
+    stream.flush()
+    size = os.fstat(fd).st_size
+    start = size if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND else \
+        os.lseek(fd, 0, os.SEEK_CUR)
+    try:
+        write_all(fd, text.encode(getattr(stream, "encoding", None) or "utf-8",
+                                  "backslashreplace"))
+    except OSError as exc:
+        if start == size:  # (written at its end: cut back to what it held)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+        name = "stdout"
+        with contextlib.suppress(OSError):
+            name = f"stdout ({os.readlink(f'/proc/self/fd/{fd}')})"
+        raise NotWritten(Path(name), exc.strerror or str(exc),
+                         "what it held before is as it was") from None
 
 
 def on_github_actions() -> bool:

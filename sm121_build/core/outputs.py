@@ -39,19 +39,50 @@ def not_regular(path: Path) -> str | None:
     return "not a regular file"
 
 
+class NotWritten(Sm121Error):
+    """A result that could not be written (a full disk, a folder that refuses it): the
+    message names the file; nothing of it was left (`why`: what the system said)."""
+
+    def __init__(self, path: Path, why: str, left: str) -> None:
+        super().__init__(f"{path}: {why}: not written ({left})")
+        self.path, self.why = path, why
+
+
+def _said(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
 def append_text(path: Path, text: str) -> None:
-    """Append to a regular file (created when absent); never follows a symlink or blocks."""
+    """Append to a regular file (created when absent), whole or not at all: a write that
+    fails (a full disk) cuts the file back to what it held, so `$GITHUB_STEP_SUMMARY`
+    never keeps half a table.  Never follows a symlink or blocks."""
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
         what = not_regular(path)
-        raise Sm121Error(f"{path}: {what or exc.strerror or exc}: not written") from None
-    with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace") as out:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise Sm121Error(f"{path}: {what or _said(exc)}: not written") from None
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
             raise Sm121Error(f"{path}: {not_regular(path) or 'not a regular file'}: not written")
-        out.write(text)
+        try:
+            write_all(fd, text.encode("utf-8", errors="backslashreplace"))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, found.st_size)
+            raise NotWritten(path, _said(exc), "it holds what it held before") from None
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Every byte of `data` to `fd` (a write the disk cut short is continued, and then
+    fails with the disk's error: never a short write taken for a whole one)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def replace_text(path: Path, text: str) -> None:
@@ -72,13 +103,15 @@ def replace_file(path: Path, write: Callable[[BinaryIO], object],
     """Write a file durably and atomically: a temporary file beside it (created exclusively,
     so never through a link) that `write` fills, fsync'd, given `mode`, renamed over the
     name, the folder fsync'd.  A name that is a link or not a regular file is refused; an
-    OSError (a full disk) leaves the old file as it was and no temporary file behind."""
+    OSError (a full disk) leaves the old file as it was and no temporary file behind, and
+    is `NotWritten`, naming the file."""
     what = not_regular(path)
     if what:
         raise Sm121Error(f"{path}: {what}: not written over")
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    temporary = None
     try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(handle, "wb") as out:
             write(out)
             out.flush()
@@ -86,15 +119,21 @@ def replace_file(path: Path, write: Callable[[BinaryIO], object],
         if mode is not None:
             os.chmod(temporary, mode)
         os.replace(temporary, path)
+        temporary = None
         folder = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(folder)
         finally:
             os.close(folder)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    except OSError as exc:
+        # (a read of a source the write copies names its own file)
+        source = f"{exc.filename}: " if exc.filename and exc.filename != temporary else ""
+        raise NotWritten(path, source + _said(exc), "the old file, if any, is as it was") \
+            from None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def write_below(root: Path, path: Path, data: bytes) -> None:

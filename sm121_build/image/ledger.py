@@ -27,7 +27,7 @@ from pathlib import Path
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import InputRefused, read_input
-from sm121_build.core.outputs import held_lock, replace_bytes
+from sm121_build.core.outputs import NotWritten, held_lock, replace_bytes
 from sm121_build.core.paths import cache_dir, state_dir
 
 FORMAT = 1
@@ -162,8 +162,8 @@ def save(ledger: Ledger) -> None:
     text = json.dumps({"format": FORMAT, **asdict(ledger)}, indent=2).encode()
     try:
         replace_bytes(path, text)
-    except OSError as exc:
-        raise Sm121Error(f"could not write the ledger {path}: {exc.strerror or exc}; it "
+    except NotWritten as exc:
+        raise Sm121Error(f"could not write the ledger {path}: {exc.why}; it "
                          "keeps what it listed before this run (free the disk, then "
                          "`sm121-build prune` knows this run's images only once re-run)") \
             from None
