@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from sm121_build.core.console import Steps, md, md_code, notice, say_json, shown
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import read_input
-from sm121_build.core.outputs import append_text, replace_text
+from sm121_build.core.outputs import NotWritten, append_text, replace_text
 from sm121_build.core.paths import cache_dir
 from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import ArchList, is_default_gpu
@@ -356,30 +356,46 @@ def recorded(record: RunRecord, report: Path | None, summary_md: Path | None,
              steps: Steps | None = None, as_json: bool = False) -> Iterator[RunRecord]:
     """Write the record (`--report`) and its Markdown (`--summary-md`) however the run ends;
     with `steps`, their times go in and the run ends with its summary on stderr; `as_json`:
-    the record on stdout too."""
+    the record on stdout too.  Each is written whole or not at all; one that cannot be (a
+    full disk) is said and the others are still written, and the run ends with the error
+    that ended it, else with that of the first result not written."""
+    failing = False
     try:
         yield record
     except Sm121Error as exc:
-        record.error = str(exc)
+        record.error, failing = str(exc), True
         raise
     except KeyboardInterrupt:
-        record.error = "interrupted"
+        record.error, failing = "interrupted", True
+        raise
+    except BaseException:
+        failing = True
         raise
     finally:
         if steps is not None:
             record.steps = [{"name": name, "seconds": seconds, "ok": ok}
                             for name, seconds, ok in steps.timings]
-        if report:
-            write_json(report, record)
-        if summary_md:
-            write_markdown(summary_md, record)
+        unwritten: list[NotWritten] = []
+        for write, path in ((write_json, report), (write_markdown, summary_md)):
+            if path:
+                try:
+                    write(path, record)
+                except NotWritten as exc:
+                    unwritten.append(exc)
         # a run that did something ends with it; a failed one ends with its error line
         # (the record, --report and --json keep its step times)
         if steps is not None and steps.timings and record.error is None:
             for line in summary_lines(record):
                 notice(line)
         if as_json:
-            say_json(record.as_json())
+            try:
+                say_json(record.as_json())
+            except NotWritten as exc:
+                unwritten.append(exc)
+        for other in unwritten[0 if failing else 1:]:
+            notice(f"note: {other}")
+        if unwritten and not failing:
+            raise unwritten[0]
 
 
 def kernels_lines(record: RunRecord, bullet: str = "  ",

@@ -127,3 +127,34 @@ def test_the_error_line_of_a_full_disk_names_the_file(
                       "what it held before)"]
     monkeypatch.undo()
     assert summary.read_text() == "earlier\n"
+
+
+def test_a_run_whose_report_the_disk_refuses_still_writes_its_summary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The main job's results: `--report` on a full disk does not stop `--summary-md`; a
+    run that did its work ends with the report's error, one that failed with its own
+    error (the report's said in a note)."""
+    from sm121_build.core.errors import Sm121Error
+    from sm121_build.verify.run_report import new_record, recorded
+
+    report, summary = tmp_path / "full" / "report.json", tmp_path / "summary.md"
+    report.parent.mkdir()
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).parent == report.parent:
+            raise NO_SPACE
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(NotWritten, match=rf"^{report}: No space"), \
+            recorded(new_record("build", "b:1", "b:1-sm121", None), report, summary):
+        pass
+    assert summary.read_text().startswith("## sm121-build:") and not report.exists()
+    with pytest.raises(Sm121Error, match=r"^the build failed$"), \
+            recorded(new_record("build", "b:1", "b:1-sm121", None), report, summary):
+        raise Sm121Error("the build failed")
+    assert f"note: {report}: No space" in capsys.readouterr().err
+    assert "**FAILED**: the build failed" in summary.read_text()
+    assert _leftovers(report.parent) == []
