@@ -426,3 +426,64 @@ def test_an_envelope_of_many_signatures_costs_its_bytes_once(
         cosign.attested(registry(repo, 30.0), DIGEST, key.public(tmp_path / "k.pub"), "p")
     assert len(built) == 32  # once for each envelope that was read (the 16-signature ones)
     assert len(checked) == 32 * cosign.MAX_ENVELOPE_SIGNATURES
+
+
+def test_a_token_realm_gets_credentials_only_over_https_or_on_loopback() -> None:
+    from sm121_build.image.registry import _realm_allowed
+
+    assert _realm_allowed("https://auth.example/token", "ghcr.io")
+    assert _realm_allowed("http://127.0.0.1:5/token", "127.0.0.1:5000")
+    assert not _realm_allowed("http://auth.example/token", "ghcr.io")
+    assert not _realm_allowed("http://evil.example/token", "127.0.0.1:5000")  # loopback too
+    assert not _realm_allowed("ftp://x/token", "ghcr.io")
+    assert not _realm_allowed("https:///token", "ghcr.io")
+
+
+def _cli(args: list[str], env: dict[str, str], signal_after: float | None = None
+         ) -> tuple[int, str, float]:
+    """The command as a user runs it; with `signal_after`, a SIGINT that long after the
+    tool started.  Returns its exit, stderr and the seconds from the signal (or the start)
+    to its end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from devkit.worlds import tool_started
+
+    process = subprocess.Popen([sys.executable, "-m", "sm121_build", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **env})
+    started = time.monotonic()
+    if signal_after is not None:
+        tool_started(process.pid)
+        time.sleep(signal_after)
+        process.send_signal(signal.SIGINT)
+        started = time.monotonic()
+    _, err = process.communicate(timeout=120)
+    return process.returncode, err, time.monotonic() - started
+
+
+def test_kernels_verify_against_a_hostile_registry_is_one_line(hostile: str,
+                                                               tmp_path: Path) -> None:
+    """The commands that read a registry, run as a user runs them: a drip ends in one line
+    and exit 7 (at the deadline, not the minutes the answer would take); 65 signatures in
+    the list, exit 3; a Ctrl-C while the registry stalls, exit 130 at once."""
+    global SCRIPT
+    public = key_pair(tmp_path, "k")[1]
+    ref = f"{hostile}@sha256:{'ab' * 32}"
+    SCRIPT = Script(drip(b"{" + b" " * 398 + b"}", in_headers=True))
+    code, err, _ = _cli(["kernels", "verify", ref, "--trust-key", str(public)],
+                        {"SM121_REGISTRY_TIMEOUT": "2"})
+    assert code == 7 and err.count("\n") == 1 and "no whole answer" in err, err
+    assert counted(1)[0] <= 20
+    filler = {"mediaType": cosign.SIMPLE_SIGNING, "digest": "sha256:" + "00" * 32}
+    SCRIPT = Script(plain(200, json.dumps({"layers": [filler] * 65}).encode()))
+    code, err, _ = _cli(["kernels", "verify", ref, "--trust-key", str(public)],
+                        {"SM121_REGISTRY_TIMEOUT": "5"})
+    assert code == 3 and err.count("\n") == 1 and "not a signature manifest" in err, err
+    SCRIPT = Script(drip(b"{" + b" " * 398 + b"}", in_headers=True))
+    code, err, after = _cli(["kernels", "verify", ref, "--trust-key", str(public)],
+                            {"SM121_REGISTRY_TIMEOUT": "60"}, signal_after=1.0)
+    assert code == 130 and "Traceback" not in err, err
+    assert after < 60 / 4, after  # ended by the signal, long before the registry's deadline
