@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import Count, gpu_name, seconds_value
+from sm121_build.cli.params import Count, InputPath, gpu_name, seconds_value
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import parse_target
@@ -59,7 +59,7 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
               help="GPU to compile for: sm_121, sm_120, sm_90... [default: for files, this "
                    "machine's GPU (nvidia-smi), else sm_121; for an image, sm_121 (the DGX "
                    "Spark)]")
-@click.option("--cuda-home", type=click.Path(exists=True, file_okay=False, path_type=Path),
+@click.option("--cuda-home", type=InputPath(exists=True, file_okay=False, path_type=Path),
               help="Where ptxas and fatbinary are (DIR/bin) [default: $CUDA_HOME, PATH, "
                    "PyPI's nvidia-cuda-nvcc, /usr/local/cuda]")
 @click.option("-j", "--jobs", type=Count(1, 1024),

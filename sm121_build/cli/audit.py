@@ -12,7 +12,13 @@ import click
 
 from sm121_build.audit import report
 from sm121_build.audit.unpack import AuditedFile, Reading, binaries
-from sm121_build.cli.params import cuda_version, gpu_name, platform_value, require_writable
+from sm121_build.cli.params import (
+    InputPath,
+    cuda_version,
+    gpu_name,
+    platform_value,
+    require_writable,
+)
 from sm121_build.core.console import notice, results_to_stderr, say, say_json
 from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121Error
 from sm121_build.core.interrupts import held
@@ -108,7 +114,7 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
               help="Platform to read from a multi-platform OCI tarball (linux/arm64).")
 @click.option("--summary-md", type=click.Path(dir_okay=False, path_type=Path),
               help="Also append a Markdown table to this file (e.g. $GITHUB_STEP_SUMMARY).")
-@click.option("--source", type=click.Path(path_type=Path),
+@click.option("--source", type=InputPath(path_type=Path),
               help="The vLLM source tree the files were built from (a checkout or an "
                    "unpacked sdist): rebuild verdicts from its guards, as the main job "
                    "decides, instead of what the binaries alone show.")

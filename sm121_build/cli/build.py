@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.params import (
+    InputPath,
     arch_for_gpu,
     extension_names,
     extension_option,
@@ -64,7 +65,7 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
               help="Decide and print the plan (per extension: build or keep, and why); build "
                    "nothing.")
 @jobs_option()
-@click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+@click.option("--source", type=InputPath(file_okay=False, exists=True, path_type=Path),
               help="Existing vLLM checkout at the image's commit (else fetched).")
 @click.option("--repo", default=UPSTREAM, show_default=True, envvar="SM121_BUILD_REPO",
               help="Upstream git URL or path (a mirror; env SM121_BUILD_REPO).")
@@ -80,7 +81,7 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
                    "moving tag) or --pull=missing (only when it is not here).")
 @click.option("--versioned-tag", is_flag=True,
               help="Also tag <tag>-<vLLM version>-<commit>-b<base ID>: an immutable name to pin.")
-@click.option("--fa-source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+@click.option("--fa-source", type=InputPath(file_okay=False, exists=True, path_type=Path),
               help="Existing flash-attention checkout at the commit vLLM pins (else fetched "
                    "from the GIT_REPOSITORY vLLM's CMake names).")
 @click.option("--allow-other-commit", is_flag=True,

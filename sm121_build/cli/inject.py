@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.build import REPLACE_TAG_HELP, REPORT_HELP, SUMMARY_HELP
-from sm121_build.cli.params import gpu_option, require_outputs, trust_key_option
+from sm121_build.cli.params import InputPath, gpu_option, require_outputs, trust_key_option
 from sm121_build.core.console import results_to_stderr
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
@@ -26,7 +26,7 @@ from sm121_build.jobs.framework.session import Reporting, Serving, run_session
 
 @click.command()
 @click.option("--artifacts", "folder",
-              type=click.Path(file_okay=False, exists=True, path_type=Path),
+              type=InputPath(file_okay=False, exists=True, path_type=Path),
               help="Folder written by `sm121-build --base IMAGE --out DIR`.")
 @click.option("--from", "kernels_ref", metavar="REF",
               help="A kernels image instead (`sm121-build kernels publish`), pulled with the "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import sign_key_option, trust_key_option
+from sm121_build.cli.params import InputPath, sign_key_option, trust_key_option
 from sm121_build.core.console import notice, say, say_json, shown
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref
@@ -56,7 +56,7 @@ def verify_command(ref: str, trust_key: Path) -> None:
 
 @kernels.command("attest")
 @click.argument("ref")
-@click.option("--proof", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--proof", type=InputPath(dir_okay=False, exists=True, path_type=Path),
               required=True, help="The proof (`sm121-build prove --json PROOF`) to attach.")
 @sign_key_option("The key that signed REF's provenance (`--kernels-to --sign-key`); it "
                  "signs the proof's statement too.", required=True)
@@ -77,7 +77,7 @@ def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None
 
 @kernels.command("publish")
 @click.option("--artifacts", "folder", required=True,
-              type=click.Path(file_okay=False, exists=True, path_type=Path),
+              type=InputPath(file_okay=False, exists=True, path_type=Path),
               help="Folder written by `sm121-build --base IMAGE --out DIR`.")
 @click.option("--to", "repo", required=True, metavar="REPO",
               help="Repository to push to (e.g. ghcr.io/you/vllm-sm121-kernels); the "
@@ -92,7 +92,7 @@ def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None
 @trust_key_option("Publish DIR only when its manifest.json is signed by this public key "
                   "(manifest.json.sig, written by `--out DIR --sign-key KEY`), and --proof "
                   "only when PROOF.sig is (`prove --sign-key`); exit 3 otherwise.")
-@click.option("--proof", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--proof", type=InputPath(dir_okay=False, exists=True, path_type=Path),
               help="Attach this proof (`sm121-build prove --json PROOF` of these files, "
                    "proven) as a statement --sign-key signs; `kernels verify` and "
                    "`--kernels-from` show it.  Refused (exit 3) when it is not of DIR's files, "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import arch_option, extension_option, jobs_option
+from sm121_build.cli.params import InputPath, arch_option, extension_option, jobs_option
 from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands.local_build import LocalBuild, run_local
@@ -17,7 +17,7 @@ from sm121_build.source.git_pin import require_vllm_tree
 
 @click.command()
 @click.option("--source", required=True,
-              type=click.Path(file_okay=False, exists=True, path_type=Path),
+              type=InputPath(file_okay=False, exists=True, path_type=Path),
               help="The vLLM checkout to build (a copy of it is patched and built).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the built .so files go.")
@@ -25,11 +25,11 @@ from sm121_build.source.git_pin import require_vllm_tree
 @extension_option("Also build this extension (e.g. _moe_C_stable_libtorch).")
 @jobs_option()
 @click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")
-@click.option("--fa-source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+@click.option("--fa-source", type=InputPath(file_okay=False, exists=True, path_type=Path),
               help="Existing flash-attention checkout at the commit vLLM pins (else fetched "
                    "from the GIT_REPOSITORY vLLM's CMake names).")
 @click.option("--offline", is_flag=True, help="Fetch nothing at configure time.")
-@click.option("--cutlass", type=click.Path(exists=True, path_type=Path),
+@click.option("--cutlass", type=InputPath(exists=True, path_type=Path),
               help="CUTLASS checkout or the nvidia-cutlass wheel.")
 def local(  # noqa: PLR0913 (a click command: a parameter per option)
           source: Path, out: Path, arch: ArchList, extra_ext: tuple[str, ...], jobs: int | None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from sm121_build.core.errors import Sm121Error
-from sm121_build.core.outputs import not_regular
+from sm121_build.core.outputs import declare_input, not_regular
 from sm121_build.cuda.binary import Policy, gpu_policy
 from sm121_build.cuda.compat import (
     KNOWN_ARCHS,
@@ -227,7 +228,30 @@ def require_outputs(out: Path | None, report: Path | None, summary_md: Path | No
     require_writable(state_dir(), "state dir (XDG_STATE_HOME)", directory=True)
 
 
-KEY_FILE = click.Path(dir_okay=False, exists=True, path_type=Path)
+class InputPath(click.Path):
+    """A path option the command READS (a key, a folder of files, a proof): declared an
+    input of the outputs door (`core.outputs.declare_input`), so no output of the command
+    (`--json`, `--out`, `--report`, ...) is written over, into or through it.  Every path
+    option that is not an output is one of these (tests/unit/test_prove_doors.py)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        declare_input(Path(os.fsdecode(path)), ctx)
+        return path
+
+
+def interpreter_value(ctx: click.Context | None, param: click.Parameter | None,
+                      value: str) -> str:
+    """`--python`: an interpreter the command runs, found as the shell finds it (a path, or
+    a name on PATH); where it is a file here, an input (no output is written over it)."""
+    found = shutil.which(value) if value else None
+    if found is not None:
+        declare_input(Path(found), ctx)
+    return value
+
+
+KEY_FILE = InputPath(dir_okay=False, exists=True, path_type=Path)
 
 
 def sign_key_option(help_text: str, required: bool = False) -> Callable[[F], F]:

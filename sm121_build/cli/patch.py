@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import arch_option
+from sm121_build.cli.params import InputPath, arch_option
 from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import SM121, ArchList, loads_natively
 from sm121_build.source.external import tree_project
@@ -50,7 +50,7 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 
 
 @click.command()
-@click.argument("source", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("source", type=InputPath(file_okay=False, exists=True, path_type=Path))
 @arch_option("TORCH_CUDA_ARCH_LIST for the build, e.g. 12.1 or 12.1a.")
 @click.option("--version", "vllm_version", help="vLLM version of SOURCE (read from it if unset).")
 @click.option("--check", is_flag=True, help="Report only; write nothing.")

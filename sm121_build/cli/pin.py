@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from sm121_build.cli.params import InputPath
 from sm121_build.core.console import results_to_stderr, say, say_json, shown
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.git_pin import UPSTREAM, fetch_source, resolve_checkout, version_to_ref
@@ -15,7 +16,7 @@ from sm121_build.source.git_pin import UPSTREAM, fetch_source, resolve_checkout,
 @click.argument("image")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--fetch", is_flag=True, help="Also fetch the source at that commit.")
-@click.option("--source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+@click.option("--source", type=InputPath(file_okay=False, exists=True, path_type=Path),
               help="Use this existing checkout instead of fetching.")
 @click.option("--repo", default=UPSTREAM, show_default=True, help="Upstream git URL.")
 def pin(image: str, as_json: bool, fetch: bool, source: Path | None, repo: str) -> None:

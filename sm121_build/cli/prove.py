@@ -9,7 +9,13 @@ from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import require_writable, seconds_value, sign_key_option
+from sm121_build.cli.params import (
+    InputPath,
+    interpreter_value,
+    require_writable,
+    seconds_value,
+    sign_key_option,
+)
 from sm121_build.core.errors import VerificationError
 from sm121_build.image.refs import validate_image_ref
 
@@ -18,15 +24,16 @@ DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five config
 
 @click.command()
 @click.argument("image", required=False)
-@click.option("--files", "files", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--files", "files", type=InputPath(file_okay=False, path_type=Path),
               help="Instead of IMAGE: the aot'd files (aot's --out), every .so under it with "
                    "a stock file, proven with this host's --python.")
-@click.option("--stock", "stock", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--stock", "stock", type=InputPath(file_okay=False, path_type=Path),
               help="With --files: the stock files aot read, at the same paths as under "
                    "--files.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the proof document here (data/schemas/proof.schema.json).")
 @click.option("--python", "python", default="python3", show_default=True,
+              callback=interpreter_value,
               help="The interpreter the children run under (IMAGE's own, for IMAGE): torch "
                    "(with the CUDA the files were built against) for the harnesses, ctypes "
                    "for the loader.")

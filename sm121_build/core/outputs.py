@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+import click
+
 from sm121_build.core.errors import Sm121Error
 
 LOCK_WAIT_S = 60.0  # a lock is held for a read and a write: milliseconds
@@ -213,12 +215,32 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+_INPUTS = "sm121.inputs"  # the command's context: every path an option names to be read
+
+
+def declare_input(path: Path, ctx: click.Context | None) -> None:
+    """Record `path` (a key, an interpreter, a folder an option names to be read) as an
+    input of the command `ctx` runs: no output of it may be written over, into or through
+    it (`refuse_onto_inputs`, `Results`).  `cli.params.InputPath` calls this for every
+    option that names a file the command reads."""
+    if ctx is not None:
+        ctx.meta.setdefault(_INPUTS, []).append(path)
+
+
+def declared_inputs() -> tuple[Path, ...]:
+    """The inputs the running command's options named (`declare_input`)."""
+    ctx = click.get_current_context(silent=True)
+    return () if ctx is None else tuple(ctx.meta.get(_INPUTS, ()))
+
+
 def refuse_onto_inputs(output: Path, inputs: tuple[Path, ...], what: str) -> None:
     """An output may be no input, by any spelling (the same file by its resolved path or
-    its inode, a hard link of it), nor lie inside an input folder (links resolved)."""
+    its inode, a hard link of it), nor lie inside an input folder (links resolved).  The
+    inputs are `inputs` and every path the command's options name to be read
+    (`declared_inputs`: keys, interpreters, folders)."""
     resolved = output.resolve()
     same = _identity(output)
-    for source in inputs:
+    for source in (*inputs, *declared_inputs()):
         where_source = source.resolve()
         inside = source.is_dir() and _inside(resolved, where_source)
         if inside or resolved == where_source or (same is not None
