@@ -28,7 +28,7 @@ from sm121_build.core.errors import WrongGpu
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.fatbin import HostBinary, device_file_kind, ptx_kernels
-from sm121_build.jobs.commands.prove_child import Said
+from sm121_build.jobs.commands.prove_child import Asked, Said
 from sm121_build.jobs.commands.prove_document import Subject
 from sm121_build.jobs.commands.proving import Pair, extract
 
@@ -165,7 +165,7 @@ def test_nothing_to_prove_and_no_folder(tmp_path: Path, fake: Path) -> None:
 
 
 def test_what_a_child_says_is_parsed_as_outside_input() -> None:
-    said = Said()
+    said = Said(Asked(cubins={"c": frozenset({"k" * 5000})}, cases=None))
     for line in [
         "not json", "{", "[1, 2]", '{"op": "x", "case": "y", "first_s": true}',
         '{"op": "x", "case": "y", "first_s": NaN}', '{"op": "x", "case": "y"}',

@@ -1,11 +1,14 @@
 """Issue 62: `prove` and proof documents at the doors.
 
 - every path option a command READS is an input of the outputs door (`cli.params.InputPath`,
-  `--python`): no `--json`, `--out`, `--report` is written over, into or through it.
+  `--python`): no `--json`, `--out`, `--report` is written over, into or through it;
+- a child's answers are kept only for what it was asked, once, within a budget.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,10 +16,18 @@ import click
 import pytest
 
 from devkit.fake_gpu import fake_python
-from devkit.helpers import cli, one_line_error
+from devkit.helpers import ROOT, cli, one_line_error
 from devkit.keys import key_pair
 from sm121_build.cli import cli as root
 from sm121_build.cli.params import InputPath, interpreter_value
+from sm121_build.jobs.commands.prove_child import (
+    KEPT_BYTES,
+    MAX_KEPT,
+    Asked,
+    Said,
+    SaidTooMuch,
+    heard,
+)
 
 # the path options that name what a command WRITES: every other path option is read
 OUTPUTS = {"out", "report", "summary_md", "json_out"}
@@ -92,3 +103,72 @@ def test_aot_out_inside_its_cuda_home_is_refused(tmp_path: Path) -> None:
                               str(home)))
     assert "is inside the input" in line
     assert not (home / "out").exists()
+
+
+# a child that answers, validly, about what it was not asked: 100,000 lines of 20 missing
+# kernel names of 300 characters each (before issue 62: 777 MB kept from the probe alone)
+FLOOD = '''
+import json, sys
+print(json.dumps({"device": {"name": "FLOOD", "major": 12, "minor": 1, "driver": 13000,
+                             "version": "1"}}))
+names = ["k%03d" % i + "x" * 296 for i in range(20)]
+line = json.dumps({"cubin": "c", "loaded": True, "found": 1, "missing": names,
+                   "missing_count": 20}) + "\\n"
+for _ in range(100_000):
+    sys.stdout.write(line)
+'''
+
+
+def _lines(*items: dict[str, object]) -> bytes:
+    return b"".join(json.dumps(item).encode() + b"\n" for item in items)
+
+
+def test_a_child_keeps_only_answers_to_what_it_was_asked() -> None:
+    asked = Asked(cubins={"0000-00001": frozenset({"kern_a", "kern_b"})})
+    said = heard(_lines(
+        *({"cubin": f"other-{n}", "loaded": False, "error": "x" * 300} for n in range(500)),
+        {"cubin": "0000-00001", "loaded": True, "found": 1, "missing_count": 1,
+         "missing": ["kern_b", "not_its_kernel", "y" * 5000]},
+        *({"cubin": "0000-00001", "loaded": True, "found": 2, "missing": [],
+           "missing_count": 0} for _ in range(500)),
+        *({"op": "o", "case": f"c{n}", "first_s": 1.0} for n in range(500)),
+        *({"key": f"o/c{n}", "bitwise_equal": True} for n in range(500))), asked, "loader")
+    [load] = said.loads
+    assert (load.found, load.missing) == (1, ("kern_b",))  # the first answer, its kernel
+    assert (said.cases, said.compared) == ([], [])
+    assert said.unasked == 500 + 500 + 500 and said.repeated == 500 and said.kept == 1
+    runs = heard(_lines(*({"op": "o", "case": f"c{n % 3}", "first_s": 1.0}
+                          for n in range(300))), Asked(cases=frozenset({"o/c1"})), "run")
+    assert [c.case for c in runs.cases] == ["c1"] and runs.repeated == 99
+
+
+@pytest.mark.parametrize(("count", "pad"), [(MAX_KEPT + 1, 0), (200, 60_000)])
+def test_a_child_that_answers_past_its_budget_is_refused(count: int, pad: int) -> None:
+    output = _lines(*({"op": "o", "case": f"c{n}", "first_s": 1.0, "pad": "p" * pad}
+                      for n in range(count)))
+    with pytest.raises(SaidTooMuch, match=r"^the stock run said more than .*: refused"):
+        heard(output, Asked(cases=None), "the stock run")
+    said = Said(Asked(cases=None))
+    for line in output.decode().splitlines():
+        said.line(line)
+    assert said.over is not None and said.cases == []  # nothing kept past the budget
+    assert said.kept <= MAX_KEPT + 1 and said.kept_bytes <= KEPT_BYTES + 65_536
+
+
+def test_a_flooding_child_does_not_fill_the_memory(folders: tuple[Path, Path],
+                                                   tmp_path: Path) -> None:
+    """Red team (issue 62): the probe's well-formed lines drove the tool to 777 MB."""
+    flood = tmp_path / "flood"
+    flood.write_text(f"#!{sys.executable}\n{FLOOD}")
+    flood.chmod(0o755)
+    measure = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:], "
+               "capture_output=True, text=True); print(done.returncode, "
+               "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+               "print(done.stderr, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", measure, sys.executable, "-m", "sm121_build",
+                           "prove", "--files", str(folders[0]), "--stock", str(folders[1]),
+                           "--python", str(flood)], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    code, kib = map(int, done.stdout.split())
+    assert code == 2 and "nothing to prove" in done.stderr
+    assert kib < 400 * 1024  # the issue's bound: well under its 831 MB

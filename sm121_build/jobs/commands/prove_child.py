@@ -5,6 +5,12 @@ A line is cut at `LINE_BYTES` (`core.children.Lines`), at most `MAX_LINES` are r
 must be one JSON object whose fields have the types the protocol names; anything else (a
 torch warning on stdout, a line cut short, a field of the wrong type) is counted as
 ignored, never trusted.  Texts are cut to `TEXT` characters and lists to `NAMES` items.
+
+What is kept is what the child was asked (`Asked`): an answer about a cubin it was not
+given, a kernel not in that cubin, a case or output it was not asked about, or one it
+already answered is counted and dropped, never stored; and what one child's answers keep is
+bounded (`MAX_KEPT` answers, `KEPT_BYTES` of their lines): past that the child is refused
+in one line (`SaidTooMuch`), however many valid lines it prints.
 """
 
 from __future__ import annotations
@@ -16,12 +22,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sm121_build.core.children import Ended, Lines, Program, run
+from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import Target
 
 LINE_BYTES = 64 * 1024
 MAX_LINES = 100_000
 TEXT = 300
 NAMES = 20
+MAX_KEPT = 20_000  # answers one child's Said keeps: a cubin each, a case, an output
+KEPT_BYTES = 8 << 20  # of the lines those answers came in
+
+
+class SaidTooMuch(Sm121Error):
+    """A child answered more than one child's answers may keep (`MAX_KEPT`, `KEPT_BYTES`)."""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a child was asked about: answers about anything else are counted, not kept.
+    `cubins`: the loader's cubins (id -> the kernels it was given); `cases`: the `OP/CASE`
+    keys a run or a comparison may answer (None: any, within the budget: the stock JIT run,
+    which says what the cases are)."""
+
+    cubins: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    cases: frozenset[str] | None = frozenset()
 
 
 def _text(value: object) -> str | None:
@@ -101,8 +125,11 @@ class Compared:
 
 @dataclass
 class Said:
-    """Everything one child said that parsed, in order, and how many lines did not."""
+    """Everything one child said that parsed and was asked (`asked`), in order, once each;
+    how many lines did not parse (`ignored`), answered what was not asked (`unasked`) or
+    again (`repeated`); `over` when its answers passed the budget."""
 
+    asked: Asked = field(default_factory=Asked)
     device: Device | None = None
     error: str | None = None
     schema_error: str | None = None
@@ -113,6 +140,12 @@ class Said:
     done: int | None = None
     lines: int = 0
     ignored: int = 0
+    unasked: int = 0
+    repeated: int = 0
+    kept: int = 0
+    kept_bytes: int = 0
+    over: str | None = None
+    _seen: set[str] = field(default_factory=set, repr=False)
 
     def cut(self) -> None:
         """A line longer than `LINE_BYTES`: counted and ignored whole, never read in part."""
@@ -129,8 +162,41 @@ class Said:
             data = json.loads(text) if text.lstrip().startswith("{") else None
         except (ValueError, RecursionError):
             data = None
+        kept = self.kept
         if not isinstance(data, dict) or not self._take(data):
             self.ignored += 1
+        elif self.kept > kept:
+            self.kept_bytes += len(text)
+            if self.kept > MAX_KEPT or self.kept_bytes > KEPT_BYTES:
+                self.over = f"more than {MAX_KEPT:,} answers or {KEPT_BYTES:,} bytes of them"
+                self._drop()
+
+    def _drop(self) -> None:
+        """Past the budget: nothing more is kept (the child is refused when it ends)."""
+        self.loads.clear()
+        self.cases.clear()
+        self.compared.clear()
+        self._seen.clear()
+
+    def _new(self, kind: str, key: str, asked: bool) -> bool:
+        """Whether an answer of `kind` about `key` is to be kept: asked, and the first."""
+        if self.over is not None:
+            return False
+        if not asked:
+            self.unasked += 1
+            return False
+        if f"{kind}\0{key}" in self._seen:
+            self.repeated += 1
+            return False
+        self._seen.add(f"{kind}\0{key}")
+        self.kept += 1
+        return True
+
+    def refuse_if_over(self, what: str) -> None:
+        """SaidTooMuch in one line when the child's answers passed the budget."""
+        if self.over is not None:
+            raise SaidTooMuch(f"{what} said {self.over}: refused (its answers are not "
+                              "kept)")
 
     def _take(self, data: Mapping[str, Any]) -> bool:
         if "device" in data:
@@ -167,15 +233,21 @@ class Said:
         cubin, loaded = _text(data["cubin"]), data.get("loaded")
         if cubin is None or not isinstance(loaded, bool):
             return False
+        found, count = _count(data.get("found")), _count(data.get("missing_count"))
+        missing = data.get("missing")
+        if loaded and (found is None or count is None or not isinstance(missing, list)):
+            return False
+        kernels = self.asked.cubins.get(cubin)
+        if not self._new("cubin", cubin, kernels is not None):
+            return True  # parsed, and counted: not kept
+        assert kernels is not None
         if not loaded:
             self.loads.append(CubinLoad(cubin, False, error=_text(data.get("error"))
                                         or "no reason given"))
             return True
-        found, count = _count(data.get("found")), _count(data.get("missing_count"))
-        missing = data.get("missing")
-        if found is None or count is None or not isinstance(missing, list):
-            return False
-        names = tuple(n for n in (_text(m) for m in missing[:NAMES]) if n is not None)
+        assert found is not None and count is not None and isinstance(missing, list)
+        names = tuple(m[:TEXT] for m in missing[:NAMES]  # only kernels it was given
+                      if isinstance(m, str) and m in kernels)
         self.loads.append(CubinLoad(cubin, True, found, names, max(count, len(names))))
         return True
 
@@ -184,6 +256,9 @@ class Said:
         first, error = _seconds(data.get("first_s")), _text(data.get("error"))
         if op is None or case is None or (first is None) == (error is None):
             return False
+        key = f"{op}/{case}"
+        if not self._new("case", key, self.asked.cases is None or key in self.asked.cases):
+            return True
         self.cases.append(CaseRun(op, case, first, error))
         return True
 
@@ -192,14 +267,18 @@ class Said:
         if key is None:
             return False
         side = data.get("missing_in")
+        asked = self.asked.cases is None or key in self.asked.cases
         if side in ("reference", "other"):
-            self.compared.append(Compared(key, False, None, str(side)))
+            if self._new("key", key, asked):
+                self.compared.append(Compared(key, False, None, str(side)))
             return True
         equal, diff, ulp = data.get("bitwise_equal"), data.get("max_abs_diff"), \
             data.get("max_ulp")
         if not isinstance(equal, bool) or (diff is not None and not _finite(diff)) or (
                 ulp is not None and (type(ulp) is not int or not 0 <= ulp < 2**64)):
             return False
+        if not self._new("key", key, asked):
+            return True
         self.compared.append(Compared(key, equal, None if diff is None else float(diff),
                                       max_ulp=ulp))
         return True
@@ -211,20 +290,23 @@ def _finite(value: object) -> bool:
         and math.isfinite(value)
 
 
-def heard(output: bytes) -> Said:
-    """What a child said, from its whole output at once (a container's log), parsed as
-    `talk` parses it while it comes."""
-    said = Said()
+def heard(output: bytes, asked: Asked, what: str) -> Said:
+    """What a child (`what`) said, from its whole output at once (a container's log), parsed
+    as `talk` parses it while it comes; SaidTooMuch past the budget."""
+    said = Said(asked)
     lines = Lines(said.line, LINE_BYTES, on_cut=said.cut)
     lines(output)
     lines.close()
+    said.refuse_if_over(what)
     return said
 
 
-def talk(program: Program) -> tuple[Ended, Said]:
-    """Run a child to its end or deadline; what it said, parsed line by line as it came."""
-    said = Said()
+def talk(program: Program, asked: Asked) -> tuple[Ended, Said]:
+    """Run a child to its end or deadline; what it said of what it was `asked`, parsed line
+    by line as it came; SaidTooMuch past the budget."""
+    said = Said(asked)
     lines = Lines(said.line, LINE_BYTES, on_cut=said.cut)
     ended = run(program, lines)
     lines.close()
+    said.refuse_if_over(program.what)
     return ended, said

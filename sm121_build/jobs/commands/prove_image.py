@@ -28,7 +28,7 @@ from sm121_build.cuda.compat import Target, parse_target
 from sm121_build.image.api import Bind, GpuJob, ImageEngine, ImageFiles
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import validate_image_ref
-from sm121_build.jobs.commands.prove_child import Said, heard
+from sm121_build.jobs.commands.prove_child import Asked, Said, heard
 from sm121_build.jobs.commands.prove_document import Proof, Subject
 from sm121_build.jobs.commands.proving import PAYLOADS, Pair, ProveRequest, prove_pairs
 from sm121_build.jobs.framework.pipeline import Pipeline
@@ -103,7 +103,7 @@ class ImageChildren:
     seconds: float
     binds: tuple[Bind, ...]
 
-    def talk(self, args: tuple[str, ...], what: str, jit: bool,
+    def talk(self, args: tuple[str, ...], what: str, jit: bool, asked: Asked,
              seconds: float | None = None) -> tuple[Ended, Said]:
         # the image's own environment, with the driver's JIT said outright either way
         env = (("CUDA_CACHE_DISABLE", "1"), ("CUDA_DISABLE_PTX_JIT", "0" if jit else "1"),
@@ -114,8 +114,9 @@ class ImageChildren:
             self.binds, f"{os.getuid()}:{os.getgid()}"))
         stdout, stderr = done.stdout.encode(), done.stderr.encode()
         dropped = max(0, len(stdout) - KEPT) + max(0, len(stderr) - KEPT)
+        said = heard(stdout, asked, what)
         return Ended(-9 if done.status is None else done.status, stdout[-KEPT:],
-                     stderr[-KEPT:], dropped, done.status is None, 0.0, 0), heard(stdout)
+                     stderr[-KEPT:], dropped, done.status is None, 0.0, 0), said
 
     def at(self, path: Path) -> str:
         """Where a child sees `path`: under the bind that holds it."""

@@ -34,7 +34,7 @@ from sm121_build.core.inputs import kind_of, require_folder, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added
 from sm121_build.cuda.compat import Target, cubin_loads
-from sm121_build.jobs.commands.prove_child import Compared, CubinLoad, Device, Said, talk
+from sm121_build.jobs.commands.prove_child import Asked, Compared, CubinLoad, Device, Said, talk
 from sm121_build.jobs.commands.prove_document import (
     CubinResult,
     FileResult,
@@ -65,7 +65,7 @@ class Children(Protocol):
         """The interpreter, as messages name it."""
         ...
 
-    def talk(self, args: tuple[str, ...], what: str, jit: bool,
+    def talk(self, args: tuple[str, ...], what: str, jit: bool, asked: Asked,
              seconds: float | None = None) -> tuple[Ended, Said]: ...
 
     def at(self, path: Path) -> str: ...
@@ -78,10 +78,10 @@ class HostChildren:
     python: str
     seconds: float
 
-    def talk(self, args: tuple[str, ...], what: str, jit: bool,
+    def talk(self, args: tuple[str, ...], what: str, jit: bool, asked: Asked,
              seconds: float | None = None) -> tuple[Ended, Said]:
         return talk(Program((self.python, *args), min(seconds or self.seconds, self.seconds),
-                            what, env=_env(jit)))
+                            what, env=_env(jit)), asked)
 
     def at(self, path: Path) -> str:
         return str(path)
@@ -141,7 +141,7 @@ def probe(children: Children) -> Device:
     """The GPU (device 0), or NoGpu in one line: no libcuda, cuInit failed, no device."""
     try:
         ended, said = children.talk((children.at(LOADER), "probe"), "the CUDA driver probe",
-                                    jit=False, seconds=PROBE_SECONDS)
+                                    jit=False, asked=Asked(), seconds=PROBE_SECONDS)
     except OSError as exc:
         raise Sm121Error(f"--python {children.python}: cannot be run "
                          f"({exc.strerror or exc})") from None
@@ -188,8 +188,9 @@ def load_all(children: Children, extracted: list[Extracted], folder: Path
              for e in extracted for n, path in e.paths.items()]
     listing = folder / "cubins.json"
     listing.write_text(json.dumps(items))
+    asked = Asked(cubins={str(item["id"]): frozenset(item["kernels"]) for item in items})
     ended, said = children.talk((children.at(LOADER), "load", children.at(listing)),
-                                "the cubin loader", jit=False)
+                                "the cubin loader", jit=False, asked=asked)
     if said.device is None:
         raise NoGpu(f"no GPU to prove on: {said.error or ended.said(200)}")
     if said.done != len(items) or ended.timed_out or ended.returncode != 0:
@@ -235,9 +236,12 @@ class HarnessRun:
         return f"exit {self.ended.returncode}: {self.ended.said(200)}"
 
 
-def _harness(children: Children, script: str, so: str, out: Path, jit: bool) -> HarnessRun:
+def _harness(children: Children, script: str, so: str, out: Path, jit: bool,  # noqa: PLR0913
+             cases: frozenset[str] | None = None) -> HarnessRun:
+    """One run of a harness; `cases`: the `OP/CASE` keys it may answer (None: any, within
+    the budget: the stock JIT run says what the cases are)."""
     ended, said = children.talk((children.at(PAYLOADS / script), so, children.at(out)),
-                                f"the {script} harness", jit)
+                                f"the {script} harness", jit, Asked(cases=cases))
     if said.schema_error is not None:
         raise HarnessMismatch(f"{so}: {said.schema_error}; the {script} harness does not fit "
                               "this library's ops")
@@ -258,19 +262,26 @@ def prove_ops(children: Children, pair: Pair, script: str, folder: Path
     stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
                               else f"{len(stock.said.cases)} case(s) ran")
-    native = _harness(children, script, pair.runs_as, stem.with_suffix(".native.pt"), jit=False)
+    asked = frozenset(f"{c.op}/{c.case}" for c in reference.said.cases)
+    native = _harness(children, script, pair.runs_as, stem.with_suffix(".native.pt"),
+                      jit=False, cases=asked)
     compared: dict[str, Compared] = {}
+    unasked = 0
     if reference.said.saved is not None and native.said.saved is not None:
         _ended, said = children.talk((children.at(COMPARE),
                                       children.at(stem.with_suffix(".jit.pt")),
                                       children.at(stem.with_suffix(".native.pt"))),
-                                     "the output comparison", jit=True)
+                                     "the output comparison", jit=True, asked=Asked(cases=asked))
         compared = {item.key: item for item in said.compared}
-    return _op_results(pair.name, (reference, native), compared), without
+        unasked = said.unasked
+    return _op_results(pair.name, (reference, native), compared, unasked), without
 
 
 def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
-                compared: Mapping[str, Compared]) -> list[OpResult]:
+                compared: Mapping[str, Compared], unasked: int) -> list[OpResult]:
+    """Each case the stock JIT run said, as the native run and the comparison found it;
+    and one result that proves nothing when the runs' account does not add up (`unasked`:
+    outputs compared that no run said)."""
     reference, native = runs
     native_cases = {(c.op, c.case): c for c in native.said.cases}
     results = []
@@ -288,13 +299,11 @@ def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
         results.append(OpResult(name, case.op, case.case, None if error else item,
                                 (case.first_s, mine.first_s if mine else None), error or None))
     said = {f"{c.op}/{c.case}" for c in reference.said.cases}
-    unsaid = sorted(set(compared) - said)
     saved = reference.said.saved
     why = ("no op case was said by the stock JIT run" if not reference.said.cases else
            f"the stock JIT run saved {saved} output(s) but said {len(said)} case(s)"
            if saved is not None and saved != len(said) else
-           f"{len(unsaid)} output(s) compared that no run said, e.g. {unsaid[0]}" if unsaid
-           else None)
+           f"{unasked} output(s) compared that no run said" if unasked else None)
     if why:  # what the runs said does not account for what was compared: nothing proven
         results.append(OpResult(name, "(every op)", "(the runs' account)", None,
                                 (None, None), why))
