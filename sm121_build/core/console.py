@@ -102,6 +102,20 @@ def shown(text: str, limit: int = NAME_LIMIT) -> str:
     return CONTROL.sub(_escaped, cut(text, limit))
 
 
+def shown_cut(value: object, limit: int = CUT) -> str:
+    """A value from outside (a document's field, any type) in a message: its text (a
+    string as it is, a number as its repr, a container as its kind and size), `cut` to
+    `limit` characters, then `shown`.  A message's size never follows a value's."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bool | int | float) or value is None:
+        text = repr(value)
+    else:
+        size = len(value) if isinstance(value, list | dict | tuple) else "?"
+        text = f"(a {type(value).__name__} of {size} items)"
+    return shown(cut(text, limit))
+
+
 def md(text: str, limit: int = NAME_LIMIT) -> str:
     """A value from outside as Markdown text: `shown`, then every character Markdown or a
     table cell gives a meaning (`|`, a backtick, `[`, `<`, `&` ...) escaped with a backslash."""

@@ -20,6 +20,7 @@ from devkit.helpers import ROOT, cli, one_line_error
 from devkit.keys import key_pair
 from sm121_build.cli import cli as root
 from sm121_build.cli.params import InputPath, interpreter_value
+from sm121_build.core.console import CUT, shown_cut
 from sm121_build.jobs.commands.prove_child import (
     KEPT_BYTES,
     MAX_KEPT,
@@ -172,3 +173,13 @@ def test_a_flooding_child_does_not_fill_the_memory(folders: tuple[Path, Path],
     code, kib = map(int, done.stdout.split())
     assert code == 2 and "nothing to prove" in done.stderr
     assert kib < 400 * 1024  # the issue's bound: well under its 831 MB
+
+
+def test_a_value_in_a_message_is_cut_to_a_bound() -> None:
+    """`core.console.shown_cut`: a value from outside is shown escaped and cut, whatever
+    its size or type."""
+    assert shown_cut("x" * 8_000_000) == "x" * CUT + f"…({8_000_000 - CUT} more bytes)"
+    assert shown_cut("\x1b]0;title\x07") == "\\e]0;title\\x07"
+    assert shown_cut([[1]] * 1_000_000) == "(a list of 1000000 items)"
+    assert (shown_cut(None), shown_cut(2.5), shown_cut(True)) == ("None", "2.5", "True")
+    assert len(shown_cut("\x1b" * 10_000, 10)) < 100
