@@ -183,3 +183,12 @@ def test_a_value_in_a_message_is_cut_to_a_bound() -> None:
     assert shown_cut([[1]] * 1_000_000) == "(a list of 1000000 items)"
     assert (shown_cut(None), shown_cut(2.5), shown_cut(True)) == ("None", "2.5", "True")
     assert len(shown_cut("\x1b" * 10_000, 10)) < 100
+
+
+def test_a_number_too_large_for_a_float_is_ignored_not_a_traceback() -> None:
+    """Red team (issue 62): `"first_s": 1` and 400 zeros raised OverflowError in the parser."""
+    huge = "1" + "0" * 400
+    said = heard(f'{{"op": "o", "case": "c", "first_s": {huge}}}\n'
+                 f'{{"key": "o/c", "bitwise_equal": false, "max_abs_diff": {huge}}}\n'
+                 .encode(), Asked(cases=None), "run")
+    assert (said.cases, said.compared, said.ignored) == ([], [], 2)

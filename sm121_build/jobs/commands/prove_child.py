@@ -58,10 +58,10 @@ def _count(value: object) -> int | None:
 
 
 def _seconds(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not _finite(value):
         return None
-    number = float(value)
-    return number if math.isfinite(number) and 0 <= number < 1e7 else None
+    number = float(value)  # type: ignore[arg-type]
+    return number if 0 <= number < 1e7 else None
 
 
 @dataclass(frozen=True)
@@ -285,9 +285,14 @@ class Said:
 
 
 def _finite(value: object) -> bool:
-    """A difference may be any finite number (`_seconds` bounds a time, not this)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value)
+    """A difference may be any finite number (`_seconds` bounds a time, not this); an
+    integer too large for a float (`1` and 400 zeros) is none."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def heard(output: bytes, asked: Asked, what: str) -> Said:
