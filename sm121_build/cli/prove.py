@@ -16,7 +16,7 @@ from sm121_build.cli.params import (
     seconds_value,
     sign_key_option,
 )
-from sm121_build.core.errors import VerificationError
+from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.image.refs import validate_image_ref
 
 DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five configs on an H100
@@ -60,7 +60,7 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     compared bit for bit and each first call timed.  Exit 3 when anything is not proven.
     """
     from sm121_build.core.outputs import refuse_onto_inputs, replace_bytes
-    from sm121_build.jobs.commands.prove_document import say_proof
+    from sm121_build.jobs.commands.prove_document import document, say_proof
     from sm121_build.jobs.commands.proving import HostChildren, run_prove
 
     if (image is None) == (files is None) or (files is None) != (stock is None):
@@ -89,9 +89,11 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
         proof = run_prove_image(image, python, timeout)
     say_proof(proof)
     if json_out is not None:
-        import json
-
-        written = (json.dumps(proof.as_json(), indent=2) + "\n").encode()
+        try:
+            written = document(proof)
+        except ValueError as exc:
+            raise Sm121Error(f"--json {json_out}: the proof is not strict JSON ({exc}): not "
+                             "written") from None
         replace_bytes(json_out, written)
         if signing is not None:
             replace_bytes(signature_of(json_out), signing.sign(written).encode() + b"\n")

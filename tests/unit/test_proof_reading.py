@@ -80,13 +80,44 @@ def _broken(change: str) -> object:
         data["files"] = {"a": 1}
     elif change == "not-object":
         return [data]
+    elif change == "nan":  # issue 62: each of these was read as proven
+        data["ops"][0]["max_abs_diff"] = float("nan")
+    elif change == "infinity":
+        data["ops"][0]["first_call_s"]["native"] = float("inf")
+    elif change == "surrogate":
+        data["gpu"]["name"] = "\ud800"
+    elif change == "surrogate-key":
+        data["subject"]["\udcff"] = None
+    elif change == "date":
+        data["made"] = "2026-99-99T99:99:99Z"
+    elif change == "listed-twice":
+        data["files"].append(json.loads(json.dumps(first)))
+    elif change == "same-file-other-spelling":
+        data["files"].append({**json.loads(json.dumps(first)), "name": "./" + first["name"]})
+    elif change == "harness-without-cases":
+        data["ops"] = [o for o in data["ops"] if o["file"] != first["name"]]
+        data["stock_without_jit"] = [r for r in data["stock_without_jit"]
+                                     if r["file"] != first["name"]]
+    elif change == "harness-without-stock-run":
+        data["stock_without_jit"] = [r for r in data["stock_without_jit"]
+                                     if r["file"] != first["name"]]
+    elif change == "zero-kernel-cubin":
+        first["cubins"] = [{**first["cubins"][0], "kernels": 0, "found": 0, "loaded": True}]
+        first["harness"] = None
+        data["ops"] = [o for o in data["ops"] if o["file"] != first["name"]]
+        data["stock_without_jit"] = [r for r in data["stock_without_jit"]
+                                     if r["file"] != first["name"]]
+    elif change == "op-of-a-file-not-listed":
+        data["ops"][0]["file"] = "_other.abi3.so"
     return data
 
 
 @pytest.mark.parametrize("change", [
     "unloaded", "missing-kernel", "op-differs", "problem", "stock-ran", "no-files",
     "bool-count", "huge-count", "sha", "target", "name", "format", "verdict", "files-type",
-    "not-object"])
+    "not-object", "nan", "infinity", "surrogate", "surrogate-key", "date", "listed-twice",
+    "same-file-other-spelling", "harness-without-cases", "harness-without-stock-run",
+    "zero-kernel-cubin", "op-of-a-file-not-listed"])
 def test_a_document_that_is_no_proof_is_refused(change: str) -> None:
     """Each field is checked, and "proven" must rest on its counts: a cubin that did not
     load, a kernel not found, an op not equal, a problem listed or a stock file that ran
@@ -155,3 +186,38 @@ def test_publish_proof_needs_a_key_and_prove_sign_key_needs_json(tmp_path: Path)
     line = one_line_error(cli("prove", "--files", str(tmp_path), "--stock", str(tmp_path),
                               "--sign-key", str(private)))
     assert "--sign-key signs the proof --json writes" in line
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [
+    ('"verdict": "proven"', '"verdict": "failed", "verdict": "proven"',
+     "the key 'verdict' twice in one object"),
+    ('"max_abs_diff": 0.0', '"max_abs_diff": NaN', "NaN is not a JSON number"),
+    ('"max_abs_diff": 0.0', '"max_abs_diff": -Infinity', "-Infinity is not a JSON number"),
+    ('"name": "NVIDIA H200"', '"name": "\\ud800"', "a lone surrogate"),
+])
+def test_json_a_proof_is_not_written_in_is_refused(old: str, new: str, said: str,
+                                                   tmp_path: Path) -> None:
+    """Issue 62: a key twice (the last one wins in Python), NaN, Infinity, a lone surrogate
+    were read as they came."""
+    proof = tmp_path / "p.json"
+    proof.write_text(REAL.read_text().replace(old, new, 1))
+    with pytest.raises(NotAProof, match=said):
+        read_proof(proof, None)
+
+
+def test_a_proof_of_some_of_the_files_is_not_whole() -> None:
+    """Issue 62: a proof of one of an image's two files travelled as its proof."""
+    summary = summarise(_real())
+    files = {f["name"]: f["sha256"] for f in _real()["files"]}
+    with pytest.raises(VerificationError, match=r"not whole: it does not prove 1 of their 3 "
+                       r"files: _moe_C\.abi3\.so"):
+        require_proof_of(summary, {**files, "_moe_C.abi3.so": "0" * 64}, "sm_90", "p")
+
+
+def test_a_value_of_the_document_in_a_message_is_cut() -> None:
+    """Issue 62: an 8 MB `format` became an 8 MB error line."""
+    data = _real()
+    data["format"] = "x" * (8 << 20)
+    with pytest.raises(NotAProof) as refused:
+        summarise(data)
+    assert len(str(refused.value)) < 500 and "(8,388,608 characters)" in str(refused.value)

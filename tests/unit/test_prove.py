@@ -28,6 +28,7 @@ from sm121_build.core.errors import WrongGpu
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.fatbin import HostBinary, device_file_kind, ptx_kernels
+from sm121_build.jobs.commands.proof_reading import read_proof
 from sm121_build.jobs.commands.prove_child import Asked, Said
 from sm121_build.jobs.commands.prove_document import Subject
 from sm121_build.jobs.commands.proving import Pair, extract
@@ -106,6 +107,7 @@ def test_a_fake_gpu_that_proves_it(aot_pair: tuple[Path, Path], fake: Path,
         {"stock_jit": 2.5, "native": 0.001}] * 2
     assert data["stock_without_jit"][0]["failed"] is True
     assert "verdict: proven" in done.stdout
+    assert read_proof(tmp_path / "proof.json", None)[1].verdict == "proven"  # read back
 
 
 @pytest.mark.slow

@@ -21,13 +21,25 @@ from devkit.keys import key_pair
 from sm121_build.cli import cli as root
 from sm121_build.cli.params import InputPath, interpreter_value
 from sm121_build.core.console import CUT, shown_cut
+from sm121_build.jobs.commands.proof_reading import read_proof
 from sm121_build.jobs.commands.prove_child import (
     KEPT_BYTES,
     MAX_KEPT,
     Asked,
+    Compared,
+    Device,
     Said,
     SaidTooMuch,
     heard,
+)
+from sm121_build.jobs.commands.prove_document import (
+    CubinResult,
+    FileResult,
+    OpResult,
+    Proof,
+    StockWithoutJit,
+    Subject,
+    document,
 )
 
 # the path options that name what a command WRITES: every other path option is read
@@ -192,3 +204,27 @@ def test_a_number_too_large_for_a_float_is_ignored_not_a_traceback() -> None:
                  f'{{"key": "o/c", "bitwise_equal": false, "max_abs_diff": {huge}}}\n'
                  .encode(), Asked(cases=None), "run")
     assert (said.cases, said.compared, said.ignored) == ([], [], 2)
+
+
+def _proof(kernels: int, diff: float) -> Proof:
+    cubin = CubinResult(1, "sm_121", 0, kernels, True, kernels, (), 0, None)
+    op = OpResult("_C.abi3.so", "op", "case", Compared("op/case", True, diff), (1.0, 0.1))
+    return Proof("0", Device("g", 12, 1, 13000, None),
+                 (FileResult("_C.abi3.so", (cubin,), 0, "harness_marlin.py", "0" * 64),),
+                 (op,), (StockWithoutJit("_C.abi3.so", True, "JIT disabled"),),
+                 "2026-11-28T04:10:00Z", Subject(files="f", stock="s"))
+
+
+def test_what_prove_writes_is_what_the_reader_takes(tmp_path: Path) -> None:
+    """Issue 62: the writer never writes NaN (`allow_nan=False`), and a file whose added
+    cubins hold no kernel is not proven by it: the reader refuses both."""
+    good = tmp_path / "good.json"
+    good.write_bytes(document(_proof(3, 0.0)))
+    assert read_proof(good, None)[1].verdict == "proven"
+    with pytest.raises(ValueError, match="Out of range float"):
+        document(_proof(3, float("nan")))
+    empty = _proof(0, 0.0)
+    assert empty.verdict == "failed"
+    assert "_C.abi3.so: no added cubin with a kernel for this GPU" in empty.problems()[0]
+    (tmp_path / "empty.json").write_bytes(document(empty))
+    assert read_proof(tmp_path / "empty.json", None)[1].verdict == "failed"

@@ -7,13 +7,16 @@ type and bound, and the verdict against the counts it rests on: a document that 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sm121_build.core.console import shown
+from sm121_build.core.console import shown, shown_cut
 from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.core.inputs import InputRefused, kind_of, read_input
 from sm121_build.image.cosign import TrustKey, Untrusted
@@ -28,6 +31,7 @@ MAX_SIGNATURE = 4 << 10
 _TARGET = re.compile(r"sm_[0-9]{2,3}\Z", re.ASCII)
 _CUDA = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\Z", re.ASCII)
 _MADE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z", re.ASCII)
+MADE_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # what `prove` writes (UTC)
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z", re.ASCII)
 
 
@@ -80,13 +84,19 @@ class ProofSummary:
                 "to the stock JIT")
 
     def mismatch(self, files: Mapping[str, str]) -> str | None:
-        """Why the proof is not of these files (name -> sha256), or None when each file it
-        proved is one of them, byte for byte."""
+        """Why the proof is not of these files (name -> sha256), or None when it proves
+        each of them, byte for byte, and nothing else: a proof of some of them is not whole."""
         for name, sha256 in self.files:
             if name not in files:
-                return f"it proves {shown(name)}, which these kernels do not have"
+                return f"it proves {shown_cut(name)}, which these kernels do not have"
             if files[name] != sha256:
-                return f"its {shown(name)} is another file (sha256 {sha256[:12]}…)"
+                return f"its {shown_cut(name)} is another file (sha256 {sha256[:12]}…)"
+        proved = {name for name, _sha256 in self.files}
+        missing = sorted(name for name in files if name not in proved)
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            return (f"it is not whole: it does not prove {len(missing)} of their "
+                    f"{len(files)} files: {', '.join(shown_cut(n) for n in missing[:3])}{more}")
         return None
 
 
@@ -98,8 +108,39 @@ def _need(condition: bool, why: str) -> None:
 def _text(value: object, what: str, pattern: re.Pattern[str] | None = None) -> str:
     _need(isinstance(value, str) and len(value) <= MAX_TEXT, f"{what} is not a text")
     assert isinstance(value, str)
-    _need(pattern is None or bool(pattern.match(value)), f"{what} {shown(value)!r} is malformed")
+    _need(pattern is None or bool(pattern.match(value)),
+          f"{what} {shown_cut(value)!r} is malformed")
     return value
+
+
+def _made(value: object) -> str:
+    """When the proof was made, as `prove` writes it (UTC), a date that exists."""
+    made = _text(value, "made", _MADE)
+    try:
+        datetime.strptime(made, MADE_FORMAT)
+    except ValueError:
+        raise NotAProof(f"made {shown_cut(made)!r} is not a date") from None
+    return made
+
+
+def _name(value: object) -> str:
+    """A file's name: a plain relative path, as `prove` writes it."""
+    name = _text(value, "a file's name")
+    _need(bool(name) and not name.startswith("/") and posixpath.normpath(name) == name
+          and ".." not in name.split("/"), f"a file's name {shown_cut(name)!r} is not a plain "
+          "relative path")
+    return name
+
+
+def _plain(data: object) -> None:
+    """The document as JSON can carry it on: no NaN or Infinity, no lone surrogate (a
+    statement of it is written as UTF-8: refused here, before anything is pushed)."""
+    try:
+        json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        why = "a lone surrogate in a text" if isinstance(exc, UnicodeError) else \
+            "NaN or Infinity" if "Out of range float" in str(exc) else "too deep"
+        raise NotAProof(f"it holds {why}: not JSON a proof is written in") from None
 
 
 def _count(value: object, what: str) -> int:
@@ -118,18 +159,27 @@ def _items(data: Mapping[str, Any], key: str) -> list[Any]:
 
 def summarise(data: object) -> ProofSummary:
     """The summary of a proof document (its JSON value), or NotAProof saying why not."""
+    _plain(data)
     _need(isinstance(data, dict), "not a JSON object")
     assert isinstance(data, dict)
-    _need(data.get("format") == FORMAT, f"format {shown(str(data.get('format')))} is not "
+    _need(data.get("format") == FORMAT, f"format {shown_cut(data.get('format'))} is not "
           f"{FORMAT}")
     gpu = data.get("gpu")
     _need(isinstance(gpu, dict), "gpu is not an object")
     assert isinstance(gpu, dict)
     driver = gpu.get("driver_version")
     files, cubins, kernels = [], [0, 0], [0, 0]
+    evidence: dict[str, int] = {}  # a file -> its cubins with kernels, loaded, all found
+    harnessed = set()
     for item in _items(data, "files"):
-        files.append((_text(item.get("name"), "a file's name"),
-                      _text(item.get("sha256"), "a file's sha256", _SHA256)))
+        name = _name(item.get("name"))
+        _need(name not in evidence, f"{shown_cut(name)} is listed twice")
+        files.append((name, _text(item.get("sha256"), "a file's sha256", _SHA256)))
+        harness = item.get("harness")
+        _need(harness is None or isinstance(harness, str), "a file's harness is not a text")
+        if harness is not None:
+            harnessed.add(name)
+        evidence[name] = 0
         for cubin in _items(item, "cubins"):
             loaded = cubin.get("loaded")
             _need(isinstance(loaded, bool), "a cubin's loaded is not true or false")
@@ -139,25 +189,74 @@ def summarise(data: object) -> ProofSummary:
             cubins[1] += 1
             kernels[0] += min(found, wanted)
             kernels[1] += wanted
-    ops = [o.get("bitwise_equal") for o in _items(data, "ops")]
+            evidence[name] += loaded and 0 < wanted == found
+    raw_ops = _items(data, "ops")
+    ops = [o.get("bitwise_equal") for o in raw_ops]
     _need(all(o is None or isinstance(o, bool) for o in ops), "an op's bitwise_equal is "
           "not true, false or null")
-    stock = [s.get("failed") for s in _items(data, "stock_without_jit")]
+    op_files = Counter(_text(o.get("file"), "an op's file") for o in raw_ops)
+    raw_stock = _items(data, "stock_without_jit")
+    stock = [s.get("failed") for s in raw_stock]
+    stock_files = Counter(_text(s.get("file"), "a stock run's file") for s in raw_stock)
     verdict = _text(data.get("verdict"), "verdict")
-    _need(verdict in ("proven", "failed"), f"verdict {shown(verdict)!r} is neither proven nor "
-          "failed")
+    _need(verdict in ("proven", "failed"), f"verdict {shown_cut(verdict)!r} is neither proven "
+          "nor failed")
     summary = ProofSummary(
         _text(gpu.get("name"), "the GPU's name"), _text(gpu.get("target"), "target", _TARGET),
         None if driver is None else _text(driver, "the driver's version"),
         _text(gpu.get("driver_cuda"), "driver_cuda", _CUDA),
-        _text(data.get("made"), "made", _MADE), verdict, tuple(files),
+        _made(data.get("made")), verdict, tuple(files),
         Counted(*cubins), Counted(*kernels), Counted(sum(o is True for o in ops), len(ops)))
-    holds = (bool(files) and summary.cubins.total > 0 and summary.cubins.whole and
-             summary.kernels.whole and summary.ops.whole and all(s is True for s in stock)
-             and data.get("problems") == [])
-    _need(verdict == "failed" or holds, "it says proven, but its counts do not hold (a cubin "
-          "that did not load, a kernel not found, an op case not equal, or a problem listed)")
+    if verdict == "proven":
+        _need(_unfounded(summary, evidence, harnessed, (op_files, stock_files)) is None
+              and all(s is True for s in stock) and data.get("problems") == [],
+              "it says proven, but " + (_unfounded(summary, evidence, harnessed,
+                                                  (op_files, stock_files))
+                                        or "a stock file ran with the JIT off or a problem is "
+                                        "listed"))
     return summary
+
+
+def _unfounded(summary: ProofSummary, evidence: Mapping[str, int], harnessed: set[str],
+               runs: tuple[Counter[str], Counter[str]]) -> str | None:
+    """What a "proven" verdict does not rest on, or None: every file with a cubin of
+    kernels that loaded and had each found, every op case equal, and each file with a
+    harness its cases and its stock run without the JIT (and no run of a file not listed)."""
+    ops, stock = runs
+    if not evidence:
+        return "it lists no file"
+    if not (summary.cubins.whole and summary.kernels.whole and summary.ops.whole):
+        return "its counts do not hold (a cubin that did not load, a kernel not found, an op " \
+            "case not equal)"
+    bare = next((name for name, count in evidence.items() if not count), None)
+    if bare is not None:
+        return f"{shown_cut(bare)} has no cubin with kernels that loaded: nothing of it proven"
+    unrun = next((name for name in sorted(harnessed) if not ops[name] or not stock[name]), None)
+    if unrun is not None:
+        return f"{shown_cut(unrun)} has a harness, but no op case or no stock run without the " \
+            "JIT"
+    stray = next((name for name in (*ops, *stock) if name not in evidence), None)
+    if stray is not None:
+        return f"it runs {shown_cut(stray)}, which it does not list"
+    return None
+
+
+def load_document(body: bytes) -> object:
+    """A proof's JSON as a proof is read (a file, a registry's statement): refused as not
+    JSON (ValueError) with NaN or Infinity, or a key twice in one object."""
+    return json.loads(body, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = Counter(key for key, _value in pairs)
+    twice = next((key for key, count in keys.items() if count > 1), None)
+    if twice is not None:
+        raise ValueError(f"the key {shown_cut(twice)!r} twice in one object")
+    return dict(pairs)
 
 
 def read_proof(path: Path, trust: TrustKey | None) -> tuple[dict[str, Any], ProofSummary]:
@@ -166,11 +265,16 @@ def read_proof(path: Path, trust: TrustKey | None) -> tuple[dict[str, Any], Proo
     Refused in one line: not a proof (exit 2), not signed by the key (exit 3)."""
     try:
         body = read_input(path, MAX_PROOF, "--proof")
-        data = json.loads(body)
+        data = load_document(body)
     except InputRefused:
         raise
-    except (ValueError, RecursionError):
-        raise NotAProof(f"{path}: not a proof document (not JSON)") from None
+    except UnicodeError:
+        raise NotAProof(f"{path}: not a proof document (not UTF-8 JSON)") from None
+    except ValueError as exc:
+        raise NotAProof(f"{path}: not a proof document (not JSON: "
+                        f"{shown_cut(str(exc), 120)})") from None
+    except RecursionError:
+        raise NotAProof(f"{path}: not a proof document (not JSON: too deep)") from None
     try:
         summary = summarise(data)
     except NotAProof as exc:

@@ -6,6 +6,7 @@ the stock file failed with the JIT disabled; and the verdict.  Its JSON form is
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -170,6 +171,9 @@ class Proof:
         """Each thing that keeps the files from being proven, one line each."""
         lines = []
         for item in self.files:
+            if not any(cubin.kernels for cubin in item.cubins):
+                lines.append(f"{shown(item.name)}: no added cubin with a kernel for this GPU: "
+                             "nothing of it is proven here")
             for cubin in item.cubins:
                 where = f"{shown(item.name)}: added cubin {cubin.number} ({cubin.sm}, " \
                         f"container {cubin.container})"
@@ -207,6 +211,12 @@ class Proof:
                 "ops": [o.as_json() for o in self.ops],
                 "stock_without_jit": [s.as_json() for s in self.stock_without_jit],
                 "verdict": self.verdict, "problems": self.problems()}
+
+
+def document(proof: Proof) -> bytes:
+    """The proof's JSON document as `--json` writes (and `--sign-key` signs) it: strict
+    JSON, never NaN or Infinity (ValueError), as `proof_reading` reads it back."""
+    return (json.dumps(proof.as_json(), indent=2, allow_nan=False) + "\n").encode()
 
 
 def _seconds(value: float | None) -> str:
