@@ -324,3 +324,19 @@ def test_the_harnesses_shared_run_says_each_ending_in_one_line(
     assert done.returncode == code, done.stderr
     assert [json.loads(line) for line in done.stdout.splitlines()] == [said]
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_folder_not_named_in_utf8_makes_a_proof_that_reads_back(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Issue 62: `--files` in a folder whose name is not UTF-8 (`mkdir $'\\xff'`) was written
+    into the proof as a lone surrogate, which `kernels attest` died on; it is written as
+    text (`\\xff`), and the proof reads back."""
+    import shutil
+
+    made, stock = aot_pair
+    odd = tmp_path / os.fsdecode(b"\xff")
+    shutil.copytree(made, odd)
+    done = _prove((odd, stock), fake, tmp_path / "p.json")
+    assert done.returncode == 0, done.stderr
+    data, summary = read_proof(tmp_path / "p.json", None)
+    assert summary.verdict == "proven" and data["subject"]["files"].endswith("/\\xff")

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,7 @@ from sm121_build.jobs.commands.prove_document import (
     document,
 )
 
+PROOF = ROOT / "docs" / "real-build" / "prove-sm90-h200" / "proof.json"
 # the path options that name what a command WRITES: every other path option is read
 OUTPUTS = {"out", "report", "summary_md", "json_out"}
 
@@ -228,3 +230,35 @@ def test_what_prove_writes_is_what_the_reader_takes(tmp_path: Path) -> None:
     assert "_C.abi3.so: no added cubin with a kernel for this GPU" in empty.problems()[0]
     (tmp_path / "empty.json").write_bytes(document(empty))
     assert read_proof(tmp_path / "empty.json", None)[1].verdict == "failed"
+
+
+def test_a_name_that_is_not_utf8_is_refused_before_any_gpu_work(tmp_path: Path) -> None:
+    """Issue 62: `prove --files DIR` wrote a name that is not UTF-8 into the proof as a lone
+    surrogate, and `kernels attest` (`publish --proof`, after it pushed) died on it."""
+    files, stock = tmp_path / "files", tmp_path / "stock"
+    for folder in (files, stock):
+        (folder / os.fsdecode(b"\xff")).mkdir(parents=True)
+        (folder / os.fsdecode(b"\xff") / "_C.abi3.so").write_bytes(b"\x7fELF")
+    line = one_line_error(cli("prove", "--files", str(files), "--stock", str(stock),
+                              "--python", str(tmp_path / "never-run")))
+    assert "\\xff/_C.abi3.so is not a UTF-8 name" in line
+
+
+def test_a_childs_lone_surrogate_is_written_as_its_escape() -> None:
+    said = heard(b'{"device": {"name": "\\ud800GB10", "major": 12, "minor": 1, '
+                 b'"driver": 13000, "version": "\\udcff"}}\n', Asked(), "probe")
+    assert said.device is not None
+    assert (said.device.name, said.device.version) == ("\\ud800GB10", "\\udcff")
+
+
+def test_attest_refuses_a_proof_with_a_lone_surrogate_before_the_registry(
+        tmp_path: Path) -> None:
+    private, _public = key_pair(tmp_path, "k")
+    data = json.loads(PROOF.read_text())
+    data["files"][0]["name"] = "\udcff/_C.abi3.so"
+    data["subject"]["files"] = "/tmp/\udcff"
+    proof = tmp_path / "p.json"
+    proof.write_text(json.dumps(data))
+    line = one_line_error(cli("kernels", "attest", "127.0.0.1:1/k", "--proof", str(proof),
+                              "--sign-key", str(private)))
+    assert "not a proof document: it holds a lone surrogate" in line

@@ -49,7 +49,11 @@ class Asked:
 
 
 def _text(value: object) -> str | None:
-    return value[:TEXT] if isinstance(value, str) else None
+    """A text the child said, cut to `TEXT`; a lone surrogate (`"\\ud800"`, which no UTF-8
+    document can carry) written as its escape."""
+    if not isinstance(value, str):
+        return None
+    return value[:TEXT].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _count(value: object) -> int | None:

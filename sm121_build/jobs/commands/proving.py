@@ -120,6 +120,20 @@ def _env(jit: bool) -> dict[str, str]:
     return env
 
 
+def _utf8(name: str) -> bool:
+    """Whether a path's name is UTF-8 (no byte held as a lone surrogate)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _utf8_text(path: Path) -> str:
+    """A path as UTF-8 text for a document: a byte that is not UTF-8 written `\\xff`."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def find_pairs(files: Path, stock: Path) -> list[Pair]:
     """Each `.so` under --files whose path under --stock is a regular file too."""
     require_folder(files, "--files")
@@ -132,6 +146,10 @@ def find_pairs(files: Path, stock: Path) -> list[Pair]:
                 continue
             new = Path(folder) / filename
             name = new.relative_to(files).as_posix()
+            if not _utf8(name):  # a proof, and a manifest, name their files in UTF-8
+                raise Sm121Error(f"--files {shown(_utf8_text(files))}: {shown(name)} is not a "
+                                 "UTF-8 name: a proof names each file as UTF-8 text (rename "
+                                 "it, or prove the files without it)")
             if kind_of(new) == "file" and kind_of(stock / name) == "file":
                 pairs.append(Pair(name, new, stock / name, str(new)))
     return pairs
@@ -360,5 +378,6 @@ def run_prove(files: Path, stock: Path, children: Children) -> Proof:
     pairs = find_pairs(files, stock)
     with tempfile.TemporaryDirectory(prefix="sm121-prove-") as temp:
         return prove_pairs(ProveRequest(tuple(pairs), children,
-                                        Subject(files=str(files), stock=str(stock))),
+                                        Subject(files=_utf8_text(files),
+                                                stock=_utf8_text(stock))),
                            Path(temp))
