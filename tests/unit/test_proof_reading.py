@@ -109,6 +109,8 @@ def _broken(change: str) -> object:
                                      if r["file"] != first["name"]]
     elif change == "op-of-a-file-not-listed":
         data["ops"][0]["file"] = "_other.abi3.so"
+    elif change == "left-out":
+        data["left_out"] = [{"name": "_moe_C.abi3.so", "why": "no stock file"}]
     return data
 
 
@@ -117,7 +119,7 @@ def _broken(change: str) -> object:
     "bool-count", "huge-count", "sha", "target", "name", "format", "verdict", "files-type",
     "not-object", "nan", "infinity", "surrogate", "surrogate-key", "date", "listed-twice",
     "same-file-other-spelling", "harness-without-cases", "harness-without-stock-run",
-    "zero-kernel-cubin", "op-of-a-file-not-listed"])
+    "zero-kernel-cubin", "op-of-a-file-not-listed", "left-out"])
 def test_a_document_that_is_no_proof_is_refused(change: str) -> None:
     """Each field is checked, and "proven" must rest on its counts: a cubin that did not
     load, a kernel not found, an op not equal, a problem listed or a stock file that ran

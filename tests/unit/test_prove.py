@@ -340,3 +340,26 @@ def test_a_folder_not_named_in_utf8_makes_a_proof_that_reads_back(
     assert done.returncode == 0, done.stderr
     data, summary = read_proof(tmp_path / "p.json", None)
     assert summary.verdict == "proven" and data["subject"]["files"].endswith("/\\xff")
+
+
+def test_a_file_with_no_stock_file_is_said_and_not_proven(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Issue 62: a `.so` under --files with no stock file was left out without a word, and
+    the folder was "proven"."""
+    import shutil
+
+    made, stock = aot_pair
+    files = tmp_path / "files"
+    shutil.copytree(made, files)
+    (files / "sub").mkdir()
+    (files / "sub" / "_extra.abi3.so").write_bytes((made / "_C.abi3.so").read_bytes())
+    done = _prove((files, stock), fake, tmp_path / "p.json")
+    line = one_line_error(done, 3)
+    assert "sub/_extra.abi3.so: not proven: no stock file to compare it with" in line
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["verdict"] == "failed"
+    assert data["left_out"] == [{"name": "sub/_extra.abi3.so",
+                                 "why": "no stock file to compare it with"}]
+    assert [f["name"] for f in data["files"]] == ["_C.abi3.so"]
+    assert read_proof(tmp_path / "p.json", None)[1].verdict == "failed"

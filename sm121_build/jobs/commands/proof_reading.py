@@ -198,6 +198,8 @@ def summarise(data: object) -> ProofSummary:
     raw_stock = _items(data, "stock_without_jit")
     stock = [s.get("failed") for s in raw_stock]
     stock_files = Counter(_text(s.get("file"), "a stock run's file") for s in raw_stock)
+    left_out = data.get("left_out", [])  # absent in proofs made before it was said
+    _need(isinstance(left_out, list), "left_out is not a list")
     verdict = _text(data.get("verdict"), "verdict")
     _need(verdict in ("proven", "failed"), f"verdict {shown_cut(verdict)!r} is neither proven "
           "nor failed")
@@ -208,6 +210,8 @@ def summarise(data: object) -> ProofSummary:
         _made(data.get("made")), verdict, tuple(files),
         Counted(*cubins), Counted(*kernels), Counted(sum(o is True for o in ops), len(ops)))
     if verdict == "proven":
+        _need(not left_out, f"it says proven, but leaves out {len(left_out)} file(s) of its "
+              "subject")
         _need(_unfounded(summary, evidence, harnessed, (op_files, stock_files)) is None
               and all(s is True for s in stock) and data.get("problems") == [],
               "it says proven, but " + (_unfounded(summary, evidence, harnessed,

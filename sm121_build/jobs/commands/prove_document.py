@@ -139,6 +139,18 @@ class StockWithoutJit:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """A file of the subject that was not proven, and why (no stock file to compare it
+    with, no cubin its stock file lacks): the proof is not of it, so nothing is "proven"."""
+
+    name: str
+    why: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "why": self.why}
+
+
+@dataclass(frozen=True)
 class Subject:
     """What a proof is of: an image (its reference, ID and the base its stock files came
     from), or files on this host (`--files`, `--stock`)."""
@@ -166,10 +178,11 @@ class Proof:
     stock_without_jit: tuple[StockWithoutJit, ...]
     made: str  # when, UTC (`2026-11-28T04:10:00Z`): the proof's date
     subject: Subject
+    left_out: tuple[LeftOut, ...] = ()  # files of the subject not proven, said
 
     def problems(self) -> list[str]:
         """Each thing that keeps the files from being proven, one line each."""
-        lines = []
+        lines = [f"{shown(item.name)}: not proven: {item.why}" for item in self.left_out]
         for item in self.files:
             if not any(cubin.kernels for cubin in item.cubins):
                 lines.append(f"{shown(item.name)}: no added cubin with a kernel for this GPU: "
@@ -210,6 +223,7 @@ class Proof:
                 "files": [f.as_json() for f in self.files],
                 "ops": [o.as_json() for o in self.ops],
                 "stock_without_jit": [s.as_json() for s in self.stock_without_jit],
+                "left_out": [item.as_json() for item in self.left_out],
                 "verdict": self.verdict, "problems": self.problems()}
 
 
@@ -245,4 +259,6 @@ def say_proof(proof: Proof) -> None:
     for stock in proof.stock_without_jit:
         note(f"{shown(stock.file)}: stock with the JIT disabled "
              f"{'failed, as it must' if stock.failed else 'ran'}: {shown(stock.said)}")
+    for left in proof.left_out:
+        note(f"{shown(left.name)}: not proven: {left.why}")
     result(f"verdict: {proof.verdict}")

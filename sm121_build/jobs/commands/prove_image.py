@@ -29,8 +29,14 @@ from sm121_build.image.api import Bind, GpuJob, ImageEngine, ImageFiles
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import validate_image_ref
 from sm121_build.jobs.commands.prove_child import Asked, Said, heard
-from sm121_build.jobs.commands.prove_document import Proof, Subject
-from sm121_build.jobs.commands.proving import PAYLOADS, Pair, ProveRequest, prove_pairs
+from sm121_build.jobs.commands.prove_document import LeftOut, Proof, Subject
+from sm121_build.jobs.commands.proving import (
+    NO_STOCK,
+    PAYLOADS,
+    Pair,
+    ProveRequest,
+    prove_pairs,
+)
 from sm121_build.jobs.framework.pipeline import Pipeline
 
 PAYLOAD_AT = "/sm121-prove/payload"  # the payload scripts, read-only
@@ -134,13 +140,13 @@ def _placed_path(files: ImageFiles, package: str, name: str) -> str:
 
 
 def copy_pairs(engine: ImageEngine, image: ImageFacts, base_id: str, made: MadeImage,
-               inputs: Path) -> list[Pair]:
+               inputs: Path) -> tuple[list[Pair], list[LeftOut]]:
     """Each placed file (from IMAGE) and its stock copy (from the base) under `inputs`; a
-    name the base lacks is said and left out (nothing of it to compare)."""
+    name the base lacks is said and left out (nothing of it to compare: not proven)."""
     vllm = image.vllm
     if vllm is None:
         raise Sm121Error(f"{shown(image.ref)} has no vLLM")
-    pairs = []
+    pairs, left_out = [], []
     with engine.reader(image.id) as mine, engine.reader(base_id) as base:
         for name in made.names:
             where = _placed_path(mine, vllm.package_dir, name)
@@ -160,9 +166,10 @@ def copy_pairs(engine: ImageEngine, image: ImageFacts, base_id: str, made: MadeI
                 note(f"{shown(name)}: the base has no {shown(where)}: nothing to compare it "
                      "with, not proven")
                 new.unlink()
+                left_out.append(LeftOut(name, NO_STOCK))
                 continue
             pairs.append(Pair(name, new, stock, where))
-    return pairs
+    return pairs, left_out
 
 
 def run_prove_image(ref: str, python: str, seconds: float) -> Proof:
@@ -180,11 +187,11 @@ def run_prove_image(ref: str, python: str, seconds: float) -> Proof:
     with temp_dir("sm121-prove-") as tmp:
         inputs, work = tmp / "inputs", tmp / "work"
         (work / "home").mkdir(parents=True)
-        pairs = copy_pairs(engine, facts, base_id, made, inputs)
+        pairs, left_out = copy_pairs(engine, facts, base_id, made, inputs)
         children = ImageChildren(engine, facts.id, python, seconds, (
             Bind(PAYLOADS, PAYLOAD_AT), Bind(inputs, INPUTS_AT),
             Bind(work, WORK_AT, writable=True)))
         subject = Subject(image=ref, image_id=facts.id, base=made.base)
         (inputs / "cubins").mkdir()  # mounted read-only: no child can plant a link there
-        return prove_pairs(ProveRequest(tuple(pairs), children, subject, made.serves), work,
-                           inputs / "cubins")
+        return prove_pairs(ProveRequest(tuple(pairs), children, subject, made.serves,
+                                        tuple(left_out)), work, inputs / "cubins")

@@ -38,6 +38,7 @@ from sm121_build.jobs.commands.prove_child import Asked, Compared, CubinLoad, De
 from sm121_build.jobs.commands.prove_document import (
     CubinResult,
     FileResult,
+    LeftOut,
     OpResult,
     Proof,
     StockWithoutJit,
@@ -134,11 +135,15 @@ def _utf8_text(path: Path) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def find_pairs(files: Path, stock: Path) -> list[Pair]:
-    """Each `.so` under --files whose path under --stock is a regular file too."""
+NO_STOCK = "no stock file to compare it with"
+
+
+def find_pairs(files: Path, stock: Path) -> tuple[list[Pair], list[LeftOut]]:
+    """Each `.so` under --files whose path under --stock is a regular file too; and each
+    `.so` left out (no stock file), said."""
     require_folder(files, "--files")
     require_folder(stock, "--stock")
-    pairs = []
+    pairs, left_out = [], []
     for folder, dirnames, filenames in walk(files):
         dirnames.sort()
         for filename in sorted(filenames):
@@ -150,9 +155,13 @@ def find_pairs(files: Path, stock: Path) -> list[Pair]:
                 raise Sm121Error(f"--files {shown(_utf8_text(files))}: {shown(name)} is not a "
                                  "UTF-8 name: a proof names each file as UTF-8 text (rename "
                                  "it, or prove the files without it)")
-            if kind_of(new) == "file" and kind_of(stock / name) == "file":
+            if kind_of(new) != "file":
+                continue
+            if kind_of(stock / name) == "file":
                 pairs.append(Pair(name, new, stock / name, str(new)))
-    return pairs
+            else:  # said with the proof (`say_proof`), and in it
+                left_out.append(LeftOut(name, NO_STOCK))
+    return pairs, left_out
 
 
 def probe(children: Children) -> Device:
@@ -338,6 +347,7 @@ class ProveRequest:
     children: Children
     subject: Subject
     serves: Target | None = None
+    left_out: tuple[LeftOut, ...] = ()  # files of the subject with no pair, said
 
 
 def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -> Proof:
@@ -368,16 +378,20 @@ def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -
         results, without = prove_ops(children, item.pair, script, folder)
         ops += results
         stock_runs.append(without)
+    kept = {item.pair.name for item in extracted}
+    unchanged = [LeftOut(pair.name, "it has no cubin its stock file lacks")
+                 for pair in request.pairs if pair.name not in kept]
     made = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Proof(__version__, device, tuple(files), tuple(ops), tuple(stock_runs), made,
-                 subject)
+                 subject, (*request.left_out, *unchanged))
 
 
 def run_prove(files: Path, stock: Path, children: Children) -> Proof:
     """`prove --files DIR --stock DIR`: the pairs found there, proven in a temp folder."""
-    pairs = find_pairs(files, stock)
+    pairs, left_out = find_pairs(files, stock)
     with tempfile.TemporaryDirectory(prefix="sm121-prove-") as temp:
         return prove_pairs(ProveRequest(tuple(pairs), children,
                                         Subject(files=_utf8_text(files),
-                                                stock=_utf8_text(stock))),
+                                                stock=_utf8_text(stock)),
+                                        left_out=tuple(left_out)),
                            Path(temp))
