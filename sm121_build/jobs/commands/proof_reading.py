@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sm121_build.core.console import shown, shown_cut
+from sm121_build.core.console import shown_cut
 from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.core.inputs import InputRefused, kind_of, read_input
 from sm121_build.image.cosign import TrustKey, Untrusted
@@ -77,8 +77,8 @@ class ProofSummary:
 
     def line(self) -> str:
         """`proven on NVIDIA GB10 (sm_121), driver 580.95.05 (CUDA 13.0), 2026-11-28: ...`"""
-        driver = f"driver {shown(self.driver)} " if self.driver else "driver "
-        return (f"{self.verdict} on {shown(self.gpu)} ({self.target}), {driver}(CUDA "
+        driver = f"driver {shown_cut(self.driver)} " if self.driver else "driver "
+        return (f"{self.verdict} on {shown_cut(self.gpu)} ({self.target}), {driver}(CUDA "
                 f"{self.driver_cuda}), {self.made[:10]}: {self.cubins} added cubins load with "
                 f"the JIT off, {self.kernels} kernels found, {self.ops} op cases bitwise equal "
                 "to the stock JIT")
