@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 
 from sm121_build.core.errors import RegistryUnavailable, Sm121Error
 from sm121_build.core.inputs import InputRefused, read_input
+from sm121_build.core.strict_json import strict_loads
 from sm121_build.image.registry import OCI_MANIFEST, BlobRefused, Registry, digest_of
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
@@ -356,7 +357,7 @@ def _predicate(statement: bytes, predicate_type: str,
     """A signed statement's predicate when it is of `predicate_type` about `subject`
     (repository, digest), else None."""
     try:
-        data = json.loads(statement)
+        data = strict_loads(statement)  # one meaning for every reader: no NaN, no key twice
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("predicateType") != predicate_type or \

@@ -487,3 +487,29 @@ def test_kernels_verify_against_a_hostile_registry_is_one_line(hostile: str,
                             {"SM121_REGISTRY_TIMEOUT": "60"}, signal_after=1.0)
     assert code == 130 and "Traceback" not in err, err
     assert after < 60 / 4, after  # ended by the signal, long before the registry's deadline
+
+
+def test_a_signed_statement_with_a_key_twice_or_nan_is_not_read(
+        tmp_path: Path, memory: tuple[str, MemoryRegistry]) -> None:
+    """Two readers, two documents under one signature: a statement whose predicate is
+    given twice (Python keeps the last, another reader the first) or holds NaN is not
+    read, even when the key signed it."""
+    repo, store = memory
+    key = cosign.SigningKey.load(key_pair(tmp_path, "k")[0], None)
+    subject = f'[{{"name":"{repo}","digest":{{"sha256":"{DIGEST[7:]}"}}}}]'
+    layers = []
+    for statement in (
+            f'{{"predicateType":"p","subject":{subject},"predicate":{{"v":1}},'
+            f'"predicate":{{"v":2}}}}',
+            f'{{"predicateType":"p","subject":{subject},"predicate":{{"v":NaN}}}}'):
+        body = statement.encode()
+        envelope = json.dumps({"payloadType": cosign.IN_TOTO,
+                               "payload": base64.b64encode(body).decode(),
+                               "signatures": [{"sig": key.sign(cosign.pae(cosign.IN_TOTO,
+                                                                          body))}]}).encode()
+        store.blobs[digest_of(envelope)] = envelope
+        layers.append({"mediaType": cosign.DSSE_ENVELOPE, "digest": digest_of(envelope)})
+    store.manifests[cosign.signature_tag(DIGEST, "att")] = json.dumps(
+        {"layers": layers}).encode()
+    with pytest.raises(cosign.Untrusted):
+        cosign.attested(registry(repo), DIGEST, key.public(tmp_path / "k.pub"), "p")

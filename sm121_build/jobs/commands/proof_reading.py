@@ -19,6 +19,7 @@ from typing import Any
 from sm121_build.core.console import shown_cut
 from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.core.inputs import InputRefused, kind_of, read_input
+from sm121_build.core.strict_json import strict_loads
 from sm121_build.image.cosign import TrustKey, Untrusted
 from sm121_build.jobs.commands.prove_document import FORMAT
 
@@ -245,31 +246,13 @@ def _unfounded(summary: ProofSummary, evidence: Mapping[str, int], harnessed: se
     return None
 
 
-def load_document(body: bytes) -> object:
-    """A proof's JSON as a proof is read (a file, a registry's statement): refused as not
-    JSON (ValueError) with NaN or Infinity, or a key twice in one object."""
-    return json.loads(body, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = Counter(key for key, _value in pairs)
-    twice = next((key for key, count in keys.items() if count > 1), None)
-    if twice is not None:
-        raise ValueError(f"the key {shown_cut(twice)!r} twice in one object")
-    return dict(pairs)
-
-
 def read_proof(path: Path, trust: TrustKey | None) -> tuple[dict[str, Any], ProofSummary]:
     """A proof document from a file (regular, bounded) and its summary; with `trust`, it
     must carry that key's signature beside it (`PROOF.sig`, written by `prove --sign-key`).
     Refused in one line: not a proof (exit 2), not signed by the key (exit 3)."""
     try:
         body = read_input(path, MAX_PROOF, "--proof")
-        data = load_document(body)
+        data = strict_loads(body)
     except InputRefused:
         raise
     except UnicodeError:
