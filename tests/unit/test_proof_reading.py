@@ -222,7 +222,7 @@ def test_a_value_of_the_document_in_a_message_is_cut() -> None:
     data["format"] = "x" * (8 << 20)
     with pytest.raises(NotAProof) as refused:
         summarise(data)
-    assert len(str(refused.value)) < 500 and "(8,388,608 characters)" in str(refused.value)
+    assert len(str(refused.value)) < 500 and "(8388408 more bytes)" in str(refused.value)
 
 
 def test_the_line_of_a_proof_shows_its_names_cut() -> None:
@@ -230,5 +230,5 @@ def test_the_line_of_a_proof_shows_its_names_cut() -> None:
     data["gpu"]["name"] = "G" * 1000
     data["gpu"]["driver_version"] = "\x1b" * 1000
     line = summarise(data).line()
-    assert "G" * 200 + "… (1,000 characters)" in line and "\x1b" not in line
+    assert "G" * 200 + "…(800 more bytes)" in line and "\x1b" not in line
     assert len(line) < 900
