@@ -38,7 +38,7 @@ def _machine(tmp_path: Path, installed: set[str], running: bool,
     if dockerd:
         _stub(bin_dir, "dockerd", "exit 0\n")
     (bin_dir / "python3").symlink_to(Path(sys.base_prefix) / "bin" / "python3")
-    for tool in ("id", "seq", "sh", "nohup", "env", "cat"):
+    for tool in ("id", "seq", "sh", "nohup", "env", "cat", "timeout", "mktemp"):
         found = shutil.which(tool)
         if found:
             (bin_dir / tool).symlink_to(found)
@@ -47,9 +47,10 @@ def _machine(tmp_path: Path, installed: set[str], running: bool,
             "SM121_CI_SOCKETS": f"{tmp_path}/run/docker.sock"}
 
 
-def _run(env: dict[str, str]) -> tuple[int, str, list[str]]:
-    done = subprocess.run(["/bin/bash", str(SCRIPT)], capture_output=True, text=True,
-                          env=env, timeout=120, check=False, cwd=ROOT)
+def _run(env: dict[str, str], command: list[str] | None = None,
+         cwd: Path = ROOT) -> tuple[int, str, list[str]]:
+    done = subprocess.run(command or ["/bin/bash", str(SCRIPT)], capture_output=True,
+                          text=True, env=env, timeout=120, check=False, cwd=cwd)
     calls = Path(env["CALLS"]).read_text().splitlines() if os.path.exists(env["CALLS"]) \
         else []
     return done.returncode, done.stdout + done.stderr, calls
@@ -201,3 +202,90 @@ def test_no_home_and_no_sudo_are_one_line_each(tmp_path: Path) -> None:
     _stub(Path(env["PATH"]), "id", 'case "$1" in -u) echo 1000;; -un) echo alice;; esac\n')
     code, out, _calls = _run(env)
     assert code == 1 and "needs root, and there is no sudo here" in out, out
+
+
+# -- issue #62 ---------------------------------------------------------------------------------
+# A /tmp of the script's own (a private mount namespace, as root): a new tmpfs, the test's
+# folder bound into it at its own path, moved onto /tmp; a victim file and a link to it planted
+# at the name the script once wrote dockerd's log to; the script run, the victim copied out.
+_OWN_TMP = r"""
+mkdir new-tmp
+mount -t tmpfs tmpfs new-tmp
+case "$1" in /tmp/*) mkdir -p "new-tmp${1#/tmp}" && mount --bind "$1" "new-tmp${1#/tmp}" ;; esac
+mount --move new-tmp /tmp
+printf precious > /tmp/victim
+ln -s /tmp/victim /tmp/sm121-dockerd.log
+code=0
+PATH="$2" /bin/bash "$1/system" > "$1/out" 2>&1 || code=$?
+for _ in $(seq 200); do grep -q '^dockerd' "$1/calls" && break; sleep 0.05; done
+cp /tmp/victim "$1/victim-after"
+find /tmp -maxdepth 2 -path '/tmp/sm121-dockerd.*' ! -type l -printf '%p %m %y\n' > "$1/made"
+exit "$code"
+"""
+
+
+def test_dockerds_log_is_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    """Root started dockerd with its log at the fixed /tmp/sm121-dockerd.log: a link planted
+    there by anyone made root overwrite the file it points at.  The log now goes into a
+    folder mktemp -d makes (0700), and the planted link's target is untouched."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        pytest.skip("root and unshare are needed to give the script a /tmp of its own")
+    env = _machine(tmp_path, {"docker.io", *EVERYTHING}, running=False, dockerd=True)
+    shutil.copy2(SCRIPT, tmp_path / "system")
+    command = [unshare, "--mount", "--propagation", "private", "/bin/bash", "-euc", _OWN_TMP,
+               "own-tmp", str(tmp_path), env["PATH"]]
+    code, _out, calls = _run({**env, "PATH": os.environ["PATH"]}, command, cwd=tmp_path)
+    out = (tmp_path / "out").read_text() if (tmp_path / "out").exists() else _out
+    assert code != 0 and any(c.startswith("dockerd") for c in calls), out  # it was started
+    assert (tmp_path / "victim-after").read_text() == "precious", out
+    made = (tmp_path / "made").read_text().split()
+    assert len(made) == 6 and made[1:3] == ["700", "d"] and made[3].endswith("/dockerd.log")
+    assert f"its log: {made[3]}" in out, out
+
+
+def test_a_hung_engine_is_said_in_one_line(tmp_path: Path) -> None:
+    """`docker info` against an engine that accepts and never answers: the deadline
+    (SM121_CI_PROBE_TIMEOUT, 1 s here) ends it, and the script says so in one line."""
+    env = _machine(tmp_path, {"docker-ce", *EVERYTHING}, running=False, dockerd=True)
+    _stub(Path(env["PATH"]), "docker", "exec python3 -c 'import time; time.sleep(100)'\n")
+    env["SM121_CI_PROBE_TIMEOUT"] = "1"
+    code, out, calls = _run(env)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1, out
+    assert errors[0].startswith("error: `docker info` hung (no answer in 1 s)"), out
+    assert not any(c.startswith(("dockerd", "apt-get")) for c in calls), calls
+
+
+def test_a_socket_that_takes_no_connection_is_said_in_one_line(tmp_path: Path) -> None:
+    """An engine's socket whose queue is full (it accepts nothing): a connect without a
+    deadline waits for ever; the probe's deadline names it in one line."""
+    import socket
+
+    env = _machine(tmp_path, set(EVERYTHING), running=False, dockerd=True)
+    env["SM121_CI_PROBE_TIMEOUT"] = "1"
+    (tmp_path / "run").mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "run" / "docker.sock"))
+    listener.listen(0)
+    queued = socket.socket(socket.AF_UNIX)
+    queued.connect(str(tmp_path / "run" / "docker.sock"))  # the one place in its queue
+    try:
+        code, out, calls = _run(env)
+    finally:
+        queued.close()
+        listener.close()
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 1 and errors == [f"error: the engine's socket {tmp_path}/run/docker.sock "
+                                    "hung (no connection in 1 s): restart that engine (sudo "
+                                    "systemctl restart docker), then run this again"], out
+    assert not any(c.startswith(("dockerd", "apt-get")) for c in calls), calls
+
+
+@pytest.mark.parametrize("value", ["0", "ten", "-1", "010", "1.5"])
+def test_a_bad_probe_deadline_is_refused(tmp_path: Path, value: str) -> None:
+    env = {**_machine(tmp_path, {"docker-ce", *EVERYTHING}, running=True),
+           "SM121_CI_PROBE_TIMEOUT": value}
+    code, out, calls = _run(env)
+    assert code == 1 and out.startswith("error: SM121_CI_PROBE_TIMEOUT="), out
+    assert calls == [], calls
