@@ -22,6 +22,7 @@ from sm121_build.jobs.commands.doctor_checks import (
     Probe,
     buildkit,
     disk,
+    docker_group,
     gpu,
     paths,
     registry_logins,
@@ -213,6 +214,38 @@ def test_the_cli_with_the_engine_down_exits_2_and_says_the_fix(tmp_path: Path) -
     text = cli("doctor", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
     assert text.returncode == 2 and text.stdout.splitlines()[0].startswith("FAIL engine")
     assert text.stdout.splitlines()[-1] == "worst: FAIL"
+    if os.geteuid() == 0:  # root is told OK only where a socket is (issue #62)
+        group = next(c for c in checks if isinstance(c, dict) and c["name"] == "docker group")
+        assert group["status"] == "WARN" and "no socket at" in group["detail"], group
+
+
+def test_root_is_told_the_socket_is_usable_only_where_there_is_one(tmp_path: Path) -> None:
+    """As root with no socket, doctor said "docker group OK: root: the engine's socket is
+    usable" beside its own engine FAIL (issue #62): OK now only once a socket is there."""
+    import socket
+
+    def as_root(host: str) -> Check:
+        probe = fake_probe(environ={"DOCKER_HOST": host})
+        probe.euid = lambda: 0
+        (check,) = docker_group(probe)
+        return check
+
+    none = as_root(f"unix://{tmp_path}/docker.sock")
+    assert none.status == "WARN" and none.detail.startswith(
+        f"root, but no socket at {tmp_path}/docker.sock")
+    assert "systemctl start docker" in none.fix
+    (tmp_path / "file.sock").write_text("")  # a file, not a socket
+    assert as_root(f"unix://{tmp_path}/file.sock").status == "WARN"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "docker.sock"))
+    try:
+        there = as_root(f"unix://{tmp_path}/docker.sock")
+    finally:
+        listener.close()
+    assert there == Check("docker group", "OK",
+                          f"root may use the engine's socket {tmp_path}/docker.sock")
+    remote = as_root("tcp://10.0.0.5:2376")
+    assert remote.status == "OK" and "not a socket on this machine" in remote.detail
 
 
 def test_a_bad_registry_reference_is_refused_before_any_check() -> None:

@@ -13,6 +13,7 @@ import grp
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -75,6 +76,7 @@ class Probe:
     run: Callable[[list[str]], str | None] = field(default=lambda args: output(args))
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     toolchains: Callable[[], list[Toolchain]] = field(default=lambda: toolchains(None))
+    euid: Callable[[], int] = field(default=lambda: os.geteuid())
 
 
 def find_tool(name: str) -> str | None:
@@ -132,9 +134,28 @@ def engine_checks(probe: Probe) -> tuple[list[Check], EngineFacts | None]:
     return checks, facts
 
 
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def docker_group(probe: Probe) -> list[Check]:
-    if os.geteuid() == 0:
-        return [Check("docker group", "OK", "root: the engine's socket is usable")]
+    """May this user use the engine's local socket?  Root may use any socket there is, and
+    is told OK only once one is there; another user through the docker group.  An engine
+    reached another way (tcp://, ssh://) asks for no group."""
+    host = probe.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return [Check("docker group", "OK", f"the engine is at {host}, not a socket on this "
+                      "machine: no group is needed")]
+    socket = host.removeprefix("unix://")
+    if probe.euid() == 0:
+        if _is_socket(socket):
+            return [Check("docker group", "OK", f"root may use the engine's socket {socket}")]
+        return [Check("docker group", "WARN", f"root, but no socket at {socket}: nothing to "
+                      "use (the engine line says why)", "start the engine (`sudo systemctl "
+                      "start docker`, or `dockerd &`) or set DOCKER_HOST")]
     try:
         members = grp.getgrnam("docker")
     except KeyError:
