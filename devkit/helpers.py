@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 CACHE = Path(os.environ.get("SM121_TEST_CACHE", ROOT / ".cache"))
@@ -136,6 +138,29 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     """Run the installed CLI as a user would."""
     return subprocess.run([sys.executable, "-m", "sm121_build", *args], capture_output=True,
                           text=True, check=False, env={**os.environ, **(env or {})})
+
+
+def cli_as_nobody(*args: str, env: dict[str, str],
+                  python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    """The CLI as uid and gid 65534 with no groups (setpriv; the caller is root, who reads
+    every file whatever its mode), from this checkout.  That user must first be able to
+    start it (`--help`): a venv or checkout under a 0700 home (`sudo bash .ci/run` from
+    /root) shuts it out, and the test is skipped with one line saying so, not failed on
+    the empty output of an interpreter that never ran."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.fail("setpriv (util-linux) is needed to run as an unprivileged user")
+    command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-m",
+               "sm121_build"]
+    tried = subprocess.run([*command, "--help"], capture_output=True, text=True, check=False,
+                           cwd=ROOT, env=env)
+    if tried.returncode != 0:
+        said = (tried.stderr.strip().splitlines() or [f"exit {tried.returncode}"])[-1]
+        pytest.skip(f"uid 65534 cannot start {python} -m sm121_build in {ROOT} ({said}): a "
+                    "0700 folder above the venv or the checkout? Put them where that user "
+                    "may read")
+    return subprocess.run([*command, *args], capture_output=True, text=True, check=False,
+                          cwd=ROOT, env=env)
 
 
 # runs the CLI in the interpreter it is given and prints every module loaded when it ends

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.helpers import ROOT, cli
+from devkit.helpers import ROOT, cli, cli_as_nobody
 from sm121_build.jobs.commands.doctor_checks import (
     GB,
     Check,
@@ -166,16 +167,14 @@ def test_as_a_user_without_the_socket_or_the_state_folder() -> None:
         locked.mkdir(mode=0o500)
         env = {**os.environ, "DOCKER_HOST": f"unix://{socket}", "XDG_STATE_HOME": str(locked),
                "XDG_CACHE_HOME": str(folder / "cache"), "HOME": "/nonexistent"}
-        command = [sys.executable, "-m", "sm121_build", "doctor", "--json"]
         if os.geteuid() == 0:
-            setpriv = shutil.which("setpriv")
-            if setpriv is None:
-                pytest.fail("setpriv (util-linux) is needed to run as an unprivileged user")
-            command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+            done = cli_as_nobody("doctor", "--json", env=env)
         elif os.access(socket, os.W_OK):
             pytest.skip("this user owns the files it makes: nothing to refuse")
-        done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT,
-                              env=env)
+        else:
+            done = subprocess.run([sys.executable, "-m", "sm121_build", "doctor", "--json"],
+                                  capture_output=True, text=True, check=False, cwd=ROOT,
+                                  env=env)
         checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
         assert done.returncode == 2
         assert checks["engine"]["status"] == "FAIL"
@@ -185,6 +184,25 @@ def test_as_a_user_without_the_socket_or_the_state_folder() -> None:
         assert checks["docker group"]["status"] == "WARN"
     finally:
         shutil.rmtree(folder)
+
+
+def test_a_user_who_cannot_start_this_checkout_is_a_skip_saying_why(tmp_path: Path) -> None:
+    """uid 65534 shut out of the interpreter (a venv under a 0700 home: `sudo bash .ci/run`
+    from /root) failed the test above with a bare JSONDecodeError (issue #62): now a skip,
+    one line naming the interpreter and why."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can run a command as another user")
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    (private / "python").symlink_to(sys.executable)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        cli_as_nobody("doctor", "--json", env=dict(os.environ), python=str(private / "python"))
+    said = str(skipped.value)
+    # what stopped it, as that user met it (exec refused, the venv's files unread), in ()
+    assert re.fullmatch(rf"uid 65534 cannot start {re.escape(str(private / 'python'))} -m "
+                        rf"sm121_build in {re.escape(str(ROOT))} \(.+\): a 0700 folder above "
+                        r"the venv or the checkout\? Put them where that user may read",
+                        said), said
 
 
 def test_paths_name_the_cache_and_state_folders(tmp_path: Path,

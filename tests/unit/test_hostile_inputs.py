@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devkit.helpers import ROOT, cli, one_line_error
+from devkit.helpers import ROOT, cli, cli_as_nobody, one_line_error
 from devkit.imagetar import HardLink, docker_save
 from sm121_build.core.errors import Sm121Error
 from sm121_build.jobs.formats.artifacts import load
@@ -79,14 +79,8 @@ def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI as an unprivileged user (root reads every file whatever its mode)."""
     if os.geteuid() != 0:
         return cli(*args)
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.fail("setpriv (util-linux) is needed to run as an unprivileged user")
-    return subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, "-m", "sm121_build", *args], capture_output=True,
-                          text=True, check=False, cwd=ROOT,
-                          env={**os.environ, "HOME": "/nonexistent",
-                               "XDG_CACHE_HOME": "/tmp/sm121-nobody-cache"})
+    return cli_as_nobody(*args, env={**os.environ, "HOME": "/nonexistent",
+                                     "XDG_CACHE_HOME": "/tmp/sm121-nobody-cache"})
 
 
 def test_unreadable_files_and_folders_are_reported_and_fail(
