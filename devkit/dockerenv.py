@@ -12,7 +12,9 @@ import docker
 import docker.errors
 import pytest
 
-BASE_IMAGE = "sm121-test/debian-gxx:bookworm"
+from devkit.testtags import cached, engine_used
+
+BASE_IMAGE = cached("debian-gxx:bookworm")  # the suite's cache: reused by the next run
 
 
 def client_or_skip() -> docker.DockerClient:
@@ -20,6 +22,7 @@ def client_or_skip() -> docker.DockerClient:
     try:
         client = docker.from_env(timeout=900)
         client.ping()
+        engine_used.append(True)  # the session's end removes this run's images there
         return client
     except docker.errors.DockerException as exc:
         if os.environ.get("SM121_REQUIRE_DOCKER") == "1":

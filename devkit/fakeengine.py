@@ -26,7 +26,7 @@ from pathlib import Path
 
 from devkit.dirfiles import DirectoryFiles, make_tree
 from sm121_build.core.errors import BuildFailed, Sm121Error
-from sm121_build.image.api import ConfinedJob, ConfinedResult, HistoryStep, ImageInfo
+from sm121_build.image.api import PIN_REPO, ConfinedJob, ConfinedResult, HistoryStep, ImageInfo
 from sm121_build.image.refs import validate_image_ref
 
 
@@ -122,7 +122,7 @@ class FakeEngine:
 
     @contextmanager
     def pinned(self, image_id: str) -> Iterator[str]:
-        tag = f"sm121-build-pin/{image_id.split(':')[-1][:12]}:fake"
+        tag = f"{PIN_REPO}/{image_id.split(':')[-1][:12]}:fake"
         self.tags[tag] = image_id
         self.calls.append(f"pin {tag}")
         try:

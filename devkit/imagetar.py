@@ -10,6 +10,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from devkit.testtags import image
+
 
 @dataclass(frozen=True)
 class HardLink:
@@ -48,7 +50,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def docker_save(path: Path, layers: list[Layer], tag: str = "sm121-test/fixture:1",
+def docker_save(path: Path, layers: list[Layer], tag: str = image("fixture:1"),
                 architecture: str = "arm64", labels: dict[str, str] | None = None,
                 prefix: str = "") -> Path:
     """A tarball `docker load` accepts (for any architecture, no emulation needed);

@@ -25,12 +25,15 @@ import docker
 import docker.errors
 import pytest
 
-from devkit.dockerenv import ensure_debian_gxx
+from devkit.dockerenv import BASE_IMAGE, ensure_debian_gxx
 from devkit.helpers import CACHE, DATA, cuda_home
+from devkit.testtags import image
 
 VERSION = "0.19.1"
 TORCH_VERSION = "2.11.0+cu130"  # torch/version.py only: the fixture .so files need none
-REPO = "sm121-test/vllm-stock"
+# This run's (devkit/testtags.py): its key holds the commit of a checkout made in the run's
+# temp folder, so no later run could reuse it; removed when the session ends.
+REPO = image("vllm-stock")
 _GIT_ENV = {"GIT_AUTHOR_NAME": "fixture", "GIT_AUTHOR_EMAIL": "fixture@example.invalid",
             "GIT_COMMITTER_NAME": "fixture", "GIT_COMMITTER_EMAIL": "fixture@example.invalid",
             "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE":
@@ -156,8 +159,8 @@ def ensure_stock_image(client: docker.DockerClient, work: Path) -> StockImage:
         meta = ctx / "site-packages" / f"vllm-{VERSION}.dist-info"
         meta.mkdir()
         (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}\n")
-        client.images.build(path=str(ctx), tag=tag, rm=True,
-                            forcerm=True)
+        client.images.build(path=str(ctx), tag=tag, rm=True, forcerm=True,
+                            buildargs={"BASE": BASE_IMAGE})
     return StockImage(tag, checkout, commit)
 
 

@@ -43,6 +43,17 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_STATE_HOME"] = _SESSION_STATE[-1]
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The images this run made in a Docker engine go with it (every one is named under its
+    own prefix, devkit/testtags.py); another run's, a user's and the suite's cache stay."""
+    from devkit.testtags import engine_used, remove_this_runs
+
+    if engine_used:
+        import docker
+
+        remove_this_runs(docker.from_env(timeout=900))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's state dir goes with the session: no test leaves one in the temp folder."""
     import shutil

@@ -20,6 +20,9 @@ from typing import Protocol
 MODE_DIR, MODE_SYMLINK = 1 << 31, 1 << 27
 MODE_TYPE = MODE_DIR | MODE_SYMLINK | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
 MAX_LINKS = 16
+# The repository of the private tags an engine gives a base for a build's FROM line
+# (`ImageEngine.pinned`): `sm121-build-pin/<image ID's first 12>:<pid>-<random>`.
+PIN_REPO = "sm121-build-pin"
 # The image config's runtime fields, in the order of `ImageInfo.runtime`: the engine's key and
 # the name a user reads.
 RUNTIME_FIELDS = (("Entrypoint", "entrypoint"), ("Cmd", "cmd"), ("WorkingDir", "workdir"),

@@ -51,6 +51,7 @@ from sm121_build.core.leftovers import LEFT_BEHIND
 from sm121_build.core.limits import ENGINE_VARIABLE, REGISTRY_VARIABLE, Limits
 from sm121_build.core.pull_progress import PullProgress
 from sm121_build.image.api import (
+    PIN_REPO,
     RUNTIME_FIELDS,
     ConfinedJob,
     ConfinedResult,
@@ -440,7 +441,7 @@ class Engine:
         """
         image = self.client.images.get(image_id)
         had_tags = bool(image.tags)
-        repo = f"sm121-build-pin/{image_id.split(':')[-1][:12]}"
+        repo = f"{PIN_REPO}/{image_id.split(':')[-1][:12]}"
         tag = f"{os.getpid()}-{secrets.token_hex(3)}"
         image.tag(repo, tag)
         LEFT_BEHIND.add(f"tag {repo}:{tag}")

@@ -9,6 +9,7 @@ import pytest
 from devkit.dockerenv import client_or_skip, load
 from devkit.helpers import cli
 from devkit.imagetar import HardLink, docker_save
+from devkit.testtags import RUN
 
 pytestmark = pytest.mark.docker
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.docker
 def test_arm64_image_audited_on_x86_without_running_it(matrix: dict[str, Path],
                                                        tmp_path: Path) -> None:
     client = client_or_skip()
-    tag = "sm121-test/audit-arm64:1"
+    tag = f"{RUN}/audit-arm64:1"
     layers: list[dict[str, bytes | None]] = [
         {"usr/lib/python3/dist-packages/vllm/_C.abi3.so": matrix["sm90"].read_bytes()},
         {"usr/lib/python3/dist-packages/vllm/_moe_C.abi3.so": matrix["sm121"].read_bytes(),
@@ -44,7 +45,7 @@ def test_a_hard_linked_extension_in_an_image_is_audited(matrix: dict[str, Path],
     """`_C.abi3.so` as the second name of a file whose first name is no .so (the engine's
     archive stream sends it as a link to a member the audit does not keep)."""
     client = client_or_skip()
-    tag = "sm121-test/audit-hardlink:1"
+    tag = f"{RUN}/audit-hardlink:1"
     site = "usr/lib/python3/dist-packages/vllm"
     layers: list[dict[str, bytes | HardLink | None]] = [
         {"opt/blob.bin": matrix["sm90"].read_bytes(), f"{site}/_C.abi3.so": HardLink(
@@ -65,11 +66,11 @@ def test_a_hard_linked_extension_in_an_image_is_audited(matrix: dict[str, Path],
 
 def test_image_not_found_is_one_line() -> None:
     client_or_skip()
-    result = cli("audit", "sm121-test/does-not-exist:nope")
+    result = cli("audit", f"{RUN}/does-not-exist:nope")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "error: image sm121-test/does-not-exist:nope not found in the local Docker engine: "
-        "`docker pull sm121-test/does-not-exist:nope` or `docker load` it first")
+        f"error: image {RUN}/does-not-exist:nope not found in the local Docker engine: "
+        f"`docker pull {RUN}/does-not-exist:nope` or `docker load` it first")
 
 
 def test_engine_not_running_is_one_line() -> None:

@@ -9,6 +9,7 @@ import pytest
 from devkit.dockerenv import client_or_skip, load
 from devkit.helpers import cli, one_line_error
 from devkit.imagetar import docker_save
+from devkit.testtags import RUN
 
 
 def test_bad_image_reference() -> None:
@@ -18,7 +19,7 @@ def test_bad_image_reference() -> None:
 
 def test_bad_arch() -> None:
     client_or_skip()
-    line = one_line_error(cli("--base", "sm121-test/missing:1", "--arch", "sm121"))
+    line = one_line_error(cli("--base", f"{RUN}/missing:1", "--arch", "sm121"))
     assert "'sm121' is not a CUDA architecture" in line
 
 
@@ -31,14 +32,14 @@ def test_engine_not_running() -> None:
 @pytest.mark.docker
 def test_image_not_found() -> None:
     client_or_skip()
-    line = one_line_error(cli("--base", "sm121-test/missing:1"))
-    assert "image sm121-test/missing:1 not found in the local Docker engine" in line
+    line = one_line_error(cli("--base", f"{RUN}/missing:1"))
+    assert f"image {RUN}/missing:1 not found in the local Docker engine" in line
 
 
 @pytest.mark.docker
 def test_image_without_vllm(tmp_path: Path) -> None:
     client = client_or_skip()
-    tag = "sm121-test/no-vllm-build:1"
+    tag = f"{RUN}/no-vllm-build:1"
     load(client, docker_save(tmp_path / "img.tar", [{"etc/os-release": b"x"}], tag=tag))
     temp = tmp_path / "tmp"  # the run's own TMPDIR: other processes' temp files do not count
     temp.mkdir()

@@ -33,14 +33,16 @@ from devkit.registry import local_registry
 from devkit.silent import silent_listener
 from devkit.stallproxy import stalling
 from devkit.stockimage import TORCH_VERSION, StockImage, stock_workspace
+from devkit.testtags import RUN, remove_this_runs
 from sm121_build.core.compile_progress import CompileProgress
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.binary import Policy, audit_binary
 from sm121_build.cuda.compat import parse_target
+from sm121_build.image.api import PIN_REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-PREFIX = "sm121-test/e2e"
+PREFIX = f"{RUN}/e2e"
 INJECTED = ("_C.abi3.so", "_moe_C.abi3.so")
 SCOPE = ("--only", "_C", "--only", "_moe_C")
 
@@ -72,20 +74,14 @@ class E2E:
         return True
 
 
-def _remove_test_images(client: docker.DockerClient) -> None:
-    for image in client.images.list():
-        for tag in image.tags:
-            if tag.startswith((PREFIX, "sm121-build-pin/")):
-                client.images.remove(tag, force=True)
-
-
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    """The module's engine and stock image; at its end the images it made (under PREFIX,
+    this run's alone) and the pins on them go, nothing of another run's."""
     client, work, stock = stock_workspace(tmp_path_factory, "e2e")
-    _remove_test_images(client)
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TMPDIR": str(work / "tmp")}
     yield E2E(client, stock, env, work)
-    _remove_test_images(client)
+    remove_this_runs(client, under="e2e")
 
 
 @pytest.fixture(scope="module")
@@ -248,13 +244,13 @@ def test_kernels_image_published_and_injected_from_a_registry(
         finally:  # what the test pushed and pulled back leaves the engine with it
             for image in e2e.client.images.list():
                 for tag in image.tags:
-                    if tag.startswith(f"{registry}/"):
+                    if tag.startswith(f"{registry}/{RUN}/"):
                         e2e.client.images.remove(tag, force=True)
 
 
 def _kernels_round_trip(e2e: E2E, tmp_path: Path, registry: str, artifacts: Path,
                         manifest: dict[str, Any], package: str) -> None:
-    repo = f"{registry}/sm121-test/kernels"
+    repo = f"{registry}/{RUN}/kernels"
     published = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to", repo,
                         "--tag", "nightly")
     assert published.returncode == 0, published.stderr
@@ -299,11 +295,11 @@ def _kernels_round_trip(e2e: E2E, tmp_path: Path, registry: str, artifacts: Path
     assert json.loads((tmp_path / "via.json").read_text())["status"] == "injected"
     assert _flat_files(e2e.client, f"{PREFIX}:via-lookup") == \
         _flat_files(e2e.client, f"{PREFIX}:patched")
-    miss = e2e.run("--base", e2e.stock.tag, "--kernels-from", f"{registry}/sm121-test/none",
+    miss = e2e.run("--base", e2e.stock.tag, "--kernels-from", f"{registry}/{RUN}/none",
                    "--no-build", "--tag", f"{PREFIX}:no-build")
     assert miss.returncode == 2, miss.stderr
     assert miss.stderr.strip().splitlines()[-1].startswith(
-        f"error: no kernels image for {e2e.stock.tag} in {registry}/sm121-test/none "
+        f"error: no kernels image for {e2e.stock.tag} in {registry}/{RUN}/none "
         "(not in the registry; --no-build)")
     assert not e2e.exists(f"{PREFIX}:no-build")
     for what, change in (("extra", "undeclared"), ("sha", "sha256")):
@@ -327,7 +323,7 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     the verified files are exported and pushed), and another base with the same vLLM and
     torch (a local re-build of the stock image: another image ID) finds them, on a machine
     with a fresh cache and state."""
-    repo = f"{registry}/sm121-test/published"
+    repo = f"{registry}/{RUN}/published"
     signing, trusted = key_pair(tmp_path, "ours")
     _other, untrusted = key_pair(tmp_path, "theirs")
     done = e2e.build(f"{PREFIX}:patched", "--kernels-to", repo, "--sign-key", str(signing),
@@ -353,7 +349,7 @@ def _kernels_to_and_reuse(e2e: E2E, tmp_path: Path, registry: str) -> None:
     book = Path(e2e.env["XDG_STATE_HOME"]) / "sm121-build" / "ledger.json"
     listed = {t for entry in json.loads(book.read_text())["built"] for t in entry["tags"]}
     assert set(record["kernels_to"]) <= listed
-    with urllib.request.urlopen(f"http://{registry}/v2/sm121-test/published/tags/list",
+    with urllib.request.urlopen(f"http://{registry}/v2/{RUN}/published/tags/list",
                                 timeout=10) as response:
         listed_tags = json.load(response)["tags"]
     assert sorted(t for t in listed_tags if not t.endswith((".sig", ".att"))) == sorted(
@@ -392,7 +388,7 @@ def _kernels_refused_or_unreachable(e2e: E2E, tmp_path: Path, registry: str,
     """Kernels built against another torch are not used (one line) and the run builds
     instead (here: up to date, the content key unchanged); a registry that is down is one
     line too, and the run still builds; with --no-build either one fails."""
-    repo = f"{registry}/sm121-test/other-torch"
+    repo = f"{registry}/{RUN}/other-torch"
     pinned = f"0.19.1-{e2e.stock.commit[:12]}-cu130-sm121"
     torch = _tampered_kernels(e2e, tmp_path / "torch", artifacts, package, "torch")
     e2e.client.images.get(torch).tag(f"{repo}:{pinned}")
@@ -445,7 +441,7 @@ def _ctrl_c_during_the_kernels_pull(e2e: E2E, registry: str) -> None:
     images = {i.id for i in e2e.client.images.list(all=True)}
     tmp = Path(e2e.env["TMPDIR"])
     with stalling(registry) as proxy:
-        ref = f"{proxy.address}/sm121-test/kernels:nightly"
+        ref = f"{proxy.address}/{RUN}/kernels:nightly"
         process = subprocess.Popen(
             [sys.executable, "-m", "sm121_build", "inject", "--from", ref, "--base",
              e2e.stock.tag, "--tag", f"{PREFIX}:interrupted-pull"],
@@ -569,8 +565,8 @@ def test_ctrl_c_during_build_leaves_nothing_behind(e2e: E2E, tmp_path: Path,
     assert not e2e.exists(f"{PREFIX}:interrupted")
     assert list(tmp.iterdir()) == []
     assert {c.id for c in e2e.client.containers.list(all=True)} == containers
-    assert not [t for i in e2e.client.images.list() for t in i.tags
-                if t.startswith("sm121-build-pin/")]
+    assert not [t for t in e2e.client.images.get(e2e.stock.tag).tags  # the base's pin went
+                if t.startswith(f"{PIN_REPO}/")]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
@@ -601,7 +597,7 @@ def test_interrupted_rebuild_keeps_the_images_the_user_had(
 
 def test_rejected_tag_is_refused_before_any_work(e2e: E2E) -> None:
     images = {i.id for i in e2e.client.images.list(all=True)}
-    for bad in ("UPPER/case:1", "sm121-test/x:bad tag"):
+    for bad in ("UPPER/case:1", f"{RUN}/x:bad tag"):
         result = e2e.build(bad)
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [
@@ -1032,7 +1028,7 @@ def test_a_signed_proof_travels_with_the_kernels_image(
     assert (tmp_path / "proof.json.sig").is_file()
     artifacts = e2e.work / "aot-artifacts"
     with local_registry(tmp_path) as registry:
-        repo = f"{registry}/sm121-test/proven"
+        repo = f"{registry}/{RUN}/proven"
         try:
             _other_files_or_unsigned_proofs_are_refused(e2e, tmp_path, artifacts, repo,
                                                         (signing, trusted), proof)
@@ -1054,7 +1050,7 @@ def test_a_signed_proof_travels_with_the_kernels_image(
             assert line in fetched.stderr
             # the same image signed, without a proof: said, not refused
             bare = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to",
-                           f"{registry}/sm121-test/bare", "--sign-key", str(signing))
+                           f"{registry}/{RUN}/bare", "--sign-key", str(signing))
             assert bare.returncode == 0, bare.stderr
             said = e2e.run("kernels", "verify", bare.stdout.split()[1], "--trust-key",
                            str(trusted))
@@ -1076,7 +1072,7 @@ def test_a_signed_proof_travels_with_the_kernels_image(
         finally:
             for image in e2e.client.images.list():
                 for tag in image.tags:
-                    if tag.startswith(f"{registry}/"):
+                    if tag.startswith(f"{registry}/{RUN}/"):
                         e2e.client.images.remove(tag, force=True)
 
 

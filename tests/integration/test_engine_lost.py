@@ -15,6 +15,7 @@ from devkit.dockerenv import client_or_skip, load
 from devkit.engineproxy import engine_proxy
 from devkit.helpers import one_line_error
 from devkit.imagetar import docker_save
+from devkit.testtags import RUN
 
 pytestmark = pytest.mark.docker
 
@@ -29,7 +30,7 @@ def _cli(host: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_engine_lost_while_reading_an_image(matrix: dict[str, Path], tmp_path: Path) -> None:
     client = client_or_skip()
-    tag = "sm121-test/engine-lost:1"
+    tag = f"{RUN}/engine-lost:1"
     load(client, docker_save(tmp_path / "img.tar", [
         {"usr/lib/python3/dist-packages/vllm/_C.abi3.so": matrix["sm121"].read_bytes()}],
         tag=tag))

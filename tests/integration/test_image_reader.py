@@ -17,6 +17,7 @@ import pytest
 from devkit.dirfiles import DirectoryFiles, make_tree
 from devkit.dockerenv import client_or_skip
 from devkit.helpers import cli
+from devkit.testtags import RUN
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.engine import READER_LABEL, Engine
 from sm121_build.image.facts import facts_from_files
@@ -62,7 +63,7 @@ def venv_image(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[VenvI
     """(engine, folder, tag): the venv tree as a folder and as an image, one per test."""
     client = client_or_skip()
     root = make_tree(tmp_path / "root", TREE)
-    tag = f"sm121-test/reader-venv:{request.node.name[5:40].replace('_', '-')}"
+    tag = f"{RUN}/reader-venv:{request.node.name[5:40].replace('_', '-')}"
     with imported(client, root, tag):
         yield client, root, tag
 
@@ -137,11 +138,11 @@ def test_image_removed_while_it_is_read_is_one_line(tmp_path: Path) -> None:
         info = tarfile.TarInfo("etc/hostname")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    client.api.import_image_from_data(buffer.getvalue(), repository="sm121-test/reader-gone",
+    client.api.import_image_from_data(buffer.getvalue(), repository=f"{RUN}/reader-gone",
                                       tag="1")
     engine = Engine.connect()
-    image_id = engine.image("sm121-test/reader-gone:1").id
-    client.images.remove("sm121-test/reader-gone:1", force=True)
+    image_id = engine.image(f"{RUN}/reader-gone:1").id
+    client.images.remove(f"{RUN}/reader-gone:1", force=True)
     with pytest.raises(Sm121Error, match="was removed from the engine while it was being "
                                          "read"), engine.reader(image_id):
         pass
@@ -155,7 +156,7 @@ def test_full_tmpdir_is_one_line_naming_the_folder(tmp_path: Path) -> None:
                              capture_output=True, check=False)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a 1 MB tmpfs here: {mounted.stderr.decode().strip()}")
-    tag = "sm121-test/reader-big-so:1"
+    tag = f"{RUN}/reader-big-so:1"
     root = make_tree(tmp_path / "root", {"opt/x/big.abi3.so": b"\x7fELF" + bytes(3 << 20)})
     try:
         with imported(client, root, tag):
@@ -180,7 +181,7 @@ def test_audit_reads_only_the_included_folders(matrix: dict[str, Path], host_onl
             "srv/filler/other.abi3.so": matrix["sm90"].read_bytes(),
             "srv/filler/blob": bytes(8 << 20)}
     root = make_tree(tmp_path / "root", tree)
-    tag = "sm121-test/reader-venv:4"
+    tag = f"{RUN}/reader-venv:4"
     with imported(client, root, tag):
         scoped = cli("audit", "--json", tag, "--include", "*/vllm/*")
         assert scoped.returncode == 0, scoped.stderr
@@ -211,7 +212,7 @@ def test_torch_exports_are_read_through_the_engine(tmp_path: Path,
     subprocess.run(["g++", "-shared", "-fPIC", "-o", str(lib / "libc10.so"),
                     str(lib / "c10.cpp")], check=True)
     (lib / "c10.cpp").unlink()
-    with imported(client, root, "sm121-test/reader-torch:1") as tag:
+    with imported(client, root, f"{RUN}/reader-torch:1") as tag:
         engine = Engine.connect()
         image_id = engine.image(tag).id
         with engine.reader(image_id) as files:

@@ -29,6 +29,7 @@ import yaml
 from devkit.helpers import ROOT
 from devkit.registry import local_registry, push_copy
 from devkit.stockimage import StockImage, stock_workspace
+from devkit.testtags import RUN
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -90,7 +91,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
     temp = work / "runner-temp"
     temp.mkdir()
     with local_registry(work) as registry:
-        base = f"{registry}/vllm/vllm-openai:nightly"
+        base = f"{registry}/{RUN}/vllm/vllm-openai:nightly"
         push_copy(client, stock.tag, base, work)
         client.images.remove(base)  # the registry has it; the runner must pull it
         env = {
@@ -98,8 +99,8 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
             # The job's env: as GitHub evaluates it for a scheduled run.
             "BASE": base, "ARCH": "12.1", "EXTENSIONS": "", "PUSH": "true", "KEEP": "3",
             "FULL_IMAGE": "false", "REGISTRY": registry,
-            "KERNELS_TO": f"{registry}/spark/vllm-sm121-kernels",
-            "PUSH_TO": f"{registry}/spark/vllm-openai",
+            "KERNELS_TO": f"{registry}/{RUN}/spark/vllm-sm121-kernels",
+            "PUSH_TO": f"{registry}/{RUN}/spark/vllm-openai",
             # The runner's own variables.
             "RUNNER_TEMP": str(temp), "GITHUB_PATH": str(work / "github_path"),
             "GITHUB_STEP_SUMMARY": str(work / "summary.md"),
@@ -112,7 +113,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
         yield Runner(stock, env, temp, registry)
         for image in client.images.list():
             for tag in image.tags:
-                if tag.startswith(registry):
+                if tag.startswith(f"{registry}/{RUN}/"):  # this run's, nothing older
                     _remove(client, tag)
 
 
@@ -173,9 +174,10 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     assert report["kernels_to"] == [
         report["kernels_to"][0], f"{kernels}:0.19.1-{runner.stock.commit[:12]}-cu130-sm121",
         f"{kernels}:nightly"]
-    assert _registry_tags(runner, "spark/vllm-sm121-kernels") == sorted(
+    assert _registry_tags(runner, f"{RUN}/spark/vllm-sm121-kernels") == sorted(
         tag.rsplit(":", 1)[1] for tag in report["kernels_to"])
-    assert _registry_tags(runner, "spark/vllm-openai") == []  # the full image only when asked
+    # the full image only when asked
+    assert _registry_tags(runner, f"{RUN}/spark/vllm-openai") == []
     out = runner.temp / "sm121-out"
     assert (out / "artifacts" / "manifest.json").exists()
     assert "tagged " in (out / "console.log").read_text()
@@ -232,7 +234,7 @@ def test_push_and_prune_steps_against_a_real_registry(runner: Runner) -> None:
     pushed = runner.run_step("push", FULL_IMAGE="true")  # asked for (workflow input)
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     suffixes = [tag.rsplit(":", 1)[1] for tag in runner.report["tags"]]
-    assert _registry_tags(runner, "spark/vllm-openai") == sorted(suffixes)
+    assert _registry_tags(runner, f"{RUN}/spark/vllm-openai") == sorted(suffixes)
     summary = runner.summary.read_text()
     for suffix in suffixes:
         assert f"pushed `{runner.env['PUSH_TO']}:{suffix}`" in summary

@@ -11,6 +11,7 @@ import pytest
 from devkit.dockerenv import client_or_skip, load
 from devkit.helpers import CACHE, cli, cuda_home, one_line_error, pypi_download
 from devkit.imagetar import docker_save
+from devkit.testtags import RUN
 
 pytestmark = [pytest.mark.docker, pytest.mark.vllm]
 SITE = "usr/local/lib/python3.12/dist-packages"
@@ -32,7 +33,7 @@ def test_pin_reads_real_version_file_from_image(matrix: dict[str, Path], tmp_pat
     files["usr/local/cuda-12.9/bin/nvcc"] = b"#!/bin/sh\n"
     files["usr/local/cuda-12.9/targets/sbsa-linux/include/cuda.h"] = (
         (cuda_home() / "include" / "cuda.h").read_bytes().replace(b"13000", b"12090"))
-    tag = "sm121-test/pin-arm64:1"
+    tag = f"{RUN}/pin-arm64:1"
     load(client, docker_save(tmp_path / "img.tar", [files], tag=tag, architecture="arm64"))
     try:
         before = {c.id for c in client.containers.list(all=True)}
@@ -58,7 +59,7 @@ def test_pin_reads_real_version_file_from_image(matrix: dict[str, Path], tmp_pat
 
 def test_image_without_vllm(tmp_path: Path) -> None:
     client = client_or_skip()
-    tag = "sm121-test/no-vllm:1"
+    tag = f"{RUN}/no-vllm:1"
     load(client, docker_save(tmp_path / "img.tar", [{"etc/hostname": b"x"}], tag=tag))
     try:
         result = cli("pin", tag, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})

@@ -20,17 +20,18 @@ import pytest
 
 from devkit.registry import local_registry, push, push_copy
 from devkit.stockimage import StockImage, stock_workspace
+from devkit.testtags import RUN
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-OUT = "sm121-test/pulled"
+OUT = f"{RUN}/pulled"
 
 
 @dataclass
 class Moving:
     client: docker.DockerClient
     stock: StockImage
-    remote: str  # 127.0.0.1:PORT/sm121-test/vllm:nightly
+    remote: str  # 127.0.0.1:PORT/<this run's prefix>/vllm:nightly
     work: Path
     env: dict[str, str]
 
@@ -59,7 +60,7 @@ def _cleanup(client: docker.DockerClient, registry: str) -> None:
 def moving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moving]:
     client, work, stock = stock_workspace(tmp_path_factory, "pull")
     with local_registry(work) as registry:
-        remote = f"{registry}/sm121-test/vllm:nightly"
+        remote = f"{registry}/{RUN}/vllm:nightly"
         push_copy(client, stock.tag, remote, work)
         client.images.remove(remote)  # only the registry has it under that name now
         env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"),

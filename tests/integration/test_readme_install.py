@@ -17,10 +17,11 @@ import pytest
 from devkit.dockerenv import client_or_skip, ensure_debian
 from devkit.helpers import ROOT
 from devkit.stockimage import stock_extensions
+from devkit.testtags import cached
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-FRESH = "sm121-test/debian-fresh:bookworm"
+FRESH = cached("debian-fresh:bookworm")  # the suite's cache: reused by the next run
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 

@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 
 from devkit.dockerenv import client_or_skip, load
 from devkit.imagetar import docker_save
+from devkit.testtags import RUN
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.refs import default_tag, validate_tag
 
 pytestmark = [pytest.mark.docker]
 
-SOURCE_TAG = "sm121-test/refs:source"
+SOURCE_TAG = f"{RUN}/refs:source"
 PART = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=12)
 NAMES = st.one_of(
     st.builds(lambda host, path, tag: f"{host}{path}{tag}",

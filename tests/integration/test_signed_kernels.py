@@ -22,6 +22,7 @@ import pytest
 
 from devkit.keys import key_pair, push_small
 from devkit.registry import local_registry
+from devkit.testtags import RUN
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, require_signed, sign
 from sm121_build.image.registry import Registry
 
@@ -43,18 +44,18 @@ def registry(tmp_path: Path) -> Iterator[str]:
 def test_a_signature_is_cosigns_format_and_openssl_verifies_it(registry: str,
                                                                tmp_path: Path) -> None:
     client = docker.from_env()
-    repo = f"{registry}/sm121-test/kernels"
+    repo = f"{registry}/{RUN}/kernels"
     digest = push_small(client, tmp_path, f"{repo}:one", "one")
     private, public = key_pair(tmp_path, "a")
     assert sign(Registry(repo), digest, SigningKey.load(private, None)) == \
         f"{repo}:sha256-{digest.split(':')[1]}.sig"
-    raw = _get(f"http://{registry}/v2/sm121-test/kernels/manifests/sha256-"
+    raw = _get(f"http://{registry}/v2/{RUN}/kernels/manifests/sha256-"
                f"{digest.split(':')[1]}.sig", "application/vnd.oci.image.manifest.v1+json")
     manifest = json.loads(raw)
     assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     (layer,) = manifest["layers"]
     assert layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
-    body = _get(f"http://{registry}/v2/sm121-test/kernels/blobs/{layer['digest']}")
+    body = _get(f"http://{registry}/v2/{RUN}/kernels/blobs/{layer['digest']}")
     assert body == (b'{"critical":{"identity":{"docker-reference":"' + repo.encode() +
                     b'"},"image":{"docker-manifest-digest":"' + digest.encode() +
                     b'"},"type":"cosign container image signature"},"optional":null}')
@@ -69,7 +70,7 @@ def test_a_signature_is_cosigns_format_and_openssl_verifies_it(registry: str,
     # a second signature is appended, as cosign does; either key then verifies
     other_private, other_public = key_pair(tmp_path, "b")
     sign(Registry(repo), digest, SigningKey.load(other_private, None))
-    assert len(json.loads(_get(f"http://{registry}/v2/sm121-test/kernels/manifests/sha256-"
+    assert len(json.loads(_get(f"http://{registry}/v2/{RUN}/kernels/manifests/sha256-"
                                f"{digest.split(':')[1]}.sig",
                                "application/vnd.oci.image.manifest.v1+json"))["layers"]) == 2
     require_signed(Registry(repo), digest, TrustKey.load(other_public))
@@ -78,7 +79,7 @@ def test_a_signature_is_cosigns_format_and_openssl_verifies_it(registry: str,
 def test_unsigned_resigned_and_repointed_images_are_refused(registry: str,
                                                             tmp_path: Path) -> None:
     client = docker.from_env()
-    repo = f"{registry}/sm121-test/kernels"
+    repo = f"{registry}/{RUN}/kernels"
     one = push_small(client, tmp_path, f"{repo}:one", "one")
     two = push_small(client, tmp_path, f"{repo}:two", "two")
     private, public = key_pair(tmp_path, "ours")
@@ -91,13 +92,13 @@ def test_unsigned_resigned_and_repointed_images_are_refused(registry: str,
         require_signed(Registry(repo), one, trust)
     # our signature of `one`, placed beside `two` by whoever can write the registry
     sign(Registry(repo), one, SigningKey.load(private, None))
-    raw = _get(f"http://{registry}/v2/sm121-test/kernels/manifests/sha256-"
+    raw = _get(f"http://{registry}/v2/{RUN}/kernels/manifests/sha256-"
                f"{one.split(':')[1]}.sig", "application/vnd.oci.image.manifest.v1+json")
     Registry(repo).put_manifest(f"sha256-{two.split(':')[1]}.sig", raw)
     with pytest.raises(Untrusted, match=rf"is for {repo}@{one}"):
         require_signed(Registry(repo), two, trust)
     # and a signature for the same digest in another repository is not this one's
-    copy = f"{registry}/sm121-test/elsewhere"
+    copy = f"{registry}/{RUN}/elsewhere"
     signature = json.loads(raw)
     for blob in (signature["config"], *signature["layers"]):
         Registry(copy).put_blob(Registry(repo).blob(blob["digest"]))
@@ -108,7 +109,7 @@ def test_unsigned_resigned_and_repointed_images_are_refused(registry: str,
     before = {i.id for i in client.images.list(all=True)}
     result = subprocess.run(
         [sys.executable, "-m", "sm121_build", "inject", "--from", f"{repo}:two", "--base",
-         "sm121-test/none:x", "--trust-key", str(public)],
+         f"{RUN}/none:x", "--trust-key", str(public)],
         capture_output=True, text=True, check=False, env=dict(os.environ))
     errors = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
     assert result.returncode == 3, result.stderr
@@ -138,19 +139,19 @@ def test_the_provenance_is_a_signed_in_toto_statement_openssl_verifies(
     from sm121_build.image.cosign import attest, attested
 
     client = docker.from_env()
-    repo = f"{registry}/sm121-test/kernels"
+    repo = f"{registry}/{RUN}/kernels"
     digest = push_small(client, tmp_path, f"{repo}:one", "one")
     private, public = key_pair(tmp_path, "a")
     predicate = {"manifest": {"vllm_commit": "c" * 40, "patches": "aot-ptxas-13.0.88"},
                  "run": {"decision": {"_C": {"action": "aot"}}}}
     kind = "https://sm121-build.dev/provenance/v1"
     attest(Registry(repo), digest, SigningKey.load(private, None), kind, predicate)
-    raw = _get(f"http://{registry}/v2/sm121-test/kernels/manifests/sha256-"
+    raw = _get(f"http://{registry}/v2/{RUN}/kernels/manifests/sha256-"
                f"{digest.split(':')[1]}.att", "application/vnd.oci.image.manifest.v1+json")
     (layer,) = json.loads(raw)["layers"]
     assert layer["mediaType"] == "application/vnd.dsse.envelope.v1+json"
     assert layer["annotations"]["predicateType"] == kind
-    envelope = json.loads(_get(f"http://{registry}/v2/sm121-test/kernels/blobs/"
+    envelope = json.loads(_get(f"http://{registry}/v2/{RUN}/kernels/blobs/"
                                f"{layer['digest']}"))
     statement = base64.b64decode(envelope["payload"])
     assert json.loads(statement) == {

@@ -19,10 +19,11 @@ import docker.errors
 import pytest
 
 from devkit.stockimage import StockImage, stock_workspace
+from devkit.testtags import RUN
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-PREFIX = "sm121-test/toolchain"
+PREFIX = f"{RUN}/toolchain"
 
 
 def _derive(client: docker.DockerClient, stock: StockImage, tag: str, run: str,

@@ -20,6 +20,7 @@ from sm121_build.core.errors import BuildFailed, Sm121Error, VerificationError
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import ArchList
+from sm121_build.image.api import PIN_REPO
 from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.main_job import run_build
 from sm121_build.jobs.commands.main_plan import Options
@@ -85,7 +86,7 @@ def test_build_fills_the_record_and_tags_only_after_verification(
     assert engine.images[built].info.labels[CONTENT_KEY_LABEL] == record.content_key
     # order: pin the base, build, tag, drop the pin; the stock image is left as it was
     assert [c.split()[0] for c in engine.calls] == ["pin", "build", "tag", "unpin"]
-    assert not any(t.startswith("sm121-build-pin/") for t in engine.tags)
+    assert not any(t.startswith(f"{PIN_REPO}/") for t in engine.tags)
     assert engine.tags[BASE] == stock_id
     site = engine.images[stock_id].root / "usr/local/lib/python3.12/dist-packages/vllm"
     assert (site / "_C.abi3.so").read_bytes() == matrix["sm90"].read_bytes()
@@ -126,7 +127,7 @@ def test_a_failure_or_ctrl_c_tags_nothing_and_removes_what_the_run_made(
     assert (record.status, record.error) == ("failed", said.format(where=where))
     assert set(engine.images) == before  # the built image (if any) was removed
     assert TAG not in engine.tags and engine.calls[-1].startswith("unpin ")
-    assert not any(t.startswith("sm121-build-pin/") for t in engine.tags)
+    assert not any(t.startswith(f"{PIN_REPO}/") for t in engine.tags)
     jsonschema.validate(record.as_json(), schema("report"))
 
 
