@@ -257,6 +257,23 @@ def test_a_hung_engine_is_said_in_one_line(tmp_path: Path) -> None:
     assert not any(c.startswith(("dockerd", "apt-get")) for c in calls), calls
 
 
+def test_an_engine_this_script_starts_may_hang_while_it_comes_up(tmp_path: Path) -> None:
+    """The dockerd the script started answers nothing at first (it is starting): a hang then
+    is only "not yet", and the wait goes on until it answers."""
+    env = _machine(tmp_path, {"docker.io", *EVERYTHING}, running=False)
+    env["SM121_CI_PROBE_TIMEOUT"] = "1"
+    bin_dir = Path(env["PATH"])
+    _stub(bin_dir, "dockerd", ': > "$CALLS.up"\n')
+    _stub(bin_dir, "docker", '[ -e "$CALLS.up" ] || exit 1\n'
+          'n=$(cat "$CALLS.n" 2>/dev/null || echo 0); echo $((n + 1)) > "$CALLS.n"\n'
+          '[ "$n" -ge 2 ] || exec python3 -c "import time; time.sleep(100)"\n'
+          'echo "engine 99.0"\n')
+    code, out, calls = _run(env)
+    assert code == 0 and "engine 99.0" in out and "error:" not in out, out
+    # two hangs, the answer that ends the wait, then the engine line
+    assert int((tmp_path / "calls.n").read_text()) == 4, calls
+
+
 def test_a_socket_that_takes_no_connection_is_said_in_one_line(tmp_path: Path) -> None:
     """An engine's socket whose queue is full (it accepts nothing): a connect without a
     deadline waits for ever; the probe's deadline names it in one line."""
