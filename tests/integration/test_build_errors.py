@@ -9,7 +9,7 @@ import pytest
 from devkit.dockerenv import client_or_skip, load
 from devkit.helpers import cli, one_line_error
 from devkit.imagetar import docker_save
-from devkit.testtags import RUN
+from devkit.testtags import RUN, is_this_runs
 
 
 def test_bad_image_reference() -> None:
@@ -43,8 +43,9 @@ def test_image_without_vllm(tmp_path: Path) -> None:
     load(client, docker_save(tmp_path / "img.tar", [{"etc/os-release": b"x"}], tag=tag))
     temp = tmp_path / "tmp"  # the run's own TMPDIR: other processes' temp files do not count
     temp.mkdir()
-    def results() -> set[str]:  # what another test left in the engine is not this run's
-        return {t for image in client.images.list() for t in image.tags if t.endswith("-sm121")}
+    def results() -> set[str]:  # this run's alone: another run on the engine tags its own
+        return {t for image in client.images.list() for t in image.tags
+                if is_this_runs(t) and t.endswith("-sm121")}
 
     before = results()
     try:
