@@ -182,7 +182,9 @@ def _archive(path: Path, kind: str, dest: Path, reading: Reading) -> list[Audite
 def _expand(archives: list[tuple[str, Path]], dest: Path,
             wanted: Callable[[str], bool]) -> list[AuditedFile]:
     """The wheels and tarballs of a folder, each audited as its own (members named
-    `ARCHIVE!MEMBER`); one that cannot be read is listed with why, never passed over."""
+    `ARCHIVE!MEMBER`); one that cannot be read (damaged, refused, a tarball that is not an
+    image's) is listed with why, never passed over, and stops none of the others: whatever
+    `_archive` refuses is about that one archive."""
     found: list[AuditedFile] = []
     for number, (rel, archive) in enumerate(archives):
         kind = archive_kind(archive)
@@ -192,7 +194,8 @@ def _expand(archives: list[tuple[str, Path]], dest: Path,
             continue
         try:
             inner = _archive(archive, kind, dest / str(number), Reading())
-        except CorruptBinaryError as exc:
+        except Sm121Error as exc:  # `image/layers`: "not a docker-save or OCI image
+            # tarball", "holds several platforms"; a damaged or refused wheel
             found.append(AuditedFile(rel, archive, skipped=str(exc).removeprefix(f"{archive}: ")))
             continue
         found += [replace(b, name=f"{rel}!{b.name.lstrip('/')}") for b in inner

@@ -74,6 +74,31 @@ def test_a_tarball_made_with_tar_dot_is_read(tmp_path: Path, matrix: dict[str, P
     assert _binaries(result) == {f"/{SITE}/_C.abi3.so": "native"}
 
 
+@pytest.mark.parametrize("name", ["notes.tar", "notes.tar.gz"])
+def test_a_plain_tarball_in_a_folder_is_listed_and_the_rest_audited(
+        tmp_path: Path, matrix: dict[str, Path], name: str) -> None:
+    """A tarball of text files (not an image) among a folder's libraries: that one entry is
+    said (not an image tarball) and every other file is still audited (exit 2: not all of
+    the folder could be audited)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(matrix["sm121"], folder / "a.so")
+    shutil.copy(matrix["sm90"], folder / "z.so")
+    with tarfile.open(folder / name, "w:gz" if name.endswith(".gz") else "w") as tar:
+        for member, text in (("README", b"hello\n"), ("docs/notes.txt", b"notes\n")):
+            info = tarfile.TarInfo(member)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    result = cli("audit", "--json", str(folder), "--target", "sm_121", "--driver", "13.0")
+    assert result.returncode == 2, result.stderr
+    assert _binaries(result) == {"a.so": "native", "z.so": "none"}
+    lines = result.stderr.strip().splitlines()
+    assert f"unreadable: {name}: not a docker-save or OCI image tarball (neither " \
+        "manifest.json nor index.json found)" in lines, lines
+    assert lines[-1] == (f"error: 1 of 3 file(s) or folder(s) in {folder} could not be "
+                         "audited (listed above)")
+
+
 # -- nothing skipped in silence ------------------------------------------------------------
 def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI as an unprivileged user (root reads every file whatever its mode)."""
