@@ -36,9 +36,14 @@ def wheel_distribution(filename: str) -> str | None:
 
 @dataclass
 class Owners:
-    """Installed file path (as the audit names it) -> the distribution whose RECORD lists it."""
+    """Installed file path (as the audit names it) -> the distribution whose RECORD lists it.
+
+    Two distributions whose RECORDs list one path (two wheels installed onto one file, as
+    pip allows) are both kept (`claims`): the file is counted under the first of them by
+    name, whichever RECORD was read first, and the caller says so."""
 
     by_path: dict[str, str] = field(default_factory=dict)
+    contested: dict[str, set[str]] = field(default_factory=dict)  # listed by 2+ distributions
     unreadable: list[str] = field(default_factory=list)
 
     def add_record(self, record_path: str, raw: bytes) -> None:
@@ -52,18 +57,32 @@ class Owners:
             return
         owner = canonical(named)
         site = posixpath.dirname(posixpath.dirname(record_path))
-        kept: dict[str, str] = {}
+        kept: set[str] = set()
         text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", newline="\n")
         try:
             for row in csv.reader(text):
                 if row and row[0]:
                     path = posixpath.normpath(posixpath.join(site, row[0]))
                     if SHARED_OBJECT.search(path):
-                        kept[path] = owner
+                        kept.add(path)
         except (UnicodeDecodeError, csv.Error) as exc:
             self.unreadable.append(f"{record_path}: {exc}")
             return
-        self.by_path.update(kept)
+        for path in kept:
+            held = self.by_path.setdefault(path, owner)
+            if held != owner:
+                self.contested.setdefault(path, {held}).add(owner)
+                self.by_path[path] = min(held, owner)
 
     def owner(self, name: str) -> str | None:
+        """The distribution `name` is counted under: the one RECORD's that lists it, the
+        first by name of several."""
         return self.by_path.get(posixpath.normpath(name))
+
+    def claims(self, name: str) -> tuple[str, ...]:
+        """Every distribution whose RECORD lists `name`, by name (none, one, or more)."""
+        path = posixpath.normpath(name)
+        if path in self.contested:
+            return tuple(sorted(self.contested[path]))
+        owner = self.by_path.get(path)
+        return (owner,) if owner is not None else ()

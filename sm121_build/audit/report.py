@@ -223,6 +223,8 @@ def as_json(reports: list[BinaryReport], policy: Policy,
         "binaries": [
             {
                 "name": r.name,
+                "package": r.package,
+                "claimed_by": list(r.claimed_by),
                 "size": r.size,
                 "verdict": r.verdict if r.has_device_code else None,
                 "fatbins": r.containers,

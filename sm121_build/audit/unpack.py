@@ -81,6 +81,7 @@ class AuditedFile:
     host_only_size: int | None = None  # set when the file was dropped: an ELF of no device code
     skipped: str | None = None  # why it could not be audited (unreadable, outside the archive)
     package: str | None = None  # the distribution that installs it (its RECORD, its wheel)
+    claimed_by: tuple[str, ...] = ()  # every distribution whose RECORD lists it (its wheel's)
 
 
 def _wanted(include: tuple[str, ...]) -> Callable[[str], bool]:
@@ -171,7 +172,8 @@ def _archive(path: Path, kind: str, dest: Path, reading: Reading) -> list[Audite
     try:
         if kind == "zip":
             owner = wheel_distribution(path.name)
-            return [replace(b, package=owner) for b in _unzip(path, dest, wanted)]
+            return [replace(b, package=owner, claimed_by=(owner,) if owner else ())
+                    for b in _unzip(path, dest, wanted)]
         owners = Owners()
         found = _untar(path, dest, lambda p: wanted(p) or is_record(p), reading, owners)
         return _owned(found, owners)
@@ -205,11 +207,24 @@ def _expand(archives: list[tuple[str, Path]], dest: Path,
 
 def _owned(found: list[AuditedFile], owners: Owners) -> list[AuditedFile]:
     """Each file with the distribution whose RECORD lists it, where one does; a RECORD that
-    could not be read is said (its files keep their folder's name)."""
+    could not be read is said (its files keep their folder's name), and so is a file the
+    RECORDs of two or more distributions list (a warning naming them all, and the one it is
+    counted under)."""
     for line in owners.unreadable:
         notice(f"unreadable: {line} (its files are named by their folder)")
-    return [b if b.package else replace(b, package=owners.owner(b.name.lstrip("/")))
-            for b in found]
+    owned = []
+    for binary in found:
+        if binary.package:
+            owned.append(binary)
+            continue
+        name = binary.name.lstrip("/")
+        claims = owners.claims(name)
+        owner = owners.owner(name)
+        if len(claims) > 1:
+            notice(f"warning: {binary.name} is listed by the RECORDs of {len(claims)} "
+                   f"distributions ({', '.join(claims)}): counted under {owner}")
+        owned.append(replace(binary, package=owner, claimed_by=claims))
+    return owned
 
 
 TAR_MAGICS = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")

@@ -62,6 +62,7 @@ def run_audit(target: str, policy: Policy, with_kernels: bool,
                     reports.append(read.result() if read is not None else
                                    audit_binary(binary.path, binary.name, policy, with_kernels))
                     reports[-1].package = binary.package
+                    reports[-1].claimed_by = binary.claimed_by
                 except CorruptBinaryError as exc:
                     if binary.path == Path(target):  # the one file asked for: its own error
                         raise

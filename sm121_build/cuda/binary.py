@@ -103,6 +103,7 @@ class BinaryReport:
     kernels: dict[str, Verdict] | None = None
     reach: AotReach | None = None  # what `aot` would do with the file (`aot_reach`)
     package: str | None = None  # the distribution that installs it, where known
+    claimed_by: tuple[str, ...] = ()  # every distribution whose RECORD lists it
 
     @property
     def lto_fatbins(self) -> int:

@@ -98,6 +98,44 @@ def test_one_file_has_no_package_summary(two_packages: Path) -> None:
     assert done.returncode == 0 and "per package" not in done.stdout
 
 
+@pytest.mark.parametrize("layout", ["folder", "image tarball"])
+def test_a_file_two_records_claim_is_said_with_both_distributions(
+        two_packages: Path, tmp_path: Path, layout: str) -> None:
+    """Two `.dist-info` RECORDs that list one file (two wheels installed onto one path): a
+    warning names the file and both distributions, the JSON lists both, and the file is
+    counted under one of them whichever RECORD was read first (auditwheel-like: said, not
+    refused)."""
+    site = tmp_path / "site-packages"
+    lib = "nvidia/cu13/lib"
+    shutil.copytree(two_packages / SITE / "vllm", site / lib)
+    for dist, rows in (("nvidia_nccl_cu13-2.28.9", [f"{lib}/_C.abi3.so"]),
+                       ("nvidia_cublas-13.1.0.3", [f"{lib}/_C.abi3.so",
+                                                    f"{lib}/vllm_flash_attn/_vllm_fa2_C.abi3.so"])):
+        (site / f"{dist}.dist-info").mkdir()
+        (site / f"{dist}.dist-info/RECORD").write_text("".join(f"{r},sha256=x,1\n" for r in rows))
+    target, prefix = site, ""
+    if layout == "image tarball":
+        from devkit.imagetar import docker_save
+
+        prefix = "/usr/lib/python3/site-packages/"
+        target = docker_save(tmp_path / "image.tar", [{
+            f"usr/lib/python3/site-packages/{p.relative_to(site).as_posix()}": p.read_bytes()
+            for p in sorted(site.rglob("*")) if p.is_file()}])
+    done = cli("audit", "--json", str(target), "--target", "sm_121", "--driver", "13.0")
+    assert done.returncode == 0, done.stderr
+    jsonschema.validate(data := json.loads(done.stdout), SCHEMA)
+    assert f"warning: {prefix}{lib}/_C.abi3.so is listed by the RECORDs of 2 distributions " \
+        "(nvidia-cublas, nvidia-nccl-cu13): counted under nvidia-cublas" in \
+        done.stderr.splitlines(), done.stderr
+    assert done.stderr.count("warning:") == 1, done.stderr
+    by_name = {b["name"]: b for b in data["binaries"]}
+    shared = by_name[f"{prefix}{lib}/_C.abi3.so"]
+    assert (shared["package"], shared["claimed_by"]) == (
+        "nvidia-cublas", ["nvidia-cublas", "nvidia-nccl-cu13"])
+    alone = by_name[f"{prefix}{lib}/vllm_flash_attn/_vllm_fa2_C.abi3.so"]
+    assert (alone["package"], alone["claimed_by"]) == ("nvidia-cublas", ["nvidia-cublas"])
+
+
 def test_files_without_device_code_are_no_package() -> None:
     assert packages([host_only_report("vllm/cumem_allocator.abi3.so", 1, True)]) == []
 
