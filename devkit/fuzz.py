@@ -117,7 +117,7 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
     from sm121_build.cuda.binary import SPARK, audit_binary
     from sm121_build.cuda.wheel import elf_members, read_record, record_text, wheel_errors
 
-    path = _file(tmp, "x.whl", data)
+    path = _file(tmp, "x-1.0-py3-none-any.whl", data)  # a name the one rule takes
     with binaries(str(path)) as found:
         for binary in found:
             if binary.skipped is None and binary.host_only_size is None:

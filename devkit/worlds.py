@@ -150,10 +150,17 @@ def warnings_off() -> Iterator[None]:
         yield
 
 
+def _path(folder: Path, kind: str, name: str) -> Path:
+    """Where a file of the world goes: a wheel named as PEP 427 names one (`k.so-1.0-py3-
+    none-any.whl`; a name pip would not take, one with a newline, is refused by the one
+    rule), a tarball `NAME.tar`, anything else by its name."""
+    return folder / (name + "-1.0-py3-none-any.whl" if kind.startswith("wheel") else
+                     name + ".tar" if kind == "tar" else name)
+
+
 def _place(folder: Path, kind: str, name: str, seeds: Seeds, outside: Path) -> Path | None:
     """One file of the world, its path (a name already there: this one is left out, None)."""
-    path = folder / (name + ".whl" if kind.startswith("wheel") else
-                     name + ".tar" if kind == "tar" else name)
+    path = _path(folder, kind, name)
     if os.path.lexists(path):
         return None
     elf = seeds.elf.read_bytes()
@@ -239,8 +246,7 @@ def _first(world: World, folder: Path) -> tuple[str, Path]:
     """The kind and path of the world's first regular file (the `_file` commands' input),
     or the folder."""
     for kind, name in world.files:
-        path = folder / (name + ".whl" if kind.startswith("wheel") else
-                         name + ".tar" if kind == "tar" else name)
+        path = _path(folder, kind, name)
         if path.is_file() and not path.is_symlink():
             return kind, path
     return "folder", folder

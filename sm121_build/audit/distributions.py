@@ -3,7 +3,7 @@
 NVIDIA's CUDA wheels all install under one `nvidia/` folder (`nvidia/cu13/lib/...`), so the
 folder a file sits in says "nvidia" for cuBLAS, cuDNN, NCCL and cuSPARSELt alike; the RECORD
 of each distribution names its own files.  A wheel's members belong to the distribution its
-file name gives.
+file name gives (`cuda/wheel.wheel_name`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,11 @@ from sm121_build.cuda.wheel import record_owner
 # of its own (FlashInfer's cubin packages ship thousands of raw `.cubin` files); only the
 # RECORD rows that name such a file are kept, the only ones an owner is asked of
 SHARED_OBJECT = re.compile(r"\.(so(\.\d+)*|cubin|fatbin|ptx)$")
-_WHEEL_NAME = re.compile(r"\A([^-/]+)-[^-/]+(-[^-/]+)?-[^-/]+-[^-/]+-[^-/]+\.whl\Z")
 
 
 def canonical(name: str) -> str:
     """A distribution name as PEP 503 normalises it (`nvidia_cublas` -> `nvidia-cublas`)."""
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def wheel_distribution(filename: str) -> str | None:
-    """The distribution a wheel file installs, from its name (PEP 427), None if not one."""
-    found = _WHEEL_NAME.match(posixpath.basename(filename))
-    return canonical(found.group(1)) if found else None
 
 
 @dataclass

@@ -18,21 +18,21 @@ disagree:
 
 from __future__ import annotations
 
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from packaging.version import InvalidVersion, Version
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import ArchList, Target
+from sm121_build.cuda.wheel import wheel_name
 from sm121_build.rebuild.decide import ExtensionPlan, Rebuild, decide_inputs, plan_extensions
 from sm121_build.source.guard_rules import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.tree import require_contained
-
-_WHEEL_VERSION = re.compile(r"^vllm-([^-]+)-.*\.whl\Z")
 
 
 def source_version(source: Path, target: str) -> str:
@@ -45,12 +45,21 @@ def source_version(source: Path, target: str) -> str:
     if version is None:
         raise Sm121Error(f"--source {source}: no vLLM version found (vllm/_version.py or "
                          "PKG-INFO)")
-    wheel = _WHEEL_VERSION.match(Path(target).name)
-    if wheel and wheel.group(1) != version:
+    wheel = wheel_name(Path(target))  # a wheel's name pip would not take: refused here
+    if wheel is not None and wheel.distribution == "vllm" and not _same_version(
+            wheel.version, version):
         raise Sm121Error(f"--source {source} is vLLM {version}, {Path(target).name} is "
-                         f"{wheel.group(1)}: the verdicts need the source the files were "
+                         f"{wheel.version}: the verdicts need the source the files were "
                          "built from")
     return version
+
+
+def _same_version(wheel: Version, source: str) -> bool:
+    """Whether a source's version string (as its tree writes it) is the wheel's version."""
+    try:
+        return Version(source) == wheel
+    except InvalidVersion:
+        return source == str(wheel)
 
 
 def package_name(name: str) -> str | None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 from isal import isal_zlib
 
-from sm121_build.audit.distributions import SHARED_OBJECT, Owners, wheel_distribution
+from sm121_build.audit.distributions import SHARED_OBJECT, Owners
 from sm121_build.core.console import Progress, notice, shown
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error
 from sm121_build.core.inputs import (
@@ -55,6 +55,7 @@ from sm121_build.cuda.wheel import (
     member_chunks,
     member_name,
     require_honest_size,
+    wheel_name,
 )
 from sm121_build.image import layers
 from sm121_build.image.refs import looks_like_image_ref
@@ -171,9 +172,11 @@ def _archive(path: Path, kind: str, dest: Path, reading: Reading) -> list[Audite
     wanted = _wanted(reading.include)
     try:
         if kind == "zip":
-            owner = wheel_distribution(path.name)
+            found = _unzip(path, dest, wanted)  # its name by the one rule, as aot's
+            named = wheel_name(path)
+            owner = named.distribution if named is not None else None
             return [replace(b, package=owner, claimed_by=(owner,) if owner else ())
-                    for b in _unzip(path, dest, wanted)]
+                    for b in found]
         owners = Owners()
         found = _untar(path, dest, lambda p: wanted(p) or is_record(p), reading, owners)
         return _owned(found, owners)

@@ -1,7 +1,9 @@
 """Wheels, read and written in one place for `audit` and `aot` alike.
 
 The rule for a wheel's members: a wheel is refused whole (`CorruptBinaryError`, one line
-naming it) when a member has no name, a name with a control character or a backslash, a
+naming it) when its file name is not one pip takes (`wheel_name`: PEP 427, as
+`packaging.utils.parse_wheel_filename` parses it; `x!y-1.0-py3-none-any.whl`), a member has
+no name, a name with a control character or a backslash, a
 name that leaves the archive (absolute, `..`), or a name that another member also has once
 spelled plainly (`pkg/a.so`, `pkg/./a.so`, `pkg//a.so`, the folder `pkg/a.so/`); or when two
 `.dist-info` folders at its top each hold a RECORD: pip would not install such a wheel the
@@ -31,9 +33,11 @@ import zipfile
 import zlib
 from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from isal import isal_zlib
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
 
 from sm121_build.core.console import CONTROL
 from sm121_build.core.errors import CorruptBinaryError
@@ -72,8 +76,34 @@ def record_of(infos: list[zipfile.ZipInfo], source: Path) -> str | None:
     return top[0] if top else None
 
 
+class WheelName(NamedTuple):
+    """What a wheel's file name says: its distribution (PEP 503's normal form,
+    `nvidia-cublas`) and version (an epoch `1!2.0` included)."""
+
+    distribution: str
+    version: Version
+
+
+def wheel_name(path: Path) -> WheelName | None:
+    """The one reading of a wheel's file name (`packaging.utils.parse_wheel_filename`, as
+    pip reads it): None for a file not named `*.whl` (a zip by another name names no
+    distribution); a `*.whl` whose name pip would not take is refused in one line."""
+    if not path.name.endswith(".whl"):
+        return None
+    try:
+        name, version, _build, _tags = parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise CorruptBinaryError(
+            f"{path}: not a wheel's file name ({exc}; PEP 427: "
+            "NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl): not a wheel pip would install; "
+            "refused") from None
+    return WheelName(str(name), version)
+
+
 def checked_members(wheel: zipfile.ZipFile, source: Path) -> list[zipfile.ZipInfo]:
-    """The wheel's members, in its order, once the one rule holds for every one of them."""
+    """The wheel's members, in its order, once the one rule holds for its name and every
+    one of its members."""
+    wheel_name(source)
     seen: set[str] = set()
     infos = wheel.infolist()
     for info in infos:
@@ -122,7 +152,7 @@ def elf_members(wheel: zipfile.ZipFile, source: Path) -> Iterator[tuple[zipfile.
     for info in checked_members(wheel, source):
         if info.is_dir() or not (info.filename.endswith(".so") or ".so." in info.filename):
             continue
-        data = elf_member(wheel, info, f"{source.name}!{info.filename}")
+        data = elf_member(wheel, info, source)
         if data is not None:
             yield info, data
 
@@ -143,11 +173,13 @@ def wheel_errors(source: Path) -> Iterator[None]:
                                  f"{str(exc)[:80]})") from None
 
 
-def elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> bytes | None:
+def elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, source: Path) -> bytes | None:
     """A member's bytes when it is an ELF file whose headers account for its size and name
     a `.nv_fatbin` section; None when it is no ELF file (read no further than its first
     bytes) or has no device code (its section table and names streamed through a window,
-    never held whole)."""
+    never held whole).  Said as `WHEEL!MEMBER`: never split again (a wheel's version may
+    hold an epoch's `!`, a member's name any `!`)."""
+    name = f"{source.name}!{info.filename}"
     with wheel.open(info) as member:
         head = member.read(HEAD_WINDOW)
     if head[:4] != ELF_MAGIC:
@@ -159,7 +191,7 @@ def elf_member(wheel: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> byte
             f"{extent} its ELF headers account for; refused (not read)")
     if not streamed_has_fatbin(wheel, info, head, name):
         return None
-    require_honest_size(info, Path(name.split("!", 1)[0]))  # before it is held whole
+    require_honest_size(info, source)  # before it is held whole
     with wheel.open(info) as member:
         data = member.read(info.file_size + 1)
     if len(data) != info.file_size:

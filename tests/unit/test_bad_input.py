@@ -226,7 +226,7 @@ def test_a_damaged_wheel_and_a_truncated_tarball_are_one_line(plain_so: Path,
     import tarfile
     import zipfile
 
-    wheel = tmp_path / "w.whl"
+    wheel = tmp_path / "w-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as out:
         out.writestr("vllm/_C.abi3.so", plain_so.read_bytes())
     data = bytearray(wheel.read_bytes())

@@ -500,7 +500,7 @@ def test_fuzzed_archives_are_one_line_errors(tmp_path_factory: pytest.TempPathFa
     """Bytes that start like a wheel, a compressed tarball or an ELF file and then are not."""
     from sm121_build.audit.unpack import binaries
 
-    path = tmp_path_factory.mktemp("fuzz") / f"x{suffix}"
+    path = tmp_path_factory.mktemp("fuzz") / f"x{'-1.0-py3-none-any' * (suffix == '.whl')}{suffix}"
     path.write_bytes(head + data)
     with contextlib.suppress(Sm121Error), binaries(str(path)):
         pass

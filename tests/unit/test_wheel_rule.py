@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -140,6 +142,58 @@ def test_a_decoy_record_deeper_in_the_wheel_is_never_the_one_updated(
     for args in (("audit", str(two)), ("aot", str(two), "--out", str(tmp_path / "o2"))):
         done = _cli(*args)
         assert done.returncode == 2 and "holds two .dist-info folders" in done.stderr
+
+
+def test_a_wheel_whose_version_has_an_epoch_is_read_whole_by_both(
+        jit_only_so: Path, tmp_path: Path) -> None:
+    """`x-1!2.0-...whl`: the epoch's `!` is the version's, not where `WHEEL!MEMBER` splits
+    (aot looked for a RECORD row `2.0-py3-none-any.whl!pkg/_k.so`); its name gives `x`."""
+    wheel = tmp_path / "x-1!2.0-py3-none-any.whl"
+    data = jit_only_so.read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    with zipfile.ZipFile(wheel, "w") as out:
+        out.writestr("pkg/a!b/_k.so", data)  # a member's own `!` too
+        out.writestr("x-1!2.0.dist-info/RECORD", f"pkg/a!b/_k.so,sha256={digest},{len(data)}\n")
+    done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121",
+                env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr
+    assert f"{wheel.name}!pkg/a!b/_k.so: 2 module(s) native now" in done.stdout, done.stdout
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as repaired:
+        row = repaired.read("x-1!2.0.dist-info/RECORD").decode()
+        assert row.startswith("pkg/a!b/_k.so,sha256=") and digest not in row
+    audited = _cli("audit", "--json", str(wheel), "--target", "sm_121", "--driver", "13.0")
+    assert audited.returncode == 0, audited.stderr
+    assert [(b["name"], b["package"]) for b in json.loads(audited.stdout)["binaries"]] == [
+        ("pkg/a!b/_k.so", "x")]
+
+
+@pytest.mark.parametrize("name", ["x!y-1.0-py3-none-any.whl", "pkg.whl",
+                                  "pkg-1.0-x-py3-none-any.whl"])
+def test_a_wheel_name_pip_would_not_take_is_refused_by_both(
+        name: str, jit_only_so: Path, tmp_path: Path) -> None:
+    """A name `packaging.utils.parse_wheel_filename` refuses (`x!y`: not split at its `!`,
+    not a distribution `x!y`): one line, the same for audit, aot and `audit --source`; in a
+    folder, that one entry is listed and the rest audited."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    wheel = _wheel(folder / name, jit_only_so.read_bytes(), [], "pkg/_k.so,,\n")
+    expected = f"error: {wheel}: not a wheel's file name ("
+    source = shutil.copytree(Path(__file__).parents[1] / "data" / "vllm_like", tmp_path / "src")
+    for args in (("audit", str(wheel)), ("aot", str(wheel), "--out", str(tmp_path / "o")),
+                 ("audit", str(wheel), "--source", str(source))):
+        done = _cli(*args)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, done.stderr
+        assert lines[-1].startswith(expected) and lines[-1].endswith(
+            "not a wheel pip would install; refused"), lines
+        assert "Traceback" not in done.stderr
+    _wheel(folder / "good-1.0-py3-none-any.whl", jit_only_so.read_bytes(), [], "pkg/_k.so,,\n")
+    listed = _cli("audit", "--json", str(folder), "--target", "sm_121", "--driver", "13.0")
+    assert listed.returncode == 2
+    assert [b["name"] for b in json.loads(listed.stdout)["binaries"]] == [
+        "good-1.0-py3-none-any.whl!pkg/_k.so"]
+    assert f"unreadable: {name}: not a wheel's file name (" in listed.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def _bomb(path: Path, size: int) -> Path:

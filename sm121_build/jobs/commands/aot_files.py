@@ -519,17 +519,20 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
     with open_file(source, "wheel") as handle, zipfile.ZipFile(handle) as wheel:
         infos = wheel.infolist()
         works: list[FileWork] = []
+        member: dict[str, str] = {}  # a work's name (WHEEL!MEMBER) -> its member: never
+        # split back (an epoch's `!` in the wheel's version, any `!` in a member's name)
         for info, data in elf_members(wheel, source):
             mode = (info.external_attr >> 16) or 0o755
             work = _plan(f"{source.name}!{info.filename}", data, mode, request.target,
                          outcome)
             if work is not None:
                 works.append(work)
+                member[work.name] = info.filename
         if not works:
             return
         record_name, rows = read_record(wheel, infos, source)
-        require_recorded(rows, {w.name.split("!", 1)[1]: w.data for w in works}, source)
-        replaced = {w.name.split("!", 1)[1]: new
+        require_recorded(rows, {member[w.name]: w.data for w in works}, source)
+        replaced = {member[w.name]: new
                     for w, new in _compile_and_rewrite(works, request, outcome)}
         if not replaced:
             return
