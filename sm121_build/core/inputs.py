@@ -6,7 +6,8 @@ refused as not a regular file), checked to be a regular file (or a folder where 
 expected), and read in bounded windows, never more than the format declares or the caller
 bounds it by.  A compressed payload is inflated to at most the size its container declares:
 a frame that states more, or yields more, is refused in one line, never inflated first; and
-what a whole run holds inflated at once is bounded too (`inflating`), not only each entry.
+what a whole run holds inflated at once is bounded too (`inflating`), not only each entry;
+a reader that needs no more than a window at once gets the payload so (`inflate_windows`).
 The errors are `InputRefused` (a bad input: exit 2), or the caller's own class.
 """
 
@@ -17,7 +18,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -277,6 +278,70 @@ def inflate(raw: bytes, compression: Compression, declared: int, where: str) -> 
         return _zstd_windowed(raw, declared, where)
     except (lz4.block.LZ4BlockError, zstandard.ZstdError, MemoryError, OverflowError,
             ValueError) as exc:
+        why = f"{type(exc).__name__}: {exc}" if isinstance(exc, MemoryError) else str(exc)
+        raise CorruptBinaryError(f"{where} does not decompress: {why}") from None
+
+
+# A zstd frame whose decoder would keep more than this to refer back to is inflated whole
+# (zstandard's streaming decoder refuses windows past 128 MiB; a one-shot inflate needs none)
+MAX_STREAM_WINDOW = 1 << 27
+
+
+@contextlib.contextmanager
+def inflate_windows(raw: bytes | memoryview, compression: Compression | None, declared: int,
+                    where: str) -> Iterator[Iterator[bytes]]:
+    """`inflate`'s bytes a `WINDOW` at a time, for a reader that needs no more than that
+    at once (PTX text's `.entry` names): within the run's budget (`inflating`) it holds
+    one window, and for zstd the frame's own window (what its decoder keeps to refer back
+    to, ~MBs for what nvcc writes), never the whole payload.  The same bounds as
+    `inflate`: a frame that states more than `declared` is refused before anything is
+    inflated, one that yields more is stopped one window past it, damage is a
+    `CorruptBinaryError` naming `where`.  An lz4 block (one unit) and a zstd frame of a
+    window past `MAX_STREAM_WINDOW` come as one window: the payload, inflated whole."""
+    whole = compression == "lz4"
+    window = WINDOW
+    if compression == "zstd":
+        try:
+            stated = zstandard.frame_content_size(raw)
+            window = zstandard.get_frame_parameters(raw).window_size + WINDOW
+        except zstandard.ZstdError as exc:
+            raise CorruptBinaryError(f"{where} does not decompress: {exc}") from None
+        if stated > declared:
+            raise CorruptBinaryError(
+                f"{where}: its zstd frame states {stated} bytes, more than the {declared} its "
+                "header declares (a decompression bomb?); refused")
+        whole = window > MAX_STREAM_WINDOW + WINDOW
+    with inflating(min(declared, window) if not whole else declared):
+        if whole:
+            yield iter((inflate(bytes(raw), compression or "lz4", declared, where),))
+        elif compression is None:
+            yield (bytes(raw[at:at + WINDOW]) for at in range(0, len(raw), WINDOW))
+        else:
+            windows = _zstd_windows(raw, declared, stated, where)
+            try:
+                yield windows
+            finally:
+                windows.close()  # the reader, and its hold on `raw`, let go now
+
+
+def _zstd_windows(raw: bytes | memoryview, declared: int, stated: int,
+                  where: str) -> Generator[bytes, None, None]:
+    """The frame's bytes a window at a time; a frame cut short yields fewer bytes than it
+    states, which the streaming decoder does not notice: counted here."""
+    count = 0
+    try:
+        with _zstd().stream_reader(raw, read_size=WINDOW) as reader:
+            while chunk := reader.read(WINDOW):
+                count += len(chunk)
+                if count > declared:
+                    raise CorruptBinaryError(
+                        f"{where}: its zstd frame yields more than the {declared} bytes its "
+                        "header declares (a decompression bomb?); refused")
+                yield chunk
+        if 0 <= stated != count:
+            raise CorruptBinaryError(f"{where} does not decompress: its zstd frame yields "
+                                     f"{count} bytes, not the {stated} it states (cut short)")
+    except (zstandard.ZstdError, MemoryError, ValueError) as exc:
         why = f"{type(exc).__name__}: {exc}" if isinstance(exc, MemoryError) else str(exc)
         raise CorruptBinaryError(f"{where} does not decompress: {why}") from None
 

@@ -22,18 +22,19 @@ Only headers are read (through mmap) unless a payload is asked for, so listing a
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Literal, NamedTuple
 
 from sm121_build.core.errors import CorruptBinaryError
-from sm121_build.core.inputs import inflate, inflating, open_file
+from sm121_build.core.inputs import inflate, inflate_windows, inflating, open_file
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import SHT_NOBITS, Buffer, Elf, ElfError
 
@@ -56,6 +57,7 @@ _KIND_NAMES = {KIND_PTX: "ptx", KIND_ELF: "elf", KIND_LTO: "lto"}
 # An ELF symbol's st_other bit that marks a kernel (cuobjdump prints it as ENTRY).
 STO_CUDA_ENTRY = 0x10
 _PTX_ENTRY = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)")
+_PTX_NOT_SPACE = re.compile(rb"\S")
 
 MAX_ENTRY_SIZE = 1 << 31  # a decompressed entry larger than 2 GiB is a damaged header
 # nvcc's entries compress up to ~97x (vLLM 0.33.0's sm_90a cubins, zstd); more than this is
@@ -171,15 +173,20 @@ class HostBinary:
             yield from zip(self.entries, pool.map(self.kernels, self.entries), strict=True)
 
     def kernels(self, entry: Entry) -> tuple[str, ...]:
-        """Names of the kernels (global functions) an entry defines, in symbol-table order;
-        its payload is held within the run's inflate budget (`inflating`), so threads that
-        read entries ahead hold at most that much at once, not one entry each."""
+        """Names of the kernels (global functions) an entry defines, in symbol-table order.
+        PTX is read as it inflates, a window at a time, never held whole; a cubin (an ELF:
+        its section table is at its end) is held whole.  What either holds is within the
+        run's inflate budget (`inflating`), so threads that read entries ahead hold at most
+        that much at once, not one entry each."""
         if entry.kind not in ("ptx", "elf"):
             return ()  # LTO-IR (cuFFT's is not plain LZ4 either) and unknown kinds: not read
+        if entry.kind == "ptx":
+            assert self._map is not None, "binary is closed"
+            with entry_windows(self._map, entry, str(self.path)) as windows:
+                return ptx_kernels_in(windows)
         with inflating(entry.size):
             payload = self.payload(entry)
-            names = ptx_kernels(payload) if entry.kind == "ptx" else cubin_kernels(
-                payload, f"{self.path}: entry {entry.index} ({entry.sm})")
+            names = cubin_kernels(payload, f"{self.path}: entry {entry.index} ({entry.sm})")
             del payload  # dropped before its bytes go back to the budget
         return names
 
@@ -224,16 +231,53 @@ def entry_payload(data: bytes | mmap.mmap, entry: Entry, where: str) -> bytes:
                    f"{where}: entry {entry.index} ({entry.sm})")
 
 
+@contextlib.contextmanager
+def entry_windows(data: bytes | mmap.mmap, entry: Entry,
+                  where: str) -> Iterator[Iterator[bytes]]:
+    """An entry's payload a window at a time (`core/inputs.inflate_windows`), its stored
+    bytes read in place (a view of the map, not a copy)."""
+    if entry.offset + entry.stored_size > len(data):
+        raise CorruptBinaryError(f"{where}: entry {entry.index} ({entry.sm}) runs past the "
+                                 "end of the file")
+    with memoryview(data) as whole, \
+            whole[entry.offset:entry.offset + entry.stored_size] as raw, \
+            inflate_windows(raw, entry.compression, entry.size,
+                            f"{where}: entry {entry.index} ({entry.sm})") as windows:
+        yield windows
+
+
 def ptx_kernels(text: bytes) -> tuple[str, ...]:
-    """The `.entry` names of PTX text: `bytes.find` to each `.entry`, the pattern matched
-    there only (a regex scan of every byte was a sixth of a kernel-level audit)."""
+    """The `.entry` names of PTX text (`ptx_kernels_in` of the text as one window)."""
+    return ptx_kernels_in((text,))
+
+
+def ptx_kernels_in(windows: Iterable[bytes]) -> tuple[str, ...]:
+    """The `.entry` names of PTX text that comes in windows: `bytes.find` to each `.entry`,
+    the pattern matched there only (a regex scan of every byte was a sixth of a
+    kernel-level audit).  What a window's end leaves undecided (an `.entry` cut, its name
+    or the space before it running to the end) is carried into the next, shortened to what
+    decides the match (`.entry NAME-SO-FAR`); the names are those of the whole text."""
     names = []
-    at = text.find(b".entry")
-    while at >= 0:
-        found = _PTX_ENTRY.match(text, at)
-        if found:
+    carry = b""
+    for window in windows:
+        text = carry + window if carry else window
+        carry = text[-5:]  # a `.entry` cut at the window's end (a whole one starts earlier)
+        at = text.find(b".entry")
+        while at >= 0:
+            found = _PTX_ENTRY.match(text, at)
+            if found is not None and found.end() < len(text):
+                names.append(found.group(1).decode())
+            elif found is not None:  # its name may go on in the next window
+                carry = b".entry " + found.group(1)
+                break
+            elif _PTX_NOT_SPACE.search(text, at + 6) is None:  # space to the end: undecided
+                carry = b".entry" + (b" " if len(text) > at + 6 else b"")
+                break
+            at = text.find(b".entry", at + 6)
+    if carry.startswith(b".entry"):
+        found = _PTX_ENTRY.match(carry)
+        if found is not None:
             names.append(found.group(1).decode())
-        at = text.find(b".entry", at + 6)
     return tuple(names)
 
 

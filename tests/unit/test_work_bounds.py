@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from devkit.hostile import CONTAINER, ENTRY, nested_rodata, stored_wheel
+from devkit.hostile import CONTAINER, ENTRY, elf_with, nested_rodata, stored_wheel
 from devkit.imagetar import oci_layout
 from sm121_build.audit.distributions import Owners
 from sm121_build.audit.unpack import binaries
@@ -119,15 +119,17 @@ def test_record_rows_that_name_binaries_still_give_their_owner() -> None:
 
 
 # -- 4: large honest zstd entries, read by two threads -------------------------------------
-def _zstd_fatbin(count: int, size: int) -> bytes:
-    """A raw fatbin of `count` zstd PTX entries of `size` bytes each, compressed ~100x
-    (within the 512x a reader allows each entry)."""
-    text = bytearray(size)
+def _zstd_fatbin(count: int, size: int, kind: int = 2) -> bytes:
+    """A raw fatbin of `count` zstd entries of `size` bytes each, compressed ~100x (within
+    the 512x a reader allows each entry): cubins (kind 2, an ELF of one large section,
+    held whole to be read) or PTX (kind 1, read a window at a time)."""
+    text = bytearray(size - 512 if kind == 2 else size)
     text[::128] = os.urandom(len(text[::128]))
-    frame = zstandard.ZstdCompressor(level=1).compress(bytes(text))
+    payload = elf_with([(".text", bytes(text))]) if kind == 2 else bytes(text)
+    frame = zstandard.ZstdCompressor(level=1).compress(payload)
     stored = len(frame) + (-len(frame) % 8)
-    entry = ENTRY.pack(1, 0x101, ENTRY.size, stored, len(frame), 0, 0, 8, 80, 0, 0,
-                        0x11 | 0x8000, 0, size) + frame + bytes(stored - len(frame))
+    entry = ENTRY.pack(kind, 0x101, ENTRY.size, stored, len(frame), 0, 0, 8, 80, 0, 0,
+                        0x11 | 0x8000, 0, len(payload)) + frame + bytes(stored - len(frame))
     body = entry * count
     return CONTAINER.pack(CONTAINER_MAGIC, 1, CONTAINER.size, len(body)) + body
 
@@ -139,8 +141,8 @@ def _kernels(path: Path) -> int:
 
 def test_what_a_run_holds_inflated_at_once_is_bounded(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two 64 MiB entries under a 96 MiB budget: read one at a time, so the run holds
-    about what one entry does, not one entry per thread."""
+    """Two 64 MiB cubin entries (held whole) under a 96 MiB budget: read one at a time,
+    so the run holds about what one entry does, not one entry per thread."""
     monkeypatch.setattr(core_inputs, "INFLATE_BUDGET", 96 * MiB, raising=False)
     one, two = tmp_path / "one.fatbin", tmp_path / "two.fatbin"
     one.write_bytes(_zstd_fatbin(1, 64 * MiB))
@@ -149,6 +151,90 @@ def test_what_a_run_holds_inflated_at_once_is_bounded(tmp_path: Path,
     peak_one, peak_two = _peak(lambda: _kernels(one)), _peak(lambda: _kernels(two))
     assert peak_two < 96 * MiB, f"{peak_two / MiB:.0f} MiB held at once"
     assert peak_two <= 1.5 * peak_one, f"{peak_two / MiB:.0f} MiB vs {peak_one / MiB:.0f}"
+
+
+def _ptx_fatbin(texts: list[bytes], cut: int = 0) -> bytes:
+    """A raw fatbin of zstd PTX entries (each frame states its size); `cut`: the last
+    bytes of each frame dropped (a frame cut short, its header's sizes kept honest)."""
+    body = b""
+    for text in texts:
+        frame = zstandard.ZstdCompressor(level=1).compress(text)
+        frame = frame[:len(frame) - cut]
+        stored = len(frame) + (-len(frame) % 8)
+        body += ENTRY.pack(1, 0x101, ENTRY.size, stored, len(frame), 0, 0, 8, 80, 0, 0,
+                           0x11 | 0x8000, 0, len(text)) + frame + bytes(stored - len(frame))
+    return CONTAINER.pack(CONTAINER_MAGIC, 1, CONTAINER.size, len(body)) + body
+
+
+def _whole_text_kernels(text: bytes) -> list[str]:
+    """The `.entry` names as the reader found them in the whole text before it streamed."""
+    import re
+
+    names, at = [], text.find(b".entry")
+    while at >= 0:
+        found = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$]*)").match(text, at)
+        if found:
+            names.append(found.group(1).decode())
+        at = text.find(b".entry", at + 6)
+    return names
+
+
+def test_ptx_entries_are_read_as_they_inflate_never_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #62: two honest 540 MB zstd PTX entries were each inflated whole to list their
+    kernels.  Their names now come a window at a time: no whole-payload inflate is asked
+    for, and the names are the whole text's, `.entry` lines cut by a window's end too."""
+    window = core_inputs.WINDOW
+    letters = bytes.maketrans(bytes(range(256)), bytes(97 + b % 26 for b in range(256)))
+    texts = []
+    for number in range(2):
+        text = bytearray(b".version 8.0\n.target sm_80\n")
+        # `.entry` starts this far before a window's end: cut in it, right after it, in the
+        # space after it, in its name, or at the window's start
+        for boundary, before in enumerate((3, 6, 8, 12, 0), start=1):
+            filler = boundary * window - before - len(text)
+            text += os.urandom(filler).translate(letters) + b".entry \t\n k%d_%d(\n)\n" % (
+                number, before)
+        texts.append(bytes(text))
+    path = tmp_path / "ptx.fatbin"
+    path.write_bytes(_ptx_fatbin(texts))
+
+    def whole(*_args: object) -> bytes:
+        raise AssertionError("a PTX entry was inflated whole")
+
+    monkeypatch.setattr("sm121_build.cuda.fatbin.inflate", whole)
+    monkeypatch.setattr(core_inputs, "inflate", whole)
+    with HostBinary.open(path) as binary:
+        found = [list(names) for _entry, names in binary.every_kernel(workers=2)]
+    assert found == [_whole_text_kernels(t) for t in texts]
+    assert all(len(names) == 5 for names in found), found
+
+
+def test_a_ptx_frame_cut_short_is_refused_as_it_streams(tmp_path: Path) -> None:
+    """The streaming decoder ends quietly where a frame's bytes end: the bytes it yields
+    are counted against what the frame states."""
+    path = tmp_path / "cut.fatbin"
+    path.write_bytes(_ptx_fatbin([b".version 8.0\n.target sm_80\n" + os.urandom(3 * MiB)],
+                                 cut=64 << 10))
+    with HostBinary.open(path) as binary, pytest.raises(CorruptBinaryError,
+                                                         match="does not decompress"):
+        binary.kernels(binary.entries[0])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_ptx_names_are_the_whole_texts_whatever_the_windows(seed: int) -> None:
+    """`.entry`, spaces and names cut at every kind of place: the names found window by
+    window are those of the whole text."""
+    import random
+
+    from sm121_build.cuda.fatbin import ptx_kernels_in
+
+    rng = random.Random(seed)
+    text = b"".join(rng.choice([b".entry", b" ", b"\n\t", b"k1", b"$x_", b"(", b".",
+                                b"%r", b"entry", b"9"]) for _ in range(rng.randint(0, 200)))
+    cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 30))))
+    windows = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    assert list(ptx_kernels_in(w for w in windows if w)) == _whole_text_kernels(text)
 
 
 # -- 6: what an image tarball's layers may write out -----------------------------------------
