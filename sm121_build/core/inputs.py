@@ -260,7 +260,8 @@ def _zstd() -> zstandard.ZstdDecompressor:
     return decompressor
 
 
-def inflate(raw: bytes, compression: Compression, declared: int, where: str) -> bytes:
+def inflate(raw: bytes | memoryview, compression: Compression, declared: int,
+            where: str) -> bytes:
     """`raw` decompressed, never to more than `declared` bytes (what the container's header
     says the payload is): a frame that states a larger size is refused before anything is
     inflated, one that states none is inflated in windows and stopped one byte past the
@@ -313,7 +314,7 @@ def inflate_windows(raw: bytes | memoryview, compression: Compression | None, de
         whole = window > MAX_STREAM_WINDOW + WINDOW
     with inflating(min(declared, window) if not whole else declared):
         if whole:
-            yield iter((inflate(bytes(raw), compression or "lz4", declared, where),))
+            yield iter((inflate(raw, compression or "lz4", declared, where),))
         elif compression is None:
             yield (bytes(raw[at:at + WINDOW]) for at in range(0, len(raw), WINDOW))
         else:
@@ -346,7 +347,7 @@ def _zstd_windows(raw: bytes | memoryview, declared: int, stated: int,
         raise CorruptBinaryError(f"{where} does not decompress: {why}") from None
 
 
-def _zstd_windowed(raw: bytes, declared: int, where: str) -> bytes:
+def _zstd_windowed(raw: bytes | memoryview, declared: int, where: str) -> bytes:
     out = bytearray()
     with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
         while True:

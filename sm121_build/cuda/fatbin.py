@@ -220,15 +220,17 @@ def read_entries(path: Path, data: Buffer) -> tuple[RawKind, list[Entry]]:
 
 
 def entry_payload(data: bytes | mmap.mmap, entry: Entry, where: str) -> bytes:
-    """An entry's payload, decompressed (at most the size its header declares)."""
+    """An entry's payload, decompressed (at most the size its header declares); its stored
+    bytes are inflated in place (a view of the map), not copied first."""
     if entry.offset + entry.stored_size > len(data):
         raise CorruptBinaryError(f"{where}: entry {entry.index} ({entry.sm}) runs past the "
                                  "end of the file")
-    raw = data[entry.offset:entry.offset + entry.stored_size]
-    if entry.compression is None:
-        return bytes(raw)
-    return inflate(bytes(raw), entry.compression, entry.size,
-                   f"{where}: entry {entry.index} ({entry.sm})")
+    with memoryview(data) as whole, \
+            whole[entry.offset:entry.offset + entry.stored_size] as raw:
+        if entry.compression is None:
+            return bytes(raw)
+        return inflate(raw, entry.compression, entry.size,
+                       f"{where}: entry {entry.index} ({entry.sm})")
 
 
 @contextlib.contextmanager
