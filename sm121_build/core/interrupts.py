@@ -12,6 +12,12 @@ the main thread, where it sees the hold.  Before the handler is in place the ent
 blocks both signals (`hold_from_start`, `release`); after the command ends, `quiet` ignores
 them, so one that lands while the interpreter finalizes (which restores the default action
 for a Python handler) cannot end a finished run by the signal.
+
+The clean-up an interrupt starts asks the engine to remove what the run made there; an
+engine that has stopped answering would hold each such call for its whole time limit
+(`SM121_ENGINE_TIMEOUT`, minutes).  `answer_within` is the one rule for how long a call
+outside may wait once the run is interrupted: no longer than what is left of `CLEANUP_S`
+from the signal, so the run still ends within 2 s of it and names what it could not remove.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +33,9 @@ from types import FrameType
 
 HELD = frozenset({signal.SIGINT, signal.SIGTERM})
 _STATE = {"holding": 0, "pending": False}
+CLEANUP_S = 1.5  # from the first signal: what an interrupted run's calls outside may wait
+LAST_CALL_S = 0.1  # a call made once that is spent still gets this long (and fails fast)
+_SIGNALLED: list[float] = []  # the monotonic time of the run's first signal
 
 
 def install(on_signal: Callable[[], None]) -> None:
@@ -35,6 +45,7 @@ def install(on_signal: Callable[[], None]) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         for each in HELD:
             signal.signal(each, signal.SIG_IGN)
+        _SIGNALLED.append(time.monotonic())
         on_signal()
         if _STATE["holding"]:
             _STATE["pending"] = True
@@ -43,6 +54,16 @@ def install(on_signal: Callable[[], None]) -> None:
 
     for each in HELD:
         signal.signal(each, handler)
+
+
+def answer_within(seconds: float | None) -> float | None:
+    """How long a call outside (an engine request) may wait for an answer: `seconds` (None:
+    no limit), or once the run is interrupted at most what is left of `CLEANUP_S` since the
+    signal (`LAST_CALL_S` when that is spent: the call is still made, and given up fast)."""
+    if not _SIGNALLED:
+        return seconds
+    left = max(CLEANUP_S - (time.monotonic() - _SIGNALLED[0]), LAST_CALL_S)
+    return left if seconds is None else min(seconds, left)
 
 
 @contextmanager

@@ -33,8 +33,10 @@ from typing import IO, Any, cast
 import docker
 import docker.errors
 import docker.types
+import requests.adapters
 import requests.exceptions
 import urllib3.exceptions
+from requests.models import PreparedRequest, Response
 
 from sm121_build.core.children import Lines, Program, run
 from sm121_build.core.console import note
@@ -47,6 +49,7 @@ from sm121_build.core.errors import (
     RegistryUnavailable,
     Sm121Error,
 )
+from sm121_build.core.interrupts import answer_within
 from sm121_build.core.leftovers import LEFT_BEHIND
 from sm121_build.core.limits import ENGINE_VARIABLE, REGISTRY_VARIABLE, Limits
 from sm121_build.core.pull_progress import PullProgress
@@ -86,6 +89,28 @@ _NO_GPU_SUPPORT = re.compile(r"could not select device driver|nvidia-container-c
 __all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "failure_cause"]
 
 
+class _Answering(requests.adapters.BaseAdapter):
+    """The transport of every request to the engine: each waits as long as its caller asks,
+    and once the run is interrupted no longer than the clean-up's time left
+    (`interrupts.answer_within`), so an engine that stopped answering cannot hold an
+    interrupted run's clean-up for SM121_ENGINE_TIMEOUT: what it could not remove stays in
+    LEFT_BEHIND and is named in the interrupted line."""
+
+    def __init__(self, inner: requests.adapters.BaseAdapter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def send(self, request: PreparedRequest, *args: Any, **kwargs: Any) -> Response:
+        """`inner`'s send (requests passes every option by name), its wait bounded."""
+        timeout = kwargs.get("timeout")
+        if not isinstance(timeout, tuple):
+            kwargs["timeout"] = answer_within(timeout)
+        return self.inner.send(request, *args, **kwargs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def version_and_info(timeout: int = 10) -> tuple[dict[str, Any], dict[str, Any]]:
     """`docker version` and `docker info` of the engine DOCKER_HOST names (for doctor); the
     SDK's own errors propagate."""
@@ -102,6 +127,8 @@ class Engine:
     def __init__(self, client: docker.DockerClient, limits: Limits | None = None) -> None:
         self.client = client
         self.limits = limits or Limits.from_environment()
+        for prefix, adapter in list(client.api.adapters.items()):
+            client.api.mount(prefix, _Answering(adapter))
 
     @classmethod
     def connect(cls) -> Engine:
@@ -466,8 +493,12 @@ class Engine:
         image that something else references or tags stays."""
         if image_id in before:
             return
-        with suppress(docker.errors.APIError):
+        try:
             self.client.images.remove(image_id, force=False, noprune=False)
+        except docker.errors.APIError:
+            return  # the engine said no: something else references or tags it
+        except _NO_ANSWER:  # no answer (an interrupted run's clean-up: at most seconds)
+            LEFT_BEHIND.add(f"image {image_id}")
 
     def build(self, context: Path, dockerfile: Path, log: Path,
                   status: StatusLine | None = None) -> str:

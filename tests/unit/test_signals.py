@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import EMULATED, EMULATED_WHY
+from devkit.stallengine import host, stalling_engine
 from devkit.worlds import tool_started
 
 DELAYS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8)  # after the tool's first line
@@ -52,3 +53,55 @@ def test_a_signal_at_any_moment_of_an_audit(plain_so: Path, tmp_path: Path,
         if code == 130:
             assert err.strip().splitlines()[-1].startswith("interrupted"), err
         assert list(tmp.iterdir()) == [], delay
+
+
+ENGINE_S = 30.0  # SM121_ENGINE_TIMEOUT of the stalled-engine test: the clean-up must not wait it
+
+
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
+@pytest.mark.parametrize(("command", "signum"), [("audit", signal.SIGINT),
+                                                 ("pin", signal.SIGTERM)])
+def test_a_signal_while_the_engine_stalls(tmp_path: Path, command: str, signum: int) -> None:
+    """The engine answered the run's first calls (it made a reader container) and then
+    stopped answering: the interrupt's clean-up asks it to remove that container and is not
+    held for SM121_ENGINE_TIMEOUT; the one line names the container it could not remove."""
+    with stalling_engine() as engine:
+        env = {**os.environ, "TMPDIR": str(tmp_path), "DOCKER_HOST": host(engine),
+               "SM121_ENGINE_TIMEOUT": f"{ENGINE_S:g}"}
+        process = subprocess.Popen([sys.executable, "-m", "sm121_build", command,
+                                    "some/image"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert engine.stalled.wait(ENGINE_S), "the run never reached the stalled call"
+            process.send_signal(signum)
+            sent = time.monotonic()
+            _, err = process.communicate(timeout=2 * ENGINE_S)
+        finally:
+            process.kill()
+        waited = time.monotonic() - sent
+    assert waited < ENGINE_S / 3, (waited, err)  # not the engine's time limit
+    assert "Traceback" not in err, err
+    assert process.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted; this run may have left container sm121-build-read-"), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_image_the_engine_did_not_remove_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Removing an image the run made gets no answer (an interrupted run's clean-up asks a
+    stalled engine): no error of its own replaces the interrupt, and the image is named among
+    what the run may have left."""
+    from sm121_build.core.leftovers import LEFT_BEHIND
+    from sm121_build.image.engine import Engine
+
+    image = "sha256:" + "cd" * 32
+    with stalling_engine() as engine:
+        monkeypatch.setenv("DOCKER_HOST", host(engine))
+        monkeypatch.setenv("SM121_ENGINE_TIMEOUT", "0.5")
+        connected = Engine.connect()
+        try:
+            connected.remove_created(image, set())
+            assert f"image {image}" in LEFT_BEHIND
+        finally:
+            LEFT_BEHIND.discard(f"image {image}")
+            connected.client.close()
