@@ -90,21 +90,24 @@ __all__ = ["Engine", "HistoryStep", "ImageInfo", "ImageReader", "PathStat", "fai
 
 
 class _Answering(requests.adapters.BaseAdapter):
-    """The transport of every request to the engine: each waits as long as its caller asks,
-    and once the run is interrupted no longer than the clean-up's time left
-    (`interrupts.answer_within`), so an engine that stopped answering cannot hold an
-    interrupted run's clean-up for SM121_ENGINE_TIMEOUT: what it could not remove stays in
-    LEFT_BEHIND and is named in the interrupted line."""
+    """The transport of every request to the engine: each waits for an answer as long as
+    its caller asks, the client's time limit when it names none (the SDK's pull, a HEAD of an
+    archive: else no limit at all), and once the run is interrupted no longer than the
+    clean-up's time left (`interrupts.answer_within`), so an engine that stopped answering
+    cannot hold an interrupted run's clean-up for SM121_ENGINE_TIMEOUT: what it could not
+    remove stays in LEFT_BEHIND and is named in the interrupted line."""
 
-    def __init__(self, inner: requests.adapters.BaseAdapter) -> None:
+    def __init__(self, inner: requests.adapters.BaseAdapter,
+                 default: Callable[[], float]) -> None:
         super().__init__()
         self.inner = inner
+        self.default = default
 
     def send(self, request: PreparedRequest, *args: Any, **kwargs: Any) -> Response:
         """`inner`'s send (requests passes every option by name), its wait bounded."""
         timeout = kwargs.get("timeout")
         if not isinstance(timeout, tuple):
-            kwargs["timeout"] = answer_within(timeout)
+            kwargs["timeout"] = answer_within(self.default() if timeout is None else timeout)
         return self.inner.send(request, *args, **kwargs)
 
     def close(self) -> None:
@@ -127,8 +130,9 @@ class Engine:
     def __init__(self, client: docker.DockerClient, limits: Limits | None = None) -> None:
         self.client = client
         self.limits = limits or Limits.from_environment()
-        for prefix, adapter in list(client.api.adapters.items()):
-            client.api.mount(prefix, _Answering(adapter))
+        api = client.api
+        for prefix, adapter in list(api.adapters.items()):
+            api.mount(prefix, _Answering(adapter, lambda: float(api.timeout)))
 
     @classmethod
     def connect(cls) -> Engine:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from devkit.silent import silent_listener
+from devkit.stallengine import host, stalling_engine
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.limits import DEFAULT_ENGINE_S, DEFAULT_REGISTRY_S, Limits
 
@@ -38,6 +39,19 @@ def test_an_engine_that_never_answers_is_one_line_after_the_limit(
     assert lines == [f"error: the Docker engine at tcp://{address} gave no answer in 2 s (set "
                      "SM121_ENGINE_TIMEOUT to wait longer)"], result.stderr
     assert took < 60  # the default would be 120 s; without a limit, forever
+
+
+def test_an_engine_that_stops_answering_mid_run_is_one_line_after_the_limit() -> None:
+    """It made the reader container and then answers nothing (the stat of a path, a HEAD
+    whose caller names no time limit: without the client's own, forever): exit 4, one line
+    that names the container it may have left."""
+    with stalling_engine() as engine:
+        result = _run("audit", "some/image", env={"DOCKER_HOST": host(engine),
+                                                  "SM121_ENGINE_TIMEOUT": "2"})
+    assert result.returncode == 4, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: engine connection lost"), lines
+    assert "this run may have left container sm121-build-read-" in lines[0]
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf", "86401"])
