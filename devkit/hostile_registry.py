@@ -342,6 +342,9 @@ class HostileRegistry(ThreadingHTTPServer):
     def host(self) -> str:
         return f"127.0.0.1:{self.server_address[1]}"
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that went away mid-answer (a run killed at its bound): not news."""
+
     def ref(self, mode: str, by_digest: bool = True) -> str:
         """The signed image of `mode`'s repository, by digest or by its tag."""
         repo = self.store.repo(mode)

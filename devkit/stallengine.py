@@ -55,7 +55,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(200, {"ApiVersion": API, "Version": "20.10.0", "Os": "linux",
                                "Arch": "amd64"})
         elif self.command == "GET" and path.startswith(f"/v{API}/images/") \
-                and path.endswith("/json") and not self.server.stalled.is_set():
+                and path.endswith("/json") and path != f"/v{API}/images/json" \
+                and not self.server.stalled.is_set():
             self._answer(200, IMAGE)
         elif self.command == "POST" and path == f"/v{API}/containers/create" \
                 and not self.server.stalled.is_set():

@@ -36,6 +36,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from devkit.hostile import nested_rodata
 
@@ -77,11 +78,20 @@ class World:
     delay: float
 
 
+class Signalled(Protocol):
+    """A world of any family: the signal it sends (None: none) and after how long."""
+
+    @property
+    def signum(self) -> int | None: ...
+    @property
+    def delay(self) -> float: ...
+
+
 @dataclass
 class Outcome:
     """What a run did, and the invariants it broke (empty: none)."""
 
-    world: World
+    world: Signalled
     code: int
     seconds: float
     broken: list[str] = field(default_factory=list)
@@ -307,12 +317,20 @@ def refused_at_the_edge(world: World) -> bool:
                                            and world.timeout in BAD_TIMEOUTS)
 
 
-def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
+def _run(world: Signalled, args: list[str], env: dict[str, str], limit: float = RUN_S,
+         bound: float | None = None) -> Outcome:
+    """Run the CLI with `args`, send the world's signal, check the invariants of any run:
+    killed past `limit` s; `bound`: the seconds a run without a signal may take (its
+    address space is then capped at four times the memory bound, so a run that reads
+    without end fails instead of exhausting this machine)."""
     peak_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "sm121_build", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                start_new_session=True)
+    if bound is not None:
+        with contextlib.suppress(OSError):
+            resource.prlimit(process.pid, resource.RLIMIT_AS, (4 * MAX_RSS + (1 << 30),) * 2)
     sent = None
     try:
         if world.signum is not None:
@@ -322,13 +340,13 @@ def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
             except subprocess.TimeoutExpired:
                 process.send_signal(world.signum)
                 sent = time.monotonic()
-        stdout, stderr = process.communicate(timeout=RUN_S)
+        stdout, stderr = process.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        outcome = Outcome(world, -1, time.monotonic() - started, [f"ran past {RUN_S} s"])
-        return outcome
+        return Outcome(world, -1, time.monotonic() - started, [f"ran past {limit:g} s"],
+                       said=stderr.decode("utf-8", "replace")[-300:])
     ended = time.monotonic()
     outcome = Outcome(world, process.returncode, ended - started,
                       said=stderr.decode("utf-8", "replace"))
@@ -345,6 +363,8 @@ def _run(world: World, args: list[str], env: dict[str, str]) -> Outcome:
     forged = [line for line in text.splitlines() if line.startswith(FORGED)]
     if forged:  # a name's newline began a line of its own (NAMES)
         outcome.broken.append(f"a forged line: {forged[0]!r}")
+    if bound is not None and sent is None and ended - started > bound:
+        outcome.broken.append(f"{ended - started:.1f} s, over the {bound:g} s bound")
     if sent is not None and ended - sent > SIGNAL_S and process.returncode == 130:
         outcome.broken.append(f"{ended - sent:.1f} s from the signal to the end")
     if process.returncode == 130 and "interrupted" not in stderr.decode("utf-8", "replace"):
@@ -422,7 +442,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--family", choices=("files", "registry"), default="files",
+                        help="hostile files and tools (default), or a hostile registry "
+                             "(devkit/registry_worlds.py)")
     args = parser.parse_args()
+    if args.family == "registry":
+        from devkit.registry_worlds import run_registry_family
+
+        broken = run_registry_family(args.runs, random.Random(args.seed))
+        print(f"{args.runs} runs, {broken} broke an invariant")
+        sys.exit(1 if broken else 0)
     from devkit.helpers import DATA, compile_cached, cuda_home, gencode, link_cached
 
     seeds = Seeds(

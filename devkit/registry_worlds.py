@@ -1,0 +1,308 @@
+"""The whole-run fuzzer's families beyond files (`devkit/worlds.py` runs them with the same
+invariants: no traceback, an exit code from the table, no raw control character, bounded
+time and memory, nothing left in the temp folder):
+
+- `registry`: the CLI commands that reach the registry client (`kernels verify`, `kernels
+  attest`, `inject --from`) against a hostile loopback registry (`devkit/hostile_registry`,
+  one MODE a world), with SM121_REGISTRY_TIMEOUT=2: no case over `REGISTRY_BOUND_S` (5 s)
+  or 500 MB, none of them large inputs; a concurrent writer's layer is never dropped by a run
+  that says it succeeded.  `inject --from` runs against a FAKE engine that answers its first
+  calls and then stalls (`devkit/stallengine`), so it goes as far as it can without one.
+- `prove`: `prove --files DIR --stock DIR` with the FAKE GPU interpreter
+  (`devkit/fake_gpu`) telling a hostile story (`HOSTILE_CHILD`: floods, escapes, wrong
+  types, a child that dies or leaves a grandchild running).
+- `proof`: the proof-document reader (`kernels attest --proof`, which reads the proof
+  before it asks any registry) fed hostile JSON: the real proof with one field made hostile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devkit.hostile_registry import MODES, HostileRegistry, hostile_registry
+from devkit.stallengine import host, stalling_engine
+from devkit.worlds import Outcome, _run, fresh_root, remove_root, snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL_PROOF = ROOT / "docs" / "real-build" / "prove-sm90-h200" / "proof.json"
+REGISTRY_BOUND_S = 5.0  # the issue's bound: no case over 5 s (its input is small)
+KILL_S = 6.5  # a run still going then is killed (and broke the bound)
+REGISTRY_COMMANDS = ("verify", "verify_tag", "attest", "inject")
+
+
+def proven_files() -> dict[str, str]:
+    """name -> sha256 of the files the real proof proves (what the registry's provenance
+    lists, so that proof can be attached)."""
+    data: dict[str, Any] = json.loads(REAL_PROOF.read_text())
+    return {str(item["name"]): str(item["sha256"]) for item in data["files"]}
+
+
+@dataclass(frozen=True)
+class RegistryWorld:
+    command: str  # REGISTRY_COMMANDS
+    mode: str  # devkit.hostile_registry.MODES
+    signum: int | None
+    delay: float
+
+
+def _base_env(root: Path) -> dict[str, str]:
+    home, tmp = root / "home", root / "tmp"
+    for made in (home, tmp, home / "docker"):
+        made.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(home / "cache"),
+           "XDG_STATE_HOME": str(home / "state"), "HOME": str(home), "COLUMNS": "120",
+           "DOCKER_CONFIG": str(home / "docker"), "SM121_REGISTRY_TIMEOUT": "2",
+           "SM121_ENGINE_TIMEOUT": "1", "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    for name in ("CUDA_HOME", "COSIGN_PASSWORD", "SM121_TRUST_KEY"):
+        env.pop(name, None)
+    return env
+
+
+def _registry_args(world: RegistryWorld, registry: HostileRegistry, keys: tuple[Path, Path]
+                   ) -> list[str]:
+    private, public = keys
+    ref = registry.ref(world.mode, by_digest=world.command != "verify_tag")
+    if world.command.startswith("verify"):
+        return ["kernels", "verify", ref, "--trust-key", str(public)]
+    if world.command == "attest":
+        return ["kernels", "attest", ref, "--proof", str(REAL_PROOF), "--sign-key",
+                str(private)]
+    return ["inject", "--from", ref, "--trust-key", str(public), "--base", "some/image"]
+
+
+def run_registry_world(world: RegistryWorld, registry: HostileRegistry, root: Path) -> Outcome:
+    """One command against `registry` in `world.mode`; every invariant checked."""
+    env = _base_env(root)
+    keys = registry.keys(root)
+    before = snapshot(root, (root / "tmp", root / "home"))
+    lost = registry.lost
+    args = _registry_args(world, registry, keys)
+    if world.command == "inject":
+        with stalling_engine() as engine:
+            outcome = _run(world, args, {**env, "DOCKER_HOST": host(engine)}, KILL_S,
+                           REGISTRY_BOUND_S)
+    else:
+        outcome = _run(world, args, env, KILL_S, REGISTRY_BOUND_S)
+    _left(outcome, root, before)
+    if registry.lost > lost and outcome.code == 0:
+        outcome.broken.append("another writer's layer was dropped by a write that said it "
+                              "succeeded")
+    if world.mode == "good" and world.signum is None and world.command != "inject" \
+            and outcome.code != 0:
+        outcome.broken.append(f"an honest registry's signed image: exit {outcome.code}: "
+                              f"{outcome.said[-300:]}")
+    return outcome
+
+
+def _left(outcome: Outcome, root: Path, before: dict[str, tuple[object, ...]],
+          skip: tuple[Path, ...] = ()) -> None:
+    """Nothing left in the temp folder (unless the run was killed: it could clean nothing)
+    and nothing else changed."""
+    left = list((root / "tmp").iterdir())
+    if left and outcome.code != -1:
+        outcome.broken.append(f"left in the temp folder: {left[:4]}")
+    after = snapshot(root, skip or (root / "tmp", root / "home"))
+    changed = sorted(set(before.items()) ^ set(after.items()))
+    if changed:
+        outcome.broken.append(f"inputs or unrelated files changed: {changed[:4]}")
+
+
+# -- prove --files with a hostile FAKE GPU -------------------------------------------------
+
+# what the FAKE interpreter says instead of a GPU's answer (FAKE_HOSTILE) at one payload
+# (FAKE_AT); the other payloads answer as devkit.fake_gpu's proven story.  Each a story no
+# GPU tells, which prove must take as outside input
+HOSTILE_CHILD = ("flood", "longline", "escapes", "types", "die", "grandchild", "silent-exit",
+                 "binary", "deep", "hang")
+HOSTILE_AT = ("load_cubins.py", "harness_", "compare_outputs.py")
+PROVE_TIMEOUT = "2"  # prove --timeout: a child that floods or hangs is ended then
+PROVE_BOUND_S = 20.0
+
+
+@dataclass(frozen=True)
+class ProveWorld:
+    mode: str  # HOSTILE_CHILD
+    at: str  # HOSTILE_AT: the payload that tells it
+    signum: int | None
+    delay: float
+
+
+HOSTILE_PYTHON = r"""
+import json, os, subprocess, sys, time
+from pathlib import Path
+mode, at = os.environ["FAKE_HOSTILE"], os.environ["FAKE_AT"]
+if not Path(sys.argv[1]).name.startswith(at):
+    os.environ["FAKE_MODE"] = "proven"
+    exec(compile(os.environ["FAKE_STORY"], "fake", "exec"))
+    sys.exit(0)
+def say(**data): print(json.dumps(data), flush=True)
+if at == "load_cubins.py" and mode != "types":
+    say(device={"name": "FAKE GB10", "major": 12, "minor": 1, "driver": 13000,
+                "version": "580.95.05"})
+if mode == "flood":
+    while True:
+        print("x" * 4096 + " flood")
+if mode == "hang":
+    time.sleep(600)
+if mode == "longline":
+    sys.stdout.write("{" * (64 << 20)); sys.stdout.flush(); sys.exit(0)
+if mode == "escapes":
+    say(device={"name": "GB10\x1b]0;owned\x07\n\u202e\x9b2J", "major": 12, "minor": 1,
+                "driver": 13000, "version": "580\x1b[2J"})
+    say(op="gptq\x1b[2J", case="c\nfake: all native", first_s=1.0)
+    say(key="k\x1b]0;x\x07", bitwise_equal=True, max_abs_diff=0.0, max_ulp=0)
+    say(error="\x1b[31mfailed\x1b[0m\r\nfake: all native"); sys.exit(3)
+if mode == "types":
+    say(device={"name": 5, "major": "12", "minor": None, "driver": [], "version": {}})
+    say(cubin=[1], loaded="yes", found=-1, missing={"a": 1}, missing_count=1e308)
+    say(op=5, case=[], first_s="x"); say(key={}, bitwise_equal="yes", max_ulp=-1)
+    say(done="all", saved=-5); print("[]"); print("1e999"); print('{"cubin": ' + "9" * 5000 + "}")
+    sys.exit(0)
+if mode == "die":
+    os.kill(os.getpid(), 9)
+if mode == "grandchild":
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    Path(os.environ["FAKE_PIDS"], str(child.pid)).write_text(str(child.pid))
+    sys.exit(0)
+if mode == "binary":
+    sys.stdout.buffer.write(bytes(range(256)) * 64 + b"\xff\xfe\n"); sys.exit(0)
+if mode == "deep":
+    print("[" * 100000 + "]" * 100000); sys.exit(0)
+sys.exit(0)
+"""
+
+
+def hostile_python(path: Path, interpreter: str) -> Path:
+    path.write_text(f"#!{interpreter}\n" + HOSTILE_PYTHON)
+    path.chmod(0o755)
+    return path
+
+
+def run_prove_world(world: ProveWorld, pair: tuple[Path, Path], root: Path) -> Outcome:
+    """`prove --files --stock --json` with the hostile FAKE interpreter; every invariant."""
+    from devkit.fake_gpu import FAKE_PYTHON
+
+    env = _base_env(root)
+    pids = root / "pids"
+    pids.mkdir()
+    python = hostile_python(root / "FAKE-python", _interpreter())
+    out = root / "out" / "proof.json"
+    skip = (root / "tmp", root / "home", root / "out", pids)
+    before = snapshot(root, skip)
+    outcome = _run(world, ["prove", "--files", str(pair[0]), "--stock", str(pair[1]),
+                           "--json", str(out), "--python", str(python), "--timeout",
+                           PROVE_TIMEOUT],
+                   {**env, "FAKE_HOSTILE": world.mode, "FAKE_AT": world.at,
+                    "FAKE_PIDS": str(pids), "FAKE_STORY": FAKE_PYTHON},
+                   PROVE_BOUND_S + 10, PROVE_BOUND_S)
+    _left(outcome, root, before, skip)
+    for record in pids.iterdir():
+        pid = int(record.read_text())
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        outcome.broken.append(f"a program it started is still running (pid {pid})")
+        os.kill(pid, signal.SIGKILL)
+    if outcome.code == 0 and world.signum is None and world.mode != "silent-exit":
+        outcome.broken.append("a hostile child's story was taken for a proof (exit 0)")
+    return outcome
+
+
+def _interpreter() -> str:
+    import sys
+
+    return sys.executable
+
+
+# -- the proof-document reader with hostile JSON ------------------------------------------
+
+# values a field of a proof may be made: each of a wrong type, out of bounds, or text a
+# terminal would act on
+HOSTILE_VALUES: tuple[object, ...] = (
+    None, True, -1, 2**63, 10**400, 1e308, float("nan"), "", "\x1b]0;x\x07\n\u202e",
+    "\ud800", "x" * 100_000, [], {}, [[[[[]]]]], {"a": None})
+
+
+def proof_paths(value: object, at: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    """Every path to a value in a JSON document (keys and indexes), the root's included."""
+    found = [at]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += proof_paths(item, (*at, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value[:2]):
+            found += proof_paths(item, (*at, index))
+    return found
+
+
+def hostile_proof(path: tuple[str | int, ...], value: object) -> str:
+    """The real proof with the value at `path` replaced by `value`, as JSON text (Python's
+    json writes NaN and a lone surrogate as a hostile document would)."""
+    data: Any = json.loads(REAL_PROOF.read_text())
+    if not path:
+        return json.dumps(value)
+    holder = data
+    for step in path[:-1]:
+        holder = holder[step]
+    holder[path[-1]] = value
+    return json.dumps(data)
+
+
+@dataclass(frozen=True)
+class ProofWorld:
+    path: tuple[str | int, ...]
+    value: object
+    signum: int | None = None
+    delay: float = 0.0
+
+
+def run_proof_world(world: ProofWorld, root: Path) -> Outcome:
+    """`kernels attest --proof HOSTILE` (no registry is asked before the proof is read):
+    refused in one line (exit 2 or 3), never a traceback."""
+    env = _base_env(root)
+    proof = root / "proof.json"
+    proof.write_text(hostile_proof(world.path, world.value), encoding="utf-8",
+                     errors="surrogatepass")
+    private = root / "k.key"
+    from devkit.keys import key_pair
+
+    private, _public = key_pair(root, "k")
+    before = snapshot(root, (root / "tmp", root / "home"))
+    outcome = _run(world, ["kernels", "attest", "127.0.0.1:9/x/k@sha256:" + "0" * 64,
+                           "--proof", str(proof), "--sign-key", str(private)], env,
+                   KILL_S, REGISTRY_BOUND_S)
+    _left(outcome, root, before)
+    if outcome.code == 0:
+        outcome.broken.append("a hostile proof was attached")
+    return outcome
+
+
+def random_registry_world(rng: random.Random) -> RegistryWorld:
+    return RegistryWorld(rng.choice(REGISTRY_COMMANDS), rng.choice(MODES),
+                         rng.choice((None, None, None, signal.SIGINT, signal.SIGTERM)),
+                         rng.choice((0.3, 0.6, 1.0)))
+
+
+def run_registry_family(runs: int, rng: random.Random) -> int:
+    """`python -m devkit.worlds --family registry`: `runs` random registry worlds, each
+    broken invariant printed; how many broke one."""
+    broken = 0
+    with hostile_registry(proven_files()) as registry:
+        for i in range(runs):
+            world = random_registry_world(rng)
+            root = fresh_root()
+            try:
+                outcome = run_registry_world(world, registry, root)
+            finally:
+                remove_root(root)
+            if outcome.broken:
+                broken += 1
+                print(f"run {i}: {world}\n  " + "\n  ".join(outcome.broken), flush=True)
+    return broken
