@@ -14,8 +14,8 @@ wrong types (`token-list`: the token answer `[]`, `token-int`: `{"token": 5}`;
 `layers-dict`/`-str`/`-num`, `layer-items`, `annotations`, `att-types` in the `.sig`/`.att`
 manifests and envelopes); huge lists (`sig-65`, `sig-10000` layers; `att-sigs`: one envelope
 under 1 MiB, ~45,000 empty signatures over a ~390 KB statement); `concurrent` (another
-writer appends between a client's read of a `.sig`/`.att` and its write: `lost` counts the
-rival layers that a write then dropped); `redirect` (every answer a 307 to the `drip` repository
+writer appends to a `.sig`/`.att` just before each read of it: `lost` counts the rival
+layers a client's write then dropped); `redirect` (every answer a 307 to the `drip` repository
 under another host name), `redirect-loop`; `status-500`, `status-429` (Retry-After an hour),
 `status-401` (a 401 whatever the token).
 """
@@ -294,12 +294,16 @@ class _Handler(BaseHTTPRequestHandler):
         data = store.manifest(mode, reference)
         if data is not None and mode == "concurrent" and reference.endswith((".sig", ".att")):
             self._rival(mode, reference, data)
+            data = store.manifest(mode, reference)  # the rival's write landed first
         self._send(200 if data is not None else 404, data or b"",
                    {"Content-Type": OCI_MANIFEST}, mode, "manifest")
 
     def _rival(self, mode: str, reference: str, data: bytes) -> None:
-        """Another writer appends its layer right after this read (as two `attest` runs at
-        once would): the version this client read is stale before it writes."""
+        """Another writer appends its layer just before this read is answered (as two
+        `attest` runs at once would): a client that writes the list back must keep it.  (A
+        write that lands after a client's last read cannot be seen by it: the OCI API has no
+        conditional write, so no client can keep what it never read; the tool's own writers
+        read their list back and write again, `tests/unit/test_registry_door.py`.)"""
         store = self.server.store
         manifest = json.loads(data)
         rival = store._descriptor(SIMPLE_SIGNING, f"rival {time.monotonic_ns()}".encode())

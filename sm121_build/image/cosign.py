@@ -46,7 +46,8 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v0.1"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 COSIGN_TYPE = "cosign container image signature"
-MAX_SIGNATURES = 64  # layers of a `.sig`/`.att` list a reader takes (and a writer writes)
+MAX_SIGNATURES = 64  # the newest layers of a `.sig`/`.att` list a reader takes (a writer
+# writes no more)
 MAX_ENVELOPE_SIGNATURES = 16  # signatures of one DSSE envelope a reader checks
 MAX_SIGNATURE_TEXT = 512  # base64 of a DER ECDSA P-256 signature is at most 96 characters
 WRITE_TRIES = 3
@@ -159,10 +160,12 @@ def _layers(registry: Registry, digest: str, suffix: str = "sig") -> list[dict[s
         layers = json.loads(raw).get("layers")
     except (ValueError, AttributeError, RecursionError):
         layers = None
-    if not isinstance(layers, list) or len(layers) > MAX_SIGNATURES:
+    if not isinstance(layers, list):
         raise Untrusted(f"{registry.repo}:{signature_tag(digest, suffix)} is not a signature "
                         "manifest")
-    return [layer for layer in layers if isinstance(layer, dict)]
+    # the newest `MAX_SIGNATURES` (cosign appends): a longer list (another tool's, or one
+    # made long to cost a reader) is read no further back, and never refused whole
+    return [layer for layer in layers[-MAX_SIGNATURES:] if isinstance(layer, dict)]
 
 
 @dataclass(frozen=True)

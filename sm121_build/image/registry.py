@@ -181,6 +181,7 @@ class Registry:
                             frozenset({200, 404}))
         if answer.status == 404:
             return None
+        self._ok(answer, f"read {reference}")
         return answer.body
 
     def digest(self, reference: str) -> str:

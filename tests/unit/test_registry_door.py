@@ -467,8 +467,9 @@ def _cli(args: list[str], env: dict[str, str], signal_after: float | None = None
 def test_kernels_verify_against_a_hostile_registry_is_one_line(hostile: str,
                                                                tmp_path: Path) -> None:
     """The commands that read a registry, run as a user runs them: a drip ends in one line
-    and exit 7 (at the deadline, not the minutes the answer would take); 65 signatures in
-    the list, exit 3; a Ctrl-C while the registry stalls, exit 130 at once."""
+    and exit 7 (at the deadline, not the minutes the answer would take); 10,000 signatures
+    none valid, exit 3 after reading the newest 64; a Ctrl-C while the registry stalls,
+    exit 130 at once."""
     global SCRIPT
     public = key_pair(tmp_path, "k")[1]
     ref = f"{hostile}@sha256:{'ab' * 32}"
@@ -478,10 +479,11 @@ def test_kernels_verify_against_a_hostile_registry_is_one_line(hostile: str,
     assert code == 7 and err.count("\n") == 1 and "no whole answer" in err, err
     assert counted(1)[0] <= 20
     filler = {"mediaType": cosign.SIMPLE_SIGNING, "digest": "sha256:" + "00" * 32}
-    SCRIPT = Script(plain(200, json.dumps({"layers": [filler] * 65}).encode()))
+    SCRIPT = Script(plain(200, json.dumps({"layers": [filler] * 10_000}).encode()))
     code, err, _ = _cli(["kernels", "verify", ref, "--trust-key", str(public)],
                         {"SM121_REGISTRY_TIMEOUT": "5"})
-    assert code == 3 and err.count("\n") == 1 and "not a signature manifest" in err, err
+    assert code == 3 and err.count("\n") == 1, err  # the newest 64 read, each skipped
+    assert f"({cosign.MAX_SIGNATURES} signature(s): " in err
     SCRIPT = Script(drip(b"{" + b" " * 398 + b"}", in_headers=True))
     code, err, after = _cli(["kernels", "verify", ref, "--trust-key", str(public)],
                             {"SM121_REGISTRY_TIMEOUT": "60"}, signal_after=1.0)
@@ -513,3 +515,12 @@ def test_a_signed_statement_with_a_key_twice_or_nan_is_not_read(
         {"layers": layers}).encode()
     with pytest.raises(cosign.Untrusted):
         cosign.attested(registry(repo), DIGEST, key.public(tmp_path / "k.pub"), "p")
+
+
+def test_an_answer_that_is_not_the_manifest_is_never_read_as_one(hostile: str) -> None:
+    """A 401, 429 or 500 whose body is JSON is the registry's refusal, not the list."""
+    global SCRIPT
+    for status in (401, 429, 500, 302):
+        SCRIPT = Script(plain(status, json.dumps({"layers": []}).encode()))
+        with pytest.raises(RegistryUnavailable, match=rf"HTTP {status}"):
+            registry(hostile).manifest("x")

@@ -106,9 +106,8 @@ HOLDS = (
     rw.RegistryWorld("verify", "drip", signal.SIGINT, 1.0),
     rw.RegistryWorld("attest", "flood-upload", signal.SIGTERM, 1.2),
 )
-# Each broke an invariant on 81e1ac3 (issue #62's registry client, being fixed apart from
-# this fuzzer): a non-strict xfail until that fix lands, then a seed like the others
-CLIENT_FIX = "issue #62: the registry client is being fixed in parallel"
+# Each broke an invariant on 81e1ac3, before issue #62's registry client (what it broke is
+# said beside it); each holds now, a seed like the others
 KNOWN = (
     (rw.RegistryWorld("verify", "drip", None, 0.0), "a valid answer 1 byte a second: no "
      "bound on the whole answer (ran past 5 s)"),
@@ -126,8 +125,8 @@ KNOWN = (
     (rw.RegistryWorld("attest", "flood-upload", None, 0.0), "the answer to POST of an upload "
      "is read whole, without a bound (ran past 5 s)"),
     (rw.RegistryWorld("attest", "concurrent", None, 0.0), "another writer's layer, appended "
-     "between attest's read and write of the .att manifest, is dropped by a write that "
-     "says it succeeded"),
+     "just before attest's read of the .att manifest, is dropped by a write that says it "
+     "succeeded"),
 )
 ALL_REGISTRY = os.environ.get("SM121_REGISTRY_WORLDS") == "all"  # every command x mode
 
@@ -156,9 +155,8 @@ def test_a_hostile_registry_keeps_every_invariant(world: rw.RegistryWorld,
 
 
 @pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
-@pytest.mark.parametrize("world", [
-    pytest.param(world, marks=pytest.mark.xfail(strict=False, reason=f"{CLIENT_FIX}: {why}"))
-    for world, why in KNOWN], ids=[f"{w.command}-{w.mode}" for w, _ in KNOWN])
+@pytest.mark.parametrize("world", [world for world, _broke_before in KNOWN],
+                         ids=[f"{w.command}-{w.mode}" for w, _ in KNOWN])
 def test_a_hostile_registry_the_client_fix_must_survive(world: rw.RegistryWorld,
                                                         registry: HostileRegistry) -> None:
     _registry_check(world, registry)
@@ -166,7 +164,6 @@ def test_a_hostile_registry_the_client_fix_must_survive(world: rw.RegistryWorld,
 
 @pytest.mark.skipif(not ALL_REGISTRY, reason="SM121_REGISTRY_WORLDS=all: every command "
                     "against every mode (minutes)")
-@pytest.mark.xfail(strict=False, reason=CLIENT_FIX)
 @pytest.mark.parametrize("command", rw.REGISTRY_COMMANDS)
 def test_every_mode_against_every_command(command: str, registry: HostileRegistry) -> None:
     broken = {}
