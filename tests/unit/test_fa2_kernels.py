@@ -1,0 +1,158 @@
+"""prove's FA2 cases from the kernels (jobs/payload/fa2_kernels.py, issue #63 part 2): the
+names of the kernels aot adds to vLLM 0.22.0's `_vllm_fa2_C` (tests/data/kernel_names),
+read; the cases derived from them; what is left unreachable, and why."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sm121_build.jobs.payload import fa2_kernels as fa2
+from sm121_build.jobs.payload.fa2_kernels import A100, GB10, H100, Case, Kernel, Traits
+
+NAMES = Path(__file__).parents[1] / "data" / "kernel_names" / \
+    "vllm-0.22.0-x86_64-fa2-sm90-added.txt.gz"
+
+
+@pytest.fixture(scope="module")
+def names() -> list[str]:
+    return gzip.decompress(NAMES.read_bytes()).decode().split()
+
+
+def _demangled_fields(text: str) -> tuple[list[int], list[object]]:
+    m = re.search(r"<Flash_fwd_kernel_traits<(\d+), (\d+), (\d+), (\d+), \w+, \w+, "
+                  r"cutlass::\w+, .*?> >, (.*)>\(", text)
+    assert m, text
+    rest = [v.strip() for v in m.group(5).split(",")]
+    return [int(m.group(i)) for i in range(1, 5)], \
+        [v == "true" if v in ("true", "false") else int(v) for v in rest]
+
+
+@pytest.mark.skipif(shutil.which("c++filt") is None, reason="no c++filt")
+def test_every_name_reads_as_cxxfilt_demangles_it(names: list[str]) -> None:
+    demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+    for name, text in zip(names, demangled, strict=True):
+        k = fa2.parse(name)
+        assert k is not None, name
+        dims, args = _demangled_fields(text)
+        t = k.traits
+        assert [t.head_dim, t.block_m, t.block_n, t.warps] == dims, text
+        assert list(k.args) == args, text
+        assert t.dtype == ("bfloat16" if "bfloat16_t" in text else "float16")
+        assert k.kind in text
+
+
+def test_a_name_read_by_hand() -> None:
+    name = ("_ZN5flash32flash_fwd_splitkv_combine_kernelI23Flash_fwd_kernel_traitsILi96ELi64"
+            "ELi128ELi4ELb0ELb0EN7cutlass6half_tE19Flash_kernel_traitsILi96ELi64ELi128ELi4E"
+            "S3_EELi16ELi6ELb1EEEvNS_16Flash_fwd_paramsE")
+    assert fa2.parse(name) == Kernel("flash_fwd_splitkv_combine_kernel",
+                                     Traits(96, 64, 128, 4, False, False, "float16"),
+                                     (16, 6, True))
+    assert fa2.parse("_ZN6marlin6MarlinILi1EEEvv") is None  # not FA2's: not read
+    with pytest.raises(fa2.NameError_):
+        fa2.parse("_ZN5flash16flash_fwd_kernelI23Flash_fwd_kernel_traitsILi128EEEEvv")
+
+
+def _one(case: Case, gpu: fa2.Gpu = H100) -> Kernel:
+    found = fa2.launched(case, gpu)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_dispatch_of_varlen_fwd() -> None:
+    base = Case("varlen_fwd", head_size=128, seqlen_q=128, seqlen_k=256)
+    k = _one(base)
+    assert k.kind == "flash_fwd_kernel" and k.traits.block_n == 64  # sm_90: 128 x 64
+    assert not k.flag("Is_even_MN")  # cu_seqlens: never even for varlen_fwd
+    assert _one(base, A100).traits == k.traits  # cc 8.0 is not sm8x
+    assert _one(replace(base, head_size=120)).flag("Is_even_K") is False
+    assert _one(replace(base, causal=True)).flag("Is_causal")
+    assert not _one(replace(base, causal=True, seqlen_q=1)).flag("Is_causal")
+    assert _one(replace(base, window=(16, 16))).flag("Is_local")
+    assert _one(replace(base, window=(-1, 0))).flag("Is_causal")  # causal by its window
+    assert not _one(replace(base, window=(300, 300))).flag("Is_local")  # past seqlen_k
+    paged = _one(replace(base, paged=16))
+    assert paged.kind == "flash_fwd_splitkv_kernel" and not paged.flag("Split")
+    swapped = fa2.launched(replace(base, seqlen_q=1, heads=8, heads_k=2, num_splits=5), H100)
+    assert [k.kind for k in swapped] == ["flash_fwd_splitkv_kernel",
+                                         "flash_fwd_splitkv_combine_kernel"]
+    assert swapped[1].args == (4, 3, True)
+    assert fa2.launched(replace(base, head_size=36), H100) == ()  # refused: not 8k
+    assert _one(replace(base, head_size=256), A100).traits.block_m == 128
+    assert _one(replace(base, head_size=256), GB10).traits.block_m == 64
+
+
+def test_the_dispatch_of_fwd_kvcache() -> None:
+    base = Case("fwd_kvcache", head_size=64, seqlen_q=128, seqlen_k=512)
+    k = _one(base)
+    assert k.kind == "flash_fwd_kernel" and k.flag("Is_even_MN")
+    assert not _one(replace(base, seqlens_k=True)).flag("Is_even_MN")
+    append = _one(replace(base, seqlens_k=True, append=3))
+    assert append.kind == "flash_fwd_splitkv_kernel" and append.flag("Append_KV")
+    split = fa2.launched(replace(base, num_splits=65), H100)
+    assert split[0].flag("Split") and split[1].args == (8, 7, True)
+    assert fa2.launched(replace(base, append=3), H100) == ()  # appending needs seqlens_k
+
+
+def test_derived_cases_launch_every_reachable_kernel(names: list[str]) -> None:
+    """On H100 (sm_90, the GPU the names were added for): every kernel is launched by a
+    derived case or said unreachable; the unreachable ones are the sparse ops' and the
+    blocks the dispatch picks only on other GPUs; the report is printed."""
+    derived = fa2.derive(names, H100)
+    kernels = {fa2.parse(n): n for n in names}
+    by_name = {n: k for k, n in kernels.items()}
+    launched_by = collections.defaultdict(list)
+    for case in derived.cases:
+        assert fa2.invalid(case) is None
+        for k in fa2.launched(case, H100):
+            launched_by[k].append(case.key)
+        assert {by_name[n] for n in derived.expects[case.key]} == \
+            set(fa2.launched(case, H100)) & set(kernels)
+    assert len({c.key for c in derived.cases}) == len(derived.cases)
+    assert derived.covered + len(derived.unreachable) == len(names)
+    for name, why in derived.unreachable.items():
+        k = by_name[name]
+        assert k not in launched_by and why
+        assert k.kind == "flash_fwd_sparse_kernel" or k.traits != fa2._fwd_traits(
+            k.traits.head_dim, bool(k.flag("Is_causal")), False, H100, k.traits.dtype), name
+    print(f"\nFA2 vLLM 0.22.0 on sm_90: {derived.covered} of {len(names)} kernels launched "
+          f"by {len(derived.cases)} cases; left:")
+    for why, count in collections.Counter(derived.unreachable.values()).most_common():
+        print(f"  {count:4d}  {why}")
+    assert derived.covered >= len(names) - 128
+
+
+def test_the_first_cases_stay_first_and_the_search_finds_what_proposals_miss(
+        names: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    first = [Case("varlen_fwd"), Case("fwd_kvcache", paged=256, seqlen_k=512, seqlens_k=True)]
+    derived = fa2.derive(names, H100, first=first)
+    assert derived.cases[:2] == first
+    full = derived.covered
+    monkeypatch.setattr(fa2, "_proposals", lambda k: [])
+    searched = fa2.derive(names, H100, budget=3000)
+    assert 0 < searched.covered <= full
+    assert fa2.derive(names, H100, budget=3000).to_json() == searched.to_json()  # seeded
+
+
+def test_cases_read_back_from_json_and_bad_ones_refused(names: list[str]) -> None:
+    derived = fa2.derive(names, H100, budget=0)
+    data = json.loads(json.dumps(derived.to_json()))
+    assert fa2.cases_from_json(data) == derived.cases
+    for bad in ({"cases": [{"op": "varlen_fwd", "head_size": "128"}]},
+                {"cases": [{"op": "varlen_fwd", "head_size": 36}]},
+                {"cases": [{"op": "rm -rf"}]},
+                {"cases": [{"op": "varlen_fwd", "window": [1]}]},
+                {"cases": [{"op": "varlen_fwd", "causal": 1}]},
+                {"cases": "all"}, []):
+        with pytest.raises(ValueError):
+            fa2.cases_from_json(bad)
