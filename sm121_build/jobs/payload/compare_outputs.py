@@ -3,9 +3,11 @@ for bit (`sm121-build prove`; the method of benchmarks/device/fa2_compare.py).
 
 Standard library and torch only:  python3 compare_outputs.py REFERENCE.pt OTHER.pt
 
-A JSON line per case of either file:
-    {"key": "OP/CASE", "bitwise_equal": B, "max_abs_diff": D, "max_ulp": U}
-    (D, U: null where not comparable; U: units in the last place of the dtype, for floats)
+A JSON line per case of either file, every output of the case compared (`compare`):
+    {"key": "OP/CASE", "bitwise_equal": B, "max_abs_diff": D, "max_ulp": U,
+     "outputs": N, "differing": [I, ...]}
+    (D, U: null where not comparable; U: units in the last place of the dtype, for floats;
+    N: the reference's outputs for the case; I: the positions of those that differ)
     {"key": "OP/CASE", "missing_in": "reference" | "other"}
 """
 
@@ -73,6 +75,34 @@ def ulps(torch: Any, a: Any, b: Any) -> int | None:
     return int(distance.max().item())
 
 
+def _parts(value: Any) -> tuple[Any, ...]:
+    """A case's outputs: each tensor of a tuple or list (harness_run.outputs), or the one
+    tensor a file of an older harness saved."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def compare(torch: Any, a: Any, b: Any) -> dict[str, Any]:
+    """Every output of a case compared: equal bit for bit only when both saved as many and
+    each pair is; the largest difference and ULP over them (null: not comparable, in any);
+    `differing`: the positions of the outputs that are not equal (a missing one too)."""
+    left, right = _parts(a), _parts(b)
+    pairs = list(zip(left, right, strict=False))  # a count that differs: unequal
+    equal = [same_bits(torch, x, y) for x, y in pairs]
+    diffs = [difference(torch, x, y) for x, y in pairs]
+    units = [ulps(torch, x, y) for x, y in pairs]
+    count = len(left) == len(right)
+    known_diffs = [d for d in diffs if d is not None]
+    known_units = [u for u in units if u is not None]
+    whole = count and len(known_diffs) == len(pairs)
+    return {"bitwise_equal": count and all(equal),
+            "max_abs_diff": max(known_diffs, default=0.0) if whole else None,
+            "max_ulp": max(known_units, default=0)
+            if count and len(known_units) == len(pairs) else None,
+            "outputs": len(left),
+            "differing": [i for i, same in enumerate(equal) if not same] +
+                         list(range(len(pairs), max(len(left), len(right))))}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         sys.stderr.write("usage: compare_outputs.py REFERENCE.pt OTHER.pt\n")
@@ -83,9 +113,7 @@ def main(argv: list[str]) -> int:
         if key not in other or key not in reference:
             _say({"key": key, "missing_in": "other" if key in reference else "reference"})
             continue
-        a, b = reference[key], other[key]
-        _say({"key": key, "bitwise_equal": same_bits(torch, a, b),
-              "max_abs_diff": difference(torch, a, b), "max_ulp": ulps(torch, a, b)})
+        _say({"key": key, **compare(torch, reference[key], other[key])})
     return 0
 
 

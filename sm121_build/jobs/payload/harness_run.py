@@ -33,17 +33,26 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
 
 
-def first_call(torch: Any, op: Any, args: list[Any], label: tuple[str, str]) -> Any:
-    """The op's first call, synchronized and timed (said), its output on the host.  Any
-    error ends the run (a CUDA error is sticky: the next call would fail for this one's
-    cause)."""
+def outputs(torch: Any, result: Any, written: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """Every tensor an op gave back (a tensor, or each tensor of a list or tuple), then
+    those of its inputs it wrote in place (`written`), on the host in that order."""
+    given = result if isinstance(result, (list, tuple)) else (result,)
+    return tuple(t.cpu() for t in (*given, *written) if isinstance(t, torch.Tensor))
+
+
+def first_call(torch: Any, op: Any, args: list[Any], label: tuple[str, str],
+               written: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """The op's first call, synchronized and timed (said), and every output it wrote on
+    the host (`outputs`: what it returned, then `written`, the inputs it writes in place).
+    Any error ends the run (a CUDA error is sticky: the next call would fail for this
+    one's cause)."""
     torch.cuda.synchronize()
     start = time.perf_counter()
     try:
         result = op(*args)
         torch.cuda.synchronize()
         first = time.perf_counter() - start
-        out = (result[0] if isinstance(result, (list, tuple)) else result).cpu()
+        out = outputs(torch, result, written)
     except Exception as exc:  # RuntimeError, torch.AcceleratorError: any, said in one line
         say({"op": label[0], "case": label[1], "error": _first_line(exc)})
         raise SystemExit(FAILED) from None
