@@ -109,8 +109,12 @@ def test_derived_cases_launch_every_reachable_kernel(names: list[str]) -> None:
     derived case or said unreachable; the unreachable ones are the sparse ops' and the
     blocks the dispatch picks only on other GPUs; the report is printed."""
     derived = fa2.derive(names, H100)
-    kernels = {fa2.parse(n): n for n in names}
-    by_name = {n: k for k, n in kernels.items()}
+    by_name: dict[str, Kernel] = {}
+    for n in names:
+        parsed = fa2.parse(n)
+        assert parsed is not None
+        by_name[n] = parsed
+    kernels = {k: n for n, k in by_name.items()}
     launched_by = collections.defaultdict(list)
     for case in derived.cases:
         assert fa2.invalid(case) is None
@@ -148,6 +152,7 @@ def test_cases_read_back_from_json_and_bad_ones_refused(names: list[str]) -> Non
     derived = fa2.derive(names, H100, budget=0)
     data = json.loads(json.dumps(derived.to_json()))
     assert fa2.cases_from_json(data) == derived.cases
+    bad: object
     for bad in ({"cases": [{"op": "varlen_fwd", "head_size": "128"}]},
                 {"cases": [{"op": "varlen_fwd", "head_size": 36}]},
                 {"cases": [{"op": "rm -rf"}]},

@@ -5,12 +5,23 @@ of Python lists; it proves nothing of a GPU."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from sm121_build.jobs.payload import compare_outputs, harness_run
+from sm121_build.jobs.payload import compare_outputs, fa2_kernels, harness_run
+from sm121_build.jobs.payload.fa2_kernels import Case
+
+NAMES = Path(__file__).parents[1] / "data" / "kernel_names" / \
+    "vllm-0.22.0-x86_64-fa2-sm90-added.txt.gz"
 
 
 class FakeTensor:
@@ -85,3 +96,142 @@ def test_a_missing_output_and_a_nan_are_said() -> None:
     assert said["max_abs_diff"] is None and said["max_ulp"] is None
     # a file of an older harness: one tensor per case, compared as one output
     assert compare_outputs.compare(None, FakeTensor([1.0]), FakeTensor([1.0]))["outputs"] == 1
+
+
+# FAKE: a stand-in `torch` for harness_fa2.py run as a script: its two ops take the
+# arguments of vLLM 0.22.0's schemas, record the named ones they were given (CALLS), and
+# return two tensors; `save` writes each key's count of outputs.  No GPU, no kernel.
+FA2_TORCH = '''
+import json, os
+int32, float32, bfloat16, float16 = "int32", "float32", "bfloat16", "float16"
+VARLEN = ("q:Tensor k:Tensor v:Tensor out:Optional[Tensor] cu_seqlens_q:Tensor "
+          "cu_seqlens_k:Tensor seqused_k:Optional[Tensor] leftpad_k:Optional[Tensor] "
+          "block_table:Optional[Tensor] alibi_slopes:Optional[Tensor] max_seqlen_q:int "
+          "max_seqlen_k:int p_dropout:float softmax_scale:float zero_tensors:bool "
+          "is_causal:bool window_size_left:int window_size_right:int softcap:float "
+          "return_softmax:bool num_splits:int gen:Optional[Generator]")
+KVCACHE = ("q:Tensor kcache:Tensor vcache:Tensor k:Optional[Tensor] v:Optional[Tensor] "
+           "seqlens_k:Optional[Tensor] rotary_cos:Optional[Tensor] rotary_sin:Optional[Tensor] "
+           "cache_batch_idx:Optional[Tensor] leftpad_k:Optional[Tensor] "
+           "block_table:Optional[Tensor] alibi_slopes:Optional[Tensor] out:Optional[Tensor] "
+           "softmax_scale:float is_causal:bool window_size_left:int window_size_right:int "
+           "softcap:float is_rotary_interleaved:bool num_splits:int")
+class Tensor:
+    def __init__(self, *shape):
+        self.shape = shape
+    def cpu(self): return self
+    def to(self, *a): return self
+    def reshape(self, *s): return Tensor(*s)
+    def __mul__(self, other): return self
+def _t(*shape, **kw): return Tensor(*shape)
+randn = rand = randperm = empty_like = _t
+def tensor(values, **kw): return Tensor(len(values))
+def randint(low, high, shape, **kw): return Tensor(*shape)
+def arange(*a, **kw): return Tensor(a[-1])
+class _Arg:
+    def __init__(self, spec):
+        self.name, self.type = spec.split(":")
+class _Op:
+    def __init__(self, name, spec):
+        self.name = name
+        self.default = type("D", (), {"_schema": type("S", (), {
+            "arguments": [_Arg(s) for s in spec.split()]})()})()
+    def __call__(self, *args):
+        named = {a.name: v for a, v in zip(self.default._schema.arguments, args)}
+        with open(os.environ["CALLS"], "a") as f:
+            f.write(json.dumps({"op": self.name, "num_splits": named["num_splits"],
+                                "window": [named["window_size_left"],
+                                           named["window_size_right"]],
+                                "k": isinstance(named["k"], Tensor)}) + "\\n")
+        return [Tensor(1), Tensor(2)]
+class _Ns:
+    varlen_fwd = _Op("varlen_fwd", VARLEN)
+    fwd_kvcache = _Op("fwd_kvcache", KVCACHE)
+class ops:
+    _vllm_fa2_C = _Ns()
+    @staticmethod
+    def load_library(path): pass
+class _Props:
+    major, minor, multi_processor_count = 9, 0, 132
+    shared_memory_per_block_optin, shared_memory_per_multiprocessor = 232448, 233472
+class cuda:
+    @staticmethod
+    def synchronize(): pass
+    @staticmethod
+    def get_device_properties(n): return _Props()
+class Generator:
+    def __init__(self, device): pass
+    def manual_seed(self, seed): return self
+def save(saved, path):
+    with open(path, "w") as f:
+        json.dump({k: len(v) for k, v in saved.items()}, f)
+'''
+
+
+def _fa2_harness(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
+                                                        list[dict[str, Any]]]:
+    import sm121_build.jobs.payload as payload
+
+    (tmp_path / "torch.py").write_text(FA2_TORCH)
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text("")
+    done = subprocess.run(
+        [sys.executable, str(Path(payload.__file__).parent / "harness_fa2.py"),
+         str(tmp_path / "lib.so"), str(tmp_path / "out.pt"), *args],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "CALLS": str(calls)})
+    return done, [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_the_fa2_harness_runs_the_cases_it_is_given_in_slices(tmp_path: Path) -> None:
+    """harness_fa2.py as `prove` would run it: the 8 fixed cases, then those of --cases;
+    --slice 1/2 runs every other derived case and no fixed one; every output is saved."""
+    cases = [Case("fwd_kvcache", seqlens_k=True, append=3, num_splits=2),
+             Case("varlen_fwd", window=(16, 8)), Case("fwd_kvcache", seqlen_q=1, num_splits=9)]
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps({"cases": [{**asdict(c), "window": list(c.window)}
+                                          for c in cases]}))
+    done, calls = _fa2_harness(tmp_path, "--cases", str(file))
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((tmp_path / "out.pt").read_text())
+    assert len(saved) == 11 and set(saved.values()) == {2, 4}  # append: + the KV cache
+    assert saved[f"fwd_kvcache/{cases[0].key}"] == 4
+    assert calls[8:] == [{"op": "fwd_kvcache", "num_splits": 2, "window": [-1, -1], "k": True},
+                         {"op": "varlen_fwd", "num_splits": 1, "window": [16, 8], "k": True},
+                         {"op": "fwd_kvcache", "num_splits": 9, "window": [-1, -1],
+                          "k": False}]
+    done, calls = _fa2_harness(tmp_path, "--cases", str(file), "--slice", "1/2")
+    assert done.returncode == 0, done.stderr
+    assert [c["num_splits"] for c in calls] == [2, 9]  # derived cases 1 and 3
+
+
+def test_the_fa2_harness_derives_cases_from_kernel_names(tmp_path: Path) -> None:
+    """--kernels: the cases derived for the GPU torch reports (the FAKE's: an H100), after
+    the fixed cases, whose kernels are not derived again."""
+    from sm121_build.jobs.payload import harness_fa2
+
+    names = gzip.decompress(NAMES.read_bytes()).decode().split()[::20]
+    file = tmp_path / "names.txt"
+    file.write_text("\n".join(names) + "\n")
+    done, calls = _fa2_harness(tmp_path, "--kernels", str(file))
+    assert done.returncode == 0, done.stderr
+    fixed = harness_fa2.fixed_cases()
+    derived = fa2_kernels.derive(names, fa2_kernels.H100, first=fixed).cases[len(fixed):]
+    assert len(derived) > 10
+    assert [c["op"] for c in calls[8:]] == [c.op for c in derived]
+    assert [c["num_splits"] for c in calls[8:]] == [c.num_splits for c in derived]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--slice", "2/2"], "is not I/N"),
+    (["--slice", "x"], "is not I/N"),
+    (["--cases"], "valueless option"),
+    (["--kernels", "a", "--cases", "b"], "give one"),
+    (["--frobnicate", "1"], "unknown"),
+    (["--cases", "/nonexistent/cases.json"], "No such file"),
+])
+def test_the_fa2_harness_refuses_bad_options_in_one_line(
+        tmp_path: Path, args: list[str], said: str) -> None:
+    done, calls = _fa2_harness(tmp_path, *args)
+    assert done.returncode == 2 and not calls
+    assert len(done.stderr.splitlines()) == 1 and said in done.stderr

@@ -220,13 +220,15 @@ class Case:
 
     @property
     def key(self) -> str:
-        """The case's name in the harness's outputs: every input that differs from the
-        defaults, in field order."""
+        """The case's name in the harness's outputs: its shape (`b` batch, `h` heads x KV
+        heads, `q` and `k` sequence lengths), then every other input that differs from the
+        defaults, in field order (never one of the fixed cases' names, which have no
+        shape)."""
         base = Case(self.op)
-        parts = [self.dtype, f"d{self.head_size}"]
-        for name in ("heads", "heads_k", "batch", "seqlen_q", "seqlen_k", "causal", "window",
-                     "alibi", "softcap", "paged", "num_splits", "append", "seqlens_k",
-                     "p_dropout", "return_softmax"):
+        parts = [self.dtype, f"d{self.head_size}", f"b{self.batch}",
+                 f"h{self.heads}x{self.heads_k}", f"q{self.seqlen_q}", f"k{self.seqlen_k}"]
+        for name in ("causal", "window", "alibi", "softcap", "paged", "num_splits", "append",
+                     "seqlens_k", "p_dropout", "return_softmax"):
             value = getattr(self, name)
             if value != getattr(base, name):
                 text = "x".join(map(str, value)) if isinstance(value, tuple) else \

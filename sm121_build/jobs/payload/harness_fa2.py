@@ -3,7 +3,14 @@
 
 Standard library and torch only, run as a script by the interpreter `prove --python` names:
 
-    python3 harness_fa2.py SO OUT.pt
+    python3 harness_fa2.py SO OUT.pt [--kernels NAMES.txt | --cases CASES.json] [--slice I/N]
+
+The fixed cases first (`VARLEN`, `KVCACHE`), then those derived from the kernels
+(fa2_kernels.py, its sibling): `--kernels`, the names of the kernels to launch (one a line:
+the cases derived here, for this GPU's dispatch), or `--cases`, cases derived before
+(`fa2_kernels.Derived.to_json`).  `--slice I/N`: only the cases whose position modulo N is
+I (0 <= I < N), so that N processes share them.  Every output tensor a case writes is saved
+(what the op returns, and the KV cache it appends to).
 
 Its lines on stdout, and the run around its cases, are harness_run.py's.
 """
@@ -11,14 +18,20 @@ Its lines on stdout, and the run around its cases, are harness_run.py's.
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import sys
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# the sibling module both harnesses share (found beside this script when it runs as one)
+# the sibling modules (found beside this script when it runs as one): the run both
+# harnesses share, and the FA2 kernels' cases
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 harness = importlib.import_module("harness_run")
+fa2 = importlib.import_module("fa2_kernels")
 
 NAMESPACE = "_vllm_fa2_C"
 # the arguments each op must have by these names (the rest are filled by their type)
@@ -31,6 +44,17 @@ NEEDED = {
 VARLEN = [("bfloat16", 128, True), ("bfloat16", 128, False), ("float16", 64, True),
           ("bfloat16", 256, True), ("bfloat16", 96, True)]
 KVCACHE = [("bfloat16", 128, False), ("bfloat16", 128, True), ("float16", 64, False)]
+
+
+def fixed_cases() -> list[Any]:
+    """The fixed cases as fa2_kernels sees them (`varlen`, `kvcache`: their shapes; the
+    cache's num_splits left to the heuristic, as `arguments` fills it, 0), so that the
+    kernels they launch are not derived again."""
+    return [*(fa2.Case("varlen_fwd", dtype=t, head_size=d, heads=16, heads_k=16, batch=1,
+                       seqlen_q=1024, seqlen_k=1024, causal=c) for t, d, c in VARLEN),
+            *(fa2.Case("fwd_kvcache", dtype=t, head_size=d, heads=16, heads_k=16, batch=2,
+                       seqlen_q=1, seqlen_k=512, causal=True, paged=256 if p else 0,
+                       num_splits=0, seqlens_k=True) for t, d, p in KVCACHE)]
 
 
 def schema_of(torch: Any, op: str) -> Any:
@@ -113,13 +137,155 @@ def kvcache(torch: Any, saved: dict[str, Any], gen: Any) -> None:
                                                           ("fwd_kvcache", case))
 
 
-def cases(torch: Any, saved: dict[str, Any]) -> None:
-    gen = torch.Generator(device="cuda").manual_seed(121)
-    check(torch, "varlen_fwd")
-    check(torch, "fwd_kvcache")
-    varlen(torch, saved, gen)
-    kvcache(torch, saved, gen)
+def _table(torch: Any, gen: Any, batch: int, blocks: int) -> Any:
+    """A block table: each sequence's blocks, in a seeded shuffled order of the cache."""
+    order = torch.randperm(batch * blocks, device="cuda", generator=gen)
+    return order.to(torch.int32).reshape(batch, blocks)
+
+
+def derived_inputs(torch: Any, case: Any, gen: Any) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """The named arguments of one derived case (fa2_kernels.Case), and the inputs the op
+    writes in place (the KV cache it appends to)."""
+    dtype, d = getattr(torch, case.dtype), case.head_size
+    b, hq, hk, sq, sk = case.batch, case.heads, case.heads_k, case.seqlen_q, case.seqlen_k
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+    named: dict[str, Any] = {
+        "softmax_scale": 1.0 / math.sqrt(d), "is_causal": case.causal,
+        "window_size_left": case.window[0], "window_size_right": case.window[1],
+        "softcap": case.softcap, "num_splits": case.num_splits,
+        "alibi_slopes": (torch.rand(hq, device="cuda", dtype=torch.float32, generator=gen)
+                         if case.alibi else None)}
+    cache_shape = (b * sk // case.paged, case.paged, hk, d) if case.paged else (b, sk, hk, d)
+    table = _table(torch, gen, b, sk // case.paged) if case.paged else None
+    if case.op == "varlen_fwd":
+        q = rand(b * sq, hq, d)
+        k, v = (rand(*cache_shape) if case.paged else rand(b * sk, hk, d) for _ in range(2))
+        named.update({
+            "q": q, "k": k, "v": v, "block_table": table,
+            "cu_seqlens_q": torch.arange(0, b + 1, device="cuda", dtype=torch.int32) * sq,
+            "cu_seqlens_k": torch.arange(0, b + 1, device="cuda", dtype=torch.int32) * sk,
+            "max_seqlen_q": sq, "max_seqlen_k": sk, "p_dropout": case.p_dropout,
+            "return_softmax": case.return_softmax,
+            "gen": (torch.Generator(device="cuda").manual_seed(121) if case.p_dropout > 0
+                    else None)})
+        return named, ()
+    kcache, vcache = rand(*cache_shape), rand(*cache_shape)
+    named.update({"q": rand(b, sq, hq, d), "kcache": kcache, "vcache": vcache,
+                  "block_table": table})
+    if case.seqlens_k:  # each sequence's cache in use: room left for what is appended
+        top = sk - case.append
+        named["seqlens_k"] = torch.randint(max(1, top // 2), top + 1, (b,), device="cuda",
+                                           dtype=torch.int32, generator=gen)
+    if case.append:
+        named["k"], named["v"] = rand(b, case.append, hk, d), rand(b, case.append, hk, d)
+        return named, (kcache, vcache)
+    return named, ()
+
+
+@dataclass(frozen=True)
+class Options:
+    """The harness's options after SO OUT.pt."""
+
+    kernels: str | None = None
+    cases: str | None = None
+    part: tuple[int, int] = (0, 1)
+
+
+def options(argv: list[str]) -> Options:
+    """`--kernels FILE`, `--cases FILE`, `--slice I/N`; ValueError in one line."""
+    found: dict[str, str] = {}
+    rest = list(argv)
+    while rest:
+        flag = rest.pop(0)
+        if flag not in ("--kernels", "--cases", "--slice") or not rest or flag in found:
+            raise ValueError(f"unknown, repeated or valueless option {flag[:40]!r}")
+        found[flag] = rest.pop(0)
+    if "--kernels" in found and "--cases" in found:
+        raise ValueError("--kernels and --cases: give one")
+    part = (0, 1)
+    if "--slice" in found:
+        i, _, n = found["--slice"].partition("/")
+        if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 1024):
+            raise ValueError(f"--slice {found['--slice'][:40]!r} is not I/N, 0 <= I < N")
+        part = (int(i), int(n))
+    return Options(found.get("--kernels"), found.get("--cases"), part)
+
+
+def gpu_of(torch: Any) -> Any:
+    """What fa2_kernels' dispatch reads of this GPU (device 0)."""
+    p = torch.cuda.get_device_properties(0)
+    return fa2.Gpu(p.major, p.minor, int(p.shared_memory_per_block_optin),
+                   int(p.shared_memory_per_multiprocessor), int(p.multi_processor_count))
+
+
+def read_cases(opts: Options) -> tuple[list[str] | None, list[Any]]:
+    """The files the options name, read before any GPU work: the kernel names of
+    `--kernels` (None without it) and the cases of `--cases`; OSError or ValueError."""
+    if opts.cases is not None:
+        with open(opts.cases, encoding="utf-8") as f:
+            return None, list(fa2.cases_from_json(json.load(f)))
+    if opts.kernels is not None:
+        with open(opts.kernels, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+        for name in names:
+            fa2.parse(name)  # a name of FA2's it cannot read: refused here
+        return names, []
+    return None, []
+
+
+def derived_cases(torch: Any, names: list[str] | None, given: list[Any]) -> list[Any]:
+    """The derived cases: those given, or those derived for this GPU from the names (the
+    fixed cases kept ahead, so that what they launch is not derived again)."""
+    if names is None:
+        return given
+    fixed = fixed_cases()
+    return list(fa2.derive(names, gpu_of(torch), first=fixed).cases[len(fixed):])
+
+
+def cases_with(opts: Options, names: list[str] | None, given: list[Any]
+               ) -> Callable[[Any, dict[str, Any]], None]:
+    """The harness's cases: the fixed ones, then the derived ones, those of its slice."""
+
+    def cases(torch: Any, saved: dict[str, Any]) -> None:
+        gen = torch.Generator(device="cuda").manual_seed(121)
+        schemas = {op: check(torch, op) for op in ("varlen_fwd", "fwd_kvcache")}
+        derived = derived_cases(torch, names, given)
+        first, count = opts.part
+        if first == 0:  # the fixed cases: one item, their inputs as before from one seed
+            varlen(torch, saved, gen)
+            kvcache(torch, saved, gen)
+        for at, case in enumerate(derived, start=1):
+            if at % count == first:
+                one(torch, saved, schemas, case)
+
+    return cases
+
+
+def one(torch: Any, saved: dict[str, Any], schemas: dict[str, Any], case: Any) -> None:
+    """A derived case run, its outputs saved under `OP/KEY`; its inputs from a seed of its
+    own (the key's CRC-32), the same whichever slice runs it."""
+    gen = torch.Generator(device="cuda").manual_seed(121 + zlib.crc32(case.key.encode()))
+    named, written = derived_inputs(torch, case, gen)
+    op = getattr(torch.ops._vllm_fa2_C, case.op)
+    values = arguments(torch, schemas[case.op], named)
+    saved[f"{case.op}/{case.key}"] = harness.first_call(torch, op, values,
+                                                        (case.op, case.key), written)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        opts = options(argv[2:])
+        names, given = read_cases(opts)
+    except (OSError, ValueError) as exc:  # fa2.NameError_ is a ValueError
+        text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        sys.stderr.write(f"usage: harness_fa2.py SO OUT.pt [--kernels F | --cases F] "
+                         f"[--slice I/N]: {text}\n")
+        return 2
+    return int(harness.run(argv[:2], "harness_fa2.py", cases_with(opts, names, given)))
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run(sys.argv[1:], "harness_fa2.py", cases))
+    sys.exit(main(sys.argv[1:]))
