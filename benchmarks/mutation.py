@@ -13,11 +13,14 @@ and the score killed / (all - not reached); then the surviving mutants by name (
 with `mutmut show NAME` in the scratch copy, whose path is printed).  Not part of CI.
 
     python benchmarks/mutation.py --promises        # the hand-written promise mutants (CI)
+    python benchmarks/mutation.py --promises --mutant 'registry, deadline'  # those named
 
 `--promises` applies each mutant of benchmarks/promise_mutants.yaml alone (a plausible
 change that breaks one promise of the verification or tagging, which mutmut's token
 operators cannot make) to a scratch copy and runs the suite named there; it exits 1 when one
 survives.  A mutant whose text is not found exactly once is an error (the file moved on).
+`--mutant TEXT` (repeatable) runs only the mutants whose promise holds TEXT, and the
+baseline of their suites only.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ SUITES: dict[str, list[str]] = {
                                      f"{U}test_flash_attn_rule.py", f"{U}test_cmake_lang.py"],
 }
 CORE = tuple(SUITES)
-COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmarks", "README.md",
-          "pyproject.toml")
+COPIED = ("sm121_build", "tests", "devkit", "patches", "dockerfiles", "benchmarks", ".ci",
+          "docs", "README.md", "pyproject.toml")
 RESULT = re.compile(r"^\s*(?P<name>\S+): (?P<status>[a-z ]+)$")
 
 
@@ -115,15 +118,20 @@ def score(module: str, tests: list[str], keep: bool, only: str | None = None,
     return counts, survivors, scratch
 
 
-def promise_mutants(keep: bool = False) -> int:
-    """Every hand-written mutant must be killed; returns the exit code."""
+def promise_mutants(keep: bool = False, chosen: list[str] | None = None) -> int:
+    """Every hand-written mutant (or those whose promise holds one of `chosen`) must be
+    killed; returns the exit code."""
     import yaml
 
     spec = yaml.safe_load((ROOT / "benchmarks" / "promise_mutants.yaml").read_text())
     suite = [str(t) for t in spec["suite"]]
+    mutants = [(number, m) for number, m in enumerate(spec["mutants"], 1)
+               if not chosen or any(c in m["promise"] for c in chosen)]
+    if not mutants:
+        print(f"error: no mutant's promise holds {chosen}", file=sys.stderr)
+        return 2
     # a mutant may name the tests that hold its promise (`suite:`), the rest run the common one
-    every = list(dict.fromkeys([*suite, *(str(t) for m in spec["mutants"]
-                                          for t in m.get("suite", []))]))
+    every = list(dict.fromkeys(str(t) for _n, m in mutants for t in m.get("suite", suite)))
     env = {**os.environ, "SM121_TEST_CACHE": str(ROOT / ".cache")}
     survivors, broken = [], []
     baseline = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -133,7 +141,7 @@ def promise_mutants(keep: bool = False) -> int:
         print(baseline.stdout[-2000:], file=sys.stderr)
         print("error: the promise suite fails without any mutant", file=sys.stderr)
         return 2
-    for number, mutant in enumerate(spec["mutants"], 1):
+    for number, mutant in mutants:
         scratch = scratch_copy("promise-sm121-")
         target = scratch / mutant["file"]
         text = target.read_text()
@@ -159,7 +167,7 @@ def promise_mutants(keep: bool = False) -> int:
             survivors.append(mutant["promise"])
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    total = len(spec["mutants"])
+    total = len(mutants)
     print(f"promise mutants: {total - len(survivors) - len(broken)} of {total} killed")
     for line in broken:
         print(f"error: mutant cannot be applied: {line}", file=sys.stderr)
@@ -182,9 +190,12 @@ def main() -> int:
                         help="Mutate one module-level function only (e.g. content_key).")
     parser.add_argument("--promises", action="store_true",
                         help="Run the hand-written promise mutants instead (no mutmut).")
+    parser.add_argument("--mutant", action="append", metavar="TEXT",
+                        help="With --promises: only the mutants whose promise holds TEXT "
+                             "(repeatable).")
     args = parser.parse_args()
     if args.promises:
-        return promise_mutants(args.keep)
+        return promise_mutants(args.keep, args.mutant)
     if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
         print("error: mutmut not installed: pip install -e '.[test,mutation]'", file=sys.stderr)
         return 2

@@ -11,6 +11,10 @@ time and memory, nothing left in the temp folder):
 - `prove`: `prove --files DIR --stock DIR` with the FAKE GPU interpreter
   (`devkit/fake_gpu`) telling a hostile story (`HOSTILE_CHILD`: floods, escapes, wrong
   types, a child that dies or leaves a grandchild running).
+- `stall`: a command that reads an image through the engine (`audit IMAGE`, `pin IMAGE`)
+  against a FAKE engine that answers its first calls (a reader container made) and then
+  stalls (`devkit/stallengine`), with SM121_ENGINE_TIMEOUT=30 and a signal once it stalled:
+  the interrupt's clean-up meets the same silence and must still end within 2 s.
 - `proof`: the proof-document reader (`kernels attest --proof`, which reads the proof
   before it asks any registry) fed hostile JSON: the real proof with one field made hostile.
 """
@@ -54,6 +58,7 @@ class RegistryWorld:
     mode: str  # devkit.hostile_registry.MODES
     signum: int | None
     delay: float
+    timeout: int = 2  # SM121_REGISTRY_TIMEOUT (9: a flood read whole passes every bound)
 
 
 def _base_env(root: Path) -> dict[str, str]:
@@ -83,7 +88,7 @@ def _registry_args(world: RegistryWorld, registry: HostileRegistry, keys: tuple[
 
 def run_registry_world(world: RegistryWorld, registry: HostileRegistry, root: Path) -> Outcome:
     """One command against `registry` in `world.mode`; every invariant checked."""
-    env = _base_env(root)
+    env = {**_base_env(root), "SM121_REGISTRY_TIMEOUT": str(world.timeout)}
     keys = registry.keys(root)
     before = snapshot(root, (root / "tmp", root / "home"))
     lost = registry.lost
@@ -118,6 +123,36 @@ def _left(outcome: Outcome, root: Path, before: dict[str, tuple[object, ...]],
     changed = sorted(set(before.items()) ^ set(after.items()))
     if changed:
         outcome.broken.append(f"inputs or unrelated files changed: {changed[:4]}")
+
+
+# -- a signal while the engine stalls ---------------------------------------------------
+
+STALL_COMMANDS = ("audit", "pin")
+STALL_ENGINE_S = 30  # SM121_ENGINE_TIMEOUT: the clean-up after a signal must not wait it
+STALL_KILL_S = 12.0
+
+
+@dataclass(frozen=True)
+class StallWorld:
+    command: str  # STALL_COMMANDS
+    signum: int | None
+    delay: float  # after the engine stalled
+
+
+def run_stall_world(world: StallWorld, root: Path) -> Outcome:
+    """`COMMAND some/image` against a stalling engine, the signal sent `delay` s after it
+    stalled; every invariant (from the signal to the end: at most 2 s)."""
+    env = {**_base_env(root), "SM121_ENGINE_TIMEOUT": str(STALL_ENGINE_S)}
+    before = snapshot(root, (root / "tmp", root / "home"))
+    with stalling_engine() as engine:
+        outcome = _run(world, [world.command, "some/image"],
+                       {**env, "DOCKER_HOST": host(engine)}, STALL_KILL_S,
+                       ready=engine.stalled)
+    _left(outcome, root, before)
+    if world.signum is not None and outcome.code != 130:
+        outcome.broken.append(f"a signal while the engine stalled: exit {outcome.code}, not "
+                              f"130: {outcome.said[-300:]}")
+    return outcome
 
 
 # -- prove --files with a hostile FAKE GPU -------------------------------------------------
@@ -249,17 +284,28 @@ def proof_paths(value: object, at: tuple[str | int, ...] = ()) -> list[tuple[str
     return found
 
 
-def hostile_proof(path: tuple[str | int, ...], value: object) -> str:
+TWICE = "\x00twice\x00"  # where the key given twice goes (a text no proof holds)
+
+
+def hostile_proof(path: tuple[str | int, ...], value: object, twice: bool = False) -> str:
     """The real proof with the value at `path` replaced by `value`, as JSON text (Python's
-    json writes NaN and a lone surrogate as a hostile document would)."""
+    json writes NaN and a lone surrogate as a hostile document would); `twice`: the key at
+    `path` given twice in its object, `value` first and the real value last (what Python's
+    json keeps: another reader may keep the first, two documents under one signature)."""
     data: Any = json.loads(REAL_PROOF.read_text())
     if not path:
         return json.dumps(value)
     holder = data
     for step in path[:-1]:
         holder = holder[step]
-    holder[path[-1]] = value
-    return json.dumps(data)
+    if not twice:
+        holder[path[-1]] = value
+        return json.dumps(data)
+    assert isinstance(path[-1], str), "only an object's key can be given twice"
+    real, holder[path[-1]] = holder[path[-1]], TWICE
+    key = json.dumps(path[-1])
+    return json.dumps(data).replace(f"{key}: {json.dumps(TWICE)}",
+                                    f"{key}: {json.dumps(value)}, {key}: {json.dumps(real)}")
 
 
 @dataclass(frozen=True)
@@ -268,6 +314,7 @@ class ProofWorld:
     value: object
     signum: int | None = None
     delay: float = 0.0
+    twice: bool = False  # the key given twice: `value` first, the real value last
 
 
 def run_proof_world(world: ProofWorld, root: Path) -> Outcome:
@@ -275,7 +322,7 @@ def run_proof_world(world: ProofWorld, root: Path) -> Outcome:
     refused in one line (exit 2 or 3), never a traceback."""
     env = _base_env(root)
     proof = root / "proof.json"
-    proof.write_text(hostile_proof(world.path, world.value), encoding="utf-8",
+    proof.write_text(hostile_proof(world.path, world.value, world.twice), encoding="utf-8",
                      errors="surrogatepass")
     private = root / "k.key"
     from devkit.keys import key_pair
@@ -288,6 +335,11 @@ def run_proof_world(world: ProofWorld, root: Path) -> Outcome:
     _left(outcome, root, before)
     if outcome.code == 0:
         outcome.broken.append("a hostile proof was attached")
+    if world.twice and world.signum is None and (
+            outcome.code != 2 or "not a proof document" not in outcome.said):
+        outcome.broken.append(f"a key given twice was not refused as no proof document "
+                              f"(exit {outcome.code}): one reader's proof is another's "
+                              f"refusal: {outcome.said[-200:]}")
     return outcome
 
 

@@ -31,6 +31,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -318,11 +319,12 @@ def refused_at_the_edge(world: World) -> bool:
 
 
 def _run(world: Signalled, args: list[str], env: dict[str, str], limit: float = RUN_S,
-         bound: float | None = None) -> Outcome:
+         bound: float | None = None, ready: threading.Event | None = None) -> Outcome:
     """Run the CLI with `args`, send the world's signal, check the invariants of any run:
     killed past `limit` s; `bound`: the seconds a run without a signal may take (its
     address space is then capped at four times the memory bound, so a run that reads
-    without end fails instead of exhausting this machine)."""
+    without end fails instead of exhausting this machine); `ready`: the signal is sent
+    `world.delay` s after it is set (a FAKE engine that stalled), not after the start."""
     peak_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "sm121_build", *args],
@@ -335,6 +337,8 @@ def _run(world: Signalled, args: list[str], env: dict[str, str], limit: float = 
     try:
         if world.signum is not None:
             tool_started(process.pid)
+            if ready is not None:
+                ready.wait(limit / 2)
             try:
                 process.wait(world.delay)
             except subprocess.TimeoutExpired:

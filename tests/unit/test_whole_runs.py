@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devkit import registry_worlds as rw
-from devkit import worlds
+from devkit import summary_worlds, worlds
 from devkit.helpers import EMULATED, EMULATED_WHY, cuda_home
 from devkit.hostile_registry import MODES, HostileRegistry, hostile_registry
 from sm121_build.jobs.commands.proof_reading import NotAProof, summarise
@@ -105,6 +105,9 @@ HOLDS = (
     rw.RegistryWorld("inject", "floodlen-blob", None, 0.0),
     rw.RegistryWorld("verify", "drip", signal.SIGINT, 1.0),
     rw.RegistryWorld("attest", "flood-upload", signal.SIGTERM, 1.2),
+    # a flood without a length and a deadline past the run's bounds (9 s of 64 MB/s: read
+    # whole, over 5 s and 500 MB): refused at its size at once, not at the deadline
+    rw.RegistryWorld("verify", "flood-token", None, 0.0, 9),
 )
 # Each broke an invariant on 81e1ac3, before issue #62's registry client (what it broke is
 # said beside it); each holds now, a seed like the others
@@ -147,7 +150,7 @@ def _registry_check(world: rw.RegistryWorld, registry: HostileRegistry) -> None:
 
 
 @pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
-@pytest.mark.parametrize("world", HOLDS, ids=[f"{w.command}-{w.mode}-{w.signum}"
+@pytest.mark.parametrize("world", HOLDS, ids=[f"{w.command}-{w.mode}-{w.signum}-{w.timeout}s"
                                               for w in HOLDS])
 def test_a_hostile_registry_keeps_every_invariant(world: rw.RegistryWorld,
                                                   registry: HostileRegistry) -> None:
@@ -235,6 +238,22 @@ def test_every_field_of_a_proof_made_hostile_is_refused_or_read() -> None:
     assert tried > 1000
 
 
+# a key given twice, the hostile value first and the real last: a strict reader's refusal
+TWICE = (rw.ProofWorld(("verdict",), "failed", twice=True),
+         rw.ProofWorld(("gpu", "target"), "sm_121", twice=True))
+
+
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
+@pytest.mark.parametrize("world", TWICE, ids=["-".join(map(str, w.path)) for w in TWICE])
+def test_a_proof_with_a_key_given_twice_is_no_proof(world: rw.ProofWorld) -> None:
+    root = worlds.fresh_root()
+    try:
+        outcome = rw.run_proof_world(world, root)
+    finally:
+        worlds.remove_root(root)
+    assert outcome.broken == [], (world, outcome.code, outcome.broken)
+
+
 _PROOFS = st.builds(rw.ProofWorld,
                     st.sampled_from(rw.proof_paths(json.loads(rw.REAL_PROOF.read_text()))),
                     st.sampled_from(rw.HOSTILE_VALUES))
@@ -252,5 +271,62 @@ def test_a_hostile_proof_document_through_the_cli() -> None:
         finally:
             worlds.remove_root(root)
         assert outcome.broken == [], (world.path, outcome.code, outcome.broken)
+
+    one()
+
+
+# -- a signal while the engine stalls (devkit/registry_worlds.py's `stall` family) ---------
+
+STALLS = (rw.StallWorld("audit", signal.SIGINT, 0.2), rw.StallWorld("pin", signal.SIGTERM, 0.5))
+
+
+@pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
+@pytest.mark.parametrize("world", STALLS, ids=[f"{w.command}-{w.signum}" for w in STALLS])
+def test_a_signal_while_the_engine_stalls_keeps_every_invariant(world: rw.StallWorld) -> None:
+    root = worlds.fresh_root()
+    try:
+        outcome = rw.run_stall_world(world, root)
+    finally:
+        worlds.remove_root(root)
+    assert outcome.broken == [], (world, outcome.code, outcome.broken, outcome.said[-300:])
+
+
+# -- the summary family (devkit/summary_worlds.py): the Markdown of --summary-md from records
+# whose every string is drawn hostile
+
+_PIECE = st.sampled_from(summary_worlds.PIECES)
+_HOSTILE_TEXT = st.one_of(
+    st.lists(st.one_of(_PIECE, st.text(max_size=6)), max_size=8).map("".join),
+    st.text(max_size=40),
+    st.tuples(_PIECE, st.integers(1100, 60_000)).map(lambda p: p[0] * (p[1] // len(p[0]))))
+_SHORT_TEXT = st.lists(st.one_of(_PIECE, st.text(max_size=6)), max_size=6).map("".join)
+
+
+def _values(fields: tuple[str, ...], short: frozenset[str] = frozenset()
+            ) -> st.SearchStrategy[dict[str, str]]:
+    return st.fixed_dictionaries({f: _SHORT_TEXT if f in short else _HOSTILE_TEXT
+                                  for f in fields})
+
+
+SUMMARY_EXAMPLES = max(EXAMPLES * 2, 60)
+
+
+def test_the_main_jobs_summary_of_generated_hostile_records() -> None:
+    @settings(max_examples=SUMMARY_EXAMPLES, deadline=None, derandomize=not RANDOM,
+              database=None, suppress_health_check=list(HealthCheck))
+    @given(_values(summary_worlds.FIELDS, summary_worlds.JOINED),
+           st.sampled_from(("hit", "refused", "miss")))
+    def one(values: dict[str, str], outcome: str) -> None:
+        assert summary_worlds.broken_run_summary(values, outcome) == []
+
+    one()
+
+
+def test_the_audits_summary_of_generated_hostile_reports() -> None:
+    @settings(max_examples=SUMMARY_EXAMPLES, deadline=None, derandomize=not RANDOM,
+              database=None, suppress_health_check=list(HealthCheck))
+    @given(_values(summary_worlds.AUDIT_FIELDS))
+    def one(values: dict[str, str]) -> None:
+        assert summary_worlds.broken_audit_summary(values) == []
 
     one()
