@@ -161,7 +161,8 @@ def run_stall_world(world: StallWorld, root: Path) -> Outcome:
 # (FAKE_AT); the other payloads answer as devkit.fake_gpu's proven story.  Each a story no
 # GPU tells, which prove must take as outside input
 HOSTILE_CHILD = ("flood", "longline", "escapes", "types", "die", "grandchild", "silent-exit",
-                 "binary", "deep", "hang")
+                 "binary", "deep", "hang", "answers")
+OVER_BUDGET = 30_000  # `answers`: valid, distinct answers, past what one child's may keep
 HOSTILE_AT = ("load_cubins.py", "harness_", "compare_outputs.py")
 PROVE_TIMEOUT = "2"  # prove --timeout: a child that floods or hangs is ended then
 PROVE_BOUND_S = 20.0
@@ -212,6 +213,11 @@ if mode == "grandchild":
     child = subprocess.Popen(["sleep", "600"], start_new_session=True)
     Path(os.environ["FAKE_PIDS"], str(child.pid)).write_text(str(child.pid))
     sys.exit(0)
+if mode == "answers":
+    for number in range(int(os.environ["FAKE_ANSWERS"])):
+        say(op="gptq", case=f"c{number}", first_s=1.0, key=f"gptq/c{number}",
+            bitwise_equal=True, max_abs_diff=0.0, max_ulp=0)
+    sys.exit(0)
 if mode == "binary":
     sys.stdout.buffer.write(bytes(range(256)) * 64 + b"\xff\xfe\n"); sys.exit(0)
 if mode == "deep":
@@ -241,7 +247,8 @@ def run_prove_world(world: ProveWorld, pair: tuple[Path, Path], root: Path) -> O
                            "--json", str(out), "--python", str(python), "--timeout",
                            PROVE_TIMEOUT],
                    {**env, "FAKE_HOSTILE": world.mode, "FAKE_AT": world.at,
-                    "FAKE_PIDS": str(pids), "FAKE_STORY": FAKE_PYTHON},
+                    "FAKE_PIDS": str(pids), "FAKE_STORY": FAKE_PYTHON,
+                    "FAKE_ANSWERS": str(OVER_BUDGET)},
                    PROVE_BOUND_S + 10, PROVE_BOUND_S)
     _left(outcome, root, before, skip)
     for record in pids.iterdir():
@@ -254,6 +261,11 @@ def run_prove_world(world: ProveWorld, pair: tuple[Path, Path], root: Path) -> O
         os.kill(pid, signal.SIGKILL)
     if outcome.code == 0 and world.signum is None and world.mode != "silent-exit":
         outcome.broken.append("a hostile child's story was taken for a proof (exit 0)")
+    if world.mode == "answers" and world.signum is None and "said more than" not in \
+            outcome.said:
+        outcome.broken.append(f"a child's {OVER_BUDGET:,} answers, past what one child's "
+                              f"may keep, were not refused so: exit {outcome.code}: "
+                              f"{outcome.said[-300:]}")
     return outcome
 
 

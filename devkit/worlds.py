@@ -446,10 +446,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--family", choices=("files", "registry"), default="files",
-                        help="hostile files and tools (default), or a hostile registry "
-                             "(devkit/registry_worlds.py)")
+    parser.add_argument("--family", choices=("files", "registry", "ci"), default="files",
+                        help="hostile files and tools (default), a hostile registry "
+                             "(devkit/registry_worlds.py), or a hostile machine for "
+                             ".ci/system (devkit/ci_worlds.py)")
     args = parser.parse_args()
+    if args.family == "ci":
+        from devkit.ci_worlds import run_ci_family
+
+        broken = run_ci_family(args.runs, random.Random(args.seed))
+        print(f"{args.runs} runs, {broken} broke an invariant")
+        sys.exit(1 if broken else 0)
     if args.family == "registry":
         from devkit.registry_worlds import run_registry_family
 

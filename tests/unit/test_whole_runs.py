@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devkit import ci_worlds as cw
 from devkit import registry_worlds as rw
 from devkit import summary_worlds, worlds
 from devkit.helpers import EMULATED, EMULATED_WHY, cuda_home
@@ -190,7 +191,8 @@ PROVE = (rw.ProveWorld("flood", "load_cubins.py", None, 0.0),
          rw.ProveWorld("escapes", "harness_", None, 0.0),
          rw.ProveWorld("die", "harness_", None, 0.0),
          rw.ProveWorld("deep", "compare_outputs.py", None, 0.0),
-         rw.ProveWorld("hang", "harness_", signal.SIGINT, 0.8))
+         rw.ProveWorld("hang", "harness_", signal.SIGINT, 0.8),
+         rw.ProveWorld("answers", "harness_", None, 0.0))
 
 
 @pytest.fixture(scope="module")
@@ -328,5 +330,58 @@ def test_the_audits_summary_of_generated_hostile_reports() -> None:
     @given(_values(summary_worlds.AUDIT_FIELDS))
     def one(values: dict[str, str]) -> None:
         assert summary_worlds.broken_audit_summary(values) == []
+
+    one()
+
+
+# -- the ci family (devkit/ci_worlds.py): .ci/system in a mount namespace of its own against a
+# hostile machine (a docker that hangs, floods, exits odd; sockets; links planted in /tmp)
+
+CI = (cw.CiWorld("hang", "none", "log-link", "docker-ce", None, True),
+      cw.CiWorld("hang-child", "silent", "dir-link", "docker.io", None, True),
+      cw.CiWorld("fails", "full", "none", "docker.io", "unix://SOCKET", True),
+      cw.CiWorld("answers", "stale", "log-link", "docker-ce-cli", "tcp://127.0.0.1:9", False))
+CI_KNOWN = (cw.CiWorld("fails", "none", "log-link", "none", None, True),
+            cw.CiWorld("fails", "none", "none", "docker-ce", "unix://a b\nerror: forged", True))
+
+
+def _ci_check(world: cw.CiWorld) -> None:
+    why = cw.ci_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    root = worlds.fresh_root()
+    try:
+        outcome = cw.run_ci_world(world, root)
+    finally:
+        worlds.remove_root(root)
+    assert outcome.broken == [], (world, outcome.code, outcome.broken)
+
+
+@pytest.mark.parametrize("world", CI, ids=[f"{w.docker}-{w.sockets}-{w.plant}" for w in CI])
+def test_ci_system_on_a_hostile_machine(world: cw.CiWorld) -> None:
+    _ci_check(world)
+
+
+@pytest.mark.xfail(reason=".ci/system's known defects (devkit/ci_worlds.KNOWN)", strict=False)
+@pytest.mark.parametrize("world", CI_KNOWN, ids=[cw.known(w) or "" for w in CI_KNOWN])
+def test_ci_system_known_defects(world: cw.CiWorld) -> None:
+    _ci_check(world)
+
+
+_CI_WORLDS = st.builds(cw.CiWorld, st.sampled_from(cw.DOCKERS), st.sampled_from(cw.SOCKETS),
+                       st.sampled_from(cw.PLANTS), st.sampled_from(cw.INSTALLED),
+                       st.sampled_from(cw.HOSTS), st.booleans()
+                       ).filter(lambda w: cw.known(w) is None)
+
+
+def test_ci_system_on_generated_hostile_machines() -> None:
+    if cw.ci_unavailable() is not None:
+        pytest.skip(cw.ci_unavailable() or "")
+
+    @settings(max_examples=max(EXAMPLES // 5, 4), deadline=None, derandomize=not RANDOM,
+              database=None, suppress_health_check=list(HealthCheck))
+    @given(_CI_WORLDS)
+    def one(world: cw.CiWorld) -> None:
+        _ci_check(world)
 
     one()
