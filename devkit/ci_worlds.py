@@ -195,24 +195,6 @@ def starts_an_engine(world: CiWorld) -> bool:
 
 # Worlds that break an invariant on this commit (.ci/system's, reported in issue #62's
 # thread; the nightly's `--family ci` prints them, CI's generated worlds leave them out):
-KNOWN = {
-    "silent-wait": "an engine it started that never answers: after its 60 probes the last "
-                   "`engine_answers --format` fails under `set -e`, exit 1 with no error line",
-    "forged-line": "DOCKER_HOST with a newline or an escape is echoed raw in the error line: "
-                   "a second `error:` line, a raw control character",
-}
-
-
-def known(world: CiWorld) -> str | None:
-    """Which of KNOWN the world meets, or None."""
-    if starts_an_engine(world):
-        return "silent-wait"
-    if world.docker_host is not None and (RAW.search(world.docker_host)
-                                          or "\n" in world.docker_host):
-        return "forged-line"
-    return None
-
-
 def bound(world: CiWorld) -> float:
     """The seconds the script may take in `world`: a few probes, each its deadline and the
     2 s kill after it, and the wait for an engine it started (probes that fail at once)."""
@@ -310,7 +292,7 @@ def random_ci_world(rng: random.Random) -> CiWorld:
 
 def run_ci_family(runs: int, rng: random.Random) -> int:
     """`python -m devkit.worlds --family ci`: `runs` random worlds, each broken invariant
-    printed (with the KNOWN defect it meets); how many broke one."""
+    printed; how many broke one."""
     why = ci_unavailable()
     if why is not None:
         print(f"the ci family cannot run here: {why}")
@@ -327,6 +309,6 @@ def run_ci_family(runs: int, rng: random.Random) -> int:
             remove_root(root)
         if outcome.broken:
             broken += 1
-            print(f"run {i}: {world} (known: {known(world)})\n  "
+            print(f"run {i}: {world}\n  "
                   + "\n  ".join(outcome.broken), flush=True)
     return broken
