@@ -21,7 +21,11 @@ from sm121_build.jobs.commands.kernels_image import (
     publish,
     require_repository,
 )
-from sm121_build.jobs.commands.proof_reading import read_proof, require_proof_of
+from sm121_build.jobs.commands.proof_reading import (
+    read_proof,
+    require_proof_of,
+    require_verdict,
+)
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 
@@ -62,7 +66,13 @@ def verify_command(ref: str, trust_key: Path) -> None:
                  "signs the proof's statement too.", required=True)
 @trust_key_option("Attach the proof only when PROOF.sig is signed by this public key "
                   "(`prove --sign-key`); exit 3 otherwise.")
-def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None) -> None:
+@click.option("--partial-proof", "partial", is_flag=True,
+              help="Attach a partial proof (some added kernels never launched by a case) "
+                   "as partial: its statement carries its coverage, and `kernels verify` "
+                   "and `--kernels-from` say \"partial (proven for X of Y added kernels; "
+                   "...)\".  Without it a partial proof is refused (exit 3).")
+def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None,
+                   partial: bool) -> None:
     """Attach a proof beside the kernels image REF already in its registry, as `publish
     --proof` does: checked against the files REF's signed provenance lists (proven, byte for
     byte, on the GPU they serve), then signed with the key that signed that provenance.
@@ -71,8 +81,9 @@ def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None
     validate_image_ref(ref)
     signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD"))
     read = read_proof(proof, TrustKey.load(trust_key) if trust_key else None)
+    require_verdict(read[1], str(proof), partial)  # before the registry is asked
     notice(read[1].line())
-    say(shown(attach_proof(ref, read, signing, sign_key)))
+    say(shown(attach_proof(ref, read, signing, sign_key, partial)))
 
 
 @kernels.command("publish")
@@ -96,10 +107,16 @@ def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None
               help="Attach this proof (`sm121-build prove --json PROOF` of these files, "
                    "proven) as a statement --sign-key signs; `kernels verify` and "
                    "`--kernels-from` show it.  Refused (exit 3) when it is not of DIR's files, "
-                   "byte for byte, on the GPU they serve.")
+                   "byte for byte, on the GPU they serve, or partial without "
+                   "--partial-proof.")
+@click.option("--partial-proof", "partial", is_flag=True,
+              help="Attach a partial proof (some added kernels never launched by a case) "
+                   "as partial: its statement carries its coverage, and `kernels verify` "
+                   "and `--kernels-from` say \"partial (proven for X of Y added kernels; "
+                   "...)\".  Without it a partial proof is refused (exit 3).")
 def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PLR0913
                     sign_key: Path | None, replace_tag: bool, trust_key: Path | None,
-                    proof: Path | None) -> None:
+                    proof: Path | None, partial: bool) -> None:
     """Build the kernels image of DIR (FROM scratch: the files at their paths in the base,
     the manifest, labels) and push it as REPO:k-<reuse key>, REPO:<version>-<commit>-<cuXYZ>-<arch>
     and REPO:<TAG>."""
@@ -107,6 +124,8 @@ def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PL
     if proof is not None and sign_key is None:
         raise click.UsageError("--proof is attached as a statement the key signs: give "
                                "--sign-key KEY")
+    if partial and proof is None:
+        raise click.UsageError("--partial-proof says how --proof is attached: give --proof")
     signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
     trusted = TrustKey.load(trust_key) if trust_key else None
     found = load(folder, trusted)  # every file and its sha256 before the engine is asked
@@ -114,7 +133,7 @@ def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PL
     if proof is not None:  # and the proof, before the engine is asked
         attached, summary = read_proof(proof, trusted)
         require_proof_of(summary, found.manifest.digests,
-                         found.provenance.served, str(proof))
+                         found.provenance.served, str(proof), partial)
         notice(summary.line())
     pipeline = Pipeline.connect()
     log = pipeline.new_log("kernels")

@@ -57,8 +57,14 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     FA2 (`_vllm_fa2_C`: varlen_fwd, fwd_kvcache) and `_C` (the Marlin repack ops), the
     ops run on seeded inputs: the stock file with the driver's JIT (the reference), the
     stock file without it (which must fail), the aot'd file without it; the outputs are
-    compared bit for bit and each first call timed.  Exit 3 when anything is not proven.
+    compared bit for bit and each first call timed; the aot'd file's run records which
+    of its added kernels each case launched (torch's profiler).  The verdict is `proven`
+    only when every added kernel launched in a case compared bitwise equal; `partial` when
+    nothing differs but some were never launched (exit 0, with a `warning: partial: proven
+    for X of Y added kernels; Z never launched` line; `kernels publish --proof` refuses it
+    without --partial-proof); exit 3 when anything differs or fails.
     """
+    from sm121_build.core.console import notice
     from sm121_build.core.outputs import refuse_onto_inputs, replace_bytes
     from sm121_build.jobs.commands.prove_document import document, say_proof
     from sm121_build.jobs.commands.proving import HostChildren, run_prove
@@ -101,3 +107,5 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     if problems:
         raise VerificationError(f"not proven: {len(problems)} problem(s); the first: "
                                 f"{problems[0]}")
+    if proof.verdict == "partial":
+        notice(f"warning: partial: {proof.coverage_line()} (the proof lists them)")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from devkit.fake_gpu import covered
 from devkit.helpers import ROOT, cli, one_line_error
 from devkit.keys import key_pair
 from sm121_build.core.errors import Sm121Error, VerificationError
@@ -33,13 +34,22 @@ def _real() -> dict[str, Any]:
 
 
 def test_the_real_proof_reads_as_one_line() -> None:
+    """The real proof is of format 2 (before coverage was measured): read, as partial."""
     summary = summarise(_real())
     assert summary.line() == (
-        "proven on NVIDIA H200 (sm_90), driver 580.159.04 (CUDA 13.0), "
-        f"{_real()['made'][:10]}: 64/64 added cubins load with the JIT off, 2,005/2,005 "
-        "kernels found, 26/26 op cases bitwise equal to the stock JIT")
+        "partial (coverage not measured: a format-2 proof) on NVIDIA H200 (sm_90), driver "
+        f"580.159.04 (CUDA 13.0), {_real()['made'][:10]}: 64/64 added cubins load with the "
+        "JIT off, 2,005/2,005 kernels found, 26/26 op cases bitwise equal to the stock JIT")
     files = {f["name"]: f["sha256"] for f in _real()["files"]}
     assert summary.mismatch(files) is None
+    with pytest.raises(VerificationError, match=r"proof.json is partial \(coverage not "
+                       r"measured: a format-2 proof\): not attached as a whole proof"):
+        require_proof_of(summary, files, "sm_90", "proof.json")
+    require_proof_of(summary, files, "sm_90", "proof.json", partial=True)
+    summary = summarise(covered(_real()))  # FAKE: every kernel launched
+    assert summary.verdict == "proven"
+    assert summary.line().endswith("26/26 op cases bitwise equal to the stock JIT; proven "
+                                   "for 2,005 of 2,005 added kernels; 0 never launched")
     require_proof_of(summary, files, "sm_90", "proof.json")
     with pytest.raises(VerificationError, match="proven on sm_90; these kernels serve sm_121"):
         require_proof_of(summary, files, "sm_121", "proof.json")
@@ -150,7 +160,7 @@ def test_its_signature_is_checked_when_a_key_is_trusted(tmp_path: Path) -> None:
         read_proof(proof, trust)  # no proof.json.sig
     body = proof.read_bytes()
     signature_of(proof).write_text(SigningKey.load(private, None).sign(body) + "\n")
-    assert read_proof(proof, trust)[1].verdict == "proven"
+    assert read_proof(proof, trust)[1].verdict == "partial"  # format 2
     assert read_proof(proof, None)[0] == json.loads(body)
     with pytest.raises(Untrusted):
         read_proof(proof, TrustKey.load(theirs))
@@ -213,7 +223,8 @@ def test_a_proof_of_some_of_the_files_is_not_whole() -> None:
     files = {f["name"]: f["sha256"] for f in _real()["files"]}
     with pytest.raises(VerificationError, match=r"not whole: it does not prove 1 of their 3 "
                        r"files: _moe_C\.abi3\.so"):
-        require_proof_of(summary, {**files, "_moe_C.abi3.so": "0" * 64}, "sm_90", "p")
+        require_proof_of(summary, {**files, "_moe_C.abi3.so": "0" * 64}, "sm_90", "p",
+                         partial=True)
 
 
 def test_a_value_of_the_document_in_a_message_is_cut() -> None:
@@ -232,3 +243,162 @@ def test_the_line_of_a_proof_shows_its_names_cut() -> None:
     line = summarise(data).line()
     assert "G" * 200 + "…(800 more bytes)" in line and "\x1b" not in line
     assert len(line) < 900
+
+
+def _partial() -> dict[str, Any]:
+    """FAKE coverage on the real proof: two of `_C.abi3.so`'s kernels never launched."""
+    return covered(_real(), {"_C.abi3.so": ["_Z6never1v", "_Z6never2v"]})
+
+
+def test_a_partial_proof_says_how_much_and_travels_only_when_asked() -> None:
+    """Issue 63: a proof whose cases did not launch every added kernel is `partial`, its
+    line names the coverage, and it is attached only with --partial-proof."""
+    data = _partial()
+    summary = summarise(data)
+    assert summary.verdict == "partial"
+    assert summary.line().startswith("partial (proven for 2,003 of 2,005 added kernels; 2 "
+                                     "never launched) on NVIDIA H200 (sm_90)")
+    files = {f["name"]: f["sha256"] for f in data["files"]}
+    with pytest.raises(VerificationError, match=r"p is partial \(proven for 2,003 of 2,005 "
+                       r"added kernels; 2 never launched\): not attached as a whole proof"):
+        require_proof_of(summary, files, "sm_90", "p")
+    require_proof_of(summary, files, "sm_90", "p", partial=True)
+    data["verdict"] = "failed"
+    data["problems"] = ["x"]
+    with pytest.raises(VerificationError, match="its verdict is failed"):
+        require_proof_of(summarise(data), files, "sm_90", "p", partial=True)
+
+
+def _coverage_broken(change: str) -> object:  # noqa: C901, PLR0912 - one case a branch
+    data = _partial()
+    first = data["files"][0]
+    cover = first["coverage"]
+    if change == "proven-but-partial":
+        data["verdict"] = "proven"
+    elif change == "partial-but-whole":
+        data = covered(_real())
+        data["verdict"] = "partial"
+    elif change == "partial-with-a-problem":
+        data["problems"] = ["x"]
+    elif change == "partial-left-out":
+        data["left_out"] = [{"name": "_moe_C.abi3.so", "why": "no stock file"}]
+    elif change == "partial-op-differs":
+        data["ops"][0]["bitwise_equal"] = False
+    elif change == "launched-past-added":
+        cover["launched"] = cover["added"] + 1
+    elif change == "compared-past-launched":
+        cover["compared"] = cover["launched"] + 1
+    elif change == "never-does-not-add-up":
+        cover["never_launched"] = cover["never_launched"][:1]
+    elif change == "never-twice":
+        cover["never_launched"] = ["_Z6never1v", "_Z6never1v"]
+    elif change == "never-not-names":
+        cover["never_launched"] = [1, 2]
+    elif change == "never-empty-name":
+        cover["never_launched"] = ["", "_Z6never2v"]
+    elif change == "never-huge-list":
+        cover["never_launched"] = [f"k{n}" for n in range(1_000_001)]
+    elif change == "unreachable-and-never":
+        cover["unreachable"] = [{"name": "_Z6never1v", "why": "a trap stub"}]
+        cover["launched"] -= 1
+        cover["compared"] -= 1
+    elif change == "unreachable-no-why":
+        cover["unreachable"] = [{"name": "_Z1xv"}]
+        cover["launched"] -= 1
+        cover["compared"] -= 1
+    elif change == "bool-count":
+        cover["added"] = True
+    elif change == "huge-count":
+        cover["added"] = 2**40
+    elif change == "no-coverage":
+        del first["coverage"]
+    elif change == "recorder-type":
+        cover["recorder"] = ["x"]
+    elif change == "sum-wrong":
+        data["coverage"]["never_launched"] = 0
+    elif change == "sum-bool":
+        data["coverage"]["unreachable"] = False
+    elif change == "no-sum":
+        del data["coverage"]
+    elif change == "partial-format-2":
+        data["format"] = 2
+    return data
+
+
+@pytest.mark.parametrize("change", [
+    "proven-but-partial", "partial-but-whole", "partial-with-a-problem", "partial-left-out",
+    "partial-op-differs", "launched-past-added", "compared-past-launched",
+    "never-does-not-add-up", "never-twice", "never-not-names", "never-empty-name",
+    "never-huge-list", "unreachable-and-never", "unreachable-no-why", "bool-count",
+    "huge-count", "no-coverage", "recorder-type", "sum-wrong", "sum-bool", "no-sum",
+    "partial-format-2"])
+def test_coverage_that_does_not_hold_is_no_proof(change: str) -> None:
+    """Issue 63: the coverage is checked as every field is (types, bounds, the counts add
+    up, no name twice, the file's and the whole's agree), and the verdict against it:
+    "proven" over a kernel never launched, "partial" over nothing missing or over a
+    problem, is no proof."""
+    with pytest.raises(NotAProof):
+        summarise(_coverage_broken(change))
+
+
+def test_a_partial_proof_with_unreachable_kernels_reads() -> None:
+    data = _partial()
+    cover = data["files"][0]["coverage"]
+    cover["unreachable"] = [{"name": "_Z4trapv", "why": "SASS: BPT.TRAP only"}]
+    cover["launched"] -= 1
+    cover["compared"] -= 1
+    data["coverage"].update(unreachable=1, launched=data["coverage"]["launched"] - 1,
+                            compared=data["coverage"]["compared"] - 1)
+    assert str(summarise(data).coverage) == ("proven for 2,002 of 2,005 added kernels; 2 "
+                                             "never launched, 1 unreachable")
+
+
+def test_kernels_publish_and_attest_refuse_a_partial_proof_offered_whole(
+        tmp_path: Path) -> None:
+    """Issue 63: `kernels publish --proof` and `kernels attest` refuse a partial proof in
+    one line (exit 3) naming its coverage, before any registry or engine is asked; with
+    --partial-proof it goes on (here to the registry nobody listens on)."""
+    proof = tmp_path / "partial.json"
+    proof.write_text(json.dumps(_partial()))
+    private, _public = key_pair(tmp_path, "k")
+    line = one_line_error(cli("kernels", "attest", "127.0.0.1:9/k:t", "--proof", str(proof),
+                              "--sign-key", str(private)), 3)
+    assert "is partial (proven for 2,003 of 2,005 added kernels; 2 never launched)" in line
+    assert "--partial-proof" in line
+    done = cli("kernels", "attest", "127.0.0.1:9/k:t", "--proof", str(proof), "--sign-key",
+               str(private), "--partial-proof", env={"SM121_REGISTRY_TIMEOUT": "2"})
+    assert done.returncode == 7, done.stderr  # past the verdict: the registry is asked
+    artifacts = _artifacts(tmp_path / "artifacts")
+    publish = ("kernels", "publish", "--artifacts", str(artifacts), "--to", "127.0.0.1:9/k",
+               "--sign-key", str(private), "--proof", str(proof))
+    env = {"DOCKER_HOST": "unix:///nonexistent.sock"}  # exit 4 if the engine were asked
+    line = one_line_error(cli(*publish, env=env), 3)
+    assert "is partial (proven for 2,003 of 2,005 added kernels; 2 never launched): not " \
+        "attached as a whole proof (give --partial-proof" in line
+    line = one_line_error(cli(*publish, "--partial-proof", env=env), 3)
+    assert "is not a proof of these kernels" in line  # past the verdict: the files differ
+    line = one_line_error(cli("kernels", "publish", "--artifacts", str(artifacts), "--to",
+                              "127.0.0.1:9/k", "--proof", str(REAL), "--partial-proof"))
+    assert "--proof is attached as a statement the key signs" in line
+    line = one_line_error(cli("kernels", "publish", "--artifacts", str(artifacts), "--to",
+                              "127.0.0.1:9/k", "--partial-proof", "--sign-key",
+                              str(private)))
+    assert "--partial-proof says how --proof is attached: give --proof" in line
+
+
+def _artifacts(folder: Path) -> Path:
+    """An artifacts folder `kernels publish` loads: one ELF file, its manifest."""
+    import shutil
+    import sys
+
+    from sm121_build.jobs.formats.artifacts import sha256_of
+
+    folder.mkdir()
+    shutil.copy(Path(sys.executable).resolve(), folder / "_C.abi3.so")
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": 1, "base": "vllm/vllm-openai:x", "base_digest": "sha256:" + "a" * 64,
+        "vllm_version": "0.33.0", "vllm_commit": "b" * 40, "arch_list": "9.0",
+        "patches": "none", "package_dir": "/usr/local/lib/python3.12/dist-packages/vllm",
+        "tool_version": "0", "files": {"_C.abi3.so": {
+            "sha256": sha256_of(folder / "_C.abi3.so"), "mode": "755"}}}))
+    return folder

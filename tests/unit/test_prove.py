@@ -199,12 +199,14 @@ def test_the_proof_schema_is_closed() -> None:
     jsonschema.Draft202012Validator.check_schema(loaded)
     assert loaded["additionalProperties"] is False
     proven_with_a_problem = {
-        "format": 2, "tool_version": "0", "made": "2026-11-28T04:10:00Z",
+        "format": 3, "tool_version": "0", "made": "2026-11-28T04:10:00Z",
         "subject": {"image": None, "image_id": None, "base": None, "files": "f", "stock": "s"},
         "gpu": {
             "name": "g", "compute_capability": "9.0", "target": "sm_90", "driver_cuda": "13.0",
             "driver_version": None},
         "files": [], "ops": [], "stock_without_jit": [], "verdict": "proven",
+        "coverage": {"added": 0, "launched": 0, "compared": 0, "never_launched": 0,
+                     "unreachable": 0},
         "problems": ["x"]}
     with pytest.raises(jsonschema.ValidationError):
         _check(proven_with_a_problem)

@@ -201,11 +201,11 @@ def publish(engine: ImageEngine, found: artifacts_mod.Artifacts, target: Publica
 
 
 def attach_proof(ref: str, proof: tuple[dict[str, Any], ProofSummary],
-                 key: cosign.SigningKey, key_path: Path) -> str:
+                 key: cosign.SigningKey, key_path: Path, partial: bool = False) -> str:
     """`kernels attest`: a checked proof attached beside a kernels image already in its
     registry, as `publish --proof` attaches it, and signed by the key that signed the image's
-    provenance (its statement is how the image's files are known: nothing is pulled).
-    Returns the statement's tag."""
+    provenance (its statement is how the image's files are known: nothing is pulled); a
+    partial one only when `partial` (`--partial-proof`).  Returns the statement's tag."""
     name, tag, digest = split_ref(ref)
     registry = Registry(name)
     digest = digest or registry.digest(tag or "latest")
@@ -216,7 +216,7 @@ def attach_proof(ref: str, proof: tuple[dict[str, Any], ProofSummary],
     manifest = artifacts_mod.Manifest.from_json(listed)
     document, summary = proof
     require_proof_of(summary, manifest.digests,
-                     manifest.provenance.served, f"the proof for {name}@{digest}")
+                     manifest.provenance.served, f"the proof for {name}@{digest}", partial)
     return cosign.attest(registry, digest, key, PROOF_TYPE, document)
 
 

@@ -1,8 +1,13 @@
 """A proof document read back: from a file (`kernels publish --proof`) or a registry's signed
 statement (`kernels verify`, `--kernels-from`), as outside input.  Every field is checked for
 type and bound, and the verdict against the counts it rests on: a document that says
-"proven" over a cubin that did not load is no proof.  Its one line is what a user is shown:
-"proven on NVIDIA GB10 (sm_121), driver 580.95.05 (CUDA 13.0), 2026-11-28: ..."."""
+"proven" over a cubin that did not load, or over an added kernel never launched, is no
+proof.  Its one line is what a user is shown: "proven on NVIDIA GB10 (sm_121), driver
+580.95.05 (CUDA 13.0), 2026-11-28: ...", or "partial (proven for X of Y added kernels; Z
+never launched) on ...".
+
+A proof of format 2 (before coverage was measured) is read, but as `partial` whatever it
+says: no one knows which of its added kernels a case launched ("coverage not measured")."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import posixpath
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,7 @@ from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.core.inputs import InputRefused, kind_of, read_input
 from sm121_build.core.strict_json import strict_loads
 from sm121_build.image.cosign import TrustKey, Untrusted
-from sm121_build.jobs.commands.prove_document import FORMAT
+from sm121_build.jobs.commands.prove_document import FORMAT, coverage_line
 
 # the in-toto predicate type a proof is attached to a kernels image under
 PROOF_TYPE = "https://sm121-build.dev/proof/v1"
@@ -29,6 +34,10 @@ MAX_PROOF = 32 << 20  # bytes of a proof document: ~2 KB a file, ~300 B a cubin 
 MAX_ITEMS = 100_000  # files, cubins of a file, ops
 MAX_TEXT = 1_000
 MAX_SIGNATURE = 4 << 10
+MAX_KERNEL_NAME = 64 << 10  # a mangled kernel name (CUTLASS's run to a few thousand)
+MAX_KERNELS = 1_000_000  # names a file's coverage lists
+OLD_FORMAT = 2  # read as partial: its coverage was not measured
+UNMEASURED = "coverage not measured: a format-2 proof"
 _TARGET = re.compile(r"sm_[0-9]{2,3}\Z", re.ASCII)
 _CUDA = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\Z", re.ASCII)
 _MADE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z", re.ASCII)
@@ -61,6 +70,21 @@ class Counted:
 
 
 @dataclass(frozen=True)
+class KernelCoverage:
+    """The added kernels of a proof's files: how many, how many a case compared equal
+    launched, how many never launched and how many shown unreachable."""
+
+    added: int
+    compared: int
+    never_launched: int
+    unreachable: int
+
+    def __str__(self) -> str:
+        return coverage_line(self.added, self.compared, self.never_launched,
+                             self.unreachable)
+
+
+@dataclass(frozen=True)
 class ProofSummary:
     """What a proof says, checked: the GPU and driver it ran on, when, its verdict, the
     files it proved (name, sha256), and the counts the verdict rests on."""
@@ -75,14 +99,24 @@ class ProofSummary:
     cubins: Counted  # added cubins loaded with the JIT disabled
     kernels: Counted  # their kernels found by name
     ops: Counted  # op cases bitwise equal to the stock JIT's
+    coverage: KernelCoverage | None = None  # None: a format-2 proof (not measured)
+
+    @property
+    def how_much(self) -> str:
+        """`proven for X of Y added kernels; Z never launched`, or that it is not known."""
+        return UNMEASURED if self.coverage is None else str(self.coverage)
 
     def line(self) -> str:
-        """`proven on NVIDIA GB10 (sm_121), driver 580.95.05 (CUDA 13.0), 2026-11-28: ...`"""
+        """`proven on NVIDIA GB10 (sm_121), driver 580.95.05 (CUDA 13.0), 2026-11-28: ...`;
+        `partial (proven for X of Y added kernels; Z never launched) on ...`."""
         driver = f"driver {shown_cut(self.driver)} " if self.driver else "driver "
-        return (f"{self.verdict} on {shown_cut(self.gpu)} ({self.target}), {driver}(CUDA "
+        verdict = f"partial ({self.how_much})" if self.verdict == "partial" else self.verdict
+        launched = "" if self.coverage is None or self.verdict == "partial" else \
+            f"; {self.how_much}"
+        return (f"{verdict} on {shown_cut(self.gpu)} ({self.target}), {driver}(CUDA "
                 f"{self.driver_cuda}), {self.made[:10]}: {self.cubins} added cubins load with "
                 f"the JIT off, {self.kernels} kernels found, {self.ops} op cases bitwise equal "
-                "to the stock JIT")
+                f"to the stock JIT{launched}")
 
     def mismatch(self, files: Mapping[str, str]) -> str | None:
         """Why the proof is not of these files (name -> sha256), or None when it proves
@@ -163,8 +197,9 @@ def summarise(data: object) -> ProofSummary:
     _plain(data)
     _need(isinstance(data, dict), "not a JSON object")
     assert isinstance(data, dict)
-    _need(data.get("format") == FORMAT, f"format {shown_cut(data.get('format'))} is not "
-          f"{FORMAT}")
+    form = data.get("format")
+    _need(type(form) is int and form in (OLD_FORMAT, FORMAT), f"format {shown_cut(form)} is "
+          f"not {FORMAT} (nor {OLD_FORMAT}, read as partial)")
     gpu = data.get("gpu")
     _need(isinstance(gpu, dict), "gpu is not an object")
     assert isinstance(gpu, dict)
@@ -172,6 +207,7 @@ def summarise(data: object) -> ProofSummary:
     files, cubins, kernels = [], [0, 0], [0, 0]
     evidence: dict[str, int] = {}  # a file -> its cubins with kernels, loaded, all found
     harnessed = set()
+    covers: list[tuple[int, int, int, int, bool]] = []
     for item in _items(data, "files"):
         name = _name(item.get("name"))
         _need(name not in evidence, f"{shown_cut(name)} is listed twice")
@@ -191,6 +227,8 @@ def summarise(data: object) -> ProofSummary:
             kernels[0] += min(found, wanted)
             kernels[1] += wanted
             evidence[name] += loaded and 0 < wanted == found
+        if form == FORMAT:
+            covers.append(_coverage(item.get("coverage"), name))
     raw_ops = _items(data, "ops")
     ops = [o.get("bitwise_equal") for o in raw_ops]
     _need(all(o is None or isinstance(o, bool) for o in ops), "an op's bitwise_equal is "
@@ -202,24 +240,88 @@ def summarise(data: object) -> ProofSummary:
     left_out = data.get("left_out", [])  # absent in proofs made before it was said
     _need(isinstance(left_out, list), "left_out is not a list")
     verdict = _text(data.get("verdict"), "verdict")
-    _need(verdict in ("proven", "failed"), f"verdict {shown_cut(verdict)!r} is neither proven "
-          "nor failed")
+    _need(verdict in ("proven", "failed") or (verdict == "partial" and form == FORMAT),
+          f"verdict {shown_cut(verdict)!r} is not proven, partial or failed")
+    covered = None if form != FORMAT else _whole_coverage(data.get("coverage"), covers)
     summary = ProofSummary(
         _text(gpu.get("name"), "the GPU's name"), _text(gpu.get("target"), "target", _TARGET),
         None if driver is None else _text(driver, "the driver's version"),
         _text(gpu.get("driver_cuda"), "driver_cuda", _CUDA),
         _made(data.get("made")), verdict, tuple(files),
-        Counted(*cubins), Counted(*kernels), Counted(sum(o is True for o in ops), len(ops)))
-    if verdict == "proven":
+        Counted(*cubins), Counted(*kernels), Counted(sum(o is True for o in ops), len(ops)),
+        covered)
+    whole = all(cover[4] for cover in covers)
+    _need(verdict != "proven" or whole, "it says proven, but not every added kernel was "
+          "launched by a case compared equal (" + (str(covered) if covered else "") + ")")
+    _need(verdict != "partial" or not whole, "it says partial, but every added kernel was "
+          "launched by a case compared equal")
+    if verdict in ("proven", "partial"):
         _need(not left_out, f"it says proven, but leaves out {len(left_out)} file(s) of its "
               "subject")
         _need(_unfounded(summary, evidence, harnessed, (op_files, stock_files)) is None
               and all(s is True for s in stock) and data.get("problems") == [],
-              "it says proven, but " + (_unfounded(summary, evidence, harnessed,
-                                                  (op_files, stock_files))
-                                        or "a stock file ran with the JIT off or a problem is "
-                                        "listed"))
+              f"it says {verdict}, but " + (_unfounded(summary, evidence, harnessed,
+                                                      (op_files, stock_files))
+                                            or "a stock file ran with the JIT off or a "
+                                            "problem is listed"))
+    if form == OLD_FORMAT and verdict == "proven":  # which kernels ran is not known
+        summary = replace(summary, verdict="partial")
     return summary
+
+
+def _kernel_names(value: object, what: str) -> list[str]:
+    _need(isinstance(value, list) and len(value) <= MAX_KERNELS, f"{what} is not a bounded "
+          "list")
+    assert isinstance(value, list)
+    _need(all(isinstance(n, str) and 0 < len(n) <= MAX_KERNEL_NAME for n in value),
+          f"a name of {what} is not a kernel's name")
+    _need(len(set(value)) == len(value), f"{what} names a kernel twice")
+    return value
+
+
+def _coverage(value: object, name: str) -> tuple[int, int, int, int, bool]:
+    """A file's coverage, checked: (added, launched, compared, unreachable, whole); its
+    counts must hold (compared <= launched, every added kernel launched, never launched or
+    unreachable, once)."""
+    where = f"{shown_cut(name)}'s coverage"
+    _need(isinstance(value, dict), f"{where} is not an object")
+    assert isinstance(value, dict)
+    added, launched, compared = (_count(value.get(k), f"{where} {k}")
+                                 for k in ("added", "launched", "compared"))
+    never = _kernel_names(value.get("never_launched"), f"{where} never_launched")
+    raw = value.get("unreachable")
+    _need(isinstance(raw, list) and all(isinstance(u, dict) for u in raw),
+          f"{where} unreachable is not a list of objects")
+    assert isinstance(raw, list)
+    unreachable = _kernel_names([u.get("name") for u in raw], f"{where} unreachable")
+    for item in raw:
+        _text(item.get("why"), f"{where}: why a kernel is unreachable")
+    _need(not set(never) & set(unreachable), f"{where} names a kernel both never launched "
+          "and unreachable")
+    recorder = value.get("recorder")
+    _need(recorder is None or (isinstance(recorder, str) and len(recorder) <= MAX_TEXT),
+          f"{where} recorder is not a text")
+    _need(compared <= launched <= added and
+          len(never) == added - launched - len(unreachable),
+          f"{where} does not add up ({compared:,} compared, {launched:,} launched, "
+          f"{len(never):,} never launched, {len(unreachable):,} unreachable of {added:,})")
+    return added, launched, compared, len(unreachable), not never and compared == launched
+
+
+def _whole_coverage(value: object, covers: list[tuple[int, int, int, int, bool]]
+                    ) -> KernelCoverage:
+    """The document's `coverage`: the sum of its files', each count as they say."""
+    _need(isinstance(value, dict), "coverage is not an object")
+    assert isinstance(value, dict)
+    summed = {"added": sum(c[0] for c in covers), "launched": sum(c[1] for c in covers),
+              "compared": sum(c[2] for c in covers),
+              "never_launched": sum(c[0] - c[1] - c[3] for c in covers),
+              "unreachable": sum(c[3] for c in covers)}
+    for key, total in summed.items():
+        _need(value.get(key) == total and type(value.get(key)) is int,
+              f"coverage {key} is not the sum of its files' ({total:,})")
+    return KernelCoverage(summed["added"], summed["compared"], summed["never_launched"],
+                          summed["unreachable"])
 
 
 def _unfounded(summary: ProofSummary, evidence: Mapping[str, int], harnessed: set[str],
@@ -282,13 +384,24 @@ def read_proof(path: Path, trust: TrustKey | None) -> tuple[dict[str, Any], Proo
     return data, summary
 
 
-def require_proof_of(summary: ProofSummary, files: Mapping[str, str], serves: str,
-                     where: str) -> None:
-    """A proof fit to travel with kernels: proven, of these files byte for byte, on the GPU
-    they serve; else VerificationError (exit 3) saying why."""
-    if summary.verdict != "proven":
+def require_verdict(summary: ProofSummary, where: str, partial: bool = False) -> None:
+    """A verdict fit to be attached: proven, or partial when the user said so (`partial`);
+    else VerificationError (exit 3) naming the coverage or the verdict."""
+    if summary.verdict == "partial" and not partial:
+        raise VerificationError(f"{where} is partial ({summary.how_much}): not attached as a "
+                                "whole proof (give --partial-proof to attach it as partial)")
+    if summary.verdict not in ("proven", "partial"):
         raise VerificationError(f"{where}: its verdict is {summary.verdict}: a failed proof is "
                                 "not attached")
+
+
+def require_proof_of(summary: ProofSummary, files: Mapping[str, str], serves: str,
+                     where: str, partial: bool = False) -> None:
+    """A proof fit to travel with kernels: proven (or partial, when `partial`: the user
+    said so, `--partial-proof`), of these files byte for byte, on the GPU they serve; else
+    VerificationError (exit 3) saying why.  A partial proof travels as it is: its statement
+    carries its coverage, and every reader's line says "partial"."""
+    require_verdict(summary, where, partial)
     why = summary.mismatch(files)
     if why:
         raise VerificationError(f"{where} is not a proof of these kernels: {why}")

@@ -42,10 +42,12 @@ class Asked:
     """What a child was asked about: answers about anything else are counted, not kept.
     `cubins`: the loader's cubins (id -> the kernels it was given); `cases`: the `OP/CASE`
     keys a run or a comparison may answer (None: any, within the budget: the stock JIT run,
-    which says what the cases are)."""
+    which says what the cases are); `kernels`: the file's added kernels (mangled names) a
+    native run's recorder may say a case launched."""
 
     cubins: Mapping[str, frozenset[str]] = field(default_factory=dict)
     cases: frozenset[str] | None = frozenset()
+    kernels: frozenset[str] = frozenset()  # the added kernels a native run may say it launched
 
 
 def _text(value: object) -> str | None:
@@ -127,6 +129,15 @@ class Compared:
     max_ulp: int | None = None  # units in the last place, for floats (None: not said)
 
 
+@dataclass(frozen=True)
+class Launched:
+    """An added kernel (its mangled name, as the file's cubin defines it) that the native
+    run's recorder saw launched during a case (`OP/CASE`)."""
+
+    kernel: str
+    case: str
+
+
 @dataclass
 class Said:
     """Everything one child said that parsed and was asked (`asked`), in order, once each;
@@ -140,6 +151,8 @@ class Said:
     loads: list[CubinLoad] = field(default_factory=list)
     cases: list[CaseRun] = field(default_factory=list)
     compared: list[Compared] = field(default_factory=list)
+    launched: list[Launched] = field(default_factory=list)
+    recorder: str | None = None  # why the launch recorder did not record (said by the run)
     saved: int | None = None
     done: int | None = None
     lines: int = 0
@@ -180,6 +193,7 @@ class Said:
         self.loads.clear()
         self.cases.clear()
         self.compared.clear()
+        self.launched.clear()
         self._seen.clear()
 
     def _new(self, kind: str, key: str, asked: bool) -> bool:
@@ -211,7 +225,9 @@ class Said:
             return self._case(data)
         if "key" in data:
             return self._compared(data)
-        for name in ("error", "schema_error"):
+        if "launched" in data:
+            return self._launched(data)
+        for name in ("error", "schema_error", "recorder"):
             if name in data and _text(data[name]) is not None:
                 setattr(self, name, _text(data[name]))
                 return True
@@ -285,6 +301,21 @@ class Said:
             return True
         self.compared.append(Compared(key, equal, None if diff is None else float(diff),
                                       max_ulp=ulp))
+        return True
+
+
+    def _launched(self, data: Mapping[str, Any]) -> bool:
+        """`{"launched": KERNEL, "case": "OP/CASE"}`: kept when the kernel is one of the
+        file's added kernels and the case one asked, once per pair (a name of torch's own
+        kernels, or of another file's, is counted as unasked)."""
+        kernel, case = data["launched"], data.get("case")
+        if not isinstance(kernel, str) or not isinstance(case, str) or \
+                len(kernel) > LINE_BYTES or len(case) > TEXT:
+            return False
+        asked = kernel in self.asked.kernels and (self.asked.cases is None
+                                                  or case in self.asked.cases)
+        if self._new("launched", f"{kernel}\0{case}", asked):
+            self.launched.append(Launched(kernel, case))
         return True
 
 

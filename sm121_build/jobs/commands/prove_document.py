@@ -1,8 +1,12 @@
 """The proof `sm121-build prove` makes: per file, per added cubin, whether the driver loaded
 it and found its kernels; per op case, whether the native file computed what the stock file
 computes through the driver's JIT, bit for bit, and how long each first call took; whether
-the stock file failed with the JIT disabled; and the verdict.  Its JSON form is
-`data/schemas/proof.schema.json` (`--json`)."""
+the stock file failed with the JIT disabled; per file, how many of its added kernels some
+case launched (the coverage) and which never were; and the verdict: `proven` only when
+every added kernel launched in some case whose output was bitwise equal, `partial` when
+nothing differs but some were never launched (`proven for X of Y added kernels; Z never
+launched`), `failed` on any problem.  Its JSON form is `data/schemas/proof.schema.json`
+(`--json`)."""
 
 from __future__ import annotations
 
@@ -14,10 +18,58 @@ import yaml
 
 from sm121_build.core.console import note, result, shown
 from sm121_build.core.shipped import package_data
+from sm121_build.cuda.dynsym import demangle
 from sm121_build.jobs.commands.prove_child import Compared, Device
 
-FORMAT = 2  # 2: `subject`, each file's sha256, each op's ULPs and vLLM's tolerance
-Verdict = Literal["proven", "failed"]
+FORMAT = 3  # 2: `subject`, each file's sha256, each op's ULPs and vLLM's tolerance;
+#            3: each file's `coverage` (kernels launched), the whole's, verdict `partial`
+Verdict = Literal["proven", "partial", "failed"]
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """An added kernel no op of its file can reach (dead code, a trap stub compiled for
+    another GPU family), and the evidence for it."""
+
+    name: str
+    why: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """A file's added kernels for this GPU (distinct mangled names of the cubins it loads):
+    how many, how many some case of the native run launched (`launched`), how many a case
+    launched whose output was bitwise equal to the stock JIT's (`compared`), those never
+    launched (sorted, mangled as the cubin names them), those shown unreachable, and why
+    launches were not recorded where they were not (`recorder`)."""
+
+    added: int
+    launched: int
+    compared: int
+    never_launched: tuple[str, ...]
+    unreachable: tuple[Unreachable, ...] = ()
+    recorder: str | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Every added kernel launched (or shown unreachable) by a case compared equal."""
+        return not self.never_launched and self.compared == self.launched
+
+    def as_json(self) -> dict[str, Any]:
+        return {"added": self.added, "launched": self.launched, "compared": self.compared,
+                "never_launched": list(self.never_launched),
+                "unreachable": [u.as_json() for u in self.unreachable],
+                "recorder": self.recorder}
+
+
+def coverage_line(added: int, compared: int, never: int, unreachable: int) -> str:
+    """`proven for 1,402 of 1,640 added kernels; 238 never launched` (and the unreachable)."""
+    shown_unreachable = f", {unreachable:,} unreachable" if unreachable else ""
+    return (f"proven for {compared:,} of {added:,} added kernels; {never:,} never "
+            f"launched{shown_unreachable}")
 
 
 @dataclass(frozen=True)
@@ -51,11 +103,13 @@ class FileResult:
     other_gpus: int
     harness: str | None
     sha256: str  # of the file proven: what ties the proof to a kernels image's manifest
+    coverage: Coverage
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "sha256": self.sha256,
                 "cubins": [c.as_json() for c in self.cubins],
-                "added_for_other_gpus": self.other_gpus, "harness": self.harness}
+                "added_for_other_gpus": self.other_gpus, "harness": self.harness,
+                "coverage": self.coverage.as_json()}
 
 
 @dataclass(frozen=True)
@@ -209,9 +263,29 @@ class Proof:
                              "disabled: its ops did not need the added cubins")
         return lines
 
+    def coverage(self) -> dict[str, int]:
+        """The files' coverage added up: kernels added, launched, compared, never launched,
+        unreachable."""
+        covers = [item.coverage for item in self.files]
+        return {"added": sum(c.added for c in covers),
+                "launched": sum(c.launched for c in covers),
+                "compared": sum(c.compared for c in covers),
+                "never_launched": sum(len(c.never_launched) for c in covers),
+                "unreachable": sum(len(c.unreachable) for c in covers)}
+
+    def coverage_line(self) -> str:
+        """`proven for X of Y added kernels; Z never launched`."""
+        total = self.coverage()
+        return coverage_line(total["added"], total["compared"], total["never_launched"],
+                             total["unreachable"])
+
     @property
     def verdict(self) -> Verdict:
-        return "failed" if self.problems() else "proven"
+        """`failed` on any problem; else `partial` when a file's added kernels were not all
+        launched by a case compared equal; else `proven`."""
+        if self.problems():
+            return "failed"
+        return "proven" if all(item.coverage.whole for item in self.files) else "partial"
 
     def as_json(self) -> dict[str, Any]:
         d = self.device
@@ -224,6 +298,7 @@ class Proof:
                 "ops": [o.as_json() for o in self.ops],
                 "stock_without_jit": [s.as_json() for s in self.stock_without_jit],
                 "left_out": [item.as_json() for item in self.left_out],
+                "coverage": self.coverage(),
                 "verdict": self.verdict, "problems": self.problems()}
 
 
@@ -231,6 +306,9 @@ def document(proof: Proof) -> bytes:
     """The proof's JSON document as `--json` writes (and `--sign-key` signs) it: strict
     JSON, never NaN or Infinity (ValueError), as `proof_reading` reads it back."""
     return (json.dumps(proof.as_json(), indent=2, allow_nan=False) + "\n").encode()
+
+
+NEVER_SHOWN = 20  # names never launched shown per file (the proof lists every one)
 
 
 def _seconds(value: float | None) -> str:
@@ -251,6 +329,17 @@ def say_proof(proof: Proof) -> None:
         if item.other_gpus:
             note(f"{shown(item.name)}: {item.other_gpus} added cubin(s) for other GPUs, not "
                  "proven here")
+        cover = item.coverage
+        result(f"{shown(item.name)}: {cover.launched:,} of {cover.added:,} added kernel(s) "
+               f"launched by a case, {cover.compared:,} by a case compared bitwise equal"
+               + (f", {len(cover.unreachable):,} unreachable" if cover.unreachable else ""))
+        if cover.recorder:
+            note(f"{shown(item.name)}: launches not recorded: {shown(cover.recorder)}")
+        for name in cover.never_launched[:NEVER_SHOWN]:
+            note(f"{shown(item.name)}: never launched: {shown(demangle(name))}")
+        if len(cover.never_launched) > NEVER_SHOWN:
+            note(f"{shown(item.name)}: and {len(cover.never_launched) - NEVER_SHOWN:,} more "
+                 "never launched (every one in the --json proof)")
     for op in proof.ops:
         same = "error" if op.error else "bitwise equal" if op.bitwise_equal else \
             f"DIFFERS ({op.difference()})"
@@ -261,4 +350,6 @@ def say_proof(proof: Proof) -> None:
              f"{'failed, as it must' if stock.failed else 'ran'}: {shown(stock.said)}")
     for left in proof.left_out:
         note(f"{shown(left.name)}: not proven: {left.why}")
-    result(f"verdict: {proof.verdict}")
+    verdict = proof.verdict
+    result(f"verdict: {verdict}" + (f": {proof.coverage_line()}" if verdict == "partial"
+                                    else ""))

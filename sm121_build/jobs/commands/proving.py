@@ -8,6 +8,9 @@ through the driver's JIT.
 3. Those cubins loaded by the driver, each kernel found by name, with the PTX JIT disabled.
 4. Per file a harness serves (`HARNESSES`): the stock file with the JIT (the reference), the
    stock file without it (must fail), the file without it; outputs compared bit for bit.
+   The file's run is given its added kernels (`KERNELS.json`): its recorder says which of
+   them each case launched (the coverage: `Coverage`, per file; none for a file no harness
+   runs, so every one of its added kernels is never launched).
 
 Every child runs under `--python` (torch for the harnesses, ctypes for the loader) where
 `Children` says: on this host through `core.children.run` (`HostChildren`, `--files`), or in
@@ -34,8 +37,17 @@ from sm121_build.core.inputs import kind_of, require_folder, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added
 from sm121_build.cuda.compat import Target, cubin_loads
-from sm121_build.jobs.commands.prove_child import Asked, Compared, CubinLoad, Device, Said, talk
+from sm121_build.jobs.commands.prove_child import (
+    Asked,
+    Compared,
+    CubinLoad,
+    Device,
+    Launched,
+    Said,
+    talk,
+)
 from sm121_build.jobs.commands.prove_document import (
+    Coverage,
     CubinResult,
     FileResult,
     LeftOut,
@@ -227,8 +239,26 @@ def load_all(children: Children, extracted: list[Extracted], folder: Path
     return {load.cubin: load for load in said.loads}
 
 
-def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | None
-                ) -> FileResult:
+def added_kernels(item: Extracted) -> frozenset[str]:
+    """The file's added kernels for this GPU: every kernel of the cubins it loads, by name."""
+    return frozenset(kernel for cubin in item.cubins if cubin.number in item.paths
+                     for kernel in cubin.kernels)
+
+
+def coverage(added: frozenset[str], launched: list[Launched], ops: list[OpResult],
+             recorder: str | None) -> Coverage:
+    """Of the `added` kernels: those a case launched, those a case launched whose output
+    was bitwise equal to the stock JIT's, those never launched."""
+    equal = {f"{op.op}/{op.case}" for op in ops if op.bitwise_equal and op.error is None}
+    ran = {item.kernel for item in launched if item.kernel in added}
+    compared = {item.kernel for item in launched if item.kernel in added
+                and item.case in equal}
+    return Coverage(len(added), len(ran), len(compared), tuple(sorted(added - ran)),
+                    recorder=recorder)
+
+
+def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | None,
+                covered: Coverage) -> FileResult:
     results = []
     for cubin in item.cubins:
         path = item.paths.get(cubin.number)
@@ -243,7 +273,7 @@ def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | 
                                    len(cubin.kernels), load.loaded, load.found, load.missing,
                                    load.missing_count, load.error))
     return FileResult(item.pair.name, tuple(results), len(item.cubins) - len(results), harness,
-                      item.pair.sha256)
+                      item.pair.sha256, covered)
 
 
 @dataclass(frozen=True)
@@ -264,22 +294,44 @@ class HarnessRun:
 
 
 def _harness(children: Children, script: str, so: str, out: Path, jit: bool,  # noqa: PLR0913
-             cases: frozenset[str] | None = None) -> HarnessRun:
+             cases: frozenset[str] | None = None,
+             kernels: tuple[Path, frozenset[str]] | None = None) -> HarnessRun:
     """One run of a harness; `cases`: the `OP/CASE` keys it may answer (None: any, within
-    the budget: the stock JIT run says what the cases are)."""
-    ended, said = children.talk((children.at(PAYLOADS / script), so, children.at(out)),
-                                f"the {script} harness", jit, Asked(cases=cases))
+    the budget: the stock JIT run says what the cases are); `kernels`: the listing of the
+    added kernels it records launches of, and those kernels (the native run)."""
+    args: tuple[str, ...] = (children.at(PAYLOADS / script), so, children.at(out))
+    if kernels is not None:
+        args = (*args, children.at(kernels[0]))
+    ended, said = children.talk(args, f"the {script} harness", jit,
+                                Asked(cases=cases, kernels=kernels[1] if kernels else
+                                      frozenset()))
     if said.schema_error is not None:
         raise HarnessMismatch(f"{so}: {said.schema_error}; the {script} harness does not fit "
                               "this library's ops")
     return HarnessRun(ended, said)
 
 
-def prove_ops(children: Children, pair: Pair, script: str, folder: Path
-              ) -> tuple[list[OpResult], StockWithoutJit]:
+@dataclass(frozen=True)
+class OpsProven:
+    """A file's op cases, its stock run without the JIT, and the kernels the native run's
+    recorder said each case launched (`recorder`: why it recorded none, where it said)."""
+
+    results: list[OpResult]
+    without: StockWithoutJit
+    launched: list[Launched]
+    recorder: str | None
+
+
+def prove_ops(children: Children, item: Extracted, script: str,
+              folder: Path, ours: Path) -> OpsProven:
     """A harness on the stock file with the JIT, the stock file without it, the new file
-    without it; the outputs compared."""
+    without it (its added kernels' launches recorded); the outputs compared.  The kernels'
+    listing is written to `ours`, where no child writes."""
+    pair = item.pair
     stem = folder / pair.name.replace("/", "_")
+    added = added_kernels(item)
+    listing = ours / (pair.name.replace("/", "_") + ".kernels.json")
+    listing.write_text(json.dumps(sorted(added)))
     stock_at = children.at(pair.stock)
     reference = _harness(children, script, stock_at, stem.with_suffix(".jit.pt"), jit=True)
     if reference.ended.returncode != 0 and not reference.said.cases:
@@ -291,7 +343,7 @@ def prove_ops(children: Children, pair: Pair, script: str, folder: Path
                               else f"{len(stock.said.cases)} case(s) ran")
     asked = frozenset(f"{c.op}/{c.case}" for c in reference.said.cases)
     native = _harness(children, script, pair.runs_as, stem.with_suffix(".native.pt"),
-                      jit=False, cases=asked)
+                      jit=False, cases=asked, kernels=(listing, added))
     compared: dict[str, Compared] = {}
     unasked = 0
     if reference.said.saved is not None and native.said.saved is not None:
@@ -301,7 +353,8 @@ def prove_ops(children: Children, pair: Pair, script: str, folder: Path
                                      "the output comparison", jit=True, asked=Asked(cases=asked))
         compared = {item.key: item for item in said.compared}
         unasked = said.unasked
-    return _op_results(pair.name, (reference, native), compared, unasked), without
+    return OpsProven(_op_results(pair.name, (reference, native), compared, unasked), without,
+                     native.said.launched, native.said.recorder)
 
 
 def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
@@ -370,14 +423,17 @@ def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -
     files, ops, stock_runs = [], [], []
     for item in extracted:
         script = HARNESSES.get(extension_target(item.pair.name))
-        files.append(file_result(item, loads, script))
         if script is None:
             note(f"{shown(item.pair.name)}: no harness for its ops: its cubins' loading "
                  "is proven, not what they compute")
+            files.append(file_result(item, loads, None, coverage(
+                added_kernels(item), [], [], "no harness runs this file's ops")))
             continue
-        results, without = prove_ops(children, item.pair, script, folder)
-        ops += results
-        stock_runs.append(without)
+        proven = prove_ops(children, item, script, folder, mine)
+        ops += proven.results
+        stock_runs.append(proven.without)
+        files.append(file_result(item, loads, script, coverage(
+            added_kernels(item), proven.launched, proven.results, proven.recorder)))
     kept = {item.pair.name for item in extracted}
     unchanged = [LeftOut(pair.name, "it has no cubin its stock file lacks")
                  for pair in request.pairs if pair.name not in kept]

@@ -6,6 +6,18 @@ library only; a harness, run as a script, imports it as its sibling (`import_mod
     {"op": OP, "case": CASE, "first_s": S}         a case ran; S: its first call, synchronized
     {"op": OP, "case": CASE, "error": "..."}       a case failed: nothing follows (exit 3)
     {"saved": N}                                   N outputs saved to OUT.pt
+
+Run as `script SO OUT.pt KERNELS.json` (the native run), each case's first call is recorded
+by torch's profiler (CUPTI's activity API) and every kernel it launched that is one of
+KERNELS.json's (a JSON list of the file's added kernels, mangled) is said once per case:
+
+    {"launched": MANGLED, "case": "OP/CASE"}      the case launched that added kernel
+    {"recorder": "..."}                            why launches were not recorded (once)
+
+The profiler names a kernel demangled (kineto and torch demangle with `__cxa_demangle`);
+each name given is demangled with `torch._C._demangle` (the same function) to match, and
+said mangled, as the file defines it.  A kernel of torch's own (a copy, a random fill) is
+no name given: never said.
 """
 
 from __future__ import annotations
@@ -18,6 +30,61 @@ from collections.abc import Callable
 from typing import Any
 
 FAILED, SCHEMA = 3, 4
+
+
+class Recorder:
+    """The kernels each first call launched, of those given (`names`: reported name ->
+    mangled name); `broken`: why nothing is recorded, said once."""
+
+    def __init__(self, torch: Any, kernels: list[str]) -> None:
+        self.torch = torch
+        self.names: dict[str, str] = {}
+        demangle = getattr(getattr(torch, "_C", None), "_demangle", None)
+        for kernel in kernels:
+            self.names[kernel] = kernel
+            if demangle is not None:
+                try:
+                    self.names.setdefault(str(demangle(kernel)), kernel)
+                except Exception:  # a name the demangler refuses: kept mangled
+                    continue
+        self.broken: str | None = None
+        self.events = 0  # GPU events the profiler reported, of any name
+
+    def fail(self, why: str) -> None:
+        if self.broken is None:
+            self.broken = why[:300]
+            say({"recorder": self.broken})
+
+    def start(self) -> Any:
+        """A profiler of the GPU's activity, started; None when it cannot be (said)."""
+        if self.broken is not None:
+            return None
+        try:
+            profiler = self.torch.profiler
+            session = profiler.profile(activities=[profiler.ProfilerActivity.CUDA])
+            session.__enter__()
+        except Exception as exc:  # no kineto, no CUPTI: said once, the run goes on
+            self.fail(f"the profiler could not start: {_first_line(exc)}")
+            return None
+        return session
+
+    def stop(self, session: Any, label: tuple[str, str]) -> None:
+        """The session stopped; each given kernel it saw launched said once for `label`."""
+        if session is None:
+            return
+        try:
+            session.__exit__(None, None, None)
+            names = [str(event.name) for event in session.events()]
+        except Exception as exc:
+            self.fail(f"the profiler's events could not be read: {_first_line(exc)}")
+            return
+        self.events += len(names)
+        case = f"{label[0]}/{label[1]}"
+        for kernel in sorted({self.names[n] for n in names if n in self.names}):
+            say({"launched": kernel, "case": case})
+
+
+_recorder: Recorder | None = None  # set by `run` for a native run (KERNELS.json given)
 
 
 class SchemaError(Exception):
@@ -46,6 +113,7 @@ def first_call(torch: Any, op: Any, args: list[Any], label: tuple[str, str],
     the host (`outputs`: what it returned, then `written`, the inputs it writes in place).
     Any error ends the run (a CUDA error is sticky: the next call would fail for this
     one's cause)."""
+    session = _recorder.start() if _recorder is not None else None
     torch.cuda.synchronize()
     start = time.perf_counter()
     try:
@@ -57,17 +125,25 @@ def first_call(torch: Any, op: Any, args: list[Any], label: tuple[str, str],
         say({"op": label[0], "case": label[1], "error": _first_line(exc)})
         raise SystemExit(FAILED) from None
     say({"op": label[0], "case": label[1], "first_s": round(first, 4)})
+    if _recorder is not None:
+        _recorder.stop(session, label)
     return out
 
 
 def run(argv: list[str], script: str, cases: Callable[[Any, dict[str, Any]], None]) -> int:
-    """`script SO OUT.pt`: the library loaded, `cases` filling the outputs by name, the
-    outputs saved; a schema that does not fit, or an error between cases, in one line."""
-    if len(argv) != 2:
-        sys.stderr.write(f"usage: {script} SO OUT.pt\n")
+    """`script SO OUT.pt [KERNELS.json]`: the library loaded, `cases` filling the outputs by
+    name (each first call's added kernels recorded, with KERNELS.json), the outputs saved; a
+    schema that does not fit, or an error between cases, in one line."""
+    global _recorder
+    if len(argv) not in (2, 3):
+        sys.stderr.write(f"usage: {script} SO OUT.pt [KERNELS.json]\n")
         return 2
     torch = importlib.import_module("torch")
     torch.ops.load_library(argv[0])
+    if len(argv) == 3:
+        with open(argv[2], encoding="utf-8") as listing:
+            kernels = json.load(listing)
+        _recorder = Recorder(torch, [k for k in kernels if isinstance(k, str)])
     saved: dict[str, Any] = {}
     try:
         cases(torch, saved)
@@ -77,6 +153,8 @@ def run(argv: list[str], script: str, cases: Callable[[Any, dict[str, Any]], Non
     except Exception as exc:  # between cases (making inputs): a sticky CUDA error shows here
         say({"op": "(inputs)", "case": "(between cases)", "error": _first_line(exc)})
         return FAILED
+    if _recorder is not None and saved and not _recorder.events:
+        _recorder.fail("the profiler reported no GPU activity at all (no CUPTI?)")
     torch.save(saved, argv[1])
     say({"saved": len(saved)})
     return 0
