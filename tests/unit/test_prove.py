@@ -54,11 +54,11 @@ def fake(tmp_path: Path) -> Path:
     return fake_python(tmp_path / "FAKE-python", sys.executable)
 
 
-def _prove(pair: tuple[Path, Path], python: Path | str, out: Path, mode: str = "proven"
-           ) -> subprocess.CompletedProcess[str]:
+def _prove(pair: tuple[Path, Path], python: Path | str, out: Path, mode: str = "proven",
+           launched: str = "all") -> subprocess.CompletedProcess[str]:
     made, stock = pair
     return cli("prove", "--files", str(made), "--stock", str(stock), "--json", str(out),
-               "--python", str(python), env={"FAKE_MODE": mode})
+               "--python", str(python), env={"FAKE_MODE": mode, "FAKE_LAUNCHED": launched})
 
 
 def _check(data: object) -> None:
@@ -365,3 +365,88 @@ def test_a_file_with_no_stock_file_is_said_and_not_proven(
                                  "why": "no stock file to compare it with"}]
     assert [f["name"] for f in data["files"]] == ["_C.abi3.so"]
     assert read_proof(tmp_path / "p.json", None)[1].verdict == "failed"
+
+
+def _added(aot_pair: tuple[Path, Path], tmp_path: Path) -> list[str]:
+    """The added kernels of the aot'd file for sm_121, sorted (what the harness is given)."""
+    made, stock = aot_pair
+    pair = Pair("_C.abi3.so", made / "_C.abi3.so", stock / "_C.abi3.so",
+                str(made / "_C.abi3.so"))
+    [found] = extract([pair], Target(121), tmp_path, Subject(files="f", stock="s"))
+    return sorted({k for c in found.cubins for k in c.kernels})
+
+
+def test_every_added_kernel_launched_is_proven_with_its_coverage(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Issue 63: the native run's recorder says every added kernel launched in a case
+    compared equal: proven, and the proof says how many of how many."""
+    added = _added(aot_pair, tmp_path)
+    done = _prove(aot_pair, fake, tmp_path / "p.json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["format"] == 3 and data["verdict"] == "proven"
+    assert data["files"][0]["coverage"] == {
+        "added": len(added), "launched": len(added), "compared": len(added),
+        "never_launched": [], "unreachable": [], "recorder": None}
+    assert data["coverage"]["never_launched"] == 0 and "warning" not in done.stderr
+    summary = read_proof(tmp_path / "p.json", None)[1]
+    assert summary.line().endswith(f"proven for {len(added)} of {len(added)} added kernels; "
+                                   "0 never launched")
+
+
+@pytest.mark.parametrize(("launched", "ran"), [("half", 0.5), ("none", 0.0)])
+def test_added_kernels_never_launched_make_it_partial_and_are_named(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path, launched: str,
+        ran: float) -> None:
+    """Issue 63: nothing differs, but the cases launched some (or none) of the added
+    kernels: partial, exit 0 with a warning naming the coverage, every kernel never launched
+    named in the proof (and shown demangled)."""
+    added = _added(aot_pair, tmp_path)
+    done = _prove(aot_pair, fake, tmp_path / "p.json", launched=launched)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    ran_count = int(len(added) * ran)
+    never = added[ran_count:]
+    assert data["verdict"] == "partial" and data["problems"] == []
+    assert data["files"][0]["coverage"]["never_launched"] == never
+    assert data["files"][0]["coverage"]["launched"] == ran_count
+    line = f"proven for {ran_count} of {len(added)} added kernels; {len(never)} never launched"
+    assert f"warning: partial: {line}" in done.stderr
+    assert f"verdict: partial: {line}" in done.stdout
+    assert read_proof(tmp_path / "p.json", None)[1].line().startswith(f"partial ({line}) on")
+
+
+def test_a_difference_still_fails_whatever_the_coverage(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    line = one_line_error(_prove(aot_pair, fake, tmp_path / "p.json", "differs", "half"), 3)
+    assert "differs from the stock JIT's output" in line
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["verdict"] == "failed"
+
+
+def test_a_recorder_that_cannot_record_leaves_every_kernel_never_launched(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    added = _added(aot_pair, tmp_path)
+    done = _prove(aot_pair, fake, tmp_path / "p.json", launched="broken")
+    assert done.returncode == 0, done.stderr
+    cover = json.loads((tmp_path / "p.json").read_text())["files"][0]["coverage"]
+    assert cover["never_launched"] == added
+    assert cover["recorder"] == "the profiler could not start: CUPTI_ERROR_NOT_INITIALIZED"
+    assert "launches not recorded: the profiler could not start" in done.stderr
+
+
+def test_a_hostile_recorder_is_bounded_and_its_strangers_ignored(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Issue 63: the recorder's lines are outside input: 30,000 names of no added kernel,
+    an escape sequence, a case not asked, a list for a name, a 5,000-fold name, one name
+    100 times: one kernel launched, the rest counted and dropped."""
+    added = _added(aot_pair, tmp_path)
+    done = _prove(aot_pair, fake, tmp_path / "p.json", launched="hostile")
+    assert done.returncode == 0, done.stderr
+    cover = json.loads((tmp_path / "p.json").read_text())["files"][0]["coverage"]
+    assert (cover["launched"], cover["compared"]) == (1, 1)
+    assert cover["never_launched"] == added[1:]
+    assert "\x1b" not in done.stdout + done.stderr

@@ -264,3 +264,157 @@ def test_attest_refuses_a_proof_with_a_lone_surrogate_before_the_registry(
     line = one_line_error(cli("kernels", "attest", "127.0.0.1:1/k", "--proof", str(proof),
                               "--sign-key", str(private)))
     assert "not a proof document: it holds a lone surrogate" in line
+
+
+# FAKE: a stand-in `torch` whose ops succeed and whose profiler reports the kernel names of
+# $EVENTS (a JSON list) for every session; STORY "no-profiler" has none, "silent" reports
+# nothing.  It proves nothing of a GPU: it runs harness_run.py's recorder on a CPU.
+RECORDING_TORCH = '''
+import json, os
+from pathlib import Path
+STORY = os.environ["STORY"]
+int32 = "int32"
+class _Out:
+    def cpu(self):
+        return self
+    def int(self):
+        return self
+class _Schema:
+    def __init__(self, names):
+        self.arguments = [type("A", (), {"name": n})() for n in names]
+class _Op:
+    def __init__(self, names):
+        self.default = type("D", (), {"_schema": _Schema(names)})()
+    def __call__(self, *args):
+        return _Out()
+class _Namespace:
+    def __getattr__(self, name):
+        names = ["b_q_weight", "perm", "size_k", "size_n", "num_bits"]
+        return _Op(names if name.startswith("gptq") else names[:1] + names[2:])
+class _Ops:
+    _C = _Namespace()
+    def load_library(self, path):
+        pass
+ops = _Ops()
+class cuda:
+    @staticmethod
+    def synchronize():
+        pass
+class Generator:
+    def __init__(self, device):
+        pass
+    def manual_seed(self, seed):
+        return self
+def randint(*args, **kwargs):
+    return _Out()
+randperm = empty = randint
+def save(saved, path):
+    Path(path).write_text(json.dumps(sorted(saved)))
+class _C:
+    @staticmethod
+    def _demangle(name):
+        return {"_Z6repackIiEvv": "void repack<int>()"}.get(name, name)
+class _Event:
+    def __init__(self, name):
+        self.name = name
+class _Session:
+    def __init__(self, activities):
+        assert activities == ["CUDA"]
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return False
+    def events(self):
+        if STORY == "silent":
+            return []
+        return [_Event(n) for n in json.loads(os.environ["EVENTS"])]
+class _Profiler:
+    class ProfilerActivity:
+        CUDA = "CUDA"
+    profile = _Session
+if STORY != "no-profiler":
+    profiler = _Profiler()
+'''
+
+
+def _record(tmp_path: Path, story: str, events: list[str], kernels: list[str]
+            ) -> tuple[int, list[dict[str, object]]]:
+    import sm121_build.jobs.payload as payload
+
+    (tmp_path / "torch.py").write_text(RECORDING_TORCH)
+    (tmp_path / "kernels.json").write_text(json.dumps(kernels))
+    done = subprocess.run(
+        [sys.executable, str(Path(payload.__file__).parent / "harness_marlin.py"),
+         str(tmp_path / "lib.so"), str(tmp_path / "out.pt"), str(tmp_path / "kernels.json")],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "STORY": story,
+             "EVENTS": json.dumps(events)})
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_the_recorder_says_each_added_kernel_a_case_launched(tmp_path: Path) -> None:
+    """Issue 63: harness_run.py's recorder (torch's profiler around each first call, FAKE
+    here) says, per case, each of the given kernels the profiler named, mangled as given:
+    one the profiler names demangled (as kineto does), one it names mangled; torch's own
+    kernels, a copy and a name given to no one are never said."""
+    given = ["_Z6repackIiEvv", "_Z5otherv", "_Z5neverv"]
+    events = ["void repack<int>()", "_Z5otherv", "void repack<int>()",
+              "Memcpy DtoH (Device -> Pageable)", "void at::native::fill<float>()", "\x1b]0;x"]
+    code, lines = _record(tmp_path, "record", events, given)
+    assert code == 0
+    cases = [f"{d['op']}/{d['case']}" for d in lines if "first_s" in d]
+    assert len(cases) == 18
+    launched = [(d["launched"], d["case"]) for d in lines if "launched" in d]
+    assert launched == [(k, c) for c in cases for k in ("_Z5otherv", "_Z6repackIiEvv")]
+    assert lines[-1] == {"saved": 18} and not any("recorder" in d for d in lines)
+
+
+@pytest.mark.parametrize(("story", "said"), [
+    ("no-profiler", "the profiler could not start: "),
+    ("silent", "the profiler reported no GPU activity at all (no CUPTI?)")])
+def test_a_recorder_that_cannot_record_says_so_once_and_the_run_goes_on(
+        tmp_path: Path, story: str, said: str) -> None:
+    code, lines = _record(tmp_path, story, ["_Z5otherv"], ["_Z5otherv"])
+    assert code == 0
+    recorder = [str(d["recorder"]) for d in lines if "recorder" in d]
+    assert len(recorder) == 1 and recorder[0].startswith(said)
+    assert lines[-1] == {"saved": 18} and not any("launched" in d for d in lines)
+
+
+def test_without_a_listing_nothing_is_recorded(tmp_path: Path) -> None:
+    """The stock runs are given no listing: no profiler, no recorder line."""
+    import sm121_build.jobs.payload as payload
+
+    (tmp_path / "torch.py").write_text(RECORDING_TORCH)
+    done = subprocess.run(
+        [sys.executable, str(Path(payload.__file__).parent / "harness_marlin.py"),
+         str(tmp_path / "lib.so"), str(tmp_path / "out.pt")],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "STORY": "no-profiler"})
+    assert done.returncode == 0, done.stderr
+    assert all(set(json.loads(line)) & {"first_s", "saved"} for line in done.stdout.splitlines())
+
+
+def test_a_childs_launched_lines_are_kept_only_for_kernels_and_cases_asked() -> None:
+    """Issue 63: `{"launched": K, "case": C}` is kept when K is an added kernel of the file
+    and C a case asked, once per pair; anything else is counted, never kept."""
+    said = Said(Asked(cases=frozenset({"o/c", "o/d"}), kernels=frozenset({"_Z1kv", "_Z1jv"})))
+    for line in [
+        '{"launched": "_Z1kv", "case": "o/c"}', '{"launched": "_Z1kv", "case": "o/c"}',
+        '{"launched": "_Z1kv", "case": "o/d"}', '{"launched": "_Z1jv", "case": "o/x"}',
+        '{"launched": "_Z5torchv", "case": "o/c"}', '{"launched": "\\u001b]0;x", "case": "o/c"}',
+        '{"launched": ["_Z1kv"], "case": "o/c"}', '{"launched": "_Z1kv", "case": 3}',
+        '{"launched": "_Z1kv"}', '{"recorder": "' + "r" * 5000 + '"}',
+    ]:
+        said.line(line)
+    assert [(item.kernel, item.case) for item in said.launched] == [
+        ("_Z1kv", "o/c"), ("_Z1kv", "o/d")]
+    assert (said.repeated, said.unasked, said.ignored) == (1, 3, 3)
+    assert said.recorder == "r" * 300
+
+
+def test_a_child_launching_past_the_budget_is_refused() -> None:
+    kernels = frozenset(f"_Z{n}kv" for n in range(MAX_KEPT + 1))
+    output = b"".join(b'{"launched": "%s", "case": "o/c"}\n' % k.encode() for k in kernels)
+    with pytest.raises(SaidTooMuch, match="native run said more than"):
+        heard(output, Asked(cases=frozenset({"o/c"}), kernels=kernels), "native run")
