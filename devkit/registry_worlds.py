@@ -82,7 +82,7 @@ def _registry_args(world: RegistryWorld, registry: HostileRegistry, keys: tuple[
         return ["kernels", "verify", ref, "--trust-key", str(public)]
     if world.command == "attest":
         return ["kernels", "attest", ref, "--proof", str(REAL_PROOF), "--sign-key",
-                str(private)]
+                str(private), "--partial-proof"]  # format 2: read as partial (issue 63)
     return ["inject", "--from", ref, "--trust-key", str(public), "--base", "some/image"]
 
 
@@ -299,12 +299,24 @@ def proof_paths(value: object, at: tuple[str | int, ...] = ()) -> list[tuple[str
 TWICE = "\x00twice\x00"  # where the key given twice goes (a text no proof holds)
 
 
-def hostile_proof(path: tuple[str | int, ...], value: object, twice: bool = False) -> str:
-    """The real proof with the value at `path` replaced by `value`, as JSON text (Python's
-    json writes NaN and a lone surrogate as a hostile document would); `twice`: the key at
-    `path` given twice in its object, `value` first and the real value last (what Python's
-    json keeps: another reader may keep the first, two documents under one signature)."""
-    data: Any = json.loads(REAL_PROOF.read_text())
+def covered_proof() -> dict[str, Any]:
+    """The real proof as format 3, its coverage made up (FAKE: `devkit.fake_gpu.covered`),
+    two kernels of `_C.abi3.so` never launched: so the coverage fields are made hostile too."""
+    from devkit.fake_gpu import covered
+
+    return covered(json.loads(REAL_PROOF.read_text()),
+                   {"_C.abi3.so": ["_Z6never1v", "_Z6never2v"]})
+
+
+def hostile_proof(path: tuple[str | int, ...], value: object, twice: bool = False,
+                  base: Any = None) -> str:
+    """The real proof (or `base`) with the value at `path` replaced by `value`, as JSON
+    text (Python's json writes NaN and a lone surrogate as a hostile document would);
+    `twice`: the key at `path` given twice in its object, `value` first and the real value
+    last (what Python's json keeps: another reader may keep the first, two documents under
+    one signature)."""
+    data: Any = json.loads(REAL_PROOF.read_text()) if base is None else \
+        json.loads(json.dumps(base))
     if not path:
         return json.dumps(value)
     holder = data
@@ -342,7 +354,8 @@ def run_proof_world(world: ProofWorld, root: Path) -> Outcome:
     private, _public = key_pair(root, "k")
     before = snapshot(root, (root / "tmp", root / "home"))
     outcome = _run(world, ["kernels", "attest", "127.0.0.1:9/x/k@sha256:" + "0" * 64,
-                           "--proof", str(proof), "--sign-key", str(private)], env,
+                           "--proof", str(proof), "--sign-key", str(private),
+                           "--partial-proof"], env,
                    KILL_S, REGISTRY_BOUND_S)
     _left(outcome, root, before)
     if outcome.code == 0:
