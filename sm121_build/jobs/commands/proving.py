@@ -293,21 +293,31 @@ class HarnessRun:
         return f"exit {self.ended.returncode}: {self.ended.said(200)}"
 
 
-def _harness(children: Children, script: str, so: str, out: Path, jit: bool,  # noqa: PLR0913
-             cases: frozenset[str] | None = None,
-             kernels: tuple[Path, frozenset[str]] | None = None) -> HarnessRun:
-    """One run of a harness; `cases`: the `OP/CASE` keys it may answer (None: any, within
-    the budget: the stock JIT run says what the cases are); `kernels`: the listing of the
-    added kernels it records launches of, and those kernels (the native run)."""
-    args: tuple[str, ...] = (children.at(PAYLOADS / script), so, children.at(out))
-    if kernels is not None:
-        args = (*args, children.at(kernels[0]))
-    ended, said = children.talk(args, f"the {script} harness", jit,
-                                Asked(cases=cases, kernels=kernels[1] if kernels else
-                                      frozenset()))
+@dataclass(frozen=True)
+class HarnessCall:
+    """One run of a harness: the library as the child opens it, where it saves its outputs,
+    the driver's JIT on or off, and the listing of added kernels whose launches it records
+    (the native run's)."""
+
+    so: str
+    out: Path
+    jit: bool
+    listing: Path | None = None
+
+
+def _harness(children: Children, script: str, call: HarnessCall,
+             asked: Asked | None = None) -> HarnessRun:
+    """One run of a harness; `asked`: the `OP/CASE` keys it may answer and the added kernels
+    it may say launched (None: any case, within the budget: the stock JIT run says what the
+    cases are)."""
+    args: tuple[str, ...] = (children.at(PAYLOADS / script), call.so, children.at(call.out))
+    if call.listing is not None:
+        args = (*args, children.at(call.listing))
+    ended, said = children.talk(args, f"the {script} harness", call.jit,
+                                asked or Asked(cases=None))
     if said.schema_error is not None:
-        raise HarnessMismatch(f"{so}: {said.schema_error}; the {script} harness does not fit "
-                              "this library's ops")
+        raise HarnessMismatch(f"{call.so}: {said.schema_error}; the {script} harness does not "
+                              "fit this library's ops")
     return HarnessRun(ended, said)
 
 
@@ -333,17 +343,21 @@ def prove_ops(children: Children, item: Extracted, script: str,
     listing = ours / (pair.name.replace("/", "_") + ".kernels.json")
     listing.write_text(json.dumps(sorted(added)))
     stock_at = children.at(pair.stock)
-    reference = _harness(children, script, stock_at, stem.with_suffix(".jit.pt"), jit=True)
+    reference = _harness(children, script, HarnessCall(stock_at, stem.with_suffix(".jit.pt"),
+                                                       jit=True))
     if reference.ended.returncode != 0 and not reference.said.cases:
         raise Sm121Error(f"the {script} harness could not run the stock {pair.name} with "
                          f"--python {children.python}: {reference.failure()}")
-    stock = _harness(children, script, stock_at, stem.with_suffix(".nojit.pt"), jit=False)
+    stock = _harness(children, script, HarnessCall(stock_at, stem.with_suffix(".nojit.pt"),
+                                                   jit=False))
     stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
                               else f"{len(stock.said.cases)} case(s) ran")
     asked = frozenset(f"{c.op}/{c.case}" for c in reference.said.cases)
-    native = _harness(children, script, pair.runs_as, stem.with_suffix(".native.pt"),
-                      jit=False, cases=asked, kernels=(listing, added))
+    native = _harness(children, script, HarnessCall(pair.runs_as,
+                                                    stem.with_suffix(".native.pt"), False,
+                                                    listing),
+                      Asked(cases=asked, kernels=added))
     compared: dict[str, Compared] = {}
     unasked = 0
     if reference.said.saved is not None and native.said.saved is not None:
