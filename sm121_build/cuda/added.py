@@ -15,7 +15,41 @@ from pathlib import Path
 
 from sm121_build.core.inputs import inflating
 from sm121_build.cuda.compat import Target, cubin_loads
+from sm121_build.cuda.elf import Elf, ElfError
 from sm121_build.cuda.fatbin import Entry, HostBinary, cubin_kernels
+
+# SASS of sm_70 and later: 16-byte instructions, the opcode in the low 12 bits (BPT.TRAP,
+# EXIT, NOP as nvcc 13.0 writes them for sm_121, tests/unit/test_prove.py)
+_BPT, _EXIT, _NOP = 0x95C, 0x94D, 0x918
+STUB_INSTRUCTIONS = 16  # a trap stub's instructions besides NOPs, at most
+_TEXT = ".text."
+
+
+def trap_stubs(cubin: bytes, arch: int) -> dict[str, str]:
+    """The kernels of a cubin that can only trap, each with the evidence: code that holds a
+    trap (BPT) and no EXIT, in at most `STUB_INSTRUCTIONS` instructions besides NOPs (what
+    `#if __CUDA_ARCH__ ... #else __trap()` compiles to for a GPU it was not written for).
+    No launch of one can end but in a trap.  {} before sm_70 (another encoding) or for a
+    cubin whose sections cannot be read."""
+    if arch < 70:
+        return {}
+    found = {}
+    try:
+        elf = Elf.read(cubin)
+        for section in elf.sections:
+            if not section.name.startswith(_TEXT) or not 0 < section.size <= 16 * 1024:
+                continue
+            code = elf.section_data(section)
+            ops = [int.from_bytes(code[at:at + 2], "little") & 0xFFF
+                   for at in range(0, len(code) - 15, 16)]
+            ops = [op for op in ops if op != _NOP]
+            if _BPT in ops and _EXIT not in ops and len(ops) <= STUB_INSTRUCTIONS:
+                found[section.name[len(_TEXT):]] = (
+                    f"a trap stub: its SASS (sm_{arch}) is {len(ops)} instruction(s) besides "
+                    "NOPs, a trap (BPT) and no EXIT: any launch of it traps")
+    except ElfError:
+        return {}
+    return found
 
 
 @dataclass(frozen=True)

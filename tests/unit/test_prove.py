@@ -450,3 +450,67 @@ def test_a_hostile_recorder_is_bounded_and_its_strangers_ignored(
     assert (cover["launched"], cover["compared"]) == (1, 1)
     assert cover["never_launched"] == added[1:]
     assert "\x1b" not in done.stdout + done.stderr
+
+
+TRAP_STUB = """
+extern "C" __global__ void stub(int *x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  x[threadIdx.x] = 1;
+#else
+  __trap();  // compiled for any other GPU: a kernel that can only trap
+#endif
+}
+extern "C" __global__ void real(float *x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = x[i] * 2.f + 1.f;
+}
+template <typename T> __global__ void asserts(T *x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  x[0] = 1;
+#else
+  assert(false);  // calls __assertfail, then exits: not a trap stub
+#endif
+}
+template __global__ void asserts<float>(float *);
+"""
+
+
+@pytest.mark.slow
+def test_a_trap_stub_never_launched_is_unreachable_with_the_evidence(tmp_path: Path) -> None:
+    """Issue 63: a kernel compiled for a GPU its source was not written for (`__trap()`
+    alone: nvcc 13.0's real SASS for sm_121) is named unreachable, with the evidence; a
+    real kernel and an `assert` stub (which exits) are not; so a file whose only kernel
+    never launched is a trap stub is proven."""
+    from sm121_build.cuda.added import AddedCubin, trap_stubs
+    from sm121_build.jobs.commands.proving import Extracted, coverage
+
+    (tmp_path / "k.cu").write_text(TRAP_STUB)
+    subprocess.run([str(cuda_home() / "bin" / "nvcc"), "-cubin", "-arch=sm_121", "-o",
+                    str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")], check=True,
+                   capture_output=True, timeout=300)
+    cubin = (tmp_path / "k.cubin").read_bytes()
+    stubs = trap_stubs(cubin, 121)
+    assert list(stubs) == ["stub"]
+    assert "a trap (BPT) and no EXIT: any launch of it traps" in stubs["stub"]
+    assert trap_stubs(cubin, 61) == {} and trap_stubs(b"not an ELF", 121) == {}
+    kernels = ("stub", "real", "_Z7assertsIfEvPT_")
+
+    class Cubin(AddedCubin):
+        def __init__(self) -> None:
+            object.__setattr__(self, "number", 1)
+            object.__setattr__(self, "kernels", kernels)
+
+    item = Extracted(Pair("k.so", tmp_path, tmp_path, "k.so"), (Cubin(),),
+                     {1: tmp_path / "k.cubin"}, stubs)
+    cover = coverage(item, [], [], None)
+    assert (cover.added, cover.launched, cover.never_launched) == (
+        3, 0, ("_Z7assertsIfEvPT_", "real"))
+    assert [(u.name, u.why) for u in cover.unreachable] == [("stub", stubs["stub"])]
+    assert not cover.whole
+    from sm121_build.jobs.commands.prove_child import Compared, Launched
+    from sm121_build.jobs.commands.prove_document import OpResult
+
+    equal = OpResult("k.so", "op", "case", Compared("op/case", True, 0.0), (1.0, 0.1))
+    cover = coverage(item, [Launched("real", "op/case"),
+                            Launched("_Z7assertsIfEvPT_", "op/case")], [equal], None)
+    assert cover.whole and (cover.compared, len(cover.unreachable)) == (2, 1)

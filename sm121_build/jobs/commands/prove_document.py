@@ -335,6 +335,9 @@ def say_proof(proof: Proof) -> None:
                + (f", {len(cover.unreachable):,} unreachable" if cover.unreachable else ""))
         if cover.recorder:
             note(f"{shown(item.name)}: launches not recorded: {shown(cover.recorder)}")
+        for stub in cover.unreachable[:NEVER_SHOWN]:
+            note(f"{shown(item.name)}: unreachable: {shown(demangle(stub.name))}: "
+                 f"{shown(stub.why)}")
         for name in cover.never_launched[:NEVER_SHOWN]:
             note(f"{shown(item.name)}: never launched: {shown(demangle(name))}")
         if len(cover.never_launched) > NEVER_SHOWN:

@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -35,7 +35,7 @@ from sm121_build.core.console import note, shown
 from sm121_build.core.errors import HarnessMismatch, NoGpu, Sm121Error, WrongGpu
 from sm121_build.core.inputs import kind_of, require_folder, walk
 from sm121_build.core.vllm import extension_target
-from sm121_build.cuda.added import AddedCubin, read_added
+from sm121_build.cuda.added import AddedCubin, read_added, trap_stubs
 from sm121_build.cuda.compat import Target, cubin_loads
 from sm121_build.jobs.commands.prove_child import (
     Asked,
@@ -55,6 +55,7 @@ from sm121_build.jobs.commands.prove_document import (
     Proof,
     StockWithoutJit,
     Subject,
+    Unreachable,
 )
 from sm121_build.jobs.formats.artifacts import sha256_of
 from sm121_build.jobs.payload import PAYLOAD
@@ -120,6 +121,7 @@ class Extracted:
     pair: Pair
     cubins: tuple[AddedCubin, ...]
     paths: Mapping[int, Path]  # cubin number -> its bytes' file (the GPU's cubins only)
+    stubs: Mapping[str, str] = field(default_factory=dict)  # trap stub -> the evidence
 
 
 def _env(jit: bool) -> dict[str, str]:
@@ -197,16 +199,20 @@ def extract(pairs: list[Pair], gpu: Target, folder: Path, subject: Subject) -> l
     found = []
     for number, pair in enumerate(pairs):
         paths: dict[int, Path] = {}
+        stubs: dict[str, str] = {}
 
         def keep(cubin: AddedCubin, payload: bytes, at: int = number,
-                 into: dict[int, Path] = paths) -> None:
+                 into: dict[int, Path] = paths, traps: dict[str, str] = stubs) -> None:
             if cubin.loads_on(gpu):
                 into[cubin.number] = folder / f"{at:04d}-{cubin.number:05d}.cubin"
                 into[cubin.number].write_bytes(payload)
+                kernels = set(cubin.kernels)
+                traps.update((name, why) for name, why in
+                             trap_stubs(payload, cubin.entry.arch).items() if name in kernels)
 
         cubins = read_added(pair.stock, pair.new, keep)
         if cubins:
-            found.append(Extracted(pair, cubins, paths))
+            found.append(Extracted(pair, cubins, paths, stubs))
     if not found:
         raise Sm121Error(f"no file of {shown(str(subject))} has cubins its stock file lacks: "
                          "nothing to prove (give aot's --out and the stock files it read, or "
@@ -245,15 +251,19 @@ def added_kernels(item: Extracted) -> frozenset[str]:
                      for kernel in cubin.kernels)
 
 
-def coverage(added: frozenset[str], launched: list[Launched], ops: list[OpResult],
+def coverage(item: Extracted, launched: list[Launched], ops: list[OpResult],
              recorder: str | None) -> Coverage:
-    """Of the `added` kernels: those a case launched, those a case launched whose output
-    was bitwise equal to the stock JIT's, those never launched."""
+    """Of the file's added kernels: those a case launched, those a case launched whose
+    output was bitwise equal to the stock JIT's, those never launched, and of these the
+    trap stubs (unreachable: any launch of one traps), with the evidence."""
+    added = added_kernels(item)
     equal = {f"{op.op}/{op.case}" for op in ops if op.bitwise_equal and op.error is None}
-    ran = {item.kernel for item in launched if item.kernel in added}
-    compared = {item.kernel for item in launched if item.kernel in added
-                and item.case in equal}
-    return Coverage(len(added), len(ran), len(compared), tuple(sorted(added - ran)),
+    ran = {one.kernel for one in launched if one.kernel in added}
+    compared = {one.kernel for one in launched if one.kernel in added and one.case in equal}
+    stubs = sorted(name for name in added - ran if name in item.stubs)
+    return Coverage(len(added), len(ran), len(compared),
+                    tuple(sorted(added - ran - set(stubs))),
+                    tuple(Unreachable(name, item.stubs[name]) for name in stubs),
                     recorder=recorder)
 
 
@@ -441,13 +451,13 @@ def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -
             note(f"{shown(item.pair.name)}: no harness for its ops: its cubins' loading "
                  "is proven, not what they compute")
             files.append(file_result(item, loads, None, coverage(
-                added_kernels(item), [], [], "no harness runs this file's ops")))
+                item, [], [], "no harness runs this file's ops")))
             continue
         proven = prove_ops(children, item, script, folder, mine)
         ops += proven.results
         stock_runs.append(proven.without)
         files.append(file_result(item, loads, script, coverage(
-            added_kernels(item), proven.launched, proven.results, proven.recorder)))
+            item, proven.launched, proven.results, proven.recorder)))
     kept = {item.pair.name for item in extracted}
     unchanged = [LeftOut(pair.name, "it has no cubin its stock file lacks")
                  for pair in request.pairs if pair.name not in kept]
