@@ -111,8 +111,8 @@ class ProofSummary:
         `partial (proven for X of Y added kernels; Z never launched) on ...`."""
         driver = f"driver {shown_cut(self.driver)} " if self.driver else "driver "
         verdict = f"partial ({self.how_much})" if self.verdict == "partial" else self.verdict
-        launched = "" if self.coverage is None or self.verdict == "partial" else \
-            f"; {self.how_much}"
+        launched = f"; {self.how_much}" if self.coverage is not None and \
+            self.verdict == "proven" else ""  # a failed proof's coverage proves nothing
         return (f"{verdict} on {shown_cut(self.gpu)} ({self.target}), {driver}(CUDA "
                 f"{self.driver_cuda}), {self.made[:10]}: {self.cubins} added cubins load with "
                 f"the JIT off, {self.kernels} kernels found, {self.ops} op cases bitwise equal "
