@@ -418,3 +418,13 @@ def test_a_child_launching_past_the_budget_is_refused() -> None:
     output = b"".join(b'{"launched": "%s", "case": "o/c"}\n' % k.encode() for k in kernels)
     with pytest.raises(SaidTooMuch, match="native run said more than"):
         heard(output, Asked(cases=frozenset({"o/c"}), kernels=kernels), "native run")
+
+
+def test_a_launch_in_a_case_with_a_long_name_is_the_cases() -> None:
+    """A case line's op and case are each cut to 300 characters; a launch's `OP/CASE` is
+    cut alike, so a case named past that still owns its launches."""
+    said = Said(Asked(cases=None, kernels=frozenset({"_Z1kv"})))
+    said.line(json.dumps({"op": "o", "case": "c" * 400, "first_s": 0.5}))
+    said.line(json.dumps({"launched": "_Z1kv", "case": "o/" + "c" * 400}))
+    [case] = said.cases
+    assert [item.case for item in said.launched] == [f"{case.op}/{case.case}"]

@@ -308,10 +308,11 @@ class Said:
         """`{"launched": KERNEL, "case": "OP/CASE"}`: kept when the kernel is one of the
         file's added kernels and the case one asked, once per pair (a name of torch's own
         kernels, or of another file's, is counted as unasked)."""
-        kernel, case = data["launched"], data.get("case")
-        if not isinstance(kernel, str) or not isinstance(case, str) or \
-                len(kernel) > LINE_BYTES or len(case) > TEXT:
+        kernel, said = data["launched"], data.get("case")
+        if not isinstance(kernel, str) or not isinstance(said, str):
             return False
+        op, _slash, rest = said.partition("/")  # each part cut as a case line's are
+        case = f"{_text(op)}/{_text(rest)}"
         asked = kernel in self.asked.kernels and (self.asked.cases is None
                                                   or case in self.asked.cases)
         if self._new("launched", f"{kernel}\0{case}", asked):
