@@ -130,6 +130,8 @@ def covered(data: dict[str, Any], never: Mapping[str, list[str]] | None = None
     for item in data["files"]:
         added = sum(c["kernels"] for c in item["cubins"])
         names = (never or {}).get(item["name"], [])
+        for cubin in item["cubins"]:
+            cubin["launched"] = cubin["kernels"]
         item["coverage"] = {"added": added, "launched": added - len(names),
                             "compared": added - len(names), "never_launched": names,
                             "unreachable": [], "recorder": None}

@@ -324,6 +324,10 @@ def _coverage_broken(change: str) -> object:
         del data["coverage"]
     elif change == "partial-format-2":
         data["format"] = 2
+    elif change == "cubin-launched-past-kernels":
+        first["cubins"][0]["launched"] = first["cubins"][0]["kernels"] + 1
+    elif change == "cubin-launched-absent":
+        del first["cubins"][0]["launched"]
     return data
 
 
@@ -333,7 +337,7 @@ def _coverage_broken(change: str) -> object:
     "never-does-not-add-up", "never-twice", "never-not-names", "never-empty-name",
     "never-huge-list", "unreachable-and-never", "unreachable-no-why", "bool-count",
     "huge-count", "no-coverage", "recorder-type", "sum-wrong", "sum-bool", "no-sum",
-    "partial-format-2"])
+    "partial-format-2", "cubin-launched-past-kernels", "cubin-launched-absent"])
 def test_coverage_that_does_not_hold_is_no_proof(change: str) -> None:
     """Issue 63: the coverage is checked as every field is (types, bounds, the counts add
     up, no name twice, the file's and the whole's agree), and the verdict against it:

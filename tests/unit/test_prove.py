@@ -390,6 +390,8 @@ def test_every_added_kernel_launched_is_proven_with_its_coverage(
         "added": len(added), "launched": len(added), "compared": len(added),
         "never_launched": [], "unreachable": [], "recorder": None}
     assert data["coverage"]["never_launched"] == 0 and "warning" not in done.stderr
+    assert [c["launched"] for c in data["files"][0]["cubins"]] == [
+        c["kernels"] for c in data["files"][0]["cubins"]]  # each cubin's, by name
     summary = read_proof(tmp_path / "p.json", None)[1]
     assert summary.line().endswith(f"proven for {len(added)} of {len(added)} added kernels; "
                                    "0 never launched")
@@ -412,6 +414,7 @@ def test_added_kernels_never_launched_make_it_partial_and_are_named(
     assert data["verdict"] == "partial" and data["problems"] == []
     assert data["files"][0]["coverage"]["never_launched"] == never
     assert data["files"][0]["coverage"]["launched"] == ran_count
+    assert sum(c["launched"] for c in data["files"][0]["cubins"]) >= ran_count
     line = f"proven for {ran_count} of {len(added)} added kernels; {len(never)} never launched"
     assert f"warning: partial: {line}" in done.stderr
     assert f"verdict: partial: {line}" in done.stdout

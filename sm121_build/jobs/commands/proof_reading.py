@@ -222,6 +222,9 @@ def summarise(data: object) -> ProofSummary:
             _need(isinstance(loaded, bool), "a cubin's loaded is not true or false")
             found, wanted = _count(cubin.get("found"), "found"), _count(cubin.get("kernels"),
                                                                         "kernels")
+            if form == FORMAT:
+                _need(_count(cubin.get("launched"), "a cubin's launched") <= wanted,
+                      "a cubin's launched is more than its kernels")
             cubins[0] += loaded
             cubins[1] += 1
             kernels[0] += min(found, wanted)

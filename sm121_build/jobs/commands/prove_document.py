@@ -74,7 +74,8 @@ def coverage_line(added: int, compared: int, never: int, unreachable: int) -> st
 
 @dataclass(frozen=True)
 class CubinResult:
-    """One added cubin the GPU loads: where it sits, what it defines, what the driver did."""
+    """One added cubin the GPU loads: where it sits, what it defines, what the driver did,
+    and how many of its kernels a case launched."""
 
     number: int
     sm: str
@@ -85,12 +86,13 @@ class CubinResult:
     missing: tuple[str, ...]
     missing_count: int
     error: str | None
+    launched: int = 0  # its kernels some case launched (by name)
 
     def as_json(self) -> dict[str, Any]:
         return {"number": self.number, "sm": self.sm, "container": self.container,
                 "kernels": self.kernels, "loaded": self.loaded, "found": self.found,
                 "missing": list(self.missing), "missing_count": self.missing_count,
-                "error": self.error}
+                "error": self.error, "launched": self.launched}
 
 
 @dataclass(frozen=True)

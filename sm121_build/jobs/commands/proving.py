@@ -268,7 +268,9 @@ def coverage(item: Extracted, launched: list[Launched], ops: list[OpResult],
 
 
 def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | None,
-                covered: Coverage) -> FileResult:
+                covered: Coverage, launched: frozenset[str] = frozenset()) -> FileResult:
+    """The file's result: per added cubin this GPU loads, what the driver did and how many
+    of its kernels a case launched (`launched`: the file's added kernels launched)."""
     results = []
     for cubin in item.cubins:
         path = item.paths.get(cubin.number)
@@ -281,7 +283,8 @@ def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | 
                              f"of {len(cubin.kernels)} kernel(s)")
         results.append(CubinResult(cubin.number, cubin.sm, cubin.entry.container,
                                    len(cubin.kernels), load.loaded, load.found, load.missing,
-                                   load.missing_count, load.error))
+                                   load.missing_count, load.error,
+                                   len(launched & set(cubin.kernels))))
     return FileResult(item.pair.name, tuple(results), len(item.cubins) - len(results), harness,
                       item.pair.sha256, covered)
 
@@ -457,7 +460,8 @@ def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -
         ops += proven.results
         stock_runs.append(proven.without)
         files.append(file_result(item, loads, script, coverage(
-            item, proven.launched, proven.results, proven.recorder)))
+            item, proven.launched, proven.results, proven.recorder),
+            frozenset(one.kernel for one in proven.launched)))
     kept = {item.pair.name for item in extracted}
     unchanged = [LeftOut(pair.name, "it has no cubin its stock file lacks")
                  for pair in request.pairs if pair.name not in kept]
