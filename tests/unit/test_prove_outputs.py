@@ -235,3 +235,20 @@ def test_the_fa2_harness_refuses_bad_options_in_one_line(
     done, calls = _fa2_harness(tmp_path, *args)
     assert done.returncode == 2 and not calls
     assert len(done.stderr.splitlines()) == 1 and said in done.stderr
+
+
+def test_the_native_runs_listing_reaches_the_recorder_before_the_options(
+        tmp_path: Path) -> None:
+    """`prove` gives the native run its added kernels as harness_run's third argument
+    (`SO OUT.pt KERNELS.json`), and harness_fa2's own options after it: both are taken (the
+    FAKE torch has no profiler, so the recorder says once why it records nothing)."""
+    listing = tmp_path / "kernels.json"
+    listing.write_text(json.dumps(["_ZN5flash16flash_fwd_kernelIv"]))
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps({"cases": [{**asdict(Case("varlen_fwd", window=(16, 8))),
+                                           "window": [16, 8]}]}))
+    done, calls = _fa2_harness(tmp_path, str(listing), "--cases", str(file))
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 9
+    said = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sum("recorder" in line for line in said) == 1, said

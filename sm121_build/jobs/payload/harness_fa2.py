@@ -3,7 +3,8 @@
 
 Standard library and torch only, run as a script by the interpreter `prove --python` names:
 
-    python3 harness_fa2.py SO OUT.pt [--kernels NAMES.txt | --cases CASES.json] [--slice I/N]
+    python3 harness_fa2.py SO OUT.pt [KERNELS.json] [--kernels NAMES.txt | --cases CASES.json]
+        [--slice I/N]
 
 The fixed cases first (`VARLEN`, `KVCACHE`), then those derived from the kernels
 (fa2_kernels.py, its sibling): `--kernels`, the names of the kernels to launch (one a line:
@@ -276,15 +277,18 @@ def one(torch: Any, saved: dict[str, Any], schemas: dict[str, Any], case: Any) -
 
 
 def main(argv: list[str]) -> int:
+    # `SO OUT.pt [KERNELS.json]` is harness_run's (the recorder's listing, the native run's);
+    # this harness's own options follow
+    plain = 3 if len(argv) > 2 and not argv[2].startswith("--") else 2
     try:
-        opts = options(argv[2:])
+        opts = options(argv[plain:])
         names, given = read_cases(opts)
     except (OSError, ValueError) as exc:  # fa2.NameError_ is a ValueError
         text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         sys.stderr.write(f"usage: harness_fa2.py SO OUT.pt [--kernels F | --cases F] "
                          f"[--slice I/N]: {text}\n")
         return 2
-    return int(harness.run(argv[:2], "harness_fa2.py", cases_with(opts, names, given)))
+    return int(harness.run(argv[:plain], "harness_fa2.py", cases_with(opts, names, given)))
 
 
 if __name__ == "__main__":
