@@ -337,7 +337,14 @@ def attested(registry: Registry, digest: str, trust: TrustKey,
              predicate_type: str) -> dict[str, object]:
     """The predicate of the newest statement of `predicate_type` about exactly this image
     that `trust` signed; Untrusted when there is none.  Each envelope costs its bytes once
-    (one PAE, one hash) and at most `MAX_ENVELOPE_SIGNATURES` signature checks."""
+    (one PAE, one hash) and at most `MAX_ENVELOPE_SIGNATURES` signature checks; the list and
+    every envelope it names are read within one registry limit in all (`budget`)."""
+    with registry.door.budget():
+        return _attested(registry, digest, trust, predicate_type)
+
+
+def _attested(registry: Registry, digest: str, trust: TrustKey,
+              predicate_type: str) -> dict[str, object]:
     for layer in reversed(_layers(registry, digest, "att")):
         blob = layer.get("digest")
         if layer.get("mediaType") != DSSE_ENVELOPE or not isinstance(blob, str):
@@ -367,10 +374,10 @@ def _predicate(statement: bytes, predicate_type: str,
             not isinstance(data.get("predicate"), dict):
         return None
     subjects = data.get("subject")
-    names = {(item.get("name"), item["digest"].get("sha256"))
-             for item in (subjects if isinstance(subjects, list) else [])
-             if isinstance(item, dict) and isinstance(item.get("digest"), dict)}
-    if (subject[0], subject[1].split(":", 1)[1]) not in names:
+    wanted = (subject[0], subject[1].split(":", 1)[1])
+    if not any(isinstance(item, dict) and isinstance(item.get("digest"), dict) and
+               (item.get("name"), item["digest"].get("sha256")) == wanted
+               for item in (subjects if isinstance(subjects, list) else [])):
         return None
     return dict(data["predicate"])
 
@@ -380,7 +387,14 @@ def require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:
     `trust`, for exactly that digest and this repository.  As cosign does, each signature
     is read with a size bound and one that cannot be read (a missing or oversized blob,
     damaged JSON) or does not verify is skipped and counted: one valid signature is
-    enough, so whoever can push beside the image cannot stop a consumer's run."""
+    enough, so whoever can push beside the image cannot stop a consumer's run; the list and
+    every blob it names are read within one registry limit in all (`budget`), so neither
+    can they make it last a limit for each of its layers."""
+    with registry.door.budget():
+        _require_signed(registry, digest, trust)
+
+
+def _require_signed(registry: Registry, digest: str, trust: TrustKey) -> None:
     layers = _layers(registry, digest)
     if not layers:
         raise Untrusted(f"{registry.repo}@{digest} is not signed ({trust.path} is trusted)")

@@ -115,14 +115,23 @@ def _token(body: bytes) -> str:
     return token
 
 
-def _realm_allowed(realm: str, host: str) -> bool:
-    """A token realm credentials may be sent to: HTTPS, or plain HTTP on loopback when the
-    registry itself is on loopback."""
-    parts = urllib.parse.urlsplit(realm)
-    if parts.scheme == "https" and parts.hostname:
+def _may_send_to(url: str, host: str) -> bool:
+    """Whether a URL a registry named (a token realm, an upload's `Location`) may be sent
+    credentials and data: HTTPS, or plain HTTP on loopback when the registry itself is on
+    loopback.  A URL with user info (`http://[::1]@elsewhere/`) is neither: its host is
+    what follows the `@`, never what precedes it."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    if not parts.hostname or "@" in parts.netloc or len(url) > MAX_LOCATION:
+        return False
+    if parts.scheme == "https":
         return True
-    return parts.scheme == "http" and bool(parts.hostname) and _loopback(host) and \
-        _loopback(parts.netloc)
+    named = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return parts.scheme == "http" and _loopback(host) and \
+        _loopback(f"{named}:{port}" if port else named)
 
 
 @dataclass
@@ -165,7 +174,7 @@ class Registry:
             return creds is not None
         params = dict(_CHALLENGE.findall(challenge[:MAX_CHALLENGE]))
         realm = params.pop("realm", "")
-        if not _realm_allowed(realm, host):
+        if not _may_send_to(realm, host):
             return False
         params["scope"] = f"repository:{name}:pull,push"
         answer = self.door.call(Request("GET", realm, MAX_TOKEN_ANSWER, "a token",
@@ -218,10 +227,7 @@ class Registry:
         another HTTP(S) address; anything else is refused."""
         if location.startswith("/") and not location.startswith("//"):
             return self.base.split("/v2/")[0] + location
-        parts = urllib.parse.urlsplit(location)
-        if parts.scheme in ("http", "https") and parts.netloc and \
-                (parts.scheme == "https" or _loopback(parts.netloc)) and \
-                len(location) <= MAX_LOCATION:
+        if _may_send_to(location, split_repository(self.repo)[0]):
             return location
         raise RegistryUnavailable(f"{self.repo}: cannot start an upload (the registry "
                                   "named no usable place to send it)")

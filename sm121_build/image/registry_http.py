@@ -157,9 +157,17 @@ class Request:
     auth: tuple[str, str] | None = None
 
 
+# The monotonic time a whole check (a list and every blob it names) must end by, when one
+# is under way (`HttpDoor.budget`); 0: none.
+_BUDGET: contextvars.ContextVar[float] = contextvars.ContextVar("registry_budget",
+                                                               default=0.0)
+
+
 @contextmanager
 def _deadline(seconds: float) -> Iterator[None]:
-    token = _DEADLINE.set(time.monotonic() + seconds)
+    ends = time.monotonic() + seconds
+    budget = _BUDGET.get()
+    token = _DEADLINE.set(min(ends, budget) if budget else ends)
     try:
         yield
     finally:
@@ -177,12 +185,29 @@ class HttpDoor:
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
 
+    @contextmanager
+    def budget(self) -> Iterator[None]:
+        """A check made of many calls (a signature list and each blob it names) ends within
+        one limit in all, not one for each call: whoever can push beside an image cannot
+        make its check last 64 limits.  A call begun after it is spent fails at once."""
+        if _BUDGET.get():
+            yield
+            return
+        token = _BUDGET.set(time.monotonic() + self.seconds)
+        try:
+            yield
+        finally:
+            _BUDGET.reset(token)
+
     def call(self, request: Request, wanted: frozenset[int] = frozenset({200})) -> Answer:
         """`request`'s answer, read whole within the deadline: a status in `wanted` with a
         body of at most `request.limit` bytes, any other with at most 64 KiB of it."""
         late = RegistryUnavailable(f"{self.label}: no whole answer to {request.what} in "
                                    f"{self.seconds:g} s (set {REGISTRY_VARIABLE} to wait "
                                    "longer)")
+        spent = _BUDGET.get()
+        if spent and time.monotonic() >= spent:  # a check whose one limit is spent
+            raise late
         with _deadline(self.seconds):
             try:
                 response = self._session.request(
@@ -192,6 +217,10 @@ class HttpDoor:
             except (requests.exceptions.Timeout, TimeoutError):
                 raise late from None
             except requests.exceptions.RequestException as exc:
+                if _refused(exc):
+                    raise RegistryUnavailable(f"{self.label}: {request.what}: no connection "
+                                              "(refused, or a host no name resolves to)"
+                                              ) from None
                 if _timed_out(exc):
                     raise late from None
                 raise RegistryUnavailable(f"{self.label}: {request.what}: "
@@ -202,21 +231,32 @@ class HttpDoor:
                 return Answer(response.status_code, dict(response.headers), body)
 
 
-def _timed_out(exc: BaseException) -> bool:
-    """Whether a requests/urllib3 error is, somewhere in its chain, a timeout."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """A requests/urllib3 error and what it wraps (its first argument, its reason, its
+    context), each once."""
     seen: set[int] = set()
     item: BaseException | None = exc
     while item is not None and id(item) not in seen:
         seen.add(id(item))
-        if isinstance(item, (TimeoutError, requests.exceptions.Timeout,
-                             urllib3.exceptions.TimeoutError)):
-            return True
+        yield item
         nested = item.args[0] if item.args and isinstance(item.args[0],
                                                           BaseException) else None
         reason = getattr(item, "reason", None)
         item = nested or (reason if isinstance(reason, BaseException) else None) or \
             item.__context__
-    return False
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether the connection could not be made at all (refused, no such host): urllib3's
+    NewConnectionError is a subclass of its connect timeout, but no wait would help."""
+    return any(isinstance(item, (urllib3.exceptions.NewConnectionError,
+                                 ConnectionRefusedError)) for item in _chain(exc))
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a requests/urllib3 error is, somewhere in its chain, a timeout."""
+    return any(isinstance(item, (TimeoutError, requests.exceptions.Timeout,
+                                 urllib3.exceptions.TimeoutError)) for item in _chain(exc))
 
 
 def _body(response: requests.Response, limit: int, what: str,

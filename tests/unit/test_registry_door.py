@@ -428,15 +428,24 @@ def test_an_envelope_of_many_signatures_costs_its_bytes_once(
     assert len(checked) == 32 * cosign.MAX_ENVELOPE_SIGNATURES
 
 
-def test_a_token_realm_gets_credentials_only_over_https_or_on_loopback() -> None:
-    from sm121_build.image.registry import _realm_allowed
+def test_credentials_and_uploads_go_only_over_https_or_to_loopback() -> None:
+    from sm121_build.image.registry import Registry, _may_send_to
 
-    assert _realm_allowed("https://auth.example/token", "ghcr.io")
-    assert _realm_allowed("http://127.0.0.1:5/token", "127.0.0.1:5000")
-    assert not _realm_allowed("http://auth.example/token", "ghcr.io")
-    assert not _realm_allowed("http://evil.example/token", "127.0.0.1:5000")  # loopback too
-    assert not _realm_allowed("ftp://x/token", "ghcr.io")
-    assert not _realm_allowed("https:///token", "ghcr.io")
+    assert _may_send_to("https://auth.example/token", "ghcr.io")
+    assert _may_send_to("http://127.0.0.1:5/token", "127.0.0.1:5000")
+    assert _may_send_to("http://[::1]:5/token", "127.0.0.1:5000")
+    assert not _may_send_to("http://auth.example/token", "ghcr.io")
+    assert not _may_send_to("http://evil.example/token", "127.0.0.1:5000")  # loopback too
+    assert not _may_send_to("ftp://x/token", "ghcr.io")
+    assert not _may_send_to("https:///token", "ghcr.io")
+    # red team: user info before the host is not the host (credentials went to 192.0.2.2)
+    for url in ("http://[::1]@192.0.2.2:8080/token", "http://127.0.0.1:@192.0.2.2/token",
+                "http://localhost@evil.example/x", "https://u:p@auth.example/token",
+                "http://127.0.0.1:99999/token"):
+        assert not _may_send_to(url, "127.0.0.1:5000"), url
+    upload = Registry("127.0.0.1:5000/k")
+    with pytest.raises(RegistryUnavailable, match="no usable place"):
+        upload._upload_url("http://[::1]@192.0.2.2:8080/v2/k/blobs/uploads/u")
 
 
 def _cli(args: list[str], env: dict[str, str], signal_after: float | None = None
@@ -524,3 +533,61 @@ def test_an_answer_that_is_not_the_manifest_is_never_read_as_one(hostile: str) -
         SCRIPT = Script(plain(status, json.dumps({"layers": []}).encode()))
         with pytest.raises(RegistryUnavailable, match=rf"HTTP {status}"):
             registry(hostile).manifest("x")
+
+
+def test_a_list_of_dripping_blobs_is_read_within_one_limit(hostile: str,
+                                                           tmp_path: Path) -> None:
+    """Red team: 12 junk layers whose blobs each drip a byte at a time made a check last a
+    limit for each (64 layers, 60 s: an hour).  The list and its blobs share one limit:
+    the blobs after it is spent are not asked for at all."""
+    global SCRIPT
+    public = key_pair(tmp_path, "k")[1]
+    layers = [{"mediaType": cosign.SIMPLE_SIGNING, "digest": f"sha256:{i:064x}",
+               "annotations": {cosign.SIGNATURE_ANNOTATION: "AAAA"}} for i in range(12)]
+    listing = json.dumps({"layers": layers}).encode()
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        if "/manifests/" in handler.path:
+            plain(200, listing)(handler)
+        else:
+            drip(b"x" * 40)(handler)
+    SCRIPT = Script(answer)
+    with pytest.raises(cosign.Untrusted, match=r"12 signature\(s\): 12 unreadable"):
+        cosign.require_signed(registry(hostile, 1.0), DIGEST, cosign.TrustKey.load(public))
+    blobs_asked = sum("/blobs/" in path for path in SCRIPT.paths)
+    assert blobs_asked <= 2, SCRIPT.paths  # the first drips the whole limit away
+
+
+def test_a_refused_connection_is_said_as_such_not_as_a_wait(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(RegistryUnavailable, match="no connection") as refused:
+        registry(f"127.0.0.1:{port}/k").manifest("x")
+    assert "SM121_REGISTRY_TIMEOUT" not in str(refused.value)
+
+
+def test_a_statement_whose_subject_is_of_another_type_is_not_read(
+        tmp_path: Path, memory: tuple[str, MemoryRegistry]) -> None:
+    """Red team: a list where a subject's name or digest was a string made a set of
+    unhashable values (a traceback), even signed by the trusted key."""
+    repo, store = memory
+    key = cosign.SigningKey.load(key_pair(tmp_path, "k")[0], None)
+    layers = []
+    for subject in ([{"name": [repo], "digest": {"sha256": DIGEST[7:]}}],
+                    [{"name": repo, "digest": {"sha256": [DIGEST[7:]]}}],
+                    [{"name": {"a": 1}, "digest": {"sha256": {}}}]):
+        body = json.dumps({"predicateType": "p", "subject": subject,
+                           "predicate": {}}).encode()
+        envelope = json.dumps({"payloadType": cosign.IN_TOTO,
+                               "payload": base64.b64encode(body).decode(),
+                               "signatures": [{"sig": key.sign(cosign.pae(cosign.IN_TOTO,
+                                                                          body))}]}).encode()
+        store.blobs[digest_of(envelope)] = envelope
+        layers.append({"mediaType": cosign.DSSE_ENVELOPE, "digest": digest_of(envelope)})
+    store.manifests[cosign.signature_tag(DIGEST, "att")] = json.dumps(
+        {"layers": layers}).encode()
+    with pytest.raises(cosign.Untrusted):
+        cosign.attested(registry(repo), DIGEST, key.public(tmp_path / "k.pub"), "p")
