@@ -51,10 +51,10 @@ def read(smi: str, run: SmiRunner = output) -> HostGpu | None:
 def driver_cuda(header: str) -> str | None:
     """The CUDA version nvidia-smi's banner names: the newest the driver runs (and JITs)."""
     marker = "CUDA Version:"
-    if marker in header:
-        value = header.split(marker, 1)[1].split()[0]
-        if value.replace(".", "").isdigit():
-            return value
+    words = header.split(marker, 1)[1].split() if marker in header else []
+    # a banner cut at the marker (a lying nvidia-smi, or the children door's bound) names none
+    if words and re.fullmatch(r"\d+(\.\d+)*", words[0], re.ASCII):
+        return words[0]
     return None
 
 

@@ -313,3 +313,19 @@ def test_a_lone_image_of_another_platform_is_refused_by_its_config(
     assert "holds no linux/arm64 image (it holds linux/amd64)" in line
     assert cli("audit", "--json", str(image), "--platform", "linux/amd64").returncode == 0
     assert cli("audit", "--json", str(image)).returncode == 0
+
+
+def test_a_banner_that_ends_at_cuda_version_names_no_cuda() -> None:
+    """nvidia-smi's banner cut right after `CUDA Version:` (a lying nvidia-smi, or the
+    children door's bound) names no CUDA version: the fallback (None), never an IndexError."""
+    from sm121_build.cuda.nvidia_smi import driver_cuda, gpu_defaults
+
+    banner = "| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version:"
+    for header in (banner, banner + "   \n", banner + " x.y", banner + " ."):
+        assert driver_cuda(header) is None
+    assert driver_cuda(banner + " 13.0 |") == "13.0"
+
+    def smi(args: list[str]) -> str:
+        return "NVIDIA GB10, 12.1, 580.95.05\n" if len(args) > 1 else banner
+
+    assert gpu_defaults(lambda name: "/fake/nvidia-smi", smi) == ("sm_121", None)
