@@ -48,6 +48,18 @@ class EngineUnavailable(Sm121Error):
     exit_code = 4
 
 
+class DockerConfigRefused(EngineUnavailable):
+    """Docker's config.json, which the Docker SDK reads itself to reach the engine, is not a
+    bounded regular file of the shape the SDK reads: the engine cannot be asked (exit 4)."""
+
+    fix = ("make it a regular JSON object of at most 1 MiB, remove it, or set DOCKER_CONFIG "
+           "to a folder with one")
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{detail}: {self.fix}")
+        self.detail = " ".join(detail.split())
+
+
 class BuildFailed(Sm121Error):
     """The compile failed; the log file says why."""
 

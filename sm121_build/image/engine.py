@@ -33,6 +33,7 @@ from typing import IO, Any, cast
 import docker
 import docker.errors
 import docker.types
+import docker.utils.config
 import requests.adapters
 import requests.exceptions
 import urllib3.exceptions
@@ -42,6 +43,7 @@ from sm121_build.core.children import Lines, Program, run
 from sm121_build.core.console import note
 from sm121_build.core.errors import (
     BuildFailed,
+    DockerConfigRefused,
     EngineRefused,
     EngineUnavailable,
     ManifestUnknown,
@@ -49,6 +51,7 @@ from sm121_build.core.errors import (
     RegistryUnavailable,
     Sm121Error,
 )
+from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.interrupts import answer_within
 from sm121_build.core.leftovers import LEFT_BEHIND
 from sm121_build.core.limits import ENGINE_VARIABLE, REGISTRY_VARIABLE, Limits
@@ -114,10 +117,63 @@ class _Answering(requests.adapters.BaseAdapter):
         self.inner.close()
 
 
+MAX_DOCKER_CONFIG = 1 << 20
+# the parts of config.json the SDK reads, and what each must be: an object of objects (auths,
+# proxies: the SDK calls .get/.items on each) or an object of strings (HttpHeaders)
+_CONFIG_SHAPE = {"auths": dict, "proxies": dict, "HttpHeaders": str}
+
+
+def check_docker_config() -> None:
+    """Docker's config.json as the Docker SDK would find it (DOCKER_CONFIG's, else
+    ~/.docker/config.json, else ~/.dockercfg), checked through the files-in door before the
+    SDK opens it with a plain blocking open() and no bound: a FIFO, a device, a link to
+    /dev/zero, a file over 1 MiB, or JSON of a shape the SDK crashes on (not an object; an
+    `auths`, `proxies` or `HttpHeaders` of another type) is a `DockerConfigRefused`, one
+    line.  Text that is not JSON at all the SDK itself ignores, so it is let through."""
+    path = docker.utils.config.find_config_file()
+    if not path:
+        return
+    try:
+        raw = read_input(path, MAX_DOCKER_CONFIG, "Docker's config.json")
+    except InputRefused as exc:
+        raise DockerConfigRefused(f"{exc} (the Docker SDK reads it to reach the engine)") \
+            from None
+    try:
+        config = json.loads(raw)
+    except (ValueError, RecursionError):
+        return
+    if not _sdk_readable(config):
+        raise DockerConfigRefused(f"{path}: Docker's config.json is not of the shape the "
+                                  "Docker SDK reads")
+
+
+def _sdk_readable(config: object) -> bool:
+    """Whether the SDK can read `config`: an object whose `auths`/`proxies` are objects of
+    objects (each auth's fields strings) and `HttpHeaders` an object of strings."""
+    if not isinstance(config, dict):
+        return False
+    for key, inner in _CONFIG_SHAPE.items():
+        part = config.get(key, {})
+        if not isinstance(part, dict) or not all(isinstance(v, inner) for v in part.values()):
+            return False
+    return all(isinstance(value, str) for entry in config.get("auths", {}).values()
+               for value in entry.values()) and \
+        all(isinstance(value, (str, type(None))) for entry in config.get("proxies", {}).values()
+            for value in entry.values())
+
+
+def _client(timeout: float) -> docker.DockerClient:
+    """The SDK's client for the engine DOCKER_HOST names, once Docker's config.json (which
+    the SDK reads itself) has passed `check_docker_config`."""
+    check_docker_config()
+    return docker.from_env(timeout=timeout)
+
+
 def version_and_info(timeout: int = 10) -> tuple[dict[str, Any], dict[str, Any]]:
     """`docker version` and `docker info` of the engine DOCKER_HOST names (for doctor); the
-    SDK's own errors propagate."""
-    client = docker.from_env(timeout=timeout)
+    SDK's own errors propagate, and a config.json the SDK must not read is a
+    `DockerConfigRefused`."""
+    client = _client(timeout)
     try:
         return dict(client.version()), dict(client.info())
     finally:
@@ -141,7 +197,7 @@ class Engine:
         limits = Limits.from_environment()
         host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
-            client = docker.from_env(timeout=limits.engine_s)
+            client = _client(limits.engine_s)
             client.ping()
         except (docker.errors.DockerException, *_NO_ANSWER) as exc:
             if _timed_out(exc):
@@ -560,7 +616,10 @@ class Engine:
 def find_buildkit_client(which: Callable[[str], str | None],
                          build_help: Callable[[str], str | None]) -> str | None:
     """The first docker CLI whose `build --help` (None when it fails) offers BuildKit's
-    `--secret`: what `Engine.buildkit_client` and `doctor` both ask."""
+    `--secret`: what `Engine.buildkit_client` and `doctor` both ask.  The CLI reads Docker's
+    config.json itself, so one `check_docker_config` refuses is a `DockerConfigRefused`
+    before any CLI is run (a FIFO there would hold each `build --help` to its deadline)."""
+    check_docker_config()
     for candidate in BUILDKIT_CLIENT_CANDIDATES:
         path = which(candidate)
         if path and "--secret" in (build_help(path) or ""):

@@ -319,3 +319,92 @@ def test_a_docker_cli_without_buildkit_is_named_not_called_missing() -> None:
         "/usr/bin/docker: `build --help` failed, hung or offers no BuildKit")
     none = buildkit(fake_probe(tools=("cmake",)))[0]
     assert none.status == "WARN" and none.detail.startswith("no docker CLI with BuildKit")
+
+
+@pytest.mark.parametrize("shape", ["[1,2]", '"x"', "1", "null", '{"auths": [1]}',
+                                   '{"auths": null, "credHelpers": "x", "credsStore": 1}'])
+def test_a_docker_config_of_another_shape_is_no_login(tmp_path: Path, shape: str) -> None:
+    """config.json that is valid JSON but not an object (or whose parts are of another
+    type) is read as no login: a WARN line, never an AttributeError."""
+    (tmp_path / "config.json").write_text(shape)
+    probe = fake_probe(environ={"DOCKER_CONFIG": str(tmp_path)})
+    checks = registry_logins(probe, ["ghcr.io/x/y"])
+    assert [(c.status, c.fix) for c in checks] == [("WARN", "docker login ghcr.io")]
+
+
+def _hostile_config(tmp_path: Path, kind: str) -> Path:
+    """A DOCKER_CONFIG folder whose config.json is a FIFO or a link to /dev/zero."""
+    folder = tmp_path / kind
+    folder.mkdir()
+    if kind == "fifo":
+        os.mkfifo(folder / "config.json")
+    else:
+        (folder / "config.json").symlink_to("/dev/zero")
+    return folder
+
+
+def _bounded(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The CLI with at most 1 GiB of address space, ended (a failure) if it hangs."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    try:
+        return subprocess.run([sys.executable, "-m", "sm121_build", *args],
+                              capture_output=True, text=True, check=False, timeout=60,
+                              env={**os.environ, **env}, preexec_fn=cap)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{args} hung on a hostile Docker config.json")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_docker_config_that_blocks_or_floods_is_one_line_before_the_sdk(
+        tmp_path: Path, kind: str) -> None:
+    """The Docker SDK (and the docker CLI) read config.json themselves with a blocking,
+    unbounded read: a FIFO or /dev/zero there is refused through the files-in door before
+    either is asked: a command that reaches the engine ends at once in one line (exit 4),
+    and doctor says it as FAIL lines with the fix."""
+    env = {"DOCKER_CONFIG": str(_hostile_config(tmp_path, kind)),
+           "DOCKER_HOST": f"unix://{tmp_path}/none.sock", "XDG_STATE_HOME": str(tmp_path)}
+    said = "a FIFO" if kind == "fifo" else "a character device"
+    done = _bounded("prune", "--keep", "1", env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 4 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and said in lines[0] and "DOCKER_CONFIG" in lines[0]
+    doctor = _bounded("doctor", "--json", env=env)
+    assert "Traceback" not in doctor.stderr, doctor.stderr
+    checks = by_name([Check(**c) for c in json.loads(doctor.stdout)["checks"]])
+    for name in ("engine", "buildkit"):
+        assert checks[name].status == "FAIL" and said in checks[name].detail, checks[name]
+        assert "DOCKER_CONFIG" in checks[name].fix
+
+
+@pytest.mark.parametrize("shape", [
+    "[1,2]", "null", '{"proxies": [1]}', '{"proxies": {"default": [1]}}', '{"auths": [1]}',
+    '{"auths": {"x": 1}}', '{"auths": {"x": {"auth": 1}}}', '{"HttpHeaders": [1]}',
+    '{"HttpHeaders": {"X": 1}}', "not json", '{"auths": {"x": {"auth": "dTpw"}}}',
+    '{"proxies": {"default": {"httpProxy": "http://p:3128"}}, "HttpHeaders": {"X": "y"}}'])
+def test_what_the_config_check_lets_through_the_sdk_can_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
+    """Every config.json shape is either refused in one line (DockerConfigRefused) or one
+    the SDK's client is made from, and asks the engine with, without an error of its own
+    (here only the missing socket's)."""
+    import docker
+    import requests
+
+    from sm121_build.core.errors import DockerConfigRefused
+    from sm121_build.image.engine import check_docker_config
+
+    (tmp_path / "config.json").write_text(shape)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    try:
+        check_docker_config()
+    except DockerConfigRefused as exc:
+        assert str(tmp_path / "config.json") in str(exc)
+        return
+    client = docker.from_env(version="1.41", timeout=1)
+    with pytest.raises(requests.exceptions.ConnectionError):  # no socket: only that
+        client.ping()
+    client.close()

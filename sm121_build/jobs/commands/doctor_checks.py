@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sm121_build.core.errors import Sm121Error
+from sm121_build.core.errors import DockerConfigRefused, Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.limits import Limits
 from sm121_build.core.paths import cache_dir, state_dir
@@ -114,6 +114,9 @@ def engine_checks(probe: Probe) -> tuple[list[Check], EngineFacts | None]:
     host = probe.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
         facts = probe.engine()
+    except DockerConfigRefused as exc:
+        return [Check("engine", "FAIL", exc.detail,
+                      f"Docker's config.json: {exc.fix}")], None
     except Exception as exc:
         socket = host.removeprefix("unix://") if host.startswith("unix://") else ""
         if socket and os.path.exists(socket) and not os.access(socket, os.R_OK | os.W_OK):
@@ -172,8 +175,12 @@ def docker_group(probe: Probe) -> list[Check]:
 def buildkit(probe: Probe) -> list[Check]:
     from sm121_build.image.engine import find_buildkit_client
 
-    path = find_buildkit_client(probe.which, lambda client: probe.run([client, "build",
-                                                                       "--help"]))
+    try:
+        path = find_buildkit_client(probe.which, lambda client: probe.run([client, "build",
+                                                                           "--help"]))
+    except DockerConfigRefused as exc:
+        return [Check("buildkit", "FAIL", f"the docker CLI was not asked: it reads Docker's "
+                      f"config.json too ({exc.detail})", f"Docker's config.json: {exc.fix}")]
     if path:
         return [Check("buildkit", "OK", f"{path} builds with BuildKit (cache mounts: a "
                       "rebuild reuses ccache)")]
@@ -284,18 +291,20 @@ def registry_logins(probe: Probe, refs: Iterable[str]) -> list[Check]:
     config_dir = Path(probe.environ.get("DOCKER_CONFIG") or
                       Path(probe.environ.get("HOME", "/")) / ".docker")
     try:
-        config: dict[str, Any] = json.loads(read_input(config_dir / "config.json", 1 << 20,
-                                                       "Docker's config.json"))
+        found: object = json.loads(read_input(config_dir / "config.json", 1 << 20,
+                                              "Docker's config.json"))
     except (OSError, ValueError, RecursionError, Sm121Error):
-        config = {}
-    auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
-    helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}
-    store = config.get("credsStore")
+        found = {}
+    # valid JSON of any shape: each level is type-checked, another shape is no login
+    config: dict[str, Any] = found if isinstance(found, dict) else {}
+    auths = _object(config.get("auths"))
+    helpers = _object(config.get("credHelpers"))
+    store = config.get("credsStore") if isinstance(config.get("credsStore"), str) else None
     checks = []
     for ref in refs:
         registry = registry_of(ref)
         key = DOCKER_HUB if registry == "docker.io" else registry
-        if key in (auths or {}) or registry in (auths or {}) or registry in (helpers or {}):
+        if key in auths or registry in auths or registry in helpers:
             checks.append(Check(f"login {registry}", "OK", f"credentials for {registry} in "
                                 f"{config_dir / 'config.json'}"))
         elif store:
@@ -307,6 +316,11 @@ def registry_logins(probe: Probe, refs: Iterable[str]) -> list[Check]:
                                 "docker login" + ("" if registry == "docker.io" else
                                                   f" {registry}")))
     return checks
+
+
+def _object(value: object) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
 
 
 def paths() -> list[Check]:
