@@ -306,3 +306,35 @@ def test_a_bad_probe_deadline_is_refused(tmp_path: Path, value: str) -> None:
     code, out, calls = _run(env)
     assert code == 1 and out.startswith("error: SM121_CI_PROBE_TIMEOUT="), out
     assert calls == [], calls
+
+
+@pytest.mark.parametrize("docs_fail", [False, True])
+def test_ci_run_leaves_no_rendered_site_in_temp(tmp_path: Path, docs_fail: bool) -> None:
+    """`.ci/run` on a copy of itself with every step stubbed (.ci/system, lint, the venv's
+    python and pip, a CUDA 13.0 nvcc; the stub mkdocs writes its site where it is told):
+    the site's temp folder is gone when the run ends, whether the docs build passed or
+    failed (its exit code passed on)."""
+    checkout = tmp_path / "co"
+    (checkout / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", checkout / ".ci" / "run")
+    for step in ("system", "lint"):
+        (checkout / ".ci" / step).write_text("#!/bin/sh\nexit 0\n")
+    bin_dir, temp, cuda = tmp_path / "bin", tmp_path / "tmp", tmp_path / "cuda" / "bin"
+    for folder in (bin_dir, temp, cuda):
+        folder.mkdir(parents=True)
+    sites = tmp_path / "sites"
+    mkdocs = ('#!/bin/bash\nwhile [ $# -gt 0 ]; do [ "$1" = --site-dir ] && { mkdir -p "$2"; '
+              f'echo x > "$2/index.html"; echo "$2" >> {sites}; }}; shift; done\n'
+              f'exit {1 if docs_fail else 0}\n')
+    _stub(bin_dir, "python3", 'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"\n'
+          f'printf "#!/bin/sh\\nexit 0\\n" > "$3/bin/python"\ncat > "$3/bin/mkdocs" <<\'EOM\'\n'
+          f'{mkdocs}EOM\nchmod +x "$3/bin/python" "$3/bin/mkdocs"; fi\nexit 0\n')
+    _stub(cuda, "nvcc", 'echo "Cuda compilation tools, release 13.0, V13.0.48"\n')
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(temp),
+           "CUDA_HOME": str(cuda.parent), "CALLS": str(tmp_path / "calls"),
+           "HOME": str(tmp_path)}
+    code, output, _calls = _run(env, ["/bin/bash", str(checkout / ".ci" / "run")])
+    assert code == (1 if docs_fail else 0), output
+    site = Path(sites.read_text().strip())
+    assert site.is_relative_to(temp), site  # the stub was run, and wrote into TMPDIR
+    assert list(temp.iterdir()) == [], output
