@@ -298,17 +298,75 @@ def report_error(message: str) -> None:
 _live = {"shown": False}
 
 
+class _EscapedLines(io.TextIOBase):
+    """A stream that code of its own printing (the build script `local` runs in this
+    process, which may not import the package) writes to in place of sys.stdout/sys.stderr:
+    each line it is given leaves on `target` as a one-line sink's (`_line`: every control
+    character escaped, no workflow command, bounded); a line that never ends leaves at
+    `LINE_LIMIT` characters, so nothing of it is held unbounded."""
+
+    def __init__(self, target: Any) -> None:
+        super().__init__()
+        self.target = target
+        self.partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.partial += text
+        while "\n" in self.partial or len(self.partial) >= LINE_LIMIT:
+            cut_at = self.partial.find("\n")
+            end = cut_at if 0 <= cut_at < LINE_LIMIT else LINE_LIMIT
+            line = self.partial[:end]
+            self.partial = self.partial[end + 1 if end == cut_at else end:]
+            self.target.write(_line(line) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def close_line(self) -> None:
+        """What is left of an unfinished line, as a line of its own."""
+        if self.partial:
+            self.target.write(_line(self.partial) + "\n")
+            self.partial = ""
+        self.target.flush()
+
+
+@contextmanager
+def escaped_prints() -> Iterator[None]:
+    """Inside: whatever is printed to sys.stdout or sys.stderr (by code that cannot use this
+    door: `local`'s in-process build script and the compiler messages it quotes) leaves a
+    line at a time with every control character escaped, on the stream it was printed to.
+    This module's own live line still reaches the terminal as it is (`_terminal`)."""
+    out, err = _EscapedLines(sys.stdout), _EscapedLines(sys.stderr)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+    finally:
+        out.close_line()
+        err.close_line()
+
+
+def _terminal() -> Any:
+    """stderr as this module writes its live line there: the stream under `escaped_prints`
+    (the line is escaped already; its `\\r` and erase sequence are the point)."""
+    stream = sys.stderr
+    return stream.target if isinstance(stream, _EscapedLines) else stream
+
+
 def status_line(text: str) -> None:
     """Rewrite one terminal line with the latest build output (nothing when not a TTY, or
     under --progress plain/quiet)."""
     if _live_terminal() and not _quiet_progress():
-        click.echo(f"\r\033[K    {_line(text)[:110]}", nl=False, err=True)
+        click.echo(f"\r\033[K    {_line(text)[:110]}", nl=False, file=_terminal())
         _live["shown"] = True
 
 
 def end_status_line() -> None:
     if _live["shown"]:
-        click.echo("", err=True)
+        click.echo("", file=_terminal())
         _live["shown"] = False
 
 

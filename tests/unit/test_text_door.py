@@ -257,3 +257,42 @@ def test_the_markdown_scan_sees_a_raw_value() -> None:
     source = ("def markdown(r):\n    return f'| {md(r.a)} | {r.why} | {_md_x(r)} | "
               "{str(r.b)} | {md(f\"{r.c} → {r.d}\")} |'\n")
     assert _raw_markdown(ast.parse(source)) == ["markdown: r.why", "markdown: str(r.b)"]
+
+
+def test_local_shows_the_compilers_message_escaped(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`local` runs the build script in this process, and the script (which may not import
+    the package) prints with print(): a compiler message it quotes (`#error` with an OSC
+    title, BEL, U+202E and backspaces) reaches stderr escaped, the script's own stdout too.
+    The real script is run, with a stand-in cmake whose build prints that message."""
+    from click.testing import CliRunner
+
+    import sm121_build.cli as cli_module
+    from devkit.helpers import DATA
+    from sm121_build.jobs.payload import build_extensions
+
+    source = Path(shutil.copytree(DATA / "vllm_like", tmp_path / "src"))
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\nexit 0\n")
+    hostile = 'fp4.cu:1:2: error: #error "boom \x1b]0;pwned\x07 \u202e rev \x08\x08\x08BS"'
+    cmake = tmp_path / "cmake"
+    cmake.write_text(f"#!/bin/sh\n[ \"$1\" = --build ] || exit 0\n"
+                     f"printf '%s\\n' '{hostile}'\nexit 1\n")
+    cmake.chmod(0o755)
+    real = build_extensions.main
+
+    def with_stand_in_cmake(argv: list[str], *rest: object) -> int:
+        return real([*argv, "--cmake", str(cmake)], *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build_extensions, "main", with_stand_in_cmake)
+    monkeypatch.setenv("CUDA_HOME", str(cuda))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    done = CliRunner().invoke(cli_module.cli, ["local", "--source", str(source), "--out",
+                                               str(tmp_path / "out"), "--no-patch"])
+    assert done.exit_code == 5, done.output
+    assert not RAW.search(done.output), repr(done.output)
+    failed = [line for line in done.stderr.splitlines() if "build failed: compiler" in line]
+    assert len(failed) == 1, done.stderr
+    assert '#error "boom \\e]0;pwned\\x07 \\u202e rev \\x08\\x08\\x08BS"' in failed[0]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm121_build.core.compile_progress import shipped_histories
-from sm121_build.core.console import BuildStatus, note
+from sm121_build.core.console import BuildStatus, escaped_prints, note
 from sm121_build.core.errors import BuildFailed, Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
@@ -116,7 +116,9 @@ def run_local(asked: LocalBuild) -> list[Path]:
         cmake = Path(sys.executable).parent / "cmake"
         if cmake.exists():
             argv += ["--cmake", str(cmake)]
-        with BuildStatus(shipped_histories()) as status:  # ninja's progress, as in an image
+        # ninja's progress, as in an image; what the script prints (the compiler's messages
+        # it quotes among them) leaves through the text door, escaped
+        with BuildStatus(shipped_histories()) as status, escaped_prints():
             failed = build_extensions.main([*argv, *build_args], environ, status) != 0
         if failed:
             raise BuildFailed(f"local build failed; full log: {out / 'build.log'}")
