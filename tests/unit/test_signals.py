@@ -105,3 +105,42 @@ def test_an_image_the_engine_did_not_remove_is_named(monkeypatch: pytest.MonkeyP
         finally:
             LEFT_BEHIND.discard(f"image {image}")
             connected.client.close()
+
+
+def test_ctrl_c_during_local_leaves_no_compiler_temp_file(tmp_path: Path) -> None:
+    """`local` interrupted while the build compiles: the compilers are killed (SIGKILL, so
+    they never remove their own temp files: nvcc's tmpxft_*, gcc's cc*.s); they wrote
+    them into the run's own temp folder (TMPDIR of the build), which goes with the run.
+    The real build script runs, with a stand-in cmake whose build writes a temp file where
+    TMPDIR says and then compiles for ever."""
+    root = Path(__file__).resolve().parents[2]
+    temp, cuda = tmp_path / "tmp", tmp_path / "cuda" / "bin"
+    temp.mkdir()
+    cuda.mkdir(parents=True)
+    (cuda / "nvcc").write_text("#!/bin/sh\nexit 0\n")
+    cmake = tmp_path / "cmake"
+    cmake.write_text('#!/bin/sh\n[ "$1" = --build ] || exit 0\n'
+                     'echo x > "${TMPDIR:-/tmp}/tmpxft_0001_fake.cubin"\nexec sleep 600\n')
+    cmake.chmod(0o755)
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import sys\nfrom sm121_build.entry import main\n"
+        "from sm121_build.jobs.payload import build_extensions\nreal = build_extensions.main\n"
+        f"build_extensions.main = lambda argv, *rest: real([*argv, '--cmake', {str(cmake)!r}],"
+        " *rest)\n"
+        f"sys.argv = ['sm121-build', 'local', '--source', {str(root / 'tests/data/vllm_like')!r},"
+        f" '--out', {str(tmp_path / 'out')!r}, '--no-patch']\nmain()\n")
+    env = {**os.environ, "TMPDIR": str(temp), "CUDA_HOME": str(cuda.parent),
+           "PYTHONPATH": str(root), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    process = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    for _ in range(1200):  # until the stand-in compiler has written its temp file
+        if any(temp.rglob("tmpxft_*")) or process.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert any(temp.rglob("tmpxft_*")), process.communicate(timeout=60)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert sorted(temp.rglob("*")) == [], err

@@ -103,8 +103,13 @@ def run_local(asked: LocalBuild) -> list[Path]:
                 want = PatchFor(version, arch, cuda, SM121)
                 for line in apply_for_build(copy, trees, want):
                     note(line)
+        # the compilers' own temp files (nvcc's tmpxft_*, gcc's cc*.s) go into this run's
+        # folder: a compiler killed by an interrupt never removes them, the folder goes
+        scratch = Path(tmp) / "tmp"
+        scratch.mkdir()
         environ = {**os.environ, "TORCH_CUDA_ARCH_LIST": arch.torch, "CUDA_HOME": str(home),
-                   "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc")}
+                   "CMAKE_CUDA_COMPILER": str(home / "bin" / "nvcc"),
+                   "TMPDIR": str(scratch), "TMP": str(scratch), "TEMP": str(scratch)}
         if jobs:
             environ["MAX_JOBS"] = str(jobs)
         argv = ["--source", str(copy), "--out", str(out), "--build-dir", str(Path(tmp) / "b")]
