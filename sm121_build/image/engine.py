@@ -25,7 +25,7 @@ import secrets
 import shutil
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any, cast
@@ -40,7 +40,7 @@ import urllib3.exceptions
 from requests.models import PreparedRequest, Response
 
 from sm121_build.core.children import Lines, Program, run
-from sm121_build.core.console import note
+from sm121_build.core.console import cut, note
 from sm121_build.core.errors import (
     BuildFailed,
     DockerConfigRefused,
@@ -167,6 +167,50 @@ def _client(timeout: float) -> docker.DockerClient:
     the SDK reads itself) has passed `check_docker_config`."""
     check_docker_config()
     return docker.from_env(timeout=timeout)
+
+
+# the engine's words for a push of a tag it does not have (its own failure, not the registry's)
+_NOT_HERE = re.compile(r"does not exist locally|no such image|tag does not exist", re.I)
+# a layer's states that say nothing has moved: the engine waiting for, or retrying, the registry
+_STANDING = re.compile(r"^(Retrying in|Waiting$|Preparing$)")
+_now = time.monotonic  # the clock of the progress rule (a test's own stands in)
+
+
+def _progressed(event: object, seen: dict[tuple[str, str], int]) -> bool:
+    """Whether a push's or pull's event shows progress: more bytes of a layer in a state
+    than before (`progressDetail.current`), or a layer reaching a state it was not in
+    (`Pushed`, `Layer already exists`); a retry's countdown, a wait and bytes sent again
+    after a retry are none.  `seen` keeps the most bytes per (layer, state)."""
+    if not isinstance(event, dict):
+        return False
+    state, layer = event.get("status"), event.get("id")
+    if not isinstance(state, str) or _STANDING.match(state):
+        return False
+    key = (str(layer), state)
+    detail = event.get("progressDetail")
+    current = detail.get("current") if isinstance(detail, dict) else None
+    count = current if isinstance(current, int) and not isinstance(current, bool) else 0
+    if key in seen and count <= seen[key]:
+        return False
+    seen[key] = count
+    return True
+
+
+def _making_progress(events: Iterable[Any], limit_s: float, what: str) -> Iterator[Any]:
+    """`events` as they come, until one arrives more than `limit_s` after the last that
+    showed progress: then `RegistryUnavailable` (a stream that stops altogether is ended by
+    the per-answer limit of `Engine._waiting`)."""
+    seen: dict[tuple[str, str], int] = {}
+    last = _now()
+    for event in events:
+        now = _now()
+        if _progressed(event, seen):
+            last = now
+        elif now - last > limit_s:
+            raise RegistryUnavailable(
+                f"cannot {what}: no progress in {limit_s:g} s (the registry drips, stalls or "
+                f"is retried; set {REGISTRY_VARIABLE} to wait longer)")
+        yield event
 
 
 def version_and_info(timeout: int = 10) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -302,19 +346,34 @@ class Engine:
         return digest
 
     def push(self, ref: str) -> None:
-        """Push a local tag to its registry, as `docker push` (the engine's credentials)."""
+        """Push a local tag to its registry, as `docker push` (the engine's credentials).
+        The engine keeps its event stream alive while it retries a registry that drips or
+        refuses, so each event arriving in time is not enough: a push whose events show no
+        progress (`_progressed`) for SM121_REGISTRY_TIMEOUT ends, and the registry's
+        refusal the engine relays (an `error` event) is the registry's failure, exit 7."""
         name, tag, _digest = split_ref(ref)
+        events: Any = None
         try:
             with self._waiting(self.limits.registry_s):
                 events = self.client.api.push(name, tag=tag or "latest", stream=True,
                                               decode=True)
-            for event in events:
-                if "error" in event:
-                    raise Sm121Error(f"cannot push {ref}: {event['error']}")
+            for event in _making_progress(events, self.limits.registry_s, f"push {ref}"):
+                if not isinstance(event, dict) or "error" not in event:
+                    continue
+                said = cut(str(event["error"]))
+                if _NOT_HERE.search(said):  # the engine's own: no such local tag
+                    raise Sm121Error(f"cannot push {ref}: {said}")
+                raise RegistryUnavailable(f"cannot push {ref}: the registry refused or "
+                                          f"failed: {said}")
         except docker.errors.APIError as exc:
             raise Sm121Error(f"cannot push {ref}: {exc.explanation or exc}") from None
         except _NO_ANSWER as exc:
             raise self._registry_failed("push", ref, exc) from None
+        finally:
+            close = getattr(events, "close", None)
+            if callable(close):  # a push given up: the stream closed, so the engine stops
+                with suppress(*_NO_ANSWER):
+                    close()
 
     def image_id(self, ref: str) -> str | None:
         """The local image ID `ref` names, or None when there is none."""
