@@ -54,7 +54,7 @@ class Route:
 # every call on the engine is limited inside it (image.engine.Engine: the client's timeout,
 # SM121_ENGINE_TIMEOUT; tests/unit/test_time_limits.py): a route that builds reaches it
 ENGINE_LIMIT = Reached("image.api:ImageEngine.build", "the engine's calls")
-REGISTRY_LIMIT = Reached("image.registry:Registry._request")
+REGISTRY_LIMIT = Reached("image.registry_http:HttpDoor.call")
 TAGS = Reached("jobs.framework.pipeline:require_tags_free")
 HOST = Reached("verify.checks:check_host_code")
 PLACED = Reached("jobs.commands.injection:require_known_paths")

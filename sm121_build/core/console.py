@@ -65,14 +65,18 @@ def _size(text: str) -> int:
         return len(text.encode("utf-8", "surrogatepass"))
 
 
-def cut(value: object, limit: int = CUT) -> str:
-    """A value from outside as a message names it: `str(value)`, its first `limit`
-    characters kept and the rest said (`…(N more bytes)`), so no value makes a line
-    unbounded.  Escaping is the sink's (`shown`, `md`, the one-line sinks)."""
+def cut(value: object, limit: int = CUT, tail: int = 0) -> str:
+    """A value from outside as a message names it: `str(value)`, at most `limit` characters
+    of it kept and what was left out said (`…(N more bytes)`), so no value makes a line
+    unbounded; `tail`: how many of those are its last (a path's file name is at its end).
+    Escaping is the sink's (`shown`, `md`, the one-line sinks)."""
     text = str(value)
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}…({_size(text[limit:])} more bytes)"
+    tail = min(tail, limit)
+    head = text[:limit - tail]
+    end = text[len(text) - tail:] if tail else ""
+    return f"{head}…({_size(text[len(head):len(text) - tail])} more bytes){end}"
 
 
 def _bounded(line: str, limit: int = LINE_LIMIT) -> str:
@@ -99,7 +103,7 @@ def shown(text: str, limit: int = NAME_LIMIT) -> str:
     """A name from outside as plain text on one line: every control character escaped
     (`\\n`, `\\e`, `\\x07`, `\\u202e`), at most `limit` characters of it kept (`cut`),
     nothing else changed."""
-    return CONTROL.sub(_escaped, cut(text, limit))
+    return CONTROL.sub(_escaped, cut(text, limit, tail=limit // 4))
 
 
 def shown_cut(value: object, limit: int = CUT) -> str:
@@ -128,7 +132,7 @@ def md_code(text: str, limit: int = NAME_LIMIT) -> str:
     of it kept (`cut`)."""
     if "`" in text or "|" in text or CONTROL.search(text):
         return md(text, limit)
-    return f"`{cut(text, limit)}`"
+    return f"`{cut(text, limit, tail=limit // 4)}`"
 
 
 # what a CI runner reads as a workflow command: `::command::` at a line's start, and its

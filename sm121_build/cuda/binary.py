@@ -150,7 +150,8 @@ class BinaryReport:
 
 def _arch_key(sm: str) -> tuple[int, str]:
     """`sm_100a` -> (100, "sm_100a"): numeric order, then plain before `a`/`f`."""
-    return int("".join(ch for ch in sm[3:] if ch.isdigit())), sm
+    digits = "".join(ch for ch in sm[3:] if ch in "0123456789")  # ASCII: `³` is a digit too
+    return int(digits or "0"), sm
 
 
 def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> BinaryReport:

@@ -279,6 +279,7 @@ class _Out:
         return self
     def int(self):
         return self
+Tensor = _Out
 class _Schema:
     def __init__(self, names):
         self.arguments = [type("A", (), {"name": n})() for n in names]
