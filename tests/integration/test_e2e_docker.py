@@ -953,8 +953,17 @@ def test_prove_image_runs_each_child_in_a_container_of_the_image(
     out = tmp_path / "proof.json"
     done = _prove_image(e2e, image, "--json", str(out), requests=tmp_path / "requests")
     assert done.returncode == 0, done.stderr
-    assert "verdict: proven" in done.stdout
     proof = json.loads(out.read_text())
+    # issue 63: the file no harness runs has its added kernels never launched, so the
+    # verdict says how much was proven (every harnessed file's kernels were: all launched)
+    unharnessed = [f for f in proof["files"] if not f["harness"]]
+    never = sum(len(f["coverage"]["never_launched"]) for f in unharnessed)
+    assert unharnessed and never > 0
+    assert all(not f["coverage"]["never_launched"] for f in proof["files"] if f["harness"])
+    total = proof["coverage"]
+    assert total["never_launched"] == never
+    assert f"verdict: partial: proven for {total['compared']} of {total['added']} added " \
+        f"kernels; {never} never launched" in done.stdout
     jsonschema.Draft202012Validator(schema("proof")).validate(proof)
     labels = e2e.client.images.get(image).labels
     assert proof["subject"] == {"image": image, "image_id": before, "files": None,
@@ -1032,10 +1041,20 @@ def test_a_signed_proof_travels_with_the_kernels_image(
         try:
             _other_files_or_unsigned_proofs_are_refused(e2e, tmp_path, artifacts, repo,
                                                         (signing, trusted), proof)
+            # the image holds a file no harness runs (its kernels never launched): the
+            # proof is partial (issue 63), refused as whole, attached when the user says so
+            whole = one_line_error(e2e.run(
+                "kernels", "publish", "--artifacts", str(artifacts), "--to", repo,
+                "--sign-key", str(signing), "--proof", str(proof)), 3)
+            assert "not attached as a whole proof (give --partial-proof" in whole
             published = e2e.run("kernels", "publish", "--artifacts", str(artifacts), "--to",
-                                repo, "--sign-key", str(signing), "--proof", str(proof))
+                                repo, "--sign-key", str(signing), "--proof", str(proof),
+                                "--partial-proof")
             assert published.returncode == 0, published.stderr
-            line = ("proven on FAKE GB10 (sm_121), driver 580.95.05 (CUDA 13.0), "
+            total = json.loads(proof.read_text())["coverage"]
+            line = (f"partial (proven for {total['compared']:,} of {total['added']:,} added "
+                    f"kernels; {total['never_launched']:,} never launched) on FAKE GB10 "
+                    "(sm_121), driver 580.95.05 (CUDA 13.0), "
                     f"{json.loads(proof.read_text())['made'][:10]}: ")
             assert line in published.stderr and "proof attached: " in published.stderr
             pinned = published.stdout.split()[1]
@@ -1059,11 +1078,11 @@ def test_a_signed_proof_travels_with_the_kernels_image(
             other_key, _other_pub = key_pair(tmp_path, "theirs")
             refused = one_line_error(e2e.run(
                 "kernels", "attest", bare.stdout.split()[1], "--proof", str(proof),
-                "--sign-key", str(other_key)), 3)
+                "--sign-key", str(other_key), "--partial-proof"), 3)
             assert "no https://sm121-build.dev/provenance/v1 statement about" in refused
             attached = e2e.run("kernels", "attest", bare.stdout.split()[1], "--proof",
                                str(proof), "--sign-key", str(signing), "--trust-key",
-                               str(trusted))
+                               str(trusted), "--partial-proof")
             assert attached.returncode == 0, attached.stderr
             assert attached.stdout.strip().endswith(".att")
             said = e2e.run("kernels", "verify", bare.stdout.split()[1], "--trust-key",

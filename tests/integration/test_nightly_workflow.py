@@ -38,6 +38,12 @@ WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
 BASH = ["bash", "--noprofile", "--norc", "-eo", "pipefail"]
 
 
+
+def _as_shown(markdown: str) -> str:
+    """The summary as GitHub shows it: each value's Markdown escapes (`sm\\_90`, `\\(`)
+    read back (the escaper is the text door's; tests/unit/test_run_report.py holds it)."""
+    return re.sub(r"\\([\\`*_{}\[\]<>()#+\-.!|~&$])", r"\1", markdown)
+
 def _workflow() -> dict[str, Any]:
     data: dict[Any, Any] = yaml.safe_load(WORKFLOW.read_text())
     return data
@@ -181,7 +187,8 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     out = runner.temp / "sm121-out"
     assert (out / "artifacts" / "manifest.json").exists()
     assert "tagged " in (out / "console.log").read_text()
-    summary = runner.summary.read_text()
+    # as GitHub shows it: each value's Markdown escapes (`sm\_90`, `\-`) read back
+    summary = _as_shown(runner.summary.read_text())
     assert summary.startswith(f"## sm121-build: `{runner.base}` → `{report['tag']}`")
     assert "**built and verified**" in summary
     plan_row = next(line for line in summary.splitlines() if line.startswith("| `_C.abi3.so`"))
@@ -207,9 +214,9 @@ def test_nightly_builds_verifies_and_summarises(runner: Runner) -> None:
     assert runner.report["pulled"]["before"] == runner.report["pulled"]["after"]
     assert runner.report["after"] == report["after"]  # the audit of the image it found
     # each run appends its plan row and its audit row (the up-to-date run the recalled one)
-    assert runner.summary.read_text().count("| `_C.abi3.so`") == 4
-    assert "**up to date (build skipped)**" in runner.summary.read_text()
-    assert f"- kernels pushed: `{kernels}:nightly`" in runner.summary.read_text()
+    assert _as_shown(runner.summary.read_text()).count("| `_C.abi3.so`") == 4
+    assert "**up to date (build skipped)**" in _as_shown(runner.summary.read_text())
+    assert f"- kernels pushed: `{kernels}:nightly`" in _as_shown(runner.summary.read_text())
 
 
 def test_failed_build_reports_and_pushes_nothing(runner: Runner) -> None:
@@ -219,7 +226,8 @@ def test_failed_build_reports_and_pushes_nothing(runner: Runner) -> None:
     assert report["status"] == "failed"
     assert report["error"].startswith("the pinned source defines no CMake target for "
                                       "_nope_C.abi3.so")
-    assert "**FAILED**: the pinned source defines no CMake target" in runner.summary.read_text()
+    assert "**FAILED**: the pinned source defines no CMake target" in \
+        _as_shown(runner.summary.read_text())
     refused = runner.run_step("build", ARCH="9.0")  # refused before any work
     assert refused.returncode == 2
     assert "'9.0' gives sm_121 no native code" in refused.stdout + refused.stderr
@@ -235,7 +243,7 @@ def test_push_and_prune_steps_against_a_real_registry(runner: Runner) -> None:
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     suffixes = [tag.rsplit(":", 1)[1] for tag in runner.report["tags"]]
     assert _registry_tags(runner, f"{RUN}/spark/vllm-openai") == sorted(suffixes)
-    summary = runner.summary.read_text()
+    summary = _as_shown(runner.summary.read_text())
     for suffix in suffixes:
         assert f"pushed `{runner.env['PUSH_TO']}:{suffix}`" in summary
     assert _step("prune")["if"] == "always() && steps.install.outcome == 'success'"

@@ -390,12 +390,12 @@ def read_proof(path: Path, trust: TrustKey | None) -> tuple[dict[str, Any], Proo
 def require_verdict(summary: ProofSummary, where: str, partial: bool = False) -> None:
     """A verdict fit to be attached: proven, or partial when the user said so (`partial`);
     else VerificationError (exit 3) naming the coverage or the verdict."""
-    if summary.verdict == "partial" and not partial:
-        raise VerificationError(f"{where} is partial ({summary.how_much}): not attached as a "
-                                "whole proof (give --partial-proof to attach it as partial)")
     if summary.verdict not in ("proven", "partial"):
         raise VerificationError(f"{where}: its verdict is {summary.verdict}: a failed proof is "
                                 "not attached")
+    if summary.verdict == "partial" and not partial:
+        raise VerificationError(f"{where} is partial ({summary.how_much}): not attached as a "
+                                "whole proof (give --partial-proof to attach it as partial)")
 
 
 def require_proof_of(summary: ProofSummary, files: Mapping[str, str], serves: str,
@@ -404,10 +404,12 @@ def require_proof_of(summary: ProofSummary, files: Mapping[str, str], serves: st
     said so, `--partial-proof`), of these files byte for byte, on the GPU they serve; else
     VerificationError (exit 3) saying why.  A partial proof travels as it is: its statement
     carries its coverage, and every reader's line says "partial"."""
-    require_verdict(summary, where, partial)
+    if summary.verdict not in ("proven", "partial"):
+        require_verdict(summary, where, partial)  # a failed proof: that first
     why = summary.mismatch(files)
     if why:
         raise VerificationError(f"{where} is not a proof of these kernels: {why}")
+    require_verdict(summary, where, partial)  # of these files: then whether it is whole
     if summary.target != serves:
         raise VerificationError(f"{where} was proven on {summary.target}; these kernels serve "
                                 f"{serves}")
