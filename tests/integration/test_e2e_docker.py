@@ -1008,7 +1008,8 @@ def test_prove_image_refusals(e2e: E2E, fake_gpu_images: dict[str, str], tmp_pat
     assert both.returncode == 2 and "give IMAGE, or --files DIR and --stock DIR" in both.stderr
     # labels an attacker wrote: a name out of the package, a base that is not here
     hostile = {"io.github.sm121-build.extensions": "../../../etc/shadow.so",
-               "org.opencontainers.image.base.digest": f"{PREFIX}-gone@sha256:{'0' * 64}"}
+               "org.opencontainers.image.base.digest": f"{PREFIX}-gone@sha256:{'0' * 64}",
+               "io.github.sm121-build.gpu": "sm_" + "9" * (2 << 20)}  # 2 MB (issue 62)
     for key, value in hostile.items():
         context = tmp_path / key
         context.mkdir()
@@ -1018,7 +1019,8 @@ def test_prove_image_refusals(e2e: E2E, fake_gpu_images: dict[str, str], tmp_pat
         e2e.client.images.build(path=str(context), tag=tag, rm=True)
         line = one_line_error(_prove_image(e2e, tag, requests=tmp_path / f"{key}.log"))
         assert ("not a relative .so path" if "extensions" in key else
-                "which is not in the engine") in line, line
+                "label is" if "gpu" in key else "which is not in the engine") in line, line
+        assert len(line) < 1000  # a label's value is never a line of its length
         assert (tmp_path / f"{key}.log").read_text() == ""
     assert _gpu_containers(e2e) == []
 

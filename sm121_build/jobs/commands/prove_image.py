@@ -94,7 +94,7 @@ def made_image(facts: ImageFacts) -> MadeImage:
     if not _BY_CONTENT.search(base):  # a repository digest, or the ID of a local image
         raise Sm121Error(f"{shown(facts.ref)}: its base label {shown(base)} names no digest: "
                          "the stock files must come from exactly the image it was made from")
-    gpu = facts.labels.get(FIELD_LABELS["gpu"]) or "sm_121"  # made before --gpu: a Spark's
+    gpu = _label(facts, "gpu", required=False) or "sm_121"  # made before --gpu: a Spark's
     return MadeImage(names, base, parse_target(gpu))
 
 
