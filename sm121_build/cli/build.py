@@ -134,7 +134,10 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
     if sign_key and not (kernels_to or out):
         raise click.UsageError("--sign-key goes with --kernels-to REPO or --out DIR")
     signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
-    trusted = TrustKey.load(trust_key) if trust_key and kernels_from else None
+    # read (through the files-in door) whenever it is given, used with --kernels-from: a
+    # FIFO or a damaged key is refused before any work, not passed over in silence
+    loaded = TrustKey.load(trust_key) if trust_key else None
+    trusted = loaded if kernels_from else None
     for option, repository in (("--kernels-from", kernels_from), ("--kernels-to", kernels_to)):
         if repository:
             require_repository(repository, option)

@@ -26,7 +26,7 @@ from typing import Literal
 
 import yaml
 
-from sm121_build.core.console import Progress, note
+from sm121_build.core.console import Progress, cut, note
 from sm121_build.core.errors import CorruptBinaryError, Sm121Error, VerificationError
 from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
@@ -383,8 +383,11 @@ class AbiResult:
 
 
 def _shown(symbol: str) -> str:
+    """A symbol from an injected file in a problem line: demangled where that is bounded,
+    both forms cut (a symbol is outside text; a problem line is never its length)."""
     readable = demangle(symbol)
-    return symbol if readable == symbol else f"{readable} ({symbol})"
+    mangled = cut(symbol, 240, tail=60)
+    return mangled if readable == symbol else f"{cut(readable, 240, tail=60)} ({mangled})"
 
 
 def torch_exports(providers: list[Path]) -> set[str]:

@@ -299,9 +299,13 @@ def test_fifos_are_refused_at_once_never_opened_for_reading(jit_so: Path, tmp_pa
                  ("kernels", "publish", "--artifacts", str(tmp_path), "--to",
                   "127.0.0.1:1/k", "--sign-key", str(fifo)),
                  ("inject", "--base", "x:y", "--artifacts", str(tmp_path), "--trust-key",
-                  str(fifo))):
+                  str(fifo)),
+                 # red team 2: the main job read its key only with --kernels-from
+                 ("--base", "x:y", "--trust-key", str(fifo))):
         done = subprocess.run([sys.executable, "-m", "sm121_build", *args], capture_output=True,
-                              text=True, timeout=60, env={**os.environ, **home}, check=False)
+                              text=True, timeout=60, env={**os.environ, **home,
+                                                          "DOCKER_HOST": "unix:///nonexistent"},
+                              check=False)
         assert "FIFO" in one_line_error(done), args
 
 

@@ -406,3 +406,40 @@ def _artifacts(folder: Path) -> Path:
         "tool_version": "0", "files": {"_C.abi3.so": {
             "sha256": sha256_of(folder / "_C.abi3.so"), "mode": "755"}}}))
     return folder
+
+
+@pytest.mark.parametrize("change", ["zero-added", "all-unreachable", "no-harness-launched",
+                                    "compared-without-equal-case"])
+def test_coverage_rests_on_the_rest_of_the_document(change: str) -> None:
+    """Red team 2: "proven" over coverage not tied to the cubins or the op cases (0 of 0
+    added while the cubins hold kernels; every kernel made "unreachable" while the cubins
+    say it launched; kernels launched and compared in a file no harness ran)."""
+    from devkit.fake_gpu import covered
+
+    data = covered(json.loads(REAL.read_text()), {})
+    summarise(json.loads(json.dumps(data)))  # as made: it holds
+    item = next(f for f in data["files"] if f["harness"])
+    cover = item["coverage"]
+    if change == "zero-added":
+        for key in ("added", "launched", "compared"):
+            data["coverage"][key] -= cover[key]
+            cover[key] = 0
+    elif change == "all-unreachable":
+        data["coverage"]["launched"] -= cover["launched"]
+        data["coverage"]["compared"] -= cover["compared"]
+        data["coverage"]["unreachable"] += cover["launched"]
+        cover["unreachable"] = [{"name": f"_Z{i}madeupv", "why": "said so"}
+                                for i in range(cover["launched"])]
+        cover["launched"] = cover["compared"] = 0
+    elif change == "no-harness-launched":
+        item["harness"] = None
+        data["ops"] = [o for o in data["ops"] if o["file"] != item["name"]]
+        data["stock_without_jit"] = [r for r in data["stock_without_jit"]
+                                     if r["file"] != item["name"]]
+    else:
+        for op in data["ops"]:
+            if op["file"] == item["name"]:
+                op["bitwise_equal"] = None
+                op["error"] = "not compared"
+    with pytest.raises(NotAProof):
+        summarise(data)

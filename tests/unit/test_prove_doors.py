@@ -210,7 +210,7 @@ def test_a_number_too_large_for_a_float_is_ignored_not_a_traceback() -> None:
 
 
 def _proof(kernels: int, diff: float) -> Proof:
-    cubin = CubinResult(1, "sm_121", 0, kernels, True, kernels, (), 0, None)
+    cubin = CubinResult(1, "sm_121", 0, kernels, True, kernels, (), 0, None, kernels)
     op = OpResult("_C.abi3.so", "op", "case", Compared("op/case", True, diff), (1.0, 0.1))
     return Proof("0", Device("g", 12, 1, 13000, None),
                  (FileResult("_C.abi3.so", (cubin,), 0, "harness_marlin.py", "0" * 64,
@@ -429,3 +429,50 @@ def test_a_launch_in_a_case_with_a_long_name_is_the_cases() -> None:
     said.line(json.dumps({"launched": "_Z1kv", "case": "o/" + "c" * 400}))
     [case] = said.cases
     assert [item.case for item in said.launched] == [f"{case.op}/{case.case}"]
+
+
+def _demangle_bomb(levels: int) -> str:
+    """A name of ~11 bytes a level whose every template argument is `X<prev, prev>`: its
+    demangled form doubles a level (red team 2: 278 bytes, 285 MB, 1.7 GB, 8 s)."""
+    digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def ref(k: int) -> str:
+        return "S_" if k == 0 else f"S{digits[(k - 1) % 36]}_" if k <= 36 else \
+            f"S{digits[(k - 1) // 36]}{digits[(k - 1) % 36]}_"
+    body = "1XIiiE" + "".join(f"S0_I{ref(i + 1)}{ref(i + 1)}E" for i in range(1, levels))
+    return f"_Z1fI{body}Evv"
+
+
+def test_a_name_whose_demangled_form_is_unbounded_is_never_demangled() -> None:
+    """cuda/dynsym.demangle and the recorder leave such a name mangled (shown escaped and
+    cut); a real kernel name is still demangled."""
+    from sm121_build.cuda.dynsym import demangle
+    from sm121_build.jobs.payload import harness_run
+    from sm121_build.verify.checks import _shown
+
+    bomb = _demangle_bomb(25)
+    assert len(bomb) < 300
+    assert demangle(bomb) == bomb
+    assert len(_shown(bomb)) < 400
+    real = "_ZN3c104cuda12device_countEv"
+    assert demangle(real) == "c10::cuda::device_count()"
+    small = _demangle_bomb(4)  # a few back-references: demangled as before
+    assert demangle(small) != small
+
+    class _Torch:
+        class _C:
+            @staticmethod
+            def _demangle(name: str) -> str:
+                assert name != bomb, "the bomb was handed to the demangler"
+                return name.upper()
+    recorder = harness_run.Recorder(_Torch(), [bomb, real])
+    assert recorder.names == {bomb: bomb, real: real, real.upper(): real}
+
+
+def test_a_childs_text_of_lone_surrogates_stays_within_what_the_reader_takes() -> None:
+    """Red team 2: 300 lone surrogates became 1,800 characters of escapes: prove wrote and
+    signed a proof its own reader refuses ("the GPU's name is not a text")."""
+    from sm121_build.jobs.commands.prove_child import TEXT, _text
+
+    said = _text("\ud800" * 300)
+    assert said is not None and len(said) <= TEXT and "\ud800" not in said

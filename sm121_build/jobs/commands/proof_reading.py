@@ -16,7 +16,7 @@ import posixpath
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,7 @@ def summarise(data: object) -> ProofSummary:
     evidence: dict[str, int] = {}  # a file -> its cubins with kernels, loaded, all found
     harnessed = set()
     covers: list[tuple[int, int, int, int, bool]] = []
+    tied: dict[str, _CubinCounts] = {}  # a file -> what its cubins say its coverage rests on
     for item in _items(data, "files"):
         name = _name(item.get("name"))
         _need(name not in evidence, f"{shown_cut(name)} is listed twice")
@@ -217,14 +218,16 @@ def summarise(data: object) -> ProofSummary:
         if harness is not None:
             harnessed.add(name)
         evidence[name] = 0
+        counts = tied.setdefault(name, _CubinCounts())
         for cubin in _items(item, "cubins"):
             loaded = cubin.get("loaded")
             _need(isinstance(loaded, bool), "a cubin's loaded is not true or false")
             found, wanted = _count(cubin.get("found"), "found"), _count(cubin.get("kernels"),
                                                                         "kernels")
             if form == FORMAT:
-                _need(_count(cubin.get("launched"), "a cubin's launched") <= wanted,
-                      "a cubin's launched is more than its kernels")
+                ran = _count(cubin.get("launched"), "a cubin's launched")
+                _need(ran <= wanted, "a cubin's launched is more than its kernels")
+                counts.add(wanted, ran)
             cubins[0] += loaded
             cubins[1] += 1
             kernels[0] += min(found, wanted)
@@ -232,6 +235,7 @@ def summarise(data: object) -> ProofSummary:
             evidence[name] += loaded and 0 < wanted == found
         if form == FORMAT:
             covers.append(_coverage(item.get("coverage"), name))
+            counts.cover = covers[-1]
     raw_ops = _items(data, "ops")
     ops = [o.get("bitwise_equal") for o in raw_ops]
     _need(all(o is None or isinstance(o, bool) for o in ops), "an op's bitwise_equal is "
@@ -246,6 +250,10 @@ def summarise(data: object) -> ProofSummary:
     _need(verdict in ("proven", "failed") or (verdict == "partial" and form == FORMAT),
           f"verdict {shown_cut(verdict)!r} is not proven, partial or failed")
     covered = None if form != FORMAT else _whole_coverage(data.get("coverage"), covers)
+    equal_ops = Counter(str(o.get("file")) for o in raw_ops if o.get("bitwise_equal") is True)
+    for name, counts in tied.items():
+        if counts.cover is not None:
+            _tied(name, counts, name in harnessed, equal_ops[name])
     summary = ProofSummary(
         _text(gpu.get("name"), "the GPU's name"), _text(gpu.get("target"), "target", _TARGET),
         None if driver is None else _text(driver, "the driver's version"),
@@ -270,6 +278,39 @@ def summarise(data: object) -> ProofSummary:
     if form == OLD_FORMAT and verdict == "proven":  # which kernels ran is not known
         summary = replace(summary, verdict="partial")
     return summary
+
+
+@dataclass
+class _CubinCounts:
+    """What a file's cubins say (their kernels, how many of each launched), which its
+    coverage must agree with; and that coverage, once read."""
+
+    kernels: list[int] = field(default_factory=list)
+    launched: list[int] = field(default_factory=list)
+    cover: tuple[int, int, int, int, bool] | None = None
+
+    def add(self, kernels: int, launched: int) -> None:
+        self.kernels.append(kernels)
+        self.launched.append(launched)
+
+
+def _tied(name: str, counts: _CubinCounts, harnessed: bool, equal_ops: int) -> None:
+    """A file's coverage against what the rest of the document says: its added kernels are
+    its cubins' (at least the largest cubin's, at most all of them: a kernel may be in two
+    cubins), its launched ones their launched ones (the same bounds), and nothing launched
+    or compared without a harness, nothing compared without an op case compared equal."""
+    assert counts.cover is not None
+    added, launched, compared, _unreachable, _whole = counts.cover
+    where = f"{shown_cut(name)}'s coverage"
+    _need(max(counts.kernels, default=0) <= added <= sum(counts.kernels),
+          f"{where} says {added:,} added kernels; its cubins hold "
+          f"{sum(counts.kernels):,}")
+    _need(max(counts.launched, default=0) <= launched <= sum(counts.launched),
+          f"{where} says {launched:,} launched; its cubins say {sum(counts.launched):,}")
+    _need(harnessed or launched == 0, f"{where} says {launched:,} launched, but no harness "
+          "ran the file's ops")
+    _need(compared == 0 or equal_ops > 0, f"{where} says {compared:,} compared, but no op "
+          "case of the file was compared equal")
 
 
 def _kernel_names(value: object, what: str) -> list[str]:

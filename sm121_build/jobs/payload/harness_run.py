@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 FAILED, SCHEMA = 3, 4
+
+
+_BACK_REFERENCE = re.compile(r"S[0-9A-Z]*_|T[0-9]*_")
 
 
 class Recorder:
@@ -42,7 +46,10 @@ class Recorder:
         demangle = getattr(getattr(torch, "_C", None), "_demangle", None)
         for kernel in kernels:
             self.names[kernel] = kernel
-            if demangle is not None:
+            # (cuda/dynsym.demangle's bound, this payload importing nothing of the package: a
+            # name with many back-references could demangle to gigabytes; never demangled)
+            if demangle is not None and len(kernel) <= 4096 and \
+                    len(_BACK_REFERENCE.findall(kernel)) <= 24:
                 try:
                     self.names.setdefault(str(demangle(kernel)), kernel)
                 except Exception:  # a name the demangler refuses: kept mangled
