@@ -10,8 +10,10 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +163,92 @@ def test_cases_read_back_from_json_and_bad_ones_refused(names: list[str]) -> Non
                 {"cases": "all"}, []):
         with pytest.raises(ValueError):
             fa2.cases_from_json(bad)
+
+
+# hostile names (red team 2, case 01): a name of FA2's that parse cannot read is refused
+# with its own NameError_, never another exception; one it returns is one derive can use
+_P = "_ZN5flash16flash_fwd_kernelI"
+_FLAGS = "Lb0ELb1ELb0ELb0ELb0ELb1ELb0ELb0E"
+
+
+def _traits(head: str = "Li128E") -> str:
+    return f"23Flash_fwd_kernel_traitsI{head}Li128ELi32ELi4ELb0ELb0EN7cutlass10bfloat16_tEE"
+
+
+HOSTILE = {
+    "nested 2,000 deep": _P + "1aI" * 2000 + "E" * 2000 + "E",
+    "traits nested 2,000 deep": _P + _traits("1aI" * 2000 + "E" * 2000) + _FLAGS + "E",
+    "a template as the head dim": _P + _traits("1aI1bE") + _FLAGS + "E",
+    "head dim 100": _P + _traits("Li100E") + _FLAGS + "E",
+    "a negative head dim": _P + _traits("Lin5E") + _FLAGS + "E",
+    "a name among the bool flags": _P + _traits() + "1a" + _FLAGS[4:] + "E",
+    "an int among the bool flags": _P + _traits() + "Li1E" + _FLAGS[4:] + "E",
+    "a bool as the block": _P + "23Flash_fwd_kernel_traitsILi128ELb1ELi32ELi4ELb0ELb0EN7cutlass"
+                            "10bfloat16_tEE" + _FLAGS + "E",
+    "a huge Log_max_splits": "_ZN5flash32flash_fwd_splitkv_combine_kernelI" + _traits()
+                             + "Li16ELi99999999ELb1EE",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_name_is_refused_with_name_error(name: str) -> None:
+    with pytest.raises(fa2.NameError_):
+        fa2.parse(name)
+
+
+def test_derive_lists_the_names_parse_refuses_as_unreachable() -> None:
+    """The names the red team gave derive (head dim 100; a bool flag beside one that is a
+    name, which sorting could not compare): no crash, each refused name unreachable with
+    why, the good one covered."""
+    good = _P + _traits().replace("Li32E", "Li64E") + _FLAGS + "E"  # H100's causal d128
+    bad = [HOSTILE["head dim 100"], HOSTILE["a name among the bool flags"]]
+    derived = fa2.derive([good, *bad], H100, budget=200)
+    assert set(derived.unreachable) == set(bad)
+    assert all("not read as FA2's" in why for why in derived.unreachable.values())
+    assert derived.covered == 1 and derived.foreign == []
+
+
+class _Counting(str):
+    """A name that counts what is read of it: each character indexed, each one `index`
+    scans."""
+
+    reads = 0
+
+    def __getitem__(self, key: Any) -> str:
+        _Counting.reads += key.stop - (key.start or 0) if isinstance(key, slice) and \
+            key.stop is not None else 1
+        return str.__getitem__(self, key)
+
+    def index(self, sub: Any, start: Any = None, end: Any = None) -> int:
+        found = str.index(self, sub, start, end)
+        _Counting.reads += found - (start or 0) + 1
+        return found
+
+
+@pytest.mark.parametrize("shape", ["deep", "traits deep", "literals"])
+def test_a_4_mb_name_is_refused_reading_each_character_a_few_times(shape: str) -> None:
+    n = 1_000_000
+    name = {"deep": _P + "1aI" * n + "E" * n,
+            "traits deep": _P + _traits("1aI" * n + "E" * n) + _FLAGS + "E",
+            "literals": _P + _traits("Li1E" * n) + _FLAGS + "E"}[shape]
+    assert len(name) >= 4_000_000
+    _Counting.reads = 0
+    with pytest.raises(fa2.NameError_):
+        fa2.parse(_Counting(name))
+    assert _Counting.reads <= 4 * len(name)
+
+
+@pytest.mark.parametrize("name", HOSTILE.values(), ids=HOSTILE.keys())
+def test_the_harness_refuses_a_hostile_name_in_its_usage_line(tmp_path: Path,
+                                                               name: str) -> None:
+    """harness_fa2.py as the image runs it: one `usage:` line, exit 2, no traceback."""
+    import sm121_build.jobs.payload as payload
+
+    file = tmp_path / "names.txt"
+    file.write_text(name + "\n")
+    done = subprocess.run(
+        [sys.executable, str(Path(payload.__file__).parent / "harness_fa2.py"),
+         str(tmp_path / "x.so"), str(tmp_path / "out.pt"), "--kernels", str(file)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-300:]
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("usage:")

@@ -16,7 +16,8 @@ Standard library only; harness_fa2.py, run as a script, imports it as its siblin
 3. `derive(names, gpu)`: cases that together launch every kernel some case can launch:
    one per kernel first (its template arguments turned back into inputs, `_proposals`,
    each checked with `launched`), deduplicated, then a seeded random search over the
-   inputs for what is left; the rest returned unreachable, each with the reason.
+   inputs for what is left; the rest returned unreachable, each with the reason (so are
+   the names of FA2's that `parse` refuses).
 
 `python3 fa2_kernels.py NAMES.txt [CC SMEM_BLOCK SMEM_SM]`: the derivation as JSON.
 """
@@ -43,6 +44,12 @@ FLAGS = {
 DTYPES = {"cutlass::bfloat16_t": "bfloat16", "cutlass::half_t": "float16"}
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # HEADDIM_SWITCH's buckets
 OPS = ("varlen_fwd", "fwd_kvcache")
+# the bounds of what `parse` reads: FA2's names nest template arguments 3 deep, their
+# numbers have a few digits; a name beyond them is not one of FA2's
+MAX_DEPTH = 8
+MAX_DIGITS = 12
+# each kind's int template arguments (the others are bools), with their (low, high) bounds
+INT_FLAGS = {"kBlockM": (1, 1024), "Log_max_splits": (0, 16)}
 
 
 class NameError_(ValueError):
@@ -56,7 +63,7 @@ def _source_name(text: str, at: int) -> tuple[str, int]:
     end = at
     while end < len(text) and text[end].isdigit():
         end += 1
-    if end == at:
+    if end == at or end - at > MAX_DIGITS:
         raise NameError_(f"no source name at {at}")
     size = int(text[at:end])
     return text[end:end + size], end + size
@@ -71,11 +78,15 @@ def _nested(text: str, at: int) -> tuple[str, int]:
     return "::".join(parts), at + 1
 
 
-def _template_args(text: str, at: int, subs: list[Any]) -> tuple[list[Any], int]:
+def _template_args(text: str, at: int, subs: list[Any], depth: int = 1
+                   ) -> tuple[list[Any], int]:
     """`I<arg>...E` at `at`: each argument an int or bool literal (`Li4E`, `Lb1E`, `Ll…E`),
     a nested name (`N7cutlass6half_tE`), a substitution (`S3_`: read from `subs`, the names
     seen so far in mangling order), or a name with its own arguments (`19Flash_kernel_
-    traitsI…E`: a tuple of the name and its arguments)."""
+    traitsI…E`: a tuple of the name and its arguments), `depth` deep (at most `MAX_DEPTH`;
+    each number at most `MAX_DIGITS` long)."""
+    if depth > MAX_DEPTH:
+        raise NameError_(f"template arguments nested over {MAX_DEPTH} deep at {at}")
     if text[at] != "I":
         raise NameError_(f"no template arguments at {at}")
     args: list[Any] = []
@@ -85,6 +96,8 @@ def _template_args(text: str, at: int, subs: list[Any]) -> tuple[list[Any], int]
         if c == "L":
             kind, end = text[at + 1], text.index("E", at)
             literal = text[at + 2:end]
+            if len(literal) > MAX_DIGITS:
+                raise NameError_(f"a literal of over {MAX_DIGITS} characters at {at}")
             literal = "-" + literal[1:] if literal.startswith("n") else literal
             args.append(bool(int(literal)) if kind == "b" else int(literal))
             at = end + 1
@@ -94,6 +107,8 @@ def _template_args(text: str, at: int, subs: list[Any]) -> tuple[list[Any], int]
             args.append(name)
         elif c == "S":
             end = text.index("_", at)
+            if end - at > MAX_DIGITS:
+                raise NameError_(f"a substitution of over {MAX_DIGITS} characters at {at}")
             index = 0 if end == at + 1 else int(text[at + 1:end], 36) + 1
             args.append(subs[index] if index < len(subs) else f"S{index}")
             at = end + 1
@@ -101,7 +116,7 @@ def _template_args(text: str, at: int, subs: list[Any]) -> tuple[list[Any], int]
             name, at = _source_name(text, at)
             subs.append(name)
             if at < len(text) and text[at] == "I":
-                inner, at = _template_args(text, at, subs)
+                inner, at = _template_args(text, at, subs, depth + 1)
                 args.append((name, tuple(inner)))
                 subs.append((name, tuple(inner)))
             else:
@@ -145,8 +160,43 @@ class Kernel:
                 f", {named}>")
 
 
+def _traits(head: Any) -> Traits:
+    """`Flash_fwd_kernel_traits`'s arguments as `_template_args` read them, checked: a head
+    dim of `HEAD_DIMS`, a block and warps of positive ints, two bools, a named type."""
+    if not (isinstance(head, tuple) and head[0] == "Flash_fwd_kernel_traits"
+            and len(head[1]) >= 7):
+        raise NameError_("its first template argument is not Flash_fwd_kernel_traits")
+    d, m, n, w, qreg, share, elem = head[1][:7]
+    if d not in HEAD_DIMS or type(d) is not int:
+        raise NameError_(f"head dim {str(d)[:40]} is not one of {HEAD_DIMS}")
+    if not all(type(v) is int and 0 < v <= 1024 for v in (m, n, w)):
+        raise NameError_("kBlockM, kBlockN and kNWarps are not ints in 1..1024")
+    if type(qreg) is not bool or type(share) is not bool or type(elem) is not str:
+        raise NameError_("Is_Q_in_regs, Share_Q_K_smem or elem_type is not of its type")
+    return Traits(d, m, n, w, qreg, share, DTYPES.get(elem, elem))
+
+
+def _flags(kind: str, rest: list[Any]) -> tuple[int | bool, ...]:
+    """A kind's own template arguments, checked against `FLAGS`: an int in its bounds for
+    those of `INT_FLAGS`, a bool for the others."""
+    names = FLAGS[kind]
+    if len(rest) != len(names):
+        raise NameError_(f"{len(rest)} template arguments, {kind} has {len(names)}")
+    for flag, value in zip(names, rest, strict=True):
+        low, high = INT_FLAGS.get(flag, (0, 0))
+        ok = low <= value <= high if type(value) is int and flag in INT_FLAGS else \
+            type(value) is bool and flag not in INT_FLAGS
+        if not ok:
+            want = f"an int in {low}..{high}" if flag in INT_FLAGS else "a bool"
+            raise NameError_(f"{flag} {str(value)[:40]} is not {want}")
+    return tuple(rest)
+
+
 def parse(name: str) -> Kernel | None:
-    """The kernel a mangled FA2 name is; None for a name of another family (not FA2's)."""
+    """The kernel a mangled FA2 name is; None for a name of another family (not FA2's);
+    NameError_ for a name of FA2's it cannot read, or whose arguments are not of the types
+    and values FA2's have (`_traits`, `_flags`): a `Kernel` returned is one `derive` can
+    work with."""
     prefix = "_ZN5flash"
     if not name.startswith(prefix):
         return None
@@ -156,19 +206,11 @@ def parse(name: str) -> Kernel | None:
             return None
         subs: list[Any] = ["flash"]
         args, _ = _template_args(name, at, subs)
-        head = args[0]
-        if not (isinstance(head, tuple) and head[0] == "Flash_fwd_kernel_traits"):
-            raise NameError_("its first template argument is not Flash_fwd_kernel_traits")
-        d, m, n, w, qreg, share, elem = head[1][:7]
-        traits = Traits(int(d), int(m), int(n), int(w), bool(qreg), bool(share),
-                        DTYPES.get(str(elem), str(elem)))
-        rest = tuple(args[1:])
-    except (IndexError, ValueError) as exc:
+        if not args:
+            raise NameError_("no template arguments")
+        return Kernel(kind, _traits(args[0]), _flags(kind, args[1:]))
+    except (IndexError, TypeError, ValueError) as exc:  # NameError_ is a ValueError
         raise NameError_(f"{name[:120]}: {exc}") from None
-    if len(rest) != len(FLAGS[kind]):
-        raise NameError_(f"{name[:120]}: {len(rest)} template arguments, {kind} has "
-                         f"{len(FLAGS[kind])}")
-    return Kernel(kind, traits, rest)
 
 
 # --- 2. the dispatch ---------------------------------------------------------------------
@@ -442,7 +484,8 @@ def _proposals(k: Kernel) -> list[Case]:
 @dataclass
 class Derived:
     """`derive`'s answer: the cases in order (those of `first` kept ahead), each with the
-    kernels it is expected to launch; the kernels no case launches, each with why."""
+    kernels it is expected to launch; the kernels no case launches, and the names of FA2's
+    `parse` refuses, each with why."""
 
     cases: list[Case] = field(default_factory=list)
     expects: dict[str, list[str]] = field(default_factory=dict)  # case key -> kernel names
@@ -529,8 +572,13 @@ def derive(names: list[str], gpu: Gpu, *, first: list[Case] | None = None,
     docstring); `first`: cases kept ahead of the derived ones, in their order."""
     kernels: dict[Kernel, str] = {}
     out = Derived()
+    refused: dict[str, str] = {}
     for name in names:
-        k = parse(name)
+        try:
+            k = parse(name)
+        except NameError_ as exc:
+            refused[name] = f"not read as FA2's: {str(exc)[-160:]}"
+            continue
         if k is None:
             out.foreign.append(name)
         else:
@@ -564,6 +612,7 @@ def derive(names: list[str], gpu: Gpu, *, first: list[Case] | None = None,
             break
         keep(_random_case(rng, kinds, dropout_built))
     out.unreachable = {kernels[k]: _why(k, gpu) for k in sorted(kernels) if k not in covered}
+    out.unreachable.update(refused)
     return out
 
 
