@@ -367,6 +367,59 @@ def test_a_file_with_no_stock_file_is_said_and_not_proven(
     assert read_proof(tmp_path / "p.json", None)[1].verdict == "failed"
 
 
+def test_a_fifo_under_files_is_named_and_not_proven(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Red team 2, case 07: a FIFO named like a `.so` under --files was passed over without
+    a word, and the folder "proven"; alone, only "nothing to prove" was said."""
+    import os
+    import shutil
+
+    made, stock = aot_pair
+    files = tmp_path / "files"
+    shutil.copytree(made, files)
+    (files / "sub").mkdir()
+    os.mkfifo(files / "sub" / "_fifo.abi3.so")
+    done = _prove((files, stock), fake, tmp_path / "p.json")
+    one_line_error(done, 3)
+    assert f"--files {files}/sub/_fifo.abi3.so: not a regular file: not proven" in done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["verdict"] == "failed"
+    assert data["left_out"] == [{"name": "sub/_fifo.abi3.so", "why": "not a regular file"}]
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    os.mkfifo(alone / "_C.abi3.so")
+    done = _prove((alone, stock), fake, tmp_path / "q.json")
+    assert "nothing to prove" in one_line_error(done)
+    assert f"--files {alone}/_C.abi3.so: not a regular file: not proven" in done.stderr
+
+
+def test_a_link_out_of_files_is_named_and_not_proven(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Red team 2, case 07: a `.so` under --files that is a link to a file outside it was
+    followed and proven; a link inside --files still is."""
+    import shutil
+
+    made, stock = aot_pair
+    files, stocks = tmp_path / "files", tmp_path / "stock"
+    shutil.copytree(made, files)
+    shutil.copytree(stock, stocks)
+    for sub in ("out", "in"):
+        (files / sub).mkdir()
+        (stocks / sub).mkdir()
+        shutil.copy(stock / "_C.abi3.so", stocks / sub / "_C.abi3.so")
+    (files / "out" / "_C.abi3.so").symlink_to(made / "_C.abi3.so")
+    (files / "in" / "_C.abi3.so").symlink_to(Path("..") / "_C.abi3.so")
+    done = _prove((files, stocks), fake, tmp_path / "p.json")
+    one_line_error(done, 3)
+    assert f"--files {files}/out/_C.abi3.so: a link out of --files: not proven" in done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["verdict"] == "failed"
+    assert data["left_out"] == [{"name": "out/_C.abi3.so", "why": "a link out of --files"}]
+    assert [f["name"] for f in data["files"]] == ["_C.abi3.so", "in/_C.abi3.so"]
+
+
 def _added(aot_pair: tuple[Path, Path], tmp_path: Path) -> list[str]:
     """The added kernels of the aot'd file for sm_121, sorted (what the harness is given)."""
     made, stock = aot_pair

@@ -150,11 +150,24 @@ def _utf8_text(path: Path) -> str:
 
 
 NO_STOCK = "no stock file to compare it with"
+NOT_A_FILE = "not a regular file"
+LINK_OUT = "a link out of --files"
+
+
+def _unreadable(files: Path, new: Path) -> str | None:
+    """Why a `.so` under --files is not one to prove: a link that leads out of --files (its
+    bytes are not the folder's), or not a regular file (a FIFO, a socket, a device, a
+    folder or a broken link); None for a regular file of the folder."""
+    if new.is_symlink() and not Path(os.path.realpath(new)).is_relative_to(
+            os.path.realpath(files)):
+        return LINK_OUT
+    return None if kind_of(new) == "file" else NOT_A_FILE
 
 
 def find_pairs(files: Path, stock: Path) -> tuple[list[Pair], list[LeftOut]]:
     """Each `.so` under --files whose path under --stock is a regular file too; and each
-    `.so` left out (no stock file), said."""
+    `.so` left out, said: one with no stock file (with the proof), one that is not a regular
+    file or a link out of --files (`_unreadable`: here, in a note, and with the proof)."""
     require_folder(files, "--files")
     require_folder(stock, "--stock")
     pairs, left_out = [], []
@@ -169,7 +182,10 @@ def find_pairs(files: Path, stock: Path) -> tuple[list[Pair], list[LeftOut]]:
                 raise Sm121Error(f"--files {shown(_utf8_text(files))}: {shown(name)} is not a "
                                  "UTF-8 name: a proof names each file as UTF-8 text (rename "
                                  "it, or prove the files without it)")
-            if kind_of(new) != "file":
+            why = _unreadable(files, new)
+            if why is not None:
+                note(f"--files {shown(_utf8_text(files))}/{shown(name)}: {why}: not proven")
+                left_out.append(LeftOut(name, why))
                 continue
             if kind_of(stock / name) == "file":
                 pairs.append(Pair(name, new, stock / name, str(new)))
