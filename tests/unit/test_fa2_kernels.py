@@ -252,3 +252,16 @@ def test_the_harness_refuses_a_hostile_name_in_its_usage_line(tmp_path: Path,
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, done.stderr[-300:]
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("usage:")
+
+
+@pytest.mark.parametrize("args", [[], ["a", "b"], ["/nonexistent"], ["NAMES", "x.y", "1", "2"],
+                                  ["NAMES", "9.0", "１２", "3"]])
+def test_its_own_command_line_refuses_in_one_usage_line(tmp_path: Path, args: list[str]
+                                                         ) -> None:
+    names = tmp_path / "NAMES"
+    names.write_text("")
+    done = subprocess.run([sys.executable, fa2.__file__,
+                           *[str(names) if a == "NAMES" else a for a in args]],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith("usage: fa2_kernels.py")

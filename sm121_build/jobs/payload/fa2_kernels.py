@@ -647,16 +647,28 @@ def cases_from_json(data: Any) -> list[Case]:
     return out
 
 
+USAGE = "usage: fa2_kernels.py NAMES.txt [CC SMEM_BLOCK SMEM_SM]"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 4):
-        sys.stderr.write("usage: fa2_kernels.py NAMES.txt [CC SMEM_BLOCK SMEM_SM]\n")
+    """The derivation as JSON; a bad argument or file in one `usage:` line, exit 2."""
+    try:
+        if len(argv) not in (1, 4):
+            raise ValueError("one or four arguments")
+        with open(argv[0], encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+        gpu = H100
+        if len(argv) == 4:
+            major, _, minor = argv[1].partition(".")
+            numbers = [major, minor or "0", argv[2], argv[3]]
+            if not all(n.isascii() and n.isdigit() and len(n) <= 12 for n in numbers):
+                raise ValueError(f"{argv[1][:20]!r} {argv[2][:20]!r} {argv[3][:20]!r} are not "
+                                 "a compute capability and two byte counts")
+            gpu = Gpu(*(int(n) for n in numbers))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        sys.stderr.write(f"{USAGE}: {text}\n")
         return 2
-    with open(argv[0], encoding="utf-8") as f:
-        names = [line.strip() for line in f if line.strip()]
-    gpu = H100
-    if len(argv) == 4:
-        major, _, minor = argv[1].partition(".")
-        gpu = Gpu(int(major), int(minor or 0), int(argv[2]), int(argv[3]))
     derived = derive(names, gpu)
     sys.stdout.write(json.dumps(derived.to_json(), indent=1) + "\n")
     return 0
