@@ -151,7 +151,7 @@ class BinaryReport:
 def _arch_key(sm: str) -> tuple[int, str]:
     """`sm_100a` -> (100, "sm_100a"): numeric order, then plain before `a`/`f`."""
     digits = "".join(ch for ch in sm[3:] if ch in "0123456789")  # ASCII: `³` is a digit too
-    return int(digits or "0"), sm
+    return int(digits[:9] or "0"), sm  # (9 digits: no arch has more; int() refuses 4,301)
 
 
 def audit_binary(path: Path, name: str, policy: Policy, with_kernels: bool) -> BinaryReport:

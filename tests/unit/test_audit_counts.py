@@ -42,3 +42,13 @@ def test_arch_specific_ptx_of_another_gpu_does_not_jit(tmp_path: Path) -> None:
     plain = compile_cached("ptx-90", DATA / "kernels.cu", gencode("compute_90:compute_90"))
     assert audit_binary(a, "a.so", SPARK, with_kernels=True).kernel_counts()["none"] == 4
     assert audit_binary(plain, "p.so", SPARK, with_kernels=True).kernel_counts()["jit"] == 4
+
+
+def test_an_arch_of_any_text_sorts_without_an_error() -> None:
+    """The audit's summary fuzzer: `sm_90³` (a digit to str.isdigit) and 5,000 digits (past
+    int()'s 4,300) raised ValueError in the sort key."""
+    from sm121_build.cuda.binary import _arch_key
+
+    assert _arch_key("sm_90³")[0] == 90
+    assert _arch_key("sm_" + "9" * 5000)[0] == 999_999_999
+    assert _arch_key("sm_")[0] == 0
