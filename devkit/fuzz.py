@@ -277,6 +277,14 @@ def _file(folder: Path, name: str, data: bytes) -> Path:
 DIGEST = "sha256:" + "ab" * 32
 
 
+class FakeDoor:
+    """FAKE: the HTTP door's budget of a whole check, with no network to bound."""
+
+    @contextlib.contextmanager
+    def budget(self) -> Iterator[None]:
+        yield
+
+
 @dataclass
 class FakeRegistry:
     """FAKE: a registry that answers every manifest with `manifest` and every blob with
@@ -288,6 +296,10 @@ class FakeRegistry:
 
     def manifest(self, reference: str) -> bytes | None:
         return self.manifest_bytes or None
+
+    @property
+    def door(self) -> FakeDoor:
+        return FakeDoor()
 
     def blob(self, digest: str, limit: int = 1 << 20) -> bytes:
         from sm121_build.image.registry import BlobRefused, digest_of
