@@ -81,4 +81,24 @@ def remove_this_runs(client: docker.DockerClient, under: str = "") -> list[str]:
             except docker.errors.NotFound:
                 continue
             removed.append(tag)
+    if not under:  # the whole run: its untagged images too
+        removed += _untagged_of_this_run(client)
+    return removed
+
+
+def _untagged_of_this_run(client: docker.DockerClient) -> list[str]:
+    """Images left with no tag but a repository digest of this run's (a pull by digest from
+    a local registry of this run's: the engine keeps `REPO@sha256:...`, no tag), removed by
+    ID; an image that also carries another name is never one of them."""
+    removed = []
+    for found in client.images.list():
+        digests = found.attrs.get("RepoDigests") or []
+        if found.tags or not digests or not all(is_this_runs(d.split("@")[0] + ":x")
+                                                 for d in digests):
+            continue
+        try:
+            client.images.remove(found.id, force=True)
+        except docker.errors.APIError:  # gone meanwhile, or in use by a container
+            continue
+        removed.append(digests[0])
     return removed

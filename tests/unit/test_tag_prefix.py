@@ -61,6 +61,11 @@ def test_names_are_this_runs_or_the_suites_cache() -> None:
 class _Image:
     id: str
     tags: list[str]
+    digests: list[str] = field(default_factory=list)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return {"RepoDigests": self.digests}
 
 
 @dataclass
@@ -71,13 +76,17 @@ class _Images:
     removed: list[str] = field(default_factory=list)
 
     def list(self) -> list[_Image]:
-        return [_Image(i.id, list(i.tags)) for i in self.held if i.tags]
+        return [_Image(i.id, list(i.tags), list(i.digests)) for i in self.held
+                if i.tags or i.digests]
 
     def remove(self, tag: str, force: bool = False) -> None:
         assert force
         for held in self.held:
             if tag in held.tags:
                 held.tags.remove(tag)
+                self.removed.append(tag)
+            elif tag == held.id:  # by ID: the image, whatever names it
+                held.tags, held.digests = [], []
                 self.removed.append(tag)
 
 
@@ -98,13 +107,18 @@ def test_clean_up_removes_only_this_runs_images_and_their_pins() -> None:
         _Image("sha256:e", [in_registry("127.0.0.1:5000", "kernels:nightly")]),
         _Image("sha256:f", [image("vllm-stock:0.19.1-abc")]),
         _Image("sha256:g", ["vllm/vllm-openai:nightly", "sm121-test/e2e:from-an-old-run"]),
+        # pulled by digest from this run's local registry: no tag, only its repository digest
+        _Image("sha256:h", [], [in_registry("127.0.0.1:5000", "vllm") + "@sha256:" + "1" * 64]),
+        _Image("sha256:i", [], [f"127.0.0.1:5000/{other_run}/vllm@sha256:" + "2" * 64]),
     ])
     client = cast(Any, _Client(images))
     assert sorted(testtags.remove_this_runs(client, under="e2e")) == sorted([
         image("e2e:patched"), image("e2e:users-own"), f"{PIN_REPO}/a:1-aa",
         image("e2e:also-a-base")])
     assert sorted(testtags.remove_this_runs(client)) == sorted([
-        in_registry("127.0.0.1:5000", "kernels:nightly"), image("vllm-stock:0.19.1-abc")])
+        in_registry("127.0.0.1:5000", "kernels:nightly"), image("vllm-stock:0.19.1-abc"),
+        in_registry("127.0.0.1:5000", "vllm") + "@sha256:" + "1" * 64])
+    assert [i.id for i in images.held if i.digests] == ["sha256:i"]  # another run's: kept
     left = {t for i in images.held for t in i.tags}
     assert left == {f"{other_run}/e2e:patched", f"{PIN_REPO}/b:2-bb", f"{PIN_REPO}/c:3-cc",
                     cached("debian-gxx:bookworm"), f"{PIN_REPO}/d:4-dd",
