@@ -21,6 +21,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from sm121_build.core.children import Program, run
+from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.paths import cache_dir
@@ -199,9 +200,10 @@ def fetch_source(ref: GitRef, repo: str = UPSTREAM, dest_root: Path | None = Non
     key = re.sub(r"[^A-Za-z0-9._-]", "_", f"{name}-{ref.value}")
     dest = root / key
     if dest.exists() and (dest / ".git").exists():
-        commit = resolve_checkout(dest)
-        if ref.kind == "tag" or commit.startswith(ref.value):
+        commit = _clean_at(dest, ref)
+        if commit is not None:
             return dest, commit
+        notice(f"note: the cached checkout {dest} was not clean at {ref}: fetched again")
         shutil.rmtree(dest)
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
@@ -214,6 +216,28 @@ def fetch_source(ref: GitRef, repo: str = UPSTREAM, dest_root: Path | None = Non
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _clean_at(path: Path, ref: GitRef) -> str | None:
+    """The commit of a cached checkout (the cache is untrusted) when git itself says it is
+    at `ref` with nothing on top: HEAD is that commit (for a tag, the tag names HEAD's
+    commit) and `git status` lists no change, untracked or ignored file; else None."""
+    head = _git("rev-parse", "--verify", "-q", "HEAD^{commit}", cwd=path)
+    commit = head.stdout.strip()
+    if head.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return None
+    if ref.kind == "tag":
+        tagged = _git("rev-parse", "--verify", "-q", f"refs/tags/{ref.value}^{{commit}}",
+                      cwd=path)
+        if tagged.returncode != 0 or tagged.stdout.strip() != commit:
+            return None
+    elif not commit.startswith(ref.value):
+        return None
+    status = _git("status", "--porcelain", "--ignored", "--untracked-files=all",
+                  "--ignore-submodules=none", cwd=path)
+    if status.returncode != 0 or status.stdout.strip():
+        return None
+    return commit
 
 
 def _fetch_into(work: Path, ref: GitRef, repo: str) -> str:

@@ -175,3 +175,48 @@ def test_a_local_git_call_that_hangs_ends_in_minutes_not_half_an_hour(
     monkeypatch.setattr(pin, "LOCAL_GIT_TIMEOUT_S", 0.5)
     with pytest.raises(Sm121Error, match=r"git rev-parse gave no result in 0\.5 s"):
         pin.resolve_checkout(tmp_path)
+
+
+@pytest.mark.parametrize("plant", ["edit", "untracked", "ignored", "other-tag", "no-tag"])
+def test_a_cached_checkout_not_clean_at_the_ref_is_fetched_again(
+        upstream: tuple[str, dict[str, str]], tmp_path: Path, plant: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The cache is untrusted: a planted tree is reused only when git says it is at the ref
+    with nothing on top; else it is fetched again, and said once."""
+    url, commits = upstream
+    path, _ = fetch_source(GitRef("tag", "v0.17.0"), url, tmp_path)
+    if plant == "edit":
+        (path / "CMakeLists.txt").write_text("evil\n")
+    elif plant == "untracked":
+        (path / "setup.py").write_text("evil\n")
+    elif plant == "ignored":
+        (path / ".git" / "info" / "exclude").write_text("*.py\n")
+        (path / "setup.py").write_text("evil\n")
+    elif plant == "other-tag":
+        _git_in(path, "tag", "-f", "v0.17.0", _git_in(path, "commit-tree", "-m", "x",
+                                                       "HEAD^{tree}"))
+    else:
+        _git_in(path, "tag", "-d", "v0.17.0")
+    again, commit = fetch_source(GitRef("tag", "v0.17.0"), url, tmp_path)
+    assert commit == commits["r1"] and again == path
+    assert _git_in(again, "status", "--porcelain", "--ignored") == ""
+    assert (again / "CMakeLists.txt").read_text() == "# revision 1\n"
+    assert capsys.readouterr().err.count("was not clean") == 1
+
+
+def test_a_cached_commit_checkout_with_edits_is_fetched_again(
+        upstream: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    url, commits = upstream
+    path, _ = fetch_source(GitRef("commit", commits["r0"]), url, tmp_path)
+    (path / "CMakeLists.txt").write_text("evil\n")
+    again, commit = fetch_source(GitRef("commit", commits["r0"]), url, tmp_path)
+    assert commit == commits["r0"] and (again / "CMakeLists.txt").read_text() == "# revision 0\n"
+
+
+def test_a_clean_cached_checkout_is_reused(upstream: tuple[str, dict[str, str]],
+                                           tmp_path: Path) -> None:
+    url, commits = upstream
+    path, _ = fetch_source(GitRef("tag", "v0.17.0"), url, tmp_path)
+    marker = (path / ".git").stat().st_ino
+    again, commit = fetch_source(GitRef("tag", "v0.17.0"), "/nonexistent/repo", tmp_path)
+    assert (again, commit) == (path, commits["r1"]) and (path / ".git").stat().st_ino == marker
