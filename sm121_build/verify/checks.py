@@ -12,6 +12,7 @@ the torch libraries export is cached per stock image ID.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import re
@@ -31,7 +32,7 @@ from sm121_build.core.errors import CorruptBinaryError, Sm121Error, Verification
 from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import foreign
-from sm121_build.core.paths import cache_dir, store_cache
+from sm121_build.core.paths import cache_dir, state_dir, store_bytes, store_cache
 from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
 from sm121_build.cuda.compat import SM121, Target, cubin_loads, is_default_gpu
 from sm121_build.cuda.dynsym import demangle, dynamic_symbols
@@ -419,8 +420,12 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
     library at a time (temp: the largest one), cached per image ID."""
     cached = cache_dir() / "abi" / f"{image_id.replace(':', '-')}.v2.json"  # v2: GNU_UNIQUE
     with suppress(OSError, ValueError, TypeError, KeyError, RecursionError, Sm121Error):
-        raw = json.loads(read_input(cached, 256 << 20, "cached ABI"))
-        return set(raw["exported"]), int(raw["libraries"])
+        data = read_input(cached, 256 << 20, "cached ABI")
+        # the cache may come from anywhere: used only when the state vouches for it
+        recorded = read_input(_abi_voucher(cached), 128, "an ABI digest").decode().strip()
+        if hashlib.sha256(data).hexdigest() == recorded:
+            raw = json.loads(data)
+            return set(raw["exported"]), int(raw["libraries"])
     exported: set[str] = set()
     libraries = 0
     lib_dir = f"{site}/torch/lib"
@@ -439,8 +444,16 @@ def image_torch_exports(files: ImageFiles, image_id: str, site: str,
                 exported |= torch_exports([part])
                 libraries += 1
                 part.unlink()
-    store_cache(cached, json.dumps({"exported": sorted(exported), "libraries": libraries}))
+    text = json.dumps({"exported": sorted(exported), "libraries": libraries})
+    if store_bytes(_abi_voucher(cached), hashlib.sha256(text.encode()).hexdigest().encode()):
+        store_cache(cached, text)
     return exported, libraries
+
+
+def _abi_voucher(cached: Path) -> Path:
+    """Where the state folder keeps the digest of an ABI entry this tool wrote (no cache
+    restore brings the state along)."""
+    return state_dir() / "abi-digests" / cached.name
 
 
 # Where a placed file comes from: compiled from source in this run, placed as it came

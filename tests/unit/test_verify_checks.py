@@ -519,3 +519,27 @@ def test_stub_thresholds(tmp_path: Path) -> None:
     stub = Stub("sm_120", STUB_BYTES, "sm_90a", STUB_RATIO * STUB_BYTES)
     assert stub.describe() == f"{STUB_BYTES} bytes on sm_120, {STUB_RATIO * STUB_BYTES} on sm_90a"
     assert (STUB_BYTES, STUB_RATIO) == (512, 8)
+
+
+@pytest.mark.parametrize("voucher", ["none", "changed"])
+def test_a_planted_abi_cache_entry_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               voucher: str) -> None:
+    """The cache is untrusted: an ABI entry the state folder does not vouch for (no digest
+    recorded there, or one the entry no longer matches) is computed again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    site = "/usr/local/lib/python3.12/dist-packages"
+    libs = tmp_path / "image" / site.lstrip("/") / "torch" / "lib"
+    libs.mkdir(parents=True)
+    _gxx_so(libs, "libc10_cuda", _PROVIDER % "signed char")
+    files = DirectoryFiles(tmp_path / "image")
+    cached = tmp_path / "cache" / "sm121-build" / "abi" / "sha256-abc.v2.json"
+    if voucher == "changed":  # written by this tool, then changed in the cache
+        real = image_torch_exports(files, "sha256:abc", site, tmp_path)
+        assert real[1] == 1 and cached.is_file()
+    else:
+        cached.parent.mkdir(parents=True)
+    cached.write_text(json.dumps({"exported": ["_ZN3c1011rt3_missingEv"], "libraries": 7}))
+    exported, libraries = image_torch_exports(files, "sha256:abc", site, tmp_path)
+    assert libraries == 1 and "_ZN3c1011rt3_missingEv" not in exported
+    assert "_ZN3c104cuda20getCurrentCUDAStreamEa" in exported
