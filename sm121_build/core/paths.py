@@ -58,6 +58,21 @@ def store_bytes(path: Path, data: bytes) -> bool:
     return True
 
 
+def new_state_file(folder: str, prefix: str, suffix: str) -> Path:
+    """A new, empty file of its own (`prefix.<random>suffix`, mode 0600) in `folder` below
+    the state folder, made through `outputs.write_below`: never through a link below the
+    state root.  A link there (or a full disk) is one-line Sm121Error, nothing written."""
+    root = state_dir()
+    path = root / folder / f"{prefix}.{os.urandom(8).hex()}{suffix}"
+    try:
+        write_below(root, path, b"")
+    except OSError as exc:
+        raise Sm121Error(f"cannot make {path.name} in {root / folder}: "
+                         f"{exc.strerror or exc}: nothing is written through a link below "
+                         f"{root}") from None
+    return path
+
+
 def _root_of(path: Path) -> Path:
     """The cache or state root `path` lies below (links in the user's path to it are the
     user's); for any other path, its own folder."""

@@ -376,3 +376,20 @@ def test_prune_goes_on_past_a_kept_image_and_names_every_tag(
         f"{short[b2]}: also tagged mine:keep (not by sm121-build)",
         f"{short[olds[0]]} (old vllm/vllm-openai:nightly): tagged vllm/vllm-openai:o1, "
         "vllm/vllm-openai:o1-again"])
+
+
+def test_a_log_is_never_made_through_a_link_in_the_state(
+        tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`state/sm121-build/logs` linked elsewhere: nothing is written there, one-line error."""
+    engine = _engine(tmp_path, matrix, checkout[1])
+    state = tmp_path / "linked-state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (state / "sm121-build").mkdir(parents=True)
+    (state / "sm121-build" / "logs").symlink_to(elsewhere)
+    with pytest.raises(Sm121Error, match="nothing is written through a link") as caught:
+        Pipeline(engine).new_log("inject-k")
+    assert "\n" not in str(caught.value)
+    assert list(elsewhere.iterdir()) == []

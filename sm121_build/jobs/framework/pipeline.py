@@ -11,7 +11,6 @@ existed before it, such as a build-cache hit the user has tagged).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from sm121_build.core.console import BuildStatus, LiveLine, Progress, Steps, end
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
-from sm121_build.core.paths import state_dir
+from sm121_build.core.paths import new_state_file
 from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
@@ -183,12 +182,8 @@ class Pipeline:
     def new_log(self, name: str, recorded: bool = True) -> Path:
         """An empty build log under the state folder, named in the record (the run's build
         log) unless `recorded` is false."""
-        folder = state_dir() / "logs"
-        folder.mkdir(parents=True, exist_ok=True)
         # one file per run: two runs of one content key never write into each other's log
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f"{name}.", suffix=".log",
-                                         delete=False) as handle:
-            log = Path(handle.name)
+        log = new_state_file("logs", name, ".log")
         if recorded:
             self.record.log_opened(log)
         return log
