@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sm121_build.core.children import Program, run
+from sm121_build.core.console import note
 
 QUERY = ("--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader")
 SmiRunner = Callable[[list[str]], "str | None"]
@@ -29,12 +30,19 @@ class HostGpu:
         return f"sm_{found.group(1)}{found.group(2)}" if found else None
 
 
+SMI_S = 5.0  # nvidia-smi answers in well under a second where NVML is up
+
+
 def output(args: list[str]) -> str | None:
-    """A command's stdout, or None when it cannot run, fails or hangs."""
+    """A command's stdout, or None when it cannot run, fails or hangs (then said once: the
+    run goes on as on a machine with no GPU, judged for the default GPU)."""
     try:
-        done = run(Program(tuple(args), 20.0, "nvidia-smi"))
+        done = run(Program(tuple(args), SMI_S, "nvidia-smi"))
     except OSError:
         return None
+    if done.timed_out:
+        note(f"note: nvidia-smi gave no answer in {SMI_S:g} s: this machine's GPU is not "
+             "known (judged as on one with none)")
     return done.text if done.returncode == 0 and not done.timed_out else None
 
 

@@ -224,6 +224,12 @@ def version_and_info(timeout: int = 10) -> tuple[dict[str, Any], dict[str, Any]]
         client.close()
 
 
+
+def _said(exc: docker.errors.APIError) -> str:
+    """What the engine said of a refusal (often a registry's answer it relays, of any
+    length), cut as every value from outside is in a line."""
+    return cut(str(exc.explanation or exc))
+
 class Engine:
     """A connected Docker engine."""
 
@@ -281,7 +287,7 @@ class Engine:
                 f"image {ref} not found in the local Docker engine: `docker pull {ref}` "
                 "or `docker load` it first") from None
         except docker.errors.APIError as exc:
-            raise EngineRefused(f"engine refused to inspect {ref}: {exc.explanation}") from None
+            raise EngineRefused(f"engine refused to inspect {ref}: {_said(exc)}") from None
         attrs: dict[str, Any] = image.attrs
         config = attrs.get("Config") or {}
         return ImageInfo(
@@ -318,7 +324,7 @@ class Engine:
                     status(progress.text(now))
         except docker.errors.APIError as exc:
             raise Sm121Error(f"cannot pull {ref}: "
-                             f"{exc.explanation or exc}") from None
+                             f"{_said(exc)}") from None
         except _NO_ANSWER as exc:
             raise self._registry_failed("pull", ref, exc) from None
         if status:
@@ -333,7 +339,7 @@ class Engine:
             with self._waiting(self.limits.registry_s):
                 data = self.client.api.inspect_distribution(ref)
         except docker.errors.APIError as exc:
-            said = f"cannot resolve {ref}: {exc.explanation or exc}"
+            said = f"cannot resolve {ref}: {_said(exc)}"
             # the engine relays the registry's answer as text: told apart here, once
             if exc.status_code == 404 or _UNKNOWN_MANIFEST.search(str(exc.explanation or "")):
                 raise ManifestUnknown(said) from None
@@ -366,7 +372,7 @@ class Engine:
                 raise RegistryUnavailable(f"cannot push {ref}: the registry refused or "
                                           f"failed: {said}")
         except docker.errors.APIError as exc:
-            raise Sm121Error(f"cannot push {ref}: {exc.explanation or exc}") from None
+            raise Sm121Error(f"cannot push {ref}: {_said(exc)}") from None
         except _NO_ANSWER as exc:
             raise self._registry_failed("push", ref, exc) from None
         finally:
@@ -400,7 +406,7 @@ class Engine:
         except docker.errors.ImageNotFound:
             return None
         except docker.errors.APIError as exc:
-            return str(exc.explanation or exc)
+            return _said(exc)
         return None
 
     def in_use(self, image_id: str) -> str | None:
@@ -414,7 +420,7 @@ class Engine:
                 if container.get("ImageID") == image_id:
                     return f"container {str(container.get('Id', ''))[:12]} uses it"
         except docker.errors.APIError as exc:
-            return f"engine refused to list its users ({exc.explanation or exc})"
+            return f"engine refused to list its users ({_said(exc)})"
         return None
 
     def exists(self, ref: str) -> bool:
@@ -444,7 +450,7 @@ class Engine:
                                  "being read") from None
             except docker.errors.APIError as exc:
                 raise EngineRefused(f"engine refused to open {image_id} for reading: "
-                                    f"{exc.explanation}") from None
+                                    f"{_said(exc)}") from None
             yield ImageReader(self.client, container["Id"], image_id, on_read)
 
     @contextmanager
@@ -508,7 +514,7 @@ class Engine:
                                                tmpfs_size=16 << 20, tmpfs_mode=0o1777)]))
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused to create a container of {image_id}: "
-                                f"{exc.explanation}") from None
+                                f"{_said(exc)}") from None
         return str(container["Id"])
 
     def run_with_gpu(self, image_id: str, job: GpuJob) -> ConfinedResult:
@@ -533,7 +539,7 @@ class Engine:
             except docker.errors.APIError as exc:
                 raise _gpu_refusal(exc) or EngineRefused(
                     f"engine refused to create a container of {image_id}: "
-                    f"{exc.explanation}") from None
+                    f"{_said(exc)}") from None
             try:
                 return self._wait_for(str(created["Id"]), job)
             except EngineRefused as exc:
@@ -561,7 +567,7 @@ class Engine:
             return ConfinedResult(int(status.get("StatusCode", -1)),
                                   out.decode(errors="replace"), err.decode(errors="replace"))
         except docker.errors.APIError as exc:
-            raise EngineRefused(f"engine refused to run {job.what}: {exc.explanation}") from exc
+            raise EngineRefused(f"engine refused to run {job.what}: {_said(exc)}") from exc
 
     def history(self, image_id: str) -> list[HistoryStep]:
         """The image's build steps, newest first (`docker history`)."""
@@ -570,7 +576,7 @@ class Engine:
                     for h in self.client.api.history(image_id)]
         except docker.errors.APIError as exc:
             raise EngineRefused(f"engine refused the history of {image_id}: "
-                                f"{exc.explanation}") from None
+                                f"{_said(exc)}") from None
 
     def tag(self, image_id: str, tag: str) -> None:
         name, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
@@ -657,7 +663,7 @@ class Engine:
                 if "aux" in chunk and "ID" in chunk["aux"]:
                     image_id = chunk["aux"]["ID"]
         except docker.errors.APIError as exc:
-            raise BuildFailed(f"docker build failed: {exc.explanation}; "
+            raise BuildFailed(f"docker build failed: {_said(exc)}; "
                               f"full log: {log}") from None
         if not image_id:
             raise BuildFailed(f"docker build produced no image; full log: {log}")

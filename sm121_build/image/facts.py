@@ -163,6 +163,9 @@ def _entry_interpreters(files: ImageFiles, words: list[str], path_dirs: list[str
     return []
 
 
+_PLAIN_SITE = re.compile(r"/[A-Za-z0-9._+@/-]{0,1023}")
+
+
 def python_sites(info: ImageInfo, files: ImageFiles) -> list[str]:
     """Candidate site directories, most specific first: PYTHONPATH, the ENTRYPOINT's
     interpreter, the interpreters on PATH; then, only when none of those holds vLLM, every
@@ -178,7 +181,10 @@ def python_sites(info: ImageInfo, files: ImageFiles) -> list[str]:
         sites += ["/usr/lib/python3/dist-packages"]
         sites += [f"{prefix}/lib/python{version}/{kind}" for prefix in COMMON_PREFIXES
                   for version in PYTHON_VERSIONS for kind in ("dist-packages", "site-packages")]
-    return list(dict.fromkeys(posixpath.normpath(s) for s in sites))
+    # a site directory is a plain absolute path (no newline, space or escape: it becomes a
+    # Dockerfile's COPY destination); any other candidate an image names is passed over
+    return list(dict.fromkeys(s for s in (posixpath.normpath(site) for site in sites)
+                              if _PLAIN_SITE.fullmatch(s) and "/../" not in f"{s}/"))
 
 
 def find_vllm_site(info: ImageInfo, files: ImageFiles) -> str | None:

@@ -1013,8 +1013,10 @@ def test_prove_image_refusals(e2e: E2E, fake_gpu_images: dict[str, str], tmp_pat
     for key, value in hostile.items():
         context = tmp_path / key
         context.mkdir()
+        # (a Dockerfile line is at most 64 KiB: a longer value is continued line by line)
+        lines = "\\\n".join(value[i:i + 60000] for i in range(0, len(value), 60000))
         (context / "Dockerfile").write_text(f'FROM {fake_gpu_images["proven"]}\n'
-                                            f'LABEL {key}="{value}"\n')
+                                            f'LABEL {key}="{lines}"\n')
         tag = f"{PREFIX}:hostile-{len(value)}"
         e2e.client.images.build(path=str(context), tag=tag, rm=True)
         line = one_line_error(_prove_image(e2e, tag, requests=tmp_path / f"{key}.log"))

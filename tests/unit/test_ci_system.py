@@ -338,3 +338,16 @@ def test_ci_run_leaves_no_rendered_site_in_temp(tmp_path: Path, docs_fail: bool)
     site = Path(sites.read_text().strip())
     assert site.is_relative_to(temp), site  # the stub was run, and wrote into TMPDIR
     assert list(temp.iterdir()) == [], output
+
+
+def test_cuda_from_pypi_never_lays_out_the_folder_a_target_link_names(tmp_path: Path) -> None:
+    """Red team 3: a TARGET that was a link had the folder it names removed and made anew."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "keep").write_text("mine")
+    (tmp_path / "link").symlink_to(real)
+    done = subprocess.run(["bash", str(ROOT / ".ci" / "cuda-from-pypi"), sys.executable,
+                           str(tmp_path / "link")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 1 and "a link" in done.stderr and done.stdout == ""
+    assert (real / "keep").read_text() == "mine"

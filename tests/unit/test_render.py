@@ -126,3 +126,19 @@ def test_flash_attention_names_resolve_to_the_images_path() -> None:
     # an image without it: the place vLLM installs it
     assert choose_extensions(image[:2], ("_vllm_fa2_C",), None)[-1] == fa2
     assert extension_target(fa2) == "_vllm_fa2_C"
+
+
+@pytest.mark.parametrize("path", ["/opt/a\nRUN touch /pwned #/vllm/_C.abi3.so",
+                                  "/opt/a b/vllm/_C.abi3.so", "/opt/x\x1b]0;y\x07/vllm/_C.so",
+                                  "/opt/../etc/vllm/_C.so", "relative/vllm/_C.so"])
+def test_a_path_that_is_not_plain_never_reaches_a_dockerfile(path: str) -> None:
+    """Red team 3: an image's ENTRYPOINT interpreter path with a newline became a RUN line
+    of the Dockerfile `inject` built (and `dockerfile` printed); a space split the COPY."""
+    from sm121_build.core.errors import Sm121Error
+    from sm121_build.image.facts import _PLAIN_SITE
+    from sm121_build.jobs.formats.render import _require_plain
+
+    with pytest.raises(Sm121Error, match="not a plain absolute path"):
+        _require_plain(path)
+    assert not _PLAIN_SITE.fullmatch(path.rsplit("/vllm/", 1)[0]) or ".." in path
+    _require_plain("/usr/local/lib/python3.12/dist-packages/vllm/_C.abi3.so")

@@ -329,3 +329,21 @@ def test_a_banner_that_ends_at_cuda_version_names_no_cuda() -> None:
         return "NVIDIA GB10, 12.1, 580.95.05\n" if len(args) > 1 else banner
 
     assert gpu_defaults(lambda name: "/fake/nvidia-smi", smi) == ("sm_121", None)
+
+
+def test_an_nvidia_smi_that_hangs_is_given_up_and_said(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """Red team 3: a hanging or flooding nvidia-smi cost 20 s (twice in doctor) and nothing
+    said why; now its deadline is SMI_S, the banner is not asked after a hang, and a note
+    says the GPU is not known."""
+    from sm121_build.cuda import nvidia_smi
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho called >> \"$0.calls\"\nexec sleep 60\n")
+    smi.chmod(0o755)
+    monkeypatch.setattr(nvidia_smi, "SMI_S", 0.5)
+    assert nvidia_smi.gpu_defaults(lambda _name: str(smi)) == (None, None)
+    assert (tmp_path / "nvidia-smi.calls").read_text().count("called") == 1
+    assert "nvidia-smi gave no answer in 0.5 s" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from pathlib import Path
 from string import Template
 
 from sm121_build import __version__
+from sm121_build.core.console import cut
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.labels import FIELD_LABELS, LABEL_PREFIX
 from sm121_build.core.shipped import shipped_dir
@@ -127,10 +128,25 @@ def _copy_lines(plan: Placement, copy_from: str, flat: bool) -> str:
     copies = [(copy_from, extension.rsplit("/", 1)[-1] if flat else extension, extension)
               for extension in plan.extensions]
     copies += [("aot", extension, extension) for extension in plan.prebuilt]
+    for _source, _built, extension in copies:  # the last gate before a Dockerfile's words
+        _require_plain(posixpath.join(plan.package_dir, extension))
     return "\n".join(
         _template("copy-extension.Dockerfile.in").substitute(
             copy_from=source, built=built, dest=posixpath.join(plan.package_dir, extension))
         .strip() for source, built, extension in copies)
+
+
+# what a path in a Dockerfile's COPY may hold: an absolute POSIX path of plain characters
+# (a newline would end the line and begin another instruction, a space split the words)
+PLAIN_PATH = re.compile(r"/[A-Za-z0-9._+@/-]{0,1023}")
+
+
+def _require_plain(path: str) -> None:
+    """Refuse, in one line, a path from outside (an image's site directory) that is not a
+    plain absolute path, before any Dockerfile holds it."""
+    if not PLAIN_PATH.fullmatch(path) or "/../" in f"{path}/":
+        raise Sm121Error(f"{cut(path, 120)!r} is not a plain absolute path: it is never "
+                         "written into a Dockerfile")
 
 
 def _external(plan: BuildPlan) -> str:
