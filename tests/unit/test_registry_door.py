@@ -500,6 +500,26 @@ def test_kernels_verify_against_a_hostile_registry_is_one_line(hostile: str,
     assert after < 60 / 4, after  # ended by the signal, long before the registry's deadline
 
 
+def _signed_statement(store: MemoryRegistry, key: cosign.SigningKey,
+                      statement: bytes) -> dict[str, object]:
+    """`statement` in a DSSE envelope `key` signed, stored as a blob; its `.att` layer."""
+    envelope = json.dumps({"payloadType": cosign.IN_TOTO,
+                           "payload": base64.b64encode(statement).decode(),
+                           "signatures": [{"sig": key.sign(cosign.pae(cosign.IN_TOTO,
+                                                                      statement))}]}).encode()
+    store.blobs[digest_of(envelope)] = envelope
+    return {"mediaType": cosign.DSSE_ENVELOPE, "digest": digest_of(envelope)}
+
+
+def _refused_as_unsigned(store: MemoryRegistry, layers: list[dict[str, object]], repo: str,
+                         trust: cosign.TrustKey) -> None:
+    """With `layers` beside the image, no statement of type `p` is read about it."""
+    store.manifests[cosign.signature_tag(DIGEST, "att")] = json.dumps(
+        {"layers": layers}).encode()
+    with pytest.raises(cosign.Untrusted):
+        cosign.attested(registry(repo), DIGEST, trust, "p")
+
+
 def test_a_signed_statement_with_a_key_twice_or_nan_is_not_read(
         tmp_path: Path, memory: tuple[str, MemoryRegistry]) -> None:
     """Two readers, two documents under one signature: a statement whose predicate is
@@ -513,17 +533,8 @@ def test_a_signed_statement_with_a_key_twice_or_nan_is_not_read(
             f'{{"predicateType":"p","subject":{subject},"predicate":{{"v":1}},'
             f'"predicate":{{"v":2}}}}',
             f'{{"predicateType":"p","subject":{subject},"predicate":{{"v":NaN}}}}'):
-        body = statement.encode()
-        envelope = json.dumps({"payloadType": cosign.IN_TOTO,
-                               "payload": base64.b64encode(body).decode(),
-                               "signatures": [{"sig": key.sign(cosign.pae(cosign.IN_TOTO,
-                                                                          body))}]}).encode()
-        store.blobs[digest_of(envelope)] = envelope
-        layers.append({"mediaType": cosign.DSSE_ENVELOPE, "digest": digest_of(envelope)})
-    store.manifests[cosign.signature_tag(DIGEST, "att")] = json.dumps(
-        {"layers": layers}).encode()
-    with pytest.raises(cosign.Untrusted):
-        cosign.attested(registry(repo), DIGEST, key.public(tmp_path / "k.pub"), "p")
+        layers.append(_signed_statement(store, key, statement.encode()))
+    _refused_as_unsigned(store, layers, repo, key.public(tmp_path / "k.pub"))
 
 
 def test_an_answer_that_is_not_the_manifest_is_never_read_as_one(hostile: str) -> None:
@@ -579,15 +590,6 @@ def test_a_statement_whose_subject_is_of_another_type_is_not_read(
     for subject in ([{"name": [repo], "digest": {"sha256": DIGEST[7:]}}],
                     [{"name": repo, "digest": {"sha256": [DIGEST[7:]]}}],
                     [{"name": {"a": 1}, "digest": {"sha256": {}}}]):
-        body = json.dumps({"predicateType": "p", "subject": subject,
-                           "predicate": {}}).encode()
-        envelope = json.dumps({"payloadType": cosign.IN_TOTO,
-                               "payload": base64.b64encode(body).decode(),
-                               "signatures": [{"sig": key.sign(cosign.pae(cosign.IN_TOTO,
-                                                                          body))}]}).encode()
-        store.blobs[digest_of(envelope)] = envelope
-        layers.append({"mediaType": cosign.DSSE_ENVELOPE, "digest": digest_of(envelope)})
-    store.manifests[cosign.signature_tag(DIGEST, "att")] = json.dumps(
-        {"layers": layers}).encode()
-    with pytest.raises(cosign.Untrusted):
-        cosign.attested(registry(repo), DIGEST, key.public(tmp_path / "k.pub"), "p")
+        layers.append(_signed_statement(store, key, json.dumps(
+            {"predicateType": "p", "subject": subject, "predicate": {}}).encode()))
+    _refused_as_unsigned(store, layers, repo, key.public(tmp_path / "k.pub"))
