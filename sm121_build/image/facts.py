@@ -236,6 +236,8 @@ def _cuda_home(info: ImageInfo, files: ImageFiles) -> str | None:
     homes = [env["CUDA_HOME"]] if env.get("CUDA_HOME", "").startswith("/") else []
     homes += [posixpath.dirname(d) for d in _path_dirs(env) if d.endswith("/bin")]
     for home in dict.fromkeys([*homes, *CUDA_HOMES]):
+        if not _PLAIN_SITE.fullmatch(home) or "/../" in f"{home}/":
+            continue  # (a Dockerfile's ENV takes it as words: only a plain path is one)
         nvcc = files.resolve(f"{home}/bin/nvcc")
         if nvcc is not None and nvcc.is_file:
             return home

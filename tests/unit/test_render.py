@@ -142,3 +142,18 @@ def test_a_path_that_is_not_plain_never_reaches_a_dockerfile(path: str) -> None:
         _require_plain(path)
     assert not _PLAIN_SITE.fullmatch(path.rsplit("/vllm/", 1)[0]) or ".." in path
     _require_plain("/usr/local/lib/python3.12/dist-packages/vllm/_C.abi3.so")
+
+
+def test_a_cuda_home_that_is_not_plain_never_reaches_a_dockerfile() -> None:
+    """Red team 4: an image's `ENV CUDA_HOME="/opt/cu X=1 LD_PRELOAD=evil.so"` (with an nvcc
+    there) became words of the builder stage's ENV: the facts pass it over, and the
+    renderer refuses one that would reach it."""
+    from sm121_build.core.errors import Sm121Error
+    from sm121_build.image.facts import _PLAIN_SITE
+    from sm121_build.jobs.formats.render import _require_plain
+
+    for home in ("/opt/cu X=1 LD_PRELOAD=evil.so", "/opt/cu\nRUN id", "/opt/a b"):
+        assert not _PLAIN_SITE.fullmatch(home)
+        with pytest.raises(Sm121Error, match="not a plain absolute path"):
+            _require_plain(f"{home}/include")
+    assert _PLAIN_SITE.fullmatch("/usr/local/cuda-13.0")

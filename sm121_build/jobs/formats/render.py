@@ -291,6 +291,8 @@ def plan_for(facts: ImageFacts, asked: PlanRequest) -> BuildPlan:
                          "stage needs the CUDA toolkit of a -devel style image")
     include = vllm.cuda_include or f"{vllm.cuda_home}/include"
     lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
+    for path in (vllm.cuda_home, include, lib):  # each becomes words of the builder's ENV
+        _require_plain(path)
     extensions = choose_extensions(vllm.extensions, asked.extra_ext, asked.source,
                                    asked.defaults)
     labels = provenance_labels(facts, asked.commit or asked.git_ref, arch, extensions,
