@@ -163,7 +163,14 @@ def _entry_interpreters(files: ImageFiles, words: list[str], path_dirs: list[str
     return []
 
 
-_PLAIN_SITE = re.compile(r"/[A-Za-z0-9._+@/-]{0,1023}")
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._+@/-]{0,1023}")
+
+
+def plain_path(path: str) -> bool:
+    """Whether a path from an image is a plain absolute path: ASCII letters, digits and
+    `._+@/-`, no `..` (a Dockerfile takes it as words: a newline would begin another
+    instruction, a space split the words).  The one rule for every such path."""
+    return bool(_PLAIN_PATH.fullmatch(path)) and "/../" not in f"{path}/"
 
 
 def python_sites(info: ImageInfo, files: ImageFiles) -> list[str]:
@@ -184,7 +191,7 @@ def python_sites(info: ImageInfo, files: ImageFiles) -> list[str]:
     # a site directory is a plain absolute path (no newline, space or escape: it becomes a
     # Dockerfile's COPY destination); any other candidate an image names is passed over
     return list(dict.fromkeys(s for s in (posixpath.normpath(site) for site in sites)
-                              if _PLAIN_SITE.fullmatch(s) and "/../" not in f"{s}/"))
+                              if plain_path(s)))
 
 
 def find_vllm_site(info: ImageInfo, files: ImageFiles) -> str | None:
@@ -236,7 +243,7 @@ def _cuda_home(info: ImageInfo, files: ImageFiles) -> str | None:
     homes = [env["CUDA_HOME"]] if env.get("CUDA_HOME", "").startswith("/") else []
     homes += [posixpath.dirname(d) for d in _path_dirs(env) if d.endswith("/bin")]
     for home in dict.fromkeys([*homes, *CUDA_HOMES]):
-        if not _PLAIN_SITE.fullmatch(home) or "/../" in f"{home}/":
+        if not plain_path(home):
             continue  # (a Dockerfile's ENV takes it as words: only a plain path is one)
         nvcc = files.resolve(f"{home}/bin/nvcc")
         if nvcc is not None and nvcc.is_file:

@@ -18,7 +18,7 @@ from sm121_build.core.labels import FIELD_LABELS, LABEL_PREFIX
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, MIN_CMAKE, extension_target, project_of_target
 from sm121_build.cuda.compat import ArchList
-from sm121_build.image.facts import ImageFacts, require_vllm
+from sm121_build.image.facts import ImageFacts, plain_path, require_vllm
 from sm121_build.image.toolchain import TOOLS_PREFIX, how_to_bring
 from sm121_build.source.external import source_targets, stand_in_envs
 from sm121_build.source.guard_rules import rules_digest
@@ -136,15 +136,10 @@ def _copy_lines(plan: Placement, copy_from: str, flat: bool) -> str:
         .strip() for source, built, extension in copies)
 
 
-# what a path in a Dockerfile's COPY may hold: an absolute POSIX path of plain characters
-# (a newline would end the line and begin another instruction, a space split the words)
-PLAIN_PATH = re.compile(r"/[A-Za-z0-9._+@/-]{0,1023}")
-
-
 def _require_plain(path: str) -> None:
-    """Refuse, in one line, a path from outside (an image's site directory) that is not a
-    plain absolute path, before any Dockerfile holds it."""
-    if not PLAIN_PATH.fullmatch(path) or "/../" in f"{path}/":
+    """Refuse, in one line, a path from outside (an image's site directory, its CUDA home)
+    that is not a plain absolute path (`facts.plain_path`), before any Dockerfile holds it."""
+    if not plain_path(path):
         raise Sm121Error(f"{cut(path, 120)!r} is not a plain absolute path: it is never "
                          "written into a Dockerfile")
 
