@@ -16,7 +16,14 @@ import click
 from sm121_build.core.children import adopt_orphans, end_all
 from sm121_build.core.console import notice, report_error, set_progress, set_verbosity
 from sm121_build.core.errors import INTERRUPTED, EngineUnavailable, Sm121Error
-from sm121_build.core.interrupts import hold_from_start, install, quiet, release
+from sm121_build.core.interrupts import (
+    held,
+    hold_from_start,
+    install,
+    quiet,
+    release,
+    signalled,
+)
 
 if TYPE_CHECKING:
     from sm121_build.image.api import ImageEngine
@@ -66,7 +73,11 @@ class _Group(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module, attribute = COMMANDS[cmd_name]
-        command = getattr(importlib.import_module(module), attribute)
+        # a module half imported cannot be cut by a signal: one that lands inside a class
+        # statement comes out of it as another error (a RuntimeError from `__set_name__`)
+        with held():
+            loaded = importlib.import_module(module)
+        command = getattr(loaded, attribute)
         assert isinstance(command, click.Command)
         return command
 
@@ -114,6 +125,12 @@ class _Group(click.Group):
             where = f"{exc.filename}: " if exc.filename else ""
             report_error(f"{where}{exc.strerror or exc}")
             sys.exit(Sm121Error.exit_code)
+        except Exception:
+            # after the run's signal, whatever broke broke because of it (Python turns an
+            # interrupt inside some steps into another error): the interrupt's one end
+            if signalled():
+                interrupted()
+            raise
 
 
 def interrupted_line() -> str:

@@ -56,6 +56,11 @@ def install(on_signal: Callable[[], None]) -> None:
         signal.signal(each, handler)
 
 
+def signalled() -> bool:
+    """Whether the run has had its first Ctrl-C or SIGTERM."""
+    return bool(_SIGNALLED)
+
+
 def answer_within(seconds: float | None) -> float | None:
     """How long a call outside (an engine request) may wait for an answer: `seconds` (None:
     no limit), or once the run is interrupted at most what is left of `CLEANUP_S` since the

@@ -144,3 +144,37 @@ def test_ctrl_c_during_local_leaves_no_compiler_temp_file(tmp_path: Path) -> Non
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert sorted(temp.rglob("*")) == [], err
+
+
+SIGNAL_IN_A_CLASS = '''
+import os
+import signal
+
+
+class Kill:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(10000))  # the handler runs here, inside the class statement
+
+
+class Made:
+    field = Kill()
+'''
+
+
+def test_a_signal_inside_a_command_modules_class_statement_ends_with_130(tmp_path: Path
+                                                                       ) -> None:
+    # Python turns an interrupt raised inside `__set_name__` into a RuntimeError (a
+    # dataclass field's does): the command's import is one step a signal cannot cut
+    (tmp_path / "signal_in_import.py").write_text(SIGNAL_IN_A_CLASS)
+    script = ("import sys\n"
+              f"sys.path.insert(0, {str(tmp_path)!r})\n"
+              "sys.argv = ['sm121-build', 'audit', 'x']\n"
+              "from sm121_build import cli\n"
+              "cli.COMMANDS['audit'] = ('signal_in_import', 'audit')\n"
+              "cli.main()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("interrupted"), done.stderr
