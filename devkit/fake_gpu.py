@@ -19,15 +19,19 @@ from pathlib import Path
 mode = os.environ.get("FAKE_MODE", "proven")
 script, args = Path(sys.argv[1]).name, sys.argv[2:]
 jit = os.environ.get("CUDA_DISABLE_PTX_JIT") != "1"
-assert os.environ.get("CUDA_CACHE_DISABLE") == "1"
+# the driver's cache is off, but for a JIT run given the run's own fresh cache folder
+cache = os.environ.get("CUDA_CACHE_PATH")
+assert (os.environ.get("CUDA_CACHE_DISABLE") == "1" and cache is None) or (
+    jit and cache and Path(cache).is_dir() and "CUDA_CACHE_DISABLE" not in os.environ)
 def say(**data): print(json.dumps(data), flush=True)
 if script == "load_cubins.py":
     if mode == "no-gpu":
         say(error="cuInit: CUDA_ERROR_NO_DEVICE"); sys.exit(3)
     major, minor = (9, 0) if mode == "hopper" else (12, 1)
     print("a line that is not JSON")
+    sizes = {} if mode == "no-sizes" else {"smem_block": 101376, "smem_sm": 102400, "sms": 48}
     say(device={"name": "FAKE GB10", "major": major, "minor": minor, "driver": 13000,
-                "version": "580.95.05"})
+                "version": "580.95.05", **sizes})
     if args[0] == "load":
         items = json.loads(Path(args[1]).read_text())
         for n, item in enumerate(items):
@@ -43,8 +47,15 @@ if script == "load_cubins.py":
 elif script.startswith("harness_"):
     so, out = args[:2]
     # the native run is given the file's added kernels (KERNELS.json): FAKE_LAUNCHED says
-    # which of them its recorder reports launched: all, half, none, or a hostile flood
-    kernels = json.loads(Path(args[2]).read_text()) if len(args) == 3 else None
+    # which of them its recorder reports launched: all, half, none, or a hostile flood;
+    # a harness given --cases also says each of them (after its fixed cases, unless
+    # --derived-only)
+    rest = args[2:]
+    kernels = json.loads(Path(rest.pop(0)).read_text()) if rest[:1] and \
+        not rest[0].startswith("--") else None
+    derived = [c["key"] for c in json.loads(Path(rest[1]).read_text())["cases"]] \
+        if rest[:1] == ["--cases"] else []
+    fixed = "--derived-only" not in rest
     launched = os.environ.get("FAKE_LAUNCHED", "all")
     stock = "/stock/" in so
     if mode == "schema":
@@ -52,7 +63,7 @@ elif script.startswith("harness_"):
     if stock and not jit and mode != "stock-runs":
         say(op="gptq_marlin_repack", case="gptq-4bit-256x192",
             error="CUDA error: PTX JIT compilation was disabled"); sys.exit(3)
-    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
+    for case in [*(("gptq-4bit-256x192", "awq-8bit-7168x2112") if fixed else ()), *derived]:
         if mode == "prefixed":  # a library's printf before each line: none of them parses
             print("[W] ", end="")
         say(op="gptq_marlin_repack", case=case, first_s=2.5 if jit else 0.001)
@@ -74,10 +85,11 @@ elif script.startswith("harness_"):
         mine = {"all": kernels, "half": kernels[:len(kernels) // 2]}.get(launched, [])
         for kernel in mine:
             say(launched=kernel, case=key)
-    Path(out).write_text("saved")
-    say(saved=2)
+    cases = [*(("gptq-4bit-256x192", "awq-8bit-7168x2112") if fixed else ()), *derived]
+    Path(out).write_text(json.dumps(cases))  # (what compare_outputs.py, FAKE, reads)
+    say(saved=len(cases))
 elif script == "compare_outputs.py":
-    for case in ("gptq-4bit-256x192", "awq-8bit-7168x2112"):
+    for case in [c for path in args[0::2] for c in json.loads(Path(path).read_text())]:
         differs = mode == "differs" and case.startswith("awq")
         say(key="gptq_marlin_repack/" + case, bitwise_equal=not differs,
             max_abs_diff=3.0 if differs else 0.0, max_ulp=12 if differs else 0)

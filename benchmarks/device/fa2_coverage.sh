@@ -53,7 +53,7 @@ import torch
 p = torch.cuda.get_device_properties(0)
 gpu = fa2_kernels.Gpu(p.major, p.minor, p.shared_memory_per_block_optin,
                       p.shared_memory_per_multiprocessor, p.multi_processor_count)
-derived = fa2_kernels.derive(names, gpu, first=harness_fa2.fixed_cases())
+derived = fa2_kernels.derive(names, gpu, first=fa2_kernels.fixed_cases())
 predicted = {n for expected in derived.expects.values() for n in expected}
 print(json.dumps({"model": {"cases": len(derived.cases), "predicted": len(predicted),
                             "unreachable": len(derived.unreachable)}}))

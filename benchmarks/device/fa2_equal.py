@@ -27,7 +27,7 @@ PAYLOAD = ROOT / "sm121_build" / "jobs" / "payload"
 sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.added import read_added  # noqa: E402
-from sm121_build.jobs.payload import fa2_kernels, harness_fa2  # noqa: E402
+from sm121_build.jobs.payload import fa2_kernels  # noqa: E402
 
 # the harness with its fixed cases left out (each process runs only the cases it is given)
 RUN = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import harness_fa2 as h; "
@@ -107,7 +107,7 @@ def main() -> int:
     gpu = fa2_kernels.Gpu(p.major, p.minor, p.shared_memory_per_block_optin,
                           p.shared_memory_per_multiprocessor, p.multi_processor_count)
     names = args.names.read_text().split()
-    fixed = harness_fa2.fixed_cases()
+    fixed = fa2_kernels.fixed_cases()
     derived = fa2_kernels.derive(names, gpu, first=fixed)
     derived.cases = derived.cases[len(fixed):]
     args.work.mkdir(parents=True, exist_ok=True)

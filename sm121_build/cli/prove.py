@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from sm121_build.cli.params import (
+    Count,
     InputPath,
     interpreter_value,
     require_writable,
@@ -20,6 +21,11 @@ from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.image.refs import validate_image_ref
 
 DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five configs on an H100
+MOST_JOBS = 16  # the default's cap: each process holds a CUDA context and torch
+
+
+def _default_jobs() -> int:
+    return min(len(os.sched_getaffinity(0)), MOST_JOBS)
 
 
 @click.command()
@@ -39,11 +45,17 @@ DEFAULT_TIMEOUT = "1800"  # per child: FA2's stock JIT took 88 s for five config
                    "for the loader.")
 @click.option("--timeout", default=DEFAULT_TIMEOUT, callback=seconds_value, metavar="SECONDS",
               show_default=True, help="Seconds one child (a harness run, the loader) may take.")
+@click.option("-j", "--jobs", type=Count(1, 256), default=_default_jobs,
+              help="Processes a side runs at once for a harness that derives its cases from "
+                   "the added kernels (FA2): the stock side's driver JIT spread over the "
+                   "cores, each process given whole modules [default: every core, at most "
+                   "16; with IMAGE: 1].")
 @sign_key_option("With --json: sign the proof with this ECDSA P-256 PEM key (a passphrase "
                    "from COSIGN_PASSWORD), as PROOF.sig beside it (`cosign sign-blob`'s "
                    "form), for `kernels publish --proof PROOF --trust-key`.")
 def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PLR0913
-          json_out: Path | None, python: str, timeout: float, sign_key: Path | None) -> None:
+          json_out: Path | None, python: str, timeout: float, jobs: int,
+          sign_key: Path | None) -> None:
     """Prove on this machine's GPU that the cubins the tool added load and compute what the
     stock files compute.
 
@@ -57,7 +69,10 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     FA2 (`_vllm_fa2_C`: varlen_fwd, fwd_kvcache) and `_C` (the Marlin repack ops), the
     ops run on seeded inputs: the stock file with the driver's JIT (the reference), the
     stock file without it (which must fail), the aot'd file without it; the outputs are
-    compared bit for bit and each first call timed; the aot'd file's run records which
+    compared bit for bit and each first call timed.  FA2's cases are derived from the
+    kernels the file added (each added kernel's template arguments turned back into the
+    inputs that select it), run in --jobs processes a side, the stock side's JIT results
+    kept in a fresh cache folder of the run's own; the aot'd file's run records which
     of its added kernels each case launched (torch's profiler).  The verdict is `proven`
     only when every added kernel launched in a case compared bitwise equal; `partial` when
     nothing differs but some were never launched (exit 0, with a `warning: partial: proven
@@ -87,7 +102,7 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
             refuse_onto_inputs(out, inputs, "--json")  # before anything is made
             require_writable(out, "--json")
     if files is not None and stock is not None:
-        proof = run_prove(files, stock, HostChildren(python, timeout))
+        proof = run_prove(files, stock, HostChildren(python, timeout, jobs))
     else:
         from sm121_build.jobs.commands.prove_image import run_prove_image
 

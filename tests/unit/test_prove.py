@@ -214,14 +214,21 @@ def test_the_proof_schema_is_closed() -> None:
 
 
 def test_the_children_get_the_jit_they_are_meant_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sm121_build.jobs.commands.prove_child import JIT_OFF, JIT_ON, Jit
     from sm121_build.jobs.commands.proving import _env
 
     monkeypatch.setenv("CUDA_FORCE_PTX_JIT", "1")  # would make every cubin JIT from PTX
     monkeypatch.setenv("CUDA_DISABLE_PTX_JIT", "1")
-    on, off = _env(jit=True), _env(jit=False)
+    monkeypatch.setenv("CUDA_CACHE_PATH", "/home/user/.nv/ComputeCache")  # the user's
+    on, off = _env(JIT_ON), _env(JIT_OFF)
     assert "CUDA_FORCE_PTX_JIT" not in on and "CUDA_FORCE_PTX_JIT" not in off
     assert "CUDA_DISABLE_PTX_JIT" not in on and off["CUDA_DISABLE_PTX_JIT"] == "1"
     assert on["CUDA_CACHE_DISABLE"] == off["CUDA_CACHE_DISABLE"] == "1"
+    assert "CUDA_CACHE_PATH" not in on and "CUDA_CACHE_PATH" not in off
+    # a JIT run given the run's own cache keeps its results there; a native run never
+    cached, native = _env(Jit(True, "/run/jit-cache")), _env(Jit(False, "/run/jit-cache"))
+    assert cached["CUDA_CACHE_PATH"] == "/run/jit-cache" and "CUDA_CACHE_DISABLE" not in cached
+    assert native["CUDA_CACHE_DISABLE"] == "1" and "CUDA_CACHE_PATH" not in native
     assert os.environ["CUDA_FORCE_PTX_JIT"] == "1"  # ours untouched
 
 

@@ -203,19 +203,22 @@ def test_the_fa2_harness_runs_the_cases_it_is_given_in_slices(tmp_path: Path) ->
     done, calls = _fa2_harness(tmp_path, "--cases", str(file), "--slice", "1/2")
     assert done.returncode == 0, done.stderr
     assert [c["num_splits"] for c in calls] == [2, 9]  # derived cases 1 and 3
+    # a part of prove's that is not the first: its derived cases alone, all of them
+    done, calls = _fa2_harness(tmp_path, "--cases", str(file), "--derived-only")
+    assert done.returncode == 0, done.stderr
+    assert [c["num_splits"] for c in calls] == [2, 1, 9]
+    assert len(json.loads((tmp_path / "out.pt").read_text())) == 3
 
 
 def test_the_fa2_harness_derives_cases_from_kernel_names(tmp_path: Path) -> None:
     """--kernels: the cases derived for the GPU torch reports (the FAKE's: an H100), after
     the fixed cases, whose kernels are not derived again."""
-    from sm121_build.jobs.payload import harness_fa2
-
     names = gzip.decompress(NAMES.read_bytes()).decode().split()[::20]
     file = tmp_path / "names.txt"
     file.write_text("\n".join(names) + "\n")
     done, calls = _fa2_harness(tmp_path, "--kernels", str(file))
     assert done.returncode == 0, done.stderr
-    fixed = harness_fa2.fixed_cases()
+    fixed = fa2_kernels.fixed_cases()
     derived = fa2_kernels.derive(names, fa2_kernels.H100, first=fixed).cases[len(fixed):]
     assert len(derived) > 10
     assert [c["op"] for c in calls[8:]] == [c.op for c in derived]
@@ -228,6 +231,7 @@ def test_the_fa2_harness_derives_cases_from_kernel_names(tmp_path: Path) -> None
     (["--cases"], "valueless option"),
     (["--kernels", "a", "--cases", "b"], "give one"),
     (["--frobnicate", "1"], "unknown"),
+    (["--derived-only", "--derived-only"], "unknown, repeated"),
     (["--cases", "/nonexistent/cases.json"], "No such file"),
 ])
 def test_the_fa2_harness_refuses_bad_options_in_one_line(
@@ -252,3 +256,22 @@ def test_the_native_runs_listing_reaches_the_recorder_before_the_options(
     assert len(calls) == 9
     said = [json.loads(line) for line in done.stdout.splitlines()]
     assert sum("recorder" in line for line in said) == 1, said
+
+
+def test_the_comparison_joins_the_parts_and_refuses_a_case_saved_twice(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """compare_outputs.py REF OTHER [REF OTHER ...]: prove's parts compared as one; a case
+    two parts of one side saved is no account of the cases (exit 2)."""
+    files = {"r0": {"a/1": 1}, "n0": {"a/1": 1}, "r1": {"a/2": 2}, "n1": {"a/2": 3},
+             "r2": {"a/1": 1}}
+    fake = SimpleNamespace(load=files.__getitem__)
+    monkeypatch.setattr(compare_outputs.importlib, "import_module", lambda name: fake)
+    monkeypatch.setattr(compare_outputs, "compare",
+                        lambda torch, a, b: {"bitwise_equal": a == b})
+    assert compare_outputs.main(["r0", "n0", "r1", "n1"]) == 0
+    said = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert said == [{"key": "a/1", "bitwise_equal": True},
+                    {"key": "a/2", "bitwise_equal": False}]
+    assert compare_outputs.main(["r0", "n0", "r2", "n1"]) == 2
+    assert "saved by two parts" in capsys.readouterr().err
+    assert compare_outputs.main(["r0"]) == 2

@@ -38,6 +38,18 @@ class SaidTooMuch(Sm121Error):
 
 
 @dataclass(frozen=True)
+class Jit:
+    """The driver's PTX JIT for a child: on or off, and for a run with it on, the run's own
+    fresh cache folder as the child sees it (None: the cache off)."""
+
+    on: bool
+    cache: str | None = None
+
+
+JIT_ON, JIT_OFF = Jit(True), Jit(False)
+
+
+@dataclass(frozen=True)
 class Asked:
     """What a child was asked about: answers about anything else are counted, not kept.
     `cubins`: the loader's cubins (id -> the kernels it was given); `cases`: the `OP/CASE`
@@ -72,15 +84,26 @@ def _seconds(value: object) -> float | None:
 
 
 @dataclass(frozen=True)
+class GpuSizes:
+    """Shared memory per block (opt-in) and per SM in bytes, and the SM count."""
+
+    smem_block: int
+    smem_sm: int
+    sms: int
+
+
+@dataclass(frozen=True)
 class Device:
     """The GPU the loader found (device 0): its name, compute capability, the CUDA version
-    its driver runs (`cuDriverGetVersion`: 13000) and the kernel module's version."""
+    its driver runs (`cuDriverGetVersion`: 13000) and the kernel module's version; and what
+    a harness's dispatch reads of it, where the loader said it (`sizes`)."""
 
     name: str
     major: int
     minor: int
     driver: int
     version: str | None
+    sizes: GpuSizes | None = None
 
     @property
     def capability(self) -> str:
@@ -247,7 +270,10 @@ class Said:
         if name is None or major is None or minor is None or driver is None \
                 or not major < 100 or not minor < 10:
             return False
-        self.device = Device(name, major, minor, driver, _text(version))
+        block, per_sm, sms = (_count(value.get(key)) for key in ("smem_block", "smem_sm",
+                                                                   "sms"))
+        sizes = GpuSizes(block, per_sm, sms) if block and per_sm and sms else None
+        self.device = Device(name, major, minor, driver, _text(version), sizes)
         return True
 
     def _cubin(self, data: Mapping[str, Any]) -> bool:

@@ -28,9 +28,10 @@ from sm121_build.cuda.compat import Target, parse_target
 from sm121_build.image.api import Bind, GpuJob, ImageEngine, ImageFiles
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import validate_image_ref
-from sm121_build.jobs.commands.prove_child import Asked, Said, heard
+from sm121_build.jobs.commands.prove_child import Asked, Jit, Said, heard
 from sm121_build.jobs.commands.prove_document import LeftOut, Proof, Subject
 from sm121_build.jobs.commands.proving import (
+    JIT_CACHE_BYTES,
     NO_STOCK,
     PAYLOADS,
     Pair,
@@ -109,10 +110,19 @@ class ImageChildren:
     seconds: float
     binds: tuple[Bind, ...]
 
-    def talk(self, args: tuple[str, ...], what: str, jit: bool, asked: Asked,
+    @property
+    def jobs(self) -> int:
+        """One container at a time (the engine's calls are not made from threads)."""
+        return 1
+
+    def talk(self, args: tuple[str, ...], what: str, jit: Jit, asked: Asked,
              seconds: float | None = None) -> tuple[Ended, Said]:
-        # the image's own environment, with the driver's JIT said outright either way
-        env = (("CUDA_CACHE_DISABLE", "1"), ("CUDA_DISABLE_PTX_JIT", "0" if jit else "1"),
+        # the image's own environment, with the driver's JIT said outright either way; a
+        # JIT run given the run's cache folder keeps what it compiles there
+        cache = (("CUDA_CACHE_PATH", jit.cache), ("CUDA_CACHE_DISABLE", "0"),
+                 ("CUDA_CACHE_MAXSIZE", str(JIT_CACHE_BYTES))) \
+            if jit.on and jit.cache else (("CUDA_CACHE_DISABLE", "1"),)
+        env = (*cache, ("CUDA_DISABLE_PTX_JIT", "0" if jit.on else "1"),
                ("CUDA_FORCE_PTX_JIT", "0"), ("HOME", f"{WORK_AT}/home"),
                ("TMPDIR", f"{WORK_AT}/home"), ("PYTHONDONTWRITEBYTECODE", "1"))
         done = self.engine.run_with_gpu(self.image_id, GpuJob(

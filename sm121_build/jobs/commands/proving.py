@@ -10,7 +10,11 @@ through the driver's JIT.
    stock file without it (must fail), the file without it; outputs compared bit for bit.
    The file's run is given its added kernels (`KERNELS.json`): its recorder says which of
    them each case launched (the coverage: `Coverage`, per file; none for a file no harness
-   runs, so every one of its added kernels is never launched).
+   runs, so every one of its added kernels is never launched).  A harness that derives its
+   cases from the kernels (FA2's) is given those `prove_cases` derives, in parts run at once
+   (`Children.jobs` processes a side); the stock side's driver JIT then keeps what it
+   compiles in a cache folder of the run's own, fresh, shared by its processes (never the
+   user's, never the native side's).
 
 Every child runs under `--python` (torch for the harnesses, ctypes for the loader) where
 `Children` says: on this host through `core.children.run` (`HostChildren`, `--files`), or in
@@ -23,8 +27,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -37,11 +43,15 @@ from sm121_build.core.inputs import kind_of, require_folder, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added, trap_stubs
 from sm121_build.cuda.compat import Target, cubin_loads
+from sm121_build.jobs.commands.prove_cases import FIXED_ONLY, CasePlan, Part, plan_fa2
 from sm121_build.jobs.commands.prove_child import (
+    JIT_OFF,
+    JIT_ON,
     Asked,
     Compared,
     CubinLoad,
     Device,
+    Jit,
     Launched,
     Said,
     talk,
@@ -63,23 +73,44 @@ from sm121_build.jobs.payload import PAYLOAD
 PAYLOADS = PAYLOAD.parent
 LOADER = PAYLOADS / "load_cubins.py"
 COMPARE = PAYLOADS / "compare_outputs.py"
-# extension target -> its harness (jobs/payload), run on a file of that target's name
-HARNESSES = {"_vllm_fa2_C": "harness_fa2.py", "_C": "harness_marlin.py"}
+
+
+@dataclass(frozen=True)
+class Harness:
+    """A harness of jobs/payload, and whether its cases are derived from the file's added
+    kernels (`prove_cases`; otherwise it runs its fixed cases, in one process a side)."""
+
+    script: str
+    derives: bool = False
+
+
+# extension target -> its harness, run on a file of that target's name
+HARNESSES = {"_vllm_fa2_C": Harness("harness_fa2.py", derives=True),
+             "_C": Harness("harness_marlin.py")}
 PROBE_SECONDS = 60.0
 # variables that would change what the driver does with PTX: set by `_env` alone
-DRIVER_JIT = ("CUDA_DISABLE_PTX_JIT", "CUDA_FORCE_PTX_JIT", "CUDA_CACHE_DISABLE")
+DRIVER_JIT = ("CUDA_DISABLE_PTX_JIT", "CUDA_FORCE_PTX_JIT", "CUDA_CACHE_DISABLE",
+              "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE")
+JIT_CACHE_BYTES = 4 << 30  # the stock side's private cache: room for a whole file's modules
 
 
 class Children(Protocol):
     """Where prove's children run: each is given `args` after the interpreter, says its
-    lines, and ends by its deadline; `at` is where it sees a path of this host."""
+    lines, and ends by its deadline; `at` is where it sees a path of this host; `jobs`: how
+    many may run at once.  `cache`: the driver's JIT cache folder of a JIT run (as the child
+    sees it; None: no cache) is part of `jit`."""
 
     @property
     def python(self) -> str:
         """The interpreter, as messages name it."""
         ...
 
-    def talk(self, args: tuple[str, ...], what: str, jit: bool, asked: Asked,
+    @property
+    def jobs(self) -> int:
+        """How many children may run at once."""
+        ...
+
+    def talk(self, args: tuple[str, ...], what: str, jit: Jit, asked: Asked,
              seconds: float | None = None) -> tuple[Ended, Said]: ...
 
     def at(self, path: Path) -> str: ...
@@ -87,12 +118,14 @@ class Children(Protocol):
 
 @dataclass(frozen=True)
 class HostChildren:
-    """The children on this host, under `python` (`--python`), each for at most `seconds`."""
+    """The children on this host, under `python` (`--python`), each for at most `seconds`,
+    `jobs` at once."""
 
     python: str
     seconds: float
+    jobs: int = 1
 
-    def talk(self, args: tuple[str, ...], what: str, jit: bool, asked: Asked,
+    def talk(self, args: tuple[str, ...], what: str, jit: Jit, asked: Asked,
              seconds: float | None = None) -> tuple[Ended, Said]:
         return talk(Program((self.python, *args), min(seconds or self.seconds, self.seconds),
                             what, env=_env(jit)), asked)
@@ -124,13 +157,18 @@ class Extracted:
     stubs: Mapping[str, str] = field(default_factory=dict)  # trap stub -> the evidence
 
 
-def _env(jit: bool) -> dict[str, str]:
+def _env(jit: Jit) -> dict[str, str]:
     """The child's environment: ours, with the driver's JIT on or off and its cache off (a
-    cached JIT result would hide the JIT's first-call time, and could stand in for a
-    cubin)."""
+    cached JIT result from outside the run would hide the JIT's first-call time, and could
+    stand in for a cubin), or, for a JIT run given one, the run's own cache folder, made
+    fresh by the run."""
     env = {k: v for k, v in os.environ.items() if k not in DRIVER_JIT}
-    env["CUDA_CACHE_DISABLE"] = "1"
-    if not jit:
+    if jit.on and jit.cache is not None:
+        env["CUDA_CACHE_PATH"] = jit.cache
+        env["CUDA_CACHE_MAXSIZE"] = str(JIT_CACHE_BYTES)
+    else:
+        env["CUDA_CACHE_DISABLE"] = "1"
+    if not jit.on:
         env["CUDA_DISABLE_PTX_JIT"] = "1"
     return env
 
@@ -198,7 +236,7 @@ def probe(children: Children) -> Device:
     """The GPU (device 0), or NoGpu in one line: no libcuda, cuInit failed, no device."""
     try:
         ended, said = children.talk((children.at(LOADER), "probe"), "the CUDA driver probe",
-                                    jit=False, asked=Asked(), seconds=PROBE_SECONDS)
+                                    jit=JIT_OFF, asked=Asked(), seconds=PROBE_SECONDS)
     except OSError as exc:
         raise Sm121Error(f"--python {children.python}: cannot be run "
                          f"({exc.strerror or exc})") from None
@@ -251,7 +289,7 @@ def load_all(children: Children, extracted: list[Extracted], folder: Path
     listing.write_text(json.dumps(items))
     asked = Asked(cubins={str(item["id"]): frozenset(item["kernels"]) for item in items})
     ended, said = children.talk((children.at(LOADER), "load", children.at(listing)),
-                                "the cubin loader", jit=False, asked=asked)
+                                "the cubin loader", jit=JIT_OFF, asked=asked)
     if said.device is None:
         raise NoGpu(f"no GPU to prove on: {said.error or ended.said(200)}")
     if said.done != len(items) or ended.timed_out or ended.returncode != 0:
@@ -268,18 +306,20 @@ def added_kernels(item: Extracted) -> frozenset[str]:
 
 
 def coverage(item: Extracted, launched: list[Launched], ops: list[OpResult],
-             recorder: str | None) -> Coverage:
+             recorder: str | None, dead: Mapping[str, str] | None = None) -> Coverage:
     """Of the file's added kernels: those a case launched, those a case launched whose
     output was bitwise equal to the stock JIT's, those never launched, and of these the
-    trap stubs (unreachable: any launch of one traps), with the evidence."""
+    unreachable ones, with the evidence: the trap stubs (any launch of one traps) and
+    `dead`, those the op's dispatch never selects on this GPU."""
     added = added_kernels(item)
     equal = {f"{op.op}/{op.case}" for op in ops if op.bitwise_equal and op.error is None}
     ran = {one.kernel for one in launched if one.kernel in added}
     compared = {one.kernel for one in launched if one.kernel in added and one.case in equal}
-    stubs = sorted(name for name in added - ran if name in item.stubs)
+    why = {**(dead or {}), **item.stubs}
+    unreachable = sorted(name for name in added - ran if name in why)
     return Coverage(len(added), len(ran), len(compared),
-                    tuple(sorted(added - ran - set(stubs))),
-                    tuple(Unreachable(name, item.stubs[name]) for name in stubs),
+                    tuple(sorted(added - ran - set(unreachable))),
+                    tuple(Unreachable(name, why[name]) for name in unreachable),
                     recorder=recorder)
 
 
@@ -332,6 +372,8 @@ class HarnessCall:
     out: Path
     jit: bool
     listing: Path | None = None
+    part: Part = FIXED_ONLY.parts[0]
+    cache: Path | None = None  # the JIT run's cache folder
 
 
 def _harness(children: Children, script: str, call: HarnessCall,
@@ -342,7 +384,10 @@ def _harness(children: Children, script: str, call: HarnessCall,
     args: tuple[str, ...] = (children.at(PAYLOADS / script), call.so, children.at(call.out))
     if call.listing is not None:
         args = (*args, children.at(call.listing))
-    ended, said = children.talk(args, f"the {script} harness", call.jit,
+    cases = call.part.cases
+    args = (*args, *call.part.options(None if cases is None else children.at(cases)))
+    cache = None if call.cache is None else children.at(call.cache)
+    ended, said = children.talk(args, f"the {script} harness", Jit(call.jit, cache),
                                 asked or Asked(cases=None))
     if said.schema_error is not None:
         raise HarnessMismatch(f"{call.so}: {said.schema_error}; the {script} harness does not "
@@ -352,28 +397,107 @@ def _harness(children: Children, script: str, call: HarnessCall,
 
 @dataclass(frozen=True)
 class OpsProven:
-    """A file's op cases, its stock run without the JIT, and the kernels the native run's
-    recorder said each case launched (`recorder`: why it recorded none, where it said)."""
+    """A file's op cases, its stock run without the JIT, the kernels the native run's
+    recorder said each case launched (`recorder`: why it recorded none, where it said), and
+    the added kernels no op can launch on this GPU, with the evidence (`dead`)."""
 
     results: list[OpResult]
     without: StockWithoutJit
     launched: list[Launched]
     recorder: str | None
+    dead: Mapping[str, str] = field(default_factory=dict)
 
 
-def prove_ops(children: Children, item: Extracted, script: str,
-              folder: Path, ours: Path) -> OpsProven:
+def _joined(runs: list[HarnessRun]) -> HarnessRun:
+    """The runs of a side's parts as one: their cases and launches in order, the outputs
+    they saved (None: no part saved any), and how the first that failed ended."""
+    if len(runs) == 1:
+        return runs[0]
+    saved = [run.said.saved for run in runs if run.said.saved is not None]
+    said = replace(runs[0].said, cases=[c for run in runs for c in run.said.cases],
+                   launched=[one for run in runs for one in run.said.launched],
+                   saved=sum(saved) if saved else None,
+                   recorder=next((r.said.recorder for r in runs if r.said.recorder), None))
+    failed = [run.ended for run in runs if run.ended.returncode != 0 or run.ended.timed_out]
+    return HarnessRun((failed or [runs[0].ended])[0], said)
+
+
+def _side(children: Children, script: str, calls: list[HarnessCall],
+          asked: list[Asked | None]) -> list[HarnessRun]:
+    """The runs of one side's parts, at most `children.jobs` at once; a line as each part
+    ends (how many cases so far, the time), when there are several."""
+    if len(calls) == 1:
+        return [_harness(children, script, calls[0], asked[0])]
+    started, cases = time.monotonic(), 0
+    side = "the stock JIT" if calls[0].jit else "the native"
+    runs: dict[int, HarnessRun] = {}
+    with ThreadPoolExecutor(max(1, min(children.jobs, len(calls)))) as pool:
+        futures = {pool.submit(_harness, children, script, call, ask): n
+                   for n, (call, ask) in enumerate(zip(calls, asked, strict=True))}
+        for future in as_completed(futures):
+            runs[futures[future]] = run = future.result()
+            cases += len(run.said.cases)
+            spent = time.monotonic() - started
+            left = len(calls) - len(runs)
+            eta = f", about {spent / len(runs) * left:.0f} s left" if left else ""
+            note(f"{script}: {side} side: {len(runs)} of {len(calls)} part(s) done, {cases:,} "
+                 f"case(s) in {spent:.0f} s{eta}")
+    return [runs[n] for n in range(len(calls))]
+
+
+def _plan(item: Extracted, harness: Harness, device: Device | None, children: Children,
+          ours: Path) -> CasePlan:
+    """How the file's cases are split: derived from its added kernels and dealt by module
+    (a deriving harness, on a GPU the loader described), or the harness's fixed ones."""
+    if not harness.derives or device is None:
+        return FIXED_ONLY
+    into = ours / (item.pair.name.replace("/", "_") + ".cases")
+    into.mkdir()
+    module_of = {kernel: cubin.number for cubin in item.cubins if cubin.number in item.paths
+                 for kernel in cubin.kernels}
+    plan = plan_fa2(sorted(added_kernels(item)), module_of, device, children.jobs, into)
+    if plan.said:
+        note(f"{shown(item.pair.name)}: {plan.said}")
+    else:
+        note(f"{shown(item.pair.name)}: {plan.derived:,} case(s) derived from its added "
+             f"kernels, in {len(plan.parts)} part(s); {len(plan.dead):,} kernel(s) no op "
+             "launches on this GPU")
+    return plan
+
+
+@dataclass(frozen=True)
+class Folders:
+    """Where a run's files go: `children`, the folder the children write their outputs to;
+    `ours`, one they cannot write (what this process gives them to read)."""
+
+    children: Path
+    ours: Path
+
+
+def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Folders,
+              device: Device | None = None) -> OpsProven:
     """A harness on the stock file with the JIT, the stock file without it, the new file
     without it (its added kernels' launches recorded); the outputs compared.  The kernels'
-    listing is written to `ours`, where no child writes."""
-    pair = item.pair
+    listing, and the cases of a deriving harness, are written to `ours`, where no child
+    writes."""
+    pair, script = item.pair, harness.script
+    folder, ours = folders.children, folders.ours
     stem = folder / pair.name.replace("/", "_")
     added = added_kernels(item)
     listing = ours / (pair.name.replace("/", "_") + ".kernels.json")
     listing.write_text(json.dumps(sorted(added)))
+    plan = _plan(item, harness, device, children, ours)
     stock_at = children.at(pair.stock)
-    reference = _harness(children, script, HarnessCall(stock_at, stem.with_suffix(".jit.pt"),
-                                                       jit=True))
+    cache = None
+    if len(plan.parts) > 1 or plan.parts[0].cases is not None:
+        cache = folder / (pair.name.replace("/", "_") + ".jit-cache")
+        cache.mkdir()
+    outs = [(stem.with_suffix(f".jit.{n}.pt"), stem.with_suffix(f".native.{n}.pt"))
+            for n in range(len(plan.parts))]
+    references = _side(children, script, [
+        HarnessCall(stock_at, jit_out, True, part=part, cache=cache)
+        for (jit_out, _), part in zip(outs, plan.parts, strict=True)], [None] * len(outs))
+    reference = _joined(references)
     if reference.ended.returncode != 0 and not reference.said.cases:
         raise Sm121Error(f"the {script} harness could not run the stock {pair.name} with "
                          f"--python {children.python}: {reference.failure()}")
@@ -382,30 +506,36 @@ def prove_ops(children: Children, item: Extracted, script: str,
     stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
                               else f"{len(stock.said.cases)} case(s) ran")
-    asked = frozenset(f"{c.op}/{c.case}" for c in reference.said.cases)
-    native = _harness(children, script, HarnessCall(pair.runs_as,
-                                                    stem.with_suffix(".native.pt"), False,
-                                                    listing),
-                      Asked(cases=asked, kernels=added))
+    each = [frozenset(f"{c.op}/{c.case}" for c in run.said.cases) for run in references]
+    natives = _side(children, script, [
+        HarnessCall(pair.runs_as, native_out, False, listing, part)
+        for (_, native_out), part in zip(outs, plan.parts, strict=True)],
+        [Asked(cases=keys, kernels=added) for keys in each])
+    native = _joined(natives)
+    asked = frozenset().union(*each)
     compared: dict[str, Compared] = {}
     unasked = 0
-    if reference.said.saved is not None and native.said.saved is not None:
-        _ended, said = children.talk((children.at(COMPARE),
-                                      children.at(stem.with_suffix(".jit.pt")),
-                                      children.at(stem.with_suffix(".native.pt"))),
-                                     "the output comparison", jit=True, asked=Asked(cases=asked))
+    both = [(jit_out, native_out) for (jit_out, native_out), ref, mine
+            in zip(outs, references, natives, strict=True)
+            if ref.said.saved is not None and mine.said.saved is not None]
+    if both:
+        args = [children.at(path) for pair_of in both for path in pair_of]
+        _ended, said = children.talk((children.at(COMPARE), *args), "the output comparison",
+                                     jit=JIT_ON, asked=Asked(cases=asked))
         compared = {item.key: item for item in said.compared}
         unasked = said.unasked
-    return OpsProven(_op_results(pair.name, (reference, native), compared, unasked), without,
-                     native.said.launched, native.said.recorder)
+    return OpsProven(_op_results(pair.name, (references, native), compared, unasked),
+                     without, native.said.launched, native.said.recorder, plan.dead)
 
 
-def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
+def _op_results(name: str, runs: tuple[list[HarnessRun], HarnessRun],
                 compared: Mapping[str, Compared], unasked: int) -> list[OpResult]:
-    """Each case the stock JIT run said, as the native run and the comparison found it;
-    and one result that proves nothing when the runs' account does not add up (`unasked`:
-    outputs compared that no run said)."""
-    reference, native = runs
+    """Each case the stock JIT run said (its parts'), as the native run and the comparison
+    found it; and one result that proves nothing when the runs' account does not add up (a
+    part that saved other than the cases it said; `unasked`: outputs compared that no run
+    said)."""
+    parts, native = runs
+    reference = _joined(parts)
     native_cases = {(c.op, c.case): c for c in native.said.cases}
     results = []
     for case in reference.said.cases:
@@ -421,11 +551,14 @@ def _op_results(name: str, runs: tuple[HarnessRun, HarnessRun],
                              if native.said.saved is None else "the outputs were not compared"))
         results.append(OpResult(name, case.op, case.case, None if error else item,
                                 (case.first_s, mine.first_s if mine else None), error or None))
-    said = {f"{c.op}/{c.case}" for c in reference.said.cases}
-    saved = reference.said.saved
+    miscounted = [(n, run.said.saved, len({f"{c.op}/{c.case}" for c in run.said.cases}))
+                  for n, run in enumerate(parts) if run.said.saved is not None]
+    miscounted = [one for one in miscounted if one[1] != one[2]]
+    where = f" (part {miscounted[0][0] + 1} of {len(parts)})" \
+        if miscounted and len(parts) > 1 else ""
     why = ("no op case was said by the stock JIT run" if not reference.said.cases else
-           f"the stock JIT run saved {saved} output(s) but said {len(said)} case(s)"
-           if saved is not None and saved != len(said) else
+           f"the stock JIT run{where} saved {miscounted[0][1]} output(s) but said "
+           f"{miscounted[0][2]} case(s)" if miscounted else
            f"{unasked} output(s) compared that no run said" if unasked else None)
     if why:  # what the runs said does not account for what was compared: nothing proven
         results.append(OpResult(name, "(every op)", "(the runs' account)", None,
@@ -465,18 +598,18 @@ def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -
     loads = load_all(children, extracted, mine)
     files, ops, stock_runs = [], [], []
     for item in extracted:
-        script = HARNESSES.get(extension_target(item.pair.name))
-        if script is None:
+        harness = HARNESSES.get(extension_target(item.pair.name))
+        if harness is None:
             note(f"{shown(item.pair.name)}: no harness for its ops: its cubins' loading "
                  "is proven, not what they compute")
             files.append(file_result(item, loads, None, coverage(
                 item, [], [], "no harness runs this file's ops")))
             continue
-        proven = prove_ops(children, item, script, folder, mine)
+        proven = prove_ops(children, item, harness, Folders(folder, mine), device)
         ops += proven.results
         stock_runs.append(proven.without)
-        files.append(file_result(item, loads, script, coverage(
-            item, proven.launched, proven.results, proven.recorder),
+        files.append(file_result(item, loads, harness.script, coverage(
+            item, proven.launched, proven.results, proven.recorder, proven.dead),
             frozenset(one.kernel for one in proven.launched)))
     kept = {item.pair.name for item in extracted}
     unchanged = [LeftOut(pair.name, "it has no cubin its stock file lacks")

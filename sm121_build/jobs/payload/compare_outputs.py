@@ -1,7 +1,12 @@
 """Compare two files of saved outputs (harness_fa2.py, harness_marlin.py) case by case, bit
 for bit (`sm121-build prove`; the method of benchmarks/device/fa2_compare.py).
 
-Standard library and torch only:  python3 compare_outputs.py REFERENCE.pt OTHER.pt
+Standard library and torch only:
+
+    python3 compare_outputs.py REFERENCE.pt OTHER.pt [REFERENCE.pt OTHER.pt ...]
+
+Each pair: the outputs of one part of the cases (prove runs the parts in processes of their
+own); a case saved by two parts of one side is refused (exit 2: the parts do not add up).
 
 A JSON line per case of either file, every output of the case compared (`compare`):
     {"key": "OP/CASE", "bitwise_equal": B, "max_abs_diff": D, "max_ulp": U,
@@ -103,12 +108,29 @@ def compare(torch: Any, a: Any, b: Any) -> dict[str, Any]:
                          list(range(len(pairs), max(len(left), len(right))))}
 
 
+USAGE = "usage: compare_outputs.py REFERENCE.pt OTHER.pt [REFERENCE.pt OTHER.pt ...]"
+
+
+def _joined(torch: Any, paths: list[str]) -> dict[str, Any] | None:
+    """The cases of one side's files as one; None when two of them saved one case."""
+    joined: dict[str, Any] = {}
+    for path in paths:
+        part = torch.load(path)
+        if set(part) & set(joined):
+            return None
+        joined.update(part)
+    return joined
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: compare_outputs.py REFERENCE.pt OTHER.pt\n")
+    if not argv or len(argv) % 2:
+        sys.stderr.write(USAGE + "\n")
         return 2
     torch = importlib.import_module("torch")
-    reference, other = torch.load(argv[0]), torch.load(argv[1])
+    reference, other = _joined(torch, argv[0::2]), _joined(torch, argv[1::2])
+    if reference is None or other is None:
+        sys.stderr.write(f"{USAGE}: a case saved by two parts of one side\n")
+        return 2
     for key in sorted(set(reference) | set(other)):
         if key not in other or key not in reference:
             _say({"key": key, "missing_in": "other" if key in reference else "reference"})

@@ -279,6 +279,24 @@ class Case:
         return "-".join(parts)
 
 
+# the fixed cases harness_fa2.py runs first (its `varlen`, `kvcache`): dtype, head dim, and
+# causal (varlen) or paged (kvcache)
+VARLEN = [("bfloat16", 128, True), ("bfloat16", 128, False), ("float16", 64, True),
+          ("bfloat16", 256, True), ("bfloat16", 96, True)]
+KVCACHE = [("bfloat16", 128, False), ("bfloat16", 128, True), ("float16", 64, False)]
+
+
+def fixed_cases() -> list[Case]:
+    """The fixed cases as this model sees them (harness_fa2's `varlen`, `kvcache`: their
+    shapes; the cache's num_splits left to the heuristic, as its `arguments` fills it, 0),
+    so that the kernels they launch are not derived again."""
+    return [*(Case("varlen_fwd", dtype=t, head_size=d, heads=16, heads_k=16, batch=1,
+                   seqlen_q=1024, seqlen_k=1024, causal=c) for t, d, c in VARLEN),
+            *(Case("fwd_kvcache", dtype=t, head_size=d, heads=16, heads_k=16, batch=2,
+                   seqlen_q=1, seqlen_k=512, causal=True, paged=256 if p else 0,
+                   num_splits=0, seqlens_k=True) for t, d, p in KVCACHE)]
+
+
 def _head_dim(d: int) -> int:
     return next(h for h in HEAD_DIMS if d <= h)
 
@@ -492,6 +510,12 @@ class Derived:
     unreachable: dict[str, str] = field(default_factory=dict)  # kernel name -> why
     foreign: list[str] = field(default_factory=list)  # names of no FA2 kind (not modeled)
 
+    def dead(self) -> dict[str, str]:
+        """The kernels no call of any op can launch on this GPU, each with the rule of the
+        dispatch that never selects it (the rest of `unreachable` may be reachable)."""
+        return {name: why for name, why in self.unreachable.items()
+                if why not in (NOT_CALLED, NOT_FOUND) and not why.startswith(NOT_READ)}
+
     @property
     def covered(self) -> int:
         return len({n for names in self.expects.values() for n in names})
@@ -503,11 +527,18 @@ class Derived:
                 "foreign": self.foreign}
 
 
+# the reasons `_why` gives that are not a rule of the dispatch: such a kernel may be
+# reachable (by an op the harness does not call, or by inputs the search did not find)
+NOT_CALLED = "fwd_sparse / varlen_fwd_sparse are not called by the harness"
+NOT_FOUND = "no case of the model (structured or searched) launched it"
+NOT_READ = "not read as FA2's"
+
+
 def _why(k: Kernel, gpu: Gpu) -> str:
     """Why no case launches `k`: the first rule of the dispatch it breaks."""
     t, flags = k.traits, dict(zip(FLAGS[k.kind], k.args, strict=True))
     if k.kind == "flash_fwd_sparse_kernel":
-        return "fwd_sparse / varlen_fwd_sparse are not called by the harness"
+        return NOT_CALLED
     if flags.get("Is_dropout") and flags.get("Is_softcap"):
         return "Is_dropout with Is_softcap: run_flash_fwd clears Is_dropout under softcap"
     if k.kind == "flash_fwd_kernel":
@@ -537,7 +568,7 @@ def _why(k: Kernel, gpu: Gpu) -> str:
         return "Is_even_K is cleared by ALiBi"
     if flags.get("Is_causal") and flags.get("Is_local"):
         return "Is_local is cleared by Is_causal"
-    return "no case of the model (structured or searched) launched it"
+    return NOT_FOUND
 
 
 def _random_case(rng: random.Random, kinds: list[Kernel], dropout_built: bool) -> Case:
@@ -577,7 +608,7 @@ def derive(names: list[str], gpu: Gpu, *, first: list[Case] | None = None,
         try:
             k = parse(name)
         except NameError_ as exc:
-            refused[name] = f"not read as FA2's: {str(exc)[-160:]}"
+            refused[name] = f"{NOT_READ}: {str(exc)[-160:]}"
             continue
         if k is None:
             out.foreign.append(name)

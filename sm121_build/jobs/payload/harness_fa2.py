@@ -4,14 +4,16 @@
 Standard library and torch only, run as a script by the interpreter `prove --python` names:
 
     python3 harness_fa2.py SO OUT.pt [KERNELS.json] [--kernels NAMES.txt | --cases CASES.json]
-        [--slice I/N]
+        [--slice I/N] [--derived-only]
 
 The fixed cases first (`VARLEN`, `KVCACHE`), then those derived from the kernels
 (fa2_kernels.py, its sibling): `--kernels`, the names of the kernels to launch (one a line:
 the cases derived here, for this GPU's dispatch), or `--cases`, cases derived before
 (`fa2_kernels.Derived.to_json`).  `--slice I/N`: only the cases whose position modulo N is
-I (0 <= I < N), so that N processes share them.  Every output tensor a case writes is saved
-(what the op returns, and the KV cache it appends to).
+I (0 <= I < N), so that N processes share them.  `--derived-only`: the fixed cases left
+out (a process given a part of the derived cases that is not the first: prove deals the
+cases to its processes by module, one `--cases` file each).  Every output tensor a case
+writes is saved (what the op returns, and the KV cache it appends to).
 
 Its lines on stdout, and the run around its cases, are harness_run.py's.
 """
@@ -42,22 +44,6 @@ NEEDED = {
     "fwd_kvcache": {"q", "kcache", "vcache", "seqlens_k", "block_table", "softmax_scale",
                     "is_causal"},
 }
-VARLEN = [("bfloat16", 128, True), ("bfloat16", 128, False), ("float16", 64, True),
-          ("bfloat16", 256, True), ("bfloat16", 96, True)]
-KVCACHE = [("bfloat16", 128, False), ("bfloat16", 128, True), ("float16", 64, False)]
-
-
-def fixed_cases() -> list[Any]:
-    """The fixed cases as fa2_kernels sees them (`varlen`, `kvcache`: their shapes; the
-    cache's num_splits left to the heuristic, as `arguments` fills it, 0), so that the
-    kernels they launch are not derived again."""
-    return [*(fa2.Case("varlen_fwd", dtype=t, head_size=d, heads=16, heads_k=16, batch=1,
-                       seqlen_q=1024, seqlen_k=1024, causal=c) for t, d, c in VARLEN),
-            *(fa2.Case("fwd_kvcache", dtype=t, head_size=d, heads=16, heads_k=16, batch=2,
-                       seqlen_q=1, seqlen_k=512, causal=True, paged=256 if p else 0,
-                       num_splits=0, seqlens_k=True) for t, d, p in KVCACHE)]
-
-
 def schema_of(torch: Any, op: str) -> Any:
     try:
         return getattr(getattr(torch.ops, NAMESPACE), op).default._schema
@@ -100,7 +86,7 @@ def arguments(torch: Any, schema: Any, named: dict[str, Any]) -> list[Any]:
 def varlen(torch: Any, saved: dict[str, Any], gen: Any) -> None:
     schema = check(torch, "varlen_fwd")
     op = torch.ops._vllm_fa2_C.varlen_fwd
-    for dtype_name, d, causal in VARLEN:
+    for dtype_name, d, causal in fa2.VARLEN:
         dtype = getattr(torch, dtype_name)
         length, heads = 1024, 16
         q, k, v = (torch.randn(length, heads, d, device="cuda", dtype=dtype, generator=gen)
@@ -120,7 +106,7 @@ def kvcache(torch: Any, saved: dict[str, Any], gen: Any) -> None:
     schema = check(torch, "fwd_kvcache")
     op = torch.ops._vllm_fa2_C.fwd_kvcache
     batch, heads, cache_len, block = 2, 16, 512, 256
-    for dtype_name, d, paged in KVCACHE:
+    for dtype_name, d, paged in fa2.KVCACHE:
         dtype = getattr(torch, dtype_name)
         q = torch.randn(batch, 1, heads, d, device="cuda", dtype=dtype, generator=gen)
         shape = (batch * cache_len // block, block, heads, d) if paged else \
@@ -193,12 +179,17 @@ class Options:
     kernels: str | None = None
     cases: str | None = None
     part: tuple[int, int] = (0, 1)
+    fixed: bool = True  # the fixed cases run (in the first slice); not with --derived-only
 
 
 def options(argv: list[str]) -> Options:
-    """`--kernels FILE`, `--cases FILE`, `--slice I/N`; ValueError in one line."""
+    """`--kernels FILE`, `--cases FILE`, `--slice I/N`, `--derived-only`; ValueError in
+    one line."""
     found: dict[str, str] = {}
     rest = list(argv)
+    fixed = "--derived-only" not in rest
+    if not fixed:
+        rest.remove("--derived-only")
     while rest:
         flag = rest.pop(0)
         if flag not in ("--kernels", "--cases", "--slice") or not rest or flag in found:
@@ -212,7 +203,7 @@ def options(argv: list[str]) -> Options:
         if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 1024):
             raise ValueError(f"--slice {found['--slice'][:40]!r} is not I/N, 0 <= I < N")
         part = (int(i), int(n))
-    return Options(found.get("--kernels"), found.get("--cases"), part)
+    return Options(found.get("--kernels"), found.get("--cases"), part, fixed)
 
 
 def gpu_of(torch: Any) -> Any:
@@ -242,7 +233,7 @@ def derived_cases(torch: Any, names: list[str] | None, given: list[Any]) -> list
     fixed cases kept ahead, so that what they launch is not derived again)."""
     if names is None:
         return given
-    fixed = fixed_cases()
+    fixed = fa2.fixed_cases()
     return list(fa2.derive(names, gpu_of(torch), first=fixed).cases[len(fixed):])
 
 
@@ -255,7 +246,7 @@ def cases_with(opts: Options, names: list[str] | None, given: list[Any]
         schemas = {op: check(torch, op) for op in ("varlen_fwd", "fwd_kvcache")}
         derived = derived_cases(torch, names, given)
         first, count = opts.part
-        if first == 0:  # the fixed cases: one item, their inputs as before from one seed
+        if first == 0 and opts.fixed:  # the fixed cases: their inputs as before, one seed
             varlen(torch, saved, gen)
             kvcache(torch, saved, gen)
         for at, case in enumerate(derived, start=1):
@@ -286,7 +277,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:  # fa2.NameError_ is a ValueError
         text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         sys.stderr.write(f"usage: harness_fa2.py SO OUT.pt [--kernels F | --cases F] "
-                         f"[--slice I/N]: {text}\n")
+                         f"[--slice I/N] [--derived-only]: {text}\n")
         return 2
     return int(harness.run(argv[:plain], "harness_fa2.py", cases_with(opts, names, given)))
 

@@ -10,7 +10,8 @@ so a cubin that loads is one the GPU runs as it is.
 LIST is JSON: [{"id": "...", "path": "CUBIN", "kernels": ["name", ...]}, ...].  Each line
 on stdout is one JSON object:
 
-    {"device": {"name": "...", "major": 9, "minor": 0, "driver": 13000, "version": "..."}}
+    {"device": {"name": "...", "major": 9, "minor": 0, "driver": 13000, "version": "...",
+                "smem_block": B, "smem_sm": S, "sms": N}}     (shared memory, SM count)
     {"error": "..."}                                  no GPU: nothing else follows (exit 3)
     {"cubin": ID, "loaded": true, "found": N, "missing": [...], "missing_count": M}
     {"cubin": ID, "loaded": false, "error": "CUDA_ERROR_..."}
@@ -29,6 +30,9 @@ from typing import Any
 NO_GPU = 3
 MISSING_SHOWN = 20  # names per cubin; the count is always whole
 _MAJOR, _MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+# what a harness's dispatch reads of the GPU: CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_
+# BLOCK_OPTIN, _MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, _MULTIPROCESSOR_COUNT
+_SIZES = {"smem_block": 97, "smem_sm": 81, "sms": 16}
 
 
 def _say(data: dict[str, Any]) -> None:
@@ -68,12 +72,17 @@ def device(driver: Driver) -> tuple[dict[str, Any], ctypes.c_int]:
     driver.call("cuDeviceGetAttribute", ctypes.byref(major), _MAJOR, handle)
     driver.call("cuDeviceGetAttribute", ctypes.byref(minor), _MINOR, handle)
     driver.call("cuDriverGetVersion", ctypes.byref(version))
+    sizes = {}
+    for key, attribute in _SIZES.items():
+        value = ctypes.c_int()
+        driver.call("cuDeviceGetAttribute", ctypes.byref(value), attribute, handle)
+        sizes[key] = value.value
     context = ctypes.c_void_p()
     driver.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), handle)
     driver.call("cuCtxSetCurrent", context)
     return {"name": name.value.decode("utf-8", "replace"), "major": major.value,
             "minor": minor.value, "driver": version.value,
-            "version": _kernel_module_version()}, handle
+            "version": _kernel_module_version(), **sizes}, handle
 
 
 def _kernel_module_version() -> str | None:

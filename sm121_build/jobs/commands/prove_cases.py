@@ -1,0 +1,103 @@
+"""The cases `prove` gives a harness that derives them (FA2's), and how they are shared out.
+
+From a file's added kernels (by name) and the GPU the loader described (`GpuSizes`), the
+cases that launch each kernel some call of the ops can launch (`payload/fa2_kernels.derive`,
+run here, in this process: the children are only given the cases).  They are dealt to at
+most `jobs` parts by module: each case goes with the added cubin of the first kernel it is
+expected to launch, and a cubin's cases stay in one part, so that the stock side's driver
+JIT-compiles each module in about one process, not in all.  The first part also runs the
+harness's fixed cases.  Each part's cases are a file (`--cases`), written where no child
+writes.
+
+The kernels the dispatch never selects on this GPU (`Derived.dead`: a block another GPU's
+shared memory picks, a combination the launch template never instantiates) are returned
+with the rule as their evidence: no call of the file's ops can launch them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sm121_build.jobs.commands.prove_child import Device
+from sm121_build.jobs.payload import fa2_kernels
+
+MODEL = "vllm-flash-attention 7d346be6"  # the dispatch fa2_kernels models
+
+
+@dataclass(frozen=True)
+class Part:
+    """One process's share of a harness's cases: its `--cases` file (None: the harness's
+    fixed cases alone), whether it runs the fixed cases, and how many derived cases."""
+
+    cases: Path | None
+    fixed: bool
+    derived: int = 0
+
+    def options(self, at: str | None) -> tuple[str, ...]:
+        """The harness's options for this part, `at` being the cases file as the child
+        sees it."""
+        if self.cases is None or at is None:
+            return ()
+        return ("--cases", at) if self.fixed else ("--cases", at, "--derived-only")
+
+
+@dataclass(frozen=True)
+class CasePlan:
+    """The parts a file's runs are split into, and the added kernels no op can launch on
+    this GPU, each with the evidence; `said`: a line for the user where the plan is less
+    than a derivation (the GPU's sizes were not said)."""
+
+    parts: tuple[Part, ...]
+    dead: Mapping[str, str] = field(default_factory=dict)
+    said: str | None = None
+
+    @property
+    def derived(self) -> int:
+        return sum(part.derived for part in self.parts)
+
+
+FIXED_ONLY = CasePlan((Part(None, True),))
+
+
+def _dealt(groups: Mapping[int, list[fa2_kernels.Case]], jobs: int
+           ) -> list[list[fa2_kernels.Case]]:
+    """Whole groups to at most `jobs` parts, the largest first, each to the part with the
+    fewest modules so far (then the fewest cases)."""
+    parts: list[list[fa2_kernels.Case]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
+    modules = [0] * len(parts)
+    for _number, cases in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
+        at = min(range(len(parts)), key=lambda i: (modules[i], len(parts[i]), i))
+        parts[at].extend(cases)
+        modules[at] += 1
+    return parts
+
+
+def plan_fa2(names: Sequence[str], module_of: Mapping[str, int], device: Device, jobs: int,
+             into: Path) -> CasePlan:
+    """FA2's cases for `names` (the file's added kernels), dealt to at most `jobs` parts,
+    their files written under `into` (a folder of this process's own)."""
+    if device.sizes is None:
+        return CasePlan(FIXED_ONLY.parts, said="the loader did not say the GPU's shared "
+                        "memory and SM count: the FA2 harness runs its fixed cases only")
+    sizes = device.sizes
+    gpu = fa2_kernels.Gpu(device.major, device.minor, sizes.smem_block, sizes.smem_sm,
+                          sizes.sms)
+    fixed = fa2_kernels.fixed_cases()
+    derived = fa2_kernels.derive(list(names), gpu, first=fixed)
+    groups: dict[int, list[fa2_kernels.Case]] = {}
+    for case in derived.cases[len(fixed):]:
+        numbers = [module_of[k] for k in derived.expects.get(case.key, []) if k in module_of]
+        groups.setdefault(min(numbers, default=-1), []).append(case)
+    parts = []
+    for number, cases in enumerate(_dealt(groups, jobs) if groups else [[]]):
+        path = into / f"cases-{number:03d}.json"
+        path.write_text(json.dumps({"cases": [
+            {**asdict(c), "key": c.key} for c in cases]}))
+        parts.append(Part(path, number == 0, len(cases)))
+    evidence = f"the FA2 dispatch ({MODEL}) never selects it on compute capability " \
+        f"{device.major}.{device.minor}"
+    return CasePlan(tuple(parts), {name: f"{evidence}: {why}"
+                                   for name, why in derived.dead().items()})
