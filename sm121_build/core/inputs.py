@@ -14,6 +14,7 @@ The errors are `InputRefused` (a bad input: exit 2), or the caller's own class.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import mmap
 import os
 import stat
@@ -359,3 +360,20 @@ def _zstd_windowed(raw: bytes | memoryview, declared: int, where: str) -> bytes:
                 raise CorruptBinaryError(
                     f"{where}: its zstd frame yields more than the {declared} bytes its header "
                     "declares (a decompression bomb?); refused")
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file, read through the door."""
+    return copied_sha256(path, None)
+
+
+def copied_sha256(source: Path, out: BinaryIO | None) -> str:
+    """The sha256 of a file, read through the door in windows, each window also written to
+    `out` when one is given (a copy and its digest in one pass)."""
+    digest = hashlib.sha256()
+    with open_file(source, "artifact") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            if out is not None:
+                out.write(chunk)
+    return digest.hexdigest()

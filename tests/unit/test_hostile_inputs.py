@@ -236,7 +236,7 @@ def test_a_50_gb_sparse_wheel_is_refused_at_once(tmp_path: Path) -> None:
 
 # -- inject's manifest ---------------------------------------------------------------------
 def _artifacts(folder: Path, so: Path, **changes: object) -> Path:
-    from sm121_build.jobs.formats.artifacts import sha256_of
+    from sm121_build.core.inputs import sha256_of
 
     folder.mkdir(exist_ok=True)
     shutil.copy(so, folder / "_C.abi3.so")

@@ -242,7 +242,7 @@ def test_inject_refuses_a_file_at_a_path_where_the_base_has_no_extension(
     """`vllm/_version.abi3.so` would be imported before `_version.py`: any extra module in
     the package runs its code at `import vllm`.  Only the base's own extension files are
     replaced; the rest is refused before the engine builds anything."""
-    from sm121_build.jobs.formats.artifacts import sha256_of
+    from sm121_build.core.inputs import sha256_of
 
     engine = _engine(tmp_path, matrix, checkout[1])
     _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))

@@ -395,7 +395,7 @@ def _artifacts(folder: Path) -> Path:
     import shutil
     import sys
 
-    from sm121_build.jobs.formats.artifacts import sha256_of
+    from sm121_build.core.inputs import sha256_of
 
     folder.mkdir()
     shutil.copy(Path(sys.executable).resolve(), folder / "_C.abi3.so")

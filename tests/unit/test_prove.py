@@ -577,3 +577,16 @@ def test_a_trap_stub_never_launched_is_unreachable_with_the_evidence(tmp_path: P
     cover = coverage(item, [Launched("real", "op/case"),
                             Launched("_Z7assertsIfEvPT_", "op/case")], [equal], None)
     assert cover.whole and (cover.compared, len(cover.unreachable)) == (2, 1)
+
+
+def test_prove_files_loads_neither_the_signing_nor_the_engine_code() -> None:
+    """`prove --files` runs on a GPU host that may lack what signing and the engine need (a
+    lent H200 had no `cryptography`): its modules import neither (until --sign-key)."""
+    script = ("import sys\n"
+              "import sm121_build.cli.prove, sm121_build.jobs.commands.proving\n"
+              "import sm121_build.jobs.commands.prove_document\n"
+              "print([m for m in sys.modules if m.split('.')[0] in ('cryptography', 'docker')"
+              " or m == 'sm121_build.image.cosign'])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"

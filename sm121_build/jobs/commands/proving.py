@@ -39,7 +39,7 @@ from sm121_build import __version__
 from sm121_build.core.children import Ended, Program
 from sm121_build.core.console import note, shown
 from sm121_build.core.errors import HarnessMismatch, NoGpu, Sm121Error, WrongGpu
-from sm121_build.core.inputs import kind_of, require_folder, walk
+from sm121_build.core.inputs import kind_of, require_folder, sha256_of, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added, trap_stubs
 from sm121_build.cuda.compat import Target, cubin_loads
@@ -67,7 +67,6 @@ from sm121_build.jobs.commands.prove_document import (
     Subject,
     Unreachable,
 )
-from sm121_build.jobs.formats.artifacts import sha256_of
 from sm121_build.jobs.payload import PAYLOAD
 
 PAYLOADS = PAYLOAD.parent

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -20,11 +19,12 @@ from sm121_build.core.console import cut
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import (
     InputRefused,
+    copied_sha256,
     kind_of,
-    open_file,
     read_head,
     read_input,
     require_folder,
+    sha256_of,
 )
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
@@ -47,22 +47,6 @@ def is_file_name(name: str) -> bool:
     """A name a manifest may list: a plain .so name, or one under an external project's
     folder."""
     return bool(_FILE_NAME.match(name))
-
-
-def sha256_of(path: Path) -> str:
-    return _copied(path, None)
-
-
-def _copied(source: Path, out: BinaryIO | None) -> str:
-    """The sha256 of a file, read through the door in windows, each window also written to
-    `out` when one is given (a copy and its digest in one pass)."""
-    digest = hashlib.sha256()
-    with open_file(source, "artifact") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            if out is not None:
-                out.write(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -200,7 +184,7 @@ class Artifacts:
         for name, path in self.files.items():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             with open(dest / name, "wb") as copy:
-                copied = _copied(path, copy)
+                copied = copied_sha256(path, copy)
             if copied != self.manifest.files[name].sha256:
                 raise Sm121Error(f"{path}: sha256 differs from the manifest; the artifacts "
                                  "were changed after they were checked")
@@ -239,7 +223,7 @@ def export(out: Path, files: dict[str, Path], provenance: Provenance,
 
 def _copier(source: Path) -> Callable[[BinaryIO], None]:
     def copy(out: BinaryIO) -> None:
-        _copied(source, out)
+        copied_sha256(source, out)
     return copy
 
 
