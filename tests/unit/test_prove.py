@@ -590,3 +590,27 @@ def test_prove_files_loads_neither_the_signing_nor_the_engine_code() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_an_fa2_file_runs_the_harness_with_the_derived_cases_and_the_jit_cache(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """The whole command on a file named as FA2's: the cases derived from its added kernels
+    (none of them FA2's here: the fixed cases alone, in one part) given as --cases, the
+    stock JIT run given the run's own cache folder (the FAKE checks it is a fresh folder and
+    that no other run gets one)."""
+    made, stock = aot_pair
+    for folder in (made, stock):
+        (tmp_path / folder.name).mkdir()
+        (tmp_path / folder.name / "_vllm_fa2_C.abi3.so").write_bytes(
+            (folder / "_C.abi3.so").read_bytes())
+    done = cli("prove", "--files", str(tmp_path / made.name), "--stock",
+               str(tmp_path / stock.name), "--json", str(tmp_path / "p.json"), "--python",
+               str(fake), "--jobs", "4", env={"FAKE_MODE": "proven", "FAKE_LAUNCHED": "all"})
+    assert done.returncode == 0, done.stderr
+    assert "0 case(s) derived from its added kernels, in 1 part(s)" in done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["verdict"] == "proven" and data["files"][0]["harness"] == "harness_fa2.py"
+    done = cli("prove", "--files", str(tmp_path / made.name), "--stock",
+               str(tmp_path / stock.name), "--python", str(fake), "--jobs", "0")
+    assert done.returncode == 2 and "--jobs" in done.stderr
