@@ -614,3 +614,26 @@ def test_an_fa2_file_runs_the_harness_with_the_derived_cases_and_the_jit_cache(
     done = cli("prove", "--files", str(tmp_path / made.name), "--stock",
                str(tmp_path / stock.name), "--python", str(fake), "--jobs", "0")
     assert done.returncode == 2 and "--jobs" in done.stderr
+
+
+def test_the_proof_prove_made_on_a_lent_h200_reads_back_with_its_coverage(
+        tmp_path: Path) -> None:
+    """docs/real-build.md's run of `prove` on vLLM 0.22.0's FA2 aot'd for sm_90 (a lent H200,
+    2026-11-28): the document it wrote passes the schema and the reader, and says what it
+    measured: 1,321 cases bitwise equal; 1,344 of 1,472 added kernels launched; the 32
+    sparse kernels (an op the harness does not call) never launched; 96 unreachable."""
+    import gzip
+
+    real = Path(__file__).resolve().parents[2] / "docs" / "real-build" / \
+        "prove-sm90-h200-fa2" / "proof.json.gz"
+    (tmp_path / "proof.json").write_bytes(gzip.decompress(real.read_bytes()))
+    data, summary = read_proof(tmp_path / "proof.json", None)
+    _check(data)
+    assert summary.verdict == "partial"
+    assert "proven for 1,344 of 1,472 added kernels; 32 never launched, 96 unreachable" \
+        in summary.line()
+    assert len(data["ops"]) == 1321 and all(op["bitwise_equal"] for op in data["ops"])
+    cover = data["files"][0]["coverage"]
+    assert all("sparse" in name for name in cover["never_launched"])
+    assert all("never selects it on compute capability 9.0" in u["why"]
+               for u in cover["unreachable"])
