@@ -17,12 +17,13 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from sm121_build.core.children import Ended
 from sm121_build.cuda.added import AddedCubin
-from sm121_build.jobs.commands.prove_cases import Part, plan_fa2
+from sm121_build.jobs.commands.prove_cases import Modules, Part, _dealt, plan_fa2
 from sm121_build.jobs.commands.prove_child import Asked, Device, GpuSizes, Jit, Said, heard
 from sm121_build.jobs.commands.proving import (
     HARNESSES,
@@ -54,6 +55,7 @@ class _Cubin(AddedCubin):
     def __init__(self, number: int, kernels: tuple[str, ...]) -> None:
         object.__setattr__(self, "number", number)
         object.__setattr__(self, "kernels", kernels)
+        object.__setattr__(self, "entry", SimpleNamespace(size=40_000 * len(kernels)))
 
 
 def _extracted(tmp_path: Path) -> Extracted:
@@ -176,17 +178,28 @@ def test_the_parts_hold_whole_modules_and_only_the_stock_jit_gets_the_cache(
 
 
 def test_a_gpu_the_loader_did_not_describe_gets_the_fixed_cases_only(tmp_path: Path) -> None:
-    plan = plan_fa2(NAMES, {}, Device("g", 9, 0, 13000, None), 8, tmp_path)
+    plan = plan_fa2(NAMES, Modules({}), Device("g", 9, 0, 13000, None), 8, tmp_path)
     assert plan.parts == (Part(None, True),) and plan.dead == {}
     assert plan.said is not None and "fixed cases only" in plan.said
 
 
 def test_cases_are_dealt_by_module_to_at_most_jobs_parts(tmp_path: Path) -> None:
-    module_of = {name: _module(name) for name in NAMES}
-    plan = plan_fa2(NAMES, module_of, H200, 16, tmp_path)
+    modules = Modules({name: _module(name) for name in NAMES})
+    plan = plan_fa2(NAMES, modules, H200, 16, tmp_path)
     assert 1 < len(plan.parts) <= 16 and plan.parts[0].fixed
     assert not any(part.fixed for part in plan.parts[1:])
     assert plan.derived == sum(p.derived for p in plan.parts) > 1000
     (tmp_path / "one").mkdir()
-    one = plan_fa2(NAMES, module_of, H200, 1, tmp_path / "one")
+    one = plan_fa2(NAMES, modules, H200, 1, tmp_path / "one")
     assert len(one.parts) == 1 and one.derived == plan.derived
+
+
+def test_the_largest_modules_are_dealt_first_to_the_lightest_part() -> None:
+    """The stock side's wall is its slowest part's: modules go by size, the largest first,
+    each to the part with the fewest bytes so far (not by their count)."""
+    case = fa2_kernels.Case("varlen_fwd")
+    groups = {1: [case], 2: [case] * 5, 3: [case] * 2, 4: [case], 5: [case] * 9}
+    size = {1: 100, 2: 60, 3: 50, 4: 40, 5: 10}
+    parts = _dealt(groups, size, 2)
+    assert [len(p) for p in parts] == [1 + 1, 5 + 2 + 9]  # 100+40 | 60+50+10
+    assert len(_dealt(groups, size, 16)) == 5  # never more parts than modules

@@ -5,7 +5,9 @@ cases that launch each kernel some call of the ops can launch (`payload/fa2_kern
 run here, in this process: the children are only given the cases).  They are dealt to at
 most `jobs` parts by module: each case goes with the added cubin of the first kernel it is
 expected to launch, and a cubin's cases stay in one part, so that the stock side's driver
-JIT-compiles each module in about one process, not in all.  The first part also runs the
+JIT-compiles each module in about one process, not in all.  The modules are dealt by their
+cubins' size, the largest first, each to the part with the fewest bytes so far (what the
+driver's JIT spends on a module grows with the code it makes).  The first part also runs the
 harness's fixed cases.  Each part's cases are a file (`--cases`), written where no child
 writes.
 
@@ -62,20 +64,30 @@ class CasePlan:
 FIXED_ONLY = CasePlan((Part(None, True),))
 
 
-def _dealt(groups: Mapping[int, list[fa2_kernels.Case]], jobs: int
+@dataclass(frozen=True)
+class Modules:
+    """The file's added cubins this GPU loads: each kernel's cubin number (`of`), and each
+    cubin's size in bytes (`size`)."""
+
+    of: Mapping[str, int]
+    size: Mapping[int, int] = field(default_factory=dict)
+
+
+def _dealt(groups: Mapping[int, list[fa2_kernels.Case]], size: Mapping[int, int], jobs: int
            ) -> list[list[fa2_kernels.Case]]:
-    """Whole groups to at most `jobs` parts, the largest first, each to the part with the
-    fewest modules so far (then the fewest cases)."""
+    """Whole groups (a module's cases) to at most `jobs` parts: the largest module first,
+    each to the part with the fewest bytes so far (then the fewest cases)."""
     parts: list[list[fa2_kernels.Case]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
-    modules = [0] * len(parts)
-    for _number, cases in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
-        at = min(range(len(parts)), key=lambda i: (modules[i], len(parts[i]), i))
+    load = [0] * len(parts)
+    for number, cases in sorted(groups.items(),
+                                key=lambda g: (-size.get(g[0], 0), -len(g[1]), g[0])):
+        at = min(range(len(parts)), key=lambda i: (load[i], len(parts[i]), i))
         parts[at].extend(cases)
-        modules[at] += 1
+        load[at] += size.get(number, 0)
     return parts
 
 
-def plan_fa2(names: Sequence[str], module_of: Mapping[str, int], device: Device, jobs: int,
+def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
              into: Path) -> CasePlan:
     """FA2's cases for `names` (the file's added kernels), dealt to at most `jobs` parts,
     their files written under `into` (a folder of this process's own)."""
@@ -89,10 +101,10 @@ def plan_fa2(names: Sequence[str], module_of: Mapping[str, int], device: Device,
     derived = fa2_kernels.derive(list(names), gpu, first=fixed)
     groups: dict[int, list[fa2_kernels.Case]] = {}
     for case in derived.cases[len(fixed):]:
-        numbers = [module_of[k] for k in derived.expects.get(case.key, []) if k in module_of]
+        numbers = [modules.of[k] for k in derived.expects.get(case.key, []) if k in modules.of]
         groups.setdefault(min(numbers, default=-1), []).append(case)
     parts = []
-    for number, cases in enumerate(_dealt(groups, jobs) if groups else [[]]):
+    for number, cases in enumerate(_dealt(groups, modules.size, jobs) if groups else [[]]):
         path = into / f"cases-{number:03d}.json"
         path.write_text(json.dumps({"cases": [
             {**asdict(c), "key": c.key} for c in cases]}))

@@ -43,7 +43,13 @@ from sm121_build.core.inputs import kind_of, require_folder, sha256_of, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added, trap_stubs
 from sm121_build.cuda.compat import Target, cubin_loads
-from sm121_build.jobs.commands.prove_cases import FIXED_ONLY, CasePlan, Part, plan_fa2
+from sm121_build.jobs.commands.prove_cases import (
+    FIXED_ONLY,
+    CasePlan,
+    Modules,
+    Part,
+    plan_fa2,
+)
 from sm121_build.jobs.commands.prove_child import (
     JIT_OFF,
     JIT_ON,
@@ -452,9 +458,10 @@ def _plan(item: Extracted, harness: Harness, device: Device | None, children: Ch
         return FIXED_ONLY
     into = ours / (item.pair.name.replace("/", "_") + ".cases")
     into.mkdir()
-    module_of = {kernel: cubin.number for cubin in item.cubins if cubin.number in item.paths
-                 for kernel in cubin.kernels}
-    plan = plan_fa2(sorted(added_kernels(item)), module_of, device, children.jobs, into)
+    loaded = [cubin for cubin in item.cubins if cubin.number in item.paths]
+    modules = Modules({kernel: cubin.number for cubin in loaded for kernel in cubin.kernels},
+                      {cubin.number: cubin.entry.size for cubin in loaded})
+    plan = plan_fa2(sorted(added_kernels(item)), modules, device, children.jobs, into)
     if plan.said:
         note(f"{shown(item.pair.name)}: {plan.said}")
     else:
