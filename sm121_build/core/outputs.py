@@ -100,13 +100,37 @@ def replace_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
     replace_file(path, lambda out: out.write(data), mode)
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux says it in /proc; elsewhere it
+    is set and put back at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The mode a result takes when none is asked: the file's it replaces, else what a new
+    file gets (0666 less the umask), as a shell's `>` would give it."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def replace_file(path: Path, write: Callable[[BinaryIO], object],
                  mode: int | None = None) -> None:
     """Write a file durably and atomically: a temporary file beside it (created exclusively,
-    so never through a link) that `write` fills, fsync'd, given `mode`, renamed over the
-    name, the folder fsync'd.  A name that is a link or not a regular file is refused; an
-    OSError (a full disk) leaves the old file as it was and no temporary file behind, and
-    is `NotWritten`, naming the file."""
+    so never through a link) that `write` fills, fsync'd, given `mode` (none: the mode of
+    the file it replaces, else a new file's), renamed over the name, the folder fsync'd.
+    A name that is a link or not a regular file is refused; an OSError (a full disk) leaves
+    the old file as it was and no temporary file behind, and is `NotWritten`, naming the
+    file."""
     what = not_regular(path)
     if what:
         raise Sm121Error(f"{path}: {what}: not written over")
@@ -118,8 +142,7 @@ def replace_file(path: Path, write: Callable[[BinaryIO], object],
             write(out)
             out.flush()
             os.fsync(out.fileno())
-        if mode is not None:
-            os.chmod(temporary, mode)
+        os.chmod(temporary, _mode_for(path) if mode is None else mode)
         os.replace(temporary, path)
         temporary = None
         folder = os.open(path.parent, os.O_RDONLY)

@@ -20,6 +20,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -664,3 +665,25 @@ def test_an_oversized_folder_signature_is_untrusted_not_a_bad_input(
     done = cli("inject", "--base", "x:y", "--artifacts", str(folder), "--trust-key",
                str(public), env=ENV)
     assert "not signed by" in one_line_error(done, code=3)
+
+
+def test_a_result_gets_the_mode_a_shell_would_give_it(tmp_path: Path) -> None:
+    """A result written whole (a temporary file renamed over the name) is not left 0600, as
+    the temporary file is made: a new one takes 0666 less the umask, one written over keeps
+    the mode it had (a proof a lent H200 wrote was 0600)."""
+    from sm121_build.core.outputs import replace_bytes
+
+    old = os.umask(0o022)
+    try:
+        replace_bytes(tmp_path / "new.json", b"{}")
+        (tmp_path / "kept.json").write_bytes(b"old")
+        (tmp_path / "kept.json").chmod(0o640)
+        replace_bytes(tmp_path / "kept.json", b"{}")
+        replace_bytes(tmp_path / "asked.so", b"x", 0o755)
+        os.umask(0o077)
+        replace_bytes(tmp_path / "private.json", b"{}")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"new.json": 0o644, "kept.json": 0o640, "asked.so": 0o755,
+                     "private.json": 0o600}
