@@ -304,7 +304,7 @@ def test_fifos_are_refused_at_once_never_opened_for_reading(jit_so: Path, tmp_pa
                  # red team 2: the main job read its key only with --kernels-from
                  ("--base", "x:y", "--trust-key", str(fifo))):
         done = subprocess.run([sys.executable, "-m", "sm121_build", *args], capture_output=True,
-                              text=True, timeout=60, env={**os.environ, **home,
+                              text=True, timeout=20, env={**os.environ, **home,
                                                           "DOCKER_HOST": "unix:///nonexistent"},
                               check=False)
         assert "FIFO" in one_line_error(done), args
