@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,13 +17,14 @@ from sm121_build.cli.params import (
     optional_arch_list,
     require_outputs,
     sign_key_option,
+    signing_key,
     trust_key_option,
 )
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.binary import Policy
 from sm121_build.cuda.compat import ArchList, parse_cuda_version
-from sm121_build.image.cosign import SigningKey, TrustKey
+from sm121_build.image.cosign import TrustKey
 from sm121_build.image.refs import (
     IMAGE_ID,
     default_tag,
@@ -133,7 +133,7 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
         raise click.UsageError("--no-build goes with --kernels-from REPO")
     if sign_key and not (kernels_to or out):
         raise click.UsageError("--sign-key goes with --kernels-to REPO or --out DIR")
-    signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
+    signing = signing_key(sign_key) if sign_key else None
     # read (through the files-in door) whenever it is given, used with --kernels-from: a
     # FIFO or a damaged key is refused before any work, not passed over in silence
     loaded = TrustKey.load(trust_key) if trust_key else None

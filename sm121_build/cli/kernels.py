@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
-from sm121_build.cli.params import InputPath, sign_key_option, trust_key_option
+from sm121_build.cli.params import InputPath, sign_key_option, signing_key, trust_key_option
 from sm121_build.core.console import notice, say, say_json, shown
-from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted, attested, require_signed
+from sm121_build.image.cosign import TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
 from sm121_build.jobs.commands.kernels_image import (
@@ -79,7 +78,7 @@ def attest_command(ref: str, proof: Path, sign_key: Path, trust_key: Path | None
     Asks the registry only: nothing is pulled.  How a nightly publishes (`--kernels-to`),
     proves the image on the Spark, then attaches the proof."""
     validate_image_ref(ref)
-    signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD"))
+    signing = signing_key(sign_key)
     read = read_proof(proof, TrustKey.load(trust_key) if trust_key else None)
     require_verdict(read[1], str(proof), partial)  # before the registry is asked
     notice(read[1].line())
@@ -126,7 +125,7 @@ def publish_command(folder: Path, repo: str, extra: tuple[str, ...],  # noqa: PL
                                "--sign-key KEY")
     if partial and proof is None:
         raise click.UsageError("--partial-proof says how --proof is attached: give --proof")
-    signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD")) if sign_key else None
+    signing = signing_key(sign_key) if sign_key else None
     trusted = TrustKey.load(trust_key) if trust_key else None
     found = load(folder, trusted)  # every file and its sha256 before the engine is asked
     attached = None

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -32,6 +32,9 @@ from sm121_build.cuda.compat import (
     parse_cuda_version,
     parse_target,
 )
+
+if TYPE_CHECKING:
+    from sm121_build.image.cosign import SigningKey
 
 ARCH_ENTRY = re.compile(r"^(\d{1,2}\.\d)([af]?)(\+PTX)?\Z")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -259,6 +262,14 @@ def sign_key_option(help_text: str, required: bool = False) -> Callable[[F], F]:
     COSIGN_PASSWORD), the same option on every command that signs; `help_text` says what it
     signs there."""
     return click.option("--sign-key", type=KEY_FILE, required=required, help=help_text)
+
+
+def signing_key(path: Path) -> SigningKey:
+    """The key `--sign-key` names, its passphrase from COSIGN_PASSWORD (as cosign takes it):
+    the one place the variable is read."""
+    from sm121_build.image.cosign import SigningKey
+
+    return SigningKey.load(path, os.environ.get("COSIGN_PASSWORD"))
 
 
 def trust_key_option(help_text: str, required: bool = False) -> Callable[[F], F]:

@@ -16,6 +16,7 @@ from sm121_build.cli.params import (
     require_writable,
     seconds_value,
     sign_key_option,
+    signing_key,
 )
 from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.image.refs import validate_image_ref
@@ -92,13 +93,12 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
         raise click.UsageError("--sign-key signs the proof --json writes: give --json FILE")
     signing = None
     if sign_key is not None:
-        from sm121_build.image.cosign import SigningKey
-        from sm121_build.jobs.commands.proof_reading import signature_of
+        from sm121_build.image.signed_files import signature_beside, write_signature
 
-        signing = SigningKey.load(sign_key, os.environ.get("COSIGN_PASSWORD"))
+        signing = signing_key(sign_key)
     if json_out is not None:
         inputs = (files, stock) if files is not None and stock is not None else ()
-        for out in (json_out, *([signature_of(json_out)] if signing else [])):
+        for out in (json_out, *([signature_beside(json_out)] if signing else [])):
             refuse_onto_inputs(out, inputs, "--json")  # before anything is made
             require_writable(out, "--json")
     if files is not None and stock is not None:
@@ -117,7 +117,7 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
                              "written") from None
         replace_bytes(json_out, written)
         if signing is not None:
-            replace_bytes(signature_of(json_out), signing.sign(written).encode() + b"\n")
+            write_signature(json_out, written, signing)
     problems = proof.problems()
     if problems:
         raise VerificationError(f"not proven: {len(problems)} problem(s); the first: "

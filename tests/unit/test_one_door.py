@@ -138,3 +138,37 @@ def test_the_scan_sees_a_stray_open(tmp_path: Path) -> None:
     assert found == ['open("x")', 'Path("x").read_bytes()', 'Path("x").read_text()',
                      'tarfile.open("x")', "json.load(f)", 'os.open("x", 0)', "mmap.mmap(3, 0)",
                      'zipfile.ZipFile("x")'], found
+
+
+SIGNING = {"image/cosign.py", "image/signed_files.py"}
+
+
+def _signing_calls(source: str) -> list[str]:
+    """Each `X.sign(...)`/`X.signed(...)` call, each `".sig"` text built and each read of
+    COSIGN_PASSWORD in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("sign", "signed") and not (
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "cosign"):
+            found.append(f"{node.func.attr}() at line {node.lineno}")
+        if isinstance(node, ast.Constant) and node.value in (".sig", "COSIGN_PASSWORD"):
+            found.append(f"{node.value!r} at line {node.lineno}")
+    return found
+
+
+def test_a_signature_is_made_and_checked_in_one_place() -> None:
+    """Issue 61: a file's signature (`FILE.sig`) is written and checked by
+    image/signed_files.py, a registry's by image/cosign.py, and the key's passphrase read
+    from COSIGN_PASSWORD by cli/params.signing_key, nowhere else."""
+    package = Path(__file__).resolve().parents[2] / "sm121_build"
+    stray = {}
+    for path in package.rglob("*.py"):
+        name = path.relative_to(package).as_posix()
+        calls = _signing_calls(path.read_text())
+        if name == "cli/params.py":
+            calls = [c for c in calls if not c.startswith("'COSIGN_PASSWORD'")]
+        if calls and name not in SIGNING:
+            stray[name] = calls
+    assert stray == {}
+    assert _signing_calls("key.sign(body)\nopen(p + '.sig')\nos.environ['COSIGN_PASSWORD']\n")

@@ -21,7 +21,7 @@ from sm121_build.jobs.commands.proof_reading import (
     NotAProof,
     read_proof,
     require_proof_of,
-    signature_of,
+    signature_beside,
     summarise,
 )
 
@@ -159,7 +159,7 @@ def test_its_signature_is_checked_when_a_key_is_trusted(tmp_path: Path) -> None:
     with pytest.raises(Untrusted, match="is not signed by"):
         read_proof(proof, trust)  # no proof.json.sig
     body = proof.read_bytes()
-    signature_of(proof).write_text(SigningKey.load(private, None).sign(body) + "\n")
+    signature_beside(proof).write_text(SigningKey.load(private, None).sign(body) + "\n")
     assert read_proof(proof, trust)[1].verdict == "partial"  # format 2
     assert read_proof(proof, None)[0] == json.loads(body)
     with pytest.raises(Untrusted):

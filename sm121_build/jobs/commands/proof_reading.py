@@ -23,9 +23,10 @@ from typing import Any
 
 from sm121_build.core.console import shown_cut
 from sm121_build.core.errors import Sm121Error, VerificationError
-from sm121_build.core.inputs import InputRefused, kind_of, read_input
+from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.strict_json import strict_loads
 from sm121_build.image.cosign import TrustKey, Untrusted
+from sm121_build.image.signed_files import signature_beside, signed_beside
 from sm121_build.jobs.commands.prove_document import FORMAT, coverage_line
 
 # the in-toto predicate type a proof is attached to a kernels image under
@@ -33,7 +34,6 @@ PROOF_TYPE = "https://sm121-build.dev/proof/v1"
 MAX_PROOF = 32 << 20  # bytes of a proof document: ~2 KB a file, ~300 B a cubin and an op
 MAX_ITEMS = 100_000  # files, cubins of a file, ops
 MAX_TEXT = 1_000
-MAX_SIGNATURE = 4 << 10
 MAX_KERNEL_NAME = 64 << 10  # a mangled kernel name (CUTLASS's run to a few thousand)
 MAX_KERNELS = 1_000_000  # names a file's coverage lists
 OLD_FORMAT = 2  # read as partial: its coverage was not measured
@@ -43,11 +43,6 @@ _CUDA = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}\Z", re.ASCII)
 _MADE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z", re.ASCII)
 MADE_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # what `prove` writes (UTC)
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z", re.ASCII)
-
-
-def signature_of(proof: Path) -> Path:
-    """Where a proof's signature is: `PROOF.sig`, beside it (`prove --sign-key`)."""
-    return proof.with_name(proof.name + ".sig")
 
 
 class NotAProof(Sm121Error):
@@ -412,18 +407,10 @@ def read_proof(path: Path, trust: TrustKey | None) -> tuple[dict[str, Any], Proo
         summary = summarise(data)
     except NotAProof as exc:
         raise NotAProof(f"{path}: not a proof document: {exc}") from None
-    if trust is not None:
-        signature_at = signature_of(path)
-        text = ""
-        if kind_of(signature_at) == "file":
-            try:
-                text = read_input(signature_at, MAX_SIGNATURE, "its signature").decode(
-                    "ascii").strip()
-            except (InputRefused, UnicodeDecodeError):
-                text = ""
-        if not trust.signed(body, text):
-            raise Untrusted(f"{path} is not signed by {trust.path} (no {signature_at.name}, "
-                            "changed since it was signed, or signed by another key)")
+    if trust is not None and not signed_beside(path, body, trust):
+        raise Untrusted(f"{path} is not signed by {trust.path} (no "
+                        f"{signature_beside(path).name}, changed since it was signed, or "
+                        "signed by another key)")
     assert isinstance(data, dict)
     return data, summary
 

@@ -18,7 +18,6 @@ from typing import Any, BinaryIO
 from sm121_build.core.console import cut
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.inputs import (
-    InputRefused,
     copied_sha256,
     kind_of,
     read_head,
@@ -32,9 +31,10 @@ from sm121_build.cuda.binary import SPARK, gpu_of_arch_list
 from sm121_build.cuda.compat import ArchList
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
+from sm121_build.image.signed_files import has_signature, signed_beside, write_signature
 
 MANIFEST = "manifest.json"
-SIGNATURE = "manifest.json.sig"
+SIGNATURE = "manifest.json.sig"  # (signed_files.signature_beside the manifest)
 FORMAT = 1
 # A file name, or one under an external project's folder (vllm_flash_attn/_vllm_fa2_C.abi3.so)
 _FILE_NAME = re.compile(
@@ -217,7 +217,7 @@ def export(out: Path, files: dict[str, Path], provenance: Provenance,
     replace_bytes(out / MANIFEST, written)
     if sign_key is not None:
         refuse_links_below(out, out / SIGNATURE)
-        replace_bytes(out / SIGNATURE, sign_key.sign(written).encode() + b"\n")
+        write_signature(out / MANIFEST, written, sign_key)
     return out / MANIFEST
 
 
@@ -228,7 +228,6 @@ def _copier(source: Path) -> Callable[[BinaryIO], None]:
 
 
 MAX_MANIFEST = 16 << 20
-MAX_SIGNATURE = 4 << 10
 
 
 def load(folder: Path, trust: TrustKey | None = None) -> Artifacts:
@@ -275,15 +274,10 @@ def load(folder: Path, trust: TrustKey | None = None) -> Artifacts:
 
 def _require_signed(folder: Path, manifest: bytes, trust: TrustKey) -> None:
     """The folder's manifest signed by `trust`, or `Untrusted` (exit 3) saying why."""
-    signature_at = folder / SIGNATURE
-    if kind_of(signature_at) != "file":
+    if not has_signature(folder / MANIFEST):
         raise Untrusted(f"{folder}: not signed (no {SIGNATURE}; {trust.path} is trusted): "
                         "write it with `--out DIR --sign-key KEY`")
-    try:
-        text = read_input(signature_at, MAX_SIGNATURE, SIGNATURE).decode("ascii").strip()
-    except (InputRefused, UnicodeDecodeError):  # oversized, not a file, not text: not signed
-        text = ""
-    if not trust.signed(manifest, text):
+    if not signed_beside(folder / MANIFEST, manifest, trust):
         raise Untrusted(f"{folder}: {MANIFEST} is not signed by {trust.path} (changed since "
                         "it was signed, or signed by another key)")
 
