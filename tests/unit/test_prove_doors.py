@@ -36,7 +36,7 @@ from sm121_build.jobs.commands.prove_child import (
 from sm121_build.jobs.commands.prove_document import (
     Coverage,
     CubinResult,
-    FileResult,
+    FileProof,
     OpResult,
     Proof,
     StockWithoutJit,
@@ -213,7 +213,7 @@ def _proof(kernels: int, diff: float) -> Proof:
     cubin = CubinResult(1, "sm_121", 0, kernels, True, kernels, (), 0, None, kernels)
     op = OpResult("_C.abi3.so", "op", "case", Compared("op/case", True, diff), (1.0, 0.1))
     return Proof("0", Device("g", 12, 1, 13000, None),
-                 (FileResult("_C.abi3.so", (cubin,), 0, "harness_marlin.py", "0" * 64,
+                 (FileProof("_C.abi3.so", (cubin,), 0, "harness_marlin.py", "0" * 64,
                              Coverage(kernels, kernels, kernels, ())),),
                  (op,), (StockWithoutJit("_C.abi3.so", True, "JIT disabled"),),
                  "2026-11-28T04:10:00Z", Subject(files="f", stock="s"))

@@ -142,7 +142,10 @@ class FileWork:
 
 
 @dataclass(frozen=True)
-class FileResult:
+class AotFileResult:
+    """One file aot made native: its name, the modules compiled, its size before and after,
+    and the SASS it gained (what `say_results` reports)."""
+
     name: str
     modules: int
     stock_size: int
@@ -167,7 +170,7 @@ class ModuleResult:
 
 @dataclass
 class AotResult:
-    files: list[FileResult] = field(default_factory=list)
+    files: list[AotFileResult] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     cpu_seconds: float = 0.0  # ptxas's, each process's own (`wait4`)
     modules: list[ModuleResult] = field(default_factory=list)
@@ -406,7 +409,7 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
             continue
         sass = sum(len(c) for c in work.cubins.values())
         stored = sum(len(e) for e in work.entries.values())
-        outcome.files.append(FileResult(work.name, len(work.entries), len(work.data),
+        outcome.files.append(AotFileResult(work.name, len(work.entries), len(work.data),
                                         len(new), sass, stored))
         yield work, new
 

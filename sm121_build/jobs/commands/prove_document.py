@@ -96,7 +96,7 @@ class CubinResult:
 
 
 @dataclass(frozen=True)
-class FileResult:
+class FileProof:
     """One file of --files with its stock file: its added cubins this GPU loads, how many
     it added for other GPUs (not proven here), and the harness its ops ran under."""
 
@@ -229,7 +229,7 @@ class Subject:
 class Proof:
     tool_version: str
     device: Device
-    files: tuple[FileResult, ...]
+    files: tuple[FileProof, ...]
     ops: tuple[OpResult, ...]
     stock_without_jit: tuple[StockWithoutJit, ...]
     made: str  # when, UTC (`2026-11-28T04:10:00Z`): the proof's date

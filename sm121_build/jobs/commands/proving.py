@@ -65,7 +65,7 @@ from sm121_build.jobs.commands.prove_child import (
 from sm121_build.jobs.commands.prove_document import (
     Coverage,
     CubinResult,
-    FileResult,
+    FileProof,
     LeftOut,
     OpResult,
     Proof,
@@ -329,7 +329,7 @@ def coverage(item: Extracted, launched: list[Launched], ops: list[OpResult],
 
 
 def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | None,
-                covered: Coverage, launched: frozenset[str] = frozenset()) -> FileResult:
+                covered: Coverage, launched: frozenset[str] = frozenset()) -> FileProof:
     """The file's result: per added cubin this GPU loads, what the driver did and how many
     of its kernels a case launched (`launched`: the file's added kernels launched)."""
     results = []
@@ -346,7 +346,7 @@ def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | 
                                    len(cubin.kernels), load.loaded, load.found, load.missing,
                                    load.missing_count, load.error,
                                    len(launched & set(cubin.kernels))))
-    return FileResult(item.pair.name, tuple(results), len(item.cubins) - len(results), harness,
+    return FileProof(item.pair.name, tuple(results), len(item.cubins) - len(results), harness,
                       item.pair.sha256, covered)
 
 

@@ -173,7 +173,7 @@ def derived_inputs(torch: Any, case: Any, gen: Any) -> tuple[dict[str, Any], tup
 
 
 @dataclass(frozen=True)
-class Options:
+class HarnessOptions:
     """The harness's options after SO OUT.pt."""
 
     kernels: str | None = None
@@ -182,7 +182,7 @@ class Options:
     fixed: bool = True  # the fixed cases run (in the first slice); not with --derived-only
 
 
-def options(argv: list[str]) -> Options:
+def options(argv: list[str]) -> HarnessOptions:
     """`--kernels FILE`, `--cases FILE`, `--slice I/N`, `--derived-only`; ValueError in
     one line."""
     found: dict[str, str] = {}
@@ -203,7 +203,7 @@ def options(argv: list[str]) -> Options:
         if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 1024):
             raise ValueError(f"--slice {found['--slice'][:40]!r} is not I/N, 0 <= I < N")
         part = (int(i), int(n))
-    return Options(found.get("--kernels"), found.get("--cases"), part, fixed)
+    return HarnessOptions(found.get("--kernels"), found.get("--cases"), part, fixed)
 
 
 def gpu_of(torch: Any) -> Any:
@@ -213,7 +213,7 @@ def gpu_of(torch: Any) -> Any:
                    int(p.shared_memory_per_multiprocessor), int(p.multi_processor_count))
 
 
-def read_cases(opts: Options) -> tuple[list[str] | None, list[Any]]:
+def read_cases(opts: HarnessOptions) -> tuple[list[str] | None, list[Any]]:
     """The files the options name, read before any GPU work: the kernel names of
     `--kernels` (None without it) and the cases of `--cases`; OSError or ValueError."""
     if opts.cases is not None:
@@ -237,7 +237,7 @@ def derived_cases(torch: Any, names: list[str] | None, given: list[Any]) -> list
     return list(fa2.derive(names, gpu_of(torch), first=fixed).cases[len(fixed):])
 
 
-def cases_with(opts: Options, names: list[str] | None, given: list[Any]
+def cases_with(opts: HarnessOptions, names: list[str] | None, given: list[Any]
                ) -> Callable[[Any, dict[str, Any]], None]:
     """The harness's cases: the fixed ones, then the derived ones, those of its slice."""
 
