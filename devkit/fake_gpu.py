@@ -22,7 +22,7 @@ jit = os.environ.get("CUDA_DISABLE_PTX_JIT") != "1"
 # the driver's cache is off, but for a JIT run given the run's own fresh cache folder
 cache = os.environ.get("CUDA_CACHE_PATH")
 assert (os.environ.get("CUDA_CACHE_DISABLE") == "1" and cache is None) or (
-    jit and cache and Path(cache).is_dir() and "CUDA_CACHE_DISABLE" not in os.environ)
+    jit and cache and Path(cache).is_dir() and os.environ.get("CUDA_CACHE_DISABLE") in (None, "0"))
 def say(**data): print(json.dumps(data), flush=True)
 if script == "load_cubins.py":
     if mode == "no-gpu":

@@ -81,10 +81,10 @@ def compile_cached(name: str, source: Path, flags: list[str], shared: bool = Tru
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     kind = ["-shared", "-Xcompiler", "-fPIC"] if shared else ["-c", "-Xcompiler", "-fPIC"]
-    tmp = out.with_suffix(".tmp" + out.suffix)
+    tmp = out.with_suffix(f".tmp{os.getpid()}{out.suffix}")  # (another process may race)
     subprocess.run([nvcc(), *kind, "-o", str(tmp), str(source), *flags], check=True,
                    env={**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
-    tmp.rename(out)
+    os.replace(tmp, out)
     return out
 
 
@@ -101,13 +101,15 @@ def link_cached(name: str, parts: list[tuple[Path, list[str]]]) -> Path:
     env = {**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"}
     objects = []
     for i, (source, flags) in enumerate(parts):
-        obj = out.parent / f"{name}.{i}.o"
+        obj = out.parent / f"{name}.{i}.{os.getpid()}.o"
         subprocess.run([nvcc(), "-c", "-Xcompiler", "-fPIC", "-o", str(obj), str(source),
                         *flags], check=True, env=env)
         objects.append(str(obj))
-    tmp = out.with_suffix(".tmp.so")
+    tmp = out.with_suffix(f".tmp{os.getpid()}.so")
     subprocess.run([nvcc(), "-shared", "-o", str(tmp), *objects], check=True, env=env)
-    tmp.rename(out)
+    os.replace(tmp, out)
+    for obj in objects:
+        Path(obj).unlink()
     return out
 
 
@@ -118,10 +120,10 @@ def compile_device_file(name: str, source: Path, kind: str, flags: list[str]) ->
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
     subprocess.run([nvcc(), f"-{kind}", "-o", str(tmp), str(source), *flags], check=True,
                    env={**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
-    tmp.rename(out)
+    os.replace(tmp, out)
     return out
 
 
