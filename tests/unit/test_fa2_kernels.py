@@ -238,6 +238,46 @@ def test_a_4_mb_name_is_refused_reading_each_character_a_few_times(shape: str) -
     assert _Counting.reads <= 4 * len(name)
 
 
+def _substituted(levels: int, width: int = 8) -> str:
+    """A name whose head dim is a template of `levels` templates, each of `width`
+    substitutions (`S<n>_`) of the one before: a few hundred bytes that, written out,
+    are `width ** levels` names."""
+    def ref(index: int) -> str:  # the substitution of `subs[index]`: S_, S0_, S1_, ...
+        if index == 0:
+            return "S_"
+        digits, n, text = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", index - 1, ""
+        while True:
+            text, n = digits[n % 36] + text, n // 36
+            if not n:
+                return f"S{text}_"
+
+    chain, subs, last = "", 3, 0  # flash, Flash_fwd_kernel_traits, z
+    for level in range(levels):
+        chain += f"1{chr(97 + level)}I" + ref(last) * width + "E"
+        last, subs = subs + 1, subs + 2  # its name, then the template
+    return _P + _traits(f"1zI{chain}E") + _FLAGS + "E"
+
+
+def test_a_name_that_substitutes_templates_into_templates_is_refused_at_once() -> None:
+    """Red team: a name of under 500 bytes whose head dim is a template of templates by
+    substitution: its refusal wrote the template out (`str(value)[:40]` cuts only after
+    the whole is made), 8 ** 12 names, here a MemoryError under 1 GiB (before: 8 ** 8
+    took 3.6 s in `prove`'s own process).  Run under that limit, derive names it
+    unreachable."""
+    name = _substituted(12)
+    assert len(name) < 500
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+              "from sm121_build.jobs.payload import fa2_kernels as fa2\n"
+              "derived = fa2.derive([sys.argv[1]], fa2.GB10, budget=10)\n"
+              "print(derived.unreachable[sys.argv[1]])\n")
+    done = subprocess.run([sys.executable, "-c", script, name], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-300:]
+    assert "not read as FA2's" in done.stdout and "head dim z<...>" in done.stdout
+    assert len(done.stdout) < 300
+
+
 @pytest.mark.parametrize("name", HOSTILE.values(), ids=HOSTILE.keys())
 def test_the_harness_refuses_a_hostile_name_in_its_usage_line(tmp_path: Path,
                                                                name: str) -> None:

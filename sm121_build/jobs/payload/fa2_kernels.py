@@ -160,6 +160,16 @@ class Kernel:
                 f", {named}>")
 
 
+def _shown(value: Any) -> str:
+    """A template argument as a message names it, in at most 48 characters: a template by
+    its name alone (a substitution, `S3_`, stands for a template read before, so a name of
+    a few hundred bytes can hold templates whose arguments, written out, are gigabytes:
+    each `1bIS2_S2_E` doubles the one it names)."""
+    if isinstance(value, tuple):
+        return f"{str(value[0])[:40]}<...>"
+    return str(value)[:40]
+
+
 def _traits(head: Any) -> Traits:
     """`Flash_fwd_kernel_traits`'s arguments as `_template_args` read them, checked: a head
     dim of `HEAD_DIMS`, a block and warps of positive ints, two bools, a named type."""
@@ -168,7 +178,7 @@ def _traits(head: Any) -> Traits:
         raise NameError_("its first template argument is not Flash_fwd_kernel_traits")
     d, m, n, w, qreg, share, elem = head[1][:7]
     if d not in HEAD_DIMS or type(d) is not int:
-        raise NameError_(f"head dim {str(d)[:40]} is not one of {HEAD_DIMS}")
+        raise NameError_(f"head dim {_shown(d)} is not one of {HEAD_DIMS}")
     if not all(type(v) is int and 0 < v <= 1024 for v in (m, n, w)):
         raise NameError_("kBlockM, kBlockN and kNWarps are not ints in 1..1024")
     if type(qreg) is not bool or type(share) is not bool or type(elem) is not str:
@@ -188,7 +198,7 @@ def _flags(kind: str, rest: list[Any]) -> tuple[int | bool, ...]:
             type(value) is bool and flag not in INT_FLAGS
         if not ok:
             want = f"an int in {low}..{high}" if flag in INT_FLAGS else "a bool"
-            raise NameError_(f"{flag} {str(value)[:40]} is not {want}")
+            raise NameError_(f"{flag} {_shown(value)} is not {want}")
     return tuple(rest)
 
 
