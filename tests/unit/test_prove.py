@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -230,6 +231,46 @@ def test_the_children_get_the_jit_they_are_meant_to(monkeypatch: pytest.MonkeyPa
     assert cached["CUDA_CACHE_PATH"] == "/run/jit-cache" and "CUDA_CACHE_DISABLE" not in cached
     assert native["CUDA_CACHE_DISABLE"] == "1" and "CUDA_CACHE_PATH" not in native
     assert os.environ["CUDA_FORCE_PTX_JIT"] == "1"  # ours untouched
+
+
+@pytest.mark.parametrize("name", ["CUDA_FORCE_JIT", "CUDA_DISABLE_JIT"])
+def test_cuda_12s_jit_switches_in_the_users_environment_reach_no_child(
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Red team: CUDA_FORCE_JIT=1 (CUDA 12: ignore every cubin, JIT the PTX or NVVM IR) in
+    the user's environment reached the native runs, whose added cubins the driver would
+    then pass over for the stock PTX; CUDA_DISABLE_JIT=1 reached the reference's."""
+    from sm121_build.jobs.commands.prove_child import JIT_OFF, JIT_ON, Jit
+    from sm121_build.jobs.commands.proving import _env
+
+    monkeypatch.setenv(name, "1")
+    for jit in (JIT_ON, JIT_OFF, Jit(True, "/run/jit-cache")):
+        assert name not in _env(jit), jit
+
+
+def test_an_images_own_jit_switches_are_said_outright_in_every_container() -> None:
+    """Red team: an image's `ENV CUDA_FORCE_JIT=1` (or CUDA_DISABLE_JIT=1) stayed in its
+    containers: only the PTX-only switches were given.  Every child's environment now sets
+    each of them, to the driver's default."""
+    from sm121_build.image.api import ConfinedResult, GpuJob
+    from sm121_build.jobs.commands.prove_child import JIT_OFF, JIT_ON, Jit
+    from sm121_build.jobs.commands.prove_image import ImageChildren
+
+    jobs: list[GpuJob] = []
+
+    class Engine:
+        def run_with_gpu(self, image_id: str, job: GpuJob) -> ConfinedResult:
+            jobs.append(job)
+            return ConfinedResult(0, "", "")
+
+    engine: Any = Engine()
+    children = ImageChildren(engine, "sha256:" + "0" * 64, "python3", 60.0, ())
+    for jit in (JIT_ON, JIT_OFF, Jit(True, "/work/jit-cache")):
+        children.talk(("x.py",), "a child", jit, Asked())
+    for job in jobs:
+        env = dict(job.env)
+        assert (env["CUDA_FORCE_JIT"], env["CUDA_DISABLE_JIT"], env["CUDA_FORCE_PTX_JIT"]) \
+            == ("0", "0", "0"), env
+    assert [dict(job.env)["CUDA_DISABLE_PTX_JIT"] for job in jobs] == ["0", "1", "0"]
 
 
 def test_a_json_inside_an_input_is_refused_before_anything_is_made(

@@ -93,9 +93,11 @@ class Harness:
 HARNESSES = {"_vllm_fa2_C": Harness("harness_fa2.py", derives=True),
              "_C": Harness("harness_marlin.py")}
 PROBE_SECONDS = 60.0
-# variables that would change what the driver does with PTX: set by `_env` alone
-DRIVER_JIT = ("CUDA_DISABLE_PTX_JIT", "CUDA_FORCE_PTX_JIT", "CUDA_CACHE_DISABLE",
-              "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE")
+# variables that would change what the driver does with PTX: set by `_env` alone (CUDA 12's
+# CUDA_FORCE_JIT ignores every cubin as CUDA_FORCE_PTX_JIT does, for PTX and NVVM IR alike;
+# CUDA_DISABLE_JIT turns off the reference's JIT)
+DRIVER_JIT = ("CUDA_DISABLE_PTX_JIT", "CUDA_FORCE_PTX_JIT", "CUDA_DISABLE_JIT", "CUDA_FORCE_JIT",
+              "CUDA_CACHE_DISABLE", "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE")
 JIT_CACHE_BYTES = 4 << 30  # the stock side's private cache: room for a whole file's modules
 
 
