@@ -38,7 +38,13 @@ from typing import Protocol
 from sm121_build import __version__
 from sm121_build.core.children import Ended, Program
 from sm121_build.core.console import note, shown
-from sm121_build.core.errors import HarnessMismatch, NoGpu, Sm121Error, WrongGpu
+from sm121_build.core.errors import (
+    HarnessMismatch,
+    NoGpu,
+    Sm121Error,
+    VerificationError,
+    WrongGpu,
+)
 from sm121_build.core.inputs import kind_of, require_folder, sha256_of, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added, trap_stubs
@@ -156,12 +162,26 @@ class Pair:
 
 @dataclass(frozen=True)
 class Extracted:
-    """A pair's added cubins, those this GPU loads written to the temp folder."""
+    """A pair's added cubins, those this GPU loads written to the temp folder; `sha256`: the
+    new file's, read as its cubins were, before any child ran (None: read at the end)."""
 
     pair: Pair
     cubins: tuple[AddedCubin, ...]
     paths: Mapping[int, Path]  # cubin number -> its bytes' file (the GPU's cubins only)
     stubs: Mapping[str, str] = field(default_factory=dict)  # trap stub -> the evidence
+    sha256: str | None = None
+
+    def proven_sha256(self) -> str:
+        """The sha256 the proof names the file by: the one read before the children ran,
+        which the file must still have (a file changed while it was proven, by a child or
+        by a build into --files, is proven of no bytes: VerificationError)."""
+        now = self.pair.sha256
+        if self.sha256 is not None and now != self.sha256:
+            raise VerificationError(
+                f"{shown(self.pair.name)}: changed while it was proven (sha256 "
+                f"{self.sha256[:16]}... when its cubins were read, {now[:16]}... after the "
+                "runs): no proof is made; prove it again when nothing writes it")
+        return now
 
 
 def _env(jit: Jit) -> dict[str, str]:
@@ -271,9 +291,10 @@ def extract(pairs: list[Pair], gpu: Target, folder: Path, subject: Subject) -> l
                 traps.update((name, why) for name, why in
                              trap_stubs(payload, cubin.entry.arch).items() if name in kernels)
 
+        before = pair.sha256
         cubins = read_added(pair.stock, pair.new, keep)
         if cubins:
-            found.append(Extracted(pair, cubins, paths, stubs))
+            found.append(Extracted(pair, cubins, paths, stubs, before))
     if not found:
         raise Sm121Error(f"no file of {shown(str(subject))} has cubins its stock file lacks: "
                          "nothing to prove (give aot's --out and the stock files it read, or "
@@ -349,7 +370,7 @@ def file_result(item: Extracted, loads: Mapping[str, CubinLoad], harness: str | 
                                    load.missing_count, load.error,
                                    len(launched & set(cubin.kernels))))
     return FileProof(item.pair.name, tuple(results), len(item.cubins) - len(results), harness,
-                      item.pair.sha256, covered)
+                      item.proven_sha256(), covered)
 
 
 @dataclass(frozen=True)
