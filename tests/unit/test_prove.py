@@ -678,3 +678,25 @@ def test_the_proof_prove_made_on_a_lent_h200_reads_back_with_its_coverage(
     assert all("sparse" in name for name in cover["never_launched"])
     assert all("never selects it on compute capability 9.0" in u["why"]
                for u in cover["unreachable"])
+
+
+def test_two_files_whose_paths_flatten_alike_are_both_proven(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Red team: `x/y/_vllm_fa2_C.abi3.so` and `x_y/_vllm_fa2_C.abi3.so` both named their
+    runs' files `x_y__vllm_fa2_C.abi3.so…` (a path's `/` made `_`): the second's cases
+    folder was there already, `error: …cases: File exists`, and nothing was proven (a
+    name of 300 characters made a file name too long the same way)."""
+    made, stock = aot_pair
+    names = ["x/y/_vllm_fa2_C.abi3.so", "x_y/_vllm_fa2_C.abi3.so",
+             "d" * 120 + "/" + "e" * 120 + "/_vllm_fa2_C.abi3.so"]
+    for side, folder in (("files", made), ("stock", stock)):
+        for name in names:
+            (tmp_path / side / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / side / name).write_bytes((folder / "_C.abi3.so").read_bytes())
+    done = cli("prove", "--files", str(tmp_path / "files"), "--stock", str(tmp_path / "stock"),
+               "--json", str(tmp_path / "p.json"), "--python", str(fake),
+               env={"FAKE_MODE": "proven", "FAKE_LAUNCHED": "all"})
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert sorted(item["name"] for item in data["files"]) == sorted(names)
+    assert data["verdict"] == "proven"

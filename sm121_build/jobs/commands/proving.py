@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from sm121_build import __version__
@@ -170,6 +170,14 @@ class Extracted:
     paths: Mapping[int, Path]  # cubin number -> its bytes' file (the GPU's cubins only)
     stubs: Mapping[str, str] = field(default_factory=dict)  # trap stub -> the evidence
     sha256: str | None = None
+    number: int = 0  # the pair's place in the run
+
+    @property
+    def stem(self) -> str:
+        """What the files of the pair's runs are named from: its place in the run, then its
+        file's name, cut (no two pairs share one, as `a/b.so` and `a_b.so` shared `a_b.so`,
+        and a deep path cannot make a name too long for the file system)."""
+        return f"{self.number:04d}-{PurePosixPath(self.pair.name).name[:64]}"
 
     def proven_sha256(self) -> str:
         """The sha256 the proof names the file by: the one read before the children ran,
@@ -294,7 +302,7 @@ def extract(pairs: list[Pair], gpu: Target, folder: Path, subject: Subject) -> l
         before = pair.sha256
         cubins = read_added(pair.stock, pair.new, keep)
         if cubins:
-            found.append(Extracted(pair, cubins, paths, stubs, before))
+            found.append(Extracted(pair, cubins, paths, stubs, before, number))
     if not found:
         raise Sm121Error(f"no file of {shown(str(subject))} has cubins its stock file lacks: "
                          "nothing to prove (give aot's --out and the stock files it read, or "
@@ -479,7 +487,7 @@ def _plan(item: Extracted, harness: Harness, device: Device | None, children: Ch
     (a deriving harness, on a GPU the loader described), or the harness's fixed ones."""
     if not harness.derives or device is None:
         return FIXED_ONLY
-    into = ours / (item.pair.name.replace("/", "_") + ".cases")
+    into = ours / f"{item.stem}.cases"
     into.mkdir()
     loaded = [cubin for cubin in item.cubins if cubin.number in item.paths]
     modules = Modules({kernel: cubin.number for cubin in loaded for kernel in cubin.kernels},
@@ -511,17 +519,17 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
     writes."""
     pair, script = item.pair, harness.script
     folder, ours = folders.children, folders.ours
-    stem = folder / pair.name.replace("/", "_")
+    stem = item.stem
     added = added_kernels(item)
-    listing = ours / (pair.name.replace("/", "_") + ".kernels.json")
+    listing = ours / f"{stem}.kernels.json"
     listing.write_text(json.dumps(sorted(added)))
     plan = _plan(item, harness, device, children, ours)
     stock_at = children.at(pair.stock)
     cache = None
     if len(plan.parts) > 1 or plan.parts[0].cases is not None:
-        cache = folder / (pair.name.replace("/", "_") + ".jit-cache")
+        cache = folder / f"{stem}.jit-cache"
         cache.mkdir()
-    outs = [(stem.with_suffix(f".jit.{n}.pt"), stem.with_suffix(f".native.{n}.pt"))
+    outs = [(folder / f"{stem}.jit.{n}.pt", folder / f"{stem}.native.{n}.pt")
             for n in range(len(plan.parts))]
     references = _side(children, script, [
         HarnessCall(stock_at, jit_out, True, part=part, cache=cache)
@@ -530,7 +538,7 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
     if reference.ended.returncode != 0 and not reference.said.cases:
         raise Sm121Error(f"the {script} harness could not run the stock {pair.name} with "
                          f"--python {children.python}: {reference.failure()}")
-    stock = _harness(children, script, HarnessCall(stock_at, stem.with_suffix(".nojit.pt"),
+    stock = _harness(children, script, HarnessCall(stock_at, folder / f"{stem}.nojit.pt",
                                                    jit=False))
     stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
