@@ -29,7 +29,8 @@ if script == "load_cubins.py":
         say(error="cuInit: CUDA_ERROR_NO_DEVICE"); sys.exit(3)
     major, minor = (9, 0) if mode == "hopper" else (12, 1)
     print("a line that is not JSON")
-    sizes = {} if mode == "no-sizes" else {"smem_block": 101376, "smem_sm": 102400, "sms": 48}
+    sizes = {} if mode == "no-sizes" else json.loads(os.environ.get("FAKE_SIZES", "null")) or \
+        {"smem_block": 101376, "smem_sm": 102400, "sms": 48}  # a lying loader's, if given
     say(device={"name": "FAKE GB10", "major": major, "minor": minor, "driver": 13000,
                 "version": "580.95.05", **sizes})
     if args[0] == "load":

@@ -10,7 +10,10 @@ time and memory, nothing left in the temp folder):
   calls and then stalls (`devkit/stallengine`), so it goes as far as it can without one.
 - `prove`: `prove --files DIR --stock DIR` with the FAKE GPU interpreter
   (`devkit/fake_gpu`) telling a hostile story (`HOSTILE_CHILD`: floods, escapes, wrong
-  types, a child that dies or leaves a grandchild running).
+  types, a child that dies or leaves a grandchild running, a loader that says sizes no GPU
+  has), on an aot'd `_C` file or on an FA2-named one, whose cases are derived in the tool's
+  own process from its kernels' names and the loader's sizes and run in two parts at once
+  (one part's native run floods, dies, or hangs and is interrupted).
 - `stall`: a command that reads an image through the engine (`audit IMAGE`, `pin IMAGE`)
   against a FAKE engine that answers its first calls (a reader container made) and then
   stalls (`devkit/stallengine`), with SM121_ENGINE_TIMEOUT=30 and a signal once it stalled:
@@ -25,6 +28,8 @@ import json
 import os
 import random
 import signal
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,9 +166,16 @@ def run_stall_world(world: StallWorld, root: Path) -> Outcome:
 # (FAKE_AT); the other payloads answer as devkit.fake_gpu's proven story.  Each a story no
 # GPU tells, which prove must take as outside input
 HOSTILE_CHILD = ("flood", "longline", "escapes", "types", "die", "grandchild", "silent-exit",
-                 "binary", "deep", "hang", "answers")
+                 "binary", "deep", "hang", "answers", "sizes")
 OVER_BUDGET = 30_000  # `answers`: valid, distinct answers, past what one child's may keep
-HOSTILE_AT = ("load_cubins.py", "harness_", "compare_outputs.py")
+# `part`: the native run of a part of derived cases other than the first (`--derived-only`:
+# an FA2-named file, whose cases are dealt to parts run at once, `FA2_PAIR`)
+HOSTILE_AT = ("load_cubins.py", "harness_", "compare_outputs.py", "part")
+# `sizes`: a loader that says a GPU no GPU is (the dispatch's sizes: 1 byte of shared memory
+# per block, 2**31 - 1 per SM, one SM), its story otherwise the proven one: an FA2 file's
+# cases are derived from it, in bounded time; it may be proven (the sizes are not checked)
+LYING_SIZES = {"smem_block": 1, "smem_sm": 2**31 - 1, "sms": 1}
+PROVE_JOBS = "4"  # prove --jobs: an FA2-named file's two modules, two parts at once
 PROVE_TIMEOUT = "2"  # prove --timeout: a child that floods or hangs is ended then
 PROVE_BOUND_S = 20.0
 
@@ -173,14 +185,21 @@ class ProveWorld:
     mode: str  # HOSTILE_CHILD
     at: str  # HOSTILE_AT: the payload that tells it
     signum: int | None
-    delay: float
+    delay: float  # after the start, or at `part`, after the hostile child began to hang
+    fa2: bool = False  # the FA2-named pair (derived cases, two parts), not the `_C` one
 
 
 HOSTILE_PYTHON = r"""
 import json, os, subprocess, sys, time
 from pathlib import Path
 mode, at = os.environ["FAKE_HOSTILE"], os.environ["FAKE_AT"]
-if not Path(sys.argv[1]).name.startswith(at):
+script = Path(sys.argv[1]).name
+here = script.startswith("harness_") and "--derived-only" in sys.argv and \
+    os.environ.get("CUDA_DISABLE_PTX_JIT") == "1" and "/stock/" not in sys.argv[2] \
+    if at == "part" else script.startswith(at)
+if mode == "sizes":
+    os.environ["FAKE_SIZES"] = os.environ["FAKE_LYING_SIZES"]
+if not here or mode == "sizes":
     os.environ["FAKE_MODE"] = "proven"
     exec(compile(os.environ["FAKE_STORY"], "fake", "exec"))
     sys.exit(0)
@@ -192,6 +211,8 @@ if mode == "flood":
     while True:
         print("x" * 4096 + " flood")
 if mode == "hang":
+    if at == "part":  # said, so that the signal is sent while it hangs
+        Path(os.environ["FAKE_PIDS"], str(os.getpid())).write_text(str(os.getpid()))
     time.sleep(600)
 if mode == "longline":
     sys.stdout.write("{" * (64 << 20)); sys.stdout.flush(); sys.exit(0)
@@ -245,11 +266,13 @@ def run_prove_world(world: ProveWorld, pair: tuple[Path, Path], root: Path) -> O
     before = snapshot(root, skip)
     outcome = _run(world, ["prove", "--files", str(pair[0]), "--stock", str(pair[1]),
                            "--json", str(out), "--python", str(python), "--timeout",
-                           PROVE_TIMEOUT],
+                           PROVE_TIMEOUT, "--jobs", PROVE_JOBS],
                    {**env, "FAKE_HOSTILE": world.mode, "FAKE_AT": world.at,
                     "FAKE_PIDS": str(pids), "FAKE_STORY": FAKE_PYTHON,
-                    "FAKE_ANSWERS": str(OVER_BUDGET)},
-                   PROVE_BOUND_S + 10, PROVE_BOUND_S)
+                    "FAKE_ANSWERS": str(OVER_BUDGET),
+                    "FAKE_LYING_SIZES": json.dumps(LYING_SIZES)},
+                   PROVE_BOUND_S + 10, PROVE_BOUND_S,
+                   ready=_hanging(pids) if world.at == "part" and world.signum else None)
     _left(outcome, root, before, skip)
     for record in pids.iterdir():
         pid = int(record.read_text())
@@ -259,14 +282,41 @@ def run_prove_world(world: ProveWorld, pair: tuple[Path, Path], root: Path) -> O
             continue
         outcome.broken.append(f"a program it started is still running (pid {pid})")
         os.kill(pid, signal.SIGKILL)
-    if outcome.code == 0 and world.signum is None and world.mode != "silent-exit":
+    if outcome.code == 0 and world.signum is None and world.mode not in ("silent-exit",
+                                                                           "sizes"):
         outcome.broken.append("a hostile child's story was taken for a proof (exit 0)")
+    if world.signum is not None and outcome.code != 130:
+        outcome.broken.append(f"a signal while a child hung: exit {outcome.code}, not 130: "
+                              f"{outcome.said[-300:]}")
+    derives = world.at != "load_cubins.py" or world.mode == "sizes"  # the loader answers
+    if world.fa2 and derives and "in 2 part(s)" not in outcome.said:
+        outcome.broken.append(f"an FA2-named file's cases were not derived and dealt to two "
+                              f"parts: {outcome.said[-300:]}")
     if world.mode == "answers" and world.signum is None and "said more than" not in \
             outcome.said:
         outcome.broken.append(f"a child's {OVER_BUDGET:,} answers, past what one child's "
                               f"may keep, were not refused so: exit {outcome.code}: "
                               f"{outcome.said[-300:]}")
     return outcome
+
+
+def _hanging(pids: Path) -> threading.Event:
+    """Set once a hostile child that hangs has written its pid under `pids`."""
+    ready = threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + PROVE_BOUND_S
+        while time.monotonic() < deadline:
+            try:
+                if any(pids.iterdir()):
+                    ready.set()
+                    return
+            except OSError:  # the world is gone: the run ended first
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return ready
 
 
 def _interpreter() -> str:

@@ -149,3 +149,15 @@ def jit_only_so() -> Path:
         (DATA / "two_tus" / "a.cu", sm80_ptx),
         (DATA / "two_tus" / "b.cu", [*sm80_ptx, "-Xptxas", "--maxrregcount=32"]),
     ])
+
+
+@pytest.fixture(scope="session")
+def fa2_names_so() -> Path:
+    """Kernels named as vLLM FA2's (empty bodies) in two translation units, so two modules,
+    each an sm_80 cubin and compute_80 PTX: aot'd, `prove` derives cases of both modules
+    from their names and deals them to two parts (tests/data/fa2_names)."""
+    sm80_ptx = gencode("compute_80:compute_80", "compute_80:sm_80")
+    return link_cached("fa2_names", [
+        (DATA / "fa2_names" / "fwd.cu", sm80_ptx),
+        (DATA / "fa2_names" / "splitkv.cu", sm80_ptx),
+    ])

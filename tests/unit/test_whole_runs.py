@@ -192,7 +192,15 @@ PROVE = (rw.ProveWorld("flood", "load_cubins.py", None, 0.0),
          rw.ProveWorld("die", "harness_", None, 0.0),
          rw.ProveWorld("deep", "compare_outputs.py", None, 0.0),
          rw.ProveWorld("hang", "harness_", signal.SIGINT, 0.8),
-         rw.ProveWorld("answers", "harness_", None, 0.0))
+         rw.ProveWorld("answers", "harness_", None, 0.0),
+         # an FA2-named file: cases derived here, two parts at once (issue 63)
+         rw.ProveWorld("sizes", "load_cubins.py", None, 0.0, fa2=True),
+         rw.ProveWorld("types", "load_cubins.py", None, 0.0, fa2=True),
+         rw.ProveWorld("flood", "part", None, 0.0, fa2=True),
+         rw.ProveWorld("die", "part", None, 0.0, fa2=True),
+         rw.ProveWorld("escapes", "part", None, 0.0, fa2=True),
+         rw.ProveWorld("hang", "part", signal.SIGINT, 0.3, fa2=True),
+         rw.ProveWorld("hang", "part", signal.SIGTERM, 0.3, fa2=True))
 
 
 @pytest.fixture(scope="module")
@@ -212,13 +220,36 @@ def prove_pair(jit_only_so: Path, tmp_path_factory: pytest.TempPathFactory
     return made, stock
 
 
+@pytest.fixture(scope="module")
+def fa2_pair(fa2_names_so: Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[Path, Path]:
+    """(--files, --stock): an aot'd `_vllm_fa2_C.abi3.so` whose added kernels are named as
+    FA2's, in two modules, and its stock file."""
+    from devkit.helpers import cli
+
+    root = tmp_path_factory.mktemp("prove-fa2-worlds")
+    stock, made = root / "stock", root / "aot"
+    stock.mkdir()
+    (stock / "_vllm_fa2_C.abi3.so").write_bytes(fa2_names_so.read_bytes())
+    done = cli("aot", str(stock / "_vllm_fa2_C.abi3.so"), "--out", str(made), "--target",
+               "sm_121", env={"CUDA_HOME": str(cuda_home())})
+    assert done.returncode == 0, done.stderr
+    return made, stock
+
+
+def _world_id(world: rw.ProveWorld) -> str:
+    signal_name = f"-{signal.Signals(world.signum).name}" if world.signum else ""
+    return f"{world.at}-{world.mode}{signal_name}{'-fa2' if world.fa2 else ''}"
+
+
 @pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
-@pytest.mark.parametrize("world", PROVE, ids=[f"{w.at}-{w.mode}" for w in PROVE])
+@pytest.mark.parametrize("world", PROVE, ids=[_world_id(w) for w in PROVE])
 def test_a_hostile_gpu_child_keeps_every_invariant(world: rw.ProveWorld,
-                                                   prove_pair: tuple[Path, Path]) -> None:
+                                                   request: pytest.FixtureRequest) -> None:
+    pair = request.getfixturevalue("fa2_pair" if world.fa2 else "prove_pair")
     root = worlds.fresh_root()
     try:
-        outcome = rw.run_prove_world(world, prove_pair, root)
+        outcome = rw.run_prove_world(world, pair, root)
     finally:
         worlds.remove_root(root)
     assert outcome.broken == [], (world, outcome.code, outcome.broken)
