@@ -700,3 +700,30 @@ def test_two_files_whose_paths_flatten_alike_are_both_proven(
     data = json.loads((tmp_path / "p.json").read_text())
     assert sorted(item["name"] for item in data["files"]) == sorted(names)
     assert data["verdict"] == "proven"
+
+
+def test_a_file_changed_while_it_is_proven_gets_no_proof(aot_pair: tuple[Path, Path],
+                                                         tmp_path: Path) -> None:
+    """Red team: the native run (the file's own code, on this host under --files) wrote
+    other bytes over the file; the proof named it by the sha256 read after the runs, so
+    it vouched for bytes no child ran (`kernels publish --proof` takes a proof by sha256).
+    Now the sha256 is read with the cubins, before any child, and must hold to the end."""
+    from devkit.fake_gpu import FAKE_PYTHON
+
+    made, stock = aot_pair
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "_C.abi3.so").write_bytes((made / "_C.abi3.so").read_bytes())
+    rewrite = ("import os, sys\n"
+               "if sys.argv[1].endswith('harness_marlin.py') and '/stock/' not in sys.argv[2]"
+               " and os.environ.get('CUDA_DISABLE_PTX_JIT') == '1':\n"
+               "    open(sys.argv[2], 'ab').write(b'other bytes')\n")
+    python = tmp_path / "FAKE-rewriting"
+    python.write_text(f"#!{sys.executable}\n{rewrite}{FAKE_PYTHON}")
+    python.chmod(0o755)
+    out = tmp_path / "p.json"
+    done = cli("prove", "--files", str(files), "--stock", str(stock), "--json", str(out),
+               "--python", str(python), env={"FAKE_MODE": "proven", "FAKE_LAUNCHED": "all"})
+    line = one_line_error(done, 3)
+    assert "_C.abi3.so: changed while it was proven" in line
+    assert not out.exists()
