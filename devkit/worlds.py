@@ -325,6 +325,10 @@ def _run(world: Signalled, args: list[str], env: dict[str, str], limit: float = 
     address space is then capped at four times the memory bound, so a run that reads
     without end fails instead of exhausting this machine); `ready`: the signal is sent
     `world.delay` s after it is set (a FAKE engine that stalled), not after the start."""
+    # Popen reaps the children earlier tests left unwaited (subprocess's `_cleanup`) as it
+    # starts this one: reaped here first, their peaks are counted before, not charged to
+    # this run (a 556 MiB child of another test once was)
+    getattr(subprocess, "_cleanup", lambda: None)()
     peak_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "sm121_build", *args],
