@@ -4,14 +4,17 @@ runner with its one-line-error check, git with a fixed identity, pyelftools' rea
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -69,6 +72,28 @@ def run_cuobjdump(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([cuobjdump(), *args], capture_output=True, text=True, check=False)
 
 
+_FILLING: list[int] = []  # this process holds the fill lock (depth)
+
+
+@contextlib.contextmanager
+def cache_fill() -> Iterator[None]:
+    """One process at a time makes what the cache lacks (pytest-xdist workers, a promise
+    mutant's run beside the suite): an exclusive lock on CACHE/.fill.lock while an item is
+    made; a caller checks for the item again once it holds it.  Re-entrant in a process."""
+    if _FILLING:
+        yield
+        return
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".fill.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _FILLING.append(1)
+        try:
+            yield
+        finally:
+            _FILLING.pop()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def compile_cached(name: str, source: Path, flags: list[str], shared: bool = True) -> Path:
     """nvcc SOURCE into a cached .so (or .o); the key covers source, flags and nvcc."""
     key = hashlib.sha256()
@@ -79,13 +104,20 @@ def compile_cached(name: str, source: Path, flags: list[str], shared: bool = Tru
     out = out_dir / (f"{name}.so" if shared else f"{name}.o")
     if out.exists():
         return out
+    with cache_fill():
+        if not out.exists():
+            _compile(out, source, flags, shared)
+    return out
+
+
+def _compile(out: Path, source: Path, flags: list[str], shared: bool) -> None:
+    out_dir = out.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     kind = ["-shared", "-Xcompiler", "-fPIC"] if shared else ["-c", "-Xcompiler", "-fPIC"]
     tmp = out.with_suffix(f".tmp{os.getpid()}{out.suffix}")  # (another process may race)
     subprocess.run([nvcc(), *kind, "-o", str(tmp), str(source), *flags], check=True,
                    env={**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
     os.replace(tmp, out)
-    return out
 
 
 def link_cached(name: str, parts: list[tuple[Path, list[str]]]) -> Path:
@@ -97,6 +129,13 @@ def link_cached(name: str, parts: list[tuple[Path, list[str]]]) -> Path:
     out = CACHE / "fixtures" / key.hexdigest()[:16] / f"{name}.so"
     if out.exists():
         return out
+    with cache_fill():
+        if not out.exists():
+            _link(name, out, parts)
+    return out
+
+
+def _link(name: str, out: Path, parts: list[tuple[Path, list[str]]]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"}
     objects = []
@@ -108,9 +147,8 @@ def link_cached(name: str, parts: list[tuple[Path, list[str]]]) -> Path:
     tmp = out.with_suffix(f".tmp{os.getpid()}.so")
     subprocess.run([nvcc(), "-shared", "-o", str(tmp), *objects], check=True, env=env)
     os.replace(tmp, out)
-    for obj in objects:
-        Path(obj).unlink()
-    return out
+    for made in objects:
+        Path(made).unlink()
 
 
 def compile_device_file(name: str, source: Path, kind: str, flags: list[str]) -> Path:
@@ -119,11 +157,14 @@ def compile_device_file(name: str, source: Path, kind: str, flags: list[str]) ->
     out = CACHE / "fixtures" / key.hexdigest()[:16] / f"{name}.{kind}"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    subprocess.run([nvcc(), f"-{kind}", "-o", str(tmp), str(source), *flags], check=True,
-                   env={**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
-    os.replace(tmp, out)
+    with cache_fill():
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(f".tmp{os.getpid()}")
+            subprocess.run([nvcc(), f"-{kind}", "-o", str(tmp), str(source), *flags],
+                           check=True, env={**os.environ,
+                                            "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
+            os.replace(tmp, out)
     return out
 
 
@@ -204,12 +245,23 @@ def pypi_download(spec: str, dest: Path, *, sdist: bool = False,
     cached = sorted(dest.glob(pattern))
     if cached:
         return cached[0]
+    with cache_fill():
+        cached = sorted(dest.glob(pattern))
+        return cached[0] if cached else _download(spec, dest, pattern, sdist, platform)
+
+
+def _download(spec: str, dest: Path, pattern: str, sdist: bool, platform: str) -> Path:
+    name = spec.partition("==")[0]
     dest.mkdir(parents=True, exist_ok=True)
     if sdist:
         return _simple_index_download(name, pattern, dest)
-    args = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), spec,
-            "--only-binary", ":all:", "--platform", platform, "--python-version", "3.12"]
-    subprocess.run(args, check=True)
+    # into a folder of its own, then renamed in: a reader never sees half a wheel
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as part:
+        args = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", part, spec,
+                "--only-binary", ":all:", "--platform", platform, "--python-version", "3.12"]
+        subprocess.run(args, check=True)
+        for got in Path(part).iterdir():
+            os.replace(got, dest / got.name)
     found = sorted(dest.glob(pattern))
     if not found:
         raise RuntimeError(f"pip download {spec} produced no {pattern}")
