@@ -44,6 +44,7 @@ class GpuFacts:
     driver: tuple[int, int] | None = None  # the oldest driver it ships with
     platform: str = ""  # what its images run on (linux/arm64)
     source_rules: bool = False  # the guard rules (patches/) are written for it
+    shared_memory: tuple[int, int] | None = None  # bytes: per block (opt-in), per SM
 
 
 def _gpu_table() -> dict[str, GpuFacts]:
@@ -52,10 +53,12 @@ def _gpu_table() -> dict[str, GpuFacts]:
     for arch, row in raw.items():
         driver = tuple(int(part) for part in row["driver"].split(".")) if "driver" in row \
             else None
+        memory = row.get("shared_memory")
         table[str(arch)] = GpuFacts(row["name"], row.get("first_cuda"),
                                     bool(row.get("default")), row.get("machine", ""),
                                     (driver[0], driver[1]) if driver else None,
-                                    row.get("platform", ""), bool(row.get("source_rules")))
+                                    row.get("platform", ""), bool(row.get("source_rules")),
+                                    (int(memory[0]), int(memory[1])) if memory else None)
     defaults = [arch for arch, facts in table.items() if facts.default]
     if len(defaults) != 1 or table[defaults[0]].driver is None:
         raise RuntimeError("data/gpus.yaml: exactly one GPU is the default, with its driver")

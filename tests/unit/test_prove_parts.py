@@ -203,3 +203,20 @@ def test_the_largest_modules_are_dealt_first_to_the_lightest_part() -> None:
     parts = _dealt(groups, size, 2)
     assert [len(p) for p in parts] == [1 + 1, 5 + 2 + 9]  # 100+40 | 60+50+10
     assert len(_dealt(groups, size, 16)) == 5  # never more parts than modules
+
+
+def test_the_dispatchs_unreachable_kernels_rest_on_the_gpu_tables_memory(
+        tmp_path: Path) -> None:
+    """Red team: a loader that lies about the shared memory could make reachable kernels
+    "unreachable" (and a proof whole). The table's sizes for the compute capability are
+    used; a GPU the table gives none for gets no kernel called unreachable by the dispatch."""
+    modules = Modules({name: _module(name) for name in NAMES})
+    lying = Device("FAKE H200", 9, 0, 13000, None, GpuSizes(1024, 1024, 132))
+    (tmp_path / "a").mkdir()
+    plan = plan_fa2(NAMES, modules, lying, 4, tmp_path / "a")
+    assert len(plan.dead) == 96 and plan.said is not None and "GPU table's" in plan.said
+    unknown = Device("FAKE", 9, 9, 13000, None, GpuSizes(232448, 233472, 132))
+    (tmp_path / "b").mkdir()
+    plan = plan_fa2(NAMES, modules, unknown, 4, tmp_path / "b")
+    assert plan.dead == {} and plan.said is not None and "no shared memory" in plan.said
+    assert plan.derived > 1000

@@ -13,7 +13,11 @@ writes.
 
 The kernels the dispatch never selects on this GPU (`Derived.dead`: a block another GPU's
 shared memory picks, a combination the launch template never instantiates) are returned
-with the rule as their evidence: no call of the file's ops can launch them.
+with the rule as their evidence: no call of the file's ops can launch them.  The shared
+memory that decides it is the GPU table's for the compute capability (`data/gpus.yaml`),
+not what a child said (a loader that lies could otherwise make reachable kernels
+"unreachable"); a GPU the table gives none for gets its cases from what the loader said,
+and no kernel is called unreachable by the dispatch.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sm121_build.cuda.compat import Target
 from sm121_build.jobs.commands.prove_child import Device
 from sm121_build.jobs.payload import fa2_kernels
 
@@ -95,8 +100,18 @@ def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
         return CasePlan(FIXED_ONLY.parts, said="the loader did not say the GPU's shared "
                         "memory and SM count: the FA2 harness runs its fixed cases only")
     sizes = device.sizes
-    gpu = fa2_kernels.Gpu(device.major, device.minor, sizes.smem_block, sizes.smem_sm,
-                          sizes.sms)
+    known = Target(device.major * 10 + device.minor).facts.shared_memory
+    block, per_sm = known or (sizes.smem_block, sizes.smem_sm)
+    said = None
+    if known is None:
+        said = (f"the GPU table gives compute capability {device.major}.{device.minor} no "
+                "shared memory: its cases follow what the loader said, and no kernel is "
+                "called unreachable by FA2's dispatch")
+    elif known != (sizes.smem_block, sizes.smem_sm):
+        said = (f"the loader said {sizes.smem_block} and {sizes.smem_sm} bytes of shared "
+                f"memory; the GPU table's for {device.major}.{device.minor} ({block} and "
+                f"{per_sm}) are used")
+    gpu = fa2_kernels.Gpu(device.major, device.minor, block, per_sm, sizes.sms)
     fixed = fa2_kernels.fixed_cases()
     derived = fa2_kernels.derive(list(names), gpu, first=fixed)
     groups: dict[int, list[fa2_kernels.Case]] = {}
@@ -111,5 +126,6 @@ def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
         parts.append(Part(path, number == 0, len(cases)))
     evidence = f"the FA2 dispatch ({MODEL}) never selects it on compute capability " \
         f"{device.major}.{device.minor}"
-    return CasePlan(tuple(parts), {name: f"{evidence}: {why}"
-                                   for name, why in derived.dead().items()})
+    dead = {name: f"{evidence}: {why}" for name, why in derived.dead().items()} if known \
+        else {}
+    return CasePlan(tuple(parts), dead, said)

@@ -495,7 +495,7 @@ def _plan(item: Extracted, harness: Harness, device: Device | None, children: Ch
     plan = plan_fa2(sorted(added_kernels(item)), modules, device, children.jobs, into)
     if plan.said:
         note(f"{shown(item.pair.name)}: {plan.said}")
-    else:
+    if plan.parts[0].cases is not None:
         note(f"{shown(item.pair.name)}: {plan.derived:,} case(s) derived from its added "
              f"kernels, in {len(plan.parts)} part(s); {len(plan.dead):,} kernel(s) no op "
              "launches on this GPU")
