@@ -31,18 +31,6 @@ MATRIX: dict[str, list[str]] = {
 
 
 _SESSION_STATE: list[str] = []
-ENGINE_GROUP = "engine"  # (pytest-xdist) the tests that share the Docker engine or PyPI
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With `-n N --dist loadgroup` (README's test command), the tests that use the Docker
-    engine or download from PyPI run one at a time in one worker, as they would alone (an
-    engine and a download cache shared, images compared with what the engine holds); the
-    rest are spread over the other workers."""
-    for item in items:
-        if "integration" in item.path.parts or item.get_closest_marker("docker") or \
-                item.get_closest_marker("vllm"):
-            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
 
 
 def pytest_configure(config: pytest.Config) -> None:
