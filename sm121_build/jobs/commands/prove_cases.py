@@ -65,6 +65,11 @@ class CasePlan:
     def derived(self) -> int:
         return sum(part.derived for part in self.parts)
 
+    @property
+    def derives(self) -> bool:
+        """Whether the runs are given derived cases (`--cases`), not the fixed ones alone."""
+        return self.parts[0].cases is not None
+
 
 FIXED_ONLY = CasePlan((Part(None, True),))
 

@@ -31,11 +31,12 @@ from sm121_build.image.refs import validate_image_ref
 from sm121_build.jobs.commands.prove_child import Asked, Jit, Said, heard
 from sm121_build.jobs.commands.prove_document import LeftOut, Proof, Subject
 from sm121_build.jobs.commands.proving import (
-    JIT_CACHE_BYTES,
+    DRIVER_DEFAULTS,
     NO_STOCK,
     PAYLOADS,
     Pair,
     ProveRequest,
+    driver_settings,
     prove_pairs,
 )
 from sm121_build.jobs.framework.pipeline import Pipeline
@@ -117,15 +118,11 @@ class ImageChildren:
 
     def talk(self, args: tuple[str, ...], what: str, jit: Jit, asked: Asked,
              seconds: float | None = None) -> tuple[Ended, Said]:
-        # the image's own environment, with the driver's JIT said outright either way (an
-        # ENV of the image's own that forces or disables it, CUDA 12's CUDA_FORCE_JIT too,
-        # is overridden); a JIT run given the run's cache folder keeps what it compiles there
-        cache = (("CUDA_CACHE_PATH", jit.cache), ("CUDA_CACHE_DISABLE", "0"),
-                 ("CUDA_CACHE_MAXSIZE", str(JIT_CACHE_BYTES))) \
-            if jit.on and jit.cache else (("CUDA_CACHE_DISABLE", "1"),)
-        env = (*cache, ("CUDA_DISABLE_PTX_JIT", "0" if jit.on else "1"),
-               ("CUDA_FORCE_PTX_JIT", "0"), ("CUDA_FORCE_JIT", "0"), ("CUDA_DISABLE_JIT", "0"),
-               ("HOME", f"{WORK_AT}/home"),
+        # the image's own environment, with the driver's variables said outright (an ENV of
+        # the image's own that forces or disables the JIT, CUDA 12's CUDA_FORCE_JIT too, is
+        # set back to the default), then as `driver_settings` says for this child
+        driver = {**DRIVER_DEFAULTS, **driver_settings(jit)}
+        env = (*driver.items(), ("HOME", f"{WORK_AT}/home"),
                ("TMPDIR", f"{WORK_AT}/home"), ("PYTHONDONTWRITEBYTECODE", "1"))
         done = self.engine.run_with_gpu(self.image_id, GpuJob(
             what, (self.python, *args), env, min(seconds or self.seconds, self.seconds),

@@ -105,6 +105,10 @@ PROBE_SECONDS = 60.0
 DRIVER_JIT = ("CUDA_DISABLE_PTX_JIT", "CUDA_FORCE_PTX_JIT", "CUDA_DISABLE_JIT", "CUDA_FORCE_JIT",
               "CUDA_CACHE_DISABLE", "CUDA_CACHE_PATH", "CUDA_CACHE_MAXSIZE")
 JIT_CACHE_BYTES = 4 << 30  # the stock side's private cache: room for a whole file's modules
+# each of DRIVER_JIT's variables as the driver takes it when it is not set: what an image's
+# own ENV of one is set back to where a variable cannot be left out (a container)
+DRIVER_DEFAULTS = {"CUDA_DISABLE_PTX_JIT": "0", "CUDA_FORCE_PTX_JIT": "0",
+                   "CUDA_DISABLE_JIT": "0", "CUDA_FORCE_JIT": "0", "CUDA_CACHE_DISABLE": "0"}
 
 
 class Children(Protocol):
@@ -192,20 +196,23 @@ class Extracted:
         return now
 
 
-def _env(jit: Jit) -> dict[str, str]:
-    """The child's environment: ours, with the driver's JIT on or off and its cache off (a
-    cached JIT result from outside the run would hide the JIT's first-call time, and could
-    stand in for a cubin), or, for a JIT run given one, the run's own cache folder, made
-    fresh by the run."""
-    env = {k: v for k, v in os.environ.items() if k not in DRIVER_JIT}
-    if jit.on and jit.cache is not None:
-        env["CUDA_CACHE_PATH"] = jit.cache
-        env["CUDA_CACHE_MAXSIZE"] = str(JIT_CACHE_BYTES)
-    else:
-        env["CUDA_CACHE_DISABLE"] = "1"
+def driver_settings(jit: Jit) -> dict[str, str]:
+    """The one rule for the driver's variables of a child (every other of DRIVER_JIT is
+    left to its default): the JIT on or off, and its cache off (a cached JIT result from
+    outside the run would hide the JIT's first-call time, and could stand in for a cubin),
+    or, for a JIT run given one, the run's own cache folder, made fresh by the run."""
+    settings = {"CUDA_CACHE_PATH": jit.cache, "CUDA_CACHE_MAXSIZE": str(JIT_CACHE_BYTES)} \
+        if jit.on and jit.cache is not None else {"CUDA_CACHE_DISABLE": "1"}
     if not jit.on:
-        env["CUDA_DISABLE_PTX_JIT"] = "1"
-    return env
+        settings["CUDA_DISABLE_PTX_JIT"] = "1"
+    return settings
+
+
+def _env(jit: Jit) -> dict[str, str]:
+    """A child's environment on this host: ours without any of DRIVER_JIT, then
+    `driver_settings`."""
+    env = {k: v for k, v in os.environ.items() if k not in DRIVER_JIT}
+    return {**env, **driver_settings(jit)}
 
 
 def _utf8(name: str) -> bool:
@@ -495,7 +502,7 @@ def _plan(item: Extracted, harness: Harness, device: Device | None, children: Ch
     plan = plan_fa2(sorted(added_kernels(item)), modules, device, children.jobs, into)
     if plan.said:
         note(f"{shown(item.pair.name)}: {plan.said}")
-    if plan.parts[0].cases is not None:
+    if plan.derives:
         note(f"{shown(item.pair.name)}: {plan.derived:,} case(s) derived from its added "
              f"kernels, in {len(plan.parts)} part(s); {len(plan.dead):,} kernel(s) no op "
              "launches on this GPU")
@@ -526,7 +533,7 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
     plan = _plan(item, harness, device, children, ours)
     stock_at = children.at(pair.stock)
     cache = None
-    if len(plan.parts) > 1 or plan.parts[0].cases is not None:
+    if plan.derives:
         cache = folder / f"{stem}.jit-cache"
         cache.mkdir()
     outs = [(folder / f"{stem}.jit.{n}.pt", folder / f"{stem}.native.{n}.pt")
