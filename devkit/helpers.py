@@ -77,9 +77,10 @@ _FILLING: list[int] = []  # this process holds the fill lock (depth)
 
 @contextlib.contextmanager
 def cache_fill() -> Iterator[None]:
-    """One process at a time makes what the cache lacks (pytest-xdist workers, a promise
-    mutant's run beside the suite): an exclusive lock on CACHE/.fill.lock while an item is
-    made; a caller checks for the item again once it holds it.  Re-entrant in a process."""
+    """One process at a time makes what the cache lacks (a promise mutant's run beside the
+    suite, two checkouts sharing SM121_TEST_CACHE): an exclusive lock on CACHE/.fill.lock
+    while an item is made; a caller checks for the item again once it holds it.  Re-entrant
+    in a process."""
     if _FILLING:
         yield
         return
@@ -94,6 +95,20 @@ def cache_fill() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def made_once(marker: Path, make: Callable[[], object]) -> None:
+    """`make()` unless `marker` (what it makes, or the file that says it is whole) exists:
+    under `cache_fill`, looked for again once the lock is held."""
+    if marker.exists():
+        return
+    with cache_fill():
+        if not marker.exists():
+            make()
+
+
+def _nvcc_env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"}
+
+
 def compile_cached(name: str, source: Path, flags: list[str], shared: bool = True) -> Path:
     """nvcc SOURCE into a cached .so (or .o); the key covers source, flags and nvcc."""
     key = hashlib.sha256()
@@ -102,21 +117,16 @@ def compile_cached(name: str, source: Path, flags: list[str], shared: bool = Tru
     key.update(nvcc().encode())
     out_dir = CACHE / "fixtures" / key.hexdigest()[:16]
     out = out_dir / (f"{name}.so" if shared else f"{name}.o")
-    if out.exists():
-        return out
-    with cache_fill():
-        if not out.exists():
-            _compile(out, source, flags, shared)
+    kind = ["-shared", "-Xcompiler", "-fPIC"] if shared else ["-c", "-Xcompiler", "-fPIC"]
+    made_once(out, lambda: _nvcc_into(out, [*kind, str(source), *flags]))
     return out
 
 
-def _compile(out: Path, source: Path, flags: list[str], shared: bool) -> None:
-    out_dir = out.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    kind = ["-shared", "-Xcompiler", "-fPIC"] if shared else ["-c", "-Xcompiler", "-fPIC"]
+def _nvcc_into(out: Path, args: list[str]) -> None:
+    """nvcc ARGS into `out`, whole: a temporary name of this process's own, renamed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}{out.suffix}")  # (another process may race)
-    subprocess.run([nvcc(), *kind, "-o", str(tmp), str(source), *flags], check=True,
-                   env={**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
+    subprocess.run([nvcc(), *args, "-o", str(tmp)], check=True, env=_nvcc_env())
     os.replace(tmp, out)
 
 
@@ -127,26 +137,17 @@ def link_cached(name: str, parts: list[tuple[Path, list[str]]]) -> Path:
     for source, flags in parts:
         key.update(source.read_bytes() + b"\0" + "\0".join(flags).encode() + b"\1")
     out = CACHE / "fixtures" / key.hexdigest()[:16] / f"{name}.so"
-    if out.exists():
-        return out
-    with cache_fill():
-        if not out.exists():
-            _link(name, out, parts)
+    made_once(out, lambda: _link(name, out, parts))
     return out
 
 
 def _link(name: str, out: Path, parts: list[tuple[Path, list[str]]]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"}
     objects = []
     for i, (source, flags) in enumerate(parts):
         obj = out.parent / f"{name}.{i}.{os.getpid()}.o"
-        subprocess.run([nvcc(), "-c", "-Xcompiler", "-fPIC", "-o", str(obj), str(source),
-                        *flags], check=True, env=env)
+        _nvcc_into(obj, ["-c", "-Xcompiler", "-fPIC", str(source), *flags])
         objects.append(str(obj))
-    tmp = out.with_suffix(f".tmp{os.getpid()}.so")
-    subprocess.run([nvcc(), "-shared", "-o", str(tmp), *objects], check=True, env=env)
-    os.replace(tmp, out)
+    _nvcc_into(out, ["-shared", *objects])
     for made in objects:
         Path(made).unlink()
 
@@ -155,16 +156,7 @@ def compile_device_file(name: str, source: Path, kind: str, flags: list[str]) ->
     """nvcc SOURCE into a cached raw device file: kind `cubin`, `fatbin` or `ptx`."""
     key = hashlib.sha256(source.read_bytes() + "\0".join([kind, *flags, nvcc()]).encode())
     out = CACHE / "fixtures" / key.hexdigest()[:16] / f"{name}.{kind}"
-    if out.exists():
-        return out
-    with cache_fill():
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(f".tmp{os.getpid()}")
-            subprocess.run([nvcc(), f"-{kind}", "-o", str(tmp), str(source), *flags],
-                           check=True, env={**os.environ,
-                                            "PATH": f"{cuda_home() / 'bin'}:{os.environ['PATH']}"})
-            os.replace(tmp, out)
+    made_once(out, lambda: _nvcc_into(out, [f"-{kind}", str(source), *flags]))
     return out
 
 

@@ -26,7 +26,7 @@ import docker.errors
 import pytest
 
 from devkit.dockerenv import BASE_IMAGE, ensure_debian_gxx
-from devkit.helpers import CACHE, DATA, cache_fill, cuda_home
+from devkit.helpers import CACHE, DATA, cuda_home, made_once
 from devkit.testtags import image
 
 VERSION = "0.19.1"
@@ -93,11 +93,7 @@ def stock_extensions() -> Path:
     """_C.abi3.so, _moe_C.abi3.so and _vllm_fa2_C.abi3.so of the fixture built for sm_90
     (cached)."""
     out = CACHE / "fixtures" / f"stock-sm90-{_tree_hash(DATA / 'vllm_like', DATA / 'fa_like')}"
-    if (out / "_vllm_fa2_C.abi3.so").exists():
-        return out
-    with cache_fill():
-        if not (out / "_vllm_fa2_C.abi3.so").exists():
-            _build_stock(out)
+    made_once(out / "_vllm_fa2_C.abi3.so", lambda: _build_stock(out))
     return out
 
 
