@@ -28,6 +28,7 @@ from devkit.helpers import cli, cuda_home, one_line_error
 from sm121_build.core.errors import WrongGpu
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import Target
+from sm121_build.cuda.dynsym import demangle
 from sm121_build.cuda.fatbin import HostBinary, device_file_kind, ptx_kernels
 from sm121_build.jobs.commands.proof_reading import read_proof
 from sm121_build.jobs.commands.prove_child import Asked, Said
@@ -56,10 +57,11 @@ def fake(tmp_path: Path) -> Path:
 
 
 def _prove(pair: tuple[Path, Path], python: Path | str, out: Path, mode: str = "proven",
-           launched: str = "all") -> subprocess.CompletedProcess[str]:
+           launched: str = "all", differs: str = "awq") -> subprocess.CompletedProcess[str]:
     made, stock = pair
     return cli("prove", "--files", str(made), "--stock", str(stock), "--json", str(out),
-               "--python", str(python), env={"FAKE_MODE": mode, "FAKE_LAUNCHED": launched})
+               "--python", str(python), env={"FAKE_MODE": mode, "FAKE_LAUNCHED": launched,
+                                             "FAKE_DIFFERS": differs})
 
 
 def _check(data: object) -> None:
@@ -529,6 +531,29 @@ def test_a_difference_still_fails_whatever_the_coverage(
     data = json.loads((tmp_path / "p.json").read_text())
     _check(data)
     assert data["verdict"] == "failed"
+
+
+def test_a_differing_case_names_the_kernels_it_launched_and_their_modules(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    """Issue 63: a defect confined to some modules shows as a differing case, and the line
+    names the added kernels that case launched and the cubins (modules) they came from; the
+    JSON lists them all."""
+    added = _added(aot_pair, tmp_path)
+    ran = added[:len(added) // 2]
+    line = one_line_error(_prove(aot_pair, fake, tmp_path / "p.json", "differs", "half",
+                                 differs="gptq"), 3)
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    [bad] = [o for o in data["ops"] if o["bitwise_equal"] is False]
+    assert sorted(k["name"] for k in bad["launched"]) == sorted(ran)
+    cubins = {c["number"] for c in data["files"][0]["cubins"] if c["launched"]}
+    assert {k["cubin"] for k in bad["launched"]} == cubins
+    numbers = ", ".join(str(n) for n in sorted(cubins))
+    assert f"it launched {len(ran)} added kernel(s) of cubin(s) {numbers}: " in line
+    assert demangle(bad["launched"][0]["name"]) in line
+    # the case that launched nothing is named without kernels
+    line = one_line_error(_prove(aot_pair, fake, tmp_path / "q.json", "differs", "half"), 3)
+    assert "differs from the stock JIT's output" in line and "it launched" not in line
 
 
 def test_a_recorder_that_cannot_record_leaves_every_kernel_never_launched(

@@ -24,6 +24,7 @@ from sm121_build.jobs.commands.prove_child import Compared, Device
 FORMAT = 3  # 2: `subject`, each file's sha256, each op's ULPs and vLLM's tolerance;
 #            3: each file's `coverage` (kernels launched), the whole's, verdict `partial`
 Verdict = Literal["proven", "partial", "failed"]
+SAID_KERNELS = 3  # a differing case's launched kernels named on its line (all in the JSON)
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,23 @@ OP_TOLERANCES = _tolerances()
 
 
 @dataclass(frozen=True)
+class KernelLaunched:
+    """An added kernel a case launched (mangled, as its cubin defines it), and the added
+    cubin (module) it came from: what a differing case names."""
+
+    name: str
+    cubin: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "cubin": self.cubin}
+
+
+@dataclass(frozen=True)
 class OpResult:
     """One case of an op: how its native output compared with the stock JIT's (None: not
     compared, `error` says why: bit for bit, the largest difference absolute and in units
-    in the last place), each first call's seconds (stock JIT, native)."""
+    in the last place), each first call's seconds (stock JIT, native), and the added
+    kernels the native run launched in it (`launched`)."""
 
     file: str
     op: str
@@ -149,6 +163,17 @@ class OpResult:
     compared: Compared | None
     first_s: tuple[float | None, float | None]
     error: str | None = None
+    launched: tuple[KernelLaunched, ...] = ()
+
+    def kernels_said(self) -> str:
+        """`; it launched 2 added kernel(s) of cubin(s) 7, 9: NAME, NAME`, or nothing."""
+        if not self.launched:
+            return ""
+        cubins = ", ".join(str(n) for n in sorted({k.cubin for k in self.launched}))
+        names = [shown(demangle(k.name)) for k in self.launched[:SAID_KERNELS]]
+        more = len(self.launched) - len(names)
+        return (f"; it launched {len(self.launched):,} added kernel(s) of cubin(s) {cubins}: "
+                + "; ".join(names) + (f"; and {more:,} more" if more else ""))
 
     @property
     def bitwise_equal(self) -> bool | None:
@@ -178,7 +203,7 @@ class OpResult:
                 "vllm_tolerance": None if tolerance is None else {
                     "atol": tolerance.atol, "rtol": tolerance.rtol, "test": tolerance.test},
                 "first_call_s": {"stock_jit": self.first_s[0], "native": self.first_s[1]},
-                "error": self.error}
+                "error": self.error, "launched": [k.as_json() for k in self.launched]}
 
 
 @dataclass(frozen=True)
@@ -258,7 +283,7 @@ class Proof:
                 lines.append(f"{where}: {shown(op.error)}")
             elif not op.bitwise_equal:
                 lines.append(f"{where}: differs from the stock JIT's output "
-                             f"({op.difference()})")
+                             f"({op.difference()}){op.kernels_said()}")
         for stock in self.stock_without_jit:
             if not stock.failed:
                 lines.append(f"{shown(stock.file)}: the stock file ran with the PTX JIT "

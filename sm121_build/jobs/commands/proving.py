@@ -72,6 +72,7 @@ from sm121_build.jobs.commands.prove_document import (
     Coverage,
     CubinResult,
     FileProof,
+    KernelLaunched,
     LeftOut,
     OpResult,
     Proof,
@@ -568,19 +569,28 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
                                      jit=JIT_ON, asked=Asked(cases=asked))
         compared = {item.key: item for item in said.compared}
         unasked = said.unasked
-    return OpsProven(_op_results(pair.name, (references, native), compared, unasked),
+    modules = {kernel: cubin.number for cubin in item.cubins if cubin.number in item.paths
+               for kernel in cubin.kernels}
+    return OpsProven(_op_results(pair.name, (references, native), compared, unasked, modules),
                      without, native.said.launched, native.said.recorder, plan.dead)
 
 
 def _op_results(name: str, runs: tuple[list[HarnessRun], HarnessRun],
-                compared: Mapping[str, Compared], unasked: int) -> list[OpResult]:
+                compared: Mapping[str, Compared], unasked: int,
+                modules: Mapping[str, int]) -> list[OpResult]:
     """Each case the stock JIT run said (its parts'), as the native run and the comparison
-    found it; and one result that proves nothing when the runs' account does not add up (a
-    part that saved other than the cases it said; `unasked`: outputs compared that no run
-    said)."""
+    found it, with the added kernels it launched and their cubins (`modules`: added kernel
+    -> cubin number); and one result that proves nothing when the runs' account does not
+    add up (a part that saved other than the cases it said; `unasked`: outputs compared
+    that no run said)."""
     parts, native = runs
     reference = _joined(parts)
     native_cases = {(c.op, c.case): c for c in native.said.cases}
+    by_case: dict[str, list[KernelLaunched]] = {}
+    for one in native.said.launched:
+        if one.kernel in modules:
+            by_case.setdefault(one.case, []).append(KernelLaunched(one.kernel,
+                                                                   modules[one.kernel]))
     results = []
     for case in reference.said.cases:
         mine = native_cases.get((case.op, case.case))
@@ -594,7 +604,8 @@ def _op_results(name: str, runs: tuple[list[HarnessRun], HarnessRun],
                              f"not compared: the native run failed: {native.failure()}"
                              if native.said.saved is None else "the outputs were not compared"))
         results.append(OpResult(name, case.op, case.case, None if error else item,
-                                (case.first_s, mine.first_s if mine else None), error or None))
+                                (case.first_s, mine.first_s if mine else None), error or None,
+                                tuple(by_case.get(f"{case.op}/{case.case}", ()))))
     miscounted = [(n, run.said.saved, len({f"{c.op}/{c.case}" for c in run.said.cases}))
                   for n, run in enumerate(parts) if run.said.saved is not None]
     miscounted = [one for one in miscounted if one[1] != one[2]]
