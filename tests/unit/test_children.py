@@ -32,7 +32,8 @@ OUTSIDE = {"jobs/payload/build_extensions.py",
            # the job parses, and read the cubins and list the job wrote for them
            "jobs/payload/load_cubins.py", "jobs/payload/harness_fa2.py",
            "jobs/payload/harness_marlin.py", "jobs/payload/compare_outputs.py",
-           "jobs/payload/harness_run.py", "jobs/payload/fa2_kernels.py"}
+           "jobs/payload/harness_run.py", "jobs/payload/fa2_kernels.py",
+           "jobs/payload/marlin_kernels.py"}
 STARTS = {"system", "popen", "spawnl", "spawnv", "spawnvp", "execv", "execvp", "execve",
           "fork", "forkpty", "posix_spawn", "posix_spawnp", "create_subprocess_exec"}
 

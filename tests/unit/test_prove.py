@@ -326,6 +326,8 @@ class _Op:
         raise RuntimeError("CUDA error: PTX JIT compilation was disabled\\nmore")
 class _Namespace:
     def __getattr__(self, name):
+        if not name.endswith("_repack"):  # (a library of the repack ops alone)
+            raise AttributeError(name)
         if STORY == "schema":
             raise AttributeError(name)
         names = ["b_q_weight", "perm", "size_k", "size_n", "num_bits"]

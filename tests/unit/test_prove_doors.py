@@ -290,6 +290,8 @@ class _Op:
         return _Out()
 class _Namespace:
     def __getattr__(self, name):
+        if not name.endswith("_repack"):  # (a library of the repack ops alone)
+            raise AttributeError(name)
         names = ["b_q_weight", "perm", "size_k", "size_n", "num_bits"]
         return _Op(names if name.startswith("gptq") else names[:1] + names[2:])
 class _Ops:

@@ -23,15 +23,17 @@ and no kernel is called unreachable by the dispatch.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sm121_build.cuda.compat import Target
 from sm121_build.jobs.commands.prove_child import Device
-from sm121_build.jobs.payload import fa2_kernels
+from sm121_build.jobs.payload import fa2_kernels, marlin_kernels
 
 MODEL = "vllm-flash-attention 7d346be6"  # the dispatch fa2_kernels models
+MARLIN_MODEL = "vLLM 0.22.0 marlin.cu"  # the dispatch marlin_kernels models
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,11 @@ class Modules:
     size: Mapping[int, int] = field(default_factory=dict)
 
 
-def _dealt(groups: Mapping[int, list[fa2_kernels.Case]], size: Mapping[int, int], jobs: int
-           ) -> list[list[fa2_kernels.Case]]:
+def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int
+           ) -> list[list[Any]]:
     """Whole groups (a module's cases) to at most `jobs` parts: the largest module first,
     each to the part with the fewest bytes so far (then the fewest cases)."""
-    parts: list[list[fa2_kernels.Case]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
+    parts: list[list[Any]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
     load = [0] * len(parts)
     for number, cases in sorted(groups.items(),
                                 key=lambda g: (-size.get(g[0], 0), -len(g[1]), g[0])):
@@ -97,13 +99,66 @@ def _dealt(groups: Mapping[int, list[fa2_kernels.Case]], size: Mapping[int, int]
     return parts
 
 
-def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
-             into: Path) -> CasePlan:
-    """FA2's cases for `names` (the file's added kernels), dealt to at most `jobs` parts,
-    their files written under `into` (a folder of this process's own)."""
+@dataclass(frozen=True)
+class Derivation:
+    """A family's derived cases for a file (each with `key`, written by `asdict`), the
+    added kernels each case is expected to launch (case key -> names), and the added
+    kernels the family's dispatch never selects on this GPU, each with the rule."""
+
+    cases: Sequence[Any]
+    expects: Mapping[str, list[str]]
+    dead: Mapping[str, str]
+
+
+def _fa2(names: list[str], device: Device, smem: tuple[int, int]) -> Derivation:
+    """FA2's cases (after the harness's fixed ones, which are kept ahead and not given)."""
+    assert device.sizes is not None
+    gpu = fa2_kernels.Gpu(device.major, device.minor, smem[0], smem[1], device.sizes.sms)
+    fixed = fa2_kernels.fixed_cases()
+    derived = fa2_kernels.derive(names, gpu, first=fixed)
+    return Derivation(derived.cases[len(fixed):], derived.expects, derived.dead())
+
+
+def _marlin(names: list[str], device: Device, smem: tuple[int, int]) -> Derivation:
+    """The Marlin GEMM cases of `_C` (the harness's fixed cases launch no GEMM kernel)."""
+    assert device.sizes is not None
+    sizes = marlin_kernels.Sizes(device.major, device.minor, smem[0], device.sizes.sms)
+    derived = marlin_kernels.derive(names, sizes)
+    return Derivation(derived.cases, derived.expects, derived.dead())
+
+
+@dataclass(frozen=True)
+class Family:
+    """A harness's kernels: their name in what the user reads, the dispatch modeled, and
+    the derivation."""
+
+    name: str
+    model: str
+    derive: Callable[[list[str], Device, tuple[int, int]], Derivation]
+
+
+FAMILIES = {"fa2": Family("FA2", MODEL, _fa2),
+            "marlin": Family("Marlin", MARLIN_MODEL, _marlin)}
+
+
+@dataclass(frozen=True)
+class Dealing:
+    """How a plan's cases are shared out: at most `jobs` parts, their files written under
+    `into` (a folder of this process's own)."""
+
+    jobs: int
+    into: Path
+
+
+def plan_cases(family: Family, names: Sequence[str], modules: Modules, device: Device,
+               dealing: Dealing) -> CasePlan:
+    """The family's cases for `names` (the file's added kernels), dealt as `dealing`
+    says."""
+    jobs, into = dealing.jobs, dealing.into
     if device.sizes is None:
         return CasePlan(FIXED_ONLY.parts, said="the loader did not say the GPU's shared "
-                        "memory and SM count: the FA2 harness runs its fixed cases only")
+                        f"memory and SM count: the {family.name} harness runs its fixed "
+                        "cases only")
     sizes = device.sizes
     known = Target(device.major * 10 + device.minor).facts.shared_memory
     block, per_sm = known or (sizes.smem_block, sizes.smem_sm)
@@ -111,16 +166,14 @@ def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
     if known is None:
         said = (f"the GPU table gives compute capability {device.major}.{device.minor} no "
                 "shared memory: its cases follow what the loader said, and no kernel is "
-                "called unreachable by FA2's dispatch")
+                f"called unreachable by {family.name}'s dispatch")
     elif known != (sizes.smem_block, sizes.smem_sm):
         said = (f"the loader said {sizes.smem_block} and {sizes.smem_sm} bytes of shared "
                 f"memory; the GPU table's for {device.major}.{device.minor} ({block} and "
                 f"{per_sm}) are used")
-    gpu = fa2_kernels.Gpu(device.major, device.minor, block, per_sm, sizes.sms)
-    fixed = fa2_kernels.fixed_cases()
-    derived = fa2_kernels.derive(list(names), gpu, first=fixed)
-    groups: dict[int, list[fa2_kernels.Case]] = {}
-    for case in derived.cases[len(fixed):]:
+    derived = family.derive(list(names), device, (block, per_sm))
+    groups: dict[int, list[Any]] = {}
+    for case in derived.cases:
         numbers = [modules.of[k] for k in derived.expects.get(case.key, []) if k in modules.of]
         groups.setdefault(min(numbers, default=-1), []).append(case)
     parts = []
@@ -129,8 +182,14 @@ def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
         path.write_text(json.dumps({"cases": [
             {**asdict(c), "key": c.key} for c in cases]}))
         parts.append(Part(path, number == 0, len(cases)))
-    evidence = f"the FA2 dispatch ({MODEL}) never selects it on compute capability " \
-        f"{device.major}.{device.minor}"
-    dead = {name: f"{evidence}: {why}" for name, why in derived.dead().items()} if known \
+    evidence = f"the {family.name} dispatch ({family.model}) never selects it on compute " \
+        f"capability {device.major}.{device.minor}"
+    dead = {name: f"{evidence}: {why}" for name, why in derived.dead.items()} if known \
         else {}
     return CasePlan(tuple(parts), dead, said)
+
+
+def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
+             into: Path) -> CasePlan:
+    """FA2's cases for `names`: `plan_cases` of the FA2 family."""
+    return plan_cases(FAMILIES["fa2"], names, modules, device, Dealing(jobs, into))

@@ -50,11 +50,13 @@ from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added, trap_stubs
 from sm121_build.cuda.compat import Target, cubin_loads
 from sm121_build.jobs.commands.prove_cases import (
+    FAMILIES,
     FIXED_ONLY,
     CasePlan,
+    Dealing,
     Modules,
     Part,
-    plan_fa2,
+    plan_cases,
 )
 from sm121_build.jobs.commands.prove_child import (
     JIT_OFF,
@@ -93,12 +95,12 @@ class Harness:
     kernels (`prove_cases`; otherwise it runs its fixed cases, in one process a side)."""
 
     script: str
-    derives: bool = False
+    derives: str | None = None  # the family of prove_cases.FAMILIES its cases come from
 
 
 # extension target -> its harness, run on a file of that target's name
-HARNESSES = {"_vllm_fa2_C": Harness("harness_fa2.py", derives=True),
-             "_C": Harness("harness_marlin.py")}
+HARNESSES = {"_vllm_fa2_C": Harness("harness_fa2.py", derives="fa2"),
+             "_C": Harness("harness_marlin.py", derives="marlin")}
 PROBE_SECONDS = 60.0
 # variables that would change what the driver does with PTX: set by `_env` alone (CUDA 12's
 # CUDA_FORCE_JIT ignores every cubin as CUDA_FORCE_PTX_JIT does, for PTX and NVVM IR alike;
@@ -500,7 +502,8 @@ def _plan(item: Extracted, harness: Harness, device: Device | None, children: Ch
     loaded = [cubin for cubin in item.cubins if cubin.number in item.paths]
     modules = Modules({kernel: cubin.number for cubin in loaded for kernel in cubin.kernels},
                       {cubin.number: cubin.entry.size for cubin in loaded})
-    plan = plan_fa2(sorted(added_kernels(item)), modules, device, children.jobs, into)
+    plan = plan_cases(FAMILIES[harness.derives], sorted(added_kernels(item)), modules, device,
+                      Dealing(children.jobs, into))
     if plan.said:
         note(f"{shown(item.pair.name)}: {plan.said}")
     if plan.derives:

@@ -26,7 +26,6 @@ import math
 import sys
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -172,40 +171,6 @@ def derived_inputs(torch: Any, case: Any, gen: Any) -> tuple[dict[str, Any], tup
     return named, ()
 
 
-@dataclass(frozen=True)
-class HarnessOptions:
-    """The harness's options after SO OUT.pt."""
-
-    kernels: str | None = None
-    cases: str | None = None
-    part: tuple[int, int] = (0, 1)
-    fixed: bool = True  # the fixed cases run (in the first slice); not with --derived-only
-
-
-def options(argv: list[str]) -> HarnessOptions:
-    """`--kernels FILE`, `--cases FILE`, `--slice I/N`, `--derived-only`; ValueError in
-    one line."""
-    found: dict[str, str] = {}
-    rest = list(argv)
-    fixed = "--derived-only" not in rest
-    if not fixed:
-        rest.remove("--derived-only")
-    while rest:
-        flag = rest.pop(0)
-        if flag not in ("--kernels", "--cases", "--slice") or not rest or flag in found:
-            raise ValueError(f"unknown, repeated or valueless option {flag[:40]!r}")
-        found[flag] = rest.pop(0)
-    if "--kernels" in found and "--cases" in found:
-        raise ValueError("--kernels and --cases: give one")
-    part = (0, 1)
-    if "--slice" in found:
-        i, _, n = found["--slice"].partition("/")
-        if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 1024):
-            raise ValueError(f"--slice {found['--slice'][:40]!r} is not I/N, 0 <= I < N")
-        part = (int(i), int(n))
-    return HarnessOptions(found.get("--kernels"), found.get("--cases"), part, fixed)
-
-
 def gpu_of(torch: Any) -> Any:
     """What fa2_kernels' dispatch reads of this GPU (device 0)."""
     p = torch.cuda.get_device_properties(0)
@@ -213,7 +178,7 @@ def gpu_of(torch: Any) -> Any:
                    int(p.shared_memory_per_multiprocessor), int(p.multi_processor_count))
 
 
-def read_cases(opts: HarnessOptions) -> tuple[list[str] | None, list[Any]]:
+def read_cases(opts: Any) -> tuple[list[str] | None, list[Any]]:
     """The files the options name, read before any GPU work: the kernel names of
     `--kernels` (None without it) and the cases of `--cases`; OSError or ValueError."""
     if opts.cases is not None:
@@ -237,7 +202,7 @@ def derived_cases(torch: Any, names: list[str] | None, given: list[Any]) -> list
     return list(fa2.derive(names, gpu_of(torch), first=fixed).cases[len(fixed):])
 
 
-def cases_with(opts: HarnessOptions, names: list[str] | None, given: list[Any]
+def cases_with(opts: Any, names: list[str] | None, given: list[Any]
                ) -> Callable[[Any, dict[str, Any]], None]:
     """The harness's cases: the fixed ones, then the derived ones, those of its slice."""
 
@@ -272,7 +237,7 @@ def main(argv: list[str]) -> int:
     # this harness's own options follow
     plain = 3 if len(argv) > 2 and not argv[2].startswith("--") else 2
     try:
-        opts = options(argv[plain:])
+        opts = harness.options(argv[plain:])
         names, given = read_cases(opts)
     except (OSError, ValueError) as exc:  # fa2.NameError_ is a ValueError
         text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]

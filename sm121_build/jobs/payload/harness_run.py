@@ -28,6 +28,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 FAILED, SCHEMA = 3, 4
@@ -135,6 +136,40 @@ def first_call(torch: Any, op: Any, args: list[Any], label: tuple[str, str],
     if _recorder is not None:
         _recorder.stop(session, label)
     return out
+
+
+@dataclass(frozen=True)
+class HarnessOptions:
+    """The harness's options after SO OUT.pt."""
+
+    kernels: str | None = None
+    cases: str | None = None
+    part: tuple[int, int] = (0, 1)
+    fixed: bool = True  # the fixed cases run (in the first slice); not with --derived-only
+
+
+def options(argv: list[str]) -> HarnessOptions:
+    """`--kernels FILE`, `--cases FILE`, `--slice I/N`, `--derived-only`; ValueError in
+    one line."""
+    found: dict[str, str] = {}
+    rest = list(argv)
+    fixed = "--derived-only" not in rest
+    if not fixed:
+        rest.remove("--derived-only")
+    while rest:
+        flag = rest.pop(0)
+        if flag not in ("--kernels", "--cases", "--slice") or not rest or flag in found:
+            raise ValueError(f"unknown, repeated or valueless option {flag[:40]!r}")
+        found[flag] = rest.pop(0)
+    if "--kernels" in found and "--cases" in found:
+        raise ValueError("--kernels and --cases: give one")
+    part = (0, 1)
+    if "--slice" in found:
+        i, _, n = found["--slice"].partition("/")
+        if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 1024):
+            raise ValueError(f"--slice {found['--slice'][:40]!r} is not I/N, 0 <= I < N")
+        part = (int(i), int(n))
+    return HarnessOptions(found.get("--kernels"), found.get("--cases"), part, fixed)
 
 
 def run(argv: list[str], script: str, cases: Callable[[Any, dict[str, Any]], None]) -> int:

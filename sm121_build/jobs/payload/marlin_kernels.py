@@ -1,0 +1,473 @@
+"""vLLM's Marlin GEMM kernels (`_C`), read from their names, and the `marlin_gemm` inputs
+that launch each one (`sm121-build prove`: the GEMM cases of harness_marlin.py come from the
+kernels a file added).
+
+Standard library only; harness_marlin.py, run as a script, imports it as its sibling.
+
+1. `parse(name)`: a mangled `marlin::Marlin<...>` name read into a `Kernel`: its four
+   `vllm::ScalarType` ids (activation, weight, output, scales), threads, thread_m_blocks,
+   thread_n_blocks, thread_k_blocks, m_block_size_8, stages, group_blocks and is_zp_float,
+   as csrc/quantization/marlin/generate_kernels.py instantiates them (vLLM 0.20 to 0.22: the
+   twelve-argument template).  A name of another shape is not one of these (None).
+2. `launched(case, sizes)`: the kernels one `marlin_gemm` call launches, the dispatch of
+   vLLM 0.22.0's marlin.cu (`marlin_gemm`, `marlin_mm`, `determine_exec_config`,
+   `is_valid_config`, `get_kernel_cache_size`): the split of M, the thread config, the
+   shared memory each needs against the GPU's opt-in limit, the override to (128, 64, 128)
+   when few blocks would run, and the kernels generate_kernels.py instantiates.  A call
+   those functions refuse (a TORCH_CHECK) launches nothing.
+3. `derive(names, sizes)`: one case per kernel, its template arguments turned back into
+   inputs (M from thread_m_blocks and m_block_size_8; the group size from group_blocks; a
+   zero point for a weight type without a bias; the smallest N and K, of a list made from
+   the GPU's SM count, for which the dispatch picks that thread config), each checked with
+   `launched`; the kernels no case launches returned with why.
+
+`python3 marlin_kernels.py NAMES.txt [CC SMEM_BLOCK SMS]`: the derivation as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ScalarType:
+    """A `vllm::ScalarType`'s fields, as csrc/core/scalar_type.hpp orders them."""
+
+    exponent: int
+    mantissa: int
+    signed: bool
+    bias: int = 0
+    finite: bool = False
+    nan: int = 1  # NAN_IEEE_754; 0 NAN_NONE, 2 NAN_EXTD_RANGE_MAX_MIN
+
+    @property
+    def id(self) -> int:
+        """`ScalarType::id()`: exponent (8 bits), mantissa (8), signed (1), bias (32),
+        finite_values_only (1), nan_repr (8), packed from the low bit up."""
+        return (self.exponent | self.mantissa << 8 | int(self.signed) << 16
+                | (self.bias & 0xFFFFFFFF) << 17 | int(self.finite) << 49 | self.nan << 50)
+
+
+# scalar_type.hpp's types, by id: (name, size in bits, torch dtype of a tensor holding it)
+TYPES: dict[int, tuple[str, int, str]] = {
+    ScalarType(5, 10, True).id: ("kFloat16", 16, "float16"),
+    ScalarType(8, 7, True).id: ("kBFloat16", 16, "bfloat16"),
+    ScalarType(0, 7, True).id: ("kS8", 8, "int8"),
+    ScalarType(0, 4, False).id: ("kU4", 4, "int32"),
+    ScalarType(0, 4, False, 8).id: ("kU4B8", 4, "int32"),
+    ScalarType(0, 8, False).id: ("kU8", 8, "int32"),
+    ScalarType(0, 8, False, 128).id: ("kU8B128", 8, "int32"),
+    ScalarType(4, 3, True, 0, True, 2).id: ("kFE4M3fn", 8, "float8_e4m3fn"),
+    ScalarType(2, 1, True, 0, True, 0).id: ("kFE2M1f", 4, "int32"),
+    ScalarType(8, 0, False, 0, True, 2).id: ("kFE8M0fnu", 8, "float8_e8m0fnu"),
+}
+ID = {name: number for number, (name, _, _) in TYPES.items()}
+ZERO_POINT = ("kU4", "kU8")  # weight types that take b_zeros (AWQ)
+STAGES = 4  # marlin_mm's pipeline depth on every GPU but Turing (7.5: 2)
+MIN_THREAD_N = MIN_THREAD_K = 64  # marlin.cuh
+TILE = 16
+# the thread configs (thread_k, thread_n, threads) determine_exec_config tries, in order
+SMALL = ((128, 128, 256), (64, 128, 128), (128, 64, 128))
+LARGE = ((64, 256, 256), (64, 128, 128), (128, 64, 128))
+
+_NAME = re.compile(
+    r"_ZN6marlin6MarlinILl(\d{1,20})ELl(\d{1,20})ELl(\d{1,20})ELl(\d{1,20})ELi(\d{1,5})E"
+    r"Li(\d{1,2})ELi(\d{1,3})ELi(\d{1,3})ELb([01])ELi(\d{1,2})ELi(n?\d{1,4})ELb([01])EEEv")
+
+
+@dataclass(frozen=True, order=True)
+class Kernel:
+    """One `marlin::Marlin<...>` instantiation, its template arguments by their names."""
+
+    a: int
+    b: int
+    c: int
+    s: int
+    threads: int
+    m_blocks: int
+    n_blocks: int
+    k_blocks: int
+    m8: bool
+    stages: int
+    group_blocks: int
+    zp_float: bool
+
+    def describe(self) -> str:
+        names = [TYPES.get(t, (str(t),))[0] for t in (self.a, self.b, self.c, self.s)]
+        return (f"Marlin<{', '.join(names)}, {self.threads} threads, m{self.m_blocks}"
+                f"{' (8)' if self.m8 else ''} n{self.n_blocks} k{self.k_blocks}, group "
+                f"{self.group_blocks}{', float zero point' if self.zp_float else ''}>")
+
+
+def parse(name: str) -> Kernel | None:
+    """The Marlin GEMM kernel `name` is, or None for a name of another shape."""
+    found = _NAME.match(name) if len(name) < 512 else None
+    if found is None:
+        return None
+    g = found.groups()
+    a, b, c, s, threads, m_blocks, n_blocks, k_blocks = (int(x) for x in g[:8])
+    group = -int(g[10][1:]) if g[10].startswith("n") else int(g[10])
+    return Kernel(a, b, c, s, threads, m_blocks, n_blocks, k_blocks, g[8] == "1", int(g[9]),
+                  group, g[11] == "1")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What marlin_mm reads of the GPU: its compute capability, the opt-in shared memory
+    per block, the SM count."""
+
+    major: int
+    minor: int
+    smem_per_block: int
+    sms: int
+
+
+H100_SIZES = Sizes(9, 0, 232448, 132)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One `marlin_gemm` call: the activation's type, the output's (the scales' for an
+    8-bit activation), the weight's and the scales', M x N x K, the group size (-1: one
+    group, the channel; with `act_order`, the groups of g_idx), `act_order` (g_idx and a
+    permutation given) with `k_full`, and a zero point (`zero`)."""
+
+    a: str = "kFloat16"
+    c: str = "kFloat16"
+    b: str = "kU4B8"
+    s: str = "kFloat16"
+    m: int = 16
+    n: int = 256
+    k: int = 256
+    group: int = -1
+    act_order: bool = False
+    k_full: bool = True
+    zero: bool = False
+
+    @property
+    def key(self) -> str:
+        """The case's name in the harness's outputs (types, shape, grouping)."""
+        types = "-".join(t[1:] for t in (self.a, self.b, self.c, self.s))
+        order = ("-act" + ("" if self.k_full else "-kpart")) if self.act_order else ""
+        return (f"{types}-m{self.m}n{self.n}k{self.k}-g{self.group}{order}"
+                f"{'-zp' if self.zero else ''}").lower()
+
+
+def _bits(name: str) -> int:
+    return TYPES[ID[name]][1]
+
+
+def invalid(case: Case) -> str | None:
+    """Why `marlin_gemm` refuses the case before any launch (None: it does not)."""
+    for name in (case.a, case.b, case.c, case.s):
+        if name not in ID:
+            return f"unknown type {name}"
+    if not (0 < case.m <= 1 << 16 and 0 < case.n <= 1 << 16 and 0 < case.k <= 1 << 16):
+        return "M, N, K out of range"
+    if case.k % TILE or case.n % MIN_THREAD_N:
+        return "K is not a multiple of 16 or N of 64"
+    if _bits(case.a) == 16 and case.c != case.a:
+        return "a 16-bit activation's output is its own type"
+    if case.zero != (case.b in ZERO_POINT):
+        return "a zero point goes with kU4 and kU8 alone"
+    groups = _groups(case)
+    if groups < 1 or case.k % groups:
+        return "K is not a whole number of groups"
+    if case.act_order and case.k_full and groups <= 1:
+        return "act_order with a full K needs more than one group"
+    if case.group not in (-1,) and case.group % TILE:
+        return "a group size is a multiple of 16"
+    return None
+
+
+def _groups(case: Case) -> int:
+    return 1 if case.group == -1 else max(case.k // case.group, 0) if case.group else 0
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """A call as marlin_mm sees it after its checks: the case, its group size (-1: one
+    group; 0: act_order's groups, K not full) and whether act_order is still on (a full K
+    turns it off)."""
+
+    case: Case
+    group_size: int
+    act_order: bool
+
+
+def _cache_size(cfg: tuple[int, int, int], m_blocks: int, call: Grouping) -> int:
+    """get_kernel_cache_size (with get_scales_cache_size)."""
+    tb_k, tb_n, _ = cfg
+    case, group_size = call.case, call.group_size
+    bits, a8 = _bits(case.b), _bits(case.a) == 8
+    chunk = call.act_order and not case.k_full
+    groups = 1 if group_size == -1 else -(-tb_k // 32) if group_size == 0 else \
+        -(-tb_k // group_size)
+    scales = max(groups * STAGES * 2, 32) * tb_n * 2 if chunk else groups * tb_n * 2 * STAGES
+    sh_a = STAGES * (m_blocks * 16 * tb_k) * (1 if a8 else 2)
+    sh_b = STAGES * (tb_k * tb_n // (32 // bits)) * 4
+    sh_red = m_blocks * 16 * (tb_n + 8) * 2
+    tmp = max(max(sh_b, sh_red), min(sh_b, sh_red) + tb_n * 2)
+    g_idx = STAGES * tb_k // 4 if chunk else 0
+    zp = (scales // 4 if bits == 4 else scales // 2) if case.zero else 0  # not is_zp_float
+    return tmp + sh_a + scales + zp + g_idx
+
+
+def _valid(cfg: tuple[int, int, int], m_blocks: int, call: Grouping, smem: int) -> bool:
+    """is_valid_config: the tile divides N and K, and its pipeline fits `smem`."""
+    tb_k, tb_n, threads = cfg
+    if call.case.k % tb_k or call.case.n % tb_n or tb_n < MIN_THREAD_N \
+            or tb_k < MIN_THREAD_K or threads < 128:
+        return False
+    return _cache_size(cfg, m_blocks, call) <= smem
+
+
+def built(a: str, m_blocks: int, m8: bool, cfg: tuple[int, int, int]) -> bool:
+    """Whether generate_kernels.py instantiates this shape (for any types it builds): the
+    256-thread configs only (128, 128) for one M block and (64, 256) for more; 8-bit
+    activations without the 8-row block."""
+    tb_k, tb_n, threads = cfg
+    if m8 and (m_blocks != 1 or _bits(a) != 16):
+        return False
+    if threads == 256:
+        return (tb_k, tb_n) == ((128, 128) if m_blocks <= 1 else (64, 256))
+    return (tb_k, tb_n) in ((64, 128), (128, 64))
+
+
+def _kernel(case: Case, m_blocks: int, m8: bool, cfg: tuple[int, int, int], group_blocks: int
+            ) -> Kernel:
+    tb_k, tb_n, threads = cfg
+    return Kernel(ID[case.a], ID[case.b], ID[case.c], ID[case.s], threads, m_blocks,
+                  tb_n // 16, tb_k // 16, m8, STAGES, group_blocks, False)
+
+
+def launched(case: Case, sizes: Sizes, exists: frozenset[Kernel] | None = None
+             ) -> tuple[Kernel, ...]:
+    """The Marlin GEMM kernels one call launches, in order (see the module's docstring);
+    `exists`: the kernels the file has, when known (a shape generate_kernels.py builds
+    otherwise)."""
+    if invalid(case) is not None:
+        return ()
+    cc = sizes.major * 10 + sizes.minor
+    if cc < 75 or cc == 75 or (case.a == "kFE4M3fn" and cc not in (89, 120)):
+        return ()  # Turing's 2 stages are not modeled; FP8 activations: SM89/SM120 only
+    groups = _groups(case)
+    act_order = case.act_order
+    group_size = (case.k // groups if case.k_full else 0) if act_order else \
+        (-1 if groups <= 1 else case.k // groups)
+    group_blocks = (group_size // 16 if case.k_full else 0) if act_order else \
+        (-1 if group_size == -1 else group_size // 16)
+    call = Grouping(case, group_size, act_order and not case.k_full)
+    act_order = call.act_order
+    smem = sizes.smem_per_block
+    a16 = _bits(case.a) == 16
+
+    def has(kernel: Kernel, m_blocks: int, m8: bool, cfg: tuple[int, int, int]) -> bool:
+        return kernel in exists if exists is not None else built(case.a, m_blocks, m8, cfg)
+
+    out: list[Kernel] = []
+    rest, max_m_blocks = case.m, 4
+    max_par = 16 * 8 if case.n <= 4096 else 16
+    while rest:
+        par = min(rest // (max_m_blocks * 16), max_par)
+        split = par * max_m_blocks * 16 if par > 0 else rest
+        m_blocks = min(-(-split // 16), max_m_blocks)
+        m8 = split <= 8 and a16
+        chosen: tuple[int, int, int] | None = None
+        for cfg in LARGE if m_blocks > 1 else SMALL:
+            if not _valid(cfg, m_blocks, call, smem - 512):
+                continue
+            gb = 0 if act_order else group_blocks
+            if has(_kernel(case, m_blocks, m8, cfg, gb), m_blocks, m8, cfg):
+                chosen = cfg
+                break
+        if chosen is not None and case.n // chosen[1] * -(-split // (m_blocks * 16)) * 4 \
+                <= sizes.sms and _valid((128, 64, 128), m_blocks, call, smem):
+            chosen = (128, 64, 128)
+        if chosen is None:
+            if max_m_blocks > 1:
+                max_m_blocks -= 1
+                continue
+            return ()
+        if not _valid(chosen, m_blocks, call, smem):
+            return ()
+        kernel = _kernel(case, m_blocks, m8, chosen, group_blocks)
+        if not has(kernel, m_blocks, m8, chosen):
+            return ()
+        out.append(kernel)
+        rest -= split
+    return tuple(out)
+
+
+def _sizes_tried(sizes: Sizes) -> list[tuple[int, int]]:
+    """(N, K) pairs, the cheapest first: N of one to three tiles of each width and just past
+    the override's threshold (N / thread_n * 4 > the SM count), an odd count of 128 or 64
+    columns; K of one or more 64- and 128-row tiles, odd counts of 64 among them."""
+    past = sizes.sms // 4 + 1
+    ns = {64 * j for j in (1, 2, 3, 4, 5, 6, 8)}
+    for width in (64, 128, 256):
+        ns.update(width * j for j in (past, past + 1, 2 * past, 2 * past + 1))
+    ks = [64, 128, 192, 256, 384, 512, 640, 768, 1024, 2048]
+    return sorted(((n, k) for n in ns if n <= 1 << 16 for k in ks), key=lambda p: p[0] * p[1])
+
+
+def _proposals(k: Kernel, sizes: Sizes) -> list[Case]:
+    """The cases that may launch `k`: its types, an M its blocks select, its grouping; each
+    N x K of `_sizes_tried`."""
+    names = [TYPES[t][0] if t in TYPES else "" for t in (k.a, k.b, k.c, k.s)]
+    if "" in names or k.zp_float or k.stages != STAGES:
+        return []
+    a, b, c, s = names
+    m = 8 if k.m8 else 16 * k.m_blocks
+    zero = b in ZERO_POINT
+    out = []
+    for n, kk in _sizes_tried(sizes):
+        if k.group_blocks == 0:  # act_order, K not full: g_idx's groups of 64 or 128 rows
+            out.append(Case(a, c, b, s, m, n, kk, 128 if kk % 256 == 0 else 64, True, False,
+                            zero))
+        elif k.group_blocks == -1:
+            out.append(Case(a, c, b, s, m, n, kk, -1, False, True, zero))
+        else:
+            size = 16 * k.group_blocks
+            if kk % size == 0:
+                out.append(Case(a, c, b, s, m, n, kk, size, False, True, zero))
+    return out
+
+
+@dataclass
+class Derived:
+    """`derive`'s answer: the cases in order, each with the kernels it is expected to
+    launch; the Marlin kernels no case launches, each with why; the names that are not
+    Marlin GEMM kernels (`foreign`: another op's, not modeled here)."""
+
+    cases: list[Case] = field(default_factory=list)
+    expects: dict[str, list[str]] = field(default_factory=dict)  # case key -> kernel names
+    unreachable: dict[str, str] = field(default_factory=dict)  # kernel name -> why
+    foreign: list[str] = field(default_factory=list)
+    dead_rules: dict[str, str] = field(default_factory=dict)
+
+    def dead(self) -> dict[str, str]:
+        """The kernels no call can launch on this GPU, each with the rule that says so."""
+        return dict(self.dead_rules)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cases": [{**asdict(c), "key": c.key, "expects": self.expects[c.key]}
+                          for c in self.cases],
+                "unreachable": self.unreachable, "foreign": self.foreign}
+
+
+NOT_FOUND = "no case of the model (M, N, K of its list) launched it"
+DEFAULT = "_ZN6marlin13MarlinDefault"  # the placeholder marlin_mm refuses before launching
+
+
+def _rule(k: Kernel, sizes: Sizes) -> str | None:
+    """A rule of the dispatch that never selects `k` on this GPU (None: none known)."""
+    cc = sizes.major * 10 + sizes.minor
+    if k.a == ID["kFE4M3fn"] and cc not in (89, 120):
+        return "marlin_mm refuses an FP8 activation but on SM89 and SM120"
+    if k.stages != (2 if cc == 75 else STAGES):
+        return f"marlin_mm runs {STAGES} stages here, the kernel has {k.stages}"
+    if k.zp_float:
+        return "no op of this library passes is_zp_float with these types (not modeled)"
+    return None
+
+
+def derive(names: list[str], sizes: Sizes) -> Derived:
+    """One case per Marlin GEMM kernel of `names` that some case of the list launches, the
+    cases deduplicated; the rest said (see the module's docstring)."""
+    out = Derived()
+    kernels: dict[Kernel, str] = {}
+    for name in names:
+        k = parse(name)
+        if k is None:
+            if name.startswith(DEFAULT):
+                out.dead_rules[name] = ("the placeholder marlin_mm refuses (TORCH_CHECK) "
+                                        "instead of launching: no call launches it")
+            else:
+                out.foreign.append(name)
+        else:
+            kernels.setdefault(k, name)
+    covered: set[Kernel] = set()
+    for k in sorted(kernels):
+        if k in covered:
+            continue
+        rule = _rule(k, sizes)
+        if rule is not None:
+            out.dead_rules[kernels[k]] = rule
+            continue
+        proposals = _proposals(k, sizes)
+        for case in proposals:
+            hits = launched(case, sizes)
+            if k in hits:
+                if case.key not in out.expects:
+                    out.cases.append(case)
+                    out.expects[case.key] = [kernels[h] for h in hits if h in kernels]
+                covered.update(hits)
+                break
+        else:
+            if proposals:  # every class of N and K its types allow was tried
+                out.dead_rules[kernels[k]] = (
+                    f"with {sizes.smem_per_block} bytes of shared memory a block and "
+                    f"{sizes.sms} SMs, its M with every N (mod 256, each side of the "
+                    "SM-count threshold) and K (mod 128) picks another thread config")
+    out.unreachable = {kernels[k]: NOT_FOUND for k in sorted(kernels)
+                       if k not in covered and kernels[k] not in out.dead_rules}
+    out.unreachable.update(out.dead_rules)
+    return out
+
+
+def cases_from_json(data: Any) -> list[Case]:
+    """Cases as `Derived.to_json` writes them (outside input: each field checked)."""
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
+        raise ValueError("not a derivation: no list of cases")
+    known = {f.name: f for f in fields(Case)}
+    out = []
+    defaults = Case()
+    for item in data["cases"]:
+        if not isinstance(item, dict):
+            raise ValueError("a case is not an object")
+        values = {k: v for k, v in item.items() if k in known}
+        for name, value in values.items():
+            want = type(getattr(defaults, name))
+            if not (isinstance(value, want) and (want is not int or type(value) is int)):
+                raise ValueError(f"case field {name}: {value!r} is not a {want.__name__}")
+        case = replace(defaults, **values)
+        why = invalid(case)
+        if why:
+            raise ValueError(f"case {case.key}: {why}")
+        out.append(case)
+    return out
+
+
+USAGE = "usage: marlin_kernels.py NAMES.txt [CC SMEM_BLOCK SMS]"
+
+
+def main(argv: list[str]) -> int:
+    """The derivation as JSON; a bad argument or file in one `usage:` line, exit 2."""
+    try:
+        if len(argv) not in (1, 4):
+            raise ValueError("one or four arguments")
+        with open(argv[0], encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+        sizes = H100_SIZES
+        if len(argv) == 4:
+            major, _, minor = argv[1].partition(".")
+            numbers = [major, minor or "0", argv[2], argv[3]]
+            if not all(n.isascii() and n.isdigit() and len(n) <= 12 for n in numbers):
+                raise ValueError(f"{argv[1][:20]!r} {argv[2][:20]!r} {argv[3][:20]!r} are not "
+                                 "a compute capability, a byte count and an SM count")
+            sizes = Sizes(*(int(n) for n in numbers))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        sys.stderr.write(f"{USAGE}: {text}\n")
+        return 2
+    sys.stdout.write(json.dumps(derive(names, sizes).to_json(), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
