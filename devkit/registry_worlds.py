@@ -11,7 +11,8 @@ time and memory, nothing left in the temp folder):
 - `prove`: `prove --files DIR --stock DIR` with the FAKE GPU interpreter
   (`devkit/fake_gpu`) telling a hostile story (`HOSTILE_CHILD`: floods, escapes, wrong
   types, a child that dies or leaves a grandchild running, a loader that says sizes no GPU
-  has), on an aot'd `_C` file or on an FA2-named one, whose cases are derived in the tool's
+  has), on an aot'd `_C` file or on an FA2-named or Marlin-named one, whose cases are
+  derived in the tool's
   own process from its kernels' names and the loader's sizes and run in two parts at once
   (one part's native run floods, dies, or hangs and is interrupted).
 - `stall`: a command that reads an image through the engine (`audit IMAGE`, `pin IMAGE`)
@@ -187,6 +188,7 @@ class ProveWorld:
     signum: int | None
     delay: float  # after the start, or at `part`, after the hostile child began to hang
     fa2: bool = False  # the FA2-named pair (derived cases, two parts), not the `_C` one
+    marlin: bool = False  # the Marlin-named `_C` pair (derived marlin_gemm cases, two parts)
 
 
 HOSTILE_PYTHON = r"""
@@ -289,9 +291,9 @@ def run_prove_world(world: ProveWorld, pair: tuple[Path, Path], root: Path) -> O
         outcome.broken.append(f"a signal while a child hung: exit {outcome.code}, not 130: "
                               f"{outcome.said[-300:]}")
     derives = world.at != "load_cubins.py" or world.mode == "sizes"  # the loader answers
-    if world.fa2 and derives and "in 2 part(s)" not in outcome.said:
-        outcome.broken.append(f"an FA2-named file's cases were not derived and dealt to two "
-                              f"parts: {outcome.said[-300:]}")
+    if (world.fa2 or world.marlin) and derives and "in 2 part(s)" not in outcome.said:
+        outcome.broken.append(f"a file named as FA2's or Marlin's had its cases not derived "
+                              f"and dealt to two parts: {outcome.said[-300:]}")
     if world.mode == "answers" and world.signum is None and "said more than" not in \
             outcome.said:
         outcome.broken.append(f"a child's {OVER_BUDGET:,} answers, past what one child's "

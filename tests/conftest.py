@@ -149,3 +149,16 @@ def fa2_names_so() -> Path:
         (DATA / "fa2_names" / "fwd.cu", sm80_ptx),
         (DATA / "fa2_names" / "splitkv.cu", sm80_ptx),
     ])
+
+
+@pytest.fixture(scope="session")
+def marlin_names_so() -> Path:
+    """Kernels named as vLLM 0.22.0's Marlin GEMM kernels (empty bodies) in two translation
+    units (GPTQ with half activations, AWQ with int8 ones), each an sm_80 cubin and
+    compute_80 PTX: aot'd as `_C.abi3.so`, `prove` derives marlin_gemm cases from their
+    names and deals them to two parts (tests/data/marlin_names)."""
+    sm80_ptx = gencode("compute_80:compute_80", "compute_80:sm_80")
+    return link_cached("marlin_names", [
+        (DATA / "marlin_names" / "gptq_f16.cu", sm80_ptx),
+        (DATA / "marlin_names" / "awq_s8.cu", sm80_ptx),
+    ])

@@ -684,6 +684,41 @@ def test_an_fa2_file_runs_the_harness_with_the_derived_cases_and_the_jit_cache(
     assert done.returncode == 2 and "--jobs" in done.stderr
 
 
+def test_a_marlin_named_c_file_gets_marlin_gemm_cases_from_its_kernels(
+        marlin_names_so: Path, fake: Path, tmp_path: Path) -> None:
+    """Issue 63: a `_C` whose added kernels are named as vLLM's Marlin GEMM kernels (two
+    modules): five marlin_gemm cases derived from the six names on the GB10's sizes, dealt
+    to two parts (one module each); the sixth, which marlin_mm never selects there, named
+    unreachable with the rule; the rest never launched (the FAKE recorder says no launch),
+    so partial."""
+    stock, made = tmp_path / "stock", tmp_path / "aot"
+    stock.mkdir()
+    (stock / "_C.abi3.so").write_bytes(marlin_names_so.read_bytes())
+    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
+               env={"CUDA_HOME": str(cuda_home())})
+    assert done.returncode == 0, done.stderr
+    done = _prove((made, stock), fake, tmp_path / "p.json", launched="none")
+    assert done.returncode == 0, done.stderr
+    assert "5 case(s) derived from its added kernels, in 2 part(s); 1 kernel(s) no op " \
+        "launches on this GPU" in done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["verdict"] == "partial"
+    cover = data["files"][0]["coverage"]
+    assert cover["added"] == 6 and len(cover["unreachable"]) == 1
+    assert len(cover["never_launched"]) == 5
+    [dead] = cover["unreachable"]
+    assert "ELi128ELi1ELi8ELi4ELb0ELi4ELi8E" in dead["name"]
+    assert dead["why"].startswith("the Marlin dispatch (vLLM 0.22.0 marlin.cu) never "
+                                  "selects it on compute capability 12.1: with 101376 bytes")
+    derived = {o["case"] for o in data["ops"]} - {"gptq-4bit-256x192", "awq-8bit-7168x2112"}
+    assert derived == {"float16-u4b8-float16-float16-m8n64k128-g-1",
+                       "float16-u4b8-float16-float16-m16n1664k128-g-1",
+                       "float16-u4b8-float16-float16-m64n3328k256-g128",
+                       "s8-u4-float16-float16-m16n1664k128-g-1-zp",
+                       "s8-u4-float16-float16-m32n256k192-g64-zp"}
+
+
 def test_the_proof_prove_made_on_a_lent_h200_reads_back_with_its_coverage(
         tmp_path: Path) -> None:
     """docs/real-build.md's run of `prove` on vLLM 0.22.0's FA2 aot'd for sm_90 (a lent H200,

@@ -200,7 +200,11 @@ PROVE = (rw.ProveWorld("flood", "load_cubins.py", None, 0.0),
          rw.ProveWorld("die", "part", None, 0.0, fa2=True),
          rw.ProveWorld("escapes", "part", None, 0.0, fa2=True),
          rw.ProveWorld("hang", "part", signal.SIGINT, 0.3, fa2=True),
-         rw.ProveWorld("hang", "part", signal.SIGTERM, 0.3, fa2=True))
+         rw.ProveWorld("hang", "part", signal.SIGTERM, 0.3, fa2=True),
+         # a Marlin-named `_C`: marlin_gemm cases derived here, two parts at once
+         rw.ProveWorld("sizes", "load_cubins.py", None, 0.0, marlin=True),
+         rw.ProveWorld("die", "part", None, 0.0, marlin=True),
+         rw.ProveWorld("hang", "part", signal.SIGINT, 0.3, marlin=True))
 
 
 @pytest.fixture(scope="module")
@@ -237,16 +241,35 @@ def fa2_pair(fa2_names_so: Path, tmp_path_factory: pytest.TempPathFactory
     return made, stock
 
 
+@pytest.fixture(scope="module")
+def marlin_pair(marlin_names_so: Path, tmp_path_factory: pytest.TempPathFactory
+                ) -> tuple[Path, Path]:
+    """(--files, --stock): an aot'd `_C.abi3.so` whose added kernels are named as vLLM's
+    Marlin GEMM kernels, in two modules, and its stock file."""
+    from devkit.helpers import cli
+
+    root = tmp_path_factory.mktemp("prove-marlin-worlds")
+    stock, made = root / "stock", root / "aot"
+    stock.mkdir()
+    (stock / "_C.abi3.so").write_bytes(marlin_names_so.read_bytes())
+    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
+               env={"CUDA_HOME": str(cuda_home())})
+    assert done.returncode == 0, done.stderr
+    return made, stock
+
+
 def _world_id(world: rw.ProveWorld) -> str:
     signal_name = f"-{signal.Signals(world.signum).name}" if world.signum else ""
-    return f"{world.at}-{world.mode}{signal_name}{'-fa2' if world.fa2 else ''}"
+    named = "-fa2" if world.fa2 else "-marlin" if world.marlin else ""
+    return f"{world.at}-{world.mode}{signal_name}{named}"
 
 
 @pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 @pytest.mark.parametrize("world", PROVE, ids=[_world_id(w) for w in PROVE])
 def test_a_hostile_gpu_child_keeps_every_invariant(world: rw.ProveWorld,
                                                    request: pytest.FixtureRequest) -> None:
-    pair = request.getfixturevalue("fa2_pair" if world.fa2 else "prove_pair")
+    pair = request.getfixturevalue("fa2_pair" if world.fa2 else "marlin_pair" if world.marlin
+                                   else "prove_pair")
     root = worlds.fresh_root()
     try:
         outcome = rw.run_prove_world(world, pair, root)
