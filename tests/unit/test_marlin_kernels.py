@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ F16, BF16, S8 = mk.ID["kFloat16"], mk.ID["kBFloat16"], mk.ID["kS8"]
 U4, U4B8 = mk.ID["kU4"], mk.ID["kU4B8"]
 
 
-def _names() -> list[str]:
-    with gzip.open(DATA / "vllm-0.22.0-x86_64-C-sm90-added.txt.gz", "rt") as f:
+def _names(which: str = "C") -> list[str]:
+    with gzip.open(DATA / f"vllm-0.22.0-x86_64-{which}-sm90-added.txt.gz", "rt") as f:
         return [line.strip() for line in f if line.strip()]
 
 
@@ -110,7 +110,7 @@ def test_every_added_gemm_kernel_gets_a_case_or_a_rule() -> None:
     dead = derived.dead()
     assert len(dead) == 11
     assert sum("placeholder" in why for why in dead.values()) == 1
-    assert all(mk.parse(n) is not None or n.startswith(mk.DEFAULT) for n in dead)
+    assert all(mk.parse(n) is not None or n.startswith(mk.DEFAULTS) for n in dead)
     for case in derived.cases:
         assert mk.invalid(case) is None
         by_name = {mk.parse(n): n for n in names if mk.parse(n) is not None}
@@ -120,6 +120,40 @@ def test_every_added_gemm_kernel_gets_a_case_or_a_rule() -> None:
     # on a GB10 (less shared memory, 48 SMs) the same names derive other shapes
     gb10 = mk.derive(names, Sizes(12, 1, 101376, 48))
     assert {c.key for c in gb10.cases} != {c.key for c in derived.cases}
+
+
+def test_every_added_moe_kernel_gets_a_case_with_its_tile() -> None:
+    """`_moe_C`'s Marlin kernels (marlin_moe_wna16, the same template): the op is given its
+    tile (thread_k, thread_n) and its block size, so each of the 732 kernels gets its own
+    case; the placeholder is named unreachable; the five permute kernels (an act-order
+    case's, one per block size) are not GEMM kernels."""
+    names = _names("moe_C")
+    derived = mk.derive(names, H100)
+    assert len(derived.cases) == 732 and set(derived.dead()) == {
+        n for n in names if n.startswith(mk.DEFAULTS)}
+    assert sum(1 for n in derived.foreign if "permute_cols_kernel" in n) == 5
+    assert {c.moe_block for c in derived.cases} == {8, 16, 32, 48, 64}
+    assert all(c.moe_block and c.tile in mk.MOE_TILES for c in derived.cases)
+    k = mk.parse(derived.expects[derived.cases[0].key][0])
+    assert k is not None and k.moe and k.describe().startswith("MoE Marlin<")
+
+
+def test_the_moe_dispatch_takes_the_tile_it_is_given() -> None:
+    """moe_wna16_marlin_gemm: the tile given, threads = thread_k * thread_n / 64, M blocks
+    from the block size; a tile whose pipeline does not fit the GPU's shared memory, or
+    that does not divide N and K, launches nothing."""
+    case = Case(m=48, n=256, k=256, moe_block=32, tile=(64, 256))
+    assert mk.launched(case, H100) == (
+        Kernel(F16, U4B8, F16, F16, 256, 2, 16, 4, False, 4, -1, False, moe=True),)
+    # generate_kernels.py builds the 256-thread (64, 256) tile for more than one M block
+    assert mk.launched(replace(case, moe_block=16), H100) == ()
+    eight = Case(m=24, n=256, k=256, moe_block=8, tile=(128, 64))
+    assert mk.launched(eight, H100)[0].m8
+    assert mk.launched(replace(case, n=192), H100) == ()
+    tiny = Sizes(9, 0, 40000, 132)
+    assert mk.launched(replace(case, moe_block=64), tiny) == ()
+    assert mk.invalid(replace(case, moe_block=24)) is not None
+    assert mk.invalid(Case(tile=(64, 256))) is not None
 
 
 def test_a_derivation_reads_back_and_refuses_a_bad_case() -> None:
@@ -164,6 +198,8 @@ class Tensor:
     def view(self, dtype): return Tensor(self.shape, dtype)
     def contiguous(self): return self
     def __getitem__(self, index): return self
+    def roll(self, shift, dim): return self
+    def repeat(self, n): return Tensor((n,), self.dtype)
     def long(self): return self
     def __mul__(self, other): return self
     __add__ = __mul__
@@ -177,6 +213,7 @@ def zeros(n, dtype="float32", **kw): return Tensor((n,), dtype)
 def tensor(values, dtype="float32", **kw): return Tensor((len(values),), dtype)
 def argsort(t): return Tensor(t.shape, "int64")
 def bitwise_and(t, mask): return t
+def stack(ts): return Tensor((len(ts),) + ts[0].shape, ts[0].dtype)
 SPECS = {
     "gptq_marlin_repack": "b_q_weight perm size_k size_n num_bits is_a_8bit",
     "awq_marlin_repack": "b_q_weight size_k size_n num_bits is_a_8bit",
@@ -184,6 +221,12 @@ SPECS = {
     "marlin_gemm": "a c_or_none b_q_weight b_bias_or_none b_scales a_scales global_scale "
                    "b_zeros_or_none g_idx_or_none perm_or_none workspace b_type_id size_m "
                    "size_n size_k is_k_full use_atomic_add use_fp32_reduce is_zp_float",
+    "moe_wna16_marlin_gemm": "a c_or_none b_q_weight b_bias_or_none b_scales a_scales "
+                   "global_scale b_zeros_or_none g_idx_or_none perm_or_none workspace "
+                   "sorted_token_ids expert_ids num_tokens_past_padded topk_weights "
+                   "moe_block_size top_k mul_topk_weights b_type_id size_m size_n size_k "
+                   "is_full_k use_atomic_add use_fp32_reduce is_zp_float thread_k thread_n "
+                   "blocks_per_sm",
 }
 class _Arg:
     def __init__(self, name): self.name = name
@@ -205,7 +248,7 @@ class _Ns:
             raise AttributeError(name)
         return _Op(name)
 class ops:
-    _C = _Ns()
+    _C = _moe_C = _Ns()
     @staticmethod
     def load_library(path): pass
 class _Props:
@@ -225,8 +268,8 @@ def save(saved, path):
 '''
 
 
-def _harness(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
-                                                    list[dict[str, Any]]]:
+def _harness(tmp_path: Path, *args: str, lib: str = "lib.so"
+             ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     import sm121_build.jobs.payload as payload
 
     (tmp_path / "torch.py").write_text(MARLIN_TORCH)
@@ -234,7 +277,7 @@ def _harness(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[st
     calls.write_text("")
     done = subprocess.run(
         [sys.executable, str(Path(payload.__file__).parent / "harness_marlin.py"),
-         str(tmp_path / "lib.so"), str(tmp_path / "out.pt"), *args],
+         str(tmp_path / lib), str(tmp_path / "out.pt"), *args],
         capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "PYTHONPATH": str(tmp_path), "CALLS": str(calls)})
     return done, [json.loads(line) for line in calls.read_text().splitlines()]
@@ -283,3 +326,22 @@ def test_the_harness_refuses_a_bad_cases_file_in_one_line(tmp_path: Path) -> Non
     assert done.returncode == 2 and calls == []
     assert done.stderr.startswith("usage: harness_marlin.py") and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_the_harness_runs_moe_cases_on_a_moe_library(tmp_path: Path) -> None:
+    """`_moe_C.abi3.so`: no fixed case (its library has no repack op); each MoE case one
+    moe_wna16_marlin_gemm call, its weights one per expert, its tokens routed and padded
+    to the block size, the tile and the block size given."""
+    case = Case(m=24, n=256, k=256, group=64, moe_block=16, tile=(128, 128))
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps({"cases": [{**asdict(case), "key": case.key}]}))
+    done, calls = _harness(tmp_path, "--cases", str(file), lib="_moe_C.abi3.so")
+    assert done.returncode == 0, done.stderr
+    [call] = calls
+    assert call["op"] == "moe_wna16_marlin_gemm"
+    assert call["b_q_weight"] == ["int32", mk.MOE_EXPERTS, 16, 256 * 16 // 8]
+    assert call["b_scales"] == ["float16", mk.MOE_EXPERTS, 4, 256]
+    assert (call["moe_block_size"], call["top_k"]) == (16, mk.MOE_TOP_K)
+    assert (call["thread_k"], call["thread_n"], call["blocks_per_sm"]) == (128, 128, -1)
+    # 24 tokens x 2 routes over 4 experts: 12 each, padded to 16: 4 blocks
+    assert call["sorted_token_ids"] == ["int32", 64] and call["expert_ids"] == ["int32", 4]

@@ -100,7 +100,8 @@ class Harness:
 
 # extension target -> its harness, run on a file of that target's name
 HARNESSES = {"_vllm_fa2_C": Harness("harness_fa2.py", derives="fa2"),
-             "_C": Harness("harness_marlin.py", derives="marlin")}
+             "_C": Harness("harness_marlin.py", derives="marlin"),
+             "_moe_C": Harness("harness_marlin.py", derives="marlin")}
 PROBE_SECONDS = 60.0
 # variables that would change what the driver does with PTX: set by `_env` alone (CUDA 12's
 # CUDA_FORCE_JIT ignores every cubin as CUDA_FORCE_PTX_JIT does, for PTX and NVVM IR alike;

@@ -31,13 +31,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 harness = importlib.import_module("harness_run")
 marlin = importlib.import_module("marlin_kernels")
 
-NAMESPACE = "_C"
+NAMESPACE = "_C"  # the library's ops: `_C`'s, or `_moe_C`'s for a file of that name
 NEEDED = {"gptq_marlin_repack": {"b_q_weight", "perm", "size_k", "size_n", "num_bits"},
           "awq_marlin_repack": {"b_q_weight", "size_k", "size_n", "num_bits"},
           "marlin_int4_fp8_preprocess": {"qweight", "qzeros_or_none", "inplace"},
           "marlin_gemm": {"a", "c_or_none", "b_q_weight", "b_bias_or_none", "b_scales",
                           "b_zeros_or_none", "workspace", "b_type_id", "size_m", "size_n",
-                          "size_k", "use_atomic_add", "use_fp32_reduce", "is_zp_float"}}
+                          "size_k", "use_atomic_add", "use_fp32_reduce", "is_zp_float"},
+          "moe_wna16_marlin_gemm": {
+              "a", "c_or_none", "b_q_weight", "b_bias_or_none", "b_scales", "a_scales",
+              "global_scale", "b_zeros_or_none", "g_idx_or_none", "perm_or_none", "workspace",
+              "sorted_token_ids", "expert_ids", "num_tokens_past_padded", "topk_weights",
+              "moe_block_size", "top_k", "mul_topk_weights", "b_type_id", "size_m",
+              "size_n", "size_k", "is_full_k", "use_atomic_add", "use_fp32_reduce",
+              "is_zp_float", "thread_k", "thread_n", "blocks_per_sm"}}
 # arguments given where the op has them: `is_a_8bit` came to the repack ops later; vLLM
 # 0.33's marlin_gemm has no act order (g_idx, perm, is_k_full): its act-order cases are left
 OPTIONAL = {"gptq_marlin_repack": {"is_a_8bit"}, "awq_marlin_repack": {"is_a_8bit"},
@@ -167,6 +174,47 @@ def gemm_inputs(torch: Any, case: Any, gen: Any) -> dict[str, Any]:
             "is_zp_float": False}
 
 
+def moe_inputs(torch: Any, case: Any, gen: Any) -> dict[str, Any]:
+    """`moe_wna16_marlin_gemm`'s arguments for a MoE case: marlin_gemm's, each weight
+    tensor one per expert; each token routed to MOE_TOP_K experts in turn, the routes
+    sorted by expert and padded to the block size as moe_align_block_size gives them."""
+    dense = gemm_inputs(torch, case, gen)
+    dev, experts, top_k, block = "cuda", marlin.MOE_EXPERTS, marlin.MOE_TOP_K, case.moe_block
+
+    def per_expert(t: Any, vary: bool = True) -> Any:  # each expert's own rows (vary)
+        return None if t is None else torch.stack(
+            [t] + [t.roll(e, 0) if vary else t for e in range(1, experts)]).contiguous()
+
+    routes: dict[int, list[int]] = {e: [] for e in range(experts)}
+    for token in range(case.m):
+        for j in range(top_k):
+            routes[(token + j) % experts].append(token * top_k + j)
+    sorted_ids: list[int] = []
+    expert_ids: list[int] = []
+    for expert, ids in routes.items():
+        padded = -(-len(ids) // block) * block
+        sorted_ids += ids + [case.m * top_k] * (padded - len(ids))
+        expert_ids += [expert] * (padded // block)
+    named = {**dense,
+             "b_q_weight": per_expert(dense["b_q_weight"]),
+             "b_scales": per_expert(dense["b_scales"]),
+             "b_zeros_or_none": per_expert(dense["b_zeros_or_none"]),
+             "g_idx_or_none": per_expert(dense["g_idx_or_none"], vary=False),
+             "perm_or_none": per_expert(dense["perm_or_none"], vary=False),
+             "global_scale": None if dense["global_scale"] is None else
+             dense["global_scale"].repeat(experts),
+             "sorted_token_ids": torch.tensor(sorted_ids, dtype=torch.int32, device=dev),
+             "expert_ids": torch.tensor(expert_ids, dtype=torch.int32, device=dev),
+             "num_tokens_past_padded": torch.tensor([len(sorted_ids)], dtype=torch.int32,
+                                                    device=dev),
+             "topk_weights": torch.rand((case.m, top_k), dtype=torch.float32, device=dev,
+                                        generator=gen),
+             "moe_block_size": block, "top_k": top_k, "mul_topk_weights": False,
+             "is_full_k": case.k_full, "thread_k": case.tile[0], "thread_n": case.tile[1],
+             "blocks_per_sm": -1}
+    return named
+
+
 def gpu_sizes(torch: Any) -> Any:
     """What marlin_kernels' dispatch reads of this GPU (device 0)."""
     p = torch.cuda.get_device_properties(0)
@@ -192,21 +240,22 @@ def cases_with(opts: Any, names: list[str] | None, given: list[Any]
 
     def cases(torch: Any, saved: dict[str, Any]) -> None:
         derived = given if names is None else marlin.derive(names, gpu_sizes(torch)).cases
-        op = check(torch, "marlin_gemm") if derived else None
+        name = "moe_wna16_marlin_gemm" if NAMESPACE == "_moe_C" else "marlin_gemm"
+        op = check(torch, name) if derived else None
         first, count = opts.part
-        if first == 0 and opts.fixed:
+        if first == 0 and opts.fixed and NAMESPACE == "_C":
             repack(torch, saved)
             preprocess(torch, saved)
         takes = {a.name for a in op.default._schema.arguments} if op is not None else set()
         for at, case in enumerate(derived, start=1):
-            if case.act_order and "g_idx_or_none" not in takes:
-                continue  # an op without act order: the case's kernels are never launched
+            if bool(case.moe_block) != (name != "marlin_gemm") or \
+                    (case.act_order and "g_idx_or_none" not in takes):
+                continue  # another library's case, or an op without act order
             if at % count == first:
                 gen = torch.Generator(device="cuda").manual_seed(
                     121 + zlib.crc32(case.key.encode()))
-                values = gemm_inputs(torch, case, gen)
-                saved[f"marlin_gemm/{case.key}"] = _call(torch, op, values,
-                                                         ("marlin_gemm", case.key))
+                values = (moe_inputs if case.moe_block else gemm_inputs)(torch, case, gen)
+                saved[f"{name}/{case.key}"] = _call(torch, op, values, (name, case.key))
 
     return cases
 
@@ -223,6 +272,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"usage: harness_marlin.py SO OUT.pt [--kernels F | --cases F] "
                          f"[--slice I/N] [--derived-only]: {text}\n")
         return 2
+    global NAMESPACE
+    NAMESPACE = "_moe_C" if Path(argv[0]).name.startswith("_moe_C.") else "_C"
     return int(harness.run(argv[:plain], "harness_marlin.py", cases_with(opts, names, given)))
 
 

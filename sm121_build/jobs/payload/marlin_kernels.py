@@ -73,9 +73,12 @@ TILE = 16
 # the thread configs (thread_k, thread_n, threads) determine_exec_config tries, in order
 SMALL = ((128, 128, 256), (64, 128, 128), (128, 64, 128))
 LARGE = ((64, 256, 256), (64, 128, 128), (128, 64, 128))
+MOE_BLOCKS = (8, 16, 32, 48, 64)  # moe_wna16_marlin_gemm's moe_block_size
+MOE_TILES = ((128, 128), (64, 256), (64, 128), (128, 64))  # (thread_k, thread_n), its threads
+MOE_EXPERTS, MOE_TOP_K = 4, 2  # a MoE case's experts, and how many each token is routed to
 
 _NAME = re.compile(
-    r"_ZN6marlin6MarlinILl(\d{1,20})ELl(\d{1,20})ELl(\d{1,20})ELl(\d{1,20})ELi(\d{1,5})E"
+    r"_ZN(6marlin|16marlin_moe_wna16)6MarlinILl(\d{1,20})ELl(\d{1,20})ELl(\d{1,20})ELl(\d{1,20})ELi(\d{1,5})E"
     r"Li(\d{1,2})ELi(\d{1,3})ELi(\d{1,3})ELb([01])ELi(\d{1,2})ELi(n?\d{1,4})ELb([01])EEEv")
 
 
@@ -95,10 +98,12 @@ class Kernel:
     stages: int
     group_blocks: int
     zp_float: bool
+    moe: bool = False  # marlin_moe_wna16's (`_moe_C`), not marlin's (`_C`)
 
     def describe(self) -> str:
         names = [TYPES.get(t, (str(t),))[0] for t in (self.a, self.b, self.c, self.s)]
-        return (f"Marlin<{', '.join(names)}, {self.threads} threads, m{self.m_blocks}"
+        return (f"{'MoE ' if self.moe else ''}Marlin<{', '.join(names)}, {self.threads} "
+                f"threads, m{self.m_blocks}"
                 f"{' (8)' if self.m8 else ''} n{self.n_blocks} k{self.k_blocks}, group "
                 f"{self.group_blocks}{', float zero point' if self.zp_float else ''}>")
 
@@ -108,11 +113,11 @@ def parse(name: str) -> Kernel | None:
     found = _NAME.match(name) if len(name) < 512 else None
     if found is None:
         return None
-    g = found.groups()
+    moe, *g = found.groups()
     a, b, c, s, threads, m_blocks, n_blocks, k_blocks = (int(x) for x in g[:8])
     group = -int(g[10][1:]) if g[10].startswith("n") else int(g[10])
     return Kernel(a, b, c, s, threads, m_blocks, n_blocks, k_blocks, g[8] == "1", int(g[9]),
-                  group, g[11] == "1")
+                  group, g[11] == "1", moe != "6marlin")
 
 
 @dataclass(frozen=True)
@@ -147,14 +152,18 @@ class Case:
     act_order: bool = False
     k_full: bool = True
     zero: bool = False
+    moe_block: int = 0  # moe_wna16_marlin_gemm's moe_block_size (0: marlin_gemm's case)
+    tile: tuple[int, int] = (0, 0)  # MoE: the (thread_k, thread_n) it is given
 
     @property
     def key(self) -> str:
-        """The case's name in the harness's outputs (types, shape, grouping)."""
+        """The case's name in the harness's outputs (types, shape, grouping; MoE: the block
+        size and the tile)."""
         types = "-".join(t[1:] for t in (self.a, self.b, self.c, self.s))
         order = ("-act" + ("" if self.k_full else "-kpart")) if self.act_order else ""
+        moe = f"-moe{self.moe_block}-t{self.tile[0]}x{self.tile[1]}" if self.moe_block else ""
         return (f"{types}-m{self.m}n{self.n}k{self.k}-g{self.group}{order}"
-                f"{'-zp' if self.zero else ''}").lower()
+                f"{'-zp' if self.zero else ''}{moe}").lower()
 
 
 def _bits(name: str) -> int:
@@ -181,6 +190,10 @@ def invalid(case: Case) -> str | None:
         return "act_order with a full K needs more than one group"
     if case.group not in (-1,) and case.group % TILE:
         return "a group size is a multiple of 16"
+    if case.moe_block and (case.moe_block not in MOE_BLOCKS or case.tile not in MOE_TILES):
+        return "a MoE block size of 8, 16, 32, 48 or 64 and a tile of the four"
+    if not case.moe_block and case.tile != (0, 0):
+        return "a tile is given to the MoE op alone"
     return None
 
 
@@ -200,7 +213,8 @@ class Grouping:
 
 
 def _cache_size(cfg: tuple[int, int, int], m_blocks: int, call: Grouping) -> int:
-    """get_kernel_cache_size (with get_scales_cache_size)."""
+    """get_kernel_cache_size (with get_scales_cache_size; MoE's adds the block's sorted
+    ids and weights)."""
     tb_k, tb_n, _ = cfg
     case, group_size = call.case, call.group_size
     bits, a8 = _bits(case.b), _bits(case.a) == 8
@@ -214,7 +228,8 @@ def _cache_size(cfg: tuple[int, int, int], m_blocks: int, call: Grouping) -> int
     tmp = max(max(sh_b, sh_red), min(sh_b, sh_red) + tb_n * 2)
     g_idx = STAGES * tb_k // 4 if chunk else 0
     zp = (scales // 4 if bits == 4 else scales // 2) if case.zero else 0  # not is_zp_float
-    return tmp + sh_a + scales + zp + g_idx
+    meta = m_blocks * 16 * 16 if case.moe_block else 0
+    return tmp + sh_a + scales + zp + g_idx + meta
 
 
 def _valid(cfg: tuple[int, int, int], m_blocks: int, call: Grouping, smem: int) -> bool:
@@ -265,6 +280,8 @@ def launched(case: Case, sizes: Sizes, exists: frozenset[Kernel] | None = None
     act_order = call.act_order
     smem = sizes.smem_per_block
     a16 = _bits(case.a) == 16
+    if case.moe_block:
+        return _launched_moe(case, call, (group_blocks, smem), exists)
 
     def has(kernel: Kernel, m_blocks: int, m8: bool, cfg: tuple[int, int, int]) -> bool:
         return kernel in exists if exists is not None else built(case.a, m_blocks, m8, cfg)
@@ -303,6 +320,25 @@ def launched(case: Case, sizes: Sizes, exists: frozenset[Kernel] | None = None
     return tuple(out)
 
 
+def _launched_moe(case: Case, call: Grouping, at: tuple[int, int],
+                  exists: frozenset[Kernel] | None) -> tuple[Kernel, ...]:
+    """The kernel one moe_wna16_marlin_gemm call launches: its tile given (thread_k,
+    thread_n; threads their product / 64), its M blocks from moe_block_size (8: one block of
+    8 rows), if the pipeline fits the shared memory (`at`: group_blocks, the opt-in bytes)
+    and the kernel is built."""
+    group_blocks, smem = at
+    m_blocks, m8 = -(-case.moe_block // 16), case.moe_block == 8
+    if m8 and _bits(case.a) != 16:
+        return ()
+    tb_k, tb_n = case.tile
+    cfg = (tb_k, tb_n, tb_k * tb_n // 64)
+    if not _valid(cfg, m_blocks, call, smem):
+        return ()
+    kernel = replace(_kernel(case, m_blocks, m8, cfg, group_blocks), moe=True)
+    built_here = kernel in exists if exists is not None else built(case.a, m_blocks, m8, cfg)
+    return (kernel,) if built_here else ()
+
+
 def _sizes_tried(sizes: Sizes) -> list[tuple[int, int]]:
     """(N, K) pairs, the cheapest first: N of one to three tiles of each width and just past
     the override's threshold (N / thread_n * 4 > the SM count), an odd count of 128 or 64
@@ -325,6 +361,14 @@ def _proposals(k: Kernel, sizes: Sizes) -> list[Case]:
     m = 8 if k.m8 else 16 * k.m_blocks
     zero = b in ZERO_POINT
     out = []
+    if k.moe:
+        tile = (16 * k.k_blocks, 16 * k.n_blocks)
+        for n, kk in ((256, 256), (512, 512), (256, 1024), (1024, 256)):
+            group = 64 if k.group_blocks == 0 else -1 if k.group_blocks == -1 else \
+                16 * k.group_blocks
+            act = k.group_blocks == 0
+            out.append(Case(a, c, b, s, 3 * m, n, kk, group, act, not act, zero, m, tile))
+        return out
     for n, kk in _sizes_tried(sizes):
         if k.group_blocks == 0:  # act_order, K not full: g_idx's groups of 64 or 128 rows
             out.append(Case(a, c, b, s, m, n, kk, 128 if kk % 256 == 0 else 64, True, False,
@@ -361,7 +405,8 @@ class Derived:
 
 
 NOT_FOUND = "no case of the model (M, N, K of its list) launched it"
-DEFAULT = "_ZN6marlin13MarlinDefault"  # the placeholder marlin_mm refuses before launching
+DEFAULTS = ("_ZN6marlin13MarlinDefault", "_ZN16marlin_moe_wna1613MarlinDefault")  # the
+# placeholder marlin_mm refuses (a TORCH_CHECK) before launching
 
 
 def _rule(k: Kernel, sizes: Sizes) -> str | None:
@@ -384,7 +429,7 @@ def derive(names: list[str], sizes: Sizes) -> Derived:
     for name in names:
         k = parse(name)
         if k is None:
-            if name.startswith(DEFAULT):
+            if name.startswith(DEFAULTS):
                 out.dead_rules[name] = ("the placeholder marlin_mm refuses (TORCH_CHECK) "
                                         "instead of launching: no call launches it")
             else:
@@ -431,6 +476,11 @@ def cases_from_json(data: Any) -> list[Case]:
         if not isinstance(item, dict):
             raise ValueError("a case is not an object")
         values = {k: v for k, v in item.items() if k in known}
+        if "tile" in values:
+            t = values["tile"]
+            if not (isinstance(t, list) and len(t) == 2 and all(type(x) is int for x in t)):
+                raise ValueError(f"case tile {t!r} is not two integers")
+            values["tile"] = (t[0], t[1])
         for name, value in values.items():
             want = type(getattr(defaults, name))
             if not (isinstance(value, want) and (want is not int or type(value) is int)):
