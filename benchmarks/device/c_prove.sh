@@ -4,16 +4,17 @@
 # cases derived from the added kernels, once per aot'd variant (honest ones, and `_C` with
 # a planted defect).  The aot runs on the CPU machine (`sm121-build aot FILE --gpu sm_90`,
 # with `--cuda-home` for a planted ptxas); each variant travels as the fatbin entries aot
-# added (aot_delta.py make), and the stock files in two calls (64 MiB a call):
+# added (aot_delta.py make).  A call carries 64 MiB with the working tree, so the stock `_C`
+# comes in two calls, the first leaving its part in KEEP:
 #
-#   KEEP/C.xz.1, KEEP/wheels/*.whl, KEEP/delta/*   left by a call before this one (`cp -r`)
-#   KIT/C.xz.2                 the rest of the stock `_C.abi3.so` xz'd (vLLM 0.22.0 x86_64
-#                              wheel's vllm/_C.abi3.so), after KEEP/C.xz.1
+#   KEEP/C.xz.1                the first bytes of the stock `_C.abi3.so` xz'd (vLLM 0.22.0
+#                              x86_64 wheel's vllm/_C.abi3.so); KIT/C.xz.2 the rest
 #   KIT/_moe_C.xz              the stock `_moe_C.abi3.so`, xz'd
 #   KIT/sums.txt               the stock files' sha256 (`sha256sum` lines)
-#   KIT/delta/FILE.VARIANT.delta  an aot'd variant of FILE (`_C`, `_moe_C`); run in the
-#                              order of VARIANT (`1-honest`, `2-planted`, ...)
-#   bash c_prove.sh KIT KEEP OUT   from the repository root
+#   KIT/wheels/*.whl (or KEEP's)  lz4, zstandard, isal, packaging for that python3
+#   KIT/delta/FILE.VARIANT.delta (or KEEP's)  an aot'd variant of FILE (`_C`, `_moe_C`),
+#                              run in the order of VARIANT (`1-honest`, `2-planted`, ...)
+#   bash c_prove.sh KIT KEEP OUT   from the repository root (KEEP may be KIT)
 #
 # OUT gets, per variant, FILE.VARIANT.prove.log (stdout and stderr), FILE.VARIANT.proof.json
 # and a line of times.jsonl.
@@ -21,15 +22,21 @@ set -u
 KIT=$1; KEEP=$2; OUT=$3
 HERE=$(pwd)
 W=${TMPDIR:-/tmp}/c-prove; rm -rf "$W"; mkdir -p "$W/stock" "$W/deps" "$OUT"
-python3 -m pip install -q --no-deps --target "$W/deps" "$KEEP"/wheels/*.whl || exit 2
+wheels=$(ls "$KIT"/wheels/*.whl "$KEEP"/wheels/*.whl 2>/dev/null | sort -u)
+# shellcheck disable=SC2086
+python3 -m pip install -q --no-deps --target "$W/deps" $wheels || exit 2
 export PYTHONPATH="$HERE:$W/deps${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
-cat "$KEEP/C.xz.1" "$KIT/C.xz.2" | xz -dc > "$W/stock/_C.abi3.so" || exit 2
-xz -dc "$KIT/_moe_C.xz" > "$W/stock/_moe_C.abi3.so" || exit 2
-(cd "$W/stock" && sha256sum -c "$KIT/sums.txt") || exit 2
+if [ -f "$KIT/C.xz.2" ]; then
+  cat "$KEEP/C.xz.1" "$KIT/C.xz.2" | xz -dc > "$W/stock/_C.abi3.so" || exit 2
+fi
+if [ -f "$KIT/_moe_C.xz" ]; then xz -dc "$KIT/_moe_C.xz" > "$W/stock/_moe_C.abi3.so" || exit 2; fi
+(cd "$W/stock" && sha256sum -c --ignore-missing "$KIT/sums.txt") || exit 2
 for delta in $(for d in "$KEEP"/delta/*.delta "$KIT"/delta/*.delta; do
-                 b=$(basename "$d"); echo "${b#*.} $d"; done | sort | cut -d' ' -f2); do
+                 [ -f "$d" ] || continue; b=$(basename "$d"); echo "${b#*.} $d"
+               done | sort -u | cut -d' ' -f2); do
   base=$(basename "$delta" .delta); file=${base%%.*}; variant=$file.${base#*.}
+  [ -f "$W/stock/$file.abi3.so" ] || continue
   mkdir -p "$W/$variant"
   python3 benchmarks/device/aot_delta.py apply "$W/stock/$file.abi3.so" "$delta" \
     "$W/$variant/$file.abi3.so" || exit 2
