@@ -19,7 +19,7 @@
 # OUT gets, per variant, FILE.VARIANT.prove.log (stdout and stderr), FILE.VARIANT.proof.json
 # and a line of times.jsonl.
 set -u
-KIT=$1; KEEP=$2; OUT=$3
+KIT=$(cd "$1" && pwd); KEEP=$(cd "$2" && pwd); OUT=$3
 HERE=$(pwd)
 W=${TMPDIR:-/tmp}/c-prove; rm -rf "$W"; mkdir -p "$W/stock" "$W/deps" "$OUT"
 wheels=$(ls "$KIT"/wheels/*.whl "$KEEP"/wheels/*.whl 2>/dev/null | sort -u)

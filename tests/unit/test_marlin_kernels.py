@@ -198,7 +198,12 @@ class Tensor:
     def view(self, dtype): return Tensor(self.shape, dtype)
     def contiguous(self): return self
     def __getitem__(self, index): return self
-    def roll(self, shift, dim): return self
+    def roll(self, shift, dim):  # (as torch 2.11: roll_cuda not implemented for Float8)
+        if self.dtype.startswith("float8"):
+            raise RuntimeError(f'"roll_cuda" not implemented for {self.dtype!r}')
+        return self
+    def element_size(self):
+        return 1 if self.dtype in ("int8", "uint8") or "float8" in self.dtype else 4
     def repeat(self, n): return Tensor((n,), self.dtype)
     def long(self): return self
     def __mul__(self, other): return self
@@ -345,3 +350,19 @@ def test_the_harness_runs_moe_cases_on_a_moe_library(tmp_path: Path) -> None:
     assert (call["thread_k"], call["thread_n"], call["blocks_per_sm"]) == (128, 128, -1)
     # 24 tokens x 2 routes over 4 experts: 12 each, padded to 16: 4 blocks
     assert call["sorted_token_ids"] == ["int32", 64] and call["expert_ids"] == ["int32", 4]
+
+
+def test_moe_cases_with_float8_scales_build_their_inputs(tmp_path: Path) -> None:
+    """Device run, 2026-11-28: torch rolls no float8 tensor ("roll_cuda" not implemented
+    for 'Float8_e8m0fnu'), and the MoE cases of NVFP4 / MXFP4 / MXFP8 weights ended their
+    part between cases; each expert's scales are now rolled as bytes."""
+    cases = [Case(a="kBFloat16", c="kBFloat16", b="kFE2M1f", s="kFE8M0fnu", m=48, n=256,
+                  k=256, group=32, moe_block=16, tile=(128, 64)),
+             Case(b="kFE2M1f", s="kFE4M3fn", m=48, n=256, k=256, group=16, moe_block=16,
+                  tile=(128, 128))]
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps({"cases": [{**asdict(c), "key": c.key} for c in cases]}))
+    done, calls = _harness(tmp_path, "--cases", str(file), lib="_moe_C.abi3.so")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [c["b_scales"][0] for c in calls] == ["float8_e8m0fnu", "float8_e4m3fn"]
+    assert calls[1]["global_scale"] == ["float32", mk.MOE_EXPERTS]

@@ -181,9 +181,14 @@ def moe_inputs(torch: Any, case: Any, gen: Any) -> dict[str, Any]:
     dense = gemm_inputs(torch, case, gen)
     dev, experts, top_k, block = "cuda", marlin.MOE_EXPERTS, marlin.MOE_TOP_K, case.moe_block
 
+    def rolled(t: Any, by: int) -> Any:  # (torch rolls no float8 tensor: their bytes)
+        if t.element_size() != 1:
+            return t.roll(by, 0)
+        return t.view(torch.uint8).roll(by, 0).view(t.dtype)
+
     def per_expert(t: Any, vary: bool = True) -> Any:  # each expert's own rows (vary)
         return None if t is None else torch.stack(
-            [t] + [t.roll(e, 0) if vary else t for e in range(1, experts)]).contiguous()
+            [t] + [rolled(t, e) if vary else t for e in range(1, experts)]).contiguous()
 
     routes: dict[int, list[int]] = {e: [] for e in range(experts)}
     for token in range(case.m):
