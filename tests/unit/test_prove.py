@@ -742,6 +742,37 @@ def test_the_proof_prove_made_on_a_lent_h200_reads_back_with_its_coverage(
                for u in cover["unreachable"])
 
 
+def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> None:
+    """docs/real-build.md's runs of `prove` on vLLM 0.22.0's `_C` aot'd for sm_90 (a lent
+    H200, 2026-11-28, benchmarks/device/c_prove.sh): honest, proven (354 of 365 added
+    kernels launched by a case compared bitwise equal, the 11 left unreachable, each with
+    its rule); with the GPTQ 4-bit half module planted (c_plant_ptxas.sh), failed: 37
+    cases differ, each naming the Marlin kernel of cubin 4 it launched."""
+    import gzip
+
+    real = Path(__file__).resolve().parents[2] / "docs" / "real-build" / "prove-sm90-h200-c"
+    for variant, verdict in (("_C.1-honest", "proven"), ("_C.2-planted", "failed")):
+        (tmp_path / "proof.json").write_bytes(
+            gzip.decompress((real / f"{variant}.proof.json.gz").read_bytes()))
+        data = json.loads((tmp_path / "proof.json").read_text())
+        _check(data)
+        cover = data["files"][0]["coverage"]
+        assert (cover["added"], cover["launched"], len(cover["unreachable"])) == (365, 354, 11)
+        assert cover["never_launched"] == [] and len(data["ops"]) == 365
+        if verdict == "proven":
+            assert read_proof(tmp_path / "proof.json", None)[1].verdict == "proven"
+            assert all(op["bitwise_equal"] for op in data["ops"])
+            continue
+        assert data["verdict"] == "failed"
+        bad = [op for op in data["ops"] if op["bitwise_equal"] is False]
+        assert len(bad) == 37 and all(op["case"].startswith("float16-u4b8-") for op in bad)
+        assert all(any(k["cubin"] == 4 and k["name"].startswith(
+            "_ZN6marlin6MarlinILl1125899906910725ELl1125899907892224E") for k in op["launched"])
+            for op in bad)
+        assert "it launched 1 added kernel(s) of cubin(s) 4: void marlin::Marlin<" in \
+            data["problems"][0]
+
+
 def test_two_files_whose_paths_flatten_alike_are_both_proven(
         aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
     """Red team: `x/y/_vllm_fa2_C.abi3.so` and `x_y/_vllm_fa2_C.abi3.so` both named their
