@@ -405,6 +405,8 @@ class Derived:
 
 
 NOT_FOUND = "no case of the model (M, N, K of its list) launched it"
+NOT_TRIED = "the derivation's budget of dispatch evaluations ran out before it"
+BUDGET = 50_000  # dispatch evaluations: vLLM 0.22.0's _C takes 8,643, its _moe_C 732
 DEFAULTS = ("_ZN6marlin13MarlinDefault", "_ZN16marlin_moe_wna1613MarlinDefault")  # the
 # placeholder marlin_mm refuses (a TORCH_CHECK) before launching
 
@@ -421,9 +423,11 @@ def _rule(k: Kernel, sizes: Sizes) -> str | None:
     return None
 
 
-def derive(names: list[str], sizes: Sizes) -> Derived:
+def derive(names: list[str], sizes: Sizes, budget: int = BUDGET) -> Derived:
     """One case per Marlin GEMM kernel of `names` that some case of the list launches, the
-    cases deduplicated; the rest said (see the module's docstring)."""
+    cases deduplicated; the rest said (see the module's docstring).  `budget`: the dispatch
+    evaluations it may spend (a file of many made-up names costs no more); the kernels it
+    did not get to are said so, not called unreachable."""
     out = Derived()
     kernels: dict[Kernel, str] = {}
     for name in names:
@@ -444,8 +448,14 @@ def derive(names: list[str], sizes: Sizes) -> Derived:
         if rule is not None:
             out.dead_rules[kernels[k]] = rule
             continue
-        proposals = _proposals(k, sizes)
+        proposals = _proposals(k, sizes) if budget > 0 else []
+        if budget <= 0:
+            out.unreachable[kernels[k]] = NOT_TRIED
         for case in proposals:
+            budget -= 1
+            if budget < 0:
+                out.unreachable[kernels[k]] = NOT_TRIED
+                break
             hits = launched(case, sizes)
             if k in hits:
                 if case.key not in out.expects:
@@ -454,12 +464,17 @@ def derive(names: list[str], sizes: Sizes) -> Derived:
                 covered.update(hits)
                 break
         else:
-            if proposals:  # every class of N and K its types allow was tried
+            if proposals and k.moe:  # the tile is given: only the shared memory refuses
+                out.dead_rules[kernels[k]] = (
+                    f"the tile it is given does not fit {sizes.smem_per_block} bytes of "
+                    "shared memory a block with its M blocks and grouping")
+            elif proposals:  # every class of N and K its types allow was tried
                 out.dead_rules[kernels[k]] = (
                     f"with {sizes.smem_per_block} bytes of shared memory a block and "
                     f"{sizes.sms} SMs, its M with every N (mod 256, each side of the "
                     "SM-count threshold) and K (mod 128) picks another thread config")
-    out.unreachable = {kernels[k]: NOT_FOUND for k in sorted(kernels)
+    out.unreachable = {kernels[k]: out.unreachable.get(kernels[k], NOT_FOUND)
+                       for k in sorted(kernels)
                        if k not in covered and kernels[k] not in out.dead_rules}
     out.unreachable.update(out.dead_rules)
     return out
