@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.audit.unpack import binaries  # noqa: E402
 from sm121_build.cuda.binary import (  # noqa: E402
-    SPARK,
+    DEFAULT_POLICY,
     audit_binary,
 )
 from sm121_build.cuda.fatbin import HostBinary  # noqa: E402
@@ -44,7 +44,7 @@ def kernels_by_family(path: Path) -> dict[str, set[str]]:
 def built_native(built: Path, name: str) -> set[str]:
     if built.suffix == ".json":
         return {kernel_key(k) for k in json.loads(built.read_text())}
-    kernels = audit_binary(built, name, SPARK, with_kernels=True).kernels or {}
+    kernels = audit_binary(built, name, DEFAULT_POLICY, with_kernels=True).kernels or {}
     return {kernel_key(k) for k, v in kernels.items() if v == "native"}
 
 
@@ -63,7 +63,7 @@ def main() -> int:
             return 2
         families = kernels_by_family(stock.path)
         verdicts = {kernel_key(k): v for k, v in (audit_binary(
-            stock.path, args.name, SPARK, with_kernels=True).kernels or {}).items()}
+            stock.path, args.name, DEFAULT_POLICY, with_kernels=True).kernels or {}).items()}
     native = built_native(args.built, args.name)
     sm90 = families.get("sm_90", set())
     lost = sm90 - native

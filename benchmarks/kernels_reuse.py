@@ -42,7 +42,7 @@ from image_scale import big_image  # noqa: E402
 from devkit.registry import local_registry  # noqa: E402
 from sm121_build import __version__  # noqa: E402
 from sm121_build.cuda.binary import (  # noqa: E402
-    SPARK,
+    DEFAULT_POLICY,
     audit_binary,
 )
 from sm121_build.image.engine import Engine  # noqa: E402
@@ -69,7 +69,7 @@ def kernels_folder(base: str, work: Path) -> Path:
             files.copy_file(f"{vllm.package_dir}/{name}", stock / name)
     counts = {}
     for name in KERNELS:
-        report = audit_binary(stock / name, name, SPARK, with_kernels=True)
+        report = audit_binary(stock / name, name, DEFAULT_POLICY, with_kernels=True)
         counts[name] = (report.arch_counts("elf"), report.kernel_counts()["native"])
     provenance = Provenance(
         base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from devkit.helpers import CACHE, cuda_home, git, pypi_download  # noqa: E402
 from sm121_build.core.vllm import extension_target  # noqa: E402
-from sm121_build.cuda.binary import SPARK  # noqa: E402
+from sm121_build.cuda.binary import DEFAULT_POLICY  # noqa: E402
 from sm121_build.cuda.compat import entry_verdict  # noqa: E402
 from sm121_build.cuda.fatbin import HostBinary  # noqa: E402
 
@@ -147,7 +147,7 @@ def jit_modules(path: Path) -> list[bytes]:
         for entry in binary.entries:
             by_container.setdefault(entry.container, []).append(entry)
         for entries in by_container.values():
-            verdicts = [entry_verdict(e, SPARK.target, SPARK.driver)  # type: ignore[arg-type]
+            verdicts = [entry_verdict(e, DEFAULT_POLICY.target, DEFAULT_POLICY.driver)  # type: ignore[arg-type]
                         for e in entries]
             if "native" not in verdicts and "jit" in verdicts:
                 ptx = [e for e, v in zip(entries, verdicts, strict=True) if v == "jit"]

@@ -39,9 +39,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sm121_build.cuda.binary import SPARK, Policy, audit_binary  # noqa: E402
+from sm121_build.cuda.binary import DEFAULT_POLICY, Policy, audit_binary  # noqa: E402
 from sm121_build.cuda.compat import (  # noqa: E402
-    SM121,
+    DEFAULT_TARGET,
     ArchList,
     parse_target,
 )
@@ -228,7 +228,7 @@ def main() -> int:
         save()
 
     gpu = parse_target(args.gpu)
-    policy = Policy(gpu, SPARK.driver)
+    policy = Policy(gpu, DEFAULT_POLICY.driver)
     report["gpu"] = str(gpu)
     report["patch"] = [{"set": r.name, "outcome": r.outcome, "replacements": r.replacements}
                        for r in apply_all(source, PatchFor(version, ArchList.parse(arch)))]
@@ -240,7 +240,7 @@ def main() -> int:
         flash = unpack(args.flash_attn, args.work / "flash-attn")
         handed = effective_archs(source, ArchList.parse(arch))
         results = apply_all(flash,
-                PatchFor(version, handed, gpu=SM121), project="vllm-flash-attn")
+                PatchFor(version, handed, gpu=DEFAULT_TARGET), project="vllm-flash-attn")
         report["flash_attn"] = {"cuda_archs_from_vllm": str(handed), "rules": [
             {"set": r.name, "outcome": r.outcome, "detail": r.detail, "rewrites": [
                 {"at": w.guard.location, "list": w.new_list, "gives": list(w.result)}

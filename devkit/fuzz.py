@@ -68,7 +68,7 @@ def elf_reader(data: bytes, tmp: Path) -> object:
 def host_binary(data: bytes, tmp: Path) -> object:
     """`cuda/fatbin.HostBinary` (what `audit` reads): entries, every payload inflated, the
     kernels of each; and the dynamic symbols verification compares."""
-    from sm121_build.cuda.binary import SPARK, audit_binary
+    from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
     from sm121_build.cuda.dynsym import dynamic_symbols
     from sm121_build.cuda.fatbin import HostBinary
 
@@ -78,13 +78,13 @@ def host_binary(data: bytes, tmp: Path) -> object:
             binary.kernel_sizes(entry)
             binary.kernels(entry)
     dynamic_symbols(path)
-    return audit_binary(path, "x.so", SPARK, with_kernels=True)
+    return audit_binary(path, "x.so", DEFAULT_POLICY, with_kernels=True)
 
 
 def fatbin_layout(data: bytes, tmp: Path) -> object:
     """`cuda/fatbin_rewrite` (what `aot` rewrites): the layout, a rewrite that adds an entry
     to every container, and the verification of the result against the input."""
-    from sm121_build.cuda.compat import SM121
+    from sm121_build.cuda.compat import DEFAULT_TARGET
     from sm121_build.cuda.fatbin_rewrite import entry_options, read_layout, rewrite
     from sm121_build.verify.aot_check import check_aot
 
@@ -94,7 +94,7 @@ def fatbin_layout(data: bytes, tmp: Path) -> object:
             entry_options(raw)
     grown = {i: (*c.entries, c.entries[0]) for i, c in enumerate(layout.containers)
              if c.entries}
-    return check_aot(data, rewrite(data, layout, grown), SM121, "fuzz")
+    return check_aot(data, rewrite(data, layout, grown), DEFAULT_TARGET, "fuzz")
 
 
 def fatbin_entry(data: bytes, tmp: Path) -> object:
@@ -114,14 +114,14 @@ def wheel_audit(data: bytes, tmp: Path) -> object:
     """A wheel (zip) as `audit` and `aot` read it: members extracted by their first bytes,
     each audited; and aot's member reader and RECORD rewrite."""
     from sm121_build.audit.unpack import binaries
-    from sm121_build.cuda.binary import SPARK, audit_binary
+    from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
     from sm121_build.cuda.wheel import elf_members, read_record, record_text, wheel_errors
 
     path = _file(tmp, "x-1.0-py3-none-any.whl", data)  # a name the one rule takes
     with binaries(str(path)) as found:
         for binary in found:
             if binary.skipped is None and binary.host_only_size is None:
-                audit_binary(binary.path, binary.name, SPARK, with_kernels=False)
+                audit_binary(binary.path, binary.name, DEFAULT_POLICY, with_kernels=False)
     with wheel_errors(path), zipfile.ZipFile(path) as wheel:
         members = [info.filename for info, _data in elf_members(wheel, path)]
         if members:

@@ -10,7 +10,7 @@ import click
 from sm121_build.cli.params import Count, InputPath, gpu_name, seconds_value
 from sm121_build.core.console import notice
 from sm121_build.core.errors import Sm121Error
-from sm121_build.cuda.compat import parse_target
+from sm121_build.cuda.compat import DEFAULT_GPU, parse_target
 from sm121_build.cuda.ptxas import find_toolchain
 
 DEFAULT_TIMEOUT = "3600"  # per module: FA2's largest takes ~2 minutes on one core
@@ -25,7 +25,7 @@ def _target(given: str | None) -> str:
     if found is not None:
         notice(f"compiling for this machine's GPU (nvidia-smi): {found}; give --target for "
                "another")
-    return found or "sm_121"
+    return found or DEFAULT_GPU
 
 
 def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
@@ -56,8 +56,9 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
               help="For an image: move --tag off an image this tool did not give it (the "
                    "image itself stays).")
 @click.option("--target", "--gpu", "gpu", callback=gpu_name,
-              help="GPU to compile for: sm_121, sm_120, sm_90... [default: for files, this "
-                   "machine's GPU (nvidia-smi), else sm_121; for an image, sm_121 (the DGX "
+              help=f"GPU to compile for: {DEFAULT_GPU}, sm_120, sm_90... [default: for files, this "
+                   f"machine's GPU (nvidia-smi), else {DEFAULT_GPU}; for an image, {DEFAULT_GPU} "
+                   "(the DGX "
                    "Spark)]")
 @click.option("--cuda-home", type=InputPath(exists=True, file_okay=False, path_type=Path),
               help="Where ptxas and fatbinary are (DIR/bin) [default: $CUDA_HOME, PATH, "
@@ -143,7 +144,7 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
 
     validate_image_ref(base)
     tag, replace_tag = tagging
-    policy = gpu_value(None, None, "sm_121" if gpu is None else gpu)
+    policy = gpu_value(None, None, DEFAULT_GPU if gpu is None else gpu)
     result_tag = validate_tag(tag) if tag else default_tag(base, policy.suffix)
     require_not_base(result_tag, base)
     require_outputs(out, None, None)

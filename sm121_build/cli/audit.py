@@ -24,7 +24,14 @@ from sm121_build.core.errors import CorruptBinaryError, RequirementNotMet, Sm121
 from sm121_build.core.interrupts import held
 from sm121_build.core.outputs import append_text, refuse_onto_inputs
 from sm121_build.cuda.binary import BinaryReport, Policy, audit_binary, host_only_report
-from sm121_build.cuda.compat import DEFAULT_CUDA, parse_cuda_version, parse_target
+from sm121_build.cuda.compat import (
+    DEFAULT_ARCH,
+    DEFAULT_CUDA,
+    DEFAULT_DRIVER_CUDA,
+    DEFAULT_GPU,
+    parse_cuda_version,
+    parse_target,
+)
 
 if TYPE_CHECKING:
     from sm121_build.audit.judge import SourceUnderAudit
@@ -88,18 +95,18 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
     if taken:
         notice(f"judging with this machine's GPU (nvidia-smi): {', '.join(taken)}; "
                "give --target/--driver to judge for another")
-    return (gpu if gpu is not None else found_gpu or "sm_121",
-            driver if driver is not None else found_driver or "13.0")
+    return (gpu if gpu is not None else found_gpu or DEFAULT_GPU,
+            driver if driver is not None else found_driver or DEFAULT_DRIVER_CUDA)
 
 
 @click.command()
 @click.argument("target")
 @click.option("--target", "gpu", callback=gpu_name,
-              help="GPU to judge for: sm_121, sm_120, sm_100, sm_90... [default: this "
-                   "machine's GPU (nvidia-smi), else sm_121]")
+              help=f"GPU to judge for: {DEFAULT_GPU}, sm_120, sm_100, sm_90... [default: this "
+                   f"machine's GPU (nvidia-smi), else {DEFAULT_GPU}]")
 @click.option("--driver", callback=cuda_version,
               help="CUDA driver version (limits which PTX can be JIT-compiled) [default: "
-                   "this machine's driver (nvidia-smi), else 13.0]")
+                   f"this machine's driver (nvidia-smi), else {DEFAULT_DRIVER_CUDA}]")
 @click.option("--format", "fmt", type=click.Choice(["table", "cuobjdump", "json"]),
               default="table", show_default=True,
               help="cuobjdump: exactly the lines of `cuobjdump -lelf -lptx FILE`.")
@@ -121,7 +128,7 @@ def _defaults(gpu: str | None, driver: str | None) -> tuple[str, str]:
                    "decides, instead of what the binaries alone show.")
 @click.option("--cuda", default=DEFAULT_CUDA, show_default=True, callback=cuda_version,
               help="With --source: the CUDA toolkit a rebuild would use (guards depend on "
-                   "it: with 13.x, 12.1 narrows to 12.0).")
+                   f"it: with 13.x, {DEFAULT_ARCH} narrows to 12.0).")
 def audit(  # noqa: PLR0913 (a click command: a parameter per option)
           target: str, gpu: str, driver: str, fmt: str, as_json: bool, kernels: bool,
           no_kernels: bool, require: str | None, include: tuple[str, ...],

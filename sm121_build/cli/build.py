@@ -23,7 +23,13 @@ from sm121_build.cli.params import (
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.binary import Policy
-from sm121_build.cuda.compat import ArchList, parse_cuda_version
+from sm121_build.cuda.compat import (
+    DEFAULT_ARCH,
+    DEFAULT_DRIVER_CUDA,
+    DEFAULT_GPU,
+    ArchList,
+    parse_cuda_version,
+)
 from sm121_build.image.cosign import TrustKey
 from sm121_build.image.refs import (
     IMAGE_ID,
@@ -50,12 +56,13 @@ REPLACE_TAG_HELP = ("Let --tag move off an image sm121-build did not build from 
 @click.option("--tag", help="Tag for the result (default: the base tag with -sm121, or the "
                             "--gpu's suffix: -sm120, ...).")
 @gpu_option()
-@click.option("--driver", default="13.0", show_default=True,
+@click.option("--driver", default=DEFAULT_DRIVER_CUDA, show_default=True,
               help="The oldest CUDA driver the result must serve: PTX newer than it reads is "
                    "judged unloadable (not JIT-able) in the plan and in verification.")
 @click.option("--arch", callback=optional_arch_list,
-              help="TORCH_CUDA_ARCH_LIST of a source build (sm_121); 12.1a keeps NVFP4 kernels "
-                   "where the source allows.  [default: 12.1]")
+              help=f"TORCH_CUDA_ARCH_LIST of a source build ({DEFAULT_GPU}); {DEFAULT_ARCH}a "
+                   "keeps NVFP4 kernels "
+                   f"where the source allows.  [default: {DEFAULT_ARCH}]")
 @extension_option("Also rebuild this extension (e.g. _moe_C_stable_libtorch), whatever the "
                   "decision says; `auto` is accepted (the default run already builds every "
                   "extension that gains).")
@@ -156,7 +163,8 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
     gpu = replace(gpu, driver=parse_cuda_version(driver))
     if not gpu.has_source_rules and (source or from_source or force or no_patch):
         raise Sm121Error(f"--gpu {gpu}: a source build (--source, --from-source, --force, "
-                         "--no-patch) is for sm_121 only (the guard rules are written for it); "
+                         f"--no-patch) is for {DEFAULT_GPU} only (the guard rules are written for "
+                         "it); "
                          f"{gpu} gets aot: drop those options")
     options = Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
                       source=source, repo=repo, out=out, force=force, no_patch=no_patch,

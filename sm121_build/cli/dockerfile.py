@@ -10,7 +10,7 @@ from sm121_build.cli.params import arch_option, extension_option, gpu_option, jo
 from sm121_build.core.console import notice, say
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.compat import DEFAULT_GPU, ArchList
 from sm121_build.image.refs import IMAGE_ID
 from sm121_build.image.toolchain import require_buildable
 from sm121_build.jobs.formats.render import PlanRequest, plan_for, render_build
@@ -33,7 +33,8 @@ def dockerfile(base: str, gpu: Policy, arch: ArchList,  # noqa: PLR0913 (click o
     source build is for sm_121 (the guard rules are written for it): another --gpu is
     refused, and `sm121-build aot IMAGE --gpu GPU` serves it."""
     if not gpu.has_source_rules:
-        raise Sm121Error(f"--gpu {gpu}: the Dockerfile builds from source, which is for sm_121 "
+        raise Sm121Error(f"--gpu {gpu}: the Dockerfile builds from source, which is for "
+                         f"{DEFAULT_GPU} "
                          f"only (the guard rules are written for it); `sm121-build aot IMAGE "
                          f"--gpu {gpu}` serves {gpu}")
     facts, vllm = Pipeline.connect().resolve_image(base)

@@ -9,7 +9,7 @@ import click
 
 from sm121_build.cli.params import InputPath, arch_option, extension_option, jobs_option
 from sm121_build.core.console import say, shown
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.compat import DEFAULT_ARCH, ArchList
 from sm121_build.jobs.commands.local_build import LocalBuild, run_local
 from sm121_build.source.external import require_project_tree
 from sm121_build.source.git_pin import require_vllm_tree
@@ -21,7 +21,7 @@ from sm121_build.source.git_pin import require_vllm_tree
               help="The vLLM checkout to build (a copy of it is patched and built).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the built .so files go.")
-@arch_option("TORCH_CUDA_ARCH_LIST; 12.1a keeps NVFP4 kernels where the source allows.")
+@arch_option(f"TORCH_CUDA_ARCH_LIST; {DEFAULT_ARCH}a keeps NVFP4 kernels where the source allows.")
 @extension_option("Also build this extension (e.g. _moe_C_stable_libtorch).")
 @jobs_option()
 @click.option("--no-patch", is_flag=True, help="Build without the guard rules (diagnosis).")

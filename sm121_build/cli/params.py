@@ -22,8 +22,10 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.outputs import declare_input, not_regular
 from sm121_build.cuda.binary import Policy, gpu_policy
 from sm121_build.cuda.compat import (
+    DEFAULT_ARCH,
+    DEFAULT_GPU,
+    DEFAULT_TARGET,
     KNOWN_ARCHS,
-    SM121,
     ArchList,
     arch_list_items,
     cubin_loads,
@@ -45,11 +47,13 @@ def arch_list(ctx: click.Context | None, param: click.Parameter | None,
               value: str) -> ArchList:
     """A TORCH_CUDA_ARCH_LIST of real archs with at least one that sm_121 loads natively."""
     if not value.isprintable():  # a newline would reach the Dockerfile as an instruction
-        raise click.BadParameter(f"{value!r} holds a control character: expected e.g. 12.1 or "
-                                 "12.0;12.1a")
+        raise click.BadParameter(f"{value!r} holds a control character: expected e.g. "
+                                 f"{DEFAULT_ARCH} or "
+                                 f"12.0;{DEFAULT_ARCH}a")
     items = arch_list_items(value)
     if not items:
-        raise click.BadParameter("the arch list is empty: expected e.g. 12.1 or 12.1a")
+        raise click.BadParameter(f"the arch list is empty: expected e.g. {DEFAULT_ARCH} or "
+                                 f"{DEFAULT_ARCH}a")
     for item in items:
         match = ARCH_ENTRY.match(item)
         if match is None or match.group(1) not in KNOWN_ARCHS:
@@ -57,11 +61,11 @@ def arch_list(ctx: click.Context | None, param: click.Parameter | None,
             raise click.BadParameter(f"{item!r} is not a CUDA architecture (known: {known}; "
                                      "suffix a or f, or +PTX)")
     native = [i for i in items if (parsed := dotted_arch(i.replace("+PTX", ""))) is not None
-              and cubin_loads(*parsed, SM121)]
+              and cubin_loads(*parsed, DEFAULT_TARGET)]
     if not native:
         raise click.BadParameter(
-            f"{value!r} gives {SM121} no native code (its cubins cannot load there): "
-            "include 12.1, 12.1a or 12.0f")
+            f"{value!r} gives {DEFAULT_TARGET} no native code (its cubins cannot load there): "
+            f"include {DEFAULT_ARCH}, {DEFAULT_ARCH}a or 12.0f")
     return ArchList.parse(value)  # one value from here on: `12.0f,12.1` is `12.0f;12.1`
 
 
@@ -71,11 +75,13 @@ def optional_arch_list(ctx: click.Context | None, param: click.Parameter | None,
     return None if value is None else arch_list(ctx, param, value)
 
 
-GPU_HELP = ("The GPU the result serves: sm_121 (DGX Spark, GB10), sm_120 (RTX 50-series, RTX "
+GPU_HELP = (f"The GPU the result serves: {DEFAULT_GPU} (DGX Spark, GB10), sm_120 (RTX 50-series, "
+            "RTX "
             "PRO Blackwell), sm_110 (Jetson Thor), sm_90 (Hopper), ...  Its kernels are "
             "judged, compiled and verified for it, and its images are tagged -smXYZ.  A GPU "
-            "other than sm_121 gets aot only (the guard rules of a source build are written "
-            "for sm_121).")
+            f"other than {DEFAULT_GPU} gets aot only (the guard rules of a source build are "
+            "written "
+            f"for {DEFAULT_GPU}).")
 
 
 def gpu_value(ctx: click.Context | None, param: click.Parameter | None,
@@ -112,7 +118,7 @@ def cuda_version(ctx: click.Context | None, param: click.Parameter | None,
 
 def gpu_option() -> Callable[[F], F]:
     """`--gpu`, the same option on every command that makes or places kernels."""
-    return click.option("--gpu", default="sm_121", show_default=True, callback=gpu_value,
+    return click.option("--gpu", default=DEFAULT_GPU, show_default=True, callback=gpu_value,
                         help=GPU_HELP)
 
 
@@ -120,10 +126,10 @@ def arch_for_gpu(arch: ArchList | None, gpu: Policy) -> ArchList:
     """The arch list a run records: `--arch` (a source build: sm_121 alone) or the GPU's
     own (`12.0` for sm_120)."""
     if gpu.has_source_rules:
-        return arch or ArchList.parse("12.1")
+        return arch or ArchList.parse(DEFAULT_ARCH)
     if arch is not None and arch != gpu.arch_list:
         raise click.BadParameter(f"--arch {arch} is a source build's arch list, and a source "
-                                 f"build is for sm_121 only; --gpu {gpu} gets aot, for "
+                                 f"build is for {DEFAULT_GPU} only; --gpu {gpu} gets aot, for "
                                  f"{gpu.arch_list}", param_hint="--arch")
     return gpu.arch_list
 
@@ -283,7 +289,7 @@ def trust_key_option(help_text: str, required: bool = False) -> Callable[[F], F]
 def arch_option(help_text: str) -> Callable[[F], F]:
     """`--arch LIST` (default 12.1): a source build's TORCH_CUDA_ARCH_LIST, parsed into an
     `ArchList` by `arch_list`; the same option on each command that compiles from source."""
-    return click.option("--arch", default="12.1", show_default=True, callback=arch_list,
+    return click.option("--arch", default=DEFAULT_ARCH, show_default=True, callback=arch_list,
                         help=help_text)
 
 

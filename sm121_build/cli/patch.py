@@ -8,7 +8,13 @@ import click
 
 from sm121_build.cli.params import InputPath, arch_option
 from sm121_build.core.console import say, shown
-from sm121_build.cuda.compat import SM121, ArchList, loads_natively
+from sm121_build.cuda.compat import (
+    DEFAULT_ARCH,
+    DEFAULT_CUDA,
+    DEFAULT_TARGET,
+    ArchList,
+    loads_natively,
+)
 from sm121_build.source.external import tree_project
 from sm121_build.source.git_pin import require_vllm_tree
 from sm121_build.source.guard_rules import (
@@ -21,7 +27,7 @@ from sm121_build.source.guard_rules import (
     read_source_version,
     rules_for,
 )
-from sm121_build.source.guards import DEFAULT_CUDA, Guard, effective_archs
+from sm121_build.source.guards import Guard, effective_archs
 
 
 def _targets(guard: Guard) -> str:
@@ -35,9 +41,9 @@ def _targets(guard: Guard) -> str:
 def _guard_line(guard: Guard, result: RuleResult) -> str:
     mark = "  << plain 12.x: ptxas rejects e2m1x2" if breaks_ptxas(guard) else ""
     unloadable = [a for a in guard.targets if a.startswith("12.") and a not in guard.plain_sm12x
-                  and not loads_natively(a, SM121)]
+                  and not loads_natively(a, DEFAULT_TARGET)]
     if unloadable and covered(guard):
-        mark += f"  << {', '.join(unloadable)}: {SM121} cannot load it"
+        mark += f"  << {', '.join(unloadable)}: {DEFAULT_TARGET} cannot load it"
     line = (f"  {guard.location:<42} {guard.variable:<28} \"{guard.arch_list}\" "
             f"-> {_targets(guard)}{mark}")
     rewrite = next((r for r in result.rewrites if r.guard.location == guard.location), None)
@@ -51,7 +57,7 @@ def _guard_line(guard: Guard, result: RuleResult) -> str:
 
 @click.command()
 @click.argument("source", type=InputPath(file_okay=False, exists=True, path_type=Path))
-@arch_option("TORCH_CUDA_ARCH_LIST for the build, e.g. 12.1 or 12.1a.")
+@arch_option(f"TORCH_CUDA_ARCH_LIST for the build, e.g. {DEFAULT_ARCH} or {DEFAULT_ARCH}a.")
 @click.option("--version", "vllm_version", help="vLLM version of SOURCE (read from it if unset).")
 @click.option("--check", is_flag=True, help="Report only; write nothing.")
 @click.option("--explain", is_flag=True,
@@ -70,7 +76,7 @@ def patch(  # noqa: PLR0913 (a click command: a parameter per option)
     if version is None:
         raise click.UsageError(f"cannot read the vLLM version of {source}; pass --version")
     name = project.name if project else "vllm"
-    want = PatchFor(version, arch, cuda_version, SM121)
+    want = PatchFor(version, arch, cuda_version, DEFAULT_TARGET)
     results: list[RuleResult] = apply_all(source, want, check=check or explain, project=name)
     if explain:
         effective = effective_archs(source, arch, cuda_version)
@@ -87,9 +93,9 @@ def patch(  # noqa: PLR0913 (a click command: a parameter per option)
                     say(_guard_line(guard, result))
         no_native = [g for rule in rules_for(name) if rule.action == "add"
                      for r in results if r.name == rule.name
-                     for g in r.before if rule.covers(g) and rule.needs(g, SM121)]
+                     for g in r.before if rule.covers(g) and rule.needs(g, DEFAULT_TARGET)]
         if no_native and project is not None:
-            say(f"note: {len(no_native)} guard(s) give {SM121} no native code "
+            say(f"note: {len(no_native)} guard(s) give {DEFAULT_TARGET} no native code "
                        "(PTX at best: JIT at first use); the rule adds a target")
         dropped = [r.guard for result in results for r in result.rewrites
                    if not any(a.startswith("12.") for a in r.result)]
@@ -102,7 +108,7 @@ def patch(  # noqa: PLR0913 (a click command: a parameter per option)
         if result.diff and not explain:
             say(result.diff, nl=False)
     handed = effective_archs(source, arch, cuda_version)
-    for macro in apply_macros(source, name, handed, SM121, check=check or explain):
+    for macro in apply_macros(source, name, handed, DEFAULT_TARGET, check=check or explain):
         verb = "would apply" if (check or explain) and macro.outcome == "applied" else None
         say(f"{shown(macro.name)}: {verb or macro.outcome} ({shown(macro.detail)})")
         if macro.diff and not explain:

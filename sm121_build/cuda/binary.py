@@ -11,7 +11,7 @@ from typing import Literal
 from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.compat import (
     DEFAULT_GPU_DRIVER,
-    SM121,
+    DEFAULT_TARGET,
     VERDICT_RANK,
     ArchList,
     Target,
@@ -326,4 +326,4 @@ def aot_able(report: BinaryReport, target: Target) -> AotAble | None:
 
 
 # what the tool judges against: sm_121, and the oldest driver a DGX Spark ships with
-SPARK = Policy(SM121, DEFAULT_DRIVER)
+DEFAULT_POLICY = Policy(DEFAULT_TARGET, DEFAULT_DRIVER)

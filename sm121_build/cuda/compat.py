@@ -105,6 +105,11 @@ class Target:
         alone; any other GPU gets aot only."""
         return self.facts.source_rules
 
+    @property
+    def dotted(self) -> str:
+        """As an arch list writes it: `12.1`."""
+        return f"{self.major}.{self.minor}"
+
     def __str__(self) -> str:
         return f"sm_{self.arch}"
 
@@ -261,12 +266,17 @@ def best(verdicts: list[Verdict]) -> Verdict:
 
 # the GPU this tool builds for unless told otherwise (the table's default: a DGX Spark's
 # GB10, sm_121)
-SM121, DEFAULT_GPU_DRIVER = next(
+DEFAULT_TARGET, DEFAULT_GPU_DRIVER = next(
     (Target(int(arch.replace(".", ""))), facts.driver) for arch, facts in GPU_TABLE.items()
     if facts.default and facts.driver is not None)
+
+
+DEFAULT_GPU = str(DEFAULT_TARGET)  # `sm_121`: how runs, records and messages write it
+DEFAULT_ARCH = DEFAULT_TARGET.dotted  # `12.1`: as an arch list writes it
+DEFAULT_DRIVER_CUDA = ".".join(map(str, DEFAULT_GPU_DRIVER))  # `13.0`: the CUDA it runs
 
 
 def is_default_gpu(name: str) -> bool:
     """Whether a GPU named as the tool writes it (`sm_121`: a record's, a manifest's) is the
     table's default."""
-    return name == str(SM121)
+    return name == str(DEFAULT_TARGET)

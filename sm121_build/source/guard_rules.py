@@ -31,10 +31,16 @@ from sm121_build.core.errors import PatchDrift, Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import read_version_file
-from sm121_build.cuda.compat import ArchList, Target, loads_natively, parse_target
+from sm121_build.cuda.compat import (
+    DEFAULT_ARCH,
+    DEFAULT_CUDA,
+    ArchList,
+    Target,
+    loads_natively,
+    parse_target,
+)
 from sm121_build.source.cmake_lang import Argument, read_source, real_file, source_text_bytes
 from sm121_build.source.guards import (
-    DEFAULT_CUDA,
     SM12X_ENTRY,
     UTILS,
     Guard,
@@ -168,7 +174,7 @@ def _rule(raw: Any, text: str) -> Rule:
     rewrite = _strings(raw[action], action)
     suffix = r"[af]" if action == "rewrite" else r"[af]?"
     for form in rewrite:
-        entries = form.replace("{arch}", "12.1").split(";")
+        entries = form.replace("{arch}", DEFAULT_ARCH).split(";")
         if not all(re.fullmatch(rf"12\.\d+{suffix}", e) for e in entries):
             raise ValueError(f"{action} form {form!r} is not " + (
                 "arch-specific 12.x entries (e.g. '{arch}a', '12.0a')" if action == "rewrite"
@@ -247,7 +253,7 @@ def fixable_targets() -> dict[str, str]:
 def target_gpu(archs: ArchList) -> Target:
     """The GPU a requested arch list is for: its first 12.x entry (`12.1a` -> sm_121)."""
     found = next((m.group(1) for a in archs.cmake_items if (m := REQUESTED_SM12X.match(a))),
-                 "12.1")
+                 DEFAULT_ARCH)
     return parse_target(found)
 
 

@@ -22,8 +22,7 @@ from sm121_build.core.children import Program, run
 from sm121_build.core.errors import Sm121Error, ToolchainError
 from sm121_build.core.inputs import InputRefused
 from sm121_build.core.vllm import MIN_CMAKE
-from sm121_build.cuda.compat import DEFAULT_CUDA as DEFAULT_CUDA  # re-exported
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.compat import DEFAULT_CUDA, ArchList
 from sm121_build.source.cmake_lang import (
     Argument,
     CMakeSyntaxError,
@@ -544,7 +543,7 @@ def _run(source: Path, archs: ArchList, cuda_version: str,
     if not utils.exists():
         raise Sm121Error(f"{source}: no {UTILS}; is this a vLLM source tree?")
     if not re.fullmatch(r"\d+\.\d+", cuda_version):
-        raise Sm121Error(f"unknown CUDA version {cuda_version!r}: expected e.g. 13.0")
+        raise Sm121Error(f"unknown CUDA version {cuda_version!r}: expected e.g. {DEFAULT_CUDA}")
     script = [f"set(CUDA_ARCHS {_quote(archs.cmake)})",
               f'set(CMAKE_CUDA_COMPILER_VERSION "{cuda_version}")']
     supported = supported_archs_block(source)

@@ -33,8 +33,8 @@ from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import foreign
 from sm121_build.core.paths import cache_dir, state_dir, store_bytes, store_cache
-from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
-from sm121_build.cuda.compat import SM121, Target, cubin_loads, is_default_gpu
+from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, Policy, audit_binary
+from sm121_build.cuda.compat import DEFAULT_GPU, DEFAULT_TARGET, Target, cubin_loads, is_default_gpu
 from sm121_build.cuda.dynsym import demangle, dynamic_symbols
 from sm121_build.cuda.fatbin import Entry, HostBinary
 from sm121_build.cuda.host import host_side
@@ -176,7 +176,7 @@ class KernelComparison:
     stock_kernels: frozenset[str]
     built_native: frozenset[str]
     stubs: frozenset[str] = frozenset()  # stock kernels whose sm_121 code is a stub
-    target: str = "sm_121"  # the GPU the build must serve
+    target: str = DEFAULT_GPU  # the GPU the build must serve
 
     @property
     def lost(self) -> frozenset[str]:
@@ -211,7 +211,7 @@ class KernelComparison:
                     f"(natively or through the JIT) but not native there in the build"
                     for kernel in self.missing]
         return [f"{self.name}: kernel {kernel} has native {self.stock_arch} code in the stock "
-                f"image but none for sm_121 in the build" for kernel in self.missing]
+                f"image but none for {DEFAULT_GPU} in the build" for kernel in self.missing]
 
 
 def newest_of(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
@@ -225,7 +225,7 @@ def newest_of(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
 
 
 def compare_kernels(name: str, stock: Path | None, built: BinaryReport,
-                    target: Target = SM121,
+                    target: Target = DEFAULT_TARGET,
                     stock_report: BinaryReport | None = None) -> KernelComparison:
     """The kernels the build must carry natively, by name: for the Spark, those of the stock
     file's newest arch (a build for sm_121 carries what the stock file's newest build did);
@@ -254,14 +254,14 @@ def check_still_loadable(stock: BinaryReport | None, built: BinaryReport,
     lost = sorted(k for k, v in stock.kernels.items() if v in ("native", "jit")
                   and built_keys.get(kernel_key(k), "none") == "none"
                   and not left_out_reason(k) and kernel_key(k) not in stubs)
-    return [f"{built.name}: kernel {kernel} loads on sm_121 from the stock file "
+    return [f"{built.name}: kernel {kernel} loads on {DEFAULT_GPU} from the stock file "
             f"({stock.kernels[kernel]}) but not from the build" for kernel in lost]
 
 
 def check_cubins(report: BinaryReport) -> list[str]:
     counts = report.kernel_counts()
     if counts["native"] == 0:
-        return [f"{report.name} carries no sm_121-loadable cubin "
+        return [f"{report.name} carries no {DEFAULT_GPU}-loadable cubin "
                 f"(cubins: {report.arch_counts('elf') or 'none'})"]
     return []
 
@@ -530,7 +530,7 @@ class Candidate:
     origins: Mapping[str, Origin] = field(default_factory=dict)
     files_under: str | None = None  # the folder the files are named under (vLLM's package)
     stock_read: StockRead | None = None  # the stock side, when it was read ahead
-    gpu: Policy = SPARK  # the GPU whose native kernels are verified
+    gpu: Policy = DEFAULT_POLICY  # the GPU whose native kernels are verified
 
 
 @dataclass(frozen=True)
@@ -547,7 +547,7 @@ class StockRead:
 
 def read_stock_side(engine: ImageEngine, stock: ImageFacts,
                     placed: tuple[tuple[str, ...], str | None], dest: Path,
-                    gpu: Policy = SPARK) -> StockRead:
+                    gpu: Policy = DEFAULT_POLICY) -> StockRead:
     """The stock copies of the files (their names, under a folder or else vLLM's package)
     into `dest`, audited for `gpu`, and torch's exports: what verification compares a
     candidate with.  It depends on the base alone, so the pipeline reads it while the
@@ -625,7 +625,7 @@ def verify_image(engine: ImageEngine, candidate: Candidate) -> Iterator[Verified
             if comparison.stubs_left_out:
                 example = comparison.stubs_left_out[0]
                 note(f"{name}: {len(comparison.stubs_left_out)} kernel(s) left out that were "
-                     f"stubs on sm_121 in the stock file, e.g. {example[:80]}")
+                     f"stubs on {DEFAULT_GPU} in the stock file, e.g. {example[:80]}")
             reasons = Counter(left_out_reason(k) for k in comparison.fp4_excluded)
             for why, count in sorted(reasons.items(), key=lambda item: str(item[0])):
                 example = next(k for k in comparison.fp4_excluded if left_out_reason(k) == why)

@@ -21,7 +21,7 @@ from sm121_build.core.inputs import read_input
 from sm121_build.core.outputs import NotWritten, append_text, replace_text
 from sm121_build.core.paths import cache_dir
 from sm121_build.cuda.binary import BinaryReport
-from sm121_build.cuda.compat import ArchList, is_default_gpu
+from sm121_build.cuda.compat import DEFAULT_GPU, ArchList, is_default_gpu
 
 FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
 class RunStatus(str, Enum):
@@ -329,8 +329,8 @@ def markdown(record: RunRecord) -> str:
     before = record.before or {}
     after = record.after or {}
     if after:
-        lines += ["", "| .so | stock cubins | stock kernels on sm_121 | rebuilt cubins | "
-                  "rebuilt kernels on sm_121 |", "| --- | --- | --- | --- | --- |"]
+        lines += ["", f"| .so | stock cubins | stock kernels on {DEFAULT_GPU} | rebuilt cubins | "
+                  f"rebuilt kernels on {DEFAULT_GPU} |", "| --- | --- | --- | --- | --- |"]
         for name in sorted(set(before) | set(after)):
             old, new = before.get(name), after.get(name)
             lines.append(f"| {md_code(name)} | {_md_counts(old.cubins if old else {})} | "
@@ -431,7 +431,7 @@ def summary_lines(record: RunRecord) -> list[str]:
         if after.kernels:
             total = sum(after.kernels.values())
             lines.append(f"  {shown(name)}: {was}{after.kernels['native']} of {total} kernels "
-                         f"native on {record.gpu or 'sm_121'}")
+                         f"native on {record.gpu or DEFAULT_GPU}")
     plans = record.decision.extensions if record.decision else {}
     stays = [(name, why) for name, plan in plans.items() for why in plan.get("remains", [])]
     if stays:

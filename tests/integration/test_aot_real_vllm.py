@@ -54,7 +54,7 @@ def test_split_compile_gives_the_code_of_a_plain_compile_on_real_vllm_ptx() -> N
     every section byte for byte, `.note.nv.tkinfo` (ptxas's own run notes, never the same
     twice) aside."""
     from sm121_build.cuda.binary import jit_ptx
-    from sm121_build.cuda.compat import SM121
+    from sm121_build.cuda.compat import DEFAULT_TARGET
     from sm121_build.cuda.fatbin import entry_payload, ptx_kernels
     from sm121_build.cuda.fatbin_rewrite import entry_options, read_layout
     from sm121_build.cuda.ptxas import Compile, arch_for, checked_options, find_toolchain, run_ptxas
@@ -65,7 +65,7 @@ def test_split_compile_gives_the_code_of_a_plain_compile_on_real_vllm_ptx() -> N
     layout = read_layout(data, "_C")
     modules = []
     for container in layout.containers:
-        entry = jit_ptx(container.described, SM121)
+        entry = jit_ptx(container.described, DEFAULT_TARGET)
         if entry is not None:
             raw = container.entries[container.described.index(entry)]
             ptx = entry_payload(data, entry, "_C")
@@ -75,7 +75,7 @@ def test_split_compile_gives_the_code_of_a_plain_compile_on_real_vllm_ptx() -> N
                               key=lambda m: len(ptx_kernels(m[0])))
     assert len(ptx_kernels(ptx)) >= 4, "a module with several kernels, so a split splits"
     toolchain = find_toolchain(cuda_home())
-    arch = arch_for(SM121, entry.variant)
+    arch = arch_for(DEFAULT_TARGET, entry.variant)
     plain = run_ptxas(toolchain, ptx, Compile(arch, options, 1, 600))
     split = run_ptxas(toolchain, ptx, Compile(arch, options, 4, 600))
     ours, theirs = _sections(plain.cubin), _sections(split.cubin)

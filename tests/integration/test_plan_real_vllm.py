@@ -12,8 +12,8 @@ import pytest
 
 from devkit.helpers import CACHE, pypi_download
 from sm121_build.core.vllm import projects
-from sm121_build.cuda.binary import SPARK, audit_binary
-from sm121_build.cuda.compat import SM121, ArchList
+from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
+from sm121_build.cuda.compat import DEFAULT_TARGET, ArchList
 from sm121_build.jobs.commands.aot_step import aot_actions
 from sm121_build.rebuild.decide import aot_does_as_well, decide_inputs, plan_extensions
 from sm121_build.source.guard_rules import PatchFor, apply_for_build
@@ -38,18 +38,18 @@ def test_the_default_run_plans_fa2_qutlass_and_c_on_0_33_0(tmp_path: Path) -> No
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with archive.open(member) as src, path.open("wb") as out:
                     shutil.copyfileobj(src, out)
-                stock[name] = audit_binary(path, name, SPARK, with_kernels=True)
+                stock[name] = audit_binary(path, name, DEFAULT_POLICY, with_kernels=True)
     prefix = f"vllm-{VERSION}/"
     with tarfile.open(sdist) as tar:
         tar.extractall(tmp_path / "sdist", filter="data", members=[
             m for m in tar.getmembers() if m.name == prefix + "CMakeLists.txt"
             or m.name.startswith(prefix + "cmake/")])
     source = tmp_path / "sdist" / prefix
-    lines = apply_for_build(source, {}, PatchFor(VERSION, ARCHS_121, "13.0", SM121))
+    lines = apply_for_build(source, {}, PatchFor(VERSION, ARCHS_121, "13.0", DEFAULT_TARGET))
     assert lines[-1].startswith("sass-from-ptx: applied (set_gencode_flags_for_srcs in "
                                 "cmake/utils.cmake:")
     plans = {p.name: p for p in plan_extensions(
-        stock, decide_inputs(source, ARCHS_121, "13.0", SM121),
+        stock, decide_inputs(source, ARCHS_121, "13.0", DEFAULT_TARGET),
         {t: p.name for p in projects() for t in p.targets})}
     built = {name for name, p in plans.items() if p.build}
     assert built == {"_C_stable_libtorch.abi3.so", "_qutlass_C.abi3.so",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CACHE, ROOT, pypi_download
-from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
+from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, audit_binary
 from sm121_build.verify.checks import check_still_loadable, compare_kernels
 
 pytestmark = [pytest.mark.vllm]
@@ -36,7 +36,7 @@ def test_the_real_0_33_0_rebuild_passes_the_kernel_checks(tmp_path: Path) -> Non
                           platform="manylinux_2_28_aarch64")
     with zipfile.ZipFile(wheel) as archive:
         stock_path = Path(archive.extract(f"vllm/{NAME}", tmp_path))
-    stock = audit_binary(stock_path, NAME, SPARK, with_kernels=True)
+    stock = audit_binary(stock_path, NAME, DEFAULT_POLICY, with_kernels=True)
     built = _built()
     comparison = compare_kernels(NAME, stock_path, built)
     assert (comparison.stock_arch, len(comparison.stock_kernels)) == ("sm_120", 4149)

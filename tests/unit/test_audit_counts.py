@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from devkit.helpers import DATA, compile_cached, gencode
-from sm121_build.cuda.binary import SPARK, audit_binary
+from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
 
 def test_counts_of_a_fatbin_with_every_kind_of_entry(matrix: dict[str, Path]) -> None:
     path = matrix["plain"]
-    report = audit_binary(path, "plain.so", SPARK, with_kernels=True)
+    report = audit_binary(path, "plain.so", DEFAULT_POLICY, with_kernels=True)
     with HostBinary.open(path) as binary:
         entries = binary.entries
     assert report.size == path.stat().st_size and report.entries == entries
@@ -30,18 +30,19 @@ def test_counts_of_a_fatbin_with_every_kind_of_entry(matrix: dict[str, Path]) ->
 
 
 def test_counts_when_nothing_or_only_ptx_loads(matrix: dict[str, Path]) -> None:
-    sm90 = audit_binary(matrix["sm90"], "sm90.so", SPARK, with_kernels=True)
+    sm90 = audit_binary(matrix["sm90"], "sm90.so", DEFAULT_POLICY, with_kernels=True)
     assert sm90.containers == {"native": 0, "jit": 0, "none": 2}
     assert sm90.kernel_counts() == {"native": 0, "jit": 0, "none": 4}
-    ptx = audit_binary(matrix["ptx_only"], "ptx.so", SPARK, with_kernels=True)
+    ptx = audit_binary(matrix["ptx_only"], "ptx.so", DEFAULT_POLICY, with_kernels=True)
     assert ptx.kernel_counts() == {"native": 0, "jit": 4, "none": 0} and ptx.verdict == "jit"
 
 
 def test_arch_specific_ptx_of_another_gpu_does_not_jit(tmp_path: Path) -> None:
     a = compile_cached("ptx-90a", DATA / "kernels.cu", gencode("compute_90a:compute_90a"))
     plain = compile_cached("ptx-90", DATA / "kernels.cu", gencode("compute_90:compute_90"))
-    assert audit_binary(a, "a.so", SPARK, with_kernels=True).kernel_counts()["none"] == 4
-    assert audit_binary(plain, "p.so", SPARK, with_kernels=True).kernel_counts()["jit"] == 4
+    assert audit_binary(a, "a.so", DEFAULT_POLICY, with_kernels=True).kernel_counts()["none"] == 4
+    counts = audit_binary(plain, "p.so", DEFAULT_POLICY, with_kernels=True).kernel_counts()
+    assert counts["jit"] == 4
 
 
 def test_an_arch_of_any_text_sorts_without_an_error() -> None:

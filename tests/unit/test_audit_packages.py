@@ -15,7 +15,7 @@ from devkit.helpers import ROOT, cli, compile_cached, gencode, one_line_error
 from sm121_build.audit.judge import judged, package_name
 from sm121_build.audit.report import package_of, packages
 from sm121_build.cuda.binary import host_only_report
-from sm121_build.cuda.compat import SM121
+from sm121_build.cuda.compat import DEFAULT_TARGET
 from sm121_build.rebuild.decide import ExtensionPlan
 
 SCHEMA = json.loads((ROOT / "sm121_build/data/schemas/audit.schema.json").read_text())
@@ -182,5 +182,5 @@ def _plan(outcome: str, before: dict[str, int], foreign: tuple[str, ...] = (),
 def test_each_decide_outcome_has_its_verdict(outcome: str, foreign: tuple[str, ...],
                                              verdict: str, reason: str) -> None:
     found = judged(_plan(outcome, {"native": 1, "jit": 2, "none": 3}, foreign,
-                         remains=("stays",)), SM121)
+                         remains=("stays",)), DEFAULT_TARGET)
     assert (found.verdict, found.reason) == (verdict, reason)

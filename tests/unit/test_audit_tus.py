@@ -13,7 +13,7 @@ from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.cuda.binary import Policy, audit_binary
 from sm121_build.cuda.compat import parse_target
 
-SM121 = Policy(parse_target("sm_121"), (13, 0))
+DEFAULT_TARGET = Policy(parse_target("sm_121"), (13, 0))
 
 
 @pytest.fixture(scope="module", params=["ab", "ba"])
@@ -31,7 +31,7 @@ def two_tus(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
 
 
 def test_a_kernel_is_as_good_as_its_worst_translation_unit(two_tus: Path) -> None:
-    report = audit_binary(two_tus, "two.so", SM121, True)
+    report = audit_binary(two_tus, "two.so", DEFAULT_TARGET, True)
     kernels = {name.split("(")[0]: verdict for name, verdict in (report.kernels or {}).items()}
     assert kernels == {"_Z13only_a_kernelPf": "native", "_Z13only_b_kernelPf": "none",
                        "_Z13shared_kernelILi1EEvPf": "none"}

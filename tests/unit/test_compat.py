@@ -18,7 +18,7 @@ from sm121_build.cuda.compat import (
     ptx_isa_table,
 )
 
-SM121 = parse_target("sm_121")
+DEFAULT_TARGET = parse_target("sm_121")
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,13 @@ CUDA13 = (13, 0)
     ("ptx", 121, "f", "jit"),
 ])
 def test_sm121_rules(kind: str, arch: int, variant: str, expected: str) -> None:
-    assert entry_verdict(EntryCode(kind, arch, variant, (9, 0)), SM121, CUDA13) == expected
+    assert entry_verdict(EntryCode(kind, arch, variant, (9, 0)), DEFAULT_TARGET, CUDA13) == expected
 
 
 def test_ptx_newer_than_driver_cannot_jit() -> None:
-    assert entry_verdict(EntryCode("ptx", 90, "", (8, 8)), SM121, (12, 9)) == "jit"
-    assert entry_verdict(EntryCode("ptx", 90, "", (9, 0)), SM121, (12, 9)) == "none"
-    assert entry_verdict(EntryCode("ptx", 90, "", (9, 0)), SM121, CUDA13) == "jit"
+    assert entry_verdict(EntryCode("ptx", 90, "", (8, 8)), DEFAULT_TARGET, (12, 9)) == "jit"
+    assert entry_verdict(EntryCode("ptx", 90, "", (9, 0)), DEFAULT_TARGET, (12, 9)) == "none"
+    assert entry_verdict(EntryCode("ptx", 90, "", (9, 0)), DEFAULT_TARGET, CUDA13) == "jit"
 
 
 def testptx_isa_table() -> None:
@@ -140,7 +140,7 @@ def test_the_newest_known_driver_and_an_older_one() -> None:
 
 
 def test_unknown_entry_kinds_and_the_best_verdict() -> None:
-    assert entry_verdict(EntryCode("nvvm", 121, "", (9, 0)), SM121, CUDA13) == "none"
+    assert entry_verdict(EntryCode("nvvm", 121, "", (9, 0)), DEFAULT_TARGET, CUDA13) == "none"
     assert best(["jit", "native", "none"]) == "native"
     assert best(["none", "jit"]) == "jit"
     assert best(["none"]) == "none" and best([]) == "none"

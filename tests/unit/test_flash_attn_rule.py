@@ -18,7 +18,7 @@ from sm121_build.source.guards import effective_archs, evaluate
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
-SM121 = parse_target("sm_121")
+DEFAULT_TARGET = parse_target("sm_121")
 
 
 def _fa(tmp_path: Path) -> Path:
@@ -34,13 +34,13 @@ def test_fa2_gets_a_native_target_and_nothing_else_changes(tmp_path: Path, cuda:
     assert [(g.variable, g.targets) for g in evaluate(source, ARCHS_121, cuda)] == [
         ("FA2_ARCHS", ("8.0+PTX",)), ("FA3_ARCHS", ())]
     (result,) = apply_all(source,
-            PatchFor("0.19.1", ARCHS_121, cuda, SM121), project="vllm-flash-attn")
+            PatchFor("0.19.1", ARCHS_121, cuda, DEFAULT_TARGET), project="vllm-flash-attn")
     assert (result.name, result.outcome) == ("fa2-sm12x-native", "applied")
     # {arch} (12.1) is tried first: "8.0+PTX;12.1" still gives 8.0+PTX for CUDA_ARCHS 12.0
     assert [(w.new_list, w.result) for w in result.rewrites] == [("8.0+PTX;12.0", ("12.0",))]
     after = (source / "CMakeLists.txt").read_text()
     assert after == before.replace('(FA2_ARCHS "8.0+PTX"', '(FA2_ARCHS "8.0+PTX;12.0"')
-    (again,) = apply_all(source, PatchFor("0.19.1", ARCHS_121, cuda, SM121),
+    (again,) = apply_all(source, PatchFor("0.19.1", ARCHS_121, cuda, DEFAULT_TARGET),
                          project="vllm-flash-attn")
     assert again.outcome == "not needed"
     assert (source / "CMakeLists.txt").read_text() == after
@@ -50,7 +50,8 @@ def test_fa2_gets_a_native_target_and_nothing_else_changes(tmp_path: Path, cuda:
 def test_a_build_without_sm12x_leaves_fa2_alone(tmp_path: Path) -> None:
     source = _fa(tmp_path)
     (result,) = apply_all(source,
-            PatchFor("0.19.1", ArchList.parse("9.0"), gpu=SM121), project="vllm-flash-attn")
+            PatchFor("0.19.1", ArchList.parse("9.0"), gpu=DEFAULT_TARGET),
+            project="vllm-flash-attn")
     assert result.outcome == "not applicable"
     assert (source / "CMakeLists.txt").read_text() == (DATA / "fa_like" /
                                                        "CMakeLists.txt").read_text()
@@ -62,7 +63,7 @@ def test_a_guard_already_native_is_not_touched(tmp_path: Path) -> None:
     text = (source / "CMakeLists.txt").read_text().replace('"8.0+PTX"', '"8.0+PTX;12.0"')
     (source / "CMakeLists.txt").write_text(text)
     (result,) = apply_all(source,
-            PatchFor("0.19.1", ARCHS_121, gpu=SM121), project="vllm-flash-attn")
+            PatchFor("0.19.1", ARCHS_121, gpu=DEFAULT_TARGET), project="vllm-flash-attn")
     assert result.outcome == "not needed"
 
 
@@ -101,7 +102,7 @@ def test_an_add_that_cannot_reach_the_gpu_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(Sm121Error, match=r"CMakeLists.txt:\d+: no form of rule r stops "
                                          r"FA2_ARCHS giving sm_121 no native code "
                                          r"\(tried 8.0\+PTX;12.1\)"):
-        apply_rule(rule, _fa(tmp_path), PatchFor("0.19.1", ARCHS_121, gpu=SM121))
+        apply_rule(rule, _fa(tmp_path), PatchFor("0.19.1", ARCHS_121, gpu=DEFAULT_TARGET))
 
 
 def test_patch_explain_shows_the_same_ptx_rule_on_flash_attention(tmp_path: Path) -> None:
@@ -136,11 +137,12 @@ def test_the_build_patch_step_gives_flash_attention_sass_in_process(tmp_path: Pa
     vllm = Path(shutil.copytree(DATA / "vllm_like", tmp_path / "vllm"))
     fa = _fa(tmp_path)
     original = (fa / "cmake" / "utils.cmake").read_text()
-    checked = apply_macros(fa, "vllm-flash-attn", ArchList.parse("12.0"), SM121, check=True)
+    checked = apply_macros(fa, "vllm-flash-attn", ArchList.parse("12.0"), DEFAULT_TARGET,
+                           check=True)
     assert [r.outcome for r in checked] == ["applied"]
     assert (fa / "cmake" / "utils.cmake").read_text() == original  # check: nothing written
     lines = apply_for_build(vllm, {"vllm-flash-attn": fa},
-            PatchFor("0.33.0", ARCHS_121, "13.0", SM121), vllm=False)
+            PatchFor("0.33.0", ARCHS_121, "13.0", DEFAULT_TARGET), vllm=False)
     # the fixture's vLLM tree hands flash-attention 12.1 as it is (0.33.0 narrows it to 12.0)
     assert lines == ["sass-from-ptx (vllm-flash-attn, CUDA_ARCHS 12.1): applied "
                      "(set_gencode_flags_for_srcs in cmake/utils.cmake:81 gives PTX-only "
@@ -148,7 +150,7 @@ def test_the_build_patch_step_gives_flash_attention_sass_in_process(tmp_path: Pa
     patched = (fa / "cmake" / "utils.cmake").read_text()
     assert 'CODE "sm_121")' in patched and patched.startswith(original[:200])
     again = apply_for_build(vllm, {"vllm-flash-attn": fa},
-            PatchFor("0.33.0", ARCHS_121, "13.0", SM121), vllm=False)
+            PatchFor("0.33.0", ARCHS_121, "13.0", DEFAULT_TARGET), vllm=False)
     assert again == ["sass-from-ptx (vllm-flash-attn, CUDA_ARCHS 12.1): not needed "
                      "(set_gencode_flags_for_srcs already has it)"]
 
@@ -159,7 +161,7 @@ def test_the_build_patch_step_on_a_vllm_shaped_tree_in_process(tmp_path: Path) -
     from sm121_build.source.guard_rules import apply_for_build
 
     tree = _fa(tmp_path)
-    lines = apply_for_build(tree, {}, PatchFor("0.33.0", ARCHS_121, "13.0", SM121))
+    lines = apply_for_build(tree, {}, PatchFor("0.33.0", ARCHS_121, "13.0", DEFAULT_TARGET))
     assert lines == [
         "fp4-sm12x-arch-specific: not applicable (no guard the rule covers has an SM12x entry "
         "in this source)",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sm121_build.cli.params import arch_for_gpu, gpu_value
 from sm121_build.core.labels import FIELD_LABELS
-from sm121_build.cuda.binary import SPARK, Policy, gpu_of_arch_list
+from sm121_build.cuda.binary import DEFAULT_POLICY, Policy, gpu_of_arch_list
 from sm121_build.cuda.compat import ArchList, parse_target
 from sm121_build.image.refs import default_tag
 from sm121_build.jobs.commands.kernels_image import gpu_refusal, pinned_tag, reuse_key
@@ -58,8 +58,8 @@ def test_a_gpu_is_read_back_the_same_from_everything_written_for_it(written: str
     assert gpu_value(None, None, gpu_label(str(gpu))[FIELD_LABELS["gpu"]]) == gpu
     # the reuse key: one per GPU
     keys = {reuse_key(_manifest(other, str(other.arch_list)))
-            for other in (gpu, SPARK, Policy(parse_target("sm_120"), (13, 0)))}
-    assert len(keys) == len({gpu, SPARK, Policy(parse_target("sm_120"), (13, 0))})
+            for other in (gpu, DEFAULT_POLICY, Policy(parse_target("sm_120"), (13, 0)))}
+    assert len(keys) == len({gpu, DEFAULT_POLICY, Policy(parse_target("sm_120"), (13, 0))})
 
 
 @pytest.mark.parametrize(("made", "run"), [("sm_120", "sm_121"), ("sm_121", "sm_120"),
@@ -87,7 +87,7 @@ def test_the_sparks_reuse_key_is_what_it_was_before_gpu() -> None:
     `--gpu`): an existing image is still found by a run of this version."""
     import hashlib
 
-    manifest = _manifest(SPARK, "12.1")
+    manifest = _manifest(DEFAULT_POLICY, "12.1")
     built = manifest.provenance
     before = hashlib.sha256("\0".join([
         built.vllm_commit_id or "", built.torch_version or "", built.arch_list, built.patches,
@@ -101,8 +101,8 @@ def test_a_source_builds_arch_list_is_refused_for_another_gpu() -> None:
     assert arch_for_gpu(None, sm120) == ArchList.parse("12.0")
     with pytest.raises(click.BadParameter, match="a source build is for sm_121 only"):
         arch_for_gpu(ARCHS_121, sm120)
-    assert arch_for_gpu(ArchList.parse("12.1a"), SPARK) == ArchList.parse("12.1a")
-    assert arch_for_gpu(None, SPARK) == ARCHS_121
+    assert arch_for_gpu(ArchList.parse("12.1a"), DEFAULT_POLICY) == ArchList.parse("12.1a")
+    assert arch_for_gpu(None, DEFAULT_POLICY) == ARCHS_121
 
 
 def test_an_unknown_gpu_is_one_error() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA, cli, compile_cached, compile_device_file, gencode, run_cuobjdump
-from sm121_build.cuda.binary import SPARK, aot_able, audit_binary
+from sm121_build.cuda.binary import DEFAULT_POLICY, aot_able, audit_binary
 from sm121_build.cuda.fatbin import CONTAINER_MAGIC, HostBinary
 
 MAGIC = struct.pack("<I", CONTAINER_MAGIC)
@@ -64,7 +64,7 @@ def test_fatbins_in_data_and_rodata_are_found_by_section(
     lib = _library(tmp_path, [("in_data", ptx_fatbin, ""),
                               ("in_rodata", native_fatbin, "const"),
                               ("decoy", _decoy(), "const")])
-    report = audit_binary(lib, lib.name, SPARK, with_kernels=True)
+    report = audit_binary(lib, lib.name, DEFAULT_POLICY, with_kernels=True)
     assert report.sections() == {".data": 1, ".rodata": 1}
     assert {(e.section, e.kind, e.sm) for e in report.entries} == {
         (".data", "ptx", "sm_80"), (".rodata", "elf", "sm_120")}
@@ -78,7 +78,7 @@ def test_fatbins_in_data_and_rodata_are_found_by_section(
     assert "ELF file" not in oracle.stdout and "PTX file" not in oracle.stdout
     assert report.cuobjdump == []
     # aot cannot reach them: the audit says so, and never calls the file aot-able
-    assert aot_able(report, SPARK.target) is None
+    assert aot_able(report, DEFAULT_POLICY.target) is None
     assert report.reach is not None and report.reach.unreachable == {".data": 1}
 
 
@@ -120,8 +120,8 @@ def test_a_ptx_file_is_not_aot_able_for_either(tmp_path: Path) -> None:
     ptx = tmp_path / "jitlink.ptx"
     ptx.write_text(".version 6.0\n.target sm_50\n.address_size 64\n"
                    ".visible .func (.param .b32 r) bar(.param .b32 x) { ret; }\n")
-    report = audit_binary(ptx, ptx.name, SPARK, with_kernels=True)
-    assert aot_able(report, SPARK.target) is None
+    report = audit_binary(ptx, ptx.name, DEFAULT_POLICY, with_kernels=True)
+    assert aot_able(report, DEFAULT_POLICY.target) is None
     assert report.reach is not None and report.reach.refused is not None
     assert "not a shared object" in report.reach.refused
     table = cli("audit", str(ptx), "--target", "sm_121", "--driver", "13.0")
@@ -143,14 +143,14 @@ def test_a_registration_aot_would_refuse_is_not_aot_able(tmp_path: Path) -> None
     struct.pack_into("<Q", data, shoff + index * 64 + 0x18, len(data) + 4096)  # sh_offset
     broken = tmp_path / "_C.abi3.so"
     broken.write_bytes(bytes(data))
-    report = audit_binary(broken, broken.name, SPARK, with_kernels=True)
-    assert aot_able(report, SPARK.target) is None
+    report = audit_binary(broken, broken.name, DEFAULT_POLICY, with_kernels=True)
+    assert aot_able(report, DEFAULT_POLICY.target) is None
     assert report.reach is not None and report.reach.refused is not None
     assert ".nvFatBinSegment" in report.reach.refused
     done = cli("aot", str(broken), "--out", str(tmp_path / "out"), "--target", "sm_121")
     assert done.returncode == 2 and ".nvFatBinSegment" in done.stderr
-    stock = audit_binary(so, so.name, SPARK, with_kernels=True)
-    assert aot_able(stock, SPARK.target) is not None  # the same file, whole: aot-able
+    stock = audit_binary(so, so.name, DEFAULT_POLICY, with_kernels=True)
+    assert aot_able(stock, DEFAULT_POLICY.target) is not None  # the same file, whole: aot-able
 
 
 def test_a_folder_of_wheels_is_audited_by_distribution(tmp_path: Path,

@@ -50,7 +50,7 @@ ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
 GE13 = "if(${CMAKE_CUDA_COMPILER_VERSION} VERSION_GREATER_EQUAL 13.0)"
 FP4 = 'cuda_archs_loose_intersection(FP4_ARCHS "{}" "${{CUDA_ARCHS}}")\n'
-SM121 = parse_target("sm_121")
+DEFAULT_TARGET = parse_target("sm_121")
 
 
 def _rule_file(folder: Path, body: str, name: str = "r.yaml") -> Path:
@@ -193,13 +193,13 @@ def test_covered_and_breaks_ptxas() -> None:
 def test_a_rule_needs_and_covers() -> None:
     fp4, = rules_for()
     fa2, = rules_for("vllm-flash-attn")
-    assert fp4.needs(_guard("", "", targets=("12.1",)), SM121)
-    assert not fp4.needs(_guard("", "", targets=("12.1a",)), SM121)
-    assert fa2.needs(_guard("", "", targets=("8.0+PTX",)), SM121)
-    assert fa2.needs(_guard("", "", targets=()), SM121)
-    assert not fa2.needs(_guard("", "", targets=("12.0",)), SM121)
-    assert not fa2.needs(Guard(_guard("", "").call, None), SM121)  # not evaluable
-    assert not fa2.needs(Guard(_guard("", "").call, (), taken=False), SM121)
+    assert fp4.needs(_guard("", "", targets=("12.1",)), DEFAULT_TARGET)
+    assert not fp4.needs(_guard("", "", targets=("12.1a",)), DEFAULT_TARGET)
+    assert fa2.needs(_guard("", "", targets=("8.0+PTX",)), DEFAULT_TARGET)
+    assert fa2.needs(_guard("", "", targets=()), DEFAULT_TARGET)
+    assert not fa2.needs(_guard("", "", targets=("12.0",)), DEFAULT_TARGET)
+    assert not fa2.needs(Guard(_guard("", "").call, None), DEFAULT_TARGET)  # not evaluable
+    assert not fa2.needs(Guard(_guard("", "").call, (), taken=False), DEFAULT_TARGET)
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -631,7 +631,7 @@ def test_the_build_patch_step_lines(tmp_path: Path) -> None:
                              '"${CUDA_ARCHS}")\n' + FP4.format("12.0a"))
     fa = Path(shutil.copytree(DATA / "fa_like", tmp_path / "fa"))
     lines = apply_for_build(source, {"vllm-flash-attn": fa},
-            PatchFor("0.99.0", ArchList.parse("12.1;12.0"), "13.0", SM121))
+            PatchFor("0.99.0", ArchList.parse("12.1;12.0"), "13.0", DEFAULT_TARGET))
     assert lines == [
         "fp4-sm12x-arch-specific: not needed (no guard the rule covers gives a plain 12.x "
         "target for 12.1;12.0 with CUDA 13.0)",
@@ -639,7 +639,7 @@ def test_the_build_patch_step_lines(tmp_path: Path) -> None:
         "target in 1 file(s))"]
     assert '"8.0+PTX;12.0"' in (fa / "CMakeLists.txt").read_text()
     plain = _tree(tmp_path / "b", FP4.format("12.0f"))
-    assert apply_for_build(plain, {}, PatchFor("0.99.0", ARCHS_121, "12.9", SM121)) == [
+    assert apply_for_build(plain, {}, PatchFor("0.99.0", ARCHS_121, "12.9", DEFAULT_TARGET)) == [
         "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))"]
 
 
@@ -649,7 +649,7 @@ def test_an_add_rule_reports_the_gpu(tmp_path: Path) -> None:
     text = (fa / "CMakeLists.txt").read_text().replace('"8.0+PTX"', '"8.0+PTX;12.0"')
     (fa / "CMakeLists.txt").write_text(text)
     (result,) = apply_all(fa,
-            PatchFor("0.19.1", ARCHS_121, gpu=SM121), project="vllm-flash-attn")
+            PatchFor("0.19.1", ARCHS_121, gpu=DEFAULT_TARGET), project="vllm-flash-attn")
     assert (result.outcome, result.detail, result.action) == (
         "not needed", "no guard the rule covers gives sm_121 no native code for 12.1 with CUDA "
         "13.0", "add")
@@ -739,16 +739,17 @@ def test_external_projects_get_the_archs_vllm_hands_them_and_the_gpu(tmp_path: P
     (fa / "CMakeLists.txt").write_text(text)
     for cuda, handed in (("12.9", "9.0;12.0;12.1"), ("13.0", "9.0;12.0")):
         got, (result,) = patch.apply_external(source, fa, "vllm-flash-attn",
-                PatchFor("0.99.0", ArchList.parse("9.0;12.0;12.1"), cuda, SM121))
+                PatchFor("0.99.0", ArchList.parse("9.0;12.0;12.1"), cuda, DEFAULT_TARGET))
         assert str(got) == handed
         assert (result.outcome, result.detail) == (
             "not needed", f"no guard the rule covers gives sm_121 no native code for {handed} "
                           f"with CUDA {cuda}")
     (result,) = apply_all(fa,
-            PatchFor("0.99.0", ArchList.parse("12.0"), gpu=SM121), project="vllm-flash-attn")
+            PatchFor("0.99.0", ArchList.parse("12.0"), gpu=DEFAULT_TARGET),
+            project="vllm-flash-attn")
     assert "gives sm_121 no native code" in result.detail  # not the sm_120 of 12.0
     assert apply_for_build(source, {"vllm-flash-attn": fa},
-            PatchFor("0.99.0", ArchList.parse("12.0"), "12.9", SM121)) == [
+            PatchFor("0.99.0", ArchList.parse("12.0"), "12.9", DEFAULT_TARGET)) == [
         "fp4-sm12x-arch-specific: not applicable (no guard the rule covers has an SM12x entry in "
         "this source)",
         "fa2-sm12x-native (vllm-flash-attn, CUDA_ARCHS 12.0): not needed (no guard the rule "
@@ -757,7 +758,7 @@ def test_external_projects_get_the_archs_vllm_hands_them_and_the_gpu(tmp_path: P
 
 def test_the_build_patch_step_uses_the_build_s_cuda_version(tmp_path: Path) -> None:
     source = _tree(tmp_path, f"{GE13}\nelse()\n  " + FP4.format("12.0f") + "endif()\n")
-    assert apply_for_build(source, {}, PatchFor("0.99.0", ARCHS_121, "12.9", SM121)) == [
+    assert apply_for_build(source, {}, PatchFor("0.99.0", ARCHS_121, "12.9", DEFAULT_TARGET)) == [
         "fp4-sm12x-arch-specific: applied (1 guard call(s) rewritten in 1 file(s))",
         "sass-from-ptx: not applicable (cmake/utils.cmake defines no set_gencode_flags_for_srcs)"]
 

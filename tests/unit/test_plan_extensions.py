@@ -10,8 +10,8 @@ import pytest
 
 from devkit.helpers import DATA, compile_cached, gencode
 from devkit.helpers import vllm_like_tree as _tree
-from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
-from sm121_build.cuda.compat import SM121, ArchList
+from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, audit_binary
+from sm121_build.cuda.compat import DEFAULT_TARGET, ArchList
 from sm121_build.rebuild.decide import MIN_JIT_SHARE, Inputs, plan_extensions
 from sm121_build.source.external import source_targets
 from sm121_build.source.guard_targets import guard_owners
@@ -48,11 +48,12 @@ def _report(tmp_path: Path, name: str, *pairs: str) -> BinaryReport:
                            gencode(*pairs))
     path = tmp_path / name.replace("/", "_")
     shutil.copy(built, path)
-    return audit_binary(path, name, SPARK, with_kernels=True)
+    return audit_binary(path, name, DEFAULT_POLICY, with_kernels=True)
 
 
 def _inputs(source: Path, cuda: str = "13.0") -> Inputs:
-    return Inputs(source, ArchList.parse("12.1"), cuda, SM121, frozenset(source_targets(source)),
+    return Inputs(source, ArchList.parse("12.1"), cuda, DEFAULT_TARGET,
+                  frozenset(source_targets(source)),
                   frozenset({"vllm", "vllm-flash-attn"}), frozenset({"_vllm_fa2_C"}))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import CUOBJDUMP_ENTRY, DATA, cli, compile_device_file, gencode, run_cuobjdump
-from sm121_build.cuda.binary import SPARK, audit_binary
+from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
 from sm121_build.cuda.fatbin import HostBinary, cuobjdump_listing
 
 CUBINS = ["sm_80", "sm_90", "sm_90a", "sm_100f", "sm_120", "sm_120f", "sm_121", "sm_121a"]
@@ -38,7 +38,7 @@ def test_a_raw_cubin_equals_cuobjdump(arch: str) -> None:
         assert binary.raw == "cubin" and [e.sm for e in binary.entries] == [arch]
         assert cuobjdump_listing(path, binary.entries, binary.raw) == oracle.stdout.splitlines()
         assert sorted(binary.kernels(binary.entries[0])) == _symbols(path)
-    report = audit_binary(path, path.name, SPARK, with_kernels=True)
+    report = audit_binary(path, path.name, DEFAULT_POLICY, with_kernels=True)
     verdict = "native" if arch in NATIVE_ON_SM121 else "none"
     assert report.kernels and set(report.kernels.values()) == {verdict}
 
@@ -51,7 +51,7 @@ def test_a_raw_fatbin_equals_cuobjdump() -> None:
     with HostBinary.open(path) as binary:
         assert binary.raw == "fatbin"
         assert cuobjdump_listing(path, binary.entries, binary.raw) == oracle.stdout.splitlines()
-    report = audit_binary(path, path.name, SPARK, with_kernels=True)
+    report = audit_binary(path, path.name, DEFAULT_POLICY, with_kernels=True)
     assert report.kernels and set(report.kernels.values()) == {"jit"}  # compute_120f PTX
 
 

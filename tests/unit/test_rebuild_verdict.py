@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import DATA, compile_cached, gencode
-from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
-from sm121_build.cuda.compat import SM121
+from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, audit_binary
+from sm121_build.cuda.compat import DEFAULT_TARGET
 from sm121_build.rebuild.decide import rebuild_verdict
 
 KERNELS = DATA / "kernels.cu"
@@ -58,8 +58,8 @@ def test_rebuild_verdicts(tmp_path: Path, name: str, pairs: tuple[str, ...], ver
                            gencode(*pairs))
     path = tmp_path / name.rsplit("/", 1)[-1]
     shutil.copy(built, path)
-    report = audit_binary(path, name, SPARK, with_kernels=kernels)
-    found = rebuild_verdict(report, SM121)
+    report = audit_binary(path, name, DEFAULT_POLICY, with_kernels=kernels)
+    found = rebuild_verdict(report, DEFAULT_TARGET)
     assert found is not None and found.verdict == verdict
     if verdict == "native":
         assert found.reason == "every kernel is native on sm_121"
@@ -81,8 +81,8 @@ def test_partly_native_c_is_left_to_the_main_jobs_decision(tmp_path: Path) -> No
 
     so = tmp_path / "_C.abi3.so"
     subprocess.run([nvcc(), "-shared", "-o", str(so), str(a), str(b)], check=True)
-    report = audit_binary(so, "_C.abi3.so", SPARK, with_kernels=True)
-    found = rebuild_verdict(report, SM121)
+    report = audit_binary(so, "_C.abi3.so", DEFAULT_POLICY, with_kernels=True)
+    found = rebuild_verdict(report, DEFAULT_TARGET)
     assert found is not None and found.verdict == "partly native"
     lacking = sum(1 for v in (report.kernels or {}).values() if v != "native")
     assert 0 < lacking < len(report.kernels or {})
@@ -94,4 +94,4 @@ def test_partly_native_c_is_left_to_the_main_jobs_decision(tmp_path: Path) -> No
 
 def test_no_device_code_has_no_verdict(tmp_path: Path) -> None:
     report = BinaryReport("x.so", 1, [], [], {"native": 0, "jit": 0, "none": 0}, {})
-    assert rebuild_verdict(report, SM121) is None
+    assert rebuild_verdict(report, DEFAULT_TARGET) is None

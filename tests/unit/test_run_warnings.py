@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from devkit.helpers import DATA, compile_cached, gencode
-from sm121_build.cuda.binary import SPARK, audit_binary
-from sm121_build.cuda.compat import SM121
+from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
+from sm121_build.cuda.compat import DEFAULT_TARGET
 from sm121_build.jobs.framework.run_warnings import STALE_DAYS, age_warning, ptx_warning
 
 NOW = datetime(2026, 11, 24, tzinfo=timezone.utc)
@@ -28,11 +28,11 @@ def test_a_base_created_long_ago_is_said_once() -> None:
 def test_ptx_newer_than_the_driver_is_said(tmp_path: Path) -> None:
     built = compile_cached("warn-ptx", DATA / "kernels.cu",
                            gencode("compute_80:sm_80", "compute_80:compute_80"))
-    report = audit_binary(built, "_vllm_fa2_C.abi3.so", SPARK, with_kernels=False)
+    report = audit_binary(built, "_vllm_fa2_C.abi3.so", DEFAULT_POLICY, with_kernels=False)
     # nvcc 13.0 writes PTX ISA 9.0: a CUDA 12.8 driver JITs up to 8.7
-    said = ptx_warning({"fa2.so": report}, SM121, (12, 8))
+    said = ptx_warning({"fa2.so": report}, DEFAULT_TARGET, (12, 8))
     assert said is not None and said.startswith("warning: fa2.so carry PTX ISA 9.0, newer than "
                                                 "a CUDA 12.8 driver can JIT-compile (max 8.7)")
     assert "the rebuild compiles them to SASS ahead of time" in said
-    assert ptx_warning({"fa2.so": report}, SM121, (13, 0)) is None
-    assert ptx_warning({"gone.so": None}, SM121, (12, 8)) is None
+    assert ptx_warning({"fa2.so": report}, DEFAULT_TARGET, (13, 0)) is None
+    assert ptx_warning({"gone.so": None}, DEFAULT_TARGET, (12, 8)) is None

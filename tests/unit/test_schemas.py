@@ -17,7 +17,7 @@ import pytest
 
 from devkit.helpers import DATA, compile_cached, gencode
 from sm121_build.core.shipped import schema
-from sm121_build.cuda.binary import SPARK, audit_binary
+from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.formats import artifacts
 from sm121_build.verify import run_report
@@ -66,7 +66,7 @@ def test_audit_json_of_real_files(tmp_path: Path) -> None:
 def test_the_manifest_export_writes_and_inject_reads(tmp_path: Path) -> None:
     so = compile_cached("schema-121", DATA / "kernels.cu",
                         gencode("compute_121:sm_121", "compute_120f:sm_120f"))
-    report = audit_binary(so, "_C.abi3.so", SPARK, with_kernels=True)
+    report = audit_binary(so, "_C.abi3.so", DEFAULT_POLICY, with_kernels=True)
     provenance = artifacts.Provenance(
         base="vllm/vllm-openai:nightly", base_digest="sha256:" + "a" * 64,
         vllm_version="0.26.0", vllm_commit="c" * 40, vllm_commit_id=None, arch_list="12.1",

@@ -12,7 +12,7 @@ import pytest
 
 from devkit.dirfiles import DirectoryFiles
 from sm121_build.core.errors import Sm121Error
-from sm121_build.cuda.binary import SPARK, BinaryReport, audit_binary
+from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, audit_binary
 from sm121_build.cuda.dynsym import dynamic_symbols
 from sm121_build.image.api import HistoryStep, ImageInfo
 from sm121_build.image.engine import failure_cause
@@ -175,17 +175,17 @@ def test_kernel_keys_of_a_real_rebuild_match_the_stock_names() -> None:
 
 
 def test_compare_kernels_and_check_cubins_on_real_files(matrix: dict[str, Path]) -> None:
-    built = audit_binary(matrix["sm121"], "_C.abi3.so", SPARK, with_kernels=True)
+    built = audit_binary(matrix["sm121"], "_C.abi3.so", DEFAULT_POLICY, with_kernels=True)
     found = compare_kernels("_C.abi3.so", matrix["sm90"], built)
     assert (found.name, found.stock_arch) == ("_C.abi3.so", "sm_90")
     assert found.stock_kernels == found.built_native and len(found.stock_kernels) == 4
     assert compare_kernels("_C.abi3.so", None, built) == KernelComparison(
         "_C.abi3.so", None, frozenset(), found.built_native)
     assert check_cubins(built) == []
-    old = audit_binary(matrix["sm90"], "_C.abi3.so", SPARK, with_kernels=True)
+    old = audit_binary(matrix["sm90"], "_C.abi3.so", DEFAULT_POLICY, with_kernels=True)
     assert check_cubins(old) == [
         "_C.abi3.so carries no sm_121-loadable cubin (cubins: {'sm_90': 2})"]
-    ptx = audit_binary(matrix["ptx_only"], "p.so", SPARK, with_kernels=True)
+    ptx = audit_binary(matrix["ptx_only"], "p.so", DEFAULT_POLICY, with_kernels=True)
     assert check_cubins(ptx) == ["p.so carries no sm_121-loadable cubin (cubins: none)"]
 
 
@@ -446,7 +446,7 @@ def test_a_kernel_the_stock_could_jit_must_still_load(tmp_path: Path) -> None:
 
     def report(name: str, *pairs: str) -> BinaryReport:
         built = compile_cached(f"loadable-{name}", DATA / "kernels.cu", gencode(*pairs))
-        return audit_binary(built, "_C.abi3.so", SPARK, with_kernels=True)
+        return audit_binary(built, "_C.abi3.so", DEFAULT_POLICY, with_kernels=True)
 
     ptx = report("ptx", "compute_80:sm_80", "compute_80:compute_80")
     gone = report("sm90a", "compute_90a:sm_90a")

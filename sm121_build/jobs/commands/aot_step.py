@@ -26,7 +26,7 @@ from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.paths import cache_dir
 from sm121_build.core.units import human_size
 from sm121_build.cuda.binary import AotAble, BinaryReport, aot_able
-from sm121_build.cuda.compat import SM121, Target
+from sm121_build.cuda.compat import DEFAULT_TARGET, Target
 from sm121_build.cuda.ptxas import Toolchain, find_toolchain
 from sm121_build.image.api import ImageEngine
 from sm121_build.jobs.commands.aot_files import AotRequest, run_aot
@@ -58,7 +58,7 @@ class AotAction:
 
 
 def aot_actions(stock: dict[str, BinaryReport | None],
-                target: Target = SM121) -> tuple[AotAction, ...]:
+                target: Target = DEFAULT_TARGET) -> tuple[AotAction, ...]:
     """Every stock extension with fatbins the GPU could only JIT but that carry PTX."""
     found = []
     for name, report in sorted(stock.items()):
@@ -74,7 +74,7 @@ def aot_toolchain() -> Toolchain:
 
 
 def aot_key(image_id: str, actions: tuple[AotAction, ...], toolchain: Toolchain,
-            target: Target = SM121) -> str:
+            target: Target = DEFAULT_TARGET) -> str:
     """What makes an aot the same aot: the base (its ID covers the stock files), the files,
     ptxas's version, the GPU and this tool."""
     parts = [image_id, "aot", toolchain.version, str(target), __version__,
@@ -91,7 +91,7 @@ class AotJob:
     package_dir: str
     actions: tuple[AotAction, ...]
     toolchain: Toolchain
-    target: Target = SM121
+    target: Target = DEFAULT_TARGET
 
 
 def compile_into(engine: ImageEngine, job: AotJob, dest: Path) -> None:

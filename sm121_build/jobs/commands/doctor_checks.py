@@ -25,7 +25,7 @@ from sm121_build.core.errors import DockerConfigRefused, Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.limits import Limits
 from sm121_build.core.paths import cache_dir, state_dir
-from sm121_build.cuda.compat import is_default_gpu
+from sm121_build.cuda.compat import DEFAULT_DRIVER_CUDA, DEFAULT_GPU, is_default_gpu
 from sm121_build.cuda.nvidia_smi import output, read
 from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, ptxas_folders, toolchains
 from sm121_build.image.refs import registry_of
@@ -270,7 +270,8 @@ def gpu(probe: Probe) -> tuple[list[Check], str | None, str | None]:
     smi = probe.which("nvidia-smi")
     if not smi:
         return [Check("gpu", "WARN", "no nvidia-smi: this machine's GPU and driver are "
-                      "unknown; audit judges for sm_121 under a CUDA 13.0 driver unless told",
+                      f"unknown; audit judges for {DEFAULT_GPU} under a CUDA "
+                      f"{DEFAULT_DRIVER_CUDA} driver unless told",
                       "run on the Spark, or give `audit --target/--driver`")], None, None
     found = read(smi, probe.run)
     if found is None:
@@ -282,9 +283,10 @@ def gpu(probe: Probe) -> tuple[list[Check], str | None, str | None]:
     if target is not None and is_default_gpu(target):
         return [Check("gpu", "OK", detail + ": a DGX Spark GPU")], target, cuda
     judged = f"audit judges for {target} here" if target else \
-        "its compute capability is unreadable: audit judges for sm_121"
-    return [Check("gpu", "WARN", f"{detail}: not sm_121; {judged} unless --target sm_121 is "
-                  "given", "audit --target sm_121 for a Spark")], target, cuda
+        f"its compute capability is unreadable: audit judges for {DEFAULT_GPU}"
+    return [Check("gpu", "WARN", f"{detail}: not {DEFAULT_GPU}; {judged} unless --target "
+                                 f"{DEFAULT_GPU} is "
+                  "given", f"audit --target {DEFAULT_GPU} for a Spark")], target, cuda
 
 
 def registry_logins(probe: Probe, refs: Iterable[str]) -> list[Check]:

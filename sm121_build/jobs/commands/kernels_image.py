@@ -42,7 +42,7 @@ from sm121_build.core.errors import (
 )
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import FIELD_LABELS, KIND_LABEL, REUSE_KEY_LABEL
-from sm121_build.cuda.binary import SPARK, Policy
+from sm121_build.cuda.binary import DEFAULT_POLICY, Policy
 from sm121_build.cuda.compat import ArchList, is_default_gpu
 from sm121_build.image import cosign, ledger
 from sm121_build.image.api import ImageEngine, ImageFiles, StatusLine
@@ -389,7 +389,7 @@ class Wanted:
     base: str
     arch: ArchList
     pull: str = "never"
-    gpu: Policy = SPARK  # a kernels image made for another GPU is refused
+    gpu: Policy = DEFAULT_POLICY  # a kernels image made for another GPU is refused
 
 
 def look_up(pipeline: Pipeline, repo: str, wanted: Wanted,

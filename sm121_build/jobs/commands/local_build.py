@@ -21,7 +21,7 @@ from sm121_build.core.inputs import read_input
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.limits import Limits
 from sm121_build.core.vllm import extension_target
-from sm121_build.cuda.compat import SM121, ArchList
+from sm121_build.cuda.compat import DEFAULT_CUDA, DEFAULT_TARGET, ArchList
 from sm121_build.image.facts import cuda_h_version
 from sm121_build.jobs.formats.render import choose_extensions, default_file
 from sm121_build.jobs.payload import build_extensions
@@ -34,7 +34,7 @@ from sm121_build.source.external import (
 )
 from sm121_build.source.git_pin import copy_into
 from sm121_build.source.guard_rules import PatchFor, apply_for_build, read_source_version
-from sm121_build.source.guards import DEFAULT_CUDA, find_cmake
+from sm121_build.source.guards import find_cmake
 from sm121_build.source.tree import require_contained
 
 
@@ -100,7 +100,7 @@ def run_local(asked: LocalBuild) -> list[Path]:
         # `local` runs the tree's whole CMake on this host anyway: its guards may too
         with evaluating_with(HostCMake(find_cmake, Limits.from_environment().cmake_s)):
             if not no_patch:
-                want = PatchFor(version, arch, cuda, SM121)
+                want = PatchFor(version, arch, cuda, DEFAULT_TARGET)
                 for line in apply_for_build(copy, trees, want):
                     note(line)
         # the compilers' own temp files (nvcc's tmpxft_*, gcc's cc*.s) go into this run's

@@ -18,7 +18,7 @@ from sm121_build.core.console import note, result
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import extension_target
-from sm121_build.cuda.compat import SM121
+from sm121_build.cuda.compat import DEFAULT_TARGET
 from sm121_build.cuda.ptxas import Toolchain
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import versioned_tag
@@ -79,7 +79,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
     """The main job, a stage a line; returns the tag (the record says how the run ended)."""
     note(f"for {opts.gpu}: " + (f"{opts.gpu.target.facts.machine} (the default; --gpu names "
                                 "another GPU)" if opts.gpu.is_default else
-                                f"--gpu; aot alone (a source build is for {SM121})"))
+                                f"--gpu; aot alone (a source build is for {DEFAULT_TARGET})"))
     image = resolve(pipeline, opts)
     job = Job(pipeline, opts, image)
     with temp_dir("sm121-build-") as tmp:

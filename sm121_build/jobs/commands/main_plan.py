@@ -13,8 +13,8 @@ from pathlib import Path
 from sm121_build.core.console import note, result
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
-from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, unreachable_words
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, Policy, unreachable_words
+from sm121_build.cuda.compat import DEFAULT_CUDA, DEFAULT_GPU, ArchList
 from sm121_build.cuda.ptxas import Toolchain
 from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.image.toolchain import (
@@ -48,7 +48,6 @@ from sm121_build.source.guard_rules import (
     apply_for_build,
     rules_digest,
 )
-from sm121_build.source.guards import DEFAULT_CUDA
 from sm121_build.source.tree import require_contained
 from sm121_build.verify.run_report import RunDecision
 
@@ -75,7 +74,7 @@ class Options:
     from_source: bool = False  # --from-source: build every gaining extension, no aot
     aot_only: bool = False  # `aot IMAGE`: the aot actions alone, never the source
     all_packages: bool = False  # `aot IMAGE --all-packages`: every aot-able file of the image
-    gpu: Policy = SPARK  # --gpu: the GPU the run serves (and the driver it is judged with)
+    gpu: Policy = DEFAULT_POLICY  # --gpu: the GPU the run serves (and the driver it is judged with)
 
 
 def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Path,
@@ -124,7 +123,7 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
         jit = sum(p.after["jit"] for p in plans)
         kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
                          or p.before["jit"] or p.before["none"])
-        result(f"no rebuild needed: no extension of {opts.base} gains native sm_121 code "
+        result(f"no rebuild needed: no extension of {opts.base} gains native {DEFAULT_GPU} code "
                    f"from a rebuild ({kept or 'every kernel is already native'})"
                    f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
                    "--force builds _C/_moe_C anyway, --ext NAME builds NAME")
@@ -146,7 +145,7 @@ class Resolved:
     ref: GitRef  # the vLLM commit (or tag) the image was built from
     cuda: str  # the image's CUDA toolkit, X.Y
     arch: ArchList  # what to build for, in torch's and CMake's forms
-    gpu: Policy = SPARK  # the GPU the run serves (--gpu)
+    gpu: Policy = DEFAULT_POLICY  # the GPU the run serves (--gpu)
 
     @property
     def patch_for(self) -> PatchFor:
@@ -265,7 +264,8 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
             why = f"{' and '.join(what)}: {unreachable_words(report.reach.unreachable)}"
         elif not pipeline.gpu.has_source_rules:
             why = (f"{' and '.join(what)}: aot cannot change them, and a source build is for "
-                   f"sm_121 alone: only a release built for {pipeline.gpu} makes them native")
+                   f"{DEFAULT_GPU} alone: only a release built for {pipeline.gpu} makes them "
+                   "native")
         elif vllm_prefix and not name.startswith(vllm_prefix):
             why = (f"{' and '.join(what)}: aot cannot change them; only a build of its "
                    "package for the GPU can")
@@ -290,7 +290,8 @@ def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, Bin
         return None
     left = list(left_by_aot(native_by_aot(aot), stock))
     if not opts.gpu.has_source_rules:
-        note(f"no guard rules for {opts.gpu} (a source build is for sm_121): aot alone; what "
+        note(f"no guard rules for {opts.gpu} (a source build is for {DEFAULT_GPU}): aot alone; "
+             "what "
              f"aot cannot change is left as it is ({', '.join(left)})")
         return None
     if not left and opts.source is None:
@@ -326,7 +327,8 @@ def builds_for_sure(opts: Options) -> bool:
                                      or opts.force or opts.no_patch)
     if certain and not opts.gpu.has_source_rules:
         raise Sm121Error(f"--gpu {opts.gpu}: a source build (--source, --from-source, --force, "
-                         "--no-patch) is for sm_121 only (the guard rules are written for it); "
+                         f"--no-patch) is for {DEFAULT_GPU} only (the guard rules are written for "
+                         "it); "
                          f"{opts.gpu} gets aot: drop those options")
     return certain
 

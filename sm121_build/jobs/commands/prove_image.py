@@ -24,7 +24,7 @@ from sm121_build.core.console import note, shown
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.core.labels import FIELD_LABELS
-from sm121_build.cuda.compat import Target, parse_target
+from sm121_build.cuda.compat import DEFAULT_GPU, Target, parse_target
 from sm121_build.image.api import Bind, GpuJob, ImageEngine, ImageFiles
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import validate_image_ref
@@ -96,7 +96,7 @@ def made_image(facts: ImageFacts) -> MadeImage:
     if not _BY_CONTENT.search(base):  # a repository digest, or the ID of a local image
         raise Sm121Error(f"{shown(facts.ref)}: its base label {shown(base)} names no digest: "
                          "the stock files must come from exactly the image it was made from")
-    gpu = _label(facts, "gpu", required=False) or "sm_121"  # made before --gpu: a Spark's
+    gpu = _label(facts, "gpu", required=False) or DEFAULT_GPU  # made before --gpu: a Spark's
     return MadeImage(names, base, parse_target(gpu))
 
 

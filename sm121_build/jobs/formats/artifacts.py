@@ -27,8 +27,8 @@ from sm121_build.core.inputs import (
 )
 from sm121_build.core.outputs import not_regular, refuse_links_below, replace_bytes, replace_file
 from sm121_build.core.vllm import projects
-from sm121_build.cuda.binary import SPARK, gpu_of_arch_list
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.binary import DEFAULT_POLICY, gpu_of_arch_list
+from sm121_build.cuda.compat import DEFAULT_ARCH, DEFAULT_GPU, ArchList
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
 from sm121_build.image.signed_files import has_signature, signed_beside, write_signature
@@ -82,7 +82,7 @@ class Provenance:
             found = gpu_of_arch_list(self.archs)
         except Sm121Error:
             found = None
-        return str(found or SPARK)
+        return str(found or DEFAULT_POLICY)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Provenance:
@@ -303,7 +303,8 @@ def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:
                              "refused")
     if not _ARCH_LIST.fullmatch(str(manifest.get("arch_list"))):
         raise Sm121Error(f"{path}: arch_list {cut(str(manifest.get('arch_list')))!r} is not an "
-                         "arch list such as 12.1 or 12.0;12.1a")
+                         f"arch list such as {DEFAULT_ARCH} or 12.0;{DEFAULT_ARCH}a")
     gpu = manifest.get("gpu")
     if gpu is not None and not re.fullmatch(r"sm_\d{2,3}", str(gpu)):
-        raise Sm121Error(f"{path}: gpu {cut(str(gpu))!r} is not a GPU such as sm_121 or sm_120")
+        raise Sm121Error(f"{path}: gpu {cut(str(gpu))!r} is not a GPU such as {DEFAULT_GPU} or "
+                         "sm_120")

@@ -17,7 +17,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.labels import FIELD_LABELS, LABEL_PREFIX
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, MIN_CMAKE, extension_target, project_of_target
-from sm121_build.cuda.compat import ArchList
+from sm121_build.cuda.compat import DEFAULT_GPU, ArchList
 from sm121_build.image.facts import ImageFacts, plain_path, require_vllm
 from sm121_build.image.toolchain import TOOLS_PREFIX, how_to_bring
 from sm121_build.source.external import source_targets, stand_in_envs
@@ -292,7 +292,7 @@ def plan_for(facts: ImageFacts, asked: PlanRequest) -> BuildPlan:
                                    asked.defaults)
     labels = provenance_labels(facts, asked.commit or asked.git_ref, arch, extensions,
                                rules_digest() if patches is None else patches) \
-        | gpu_label("sm_121")  # a source build is for the Spark alone
+        | gpu_label(DEFAULT_GPU)  # a source build is for the Spark alone
     return BuildPlan(
         base=facts.digest_ref, arch_list=arch.torch, external=external,
         vllm_version=vllm.version, git_ref=asked.git_ref,

@@ -23,7 +23,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.paths import new_state_file
-from sm121_build.cuda.binary import SPARK, BinaryReport, Policy, audit_binary
+from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, Policy, audit_binary
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageEngine
 from sm121_build.image.cosign import SigningKey, TrustKey
@@ -91,7 +91,8 @@ class Pipeline:
         # kernels images: the key `--kernels-to` signs with, the key a hit must be signed by
         self.sign_key: SigningKey | None = None
         self.trust_key: TrustKey | None = None
-        self.gpu: Policy = SPARK  # the GPU the run serves (`--gpu`): audits and verification
+        # the GPU the run serves (`--gpu`): audits and verification
+        self.gpu: Policy = DEFAULT_POLICY
         self._resolved: dict[str, tuple[ImageFacts, VllmInstall]] = {}
 
     @classmethod

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sm121_build.core.console import Steps, results_to_stderr
 from sm121_build.core.interrupts import temp_dir
-from sm121_build.cuda.binary import SPARK, Policy
+from sm121_build.cuda.binary import DEFAULT_POLICY, Policy
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.verify.run_report import new_record, recorded
@@ -32,7 +32,7 @@ class Serving:
     and the GPU it serves (`--gpu`), set on the run here and nowhere else."""
 
     arch: ArchList | None
-    gpu: Policy = SPARK
+    gpu: Policy = DEFAULT_POLICY
 
 
 @contextmanager
