@@ -7,9 +7,10 @@
 #   KIT/wheels/*.whl                  lz4, zstandard, isal, packaging for that python3
 #   bash fa2_prove.sh KIT OUT [HEAD_DIM]   from the repository root
 #
-# HEAD_DIM (a planted defect): aot runs with a CUDA home whose ptxas, for the modules that
-# hold that head dim's kernels only, rounds every f32 fma toward zero (`fma.rn.f32` ->
-# `fma.rz.f32` in the PTX it is given); the rest are compiled as they are.  prove must then
+# HEAD_DIM (a planted defect; one of FA2's head dims: 32, 64, 96, 128, 192, 256): aot runs
+# with a CUDA home whose ptxas, for the modules that hold that head dim's kernels only,
+# rounds every f32 fma toward zero (`fma.rn[.ftz].f32` -> `fma.rz[.ftz].f32` in the PTX it
+# is given: FA2's are all `.ftz`); the rest are compiled as they are.  prove must then
 # say "not proven" (exit 3), naming the cases of those modules.
 # OUT gets aot.log, prove.log (its stdout and stderr), proof.json and times.json.
 set -u
@@ -33,7 +34,7 @@ if [ -n "$PLANT" ]; then
 src="\${@: -1}"
 if [[ "\$src" == *.ptx ]] && grep -q "Flash_fwd_kernel_traitsILi${PLANT}E" "\$src"; then
   planted="\${src%.ptx}.planted.ptx"
-  sed 's/fma\.rn\.f32/fma.rz.f32/g' "\$src" > "\$planted"
+  sed -E 's/fma\.rn(\.ftz)?\.f32/fma.rz\1.f32/g' "\$src" > "\$planted"
   echo "\$src" >> "$W/planted.txt"
   set -- "\${@:1:\$#-1}" "\$planted"
 fi

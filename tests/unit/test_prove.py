@@ -549,7 +549,7 @@ def test_a_differing_case_names_the_kernels_it_launched_and_their_modules(
     [bad] = [o for o in data["ops"] if o["bitwise_equal"] is False]
     assert sorted(k["name"] for k in bad["launched"]) == sorted(ran)
     cubins = {c["number"] for c in data["files"][0]["cubins"] if c["launched"]}
-    assert {k["cubin"] for k in bad["launched"]} == cubins
+    assert {n for k in bad["launched"] for n in k["cubins"]} == cubins
     numbers = ", ".join(str(n) for n in sorted(cubins))
     assert f"it launched {len(ran)} added kernel(s) of cubin(s) {numbers}: " in line
     assert demangle(bad["launched"][0]["name"]) in line
@@ -766,7 +766,7 @@ def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> Non
         assert data["verdict"] == "failed"
         bad = [op for op in data["ops"] if op["bitwise_equal"] is False]
         assert len(bad) == 37 and all(op["case"].startswith("float16-u4b8-") for op in bad)
-        assert all(any(k["cubin"] == 4 and k["name"].startswith(
+        assert all(any(k["cubin"] == 4 and k["name"].startswith(  # (that day: `cubin`)
             "_ZN6marlin6MarlinILl1125899906910725ELl1125899907892224E") for k in op["launched"])
             for op in bad)
         assert "it launched 1 added kernel(s) of cubin(s) 4: void marlin::Marlin<" in \
@@ -820,3 +820,131 @@ def test_a_file_changed_while_it_is_proven_gets_no_proof(aot_pair: tuple[Path, P
     line = one_line_error(done, 3)
     assert "_C.abi3.so: changed while it was proven" in line
     assert not out.exists()
+
+
+# -- red team, issue 63's Marlin surfaces (2026-11-28) -------------------------------------
+
+def _marlin_pair(marlin_names_so: Path, root: Path) -> tuple[Path, Path]:
+    stock, made = root / "stock", root / "aot"
+    stock.mkdir(parents=True)
+    (stock / "_C.abi3.so").write_bytes(marlin_names_so.read_bytes())
+    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
+               env={"CUDA_HOME": str(cuda_home())})
+    assert done.returncode == 0, done.stderr
+    return made, stock
+
+
+def test_a_loader_lying_about_the_sm_count_makes_no_kernel_unreachable(
+        marlin_names_so: Path, fake: Path, tmp_path: Path) -> None:
+    """Red team: the shared memory comes from the GPU table, but the SM count is what the
+    loader says; 100,000 SMs put the override's threshold past every N a case has, and
+    three reachable Marlin kernels were called unreachable "by the dispatch".  Past what
+    the cases can test, no kernel is called unreachable."""
+    pair = _marlin_pair(marlin_names_so, tmp_path)
+    unreachable = {}
+    for sms in (48, 100_000):
+        done = cli("prove", "--files", str(pair[0]), "--stock", str(pair[1]), "--json",
+                   str(tmp_path / f"p{sms}.json"), "--python", str(fake),
+                   env={"FAKE_MODE": "proven", "FAKE_LAUNCHED": "none",
+                        "FAKE_SIZES": json.dumps({"smem_block": 101376, "smem_sm": 102400,
+                                                  "sms": sms})})
+        assert done.returncode == 0, done.stderr
+        cover = json.loads((tmp_path / f"p{sms}.json").read_text())["files"][0]["coverage"]
+        unreachable[sms] = {u["name"] for u in cover["unreachable"]}
+    assert len(unreachable[48]) == 1 and unreachable[100_000] == set()
+
+
+def test_a_moe_c_no_case_serves_is_partial_not_failed(aot_pair: tuple[Path, Path],
+                                                      fake: Path, tmp_path: Path) -> None:
+    """Red team: a `_moe_C` none of whose added kernels is a Marlin MoE kernel (the harness
+    has no fixed case for `_moe_C`) was "failed: no op case was said"; no case runs, the
+    file's loading is proven, its kernels never launched: partial, exit 0."""
+    made, stock = aot_pair
+    for folder, side in ((made, "files"), (stock, "stock")):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "_moe_C.abi3.so").write_bytes((folder / "_C.abi3.so").read_bytes())
+    done = cli("prove", "--files", str(tmp_path / "files"), "--stock", str(tmp_path / "stock"),
+               "--json", str(tmp_path / "p.json"), "--python", str(fake),
+               env={"FAKE_MODE": "proven"})
+    assert done.returncode == 0, done.stderr
+    assert "no case of the harness_marlin.py harness serves its added kernels" in done.stderr
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    assert data["verdict"] == "partial" and data["ops"] == [] and \
+        data["stock_without_jit"] == [] and data["files"][0]["harness"] is None
+    assert read_proof(tmp_path / "p.json", None)[1].verdict == "partial"
+
+
+def test_a_kernel_in_two_cubins_is_said_of_both(aot_pair: tuple[Path, Path], fake: Path,
+                                                tmp_path: Path) -> None:
+    """Red team: `shared_kernel<1>` is in both added cubins; a differing case named it of
+    one (the last), though which copy ran is not known."""
+    _prove(aot_pair, fake, tmp_path / "p.json", "differs", differs="gptq")
+    data = json.loads((tmp_path / "p.json").read_text())
+    _check(data)
+    op = next(o for o in data["ops"] if o["bitwise_equal"] is False)
+    [shared] = [k for k in op["launched"] if "shared_kernel" in k["name"]]
+    assert len(shared["cubins"]) == 2
+
+
+@pytest.mark.parametrize("bad", ["not a list", [{"name": 5, "cubins": [1]}],
+                                 [{"name": "x", "cubins": [-1]}], [[[[[]]]]],
+                                 [{"name": "x", "cubins": [1], "extra": True}], None,
+                                 [{"name": "x", "cubins": []}], [{"name": "x"}]])
+def test_the_reader_refuses_what_the_schema_refuses_of_launched(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path, bad: object) -> None:
+    """Red team: the proof reader (kernels publish / attest / verify) read nothing of
+    `ops[].launched`: each malformed value the schema refuses passed as proven."""
+    done = _prove(aot_pair, fake, tmp_path / "proof.json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "proof.json").read_text())
+    data["ops"][0]["launched"] = bad
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(jsonschema.ValidationError):
+        _check(data)
+    with pytest.raises(Exception, match="launched"):
+        read_proof(tmp_path / "bad.json", None)
+
+
+def test_the_reader_refuses_a_case_launching_a_kernel_never_launched(
+        aot_pair: tuple[Path, Path], fake: Path, tmp_path: Path) -> None:
+    done = _prove(aot_pair, fake, tmp_path / "proof.json", launched="half")
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "proof.json").read_text())
+    never = data["files"][0]["coverage"]["never_launched"][0]
+    data["ops"][0]["launched"] = [{"name": never, "cubins": [1]}]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(Exception, match="never launched"):
+        read_proof(tmp_path / "bad.json", None)
+
+
+def test_a_differing_line_is_bounded_whatever_the_cubin_count() -> None:
+    """Red team: the line named 3 kernels but every cubin: 20,000 launched kernels (what a
+    child may keep) made a line of 128,970 characters."""
+    from sm121_build.jobs.commands.prove_child import Compared
+    from sm121_build.jobs.commands.prove_document import KernelLaunched, OpResult
+
+    launched = tuple(KernelLaunched(f"_Z{n}kv", (n,)) for n in range(20_000))
+    op = OpResult("_C.abi3.so", "marlin_gemm", "c", Compared("marlin_gemm/c", False, 3.0),
+                  (1.0, 1.0), None, launched)
+    line = op.kernels_said()
+    assert len(line) < 300 and "and 19,992 more" in line and "and 19,997 more" in line
+
+
+def test_the_recorder_says_no_kernel_for_a_name_two_answer_to() -> None:
+    """Red team: `_Z1fPiS_` and `_Z1fPiPi` both demangle to `f(int*, int*)`; the profiler's
+    one name was said as the first in sorted order, which may not be the kernel that ran.
+    A name two given kernels answer to is none of them."""
+    import types
+
+    from sm121_build.jobs.payload import harness_run
+
+    real, other = "_Z1fPiS_", "_Z1fPiPi"
+    assert demangle(real) == demangle(other) == "f(int*, int*)"
+    torch = types.SimpleNamespace(_C=types.SimpleNamespace(_demangle=demangle))
+    recorder = harness_run.Recorder(torch, sorted([real, other]))
+    assert "f(int*, int*)" not in recorder.names
+    assert recorder.names[real] == real and recorder.names[other] == other
+    # a given kernel named as another's demangled text is not taken for it either
+    named = harness_run.Recorder(torch, [real, "f(int*, int*)"])
+    assert "f(int*, int*)" not in named.names

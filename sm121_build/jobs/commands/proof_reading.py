@@ -232,6 +232,11 @@ def summarise(data: object) -> ProofSummary:
             covers.append(_coverage(item.get("coverage"), name))
             counts.cover = covers[-1]
     raw_ops = _items(data, "ops")
+    never = _never_launched(_items(data, "files"))
+    for op in raw_ops:
+        said = _launched(op.get("launched", []))  # absent in proofs made before it was said
+        _need(not said & never.get(str(op.get("file")), set()), "an op case says it launched "
+              "a kernel its file's coverage says was never launched")
     ops = [o.get("bitwise_equal") for o in raw_ops]
     _need(all(o is None or isinstance(o, bool) for o in ops), "an op's bitwise_equal is "
           "not true, false or null")
@@ -316,6 +321,35 @@ def _kernel_names(value: object, what: str) -> list[str]:
           f"a name of {what} is not a kernel's name")
     _need(len(set(value)) == len(value), f"{what} names a kernel twice")
     return value
+
+
+def _launched(value: object) -> set[str]:
+    """An op case's launched kernels (each a name, and the cubin or cubins defining it)."""
+    _need(isinstance(value, list) and len(value) <= MAX_KERNELS,
+          "an op's launched is not a bounded list")
+    assert isinstance(value, list)
+    names = set()
+    for item in value:
+        _need(isinstance(item, dict) and set(item) in ({"name", "cubins"}, {"name", "cubin"}),
+              "an op's launched kernel is not a name and its cubins")
+        cubins = item.get("cubins", [item.get("cubin")])
+        _need(isinstance(cubins, list) and 0 < len(cubins) <= MAX_KERNELS
+              and all(type(n) is int and n >= 0 for n in cubins),
+              "an op's launched kernel's cubins are not numbers")
+        names.update(_kernel_names([item.get("name")], "an op's launched kernels"))
+    return names
+
+
+def _never_launched(files: list[Any]) -> dict[str, set[str]]:
+    """Each file's kernels its coverage says were never launched (read as outside input:
+    what is not a list of names is left to `_coverage` to refuse)."""
+    found: dict[str, set[str]] = {}
+    for item in files:
+        cover = item.get("coverage")
+        never = cover.get("never_launched") if isinstance(cover, dict) else None
+        if isinstance(never, list):
+            found[str(item.get("name"))] = {n for n in never if isinstance(n, str)}
+    return found
 
 
 def _coverage(value: object, name: str) -> tuple[int, int, int, int, bool]:

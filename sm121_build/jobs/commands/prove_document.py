@@ -25,6 +25,7 @@ FORMAT = 3  # 2: `subject`, each file's sha256, each op's ULPs and vLLM's tolera
 #            3: each file's `coverage` (kernels launched), the whole's, verdict `partial`
 Verdict = Literal["proven", "partial", "failed"]
 SAID_KERNELS = 3  # a differing case's launched kernels named on its line (all in the JSON)
+SAID_CUBINS = 8  # and the cubins they came from
 
 
 @dataclass(frozen=True)
@@ -140,14 +141,14 @@ OP_TOLERANCES = _tolerances()
 
 @dataclass(frozen=True)
 class KernelLaunched:
-    """An added kernel a case launched (mangled, as its cubin defines it), and the added
-    cubin (module) it came from: what a differing case names."""
+    """An added kernel a case launched (mangled, as its cubins define it), and the added
+    cubins (modules) that define it (a name may be in two): what a differing case names."""
 
     name: str
-    cubin: int
+    cubins: tuple[int, ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "cubin": self.cubin}
+        return {"name": self.name, "cubins": list(self.cubins)}
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,9 @@ class OpResult:
         """`; it launched 2 added kernel(s) of cubin(s) 7, 9: NAME, NAME`, or nothing."""
         if not self.launched:
             return ""
-        cubins = ", ".join(str(n) for n in sorted({k.cubin for k in self.launched}))
+        numbers = sorted({n for k in self.launched for n in k.cubins})
+        cubins = ", ".join(str(n) for n in numbers[:SAID_CUBINS]) + (
+            f" and {len(numbers) - SAID_CUBINS:,} more" if len(numbers) > SAID_CUBINS else "")
         names = [shown(demangle(k.name)) for k in self.launched[:SAID_KERNELS]]
         more = len(self.launched) - len(names)
         return (f"; it launched {len(self.launched):,} added kernel(s) of cubin(s) {cubins}: "

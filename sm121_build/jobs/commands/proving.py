@@ -96,12 +96,13 @@ class Harness:
 
     script: str
     derives: str | None = None  # the family of prove_cases.FAMILIES its cases come from
+    fixed: bool = True  # it has fixed cases (`_moe_C`'s library has no op they call)
 
 
 # extension target -> its harness, run on a file of that target's name
 HARNESSES = {"_vllm_fa2_C": Harness("harness_fa2.py", derives="fa2"),
              "_C": Harness("harness_marlin.py", derives="marlin"),
-             "_moe_C": Harness("harness_marlin.py", derives="marlin")}
+             "_moe_C": Harness("harness_marlin.py", derives="marlin", fixed=False)}
 PROBE_SECONDS = 60.0
 # variables that would change what the driver does with PTX: set by `_env` alone (CUDA 12's
 # CUDA_FORCE_JIT ignores every cubin as CUDA_FORCE_PTX_JIT does, for PTX and NVVM IR alike;
@@ -449,7 +450,7 @@ class OpsProven:
     the added kernels no op can launch on this GPU, with the evidence (`dead`)."""
 
     results: list[OpResult]
-    without: StockWithoutJit
+    without: StockWithoutJit | None  # None: no case ran (none of the harness serves it)
     launched: list[Launched]
     recorder: str | None
     dead: Mapping[str, str] = field(default_factory=dict)
@@ -536,6 +537,11 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
     listing = ours / f"{stem}.kernels.json"
     listing.write_text(json.dumps(sorted(added)))
     plan = _plan(item, harness, device, children, ours)
+    if not harness.fixed and not plan.derived:  # no case at all: nothing to run or compare
+        note(f"{shown(pair.name)}: no case of the {script} harness serves its added kernels: "
+             "its cubins' loading is proven, not what they compute")
+        return OpsProven([], None, [], f"no case of the {script} harness serves this "
+                         "file's added kernels", plan.dead)
     stock_at = children.at(pair.stock)
     cache = None
     if plan.derives:
@@ -550,8 +556,10 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
     if reference.ended.returncode != 0 and not reference.said.cases:
         raise Sm121Error(f"the {script} harness could not run the stock {pair.name} with "
                          f"--python {children.python}: {reference.failure()}")
+    # the first part's cases (a harness may have no fixed case: `_moe_C`'s): the first one
+    # that needs an added cubin ends the run
     stock = _harness(children, script, HarnessCall(stock_at, folder / f"{stem}.nojit.pt",
-                                                   jit=False))
+                                                   jit=False, part=plan.parts[0]))
     stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
                               else f"{len(stock.said.cases)} case(s) ran")
@@ -573,20 +581,23 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
                                      jit=JIT_ON, asked=Asked(cases=asked))
         compared = {item.key: item for item in said.compared}
         unasked = said.unasked
-    modules = {kernel: cubin.number for cubin in item.cubins if cubin.number in item.paths
-               for kernel in cubin.kernels}
+    modules: dict[str, tuple[int, ...]] = {}
+    for cubin in item.cubins:
+        if cubin.number in item.paths:
+            for kernel in cubin.kernels:
+                modules[kernel] = (*modules.get(kernel, ()), cubin.number)
     return OpsProven(_op_results(pair.name, (references, native), compared, unasked, modules),
                      without, native.said.launched, native.said.recorder, plan.dead)
 
 
 def _op_results(name: str, runs: tuple[list[HarnessRun], HarnessRun],
                 compared: Mapping[str, Compared], unasked: int,
-                modules: Mapping[str, int]) -> list[OpResult]:
+                modules: Mapping[str, tuple[int, ...]]) -> list[OpResult]:
     """Each case the stock JIT run said (its parts'), as the native run and the comparison
     found it, with the added kernels it launched and their cubins (`modules`: added kernel
-    -> cubin number); and one result that proves nothing when the runs' account does not
-    add up (a part that saved other than the cases it said; `unasked`: outputs compared
-    that no run said)."""
+    -> the numbers of the cubins that define it); and one result that proves nothing when
+    the runs' account does not add up (a part that saved other than the cases it said;
+    `unasked`: outputs compared that no run said)."""
     parts, native = runs
     reference = _joined(parts)
     native_cases = {(c.op, c.case): c for c in native.said.cases}
@@ -666,8 +677,10 @@ def prove_pairs(request: ProveRequest, folder: Path, ours: Path | None = None) -
             continue
         proven = prove_ops(children, item, harness, Folders(folder, mine), device)
         ops += proven.results
-        stock_runs.append(proven.without)
-        files.append(file_result(item, loads, harness.script, coverage(
+        if proven.without is not None:
+            stock_runs.append(proven.without)
+        ran = harness.script if proven.without is not None else None  # (no case: none ran)
+        files.append(file_result(item, loads, ran, coverage(
             item, proven.launched, proven.results, proven.recorder, proven.dead),
             frozenset(one.kernel for one in proven.launched)))
     kept = {item.pair.name for item in extracted}

@@ -39,22 +39,26 @@ _BACK_REFERENCE = re.compile(r"S[0-9A-Z]*_|T[0-9]*_")
 
 class Recorder:
     """The kernels each first call launched, of those given (`names`: reported name ->
-    mangled name); `broken`: why nothing is recorded, said once."""
+    mangled name; a reported name two given kernels answer to, as their mangled or their
+    demangled name, is none of them: which of them ran is not known); `broken`: why
+    nothing is recorded, said once."""
 
     def __init__(self, torch: Any, kernels: list[str]) -> None:
         self.torch = torch
-        self.names: dict[str, str] = {}
+        claims: dict[str, set[str]] = {}
         demangle = getattr(getattr(torch, "_C", None), "_demangle", None)
         for kernel in kernels:
-            self.names[kernel] = kernel
+            claims.setdefault(kernel, set()).add(kernel)
             # (cuda/dynsym.demangle's bound, this payload importing nothing of the package: a
             # name with many back-references could demangle to gigabytes; never demangled)
             if demangle is not None and len(kernel) <= 4096 and \
                     len(_BACK_REFERENCE.findall(kernel)) <= 24:
                 try:
-                    self.names.setdefault(str(demangle(kernel)), kernel)
+                    claims.setdefault(str(demangle(kernel)), set()).add(kernel)
                 except Exception:  # a name the demangler refuses: kept mangled
                     continue
+        self.names: dict[str, str] = {name: next(iter(owners))
+                                      for name, owners in claims.items() if len(owners) == 1}
         self.broken: str | None = None
         self.events = 0  # GPU events the profiler reported, of any name
 

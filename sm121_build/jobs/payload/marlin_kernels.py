@@ -73,6 +73,7 @@ TILE = 16
 # the thread configs (thread_k, thread_n, threads) determine_exec_config tries, in order
 SMALL = ((128, 128, 256), (64, 128, 128), (128, 64, 128))
 LARGE = ((64, 256, 256), (64, 128, 128), (128, 64, 128))
+MAX_N = 1 << 16  # the widest N a case has
 MOE_BLOCKS = (8, 16, 32, 48, 64)  # moe_wna16_marlin_gemm's moe_block_size
 MOE_TILES = ((128, 128), (64, 256), (64, 128), (128, 64))  # (thread_k, thread_n), its threads
 MOE_EXPERTS, MOE_TOP_K = 4, 2  # a MoE case's experts, and how many each token is routed to
@@ -175,7 +176,7 @@ def invalid(case: Case) -> str | None:
     for name in (case.a, case.b, case.c, case.s):
         if name not in ID:
             return f"unknown type {name}"
-    if not (0 < case.m <= 1 << 16 and 0 < case.n <= 1 << 16 and 0 < case.k <= 1 << 16):
+    if not (0 < case.m <= 1 << 16 and 0 < case.n <= MAX_N and 0 < case.k <= 1 << 16):
         return "M, N, K out of range"
     if case.k % TILE or case.n % MIN_THREAD_N:
         return "K is not a multiple of 16 or N of 64"
@@ -339,16 +340,29 @@ def _launched_moe(case: Case, call: Grouping, at: tuple[int, int],
     return (kernel,) if built_here else ()
 
 
-def _sizes_tried(sizes: Sizes) -> list[tuple[int, int]]:
-    """(N, K) pairs, the cheapest first: N of one to three tiles of each width and just past
-    the override's threshold (N / thread_n * 4 > the SM count), an odd count of 128 or 64
-    columns; K of one or more 64- and 128-row tiles, odd counts of 64 among them."""
+def _n_tried(sizes: Sizes) -> set[int]:
+    """N of one to eight tiles of 64, and just past the override's threshold (N / thread_n
+    * 4 > the SM count) for each width, an odd and an even count of tiles."""
     past = sizes.sms // 4 + 1
     ns = {64 * j for j in (1, 2, 3, 4, 5, 6, 8)}
     for width in (64, 128, 256):
         ns.update(width * j for j in (past, past + 1, 2 * past, 2 * past + 1))
+    return ns
+
+
+def every_class_tried(sizes: Sizes) -> bool:
+    """Whether the N tried reach past the threshold of this SM count within the N a case may
+    have: only then does finding no case show a kernel unreachable (an SM count a lying
+    loader says can put the threshold past any N)."""
+    return sizes.sms > 0 and max(_n_tried(sizes)) <= MAX_N
+
+
+def _sizes_tried(sizes: Sizes) -> list[tuple[int, int]]:
+    """(N, K) pairs, the cheapest first: `_n_tried`'s N; K of one or more 64- and 128-row
+    tiles, odd counts of 64 among them."""
     ks = [64, 128, 192, 256, 384, 512, 640, 768, 1024, 2048]
-    return sorted(((n, k) for n in ns if n <= 1 << 16 for k in ks), key=lambda p: p[0] * p[1])
+    return sorted(((n, k) for n in _n_tried(sizes) if n <= MAX_N for k in ks),
+                  key=lambda p: p[0] * p[1])
 
 
 def _proposals(k: Kernel, sizes: Sizes) -> list[Case]:
@@ -468,7 +482,7 @@ def derive(names: list[str], sizes: Sizes, budget: int = BUDGET) -> Derived:
                 out.dead_rules[kernels[k]] = (
                     f"the tile it is given does not fit {sizes.smem_per_block} bytes of "
                     "shared memory a block with its M blocks and grouping")
-            elif proposals:  # every class of N and K its types allow was tried
+            elif proposals and every_class_tried(sizes):  # every class of N and K was tried
                 out.dead_rules[kernels[k]] = (
                     f"with {sizes.smem_per_block} bytes of shared memory a block and "
                     f"{sizes.sms} SMs, its M with every N (mod 256, each side of the "
