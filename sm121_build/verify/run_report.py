@@ -23,6 +23,12 @@ from sm121_build.core.paths import cache_dir
 from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import DEFAULT_GPU, ArchList, is_default_gpu
 
+# the Markdown table of the files' counts: its header (the table's default GPU: a constant,
+# not a value from outside)
+COUNTS_HEADER = (f"| .so | stock cubins | stock kernels on {DEFAULT_GPU} | rebuilt cubins | "
+                 f"rebuilt kernels on {DEFAULT_GPU} |")
+
+
 FORMAT = 2  # 2: `external` (flash-attention commit), `tags`, `image_id`
 class RunStatus(str, Enum):
     """How a run of the main job or inject ended (the record's `status`)."""
@@ -329,8 +335,7 @@ def markdown(record: RunRecord) -> str:
     before = record.before or {}
     after = record.after or {}
     if after:
-        lines += ["", f"| .so | stock cubins | stock kernels on {DEFAULT_GPU} | rebuilt cubins | "
-                  f"rebuilt kernels on {DEFAULT_GPU} |", "| --- | --- | --- | --- | --- |"]
+        lines += ["", COUNTS_HEADER, "| --- | --- | --- | --- | --- |"]
         for name in sorted(set(before) | set(after)):
             old, new = before.get(name), after.get(name)
             lines.append(f"| {md_code(name)} | {_md_counts(old.cubins if old else {})} | "

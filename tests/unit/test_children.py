@@ -33,7 +33,7 @@ OUTSIDE = {"jobs/payload/build_extensions.py",
            "jobs/payload/load_cubins.py", "jobs/payload/harness_fa2.py",
            "jobs/payload/harness_marlin.py", "jobs/payload/compare_outputs.py",
            "jobs/payload/harness_run.py", "jobs/payload/fa2_kernels.py",
-           "jobs/payload/marlin_kernels.py"}
+           "jobs/payload/marlin_kernels.py", "jobs/payload/case_files.py"}
 STARTS = {"system", "popen", "spawnl", "spawnv", "spawnvp", "execv", "execvp", "execve",
           "fork", "forkpty", "posix_spawn", "posix_spawnp", "create_subprocess_exec"}
 

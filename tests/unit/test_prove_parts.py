@@ -164,7 +164,8 @@ def test_the_parts_hold_whole_modules_and_only_the_stock_jit_gets_the_cache(
     assert Path(str(next(iter(caches)))).is_dir()
     assert all(j.cache is None for _a, j in native + stock_off)
     assert [a.count("--derived-only") for a, _j in jit_runs] == [0, 1, 1, 1]
-    assert "--cases" not in stock_off[0][0]  # it must fail at its first case anyway
+    # the first part's cases (a harness may have none fixed); it fails at its first anyway
+    assert "--cases" in stock_off[0][0] and "--derived-only" not in stock_off[0][0]
     module_of = {k: c.number for c in item.cubins for k in c.kernels}
     derived = fa2_kernels.derive(NAMES, GPU, first=fa2_kernels.fixed_cases())
     owner: dict[int, int] = {}

@@ -29,7 +29,7 @@ OUTSIDE = {"jobs/payload/build_extensions.py",
            "jobs/payload/load_cubins.py", "jobs/payload/harness_fa2.py",
            "jobs/payload/harness_marlin.py", "jobs/payload/compare_outputs.py",
            "jobs/payload/harness_run.py", "jobs/payload/fa2_kernels.py",
-           "jobs/payload/marlin_kernels.py"}
+           "jobs/payload/marlin_kernels.py", "jobs/payload/case_files.py"}
 PRINTS = {"echo", "secho", "echo_via_pager", "print", "write"}
 STREAMS = {"sys.stdout", "sys.stderr", "sys.__stdout__", "sys.__stderr__"}
 HOSTILE = "k\x1b]0;pwned\x07\x1b[2J\u202etxt\nfake: all native | `x` [l](https:e).so"

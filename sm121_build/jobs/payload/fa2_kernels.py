@@ -24,12 +24,16 @@ Standard library only; harness_fa2.py, run as a script, imports it as its siblin
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+try:  # a module of the package, or a harness's sibling where it runs as a script
+    from . import case_files
+except ImportError:
+    import case_files  # type: ignore[no-redef, import-not-found]
 
 # each kind's own template arguments after Kernel_traits, in the order of their template
 FLAGS = {
@@ -659,28 +663,10 @@ def derive(names: list[str], gpu: Gpu, *, first: list[Case] | None = None,
 
 def cases_from_json(data: Any) -> list[Case]:
     """Cases as `Derived.to_json` writes them (outside input: each field checked)."""
-    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
-        raise ValueError("not a derivation: no list of cases")
-    fields = {f for f in Case.__dataclass_fields__}
     out = []
-    for item in data["cases"]:
-        if not isinstance(item, dict):
-            raise ValueError("a case is not an object")
-        values = {k: v for k, v in item.items() if k in fields}
-        if "window" in values:
-            w = values["window"]
-            if not (isinstance(w, list) and len(w) == 2 and all(type(x) is int for x in w)):
-                raise ValueError(f"case window {w!r} is not two integers")
-            values["window"] = (w[0], w[1])
-        defaults = Case(str(values.get("op", "")))
-        for name, value in values.items():
-            want = type(getattr(defaults, name))
-            ok = isinstance(value, want) and (want is not int or type(value) is int)
-            if want is float and type(value) is int:
-                values[name], ok = float(value), True
-            if not ok:
-                raise ValueError(f"case field {name}: {value!r} is not a {want.__name__}")
-        case = replace(defaults, **values)
+    for item in case_files.case_items(data):
+        op = str(item.get("op", "")) if isinstance(item, dict) else ""
+        case = case_files.typed_case(item, Case(op), ("window",))
         why = invalid(case)
         if why:
             raise ValueError(f"case {case.key}: {why}")
@@ -693,26 +679,7 @@ USAGE = "usage: fa2_kernels.py NAMES.txt [CC SMEM_BLOCK SMEM_SM]"
 
 def main(argv: list[str]) -> int:
     """The derivation as JSON; a bad argument or file in one `usage:` line, exit 2."""
-    try:
-        if len(argv) not in (1, 4):
-            raise ValueError("one or four arguments")
-        with open(argv[0], encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
-        gpu = H100
-        if len(argv) == 4:
-            major, _, minor = argv[1].partition(".")
-            numbers = [major, minor or "0", argv[2], argv[3]]
-            if not all(n.isascii() and n.isdigit() and len(n) <= 12 for n in numbers):
-                raise ValueError(f"{argv[1][:20]!r} {argv[2][:20]!r} {argv[3][:20]!r} are not "
-                                 "a compute capability and two byte counts")
-            gpu = Gpu(*(int(n) for n in numbers))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-        sys.stderr.write(f"{USAGE}: {text}\n")
-        return 2
-    derived = derive(names, gpu)
-    sys.stdout.write(json.dumps(derived.to_json(), indent=1) + "\n")
-    return 0
+    return case_files.derivation_main(argv, USAGE, (H100, "two byte counts"), derive)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,15 @@ Standard library only; harness_marlin.py, run as a script, imports it as its sib
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+try:  # a module of the package, or a harness's sibling where it runs as a script
+    from . import case_files
+except ImportError:
+    import case_files  # type: ignore[no-redef, import-not-found]
 
 
 @dataclass(frozen=True)
@@ -496,25 +500,9 @@ def derive(names: list[str], sizes: Sizes, budget: int = BUDGET) -> Derived:
 
 def cases_from_json(data: Any) -> list[Case]:
     """Cases as `Derived.to_json` writes them (outside input: each field checked)."""
-    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
-        raise ValueError("not a derivation: no list of cases")
-    known = {f.name: f for f in fields(Case)}
     out = []
-    defaults = Case()
-    for item in data["cases"]:
-        if not isinstance(item, dict):
-            raise ValueError("a case is not an object")
-        values = {k: v for k, v in item.items() if k in known}
-        if "tile" in values:
-            t = values["tile"]
-            if not (isinstance(t, list) and len(t) == 2 and all(type(x) is int for x in t)):
-                raise ValueError(f"case tile {t!r} is not two integers")
-            values["tile"] = (t[0], t[1])
-        for name, value in values.items():
-            want = type(getattr(defaults, name))
-            if not (isinstance(value, want) and (want is not int or type(value) is int)):
-                raise ValueError(f"case field {name}: {value!r} is not a {want.__name__}")
-        case = replace(defaults, **values)
+    for item in case_files.case_items(data):
+        case = case_files.typed_case(item, Case(), ("tile",))
         why = invalid(case)
         if why:
             raise ValueError(f"case {case.key}: {why}")
@@ -527,25 +515,8 @@ USAGE = "usage: marlin_kernels.py NAMES.txt [CC SMEM_BLOCK SMS]"
 
 def main(argv: list[str]) -> int:
     """The derivation as JSON; a bad argument or file in one `usage:` line, exit 2."""
-    try:
-        if len(argv) not in (1, 4):
-            raise ValueError("one or four arguments")
-        with open(argv[0], encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
-        sizes = H100_SIZES
-        if len(argv) == 4:
-            major, _, minor = argv[1].partition(".")
-            numbers = [major, minor or "0", argv[2], argv[3]]
-            if not all(n.isascii() and n.isdigit() and len(n) <= 12 for n in numbers):
-                raise ValueError(f"{argv[1][:20]!r} {argv[2][:20]!r} {argv[3][:20]!r} are not "
-                                 "a compute capability, a byte count and an SM count")
-            sizes = Sizes(*(int(n) for n in numbers))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-        sys.stderr.write(f"{USAGE}: {text}\n")
-        return 2
-    sys.stdout.write(json.dumps(derive(names, sizes).to_json(), indent=1) + "\n")
-    return 0
+    return case_files.derivation_main(argv, USAGE, (H100_SIZES, "a byte count and an SM count"),
+                                      derive)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""What the payload's case derivations (fa2_kernels.py, marlin_kernels.py) share: a
+derivation's cases read back as outside input, and the command line that prints one.
+
+Standard library only; imported as a sibling where a harness runs as a script.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+
+def case_items(data: Any) -> list[Any]:
+    """The cases of a derivation's JSON (`{"cases": [...]}`); ValueError if it is none."""
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
+        raise ValueError("not a derivation: no list of cases")
+    return list(data["cases"])
+
+
+def typed_case(item: Any, defaults: Any, pairs: Sequence[str] = ()) -> Any:
+    """One case of a derivation's JSON as `defaults`' dataclass: its known fields, each of
+    the default's type (an integer where a float is wanted taken as one), those of `pairs`
+    two integers; ValueError saying which field is not."""
+    if not isinstance(item, dict):
+        raise ValueError("a case is not an object")
+    known = {f.name for f in fields(defaults)}
+    values = {k: v for k, v in item.items() if k in known}
+    for name in pairs:
+        if name in values:
+            pair = values[name]
+            if not (isinstance(pair, list) and len(pair) == 2
+                    and all(type(x) is int for x in pair)):
+                raise ValueError(f"case {name} {pair!r} is not two integers")
+            values[name] = (pair[0], pair[1])
+    for name, value in values.items():
+        want = type(getattr(defaults, name))
+        ok = isinstance(value, want) and (want is not int or type(value) is int)
+        if want is float and type(value) is int:
+            values[name], ok = float(value), True
+        if not ok:
+            raise ValueError(f"case field {name}: {value!r} is not a {want.__name__}")
+    return replace(defaults, **values)
+
+
+def derivation_main(argv: list[str], usage: str, sizes: tuple[Any, str],
+                    derive: Callable[[list[str], Any], Any]) -> int:
+    """`SCRIPT NAMES.txt [CC N M]`: the derivation of the names (one a line) for a GPU
+    (`sizes`: the default GPU's, and what N and M are; `CC N M` make another of the same
+    type) as JSON; a bad argument or file in one `usage:` line, exit 2."""
+    default, what = sizes
+    try:
+        if len(argv) not in (1, 4):
+            raise ValueError("one or four arguments")
+        with open(argv[0], encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+        gpu = default
+        if len(argv) == 4:
+            major, _, minor = argv[1].partition(".")
+            numbers = [major, minor or "0", argv[2], argv[3]]
+            if not all(n.isascii() and n.isdigit() and len(n) <= 12 for n in numbers):
+                raise ValueError(f"{argv[1][:20]!r} {argv[2][:20]!r} {argv[3][:20]!r} are not "
+                                 f"a compute capability and {what}")
+            gpu = type(default)(*(int(n) for n in numbers))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        sys.stderr.write(f"{usage}: {text}\n")
+        return 2
+    sys.stdout.write(json.dumps(derive(names, gpu).to_json(), indent=1) + "\n")
+    return 0
