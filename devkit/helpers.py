@@ -351,3 +351,15 @@ def median_timed(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
         result = fn()
         runs.append((time.perf_counter() - start, result))
     return statistics.median(seconds for seconds, _ in runs), runs[-1][1]
+
+
+def aot_pair_of(so: Path, name: str, root: Path) -> tuple[Path, Path]:
+    """(--files, --stock) for `prove`: `so` as the stock file `name` in ROOT/stock, and
+    `aot` of it for sm_121 in ROOT/aot."""
+    stock, made = root / "stock", root / "aot"
+    stock.mkdir(parents=True)
+    (stock / name).write_bytes(so.read_bytes())
+    done = cli("aot", str(stock / name), "--out", str(made), "--target", "sm_121",
+               env={"CUDA_HOME": str(cuda_home())})
+    assert done.returncode == 0, done.stderr
+    return made, stock

@@ -24,7 +24,7 @@ import jsonschema
 import pytest
 
 from devkit.fake_gpu import fake_python
-from devkit.helpers import cli, cuda_home, one_line_error
+from devkit.helpers import aot_pair_of, cli, cuda_home, one_line_error
 from sm121_build.core.errors import WrongGpu
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import Target
@@ -691,13 +691,8 @@ def test_a_marlin_named_c_file_gets_marlin_gemm_cases_from_its_kernels(
     to two parts (one module each); the sixth, which marlin_mm never selects there, named
     unreachable with the rule; the rest never launched (the FAKE recorder says no launch),
     so partial."""
-    stock, made = tmp_path / "stock", tmp_path / "aot"
-    stock.mkdir()
-    (stock / "_C.abi3.so").write_bytes(marlin_names_so.read_bytes())
-    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
-               env={"CUDA_HOME": str(cuda_home())})
-    assert done.returncode == 0, done.stderr
-    done = _prove((made, stock), fake, tmp_path / "p.json", launched="none")
+    pair = aot_pair_of(marlin_names_so, "_C.abi3.so", tmp_path)
+    done = _prove(pair, fake, tmp_path / "p.json", launched="none")
     assert done.returncode == 0, done.stderr
     assert "5 case(s) derived from its added kernels, in 2 part(s); 1 kernel(s) no op " \
         "launches on this GPU" in done.stderr
@@ -841,23 +836,13 @@ def test_a_file_changed_while_it_is_proven_gets_no_proof(aot_pair: tuple[Path, P
 
 # -- red team, issue 63's Marlin surfaces (2026-11-28) -------------------------------------
 
-def _marlin_pair(marlin_names_so: Path, root: Path) -> tuple[Path, Path]:
-    stock, made = root / "stock", root / "aot"
-    stock.mkdir(parents=True)
-    (stock / "_C.abi3.so").write_bytes(marlin_names_so.read_bytes())
-    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
-               env={"CUDA_HOME": str(cuda_home())})
-    assert done.returncode == 0, done.stderr
-    return made, stock
-
-
 def test_a_loader_lying_about_the_sm_count_makes_no_kernel_unreachable(
         marlin_names_so: Path, fake: Path, tmp_path: Path) -> None:
     """Red team: the shared memory comes from the GPU table, but the SM count is what the
     loader says; 100,000 SMs put the override's threshold past every N a case has, and
     three reachable Marlin kernels were called unreachable "by the dispatch".  Past what
     the cases can test, no kernel is called unreachable."""
-    pair = _marlin_pair(marlin_names_so, tmp_path)
+    pair = aot_pair_of(marlin_names_so, "_C.abi3.so", tmp_path)
     unreachable = {}
     for sms in (48, 100_000):
         done = cli("prove", "--files", str(pair[0]), "--stock", str(pair[1]), "--json",

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from devkit import ci_worlds as cw
 from devkit import registry_worlds as rw
 from devkit import summary_worlds, worlds
-from devkit.helpers import EMULATED, EMULATED_WHY, cuda_home
+from devkit.helpers import EMULATED, EMULATED_WHY, aot_pair_of, cuda_home
 from devkit.hostile_registry import MODES, HostileRegistry, hostile_registry
 from sm121_build.jobs.commands.proof_reading import NotAProof, summarise
 
@@ -208,20 +208,10 @@ PROVE = (rw.ProveWorld("flood", "load_cubins.py", None, 0.0),
 
 
 @pytest.fixture(scope="module")
-def prove_pair(jit_only_so: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> tuple[Path, Path]:
+def prove_pair(jit_only_so: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(--files, --stock) as tests/unit/test_prove.py makes them: an aot'd `_C.abi3.so`
     and its stock file."""
-    from devkit.helpers import cli
-
-    root = tmp_path_factory.mktemp("prove-worlds")
-    stock, made = root / "stock", root / "aot"
-    stock.mkdir()
-    (stock / "_C.abi3.so").write_bytes(jit_only_so.read_bytes())
-    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
-               env={"CUDA_HOME": str(cuda_home())})
-    assert done.returncode == 0, done.stderr
-    return made, stock
+    return aot_pair_of(jit_only_so, "_C.abi3.so", tmp_path_factory.mktemp("prove-worlds"))
 
 
 @pytest.fixture(scope="module")
@@ -229,16 +219,8 @@ def fa2_pair(fa2_names_so: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> tuple[Path, Path]:
     """(--files, --stock): an aot'd `_vllm_fa2_C.abi3.so` whose added kernels are named as
     FA2's, in two modules, and its stock file."""
-    from devkit.helpers import cli
-
-    root = tmp_path_factory.mktemp("prove-fa2-worlds")
-    stock, made = root / "stock", root / "aot"
-    stock.mkdir()
-    (stock / "_vllm_fa2_C.abi3.so").write_bytes(fa2_names_so.read_bytes())
-    done = cli("aot", str(stock / "_vllm_fa2_C.abi3.so"), "--out", str(made), "--target",
-               "sm_121", env={"CUDA_HOME": str(cuda_home())})
-    assert done.returncode == 0, done.stderr
-    return made, stock
+    return aot_pair_of(fa2_names_so, "_vllm_fa2_C.abi3.so",
+                       tmp_path_factory.mktemp("prove-fa2-worlds"))
 
 
 @pytest.fixture(scope="module")
@@ -246,16 +228,8 @@ def marlin_pair(marlin_names_so: Path, tmp_path_factory: pytest.TempPathFactory
                 ) -> tuple[Path, Path]:
     """(--files, --stock): an aot'd `_C.abi3.so` whose added kernels are named as vLLM's
     Marlin GEMM kernels, in two modules, and its stock file."""
-    from devkit.helpers import cli
-
-    root = tmp_path_factory.mktemp("prove-marlin-worlds")
-    stock, made = root / "stock", root / "aot"
-    stock.mkdir()
-    (stock / "_C.abi3.so").write_bytes(marlin_names_so.read_bytes())
-    done = cli("aot", str(stock / "_C.abi3.so"), "--out", str(made), "--target", "sm_121",
-               env={"CUDA_HOME": str(cuda_home())})
-    assert done.returncode == 0, done.stderr
-    return made, stock
+    return aot_pair_of(marlin_names_so, "_C.abi3.so",
+                       tmp_path_factory.mktemp("prove-marlin-worlds"))
 
 
 def _world_id(world: rw.ProveWorld) -> str:
