@@ -175,6 +175,19 @@ def end_all() -> None:
     _end_orphans()
 
 
+def running() -> frozenset[int]:
+    """The process groups of the programs now running (`run`'s, any thread's)."""
+    with _LOCK:
+        return frozenset(_GROUPS)
+
+
+def end_groups(groups: frozenset[int]) -> None:
+    """Kill these programs' groups (programs a caller started whose work is moot: a sibling
+    of theirs failed); each `run` of them returns as on a deadline."""
+    for group in groups:
+        _kill(group)
+
+
 def adopt_orphans() -> None:
     """Orphans of the programs this process starts become its children (Linux), not
     init's, and are ended with the program that left them.  For the command line's process

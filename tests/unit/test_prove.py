@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -950,3 +951,31 @@ def test_the_recorder_says_no_kernel_for_a_name_two_answer_to() -> None:
     # a given kernel named as another's demangled text is not taken for it either
     named = harness_run.Recorder(torch, [real, "f(int*, int*)"])
     assert "f(int*, int*)" not in named.names
+
+
+def test_a_refused_part_ends_its_siblings_at_once(tmp_path: Path,
+                                                  marlin_names_so: Path) -> None:
+    """Red team: one part's stock JIT run said its schema does not fit (exit 4) while its
+    sibling ran on for 40 s: the one-line error came when the sibling ended (up to
+    --timeout, the GPU busy).  The siblings are ended with the refusal: the sleeping one
+    never gets to write its mark."""
+    from devkit.fake_gpu import FAKE_PYTHON
+
+    pair = aot_pair_of(marlin_names_so, "_C.abi3.so", tmp_path / "pair")
+    mark = tmp_path / "the-sibling-ran-on"
+    python = tmp_path / "FAKE-refusing"
+    python.write_text(
+        f"#!{sys.executable}\nimport json, os, sys, time\n"
+        "if sys.argv[1].endswith('harness_marlin.py') and "
+        "os.environ.get('CUDA_DISABLE_PTX_JIT') != '1':\n"
+        "    if '--derived-only' in sys.argv:\n"
+        f"        time.sleep(40); open({str(mark)!r}, 'w').close()\n"
+        "    else:\n"
+        "        print(json.dumps({'schema_error': 'no such op'}), flush=True); sys.exit(4)\n"
+        + FAKE_PYTHON)
+    python.chmod(0o755)
+    done = cli("prove", "--files", str(pair[0]), "--stock", str(pair[1]), "--python",
+               str(python), "--jobs", "2", "--timeout", "60", env={"FAKE_MODE": "proven"})
+    assert "no such op; the harness_marlin.py harness does not fit" in one_line_error(done)
+    time.sleep(0.5)
+    assert not mark.exists()

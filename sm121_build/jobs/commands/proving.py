@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from sm121_build import __version__
-from sm121_build.core.children import Ended, Program
+from sm121_build.core.children import Ended, Program, end_groups, running
 from sm121_build.core.console import note, shown
 from sm121_build.core.errors import (
     HarnessMismatch,
@@ -479,17 +479,24 @@ def _side(children: Children, script: str, calls: list[HarnessCall],
     started, cases = time.monotonic(), 0
     side = "the stock JIT" if calls[0].jit else "the native"
     runs: dict[int, HarnessRun] = {}
+    before = running()
     with ThreadPoolExecutor(max(1, min(children.jobs, len(calls)))) as pool:
         futures = {pool.submit(_harness, children, script, call, ask): n
                    for n, (call, ask) in enumerate(zip(calls, asked, strict=True))}
-        for future in as_completed(futures):
-            runs[futures[future]] = run = future.result()
-            cases += len(run.said.cases)
-            spent = time.monotonic() - started
-            left = len(calls) - len(runs)
-            eta = f", about {spent / len(runs) * left:.0f} s left" if left else ""
-            note(f"{script}: {side} side: {len(runs)} of {len(calls)} part(s) done, {cases:,} "
-                 f"case(s) in {spent:.0f} s{eta}")
+        try:
+            for future in as_completed(futures):
+                runs[futures[future]] = run = future.result()
+                cases += len(run.said.cases)
+                spent = time.monotonic() - started
+                left = len(calls) - len(runs)
+                eta = f", about {spent / len(runs) * left:.0f} s left" if left else ""
+                note(f"{script}: {side} side: {len(runs)} of {len(calls)} part(s) done, "
+                     f"{cases:,} case(s) in {spent:.0f} s{eta}")
+        except BaseException:  # a part refused, or an interrupt: its siblings' work is moot
+            for future in futures:
+                future.cancel()
+            end_groups(running() - before)  # their runs return at once, not at --timeout
+            raise
     return [runs[n] for n in range(len(calls))]
 
 
