@@ -45,6 +45,38 @@ def typed_case(item: Any, defaults: Any, pairs: Sequence[str] = ()) -> Any:
     return replace(defaults, **values)
 
 
+def checked_cases(data: Any, defaults_for: Callable[[Any], Any], pairs: Sequence[str],
+                  invalid: Callable[[Any], str | None]) -> list[Any]:
+    """A derivation's cases (`Derived.to_json`), each typed as `defaults_for(item)` is and
+    refused where `invalid` says why; ValueError in one line."""
+    out = []
+    for item in case_items(data):
+        case = typed_case(item, defaults_for(item), pairs)
+        why = invalid(case)
+        if why:
+            raise ValueError(f"case {case.key}: {why}")
+        out.append(case)
+    return out
+
+
+def read_cases(opts: Any, cases_from_json: Callable[[Any], list[Any]],
+               parse: Callable[[str], Any] | None = None) -> tuple[list[str] | None, list[Any]]:
+    """The files a harness's options name, read before any GPU work: the kernel names of
+    `--kernels` (None without it; each read by `parse`, which raises on one it cannot
+    read) and the cases of `--cases`; OSError or ValueError."""
+    if opts.cases is not None:
+        with open(opts.cases, encoding="utf-8") as f:
+            return None, list(cases_from_json(json.load(f)))
+    if opts.kernels is not None:
+        with open(opts.kernels, encoding="utf-8") as f:
+            names = [line.strip() for line in f if line.strip()]
+        if parse is not None:
+            for name in names:
+                parse(name)
+        return names, []
+    return None, []
+
+
 def derivation_main(argv: list[str], usage: str, sizes: tuple[Any, str],
                     derive: Callable[[list[str], Any], Any]) -> int:
     """`SCRIPT NAMES.txt [CC N M]`: the derivation of the names (one a line) for a GPU

@@ -663,15 +663,9 @@ def derive(names: list[str], gpu: Gpu, *, first: list[Case] | None = None,
 
 def cases_from_json(data: Any) -> list[Case]:
     """Cases as `Derived.to_json` writes them (outside input: each field checked)."""
-    out = []
-    for item in case_files.case_items(data):
-        op = str(item.get("op", "")) if isinstance(item, dict) else ""
-        case = case_files.typed_case(item, Case(op), ("window",))
-        why = invalid(case)
-        if why:
-            raise ValueError(f"case {case.key}: {why}")
-        out.append(case)
-    return out
+    return case_files.checked_cases(
+        data, lambda item: Case(str(item.get("op", "")) if isinstance(item, dict) else ""),
+        ("window",), invalid)
 
 
 USAGE = "usage: fa2_kernels.py NAMES.txt [CC SMEM_BLOCK SMEM_SM]"

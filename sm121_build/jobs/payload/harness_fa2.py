@@ -21,7 +21,6 @@ Its lines on stdout, and the run around its cases, are harness_run.py's.
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import sys
 import zlib
@@ -34,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 harness = importlib.import_module("harness_run")
 fa2 = importlib.import_module("fa2_kernels")
+case_files = importlib.import_module("case_files")
 
 NAMESPACE = "_vllm_fa2_C"
 # the arguments each op must have by these names (the rest are filled by their type)
@@ -179,18 +179,10 @@ def gpu_of(torch: Any) -> Any:
 
 
 def read_cases(opts: Any) -> tuple[list[str] | None, list[Any]]:
-    """The files the options name, read before any GPU work: the kernel names of
-    `--kernels` (None without it) and the cases of `--cases`; OSError or ValueError."""
-    if opts.cases is not None:
-        with open(opts.cases, encoding="utf-8") as f:
-            return None, list(fa2.cases_from_json(json.load(f)))
-    if opts.kernels is not None:
-        with open(opts.kernels, encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
-        for name in names:
-            fa2.parse(name)  # a name of FA2's it cannot read: refused here
-        return names, []
-    return None, []
+    """The files the options name (`case_files.read_cases`), before any GPU work."""
+    found: tuple[list[str] | None, list[Any]] = case_files.read_cases(
+        opts, fa2.cases_from_json, fa2.parse)
+    return found
 
 
 def derived_cases(torch: Any, names: list[str] | None, given: list[Any]) -> list[Any]:

@@ -19,7 +19,6 @@ Its lines on stdout, and the run around its cases, are harness_run.py's.
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 import zlib
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 harness = importlib.import_module("harness_run")
 marlin = importlib.import_module("marlin_kernels")
+case_files = importlib.import_module("case_files")
 
 NAMESPACE = "_C"  # the library's ops: `_C`'s, or `_moe_C`'s for a file of that name
 NEEDED = {"gptq_marlin_repack": {"b_q_weight", "perm", "size_k", "size_n", "num_bits"},
@@ -228,15 +228,9 @@ def gpu_sizes(torch: Any) -> Any:
 
 
 def read_cases(opts: Any) -> tuple[list[str] | None, list[Any]]:
-    """The files the options name, read before any GPU work: the kernel names of
-    `--kernels` (None without it) and the cases of `--cases`; OSError or ValueError."""
-    if opts.cases is not None:
-        with open(opts.cases, encoding="utf-8") as f:
-            return None, list(marlin.cases_from_json(json.load(f)))
-    if opts.kernels is not None:
-        with open(opts.kernels, encoding="utf-8") as f:
-            return [line.strip() for line in f if line.strip()], []
-    return None, []
+    """The files the options name (`case_files.read_cases`), before any GPU work."""
+    found: tuple[list[str] | None, list[Any]] = case_files.read_cases(opts, marlin.cases_from_json)
+    return found
 
 
 def cases_with(opts: Any, names: list[str] | None, given: list[Any]

@@ -500,14 +500,7 @@ def derive(names: list[str], sizes: Sizes, budget: int = BUDGET) -> Derived:
 
 def cases_from_json(data: Any) -> list[Case]:
     """Cases as `Derived.to_json` writes them (outside input: each field checked)."""
-    out = []
-    for item in case_files.case_items(data):
-        case = case_files.typed_case(item, Case(), ("tile",))
-        why = invalid(case)
-        if why:
-            raise ValueError(f"case {case.key}: {why}")
-        out.append(case)
-    return out
+    return case_files.checked_cases(data, lambda _item: Case(), ("tile",), invalid)
 
 
 USAGE = "usage: marlin_kernels.py NAMES.txt [CC SMEM_BLOCK SMS]"
