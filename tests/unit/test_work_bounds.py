@@ -314,14 +314,16 @@ def test_an_honest_hard_link_is_read_as_its_file(tmp_path: Path, jit_only_so: Pa
 
 def test_a_layer_of_many_members_is_read_in_linear_time(tmp_path: Path) -> None:
     """Red team round 6: each member of a layer scanned every file listed before it (20,000
-    empty files, 125 KB of tarball: 12.4 s).  Twice the members cost about twice."""
+    empty files, 125 KB of tarball: 12.4 s).  Four times the members cost about four times
+    (16 times, were it quadratic; a CI rehearsal on 2 busy cores measured 2.7 for twice
+    the members, past a bound of 2.6: the wider step leaves room for the noise)."""
     def image(count: int) -> Path:
         return oci_layout(tmp_path / f"many-{count}.tar",
                           [{f"usr/share/d{i % 50}/f{i}.txt": b"" for i in range(count)}])
 
-    small, large = image(6000), image(12000)
+    small, large = image(4000), image(16000)
     ratio = _ratio(_best(lambda: _read(small)), _best(lambda: _read(large)))
-    assert ratio <= 2.6, f"2N members cost {ratio:.1f}x N"
+    assert ratio <= 7.0, f"4N members cost {ratio:.1f}x N"
 
 
 def test_whiteouts_remove_what_they_name_and_only_that(tmp_path: Path,
