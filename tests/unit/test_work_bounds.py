@@ -30,6 +30,10 @@ from sm121_build.core.errors import CorruptBinaryError
 from sm121_build.cuda.fatbin import CONTAINER_MAGIC, HostBinary
 
 FLOOR = 0.05  # seconds: shorter times are noise
+# what 4N may cost against N: linear work gives 4, quadratic 16 (twice N against N, bounded
+# at 2.5, measured 2.7 and 3.1 on a CI rehearsal's 2 busy cores: too near to tell apart;
+# 4N against N measured 4.0 to 5.1 there)
+LINEAR_4N = 8.0  # half of what quadratic work costs
 MiB = 1 << 20
 
 
@@ -69,12 +73,12 @@ def _search(path: Path) -> int | None:
 
 
 def test_nested_candidate_containers_are_searched_in_linear_time(tmp_path: Path) -> None:
-    small, large = tmp_path / "libn.so", tmp_path / "lib2n.so"
+    small, large = tmp_path / "libn.so", tmp_path / "lib4n.so"
     small.write_bytes(nested_rodata(600))
-    large.write_bytes(nested_rodata(1200))
+    large.write_bytes(nested_rodata(2400))
     assert _search(small) in (0, None)  # no container in it holds together
     ratio = _ratio(_best(lambda: _search(small)), _best(lambda: _search(large)))
-    assert ratio <= 2.5, f"2N costs {ratio:.1f}x N"
+    assert ratio <= LINEAR_4N, f"4N costs {ratio:.1f}x N"
 
 
 # -- 2: a wheel of many stored members ------------------------------------------------------
@@ -85,10 +89,10 @@ def _read(target: Path) -> int:
 
 def test_a_wheel_of_many_stored_members_reads_its_directory_once(tmp_path: Path) -> None:
     small = stored_wheel(tmp_path / "small-1.0-py3-none-any.whl", 600)
-    large = stored_wheel(tmp_path / "large-1.0-py3-none-any.whl", 1200)
+    large = stored_wheel(tmp_path / "large-1.0-py3-none-any.whl", 2400)
     assert _read(small) == 0  # none of them is device code
     ratio = _ratio(_best(lambda: _read(small)), _best(lambda: _read(large)))
-    assert ratio <= 2.5, f"2N costs {ratio:.1f}x N"
+    assert ratio <= LINEAR_4N, f"4N costs {ratio:.1f}x N"
 
 
 # -- 3: a RECORD of many short rows ---------------------------------------------------------
@@ -323,7 +327,7 @@ def test_a_layer_of_many_members_is_read_in_linear_time(tmp_path: Path) -> None:
 
     small, large = image(4000), image(16000)
     ratio = _ratio(_best(lambda: _read(small)), _best(lambda: _read(large)))
-    assert ratio <= 7.0, f"4N members cost {ratio:.1f}x N"
+    assert ratio <= LINEAR_4N, f"4N members cost {ratio:.1f}x N"
 
 
 def test_whiteouts_remove_what_they_name_and_only_that(tmp_path: Path,
