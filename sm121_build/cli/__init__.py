@@ -106,6 +106,7 @@ class _Group(click.Group):
             with _tree_code_confined():
                 return super().invoke(ctx)
         except Sm121Error as exc:
+            quiet()  # the command has ended: a signal now cannot add a second line
             report_error(str(exc) + (left_behind() if isinstance(exc, EngineUnavailable)
                                      else ""))
             sys.exit(exc.exit_code)
@@ -114,6 +115,7 @@ class _Group(click.Group):
         except BrokenPipeError:
             closed_pipe()
         except OSError as exc:
+            quiet()
             answered = _engine_answer(exc)
             if answered:  # the engine is there and said no (a 404, a 500): not a lost link
                 report_error(answered + left_behind())
@@ -200,6 +202,7 @@ def closed_pipe() -> NoReturn:
     with contextlib.suppress(OSError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+    quiet()
     sys.exit(SIGPIPE_STATUS)
 
 
@@ -287,26 +290,37 @@ def main() -> None:
     adopt_orphans()  # a program's grandchild that leaves its group is still ended with it
     tempfile.gettempdir()
     try:
-        _run_command()
-    finally:
+        code = _run_command()
         quiet()  # ended: a signal from here on cannot turn its exit into a death by signal
+    except KeyboardInterrupt:  # the signal landed as the command's end was under way
+        interrupted()
+    sys.exit(code)
 
 
-def _run_command() -> NoReturn:
+def _run_command() -> int:
+    """The command's exit status, its errors reported; an interrupt ends here (130).  Every
+    end comes back as a status, so the exit is made by `main` after `quiet`: a signal in the
+    unwinding of a `SystemExit` would otherwise end in a traceback."""
     try:
         code = cli.main(prog_name="sm121-build", standalone_mode=False)
         sys.stdout.flush()
+    except SystemExit as exc:  # a command's own exit: an error reported, doctor's rank
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        raise
     except BrokenPipeError:
         closed_pipe()
     except click.UsageError as exc:
+        quiet()  # the command has ended: a signal now cannot add a second line
         # click would print usage and a hint over several lines: one `error:` line instead
         where = exc.ctx.command_path if exc.ctx else "sm121-build"
         message = " ".join(exc.format_message().split())
         report_error(f"{message} (see {where} --help)")
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except click.ClickException as exc:
+        quiet()
         report_error(" ".join(exc.format_message().split()))
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except (click.Abort, KeyboardInterrupt):  # (after the command's own handler let go)
         interrupted()
-    sys.exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 HELD = frozenset({signal.SIGINT, signal.SIGTERM})
-_STATE = {"holding": 0, "pending": False}
+_STATE = {"holding": 0, "pending": False, "ended": False, "installed": False}
 CLEANUP_S = 1.5  # from the first signal: what an interrupted run's calls outside may wait
 LAST_CALL_S = 0.1  # a call made once that is spent still gets this long (and fails fast)
 _SIGNALLED: list[float] = []  # the monotonic time of the run's first signal
@@ -47,6 +47,8 @@ def install(on_signal: Callable[[], None]) -> None:
             signal.signal(each, signal.SIG_IGN)
         _SIGNALLED.append(time.monotonic())
         on_signal()
+        if _STATE["ended"]:  # the command has ended (its exit under way): nothing to stop
+            return
         if _STATE["holding"]:
             _STATE["pending"] = True
             return
@@ -54,6 +56,7 @@ def install(on_signal: Callable[[], None]) -> None:
 
     for each in HELD:
         signal.signal(each, handler)
+    _STATE["installed"] = True
 
 
 def signalled() -> bool:
@@ -98,7 +101,17 @@ def release() -> None:
 
 
 def quiet() -> None:
-    """The command has ended: both signals ignored from here to the process's end."""
+    """The command has ended: both signals ignored from here to the process's end.  In this
+    order, so no signal slips between the steps: the handler stops raising; blocking both
+    runs the handler at once for one already caught (Python runs handlers when
+    `pthread_sigmask` returns) and holds any later one in the kernel; ignoring then discards
+    what the kernel holds (Python would otherwise report a signal caught under its handler
+    and found ignored as "ignored due to race condition").  Without the run's handler (the
+    commands called in a test's process) nothing changes."""
+    if not _STATE["installed"]:
+        return
+    _STATE["ended"] = True
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
     for each in HELD:
         signal.signal(each, signal.SIG_IGN)
 

@@ -178,3 +178,46 @@ def test_a_signal_inside_a_command_modules_class_statement_ends_with_130(tmp_pat
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("interrupted"), done.stderr
+
+
+SIGNAL_AT_A_RETURN = '''
+import os
+import signal
+import sys
+
+target = sys.argv.pop(1)
+
+
+def profile(frame, event, arg):
+    if event == "return" and frame.f_code.co_name == target:
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+from sm121_build.cli import main
+
+sys.setprofile(profile)
+main()
+'''
+
+
+@pytest.mark.parametrize("where", ["invoke", "report_error", "format_message",
+                                   "_run_command", "main"])
+@pytest.mark.parametrize(("args", "code"), [(["audit", "/nonexistent"], 2),
+                                            (["audit", "--bogus"], 2)])
+def test_a_signal_as_the_command_ends(tmp_path: Path, where: str, args: list[str],
+                                      code: int) -> None:
+    """A SIGTERM caught as the command's end unwinds (an error reported, its exit status on
+    its way out: CI once saw a traceback of a KeyboardInterrupt raised while a SystemExit
+    passed through `main`): the run ends with its own status or 130, one line, no
+    traceback.  The signal is sent when the named function returns."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(SIGNAL_AT_A_RETURN)
+    done = subprocess.run([sys.executable, str(driver), where, *args], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode in (code, 130), done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "interrupted" if done.returncode == 130 else "error: "), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
