@@ -122,7 +122,7 @@ def test_derived_cases_launch_every_reachable_kernel(names: list[str]) -> None:
         assert fa2.invalid(case) is None
         for k in fa2.launched(case, H100):
             launched_by[k].append(case.key)
-        assert {by_name[n] for n in derived.expects[case.key]} == \
+        assert {by_name[n] for n in derived.expects[case.name]} == \
             set(fa2.launched(case, H100)) & set(kernels)
     assert len({c.key for c in derived.cases}) == len(derived.cases)
     assert derived.covered + len(derived.unreachable) == len(names)
@@ -305,3 +305,38 @@ def test_its_own_command_line_refuses_in_one_usage_line(tmp_path: Path, args: li
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert done.stderr.startswith("usage: fa2_kernels.py")
+
+
+def test_the_sparse_ops_dispatch_one_kernel_of_head_dim_128() -> None:
+    """run_mha_fwd_sparse: head dim 128 only (121..128 padded to it, so Is_even_K is always
+    true), one 64x64 block, Is_local and Is_even_MN fixed false; no window, paged cache or
+    split; one query without ALiBi is not causal."""
+    base = Case("fwd_sparse", seqlen_q=131, seqlen_k=197, causal=True, softcap=30.0)
+    [k] = fa2.launched(base, H100)
+    assert k.kind == "flash_fwd_sparse_kernel"
+    assert (k.traits.head_dim, k.traits.block_m, k.traits.block_n, k.traits.warps) == \
+        (128, 64, 64, 4)
+    assert k.args == (False, True, False, False, False, True, True, False)
+    assert fa2.launched(replace(base, head_size=124), H100) == (k,)
+    assert fa2.launched(replace(base, op="varlen_fwd_sparse"), H100) == (k,)
+    for refused in (replace(base, head_size=64), replace(base, head_size=120),
+                    replace(base, window=(16, 0)), replace(base, paged=16, seqlen_k=208),
+                    replace(base, num_splits=2)):
+        assert fa2.launched(refused, H100) == () and fa2.invalid(refused), refused
+    assert not fa2.launched(replace(base, seqlen_q=1), H100)[0].flag("Is_causal")
+    assert fa2.launched(replace(base, seqlen_q=1, alibi=True), H100)[0].flag("Is_causal")
+
+
+def test_every_sparse_kernel_is_launched_or_shown_dead(names: list[str]) -> None:
+    """vLLM 0.22.0's 32 sparse kernels on sm_90: the 16 of an even head dim each launched
+    by a derived case of `fwd_sparse` or `varlen_fwd_sparse`; the 16 others dead, by the
+    rule that the sparse ops take head dim 128 only."""
+    derived = fa2.derive(names, H100)
+    sparse = [n for n in names if "flash_fwd_sparse_kernel" in n]
+    assert len(sparse) == 32
+    launched = {n for c in derived.cases for n in derived.expects[c.name]}
+    dead = derived.dead()
+    assert sum(n in launched for n in sparse) == 16
+    assert all(n in launched or "Is_even_K false" in dead[n] for n in sparse)
+    ops = {c.op for c in derived.cases if c.op in fa2.SPARSE_OPS}
+    assert ops == set(fa2.SPARSE_OPS)

@@ -116,16 +116,30 @@ KVCACHE = ("q:Tensor kcache:Tensor vcache:Tensor k:Optional[Tensor] v:Optional[T
            "block_table:Optional[Tensor] alibi_slopes:Optional[Tensor] out:Optional[Tensor] "
            "softmax_scale:float is_causal:bool window_size_left:int window_size_right:int "
            "softcap:float is_rotary_interleaved:bool num_splits:int")
+SPARSE = ("q:Tensor k:Tensor v:Tensor block_count:Tensor block_offset:Tensor "
+          "column_count:Tensor column_index:Tensor out:Optional[Tensor] "
+          "alibi_slopes:Optional[Tensor] p_dropout:float softmax_scale:float is_causal:bool "
+          "softcap:float return_softmax:bool gen:Optional[Generator]")
+VARLEN_SPARSE = ("q:Tensor k:Tensor v:Tensor block_count:Tensor block_offset:Tensor "
+                 "column_count:Tensor column_index:Tensor out:Optional[Tensor] "
+                 "cu_seqlens_q:Tensor cu_seqlens_k:Tensor seqused_k:Optional[Tensor] "
+                 "alibi_slopes:Optional[Tensor] max_seqlen_q:int max_seqlen_k:int "
+                 "p_dropout:float softmax_scale:float zero_tensors:bool is_causal:bool "
+                 "softcap:float return_softmax:bool gen:Optional[Generator]")
 class Tensor:
-    def __init__(self, *shape):
-        self.shape = shape
+    def __init__(self, *shape, values=None):
+        self.shape, self.values = shape, values
     def cpu(self): return self
     def to(self, *a): return self
     def reshape(self, *s): return Tensor(*s)
     def __mul__(self, other): return self
+    def expand(self, *shape): return Tensor(*shape, values=self.values)
+    def contiguous(self): return self
 def _t(*shape, **kw): return Tensor(*shape)
 randn = rand = randperm = empty_like = _t
-def tensor(values, **kw): return Tensor(len(values))
+def tensor(values, **kw):
+    return Tensor(len(values), *([len(values[0])] if values and isinstance(values[0], list)
+                                 else []), values=values)
 def randint(low, high, shape, **kw): return Tensor(*shape)
 def arange(*a, **kw): return Tensor(a[-1])
 class _Arg:
@@ -138,15 +152,20 @@ class _Op:
             "arguments": [_Arg(s) for s in spec.split()]})()})()
     def __call__(self, *args):
         named = {a.name: v for a, v in zip(self.default._schema.arguments, args)}
+        call = {"op": self.name, "num_splits": named.get("num_splits"),
+                "window": [named.get("window_size_left"), named.get("window_size_right")],
+                "k": isinstance(named["k"], Tensor)}
+        if "block_count" in named:  # a sparse op: its pattern, as given
+            call.update({key: [named[key].shape, named[key].values] for key in (
+                "block_count", "block_offset", "column_count", "column_index")})
         with open(os.environ["CALLS"], "a") as f:
-            f.write(json.dumps({"op": self.name, "num_splits": named["num_splits"],
-                                "window": [named["window_size_left"],
-                                           named["window_size_right"]],
-                                "k": isinstance(named["k"], Tensor)}) + "\\n")
+            f.write(json.dumps(call) + "\\n")
         return [Tensor(1), Tensor(2)]
 class _Ns:
     varlen_fwd = _Op("varlen_fwd", VARLEN)
     fwd_kvcache = _Op("fwd_kvcache", KVCACHE)
+    fwd_sparse = _Op("fwd_sparse", SPARSE)
+    varlen_fwd_sparse = _Op("varlen_fwd_sparse", VARLEN_SPARSE)
 class ops:
     _vllm_fa2_C = _Ns()
     @staticmethod
@@ -275,3 +294,33 @@ def test_the_comparison_joins_the_parts_and_refuses_a_case_saved_twice(
     assert compare_outputs.main(["r0", "n0", "r2", "n1"]) == 2
     assert "saved by two parts" in capsys.readouterr().err
     assert compare_outputs.main(["r0"]) == 2
+
+
+def test_the_fa2_harness_gives_the_sparse_ops_a_vertical_slash_pattern(
+        tmp_path: Path) -> None:
+    """The sparse ops' cases: `block_count`/`block_offset`/`column_count`/`column_index`
+    shaped (batch, heads, query blocks of 64[, entries]) with the pattern `sparse_pattern`
+    gives (causal: no key past a block's last query, bottom-right aligned); the outputs
+    saved under `OP/KEY`, the two ops' cases apart."""
+    cases = [Case("fwd_sparse", batch=2, heads=4, heads_k=2, seqlen_q=131, seqlen_k=197,
+                  alibi=True),
+             Case("varlen_fwd_sparse", batch=2, heads=4, heads_k=2, seqlen_q=131,
+                  seqlen_k=197, causal=True)]
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps({"cases": [{**asdict(c), "window": list(c.window)}
+                                          for c in cases]}))
+    done, calls = _fa2_harness(tmp_path, "--cases", str(file), "--derived-only")
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads((tmp_path / "out.pt").read_text())) == {c.name for c in cases}
+    full, causal = calls
+    assert full["op"] == "fwd_sparse" and causal["op"] == "varlen_fwd_sparse"
+    assert full["block_count"] == [[2, 4, 3], [3, 3, 3]]
+    assert full["block_offset"] == [[2, 4, 3, 3], [[0, 128, 192]] * 3]
+    assert full["column_index"][1] == [[71], [78], [85]]  # one key of block 64..127
+    # causal: the first 64 queries see keys up to 63 + 197 - 131 = 129
+    assert causal["block_offset"][1] == [[0, 128, 0], [0, 128, 192], [0, 128, 192]]
+    assert causal["block_count"][1] == [2, 3, 3]
+    for offsets, count, limit in zip(causal["block_offset"][1], causal["block_count"][1],
+                                     (130, 194, 197), strict=True):
+        assert all(start < limit for start in offsets[:count])
+        assert offsets[:count] == sorted(offsets[:count])

@@ -23,7 +23,14 @@ import pytest
 
 from sm121_build.core.children import Ended
 from sm121_build.cuda.added import AddedCubin
-from sm121_build.jobs.commands.prove_cases import Modules, Part, _dealt, plan_fa2
+from sm121_build.jobs.commands.prove_cases import (
+    FAMILIES,
+    Dealing,
+    Modules,
+    Part,
+    _dealt,
+    plan_cases,
+)
 from sm121_build.jobs.commands.prove_child import Asked, Device, GpuSizes, Jit, Said, heard
 from sm121_build.jobs.commands.proving import (
     HARNESSES,
@@ -139,15 +146,17 @@ def test_fa2s_derived_cases_launch_every_kernel_the_dispatch_can_reach(tmp_path:
     cover = coverage(item, proven.launched, results, proven.recorder, proven.dead)
     derived = fa2_kernels.derive(NAMES, GPU, first=fa2_kernels.fixed_cases())
     assert cover.added == len(NAMES) == 1472
-    assert cover.launched == cover.compared == derived.covered == 1344
-    # the 96 blocks the dispatch picks only on other GPUs: unreachable, with the rule
-    assert len(cover.unreachable) == 96
+    assert cover.launched == cover.compared == derived.covered == 1360
+    # the 96 blocks the dispatch picks only on other GPUs, and the 16 sparse kernels of an
+    # uneven head dim (the sparse ops take head dim 128 only): unreachable, with the rule
+    assert len(cover.unreachable) == 96 + 16
     assert all("never selects it on compute capability 9.0" in u.why
                for u in cover.unreachable)
-    # the 32 sparse kernels: reachable by an op the harness does not call, never launched
-    assert len(cover.never_launched) == 32
-    assert all("flash_fwd_sparse_kernel" in name for name in cover.never_launched)
-    assert not cover.whole
+    assert sum("flash_fwd_sparse_kernel" in u.name and "Is_even_K false" in u.why
+               for u in cover.unreachable) == 16
+    # the 16 others: launched by fwd_sparse / varlen_fwd_sparse cases; none left
+    assert cover.never_launched == ()
+    assert cover.whole
 
 
 def test_the_parts_hold_whole_modules_and_only_the_stock_jit_gets_the_cache(
@@ -172,26 +181,27 @@ def test_the_parts_hold_whole_modules_and_only_the_stock_jit_gets_the_cache(
     for part, (args, _jit) in enumerate(jit_runs):
         data = json.loads(Path(args[args.index("--cases") + 1]).read_text())
         for case in data["cases"]:
-            first = min(module_of[k] for k in derived.expects[case["key"]])
+            first = min(module_of[k] for k in derived.expects[f'{case["op"]}/{case["key"]}'])
             assert owner.setdefault(first, part) == part  # a module's cases in one part
     [compare] = [a for a, _j in children.calls if Path(a[0]).name == "compare_outputs.py"]
     assert len(compare) == 1 + 2 * 4  # a pair of files per part
 
 
 def test_a_gpu_the_loader_did_not_describe_gets_the_fixed_cases_only(tmp_path: Path) -> None:
-    plan = plan_fa2(NAMES, Modules({}), Device("g", 9, 0, 13000, None), 8, tmp_path)
+    plan = plan_cases(FAMILIES["fa2"], NAMES, Modules({}), Device("g", 9, 0, 13000, None),
+                      Dealing(8, tmp_path))
     assert plan.parts == (Part(None, True),) and plan.dead == {}
     assert plan.said is not None and "fixed cases only" in plan.said
 
 
 def test_cases_are_dealt_by_module_to_at_most_jobs_parts(tmp_path: Path) -> None:
     modules = Modules({name: _module(name) for name in NAMES})
-    plan = plan_fa2(NAMES, modules, H200, 16, tmp_path)
+    plan = plan_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(16, tmp_path))
     assert 1 < len(plan.parts) <= 16 and plan.parts[0].fixed
     assert not any(part.fixed for part in plan.parts[1:])
     assert plan.derived == sum(p.derived for p in plan.parts) > 1000
     (tmp_path / "one").mkdir()
-    one = plan_fa2(NAMES, modules, H200, 1, tmp_path / "one")
+    one = plan_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(1, tmp_path / "one"))
     assert len(one.parts) == 1 and one.derived == plan.derived
 
 
@@ -214,10 +224,10 @@ def test_the_dispatchs_unreachable_kernels_rest_on_the_gpu_tables_memory(
     modules = Modules({name: _module(name) for name in NAMES})
     lying = Device("FAKE H200", 9, 0, 13000, None, GpuSizes(1024, 1024, 132))
     (tmp_path / "a").mkdir()
-    plan = plan_fa2(NAMES, modules, lying, 4, tmp_path / "a")
-    assert len(plan.dead) == 96 and plan.said is not None and "GPU table's" in plan.said
+    plan = plan_cases(FAMILIES["fa2"], NAMES, modules, lying, Dealing(4, tmp_path / "a"))
+    assert len(plan.dead) == 96 + 16 and plan.said is not None and "GPU table's" in plan.said
     unknown = Device("FAKE", 9, 9, 13000, None, GpuSizes(232448, 233472, 132))
     (tmp_path / "b").mkdir()
-    plan = plan_fa2(NAMES, modules, unknown, 4, tmp_path / "b")
+    plan = plan_cases(FAMILIES["fa2"], NAMES, modules, unknown, Dealing(4, tmp_path / "b"))
     assert plan.dead == {} and plan.said is not None and "no shared memory" in plan.said
     assert plan.derived > 1000

@@ -102,7 +102,7 @@ def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int
 @dataclass(frozen=True)
 class Derivation:
     """A family's derived cases for a file (each with `key`, written by `asdict`), the
-    added kernels each case is expected to launch (case key -> names), and the added
+    added kernels each case is expected to launch (case name -> names), and the added
     kernels the family's dispatch never selects on this GPU, each with the rule."""
 
     cases: Sequence[Any]
@@ -174,7 +174,7 @@ def plan_cases(family: Family, names: Sequence[str], modules: Modules, device: D
     derived = family.derive(list(names), device, (block, per_sm))
     groups: dict[int, list[Any]] = {}
     for case in derived.cases:
-        numbers = [modules.of[k] for k in derived.expects.get(case.key, []) if k in modules.of]
+        numbers = [modules.of[k] for k in derived.expects.get(case.name, []) if k in modules.of]
         groups.setdefault(min(numbers, default=-1), []).append(case)
     parts = []
     for number, cases in enumerate(_dealt(groups, modules.size, jobs) if groups else [[]]):
@@ -187,9 +187,3 @@ def plan_cases(family: Family, names: Sequence[str], modules: Modules, device: D
     dead = {name: f"{evidence}: {why}" for name, why in derived.dead.items()} if known \
         else {}
     return CasePlan(tuple(parts), dead, said)
-
-
-def plan_fa2(names: Sequence[str], modules: Modules, device: Device, jobs: int,
-             into: Path) -> CasePlan:
-    """FA2's cases for `names`: `plan_cases` of the FA2 family."""
-    return plan_cases(FAMILIES["fa2"], names, modules, device, Dealing(jobs, into))

@@ -8,11 +8,14 @@ Standard library only; harness_fa2.py, run as a script, imports it as its siblin
    dim, kBlockM, kBlockN, warps, Is_Q_in_regs, Share_Q_K_smem, element type) and its own
    template arguments, named as flash_fwd_launch_template.h names them.  The Itanium
    mangling is read directly (`_template_args`), for the shapes FA2's names have.
-2. `launched(case, gpu)`: the kernels one call of `varlen_fwd` or `fwd_kvcache` launches,
-   the dispatch of vllm-project/flash-attention at 7d346be6 (flash_api.cpp's mha_varlen_fwd
-   and mha_fwd_kvcache, flash_fwd_launch_template.h's run_flash_fwd, run_flash_splitkv_fwd
-   and run_mha_fwd_hdim*): the library vLLM 0.22.0 ships (no split-align kernels).  A case
-   those functions refuse (a TORCH_CHECK) launches nothing.
+2. `launched(case, gpu)`: the kernels one call of `varlen_fwd`, `fwd_kvcache`,
+   `fwd_sparse` or `varlen_fwd_sparse` launches, the dispatch of
+   vllm-project/flash-attention at 7d346be6 (flash_api.cpp's mha_varlen_fwd and
+   mha_fwd_kvcache, flash_fwd_launch_template.h's run_flash_fwd, run_flash_splitkv_fwd and
+   run_mha_fwd_hdim*; flash_api_sparse.cpp's mha_fwd_sparse, mha_varlen_fwd_sparse and
+   run_mha_fwd_sparse, flash_fwd_sparse_launch_template.h's run_flash_sparse_fwd): the
+   library vLLM 0.22.0 ships (no split-align kernels).  A case those functions refuse (a
+   TORCH_CHECK) launches nothing.
 3. `derive(names, gpu)`: cases that together launch every kernel some case can launch:
    one per kernel first (its template arguments turned back into inputs, `_proposals`,
    each checked with `launched`), deduplicated, then a seeded random search over the
@@ -48,6 +51,8 @@ FLAGS = {
 DTYPES = {"cutlass::bfloat16_t": "bfloat16", "cutlass::half_t": "float16"}
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # HEADDIM_SWITCH's buckets
 OPS = ("varlen_fwd", "fwd_kvcache")
+SPARSE_OPS = ("fwd_sparse", "varlen_fwd_sparse")  # vertical-slash sparse attention
+SPARSE_TRAITS = (128, 64, 64, 4)  # the only head dim run_mha_fwd_sparse takes, its block
 # the bounds of what `parse` reads: FA2's names nest template arguments 3 deep, their
 # numbers have a few digits; a name beyond them is not one of FA2's
 MAX_DEPTH = 8
@@ -292,6 +297,12 @@ class Case:
                 parts.append(f"{name}{text}")
         return "-".join(parts)
 
+    @property
+    def name(self) -> str:
+        """`OP/KEY`: the case's name among all ops' (the harness saves its outputs under
+        it; two ops' cases may share a key)."""
+        return f"{self.op}/{self.key}"
+
 
 # the fixed cases harness_fa2.py runs first (its `varlen`, `kvcache`): dtype, head dim, and
 # causal (varlen) or paged (kvcache)
@@ -368,7 +379,7 @@ def invalid(case: Case) -> str | None:
     """Why the op refuses the case (its TORCH_CHECKs, and the harness's own limits), or
     None."""
     checks = [
-        (case.op not in OPS, f"op {case.op} is not one the harness calls"),
+        (case.op not in OPS + SPARSE_OPS, f"op {case.op} is not one the harness calls"),
         (case.dtype not in ("bfloat16", "float16"), "dtype must be bfloat16 or float16"),
         (not 0 < case.head_size <= 256, "head size must be 1..256"),
         (case.op == "varlen_fwd" and case.head_size % 8 != 0,
@@ -393,6 +404,11 @@ def invalid(case: Case) -> str | None:
          "appending keys needs seqlen_q <= the cache's seqlen"),
         (case.append and case.append >= case.seqlen_k,
          "the appended keys must fit in the cache"),
+        (case.op in SPARSE_OPS and (case.window != (-1, -1) or case.paged > 0 or case.append
+                                    or case.seqlens_k or case.num_splits not in (0, 1)),
+         "the sparse ops take no window, paged cache, appended keys or splits"),
+        (case.op in SPARSE_OPS and (case.head_size + 7) // 8 * 8 != SPARSE_TRAITS[0],
+         "run_mha_fwd_sparse takes head dim 128 only (a head size of 121..128)"),
     ]
     return next((why for bad, why in checks if bad), None)
 
@@ -401,6 +417,8 @@ def launched(case: Case, gpu: Gpu) -> tuple[Kernel, ...]:
     """The kernels one call launches, in order; () where the op refuses the case."""
     if invalid(case) is not None:
         return ()
+    if case.op in SPARSE_OPS:
+        return (_sparse_kernel(case),)
     d = (case.head_size + 7) // 8 * 8
     head_dim = _head_dim(d)
     even_k = d == head_dim
@@ -464,6 +482,17 @@ def launched(case: Case, gpu: Gpu) -> tuple[Kernel, ...]:
     return tuple(kernels)
 
 
+def _sparse_kernel(case: Case) -> Kernel:
+    """run_flash_sparse_fwd's kernel: Is_local and Is_even_MN fixed false; Is_even_K true
+    (the head dim is 128, the only one it takes); causal cleared for one query without
+    ALiBi, as for the dense ops."""
+    causal = case.causal and not (case.seqlen_q == 1 and not case.alibi)
+    dropout, softcap = case.p_dropout > 0, case.softcap > 0
+    return Kernel("flash_fwd_sparse_kernel", Traits(*SPARSE_TRAITS, False, False, case.dtype), (
+        dropout and not softcap, causal, False, case.alibi, False, True, softcap,
+        case.return_softmax and dropout and not softcap))
+
+
 # --- 3. the cases ------------------------------------------------------------------------
 
 def _proposals(k: Kernel) -> list[Case]:
@@ -505,6 +534,12 @@ def _proposals(k: Kernel) -> list[Case]:
             if not even and not append:  # varlen_fwd: paged forces the split kernel
                 out.append(replace(base, seqlen_q=q, seqlen_k=4 * t.block_n, paged=16,
                                    num_splits=splits))
+        elif k.kind == "flash_fwd_sparse_kernel":  # both ops: causal ones varlen's
+            dropout = bool(flags["Is_dropout"] or flags["Return_softmax"])
+            out.append(replace(base, op="varlen_fwd_sparse" if flags["Is_causal"] else
+                               "fwd_sparse", seqlen_q=t.block_m * 2 + 3,
+                               seqlen_k=t.block_n * 3 + 5, p_dropout=0.25 if dropout else 0.0,
+                               return_softmax=bool(flags["Return_softmax"])))
         elif k.kind == "flash_fwd_splitkv_combine_kernel":
             splits = 1 << flags["Log_max_splits"]
             out.append(Case("fwd_kvcache", dtype=t.dtype, head_size=size, seqlen_q=1,
@@ -520,7 +555,7 @@ class Derived:
     `parse` refuses, each with why."""
 
     cases: list[Case] = field(default_factory=list)
-    expects: dict[str, list[str]] = field(default_factory=dict)  # case key -> kernel names
+    expects: dict[str, list[str]] = field(default_factory=dict)  # case name -> kernels
     unreachable: dict[str, str] = field(default_factory=dict)  # kernel name -> why
     foreign: list[str] = field(default_factory=list)  # names of no FA2 kind (not modeled)
 
@@ -528,22 +563,21 @@ class Derived:
         """The kernels no call of any op can launch on this GPU, each with the rule of the
         dispatch that never selects it (the rest of `unreachable` may be reachable)."""
         return {name: why for name, why in self.unreachable.items()
-                if why not in (NOT_CALLED, NOT_FOUND) and not why.startswith(NOT_READ)}
+                if why != NOT_FOUND and not why.startswith(NOT_READ)}
 
     @property
     def covered(self) -> int:
         return len({n for names in self.expects.values() for n in names})
 
     def to_json(self) -> dict[str, Any]:
-        return {"cases": [{**asdict(c), "key": c.key, "expects": self.expects[c.key]}
+        return {"cases": [{**asdict(c), "key": c.key, "expects": self.expects[c.name]}
                           for c in self.cases],
                 "covered": self.covered, "unreachable": self.unreachable,
                 "foreign": self.foreign}
 
 
 # the reasons `_why` gives that are not a rule of the dispatch: such a kernel may be
-# reachable (by an op the harness does not call, or by inputs the search did not find)
-NOT_CALLED = "fwd_sparse / varlen_fwd_sparse are not called by the harness"
+# reachable (by inputs the search did not find)
 NOT_FOUND = "no case of the model (structured or searched) launched it"
 NOT_READ = "not read as FA2's"
 
@@ -552,7 +586,7 @@ def _why(k: Kernel, gpu: Gpu) -> str:
     """Why no case launches `k`: the first rule of the dispatch it breaks."""
     t, flags = k.traits, dict(zip(FLAGS[k.kind], k.args, strict=True))
     if k.kind == "flash_fwd_sparse_kernel":
-        return NOT_CALLED
+        return _why_sparse(t, flags)
     if flags.get("Is_dropout") and flags.get("Is_softcap"):
         return "Is_dropout with Is_softcap: run_flash_fwd clears Is_dropout under softcap"
     if k.kind == "flash_fwd_kernel":
@@ -582,6 +616,23 @@ def _why(k: Kernel, gpu: Gpu) -> str:
         return "Is_even_K is cleared by ALiBi"
     if flags.get("Is_causal") and flags.get("Is_local"):
         return "Is_local is cleared by Is_causal"
+    return NOT_FOUND
+
+
+def _why_sparse(t: Traits, flags: dict[str, Any]) -> str:
+    """Why no case launches a sparse kernel: the rule of run_mha_fwd_sparse it breaks."""
+    if (t.head_dim, t.block_m, t.block_n, t.warps) != SPARSE_TRAITS or t.q_in_regs \
+            or t.share_qk:
+        return "not the block run_mha_fwd_sparse_hdim128 picks (128, 64x64, 4 warps)"
+    if not flags["Is_even_K"]:
+        return ("Is_even_K false: run_mha_fwd_sparse takes head dim 128 only (a head size "
+                "of 121..127 is padded to it), so is_even_K is always true")
+    if flags["Is_even_MN"] or flags["Is_local"]:
+        return "Is_even_MN and Is_local: run_flash_sparse_fwd fixes both false"
+    if flags["Is_dropout"] and flags["Is_softcap"]:
+        return "Is_dropout with Is_softcap: run_flash_sparse_fwd clears Is_dropout under softcap"
+    if flags["Return_softmax"] and not flags["Is_dropout"]:
+        return "Return_softmax without Is_dropout: run_flash_sparse_fwd never instantiates it"
     return NOT_FOUND
 
 
@@ -633,9 +684,9 @@ def derive(names: list[str], gpu: Gpu, *, first: list[Case] | None = None,
     def keep(case: Case, always: bool = False) -> bool:
         hits = [k for k in launched(case, gpu) if k in kernels]
         new = [k for k in hits if k not in covered]
-        if (new or always) and case.key not in out.expects:
+        if (new or always) and case.name not in out.expects:
             out.cases.append(case)
-            out.expects[case.key] = [kernels[k] for k in hits]
+            out.expects[case.name] = [kernels[k] for k in hits]
             covered.update(hits)
             return True
         return False

@@ -1,4 +1,5 @@
-"""Run vLLM FA2's `varlen_fwd` and `fwd_kvcache` on fixed seeded inputs and save the outputs
+"""Run vLLM FA2's `varlen_fwd` and `fwd_kvcache` (and, for the cases derived from sparse
+kernels, `fwd_sparse` and `varlen_fwd_sparse`) on fixed seeded inputs and save the outputs
 (`sm121-build prove`; the method of benchmarks/device/fa2_outputs.py).
 
 Standard library and torch only, run as a script by the interpreter `prove --python` names:
@@ -42,7 +43,13 @@ NEEDED = {
                    "max_seqlen_k", "softmax_scale", "is_causal"},
     "fwd_kvcache": {"q", "kcache", "vcache", "seqlens_k", "block_table", "softmax_scale",
                     "is_causal"},
+    "fwd_sparse": {"q", "k", "v", "block_count", "block_offset", "column_count",
+                   "column_index", "softmax_scale", "is_causal", "softcap"},
+    "varlen_fwd_sparse": {"q", "k", "v", "block_count", "block_offset", "column_count",
+                          "column_index", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                          "max_seqlen_k", "softmax_scale", "is_causal", "softcap"},
 }
+SPARSE_BLOCK = 64  # the rows of one block_count entry (mha_*_sparse's BLOCK_M)
 def schema_of(torch: Any, op: str) -> Any:
     try:
         return getattr(getattr(torch.ops, NAMESPACE), op).default._schema
@@ -129,6 +136,48 @@ def _table(torch: Any, gen: Any, batch: int, blocks: int) -> Any:
     return order.to(torch.int32).reshape(batch, blocks)
 
 
+def sparse_pattern(case: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """A vertical-slash pattern for every block of 64 queries (the same for each sequence and
+    head): the key blocks it attends (every other block of 64 keys it may see, and the last
+    one), and one key of each block left out (vertical lines), both ascending, as
+    vLLM's `convert_vertical_slash_indexes` gives them.  Causal: a query block sees the keys
+    up to its last query's (bottom-right aligned, as FA2 masks)."""
+    blocks, columns = [], []
+    rows = -(-case.seqlen_q // SPARSE_BLOCK)
+    for m in range(rows):
+        seen = case.seqlen_k
+        if case.causal:
+            last_q = min((m + 1) * SPARSE_BLOCK, case.seqlen_q) - 1
+            seen = max(0, min(case.seqlen_k, last_q + case.seqlen_k - case.seqlen_q + 1))
+        starts = list(range(0, seen, SPARSE_BLOCK))
+        kept = [s for at, s in enumerate(starts) if at % 2 == 0 or at == len(starts) - 1]
+        left = [s for s in starts if s not in kept]
+        blocks.append(kept)
+        columns.append([s + (7 * (m + 1) + 13 * j) % SPARSE_BLOCK
+                        for j, s in enumerate(left)])
+    return blocks, columns
+
+
+def sparse_inputs(torch: Any, case: Any) -> dict[str, Any]:
+    """`block_count`, `block_offset`, `column_count`, `column_index` of `sparse_pattern`,
+    shaped (batch, heads, query blocks[, most entries]) as int32 on the GPU."""
+    blocks, columns = sparse_pattern(case)
+    b, h = case.batch, case.heads
+
+    def padded(rows: list[list[int]]) -> list[list[int]]:
+        width = max(1, max(len(r) for r in rows))
+        return [r + [0] * (width - len(r)) for r in rows]
+
+    def on_gpu(values: list[Any]) -> Any:
+        one = torch.tensor(values, device="cuda", dtype=torch.int32)
+        return one.expand(b, h, *one.shape).contiguous()
+
+    return {"block_count": on_gpu([len(r) for r in blocks]),
+            "block_offset": on_gpu(padded(blocks)),
+            "column_count": on_gpu([len(r) for r in columns]),
+            "column_index": on_gpu(padded(columns))}
+
+
 def derived_inputs(torch: Any, case: Any, gen: Any) -> tuple[dict[str, Any], tuple[Any, ...]]:
     """The named arguments of one derived case (fa2_kernels.Case), and the inputs the op
     writes in place (the KV cache it appends to)."""
@@ -144,9 +193,18 @@ def derived_inputs(torch: Any, case: Any, gen: Any) -> tuple[dict[str, Any], tup
         "softcap": case.softcap, "num_splits": case.num_splits,
         "alibi_slopes": (torch.rand(hq, device="cuda", dtype=torch.float32, generator=gen)
                          if case.alibi else None)}
+    if case.op in fa2.SPARSE_OPS:
+        named.update(sparse_inputs(torch, case))
+        named.update({"p_dropout": case.p_dropout, "return_softmax": case.return_softmax,
+                      "gen": (torch.Generator(device="cuda").manual_seed(121)
+                              if case.p_dropout > 0 else None)})
+        if case.op == "fwd_sparse":
+            named.update({"q": rand(b, sq, hq, d), "k": rand(b, sk, hk, d),
+                          "v": rand(b, sk, hk, d)})
+            return named, ()
     cache_shape = (b * sk // case.paged, case.paged, hk, d) if case.paged else (b, sk, hk, d)
     table = _table(torch, gen, b, sk // case.paged) if case.paged else None
-    if case.op == "varlen_fwd":
+    if case.op in ("varlen_fwd", "varlen_fwd_sparse"):
         q = rand(b * sq, hq, d)
         k, v = (rand(*cache_shape) if case.paged else rand(b * sk, hk, d) for _ in range(2))
         named.update({
@@ -200,8 +258,10 @@ def cases_with(opts: Any, names: list[str] | None, given: list[Any]
 
     def cases(torch: Any, saved: dict[str, Any]) -> None:
         gen = torch.Generator(device="cuda").manual_seed(121)
-        schemas = {op: check(torch, op) for op in ("varlen_fwd", "fwd_kvcache")}
         derived = derived_cases(torch, names, given)
+        # the ops the cases call (a library without the sparse ops runs the others)
+        schemas = {op: check(torch, op) for op in
+                   ("varlen_fwd", "fwd_kvcache", *sorted({c.op for c in derived}))}
         first, count = opts.part
         if first == 0 and opts.fixed:  # the fixed cases: their inputs as before, one seed
             varlen(torch, saved, gen)
@@ -220,8 +280,7 @@ def one(torch: Any, saved: dict[str, Any], schemas: dict[str, Any], case: Any) -
     named, written = derived_inputs(torch, case, gen)
     op = getattr(torch.ops._vllm_fa2_C, case.op)
     values = arguments(torch, schemas[case.op], named)
-    saved[f"{case.op}/{case.key}"] = harness.first_call(torch, op, values,
-                                                        (case.op, case.key), written)
+    saved[case.name] = harness.first_call(torch, op, values, (case.op, case.key), written)
 
 
 def main(argv: list[str]) -> int:

@@ -170,6 +170,12 @@ class Case:
         return (f"{types}-m{self.m}n{self.n}k{self.k}-g{self.group}{order}"
                 f"{'-zp' if self.zero else ''}{moe}").lower()
 
+    @property
+    def name(self) -> str:
+        """The case's name among all cases (`Derived.expects`' key): its key, which names
+        the op already (a MoE case's carries `-moe`)."""
+        return self.key
+
 
 def _bits(name: str) -> int:
     return TYPES[ID[name]][1]
