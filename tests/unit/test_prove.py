@@ -770,20 +770,25 @@ def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> Non
 
 
 def test_the_moe_proof_of_the_lent_h200_reads_back(tmp_path: Path) -> None:
-    """docs/real-build.md's `_moe_C` run (2026-11-28): 732 of 732 cases bitwise equal, 737
-    of 738 added kernels launched, the placeholder unreachable; failed for the one reason
-    the document says: the stock run without the JIT was given no case."""
+    """docs/real-build.md's `_moe_C` run (a lent H200, 2026-11-28): proven, 732 of 732
+    cases bitwise equal, 737 of 738 added kernels launched, the placeholder unreachable by
+    its rule; the stock file without the JIT failed, as it must."""
     import gzip
 
     real = Path(__file__).resolve().parents[2] / "docs" / "real-build" / "prove-sm90-h200-c"
-    data = json.loads(gzip.decompress((real / "_moe_C.3-honest.proof.json.gz").read_bytes()))
+    (tmp_path / "proof.json").write_bytes(
+        gzip.decompress((real / "_moe_C.3-honest.proof.json.gz").read_bytes()))
+    data = json.loads((tmp_path / "proof.json").read_text())
     _check(data)
     cover = data["files"][0]["coverage"]
     assert (cover["added"], cover["launched"], cover["compared"]) == (738, 737, 737)
+    assert cover["never_launched"] == []
+    [dead] = cover["unreachable"]
+    assert "MarlinDefault" in dead["name"] and "never selects it" in dead["why"]
     assert len(data["ops"]) == 732 and all(op["bitwise_equal"] for op in data["ops"])
-    assert data["problems"] == ["_moe_C.abi3.so: the stock file ran with the PTX JIT "
-                                "disabled: its ops did not need the added cubins"]
-    assert data["stock_without_jit"][0]["said"] == "0 case(s) ran"
+    assert data["problems"] == [] and data["verdict"] == "proven"
+    assert "PTX JIT compilation was disabled" in data["stock_without_jit"][0]["said"]
+    assert read_proof(tmp_path / "proof.json", None)[1].verdict == "proven"
 
 
 def test_two_files_whose_paths_flatten_alike_are_both_proven(
