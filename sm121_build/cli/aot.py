@@ -58,8 +58,7 @@ def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
 @click.option("--target", "--gpu", "gpu", callback=gpu_name,
               help=f"GPU to compile for: {DEFAULT_GPU}, sm_120, sm_90... [default: for files, this "
                    f"machine's GPU (nvidia-smi), else {DEFAULT_GPU}; for an image, {DEFAULT_GPU} "
-                   "(the DGX "
-                   "Spark)]")
+                   "(the DGX Spark)]")
 @click.option("--cuda-home", type=InputPath(exists=True, file_okay=False, path_type=Path),
               help="Where ptxas and fatbinary are (DIR/bin) [default: $CUDA_HOME, PATH, "
                    "PyPI's nvidia-cuda-nvcc, /usr/local/cuda]")

@@ -39,7 +39,7 @@ from sm121_build.image.refs import (
     validate_tag,
 )
 from sm121_build.jobs.commands.kernels_image import require_repository
-from sm121_build.jobs.commands.main_plan import Options
+from sm121_build.jobs.commands.main_plan import Options, source_build_refused
 from sm121_build.jobs.commands.run import Kernels, RunRequest, run_main
 from sm121_build.jobs.framework.session import Reporting
 from sm121_build.source.external import projects_for, require_project_tree
@@ -162,10 +162,7 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
     arch = arch_for_gpu(arch, gpu)
     gpu = replace(gpu, driver=parse_cuda_version(driver))
     if not gpu.has_source_rules and (source or from_source or force or no_patch):
-        raise Sm121Error(f"--gpu {gpu}: a source build (--source, --from-source, --force, "
-                         f"--no-patch) is for {DEFAULT_GPU} only (the guard rules are written for "
-                         "it); "
-                         f"{gpu} gets aot: drop those options")
+        raise Sm121Error(source_build_refused(gpu))
     options = Options(base=base, tag=result_tag, arch=arch, extra_ext=extra_ext, jobs=jobs,
                       source=source, repo=repo, out=out, force=force, no_patch=no_patch,
                       pull=pull, versioned_tag=versioned_tag,

@@ -34,9 +34,8 @@ def dockerfile(base: str, gpu: Policy, arch: ArchList,  # noqa: PLR0913 (click o
     refused, and `sm121-build aot IMAGE --gpu GPU` serves it."""
     if not gpu.has_source_rules:
         raise Sm121Error(f"--gpu {gpu}: the Dockerfile builds from source, which is for "
-                         f"{DEFAULT_GPU} "
-                         f"only (the guard rules are written for it); `sm121-build aot IMAGE "
-                         f"--gpu {gpu}` serves {gpu}")
+                         f"{DEFAULT_GPU} only (the guard rules are written for it); "
+                         f"`sm121-build aot IMAGE --gpu {gpu}` serves {gpu}")
     facts, vllm = Pipeline.connect().resolve_image(base)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     require_buildable(vllm.tools, facts.ref)

@@ -75,13 +75,11 @@ def optional_arch_list(ctx: click.Context | None, param: click.Parameter | None,
     return None if value is None else arch_list(ctx, param, value)
 
 
-GPU_HELP = (f"The GPU the result serves: {DEFAULT_GPU} (DGX Spark, GB10), sm_120 (RTX 50-series, "
-            "RTX "
-            "PRO Blackwell), sm_110 (Jetson Thor), sm_90 (Hopper), ...  Its kernels are "
-            "judged, compiled and verified for it, and its images are tagged -smXYZ.  A GPU "
-            f"other than {DEFAULT_GPU} gets aot only (the guard rules of a source build are "
-            "written "
-            f"for {DEFAULT_GPU}).")
+GPU_HELP = (f"The GPU the result serves: {DEFAULT_GPU} (DGX Spark, GB10), sm_120 (RTX "
+            "50-series, RTX PRO Blackwell), sm_110 (Jetson Thor), sm_90 (Hopper), ...  Its "
+            "kernels are judged, compiled and verified for it, and its images are tagged "
+            f"-smXYZ.  A GPU other than {DEFAULT_GPU} gets aot only (the guard rules of a "
+            f"source build are written for {DEFAULT_GPU}).")
 
 
 def gpu_value(ctx: click.Context | None, param: click.Parameter | None,

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from devkit.fake_torch import H100_CUDA
 from sm121_build.jobs.commands.prove_cases import FAMILIES, Dealing, Modules, plan_cases
 from sm121_build.jobs.commands.prove_child import Device, GpuSizes
 from sm121_build.jobs.payload import marlin_kernels as mk
@@ -280,17 +281,7 @@ class ops:
     _C = _moe_C = _Ns()
     @staticmethod
     def load_library(path): pass
-class _Props:
-    major, minor, multi_processor_count = 9, 0, 132
-    shared_memory_per_block_optin = 232448
-class cuda:
-    @staticmethod
-    def synchronize(): pass
-    @staticmethod
-    def get_device_properties(n): return _Props()
-class Generator:
-    def __init__(self, device): pass
-    def manual_seed(self, seed): return self
+''' + H100_CUDA + '''
 def save(saved, path):
     with open(path, "w") as f:
         json.dump(sorted(saved), f)

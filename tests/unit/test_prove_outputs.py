@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from devkit.fake_torch import H100_CUDA
 from sm121_build.jobs.payload import compare_outputs, fa2_kernels, harness_run
 from sm121_build.jobs.payload.fa2_kernels import Case
 
@@ -170,17 +171,7 @@ class ops:
     _vllm_fa2_C = _Ns()
     @staticmethod
     def load_library(path): pass
-class _Props:
-    major, minor, multi_processor_count = 9, 0, 132
-    shared_memory_per_block_optin, shared_memory_per_multiprocessor = 232448, 233472
-class cuda:
-    @staticmethod
-    def synchronize(): pass
-    @staticmethod
-    def get_device_properties(n): return _Props()
-class Generator:
-    def __init__(self, device): pass
-    def manual_seed(self, seed): return self
+''' + H100_CUDA + '''
 def save(saved, path):
     with open(path, "w") as f:
         json.dump({k: len(v) for k, v in saved.items()}, f)

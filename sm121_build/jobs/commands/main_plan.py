@@ -290,9 +290,8 @@ def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, Bin
         return None
     left = list(left_by_aot(native_by_aot(aot), stock))
     if not opts.gpu.has_source_rules:
-        note(f"no guard rules for {opts.gpu} (a source build is for {DEFAULT_GPU}): aot alone; "
-             "what "
-             f"aot cannot change is left as it is ({', '.join(left)})")
+        note(f"no guard rules for {opts.gpu} (a source build is for {DEFAULT_GPU}): aot "
+             f"alone; what aot cannot change is left as it is ({', '.join(left)})")
         return None
     if not left and opts.source is None:
         note("every kernel that is not native has PTX: aot alone, no source needed")
@@ -319,6 +318,13 @@ def files_root(job: Job) -> str:
     return "/" if job.opts.all_packages else job.image.vllm.package_dir
 
 
+def source_build_refused(gpu: Policy) -> str:
+    """Why a source build's options are refused for `gpu` (one without guard rules)."""
+    return (f"--gpu {gpu}: a source build (--source, --from-source, --force, --no-patch) is "
+            f"for {DEFAULT_GPU} only (the guard rules are written for it); {gpu} gets aot: "
+            "drop those options")
+
+
 def builds_for_sure(opts: Options) -> bool:
     """Whether the run builds from source whatever the plan says (a --source given, or no
     aot: --from-source, --force, --no-patch): the image's compiler is checked up front, and
@@ -326,10 +332,7 @@ def builds_for_sure(opts: Options) -> bool:
     certain = not opts.aot_only and (opts.source is not None or opts.from_source
                                      or opts.force or opts.no_patch)
     if certain and not opts.gpu.has_source_rules:
-        raise Sm121Error(f"--gpu {opts.gpu}: a source build (--source, --from-source, --force, "
-                         f"--no-patch) is for {DEFAULT_GPU} only (the guard rules are written for "
-                         "it); "
-                         f"{opts.gpu} gets aot: drop those options")
+        raise Sm121Error(source_build_refused(opts.gpu))
     return certain
 
 

@@ -31,7 +31,7 @@ harness = importlib.import_module("harness_run")
 marlin = importlib.import_module("marlin_kernels")
 case_files = importlib.import_module("case_files")
 
-NAMESPACE = "_C"  # the library's ops: `_C`'s, or `_moe_C`'s for a file of that name
+MOE = "_moe_C"  # the library of the MoE GEMM (the repack ops and marlin_gemm are `_C`'s)
 NEEDED = {"gptq_marlin_repack": {"b_q_weight", "perm", "size_k", "size_n", "num_bits"},
           "awq_marlin_repack": {"b_q_weight", "size_k", "size_n", "num_bits"},
           "marlin_int4_fp8_preprocess": {"qweight", "qzeros_or_none", "inplace"},
@@ -54,25 +54,30 @@ SHAPES = [(256, 192), (4096, 4096), (7168, 2112)]  # (size_k, size_n)
 FP8_NO_NAN = -0x08080809  # 0xF7F7F7F7: each byte's lowest exponent bit off (no e4m3fn NaN)
 
 
-def found_op(torch: Any, op: str) -> Any | None:
+def namespace_of(path: str) -> str:
+    """The library's ops: `_moe_C`'s for a file of that name, else `_C`'s."""
+    return MOE if Path(path).name.startswith(MOE + ".") else "_C"
+
+
+def found_op(torch: Any, namespace: str, op: str) -> Any | None:
     """The op, or None where the library has none of that name."""
     try:
-        return getattr(getattr(torch.ops, NAMESPACE), op)
+        return getattr(getattr(torch.ops, namespace), op)
     except (AttributeError, RuntimeError):
         return None
 
 
-def check(torch: Any, op: str) -> Any:
+def check(torch: Any, namespace: str, op: str) -> Any:
     """The op, when it is there with the arguments the harness gives (vLLM renames none of
     the repack ops' across 0.2x; `is_a_8bit` came later and is given when asked for)."""
-    found = found_op(torch, op)
+    found = found_op(torch, namespace, op)
     if found is None:
-        raise harness.SchemaError(f"{NAMESPACE}.{op}: no such op in this library")
+        raise harness.SchemaError(f"{namespace}.{op}: no such op in this library")
     names = {a.name for a in found.default._schema.arguments}
     lacking = sorted(NEEDED[op] - names)
     unknown = sorted(names - NEEDED[op] - OPTIONAL.get(op, set()))
     if lacking or unknown:
-        raise harness.SchemaError(f"{NAMESPACE}.{op}: lacks {lacking or 'nothing'}, has unknown "
+        raise harness.SchemaError(f"{namespace}.{op}: lacks {lacking or 'nothing'}, has unknown "
                                   f"{unknown or 'nothing'} (schema: {found.default._schema})")
     return found
 
@@ -85,7 +90,7 @@ def _call(torch: Any, op: Any, values: dict[str, Any], label: tuple[str, str]) -
 def repack(torch: Any, saved: dict[str, Any]) -> None:
     """The repack ops' fixed cases (and the 8-bit activations' where the op takes them)."""
     gen = torch.Generator(device="cuda").manual_seed(121)
-    gptq, awq = check(torch, "gptq_marlin_repack"), check(torch, "awq_marlin_repack")
+    gptq, awq = check(torch, "_C", "gptq_marlin_repack"), check(torch, "_C", "awq_marlin_repack")
     a8 = {a.name for a in gptq.default._schema.arguments} >= {"is_a_8bit"}
     for bits in (4, 8):
         pack = 32 // bits
@@ -111,9 +116,9 @@ def repack(torch: Any, saved: dict[str, Any]) -> None:
 def preprocess(torch: Any, saved: dict[str, Any]) -> None:
     """`marlin_int4_fp8_preprocess` without and with AWQ zero points, where the library
     has the op."""
-    if found_op(torch, "marlin_int4_fp8_preprocess") is None:
+    if found_op(torch, "_C", "marlin_int4_fp8_preprocess") is None:
         return
-    op = check(torch, "marlin_int4_fp8_preprocess")
+    op = check(torch, "_C", "marlin_int4_fp8_preprocess")
     gen = torch.Generator(device="cuda").manual_seed(122)
     k, n = 256, 256
     q = torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, device="cuda",
@@ -233,16 +238,17 @@ def read_cases(opts: Any) -> tuple[list[str] | None, list[Any]]:
     return found
 
 
-def cases_with(opts: Any, names: list[str] | None, given: list[Any]
+def cases_with(opts: Any, names: list[str] | None, given: list[Any], namespace: str
                ) -> Callable[[Any, dict[str, Any]], None]:
-    """The harness's cases: the fixed ones, then the derived ones, those of its slice."""
+    """The harness's cases for the library of `namespace`: the fixed ones (`_C`'s), then
+    the derived ones of its op, those of its slice."""
 
     def cases(torch: Any, saved: dict[str, Any]) -> None:
         derived = given if names is None else marlin.derive(names, gpu_sizes(torch)).cases
-        name = "moe_wna16_marlin_gemm" if NAMESPACE == "_moe_C" else "marlin_gemm"
-        op = check(torch, name) if derived else None
+        name = "moe_wna16_marlin_gemm" if namespace == MOE else "marlin_gemm"
+        op = check(torch, namespace, name) if derived else None
         first, count = opts.part
-        if first == 0 and opts.fixed and NAMESPACE == "_C":
+        if first == 0 and opts.fixed and namespace != MOE:
             repack(torch, saved)
             preprocess(torch, saved)
         takes = {a.name for a in op.default._schema.arguments} if op is not None else set()
@@ -271,9 +277,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"usage: harness_marlin.py SO OUT.pt [--kernels F | --cases F] "
                          f"[--slice I/N] [--derived-only]: {text}\n")
         return 2
-    global NAMESPACE
-    NAMESPACE = "_moe_C" if Path(argv[0]).name.startswith("_moe_C.") else "_C"
-    return int(harness.run(argv[:plain], "harness_marlin.py", cases_with(opts, names, given)))
+    return int(harness.run(argv[:plain], "harness_marlin.py",
+                           cases_with(opts, names, given, namespace_of(argv[0]))))
 
 
 if __name__ == "__main__":
