@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue #63 on a lent Hopper (sm_90; no Docker, no network; python3 with torch 2.11+cu130):
-# `sm121-build prove` on vLLM 0.22.0's `_C` and `_moe_C` aot'd for sm_90, their Marlin GEMM
-# cases derived from the added kernels, once per aot'd variant (honest ones, and `_C` with
-# a planted defect).  The aot runs on the CPU machine (`sm121-build aot FILE --gpu sm_90`,
+# `sm121-build prove` on vLLM 0.22.0's `_C`, `_moe_C` and FA2 aot'd for sm_90, their cases
+# derived from the added kernels (Marlin GEMM and MoE, FA2's attention), once per aot'd
+# variant (honest ones, and ones with a planted defect).  The aot runs on the CPU machine (`sm121-build aot FILE --gpu sm_90`,
 # with `--cuda-home` for a planted ptxas); each variant travels as the fatbin entries aot
 # added (aot_delta.py make).  A call carries 64 MiB with the working tree, so the stock `_C`
 # comes in two calls, the first leaving its part in KEEP:
@@ -10,9 +10,12 @@
 #   KEEP/C.xz.1                the first bytes of the stock `_C.abi3.so` xz'd (vLLM 0.22.0
 #                              x86_64 wheel's vllm/_C.abi3.so); KIT/C.xz.2 the rest
 #   KIT/_moe_C.xz              the stock `_moe_C.abi3.so`, xz'd
+#   KEEP/_vllm_fa2_C.xz (or KIT's)  the stock FA2 `_vllm_fa2_C.abi3.so`, xz'd (53 MB: it
+#                              comes in a call of its own, its deltas in the next ones)
 #   KIT/sums.txt               the stock files' sha256 (`sha256sum` lines)
 #   KIT/wheels/*.whl (or KEEP's)  lz4, zstandard, isal, packaging for that python3
-#   KIT/delta/FILE.VARIANT.delta (or KEEP's)  an aot'd variant of FILE (`_C`, `_moe_C`),
+#   KIT/delta/FILE.VARIANT.delta (or KEEP's)  an aot'd variant of FILE (`_C`, `_moe_C`,
+#                              `_vllm_fa2_C`),
 #                              run in the order of VARIANT (`1-honest`, `2-planted`, ...)
 #   bash c_prove.sh KIT KEEP OUT   from the repository root (KEEP may be KIT)
 #
@@ -31,6 +34,11 @@ if [ -f "$KIT/C.xz.2" ]; then
   cat "$KEEP/C.xz.1" "$KIT/C.xz.2" | xz -dc > "$W/stock/_C.abi3.so" || exit 2
 fi
 if [ -f "$KIT/_moe_C.xz" ]; then xz -dc "$KIT/_moe_C.xz" > "$W/stock/_moe_C.abi3.so" || exit 2; fi
+for kept in "$KEEP" "$KIT"; do  # FA2's stock file (vllm/vllm_flash_attn/), staged before
+  if [ -f "$kept/_vllm_fa2_C.xz" ]; then
+    xz -dc "$kept/_vllm_fa2_C.xz" > "$W/stock/_vllm_fa2_C.abi3.so" || exit 2; break
+  fi
+done
 (cd "$W/stock" && sha256sum -c --ignore-missing "$KIT/sums.txt") || exit 2
 for delta in $(for d in "$KEEP"/delta/*.delta "$KIT"/delta/*.delta; do
                  [ -f "$d" ] || continue; b=$(basename "$d"); echo "${b#*.} $d"

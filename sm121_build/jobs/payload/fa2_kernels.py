@@ -57,6 +57,9 @@ SPARSE_TRAITS = (128, 64, 64, 4)  # the only head dim run_mha_fwd_sparse takes, 
 # numbers have a few digits; a name beyond them is not one of FA2's
 MAX_DEPTH = 8
 MAX_DIGITS = 12
+# the largest case the harness runs (a case file is outside input: its sizes are bounded
+# before any tensor is made; the derived cases stay far below)
+MAX_BATCH, MAX_HEADS, MAX_SEQLEN = 64, 256, 1 << 16
 # each kind's int template arguments (the others are bools), with their (low, high) bounds
 INT_FLAGS = {"kBlockM": (1, 1024), "Log_max_splits": (0, 16)}
 
@@ -387,6 +390,9 @@ def invalid(case: Case) -> str | None:
         (case.heads < 1 or case.heads_k < 1 or case.heads % case.heads_k != 0,
          "heads_k must divide heads"),
         (case.batch < 1 or case.seqlen_q < 1 or case.seqlen_k < 1, "empty batch or sequence"),
+        (case.batch > MAX_BATCH or case.heads > MAX_HEADS or case.seqlen_q > MAX_SEQLEN
+         or case.seqlen_k > MAX_SEQLEN, f"beyond the harness's bounds (batch {MAX_BATCH}, "
+         f"heads {MAX_HEADS}, sequences of {MAX_SEQLEN})"),
         (case.paged % 16 != 0 or case.paged < 0, "a paged block size is a multiple of 16"),
         (case.paged > 0 and case.seqlen_k % case.paged != 0,
          "the harness fills whole blocks: seqlen_k a multiple of the block size"),
