@@ -738,6 +738,30 @@ def test_the_proof_prove_made_on_a_lent_h200_reads_back_with_its_coverage(
                for u in cover["unreachable"])
 
 
+def test_the_whole_fa2_proof_of_the_lent_h200_reads_back(tmp_path: Path) -> None:
+    """docs/real-build.md's FA2 run with the sparse ops' cases (a lent H200, 2026-11-28,
+    c_prove.sh): proven, every one of the 1,472 added kernels launched by a case compared
+    bitwise equal (1,360) or unreachable by the dispatch's rule (112: 96 blocks of other
+    GPUs, 16 sparse kernels of an uneven K), 1,337 of 1,337 cases equal, among them the
+    sparse ones."""
+    import gzip
+
+    real = Path(__file__).resolve().parents[2] / "docs" / "real-build" / \
+        "prove-sm90-h200-fa2" / "_vllm_fa2_C.1-honest.proof.json.gz"
+    (tmp_path / "proof.json").write_bytes(gzip.decompress(real.read_bytes()))
+    data, summary = read_proof(tmp_path / "proof.json", None)
+    _check(data)
+    assert summary.verdict == "proven" and data["problems"] == []
+    cover = data["files"][0]["coverage"]
+    assert (cover["added"], cover["launched"], cover["compared"]) == (1472, 1360, 1360)
+    assert cover["never_launched"] == [] and len(cover["unreachable"]) == 112
+    assert sum("Is_even_K false" in u["why"] for u in cover["unreachable"]) == 16
+    assert len(data["ops"]) == 1337 and all(op["bitwise_equal"] for op in data["ops"])
+    sparse = [op for op in data["ops"] if op["op"].endswith("_sparse")]
+    assert len(sparse) == 16 and {op["op"] for op in sparse} == {"fwd_sparse",
+                                                                  "varlen_fwd_sparse"}
+
+
 def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> None:
     """docs/real-build.md's runs of `prove` on vLLM 0.22.0's `_C` aot'd for sm_90 (a lent
     H200, 2026-11-28, benchmarks/device/c_prove.sh): honest, proven (354 of 365 added
