@@ -7,8 +7,9 @@
 #   KIT/wheels/*.whl                  lz4, zstandard, isal, packaging for that python3
 #   bash fa2_prove.sh KIT OUT [HEAD_DIM]   from the repository root
 #
-# HEAD_DIM (a planted defect; one of FA2's head dims: 32, 64, 96, 128, 192, 256): aot runs
-# with a CUDA home whose ptxas, for the modules that hold that head dim's kernels only,
+# HEAD_DIM (a planted defect; one of FA2's head dims: 32, 64, 96, 128, 192, 256, or `all`
+# for every module): aot runs with a CUDA home whose ptxas, for the modules that hold that
+# head dim's kernels only (every FA2 module for `all`),
 # rounds every f32 fma toward zero (`fma.rn[.ftz].f32` -> `fma.rz[.ftz].f32` in the PTX it
 # is given: FA2's are all `.ftz`); the rest are compiled as they are.  prove must then
 # say "not proven" (exit 3), naming the cases of those modules.
@@ -23,6 +24,7 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
 xz -dc "$KIT/fa2/_vllm_fa2_C.abi3.so.xz" > "$W/stock/_vllm_fa2_C.abi3.so" || exit 2
 home=()
 if [ -n "$PLANT" ]; then
+  pattern=$([ "$PLANT" = all ] && echo "" || echo "Li${PLANT}E")
   real=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
   cuda=$(dirname "$(dirname "$(readlink -f "$real")")")
   mkdir -p "$W/cuda/bin"
@@ -32,7 +34,7 @@ if [ -n "$PLANT" ]; then
 #!/usr/bin/env bash
 # planted: the modules of head dim $PLANT get every f32 fma rounded toward zero
 src="\${@: -1}"
-if [[ "\$src" == *.ptx ]] && grep -q "Flash_fwd_kernel_traitsILi${PLANT}E" "\$src"; then
+if [[ "\$src" == *.ptx ]] && grep -q "Flash_fwd_kernel_traitsI${pattern}" "\$src"; then
   planted="\${src%.ptx}.planted.ptx"
   sed -E 's/fma\.rn(\.ftz)?\.f32/fma.rz\1.f32/g' "\$src" > "\$planted"
   echo "\$src" >> "$W/planted.txt"

@@ -762,6 +762,33 @@ def test_the_whole_fa2_proof_of_the_lent_h200_reads_back(tmp_path: Path) -> None
                                                                   "varlen_fwd_sparse"}
 
 
+@pytest.mark.parametrize(("planted", "differ"), [("all", 1337), ("192", 204)])
+def test_the_planted_fa2_proofs_of_the_lent_h200_name_the_planted_modules(
+        tmp_path: Path, planted: str, differ: int) -> None:
+    """docs/real-build.md's FA2 runs with a ptxas that rounds every f32 fma toward zero in
+    every module, or in the 8 modules of head dim 192 alone (the file #57 called proven):
+    failed; the differing cases are exactly those that launched a kernel of a planted
+    module, each naming its cubins."""
+    import gzip
+
+    real = Path(__file__).resolve().parents[2] / "docs" / "real-build" / \
+        "prove-sm90-h200-fa2-planted" / f"planted-{planted}.proof.json.gz"
+    (tmp_path / "proof.json").write_bytes(gzip.decompress(real.read_bytes()))
+    data = json.loads((tmp_path / "proof.json").read_text())
+    _check(data)
+    assert data["verdict"] == "failed" and len(data["ops"]) == 1337
+    bad = [op for op in data["ops"] if op["bitwise_equal"] is False]
+    assert len(bad) == differ == len(data["problems"])
+    cubins = {c for op in bad for k in op["launched"] for c in k["cubins"]}
+    if planted == "192":
+        assert cubins == {5, 6, 7, 8, 33, 34, 35, 36}
+        assert all(op["case"].split("-")[1] in ("d184", "d192") for op in bad)
+        hit = [op for op in data["ops"] if any(c in cubins for k in op["launched"]
+                                                 for c in k["cubins"])]
+        assert hit == bad  # every case of a planted module differs, no other one
+    assert "it launched 1 added kernel(s) of cubin(s)" in data["problems"][0]
+
+
 def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> None:
     """docs/real-build.md's runs of `prove` on vLLM 0.22.0's `_C` aot'd for sm_90 (a lent
     H200, 2026-11-28, benchmarks/device/c_prove.sh): honest, proven (354 of 365 added
