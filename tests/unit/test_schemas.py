@@ -82,6 +82,25 @@ def test_the_manifest_export_writes_and_inject_reads(tmp_path: Path) -> None:
     assert artifacts.load(tmp_path / "out").files.keys() == files.keys()
     with pytest.raises(jsonschema.ValidationError):
         _check("manifest", {**data, "files": {"../x.so": data["files"]["_C.abi3.so"]}})
+    native = report.kernel_counts()["native"]
+    assert data["files"]["_C.abi3.so"]["kernels_native"] == native > 0
+    assert artifacts.Manifest.from_json(data).files["_C.abi3.so"].kernels_native == native
+    both = {**data["files"]["_C.abi3.so"], "kernels_native_sm121": native}
+    with pytest.raises(jsonschema.ValidationError):  # one name or the other, never both
+        _check("manifest", {**data, "files": {"_C.abi3.so": both}})
+
+
+def test_a_manifest_of_an_earlier_release_reads_with_its_counts() -> None:
+    """The manifest a real run wrote before `kernels_native` had its name (docs/real-build,
+    `--gpu sm_90`: the field said sm121 and counted sm_90's kernels) passes the schema and
+    reads with its counts."""
+    old = json.loads((Path(__file__).resolve().parents[2] / "docs" / "real-build" /
+                      "main-job-gpu-sm90" / "manifest.json").read_text())
+    _check("manifest", old)
+    files = artifacts.Manifest.from_json(old).files
+    assert {name: record.kernels_native for name, record in files.items()} == \
+        {name: entry["kernels_native_sm121"] for name, entry in old["files"].items()}
+    assert 2405 in {record.kernels_native for record in files.values()}
 
 
 def test_run_reports_of_each_outcome() -> None:

@@ -3,7 +3,11 @@
     {"format": 1, "vllm_version": ..., "vllm_commit": ..., "base": ..., "base_digest": ...,
      "arch_list": ..., "tool_version": ..., "package_dir": ..., "torch_version": ...,
      "files": {"_C.abi3.so": {"sha256": ..., "mode": "755", "cubins": {...},
-                              "kernels_native_sm121": N}}}
+                              "kernels_native": N}}}
+
+`kernels_native` counts the kernels native on the run's GPU (the manifest's `gpu`, sm_121
+where it names none); a manifest of an earlier release calls it `kernels_native_sm121`,
+whatever the GPU, and is read alike.
 """
 
 from __future__ import annotations
@@ -110,21 +114,25 @@ class Provenance:
         return data
 
 
+OLD_NATIVE = "kernels_native_sm121"  # `kernels_native` as earlier releases wrote it
+
+
 @dataclass(frozen=True)
 class FileRecord:
-    """One exported file: its hash and mode, and what verification counted in it."""
+    """One exported file: its hash and mode, and what verification counted in it (its
+    cubins per arch, its kernels native on the run's GPU)."""
 
     sha256: str
     mode: str
     cubins: dict[str, int]
-    kernels_native_sm121: int
+    kernels_native: int
 
 
     @classmethod
     def from_json(cls, data: object) -> FileRecord:
         entry = data if isinstance(data, dict) else {}
         cubins = entry.get("cubins")
-        native = entry.get("kernels_native_sm121")
+        native = entry.get("kernels_native", entry.get(OLD_NATIVE))
         return cls(str(entry.get("sha256") or ""), str(entry.get("mode") or "755"),
                    {str(k): int(v) for k, v in cubins.items() if isinstance(v, int)}
                    if isinstance(cubins, dict) else {},
@@ -197,7 +205,7 @@ def export(out: Path, files: dict[str, Path], provenance: Provenance,
            counts: dict[str, tuple[dict[str, int], int]],
            sign_key: SigningKey | None = None) -> Path:
     """Copy the files to `out` and write the manifest last (a folder without one is partial).
-    `counts`: per file, its cubins per arch and its kernels native on sm_121.  With a key,
+    `counts`: per file, its cubins per arch and its kernels native on the run's GPU.  With a key,
     `manifest.json.sig` beside it: the key's signature over the manifest's exact bytes (as
     `cosign sign-blob --key` makes it), which lists every file's sha256."""
     refuse_links_below(out, out / MANIFEST)
