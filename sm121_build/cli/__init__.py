@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -103,8 +103,7 @@ class _Group(click.Group):
         try:
             release()  # Ctrl-C and SIGTERM from here on: handled below
             check_environment()  # every command refuses a bad SM121_* value alike
-            with _tree_code_confined():
-                return super().invoke(ctx)
+            return _ended(lambda: super(_Group, self).invoke(ctx))
         except Sm121Error as exc:
             quiet()  # the command has ended: a signal now cannot add a second line
             report_error(str(exc) + (left_behind() if isinstance(exc, EngineUnavailable)
@@ -133,6 +132,21 @@ class _Group(click.Group):
             if signalled():
                 interrupted()
             raise
+
+
+def _ended(command: Callable[[], Any]) -> Any:
+    """The command run, then `quiet`: once it has returned or exited with its own status
+    (doctor's rank) a signal cannot reach click's `main`, which would print a blank line
+    before the interrupt's (its closing of a terminal's `^C` echo).  One that lands before
+    `quiet` is raised here, in the command's handler (`_Group.invoke`)."""
+    try:
+        with _tree_code_confined():
+            result = command()
+    except SystemExit:
+        quiet()
+        raise
+    quiet()
+    return result
 
 
 def interrupted_line() -> str:

@@ -221,3 +221,45 @@ def test_a_signal_as_the_command_ends(tmp_path: Path, where: str, args: list[str
     assert done.stderr.strip().splitlines()[-1].startswith(
         "interrupted" if done.returncode == 130 else "error: "), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+SIGNAL_AT_A_QUALIFIED_RETURN = '''
+import os
+import signal
+import sys
+
+target, signame = sys.argv.pop(1), sys.argv.pop(1)
+
+
+def profile(frame, event, arg):
+    if event == "return" and frame.f_code.co_qualname == target:
+        sys.setprofile(None)
+        os.kill(os.getpid(), getattr(signal, signame))
+
+
+from sm121_build.cli import main
+
+sys.setprofile(profile)
+main()
+'''
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("where", ["_Group.invoke", "_ended"])
+@pytest.mark.parametrize("command", ["audit", "doctor"])
+def test_a_signal_after_the_command_returned_adds_no_blank_line(
+        tmp_path: Path, host_only_so: Path, signame: str, where: str, command: str) -> None:
+    """A signal as a command that has done its work returns (audit, exit 0) or exits with
+    its own status (doctor's rank, a SystemExit) reaches no click code: click's `main`
+    would print a blank line on stderr (closing a terminal's `^C` echo) before the
+    interrupt's line (red team 5).  The run ends with its status, stderr untouched."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(SIGNAL_AT_A_QUALIFIED_RETURN)
+    args = ["audit", str(host_only_so)] if command == "audit" else ["doctor"]
+    done = subprocess.run([sys.executable, str(driver), where, signame, *args],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin",
+                               "DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode not in (130, -2, -15), done.stderr
+    assert "\n\n" not in "\n" + done.stderr and "interrupted" not in done.stderr, done.stderr
