@@ -343,3 +343,41 @@ def test_every_sparse_kernel_is_launched_or_shown_dead(names: list[str]) -> None
     assert all(n in launched or "Is_even_K false" in dead[n] for n in sparse)
     ops = {c.op for c in derived.cases if c.op in fa2.SPARSE_OPS}
     assert ops == set(fa2.SPARSE_OPS)
+
+
+@pytest.mark.parametrize("text", [
+    '{"op": "varlen_fwd", "softcap": 1e309}',  # inf, as json reads it
+    '{"op": "varlen_fwd", "softcap": NaN}',
+    '{"op": "varlen_fwd", "softcap": -30.0}',
+    '{"op": "fwd_kvcache", "append": -5, "seqlens_k": true}',
+    '{"op": "varlen_fwd", "window": [1000000000000000000000000000000, 0]}',
+    '{"op": "varlen_fwd", "window": [-7, 0]}',
+    # each size within its bound, their product 550 GB of bfloat16 for q alone
+    '{"op": "varlen_fwd", "batch": 64, "heads": 256, "heads_k": 256, "seqlen_q": 65536,'
+    ' "seqlen_k": 65536, "head_size": 256}'])
+def test_a_case_files_value_past_what_the_op_takes_is_refused(text: str) -> None:
+    """A case file is outside input (red team 5): a softcap of inf, NaN or below 0, a
+    negative count of appended keys, a window no int64 holds, and sizes whose product is
+    hundreds of gigabytes are refused before any tensor is made."""
+    with pytest.raises(ValueError):
+        fa2.cases_from_json(json.loads(f'{{"cases": [{text}]}}'))
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b" " * 4097])
+def test_a_case_file_nested_deep_or_past_its_bound_is_a_value_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes) -> None:
+    """`--cases` nested past the JSON reader's recursion, or longer than the bound: the
+    harness's one `usage:` line (a ValueError), never a traceback or the file held whole."""
+    from types import SimpleNamespace
+
+    from sm121_build.jobs.payload import case_files
+
+    monkeypatch.setattr(case_files, "MAX_FILE_BYTES", 4096)
+    file = tmp_path / "cases.json"
+    file.write_bytes(content)
+    for opts in (SimpleNamespace(cases=str(file), kernels=None),
+                 SimpleNamespace(cases=None, kernels=str(file))):
+        if opts.kernels and content.startswith(b"["):
+            continue  # a names file is not JSON
+        with pytest.raises(ValueError):
+            case_files.read_cases(opts, fa2.cases_from_json, fa2.parse)

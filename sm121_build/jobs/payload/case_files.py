@@ -59,17 +59,33 @@ def checked_cases(data: Any, defaults_for: Callable[[Any], Any], pairs: Sequence
     return out
 
 
+MAX_FILE_BYTES = 64 << 20  # a derivation's cases or names: a few MB at most
+
+
+def bounded_text(path: str) -> str:
+    """A harness's input file as UTF-8 text, refused (ValueError) past `MAX_FILE_BYTES`
+    before more of it is read; OSError where it cannot be read."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{path}: over {MAX_FILE_BYTES >> 20} MiB")
+    return data.decode("utf-8")
+
+
 def read_cases(opts: Any, cases_from_json: Callable[[Any], list[Any]],
                parse: Callable[[str], Any] | None = None) -> tuple[list[str] | None, list[Any]]:
     """The files a harness's options name, read before any GPU work: the kernel names of
     `--kernels` (None without it; each read by `parse`, which raises on one it cannot
     read) and the cases of `--cases`; OSError or ValueError."""
     if opts.cases is not None:
-        with open(opts.cases, encoding="utf-8") as f:
-            return None, list(cases_from_json(json.load(f)))
+        try:
+            data = json.loads(bounded_text(opts.cases))
+        except RecursionError:  # arrays nested thousands deep: no derivation's
+            raise ValueError(f"{opts.cases}: JSON nested too deep") from None
+        return None, list(cases_from_json(data))
     if opts.kernels is not None:
-        with open(opts.kernels, encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
+        names = [line.strip() for line in bounded_text(opts.kernels).splitlines()
+                 if line.strip()]
         if parse is not None:
             for name in names:
                 parse(name)
@@ -86,8 +102,7 @@ def derivation_main(argv: list[str], usage: str, sizes: tuple[Any, str],
     try:
         if len(argv) not in (1, 4):
             raise ValueError("one or four arguments")
-        with open(argv[0], encoding="utf-8") as f:
-            names = [line.strip() for line in f if line.strip()]
+        names = [line.strip() for line in bounded_text(argv[0]).splitlines() if line.strip()]
         gpu = default
         if len(argv) == 4:
             major, _, minor = argv[1].partition(".")

@@ -60,6 +60,10 @@ MAX_DIGITS = 12
 # the largest case the harness runs (a case file is outside input: its sizes are bounded
 # before any tensor is made; the derived cases stay far below)
 MAX_BATCH, MAX_HEADS, MAX_SEQLEN = 64, 256, 1 << 16
+# and the elements of its largest input (batch x heads x sequence x head size: 512 MiB of
+# bfloat16), each size within its bound but their product never hundreds of gigabytes
+MAX_ELEMENTS = 1 << 28
+MAX_SOFTCAP = 1e4  # a softcap is a few tens (Gemma 2's 50); never inf or NaN
 # each kind's int template arguments (the others are bools), with their (low, high) bounds
 INT_FLAGS = {"kBlockM": (1, 1024), "Log_max_splits": (0, 16)}
 
@@ -393,6 +397,13 @@ def invalid(case: Case) -> str | None:
         (case.batch > MAX_BATCH or case.heads > MAX_HEADS or case.seqlen_q > MAX_SEQLEN
          or case.seqlen_k > MAX_SEQLEN, f"beyond the harness's bounds (batch {MAX_BATCH}, "
          f"heads {MAX_HEADS}, sequences of {MAX_SEQLEN})"),
+        (case.batch * case.heads * max(case.seqlen_q, case.seqlen_k) * case.head_size
+         > MAX_ELEMENTS, f"an input of over {MAX_ELEMENTS} elements (batch x heads x "
+         "sequence x head size)"),
+        (not all(-1 <= w <= MAX_SEQLEN for w in case.window),
+         f"a window side is -1 (none) or 0..{MAX_SEQLEN}"),
+        (not 0 <= case.softcap <= MAX_SOFTCAP, f"softcap must be in [0, {MAX_SOFTCAP:g}]"),
+        (not 0 <= case.append <= MAX_SEQLEN, f"appended keys must be 0..{MAX_SEQLEN}"),
         (case.paged % 16 != 0 or case.paged < 0, "a paged block size is a multiple of 16"),
         (case.paged > 0 and case.seqlen_k % case.paged != 0,
          "the harness fills whole blocks: seqlen_k a multiple of the block size"),

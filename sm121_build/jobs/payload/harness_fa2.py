@@ -150,8 +150,9 @@ def sparse_pattern(case: Any) -> tuple[list[list[int]], list[list[int]]]:
             last_q = min((m + 1) * SPARSE_BLOCK, case.seqlen_q) - 1
             seen = max(0, min(case.seqlen_k, last_q + case.seqlen_k - case.seqlen_q + 1))
         starts = list(range(0, seen, SPARSE_BLOCK))
-        kept = [s for at, s in enumerate(starts) if at % 2 == 0 or at == len(starts) - 1]
-        left = [s for s in starts if s not in kept]
+        last = len(starts) - 1  # (each start judged by its place: linear in the row)
+        kept = [s for at, s in enumerate(starts) if at % 2 == 0 or at == last]
+        left = [s for at, s in enumerate(starts) if at % 2 == 1 and at != last]
         blocks.append(kept)
         columns.append([s + (7 * (m + 1) + 13 * j) % SPARSE_BLOCK
                         for j, s in enumerate(left)])
