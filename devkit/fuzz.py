@@ -228,6 +228,76 @@ def proof_document(data: bytes, tmp: Path) -> object:
     return read_proof(path, None)[1]
 
 
+def _harness_options(path: Path, option: str) -> object:
+    """What harness_run.options gives the payload for `--cases PATH` or `--kernels PATH`."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(cases=str(path) if option == "cases" else None,
+                           kernels=str(path) if option == "kernels" else None)
+
+
+def case_file(data: bytes, tmp: Path) -> object:
+    """A derivation's cases (`--cases`) as harness_fa2.py and harness_marlin.py read them
+    before any GPU work: a file, bounded, JSON, each case typed and checked against what
+    the op takes.  Their class of error is ValueError or OSError, which each harness
+    prints as one `usage:` line (exit 2)."""
+    from sm121_build.jobs.payload import case_files, fa2_kernels, marlin_kernels
+
+    path = tmp / "cases.json"
+    path.write_bytes(data)
+    found = 0
+    for reader in (fa2_kernels.cases_from_json, marlin_kernels.cases_from_json):
+        with contextlib.suppress(ValueError, OSError):  # each harness's one `usage:` line
+            found += len(case_files.read_cases(_harness_options(path, "cases"), reader)[1])
+    return found
+
+
+def kernel_names(data: bytes, tmp: Path) -> object:
+    """A file of kernel names (`--kernels`, the derivations' command lines) as the
+    harnesses read it: bounded, a line each, every FA2 name read by `fa2_kernels.parse`
+    (refused as a ValueError where it cannot be) and every Marlin name by
+    `marlin_kernels.parse`."""
+    from sm121_build.jobs.payload import case_files, fa2_kernels, marlin_kernels
+
+    path = tmp / "names.txt"
+    path.write_bytes(data)
+    names, _ = case_files.read_cases(_harness_options(path, "kernels"), lambda d: [],
+                                     fa2_kernels.parse)
+    return sum(marlin_kernels.parse(name) is not None for name in names or [])
+
+
+def _case_seeds() -> list[bytes]:
+    """Derived cases of both families from the real vLLM 0.22.0 names (FA2's with the
+    sparse ops'), a few of each."""
+    import gzip
+
+    from sm121_build.jobs.payload import fa2_kernels, marlin_kernels
+
+    names = NAMES / "vllm-0.22.0-x86_64-fa2-sm90-added.txt.gz"
+    fa2 = gzip.decompress(names.read_bytes()).decode().split()
+    cases = fa2_kernels.derive(fa2, fa2_kernels.H100, budget=0).to_json()["cases"]
+    kept = cases[:6] + [c for c in cases if c["op"] in fa2_kernels.SPARSE_OPS][:2]
+    marlin = marlin_kernels.derive(_marlin_names()[:40], marlin_kernels.H100_SIZES)
+    return [json.dumps({"cases": kept}).encode(),
+            json.dumps({"cases": marlin.to_json()["cases"][:6]}).encode()]
+
+
+def _marlin_names() -> list[str]:
+    import gzip
+
+    file = next(NAMES.glob("*_C*.txt.gz"))
+    return [n for n in gzip.decompress(file.read_bytes()).decode().split() if "Marlin" in n]
+
+
+def _name_seeds() -> list[bytes]:
+    import gzip
+
+    fa2 = gzip.decompress((NAMES / "vllm-0.22.0-x86_64-fa2-sm90-added.txt.gz").read_bytes())
+    return [b"\n".join(fa2.split()[:12]) + b"\n" + "\n".join(_marlin_names()[:6]).encode()]
+
+
+NAMES = Path(__file__).resolve().parent.parent / "tests/data/kernel_names"
+
 # a real proof (the lent H200, vLLM 0.22.0's `_C` and FA2 aot'd for sm_90)
 PROOF = Path(__file__).resolve().parent.parent / "docs/real-build/prove-sm90-h200/proof.json"
 
@@ -259,10 +329,14 @@ TARGETS: dict[str, Target] = {
     "cmake": cmake_reader,
     "prove-child": prove_child,
     "proof-document": proof_document,
+    "case-file": case_file,
+    "kernel-names": kernel_names,
 }
 EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     name: (Sm121Error,) for name in TARGETS}
 EXPECTED["elf"] = (ElfError,)
+# the payload's (standard library only) errors: each harness prints one `usage:` line
+EXPECTED["case-file"] = EXPECTED["kernel-names"] = (ValueError, OSError)
 
 
 def _file(folder: Path, name: str, data: bytes) -> Path:
@@ -354,6 +428,8 @@ def seeds(name: str, fixtures: dict[str, Path]) -> list[bytes]:
         "cmake": lambda: [*_cmake_files(), b"project(x)\nadd_library(_C MODULE a.cu)\n"],
         "prove-child": lambda: [PROVE_LINES],
         "proof-document": lambda: [PROOF.read_bytes(), _covered_proof()],
+        "case-file": _case_seeds,
+        "kernel-names": _name_seeds,
     }
     real = made[name]()
     return real + [case for target, case in REGRESSIONS() if target == name] + \

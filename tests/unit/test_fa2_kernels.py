@@ -161,6 +161,7 @@ def test_cases_read_back_from_json_and_bad_ones_refused(names: list[str]) -> Non
                 {"cases": [{"op": "varlen_fwd", "window": [1]}]},
                 {"cases": [{"op": "varlen_fwd", "causal": 1}]},
                 {"cases": [{"op": "fwd_sparse", "seqlen_q": 1 << 40}]},  # sizes bounded
+                {"cases": [{"op": "varlen_fwd", "tile": [64, 256]}]},  # a Marlin case's field
                 {"cases": [{"op": "varlen_fwd", "batch": 10**6}]},
                 {"cases": [{"op": "fwd_sparse", "head_size": 64}]},
                 {"cases": "all"}, []):

@@ -186,7 +186,8 @@ def test_a_derivation_reads_back_and_refuses_a_bad_case() -> None:
     data = json.loads(json.dumps(derived.to_json()))
     assert mk.cases_from_json(data) == derived.cases
     for bad in ({"cases": [{"m": "16"}]}, {"cases": [{"m": True}]}, {"cases": [1]},
-                {"cases": [{"b": "kU4"}]}, {"cases": [{"n": 100}]}, [], {"cases": {}}):
+                {"cases": [{"b": "kU4"}]}, {"cases": [{"n": 100}]}, [], {"cases": {}},
+                {"cases": [{"op": "varlen_fwd", "head_size": 128}]}):  # FA2's, not Marlin's
         with pytest.raises(ValueError):
             mk.cases_from_json(bad)
 

@@ -20,13 +20,20 @@ def case_items(data: Any) -> list[Any]:
     return list(data["cases"])
 
 
+# what a derivation writes beside each case's fields: its key and the kernels it launches
+DERIVED = frozenset({"key", "expects"})
+
+
 def typed_case(item: Any, defaults: Any, pairs: Sequence[str] = ()) -> Any:
-    """One case of a derivation's JSON as `defaults`' dataclass: its known fields, each of
-    the default's type (an integer where a float is wanted taken as one), those of `pairs`
-    two integers; ValueError saying which field is not."""
+    """One case of a derivation's JSON as `defaults`' dataclass: its fields (and `DERIVED`'s,
+    nothing else), each of the default's type (an integer where a float is wanted taken as
+    one), those of `pairs` two integers; ValueError saying which field is not."""
     if not isinstance(item, dict):
         raise ValueError("a case is not an object")
     known = {f.name for f in fields(defaults)}
+    unknown = sorted(str(k)[:40] for k in item if k not in known and k not in DERIVED)
+    if unknown:  # (another family's case, or a field no release wrote)
+        raise ValueError(f"a case has fields this harness does not know: {unknown[:3]}")
     values = {k: v for k, v in item.items() if k in known}
     for name in pairs:
         if name in values:
