@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import click
@@ -26,6 +27,15 @@ def _target(given: str | None) -> str:
         notice(f"compiling for this machine's GPU (nvidia-smi): {found}; give --target for "
                "another")
     return found or DEFAULT_GPU
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether an argument that is no path here names a file all the same (`./x.so`,
+    `/a/b/`, `_C.abi3.so`, `vllm-….whl`: no image is named so), so that a path mistyped is
+    said not to exist instead of being looked for as an image."""
+    from sm121_build.image.refs import looks_like_image_ref
+
+    return not looks_like_image_ref(text) or re.search(r"\.(?:so(?:\.\d+)*|whl)$", text) is not None
 
 
 def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
@@ -96,7 +106,7 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     """
     from sm121_build.jobs.commands.aot_files import AotRequest, run_aot, say_results
 
-    if len(paths) == 1 and not os.path.lexists(paths[0]):
+    if len(paths) == 1 and not os.path.lexists(paths[0]) and not _names_a_file(paths[0]):
         _aot_image(paths[0], out, (tag, replace_tag), gpu, all_packages)
         return
     if all_packages:

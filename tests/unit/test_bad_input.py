@@ -155,6 +155,16 @@ def test_inputs_are_refused_before_any_work_in_one_line(args: list[str], message
     assert message in line and line.endswith("--help)")
 
 
+@pytest.mark.parametrize("arg", ["./nope.so", "/nonexistent/x.so", "nope.so", "_C.abi3.so",
+                                 "vllm-0.22.0-cp38-abi3-manylinux1_x86_64.whl", "dir/",
+                                 "libx.so.12"])
+def test_aot_of_a_path_that_is_not_there_says_so(arg: str) -> None:
+    """A mistyped file, wheel or folder is said not to exist, before the engine is asked
+    for it as an image (#61: aot took any path that does not exist for an image)."""
+    line = one_line_error(cli("aot", arg, "--out", "/nonexistent-out"), alone=True)
+    assert line.startswith(f"error: {arg} does not exist"), line
+
+
 @pytest.mark.parametrize(("arch", "spelt"), [
     ("12.1", "12.1"), ("12.1a", "12.1a"), ("9.0 12.1", "9.0;12.1"), ("12.0f", "12.0f"),
     ("8.0+PTX;12.1", "8.0+PTX;12.1"), ("12.0f,12.1", "12.0f;12.1")])
