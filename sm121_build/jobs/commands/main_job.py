@@ -155,10 +155,19 @@ def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str,
                      git_ref=commit, extensions=files, package_dir=root, labels=labels)
 
 
+def _tagged(job: Job, target: Delivery, log: Path) -> str:
+    """The end of a run whose image was built and tagged (a source build, or the aot'd
+    files injected): the record ended as built and kept, the one `tagged` line; its tag."""
+    job.pipeline.record.ended(run_report.RunStatus.BUILT)
+    run_report.remember(job.pipeline.record)
+    result(f"tagged {', '.join(target.tags)}  (log: {log})")
+    return job.opts.tag
+
+
 def inject_aot(job: Job, plan: Placement,
                target: Delivery, context: Path) -> str:
     """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
-    pipeline, opts, image = job.pipeline, job.opts, job.image
+    pipeline, image = job.pipeline, job.image
     log = pipeline.new_log(f"aot-{target.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
@@ -167,10 +176,7 @@ def inject_aot(job: Job, plan: Placement,
         pipeline.build_verify_tag(
             ImageBuild(image.facts, context, dockerfile, plan.extensions, log,
                        f"inject the aot'd {', '.join(plan.extensions)}"), target)
-    pipeline.record.ended(run_report.RunStatus.BUILT)
-    run_report.remember(pipeline.record)
-    result(f"tagged {', '.join(target.tags)}  (log: {log})")
-    return opts.tag
+    return _tagged(job, target, log)
 
 
 def external_sources(job: Job, context: Path,
@@ -269,7 +275,4 @@ def build(job: Job, plan: BuildPlan,
         pipeline.build_verify_tag(
             ImageBuild(image.facts, context, dockerfile, (*plan.extensions, *plan.prebuilt), log,
                        f"build {', '.join(plan.extensions)} for {opts.arch}{aot}"), target)
-    pipeline.record.ended(run_report.RunStatus.BUILT)
-    run_report.remember(pipeline.record)
-    result(f"tagged {', '.join(target.tags)}  (log: {log})")
-    return opts.tag
+    return _tagged(job, target, log)
