@@ -58,7 +58,7 @@ from sm121_build.cuda.wheel import (
     wheel_name,
 )
 from sm121_build.image import layers
-from sm121_build.image.refs import looks_like_image_ref
+from sm121_build.image.refs import looks_like_image_ref, names_a_file
 from sm121_build.image.spill import write_stream
 
 if TYPE_CHECKING:
@@ -69,9 +69,6 @@ if TYPE_CHECKING:
 ISAL_ERROR: type[Exception] = type(isal_zlib.error) if not isinstance(isal_zlib.error, type) \
     else isal_zlib.error
 GLOB_CHARS = re.compile(r"[*?\[]")
-
-FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin|fatbin|ptx)$")
-
 
 @dataclass(frozen=True)
 class AuditedFile:
@@ -140,7 +137,7 @@ def binaries(target: str, reading: Reading = READ_ALL,
                     "those, a directory, or an image in the local Docker engine")
             yield _archive(path, kind, Path(tmp), reading)
         return
-    if target.startswith((".", "/", "~")) or FILE_LIKE.search(target):
+    if names_a_file(target):
         raise Sm121Error(f"{target}: no such file or directory")
     if not looks_like_image_ref(target):
         raise Sm121Error(f"{target}: no such file, and not a valid image reference")

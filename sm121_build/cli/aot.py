@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import click
@@ -27,15 +26,6 @@ def _target(given: str | None) -> str:
         notice(f"compiling for this machine's GPU (nvidia-smi): {found}; give --target for "
                "another")
     return found or DEFAULT_GPU
-
-
-def _names_a_file(text: str) -> bool:
-    """Whether an argument that is no path here names a file all the same (`./x.so`,
-    `/a/b/`, `_C.abi3.so`, `vllm-….whl`: no image is named so), so that a path mistyped is
-    said not to exist instead of being looked for as an image."""
-    from sm121_build.image.refs import looks_like_image_ref
-
-    return not looks_like_image_ref(text) or re.search(r"\.(?:so(?:\.\d+)*|whl)$", text) is not None
 
 
 def _check_inputs(paths: tuple[str, ...]) -> tuple[Path, ...]:
@@ -104,9 +94,11 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     extensions are aot'd and injected into an untouched copy tagged like the main job's
     (the main job's aot actions, with no source).
     """
+    from sm121_build.image.refs import looks_like_image_ref, names_a_file
     from sm121_build.jobs.commands.aot_files import AotRequest, run_aot, say_results
 
-    if len(paths) == 1 and not os.path.lexists(paths[0]) and not _names_a_file(paths[0]):
+    if len(paths) == 1 and not os.path.lexists(paths[0]) and not names_a_file(paths[0]) \
+            and looks_like_image_ref(paths[0]):  # (a mistyped path: said not to exist below)
         _aot_image(paths[0], out, (tag, replace_tag), gpu, all_packages)
         return
     if all_packages:

@@ -17,6 +17,17 @@ IMAGE_REF = re.compile(rf"^(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>
 IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}\Z")
 
 
+# what names a file, never an image: a path's start, or a suffix of the files the tool reads
+FILE_LIKE = re.compile(r"\.(so(\.\d+)*|whl|tar|tar\.gz|tgz|o|cubin|fatbin|ptx)$")
+
+
+def names_a_file(text: str) -> bool:
+    """Whether an argument that is no path here names a file all the same (`./x.so`,
+    `/a/b`, `~/x`, `_C.abi3.so`, `vllm-….whl`): a command that takes files or an image says
+    it does not exist instead of asking the engine for an image of that name."""
+    return text.startswith((".", "/", "~")) or FILE_LIKE.search(text) is not None
+
+
 def looks_like_image_ref(text: str) -> bool:
     if IMAGE_ID.match(text):
         return True
