@@ -430,6 +430,12 @@ def invalid(case: Case) -> str | None:
     return next((why for bad, why in checks if bad), None)
 
 
+def _causal(case: Case) -> bool:
+    """Causal as every op takes it: cleared for one query without ALiBi (causal and full
+    are then the same; mha_*'s `is_causal = false`)."""
+    return case.causal and not (case.seqlen_q == 1 and not case.alibi)
+
+
 def launched(case: Case, gpu: Gpu) -> tuple[Kernel, ...]:
     """The kernels one call launches, in order; () where the op refuses the case."""
     if invalid(case) is not None:
@@ -439,11 +445,9 @@ def launched(case: Case, gpu: Gpu) -> tuple[Kernel, ...]:
     d = (case.head_size + 7) // 8 * 8
     head_dim = _head_dim(d)
     even_k = d == head_dim
-    causal = case.causal
+    causal = _causal(case)
     wl, wr = case.window
     seqlen_q = case.seqlen_q
-    if seqlen_q == 1 and not case.alibi:
-        causal = False
     if causal:
         wr = 0
     swapped = (seqlen_q == 1 and case.heads > case.heads_k and wl < 0 and wr < 0
@@ -503,7 +507,7 @@ def _sparse_kernel(case: Case) -> Kernel:
     """run_flash_sparse_fwd's kernel: Is_local and Is_even_MN fixed false; Is_even_K true
     (the head dim is 128, the only one it takes); causal cleared for one query without
     ALiBi, as for the dense ops."""
-    causal = case.causal and not (case.seqlen_q == 1 and not case.alibi)
+    causal = _causal(case)
     dropout, softcap = case.p_dropout > 0, case.softcap > 0
     return Kernel("flash_fwd_sparse_kernel", Traits(*SPARSE_TRAITS, False, False, case.dtype), (
         dropout and not softcap, causal, False, case.alibi, False, True, softcap,

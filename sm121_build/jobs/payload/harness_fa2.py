@@ -50,6 +50,8 @@ NEEDED = {
                           "max_seqlen_k", "softmax_scale", "is_causal", "softcap"},
 }
 SPARSE_BLOCK = 64  # the rows of one block_count entry (mha_*_sparse's BLOCK_M)
+
+
 def schema_of(torch: Any, op: str) -> Any:
     try:
         return getattr(getattr(torch.ops, NAMESPACE), op).default._schema
@@ -193,12 +195,13 @@ def derived_inputs(torch: Any, case: Any, gen: Any) -> tuple[dict[str, Any], tup
         "window_size_left": case.window[0], "window_size_right": case.window[1],
         "softcap": case.softcap, "num_splits": case.num_splits,
         "alibi_slopes": (torch.rand(hq, device="cuda", dtype=torch.float32, generator=gen)
-                         if case.alibi else None)}
+                         if case.alibi else None),
+        # (the ops with dropout take these: fwd_kvcache has none, and no argument of them)
+        "p_dropout": case.p_dropout, "return_softmax": case.return_softmax,
+        "gen": (torch.Generator(device="cuda").manual_seed(121) if case.p_dropout > 0
+                else None)}
     if case.op in fa2.SPARSE_OPS:
         named.update(sparse_inputs(torch, case))
-        named.update({"p_dropout": case.p_dropout, "return_softmax": case.return_softmax,
-                      "gen": (torch.Generator(device="cuda").manual_seed(121)
-                              if case.p_dropout > 0 else None)})
         if case.op == "fwd_sparse":
             named.update({"q": rand(b, sq, hq, d), "k": rand(b, sk, hk, d),
                           "v": rand(b, sk, hk, d)})
@@ -212,10 +215,7 @@ def derived_inputs(torch: Any, case: Any, gen: Any) -> tuple[dict[str, Any], tup
             "q": q, "k": k, "v": v, "block_table": table,
             "cu_seqlens_q": torch.arange(0, b + 1, device="cuda", dtype=torch.int32) * sq,
             "cu_seqlens_k": torch.arange(0, b + 1, device="cuda", dtype=torch.int32) * sk,
-            "max_seqlen_q": sq, "max_seqlen_k": sk, "p_dropout": case.p_dropout,
-            "return_softmax": case.return_softmax,
-            "gen": (torch.Generator(device="cuda").manual_seed(121) if case.p_dropout > 0
-                    else None)})
+            "max_seqlen_q": sq, "max_seqlen_k": sk})
         return named, ()
     kcache, vcache = rand(*cache_shape), rand(*cache_shape)
     named.update({"q": rand(b, sq, hq, d), "kcache": kcache, "vcache": vcache,
