@@ -382,3 +382,19 @@ def test_a_case_file_nested_deep_or_past_its_bound_is_a_value_error(
             continue  # a names file is not JSON
         with pytest.raises(ValueError):
             case_files.read_cases(opts, fa2.cases_from_json, fa2.parse)
+
+
+def test_a_case_file_that_is_a_fifo_is_refused_never_waited_on(tmp_path: Path) -> None:
+    """The harness's input files through its own door: a FIFO named as `--cases` or
+    `--kernels` is one ValueError at once (the read would wait for a writer for ever)."""
+    import os
+    from types import SimpleNamespace
+
+    from sm121_build.jobs.payload import case_files
+
+    fifo = tmp_path / "cases.json"
+    os.mkfifo(fifo)
+    for opts in (SimpleNamespace(cases=str(fifo), kernels=None),
+                 SimpleNamespace(cases=None, kernels=str(fifo))):
+        with pytest.raises(ValueError, match="not a regular file"):
+            case_files.read_cases(opts, fa2.cases_from_json, fa2.parse)

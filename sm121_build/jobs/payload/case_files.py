@@ -7,6 +7,8 @@ Standard library only; imported as a sibling where a harness runs as a script.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
@@ -70,9 +72,13 @@ MAX_FILE_BYTES = 64 << 20  # a derivation's cases or names: a few MB at most
 
 
 def bounded_text(path: str) -> str:
-    """A harness's input file as UTF-8 text, refused (ValueError) past `MAX_FILE_BYTES`
+    """A harness's input file as UTF-8 text: a regular file (a FIFO or device is refused,
+    never waited on: opened without blocking), refused (ValueError) past `MAX_FILE_BYTES`
     before more of it is read; OSError where it cannot be read."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file")
         data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise ValueError(f"{path}: over {MAX_FILE_BYTES >> 20} MiB")
