@@ -17,8 +17,9 @@ with `mutmut show NAME` in the scratch copy, whose path is printed).  Not part o
 
 `--promises` applies each mutant of benchmarks/promise_mutants.yaml alone (a plausible
 change that breaks one promise of the verification or tagging, which mutmut's token
-operators cannot make) to a scratch copy and runs the suite named there; it exits 1 when one
-survives.  A mutant whose text is not found exactly once is an error (the file moved on).
+operators cannot make) to a scratch copy of its own and runs the suite named there in one
+process, `--jobs` mutants at once (the CPU count); it exits 1 when one survives.  A mutant
+whose text is not found exactly once is an error (the file moved on).
 `--mutant TEXT` (repeatable) runs only the mutants whose promise holds TEXT, and the
 baseline of their suites only.  `--after-suite`: the whole test suite has just passed on
 this tree (`.ci/run` runs it first, and stops on a failure), so the baseline, a subset of
@@ -37,7 +38,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # Each core module and the unit tests that exercise it (the README's scores were measured so;
@@ -120,8 +124,49 @@ def score(module: str, tests: list[str], keep: bool, only: str | None = None,
     return counts, survivors, scratch
 
 
+@dataclass(frozen=True)
+class MutantRun:
+    """How one promise mutant ended: its promise, killed or not, the line to print, or why
+    it could not be applied (`broken`)."""
+
+    promise: str
+    killed: bool = False
+    line: str = ""
+    broken: str = ""
+
+
+def _one_mutant(number: int, mutant: dict[str, Any], suite: list[str], env: dict[str, str],
+                keep: bool) -> MutantRun:
+    """Mutant `number` applied alone to a scratch copy of its own, its suite run there
+    (one process: `-n 0`; the mutants themselves run side by side)."""
+    promise = str(mutant["promise"])
+    scratch = scratch_copy("promise-sm121-")
+    try:
+        target = scratch / mutant["file"]
+        text = target.read_text()
+        if text.count(mutant["find"]) != 1:
+            return MutantRun(promise, broken=f"{promise}: {mutant['find']!r} occurs "
+                             f"{text.count(mutant['find'])} times in {mutant['file']}")
+        target.write_text(text.replace(mutant["find"], mutant["replace"]))
+        started = time.monotonic()
+        tests = [str(t) for t in mutant.get("suite", suite)]
+        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p",
+                              "no:cacheprovider", *tests], cwd=scratch, env=env,
+                             capture_output=True, text=True, check=False)
+    finally:
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    killed = run.returncode not in (0, 5)
+    failed = next((line for line in run.stdout.splitlines() if line.startswith("FAILED")), "")
+    line = (f"{number:>3} {'killed' if killed else 'SURVIVED':<9} "
+            f"{time.monotonic() - started:5.1f}s  {promise}"
+            + (f"\n              by {failed.split(' - ')[0].removeprefix('FAILED ')}"
+               if failed else ""))
+    return MutantRun(promise, killed, line)
+
+
 def promise_mutants(keep: bool = False, chosen: list[str] | None = None,
-                    baseline_run: bool = True) -> int:
+                    baseline_run: bool = True, jobs: int = 1) -> int:
     """Every hand-written mutant (or those whose promise holds one of `chosen`) must be
     killed; returns the exit code.  `baseline_run`: first the suites on the tree as it is
     (False: the caller ran the whole suite, which holds them, and it passed)."""
@@ -146,32 +191,17 @@ def promise_mutants(keep: bool = False, chosen: list[str] | None = None,
         print(baseline.stdout[-2000:], file=sys.stderr)
         print("error: the promise suite fails without any mutant", file=sys.stderr)
         return 2
-    for number, mutant in mutants:
-        scratch = scratch_copy("promise-sm121-")
-        target = scratch / mutant["file"]
-        text = target.read_text()
-        if text.count(mutant["find"]) != 1:
-            broken.append(f"{mutant['promise']}: {mutant['find']!r} occurs "
-                          f"{text.count(mutant['find'])} times in {mutant['file']}")
-            shutil.rmtree(scratch, ignore_errors=True)
-            continue
-        target.write_text(text.replace(mutant["find"], mutant["replace"]))
-        started = time.monotonic()
-        tests = [str(t) for t in mutant.get("suite", suite)]
-        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
-                              "no:cacheprovider", *tests], cwd=scratch, env=env,
-                             capture_output=True, text=True, check=False)
-        killed = run.returncode not in (0, 5)
-        failed = next((line for line in run.stdout.splitlines()
-                       if line.startswith("FAILED")), "")
-        print(f"{number:>3} {'killed' if killed else 'SURVIVED':<9} "
-              f"{time.monotonic() - started:5.1f}s  {mutant['promise']}"
-              + (f"\n              by {failed.split(' - ')[0].removeprefix('FAILED ')}"
-                 if failed else ""), flush=True)
-        if not killed:
-            survivors.append(mutant["promise"])
-        if not keep:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with ThreadPoolExecutor(max(1, min(jobs, len(mutants)))) as pool:
+        ran = [pool.submit(_one_mutant, number, mutant, suite, env, keep)
+               for number, mutant in mutants]
+        for future in ran:  # in the file's order, each printed once it has ended
+            outcome = future.result()
+            if outcome.broken:
+                broken.append(outcome.broken)
+                continue
+            print(outcome.line, flush=True)
+            if not outcome.killed:
+                survivors.append(outcome.promise)
     total = len(mutants)
     print(f"promise mutants: {total - len(survivors) - len(broken)} of {total} killed")
     for line in broken:
@@ -198,12 +228,15 @@ def main() -> int:
     parser.add_argument("--after-suite", action="store_true",
                         help="With --promises: the whole suite has just passed on this tree; "
                              "no baseline run.")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="With --promises: how many mutants run at once, each in its own "
+                             "scratch copy (default: the CPU count).")
     parser.add_argument("--mutant", action="append", metavar="TEXT",
                         help="With --promises: only the mutants whose promise holds TEXT "
                              "(repeatable).")
     args = parser.parse_args()
     if args.promises:
-        return promise_mutants(args.keep, args.mutant, not args.after_suite)
+        return promise_mutants(args.keep, args.mutant, not args.after_suite, args.jobs)
     if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
         print("error: mutmut not installed: pip install -e '.[test,mutation]'", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +45,41 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_STATE_HOME"] = _SESSION_STATE[-1]
 
 
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = "the engine's tests"
+
+
+@functools.cache
+def _engine_file(path: str) -> bool:
+    """Whether the test file at `path` (from the repository root) marks any test `docker`."""
+    file = ROOT / path
+    return file.suffix == ".py" and "pytest.mark.docker" in file.read_text()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (`-n auto`, pyproject's addopts): the tests of every file that marks
+    a test `docker` are one unit of work, run in order on one worker (the engine's tests
+    count what the engine holds, and share the session's images, each built once); every
+    other test is a unit of its own, spread over the workers.  The engine's unit, the
+    largest, is dealt first.  (xdist's `--dist loadgroup` groups by a node ID suffix that
+    pytest 9 no longer keeps.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineApart(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return ENGINE if _engine_file(nodeid.split("::", 1)[0]) else nodeid
+
+    return EngineApart(config, log)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test marked `docker` is in a file the scheduler puts in the engine's unit (one that
+    spells `pytest.mark.docker`): else it would run beside the engine's tests."""
+    if item.get_closest_marker("docker") and not _engine_file(item.nodeid.split("::", 1)[0]):
+        raise pytest.UsageError(f"{item.nodeid} is marked docker in a file that does not "
+                                "spell pytest.mark.docker: the scheduler cannot see it")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The images this run made in a Docker engine go with it (every one is named under its
     own prefix, devkit/testtags.py); another run's, a user's and the suite's cache stay."""
@@ -81,6 +118,20 @@ def _cmake_on_this_host(request: pytest.FixtureRequest,
     monkeypatch.setenv("SM121_CMAKE_ON_HOST", "1")
     with evaluating_with(HostCMake(find_cmake, 60.0)):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_unless_marked(request: pytest.FixtureRequest,
+                             tmp_path_factory: pytest.TempPathFactory,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked `docker` has no engine to reach: DOCKER_HOST names a socket that is
+    not there (a test of its own fake engine sets its own).  So the engine's tests, one at a
+    time on one xdist worker, are the only ones that touch it while they count what it
+    holds; a test that reaches the engine unmarked fails here, not by chance there."""
+    if request.node.get_closest_marker("docker"):
+        return
+    dead = tmp_path_factory.getbasetemp() / "no-engine.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{dead}")
 
 
 @pytest.fixture(scope="session")

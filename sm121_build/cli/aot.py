@@ -139,9 +139,8 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
         validate_image_ref,
         validate_tag,
     )
-    from sm121_build.jobs.commands.main_job import run_build
     from sm121_build.jobs.commands.main_plan import Options
-    from sm121_build.jobs.framework.session import Serving, run_session
+    from sm121_build.jobs.commands.run import RunRequest, run_main
 
     validate_image_ref(base)
     tag, replace_tag = tagging
@@ -149,9 +148,7 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
     result_tag = validate_tag(tag) if tag else default_tag(base, policy.suffix)
     require_not_base(result_tag, base)
     require_outputs(out, None, None)
-    arch = policy.arch_list
-    with run_session("build", base, result_tag, Serving(arch, policy)) as (pipeline, _):
-        run_build(pipeline, Options(base=base, tag=result_tag, arch=arch, extra_ext=(),
-                                    jobs=None, source=None, repo="", out=out, force=False,
-                                    no_patch=False, aot_only=True, replace_tag=replace_tag,
-                                    all_packages=all_packages, gpu=policy))
+    # the main job's path (run_main), its aot actions alone: no kernels image around it
+    run_main(RunRequest(Options(base=base, tag=result_tag, arch=policy.arch_list, out=out,
+                                aot_only=True, replace_tag=replace_tag,
+                                all_packages=all_packages, gpu=policy)))

@@ -21,6 +21,7 @@ from sm121_build.image.refs import (
 from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.kernels_image import fetch_step, gpu_refusal
 from sm121_build.jobs.formats.artifacts import load
+from sm121_build.jobs.framework.pipeline import Keys
 from sm121_build.jobs.framework.session import Reporting, Serving, run_session
 
 
@@ -73,10 +74,8 @@ def inject(  # noqa: PLR0913 (a click command: a parameter per option)
     why = gpu_refusal(found.provenance, gpu) if found is not None else None
     if why:  # made for another GPU: said before the engine is asked
         raise Sm121Error(f"artifacts in {folder} {why.what}: refusing to inject{why.hint}")
-    with run_session("inject", base, result_tag, Serving(None, gpu),
-                     Reporting(report, summary_md, as_json)) as (
-            pipeline, tmp):
-        pipeline.trust_key = trusted
+    with run_session("inject", base, result_tag, Serving(None, gpu, Keys(trust=trusted)),
+                     Reporting(report, summary_md, as_json)) as (pipeline, tmp):
         if kernels_ref is not None:
             with pipeline.steps.step(f"kernels {kernels_ref}"):
                 found = fetch_step(pipeline, kernels_ref, tmp / "artifacts").artifacts

@@ -17,6 +17,7 @@ def test_bad_image_reference() -> None:
     assert "is not a valid image reference" in line
 
 
+@pytest.mark.docker
 def test_bad_arch() -> None:
     client_or_skip()
     line = one_line_error(cli("--base", f"{RUN}/missing:1", "--arch", "sm121"))

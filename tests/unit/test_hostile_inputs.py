@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -108,9 +109,10 @@ def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
                                      "XDG_CACHE_HOME": "/tmp/sm121-nobody-cache"})
 
 
-def test_unreadable_files_and_folders_are_reported_and_fail(
-        tmp_path_factory: pytest.TempPathFactory, matrix: dict[str, Path]) -> None:
-    folder = Path(tmp_path_factory.getbasetemp().parent.parent / f"sm121-hostile-{os.getpid()}")
+def test_unreadable_files_and_folders_are_reported_and_fail(matrix: dict[str, Path]) -> None:
+    # in the system's temp folder, which nobody may enter: not under pytest's own (0700;
+    # under xdist one level deeper than without it)
+    folder = Path(tempfile.gettempdir()) / f"sm121-hostile-{os.getpid()}"
     folder.mkdir(mode=0o755)
     try:
         shutil.copy(matrix["sm121"], folder / "a_good.so")

@@ -315,3 +315,42 @@ def test_the_image_compiler_is_checked_up_front_only_when_a_build_is_certain(
 
     opts = replace(_options(Path("/unused")), source=None)
     assert builds_for_sure(replace(opts, **changes)) is checked  # type: ignore[arg-type]
+
+
+def _assigned_on_a_pipeline(source: str) -> list[str]:
+    """Each `pipeline.X = ...` (or `run.pipeline.X`, augmented, annotated) in `source`."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for one in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                owner = one.value if isinstance(one, ast.Attribute) else None
+                name = owner.id if isinstance(owner, ast.Name) else \
+                    owner.attr if isinstance(owner, ast.Attribute) else ""
+                if name == "pipeline":
+                    found.append(f"{name}.{one.attr}")  # type: ignore[union-attr]
+    return found
+
+
+def test_a_pipeline_is_made_with_its_gpu_and_keys_and_never_changed(tmp_path: Path) -> None:
+    """#61: the GPU a run serves and its keys are given to its Pipeline when it is made
+    (run_session, from Serving), never set on it after: no code assigns an attribute of a
+    pipeline (the scan finds a planted one), and the three cannot be assigned at all."""
+    from sm121_build.cuda.binary import gpu_policy
+    from sm121_build.jobs.framework.pipeline import Keys
+
+    planted = "def f(pipeline, run):\n    pipeline.gpu = 1\n    run.pipeline.trust_key, x = 2, 3\n"
+    assert _assigned_on_a_pipeline(planted) == ["pipeline.gpu", "pipeline.trust_key"]
+    package = Path(__file__).resolve().parents[2] / "sm121_build"
+    assigned = {str(path.relative_to(package)): found for path in sorted(package.rglob("*.py"))
+                if (found := _assigned_on_a_pipeline(path.read_text()))}
+    assert assigned == {}
+    other = gpu_policy("sm_90")
+    pipeline = Pipeline(FakeEngine(tmp_path), gpu=other, keys=Keys())
+    assert pipeline.gpu is other and pipeline.sign_key is None and pipeline.trust_key is None
+    for name in ("gpu", "sign_key", "trust_key"):
+        with pytest.raises(AttributeError):
+            setattr(pipeline, name, None)

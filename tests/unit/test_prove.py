@@ -739,7 +739,7 @@ def test_the_proof_prove_made_on_a_lent_h200_reads_back_with_its_coverage(
 
 
 def test_the_whole_fa2_proof_of_the_lent_h200_reads_back(tmp_path: Path) -> None:
-    """docs/real-build.md's FA2 run with the sparse ops' cases (a lent H200, 2026-11-28,
+    """docs/real-build.md's FA2 run with the sparse ops' cases (a lent H200, 2026-11-29,
     c_prove.sh): proven, every one of the 1,472 added kernels launched by a case compared
     bitwise equal (1,360) or unreachable by the dispatch's rule (112: 96 blocks of other
     GPUs, 16 sparse kernels of an uneven K), 1,337 of 1,337 cases equal, among them the
@@ -791,7 +791,7 @@ def test_the_planted_fa2_proofs_of_the_lent_h200_name_the_planted_modules(
 
 def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> None:
     """docs/real-build.md's runs of `prove` on vLLM 0.22.0's `_C` aot'd for sm_90 (a lent
-    H200, 2026-11-28, benchmarks/device/c_prove.sh): honest, proven (354 of 365 added
+    H200, 2026-11-29, benchmarks/device/c_prove.sh): honest, proven (354 of 365 added
     kernels launched by a case compared bitwise equal, the 11 left unreachable, each with
     its rule); with the GPTQ 4-bit half module planted (c_plant_ptxas.sh), failed: 37
     cases differ, each naming the Marlin kernel of cubin 4 it launched."""
@@ -813,7 +813,7 @@ def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> Non
         assert data["verdict"] == "failed"
         bad = [op for op in data["ops"] if op["bitwise_equal"] is False]
         assert len(bad) == 37 and all(op["case"].startswith("float16-u4b8-") for op in bad)
-        assert all(any(k["cubin"] == 4 and k["name"].startswith(  # (that day: `cubin`)
+        assert all(any(k["cubins"] == [4] and k["name"].startswith(
             "_ZN6marlin6MarlinILl1125899906910725ELl1125899907892224E") for k in op["launched"])
             for op in bad)
         assert "it launched 1 added kernel(s) of cubin(s) 4: void marlin::Marlin<" in \
@@ -821,7 +821,7 @@ def test_the_c_proofs_prove_made_on_a_lent_h200_read_back(tmp_path: Path) -> Non
 
 
 def test_the_moe_proof_of_the_lent_h200_reads_back(tmp_path: Path) -> None:
-    """docs/real-build.md's `_moe_C` run (a lent H200, 2026-11-28): proven, 732 of 732
+    """docs/real-build.md's `_moe_C` run (a lent H200, 2026-11-29): proven, 732 of 732
     cases bitwise equal, 737 of 738 added kernels launched, the placeholder unreachable by
     its rule; the stock file without the JIT failed, as it must."""
     import gzip

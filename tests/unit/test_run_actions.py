@@ -12,14 +12,16 @@ import pytest
 
 from devkit.fakeengine import FakeEngine
 from sm121_build.core.errors import Sm121Error
+from sm121_build.cuda.binary import DEFAULT_POLICY
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.commands import run as run_mod
 from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.commands.run import ACTIONS, Kernels, RunRequest, run_main
-from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.framework.pipeline import Keys, Pipeline
 from sm121_build.verify.run_report import RunStatus
 
 BASE, TAG = "stock:1", "stock:1-sm121"
+NO_KEYS = Keys()
 
 
 class Recorder:
@@ -52,9 +54,9 @@ class Recorder:
 def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Recorder:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     engine = FakeEngine(tmp_path / "engine")
-    monkeypatch.setattr(Pipeline, "connect",
-                        classmethod(lambda cls, record=None, steps=None: cls(engine, record,
-                                                                              steps)))
+    monkeypatch.setattr(Pipeline, "connect", classmethod(
+        lambda cls, record=None, steps=None, gpu=DEFAULT_POLICY, keys=NO_KEYS:
+        cls(engine, record, steps, gpu, keys)))
     found = Recorder(hit=False)
     for name in ("look_up", "run_inject", "run_build", "publish_step"):
         monkeypatch.setattr(run_mod, name, getattr(found, name))

@@ -7,6 +7,7 @@ plan out is `main_job.py`'s."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,16 +55,20 @@ from sm121_build.verify.run_report import RunDecision
 
 @dataclass(frozen=True)
 class Options:
+    """What a run of the main job was asked, once, frozen: made by the command that parsed
+    it (`build`, or `aot IMAGE` with `aot_only`), never changed after (a step that needs
+    another value makes a copy, `dataclasses.replace`).  The GPU the run serves is `gpu`."""
+
     base: str
     tag: str
     arch: ArchList
-    extra_ext: tuple[str, ...]
-    jobs: int | None
-    source: Path | None
-    repo: str
-    out: Path | None
-    force: bool
-    no_patch: bool
+    extra_ext: tuple[str, ...] = ()  # --ext: extensions built besides those the plan chose
+    jobs: int | None = None  # --jobs: MAX_JOBS of a source build (None: from cores and memory)
+    source: Path | None = None  # --source: a vLLM checkout (None: fetched at the pin)
+    repo: str = ""  # --repo: the upstream git URL or path the pinned commit is fetched from
+    out: Path | None = None  # --out: the artifacts folder
+    force: bool = False  # --force: rebuild even when the content key is unchanged
+    no_patch: bool = False  # --no-patch: build without the guard rules (diagnosis)
     pull: str = "never"  # "always" (like docker build --pull), "missing" or "never"
     versioned_tag: bool = False  # also tag <tag>-<vLLM version>-<commit>-b<base ID>
     allow_other_commit: bool = False  # build a --source at another commit than the image's
@@ -77,33 +82,37 @@ class Options:
     gpu: Policy = DEFAULT_POLICY  # --gpu: the GPU the run serves (and the driver it is judged with)
 
 
-def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Path,
-                    aot: tuple[AotAction, ...] = ()) -> tuple[str, ...]:
-    """The decide step: per stock extension, whether the build gives sm_121 native code it
-    lacks (`decide.plan_extensions`); then --ext adds and --only restricts.  Empty: nothing
-    to build (said, and recorded as not-needed)."""
-    pipeline, opts = job.pipeline, job.opts
-    arch, cuda = job.image.arch, job.image.cuda
-    record, steps = pipeline.record, pipeline.steps
+@dataclass(frozen=True)
+class BuildChoice:
+    """What the decide step chose (`decide_builds`): the extensions to build, in order; the
+    lines it says of each plan and aot action; the run's decision, as the record keeps it;
+    the result line of a run with nothing to do (None: it has something)."""
+
+    chosen: tuple[str, ...]
+    lines: tuple[str, ...]
+    decision: RunDecision
+    nothing: str | None = None
+
+
+def decide_builds(opts: Options, stock: Mapping[str, BinaryReport | None],
+                  plans: Sequence[ExtensionPlan], aot: tuple[AotAction, ...]) -> BuildChoice:
+    """The decide step, a function of what was gathered alone: the stock files' audit, the
+    plans read from the source (`plan_extensions`; none with --force) and the aot actions,
+    with the options.  It reads no file and asks no engine, network or program: a plan
+    aot does as well is left to aot; --force builds _C/_moe_C; --ext adds, --only
+    restricts."""
     names = {extension_target(n): n for n in stock}
-    extra = tuple(e for e in opts.extra_ext if e != "auto")
+    lines: list[str] = []
     if opts.force:
         chosen = [n for n in stock if DEFAULT_EXTENSIONS.match(n.rsplit("/", 1)[-1])]
-        plans: list[ExtensionPlan] = []
+        plans = []
     else:
-        with steps.step("decide"):
-            plans = plan_extensions(stock, decide_inputs(source, arch, cuda, opts.gpu.target),
-                                    {t: p.name for p in projects() for t in p.targets})
-            native = native_by_aot(aot)
-            plans = [p for p in plans if not aot_does_as_well(p, native)]
-            for item in plans:
-                note(item.line())
-                for why in item.remains:
-                    note(f"  {why}")
-            for action in aot:
-                note(action.line())
-            chosen = [p.name for p in plans if p.build]
-    for name in extra:
+        native = native_by_aot(aot)
+        plans = [p for p in plans if not aot_does_as_well(p, native)]
+        lines = [one for p in plans for one in (p.line(), *(f"  {why}" for why in p.remains))]
+        lines += [action.line() for action in aot]
+        chosen = [p.name for p in plans if p.build]
+    for name in (e for e in opts.extra_ext if e != "auto"):
         file = names.get(extension_target(name), name)
         if file not in chosen:
             chosen.append(file)
@@ -117,17 +126,42 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
     extensions = {p.name: {**p.as_record(), "action": "build" if p.build else "keep"}
                   for p in plans}
     extensions.update({a.name: a.as_record(stock_counts(stock, a.name)) for a in aot})
-    record.decided(RunDecision(bool(chosen or aot), reason,
-                            (*chosen, *(a.name for a in aot)), extensions))
-    if not chosen and not aot:
-        jit = sum(p.after["jit"] for p in plans)
-        kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
-                         or p.before["jit"] or p.before["none"])
-        result(f"no rebuild needed: no extension of {opts.base} gains native {DEFAULT_GPU} code "
-                   f"from a rebuild ({kept or 'every kernel is already native'})"
-                   f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
-                   "--force builds _C/_moe_C anyway, --ext NAME builds NAME")
-    return tuple(chosen)
+    decision = RunDecision(bool(chosen or aot), reason, (*chosen, *(a.name for a in aot)),
+                           extensions)
+    if chosen or aot:
+        return BuildChoice(tuple(chosen), tuple(lines), decision)
+    jit = sum(p.after["jit"] for p in plans)
+    kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
+                     or p.before["jit"] or p.before["none"])
+    return BuildChoice((), tuple(lines), decision, (
+        f"no rebuild needed: no extension of {opts.base} gains native {DEFAULT_GPU} code "
+        f"from a rebuild ({kept or 'every kernel is already native'})"
+        f"{f'; {jit} kernel(s) stay JIT-only' if jit else ''}; nothing tagged; "
+        "--force builds _C/_moe_C anyway, --ext NAME builds NAME"))
+
+
+def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Path,
+                    aot: tuple[AotAction, ...] = ()) -> tuple[str, ...]:
+    """Gather, decide, carry out for the source build: the plans read from the patched
+    source (`decide.plan_extensions`: per stock extension, whether the build gives the GPU
+    native code it lacks; not read with --force), the choice made of them
+    (`decide_builds`), then said and recorded.  Empty: nothing to build (said, and
+    recorded as not-needed)."""
+    pipeline, opts = job.pipeline, job.opts
+    if opts.force:
+        choice = decide_builds(opts, stock, (), aot)
+    else:
+        with pipeline.steps.step("decide"):
+            plans = plan_extensions(stock, decide_inputs(source, job.image.arch,
+                                                         job.image.cuda, opts.gpu.target),
+                                    {t: p.name for p in projects() for t in p.targets})
+            choice = decide_builds(opts, stock, plans, aot)
+            for line in choice.lines:
+                note(line)
+    pipeline.record.decided(choice.decision)
+    if choice.nothing is not None:
+        result(choice.nothing)
+    return choice.chosen
 
 
 def native_by_aot(aot: tuple[AotAction, ...]) -> dict[str, int]:

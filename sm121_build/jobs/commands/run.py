@@ -27,7 +27,7 @@ from sm121_build.jobs.commands.kernels_image import Wanted, look_up, publish_ste
 from sm121_build.jobs.commands.main_job import run_build
 from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.formats.artifacts import Artifacts
-from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.framework.pipeline import Keys, Pipeline
 from sm121_build.jobs.framework.session import Reporting, Serving, run_session
 from sm121_build.verify.run_report import PUBLISHABLE
 
@@ -170,9 +170,8 @@ ACTIONS: tuple[Action, ...] = (LookUp(), InjectHit(), Build(), Publish())
 def run_main(request: RunRequest) -> RunResult:
     """The main job, whole: the session, then every action that applies, in order."""
     opts, kernels = request.options, request.kernels
-    with run_session("build", opts.base, opts.tag, Serving(opts.arch, opts.gpu),
-                     request.reporting) as (pipeline, tmp):
-        pipeline.sign_key, pipeline.trust_key = kernels.sign_key, kernels.trust_key
+    serving = Serving(opts.arch, opts.gpu, Keys(kernels.sign_key, kernels.trust_key))
+    with run_session("build", opts.base, opts.tag, serving, request.reporting) as (pipeline, tmp):
         # --kernels-to without --out exports to a temporary folder the record does not name
         export = opts.out or (tmp / "kernels-to" if kernels.to_repo else None)
         run = Run(pipeline, replace(opts, out=export), kernels, tmp)

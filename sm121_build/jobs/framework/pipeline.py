@@ -79,29 +79,53 @@ def manifest_counts(verified: Verified) -> dict[str, tuple[dict[str, int], int]]
             for name, report in verified.reports.items()}
 
 
+@dataclass(frozen=True)
+class Keys:
+    """A run's keys for kernels images: the one `--kernels-to` signs with (`sign`), the one
+    a found image must be signed by (`trust`)."""
+
+    sign: SigningKey | None = None
+    trust: TrustKey | None = None
+
+
 class Pipeline:
     """One run: an engine, its steps log and its record (None for commands that report
-    nothing, such as `pin`)."""
+    nothing, such as `pin`), the GPU it serves (`--gpu`: audits and verification) and its
+    keys, all given when it is made and never changed after."""
 
     def __init__(self, engine: ImageEngine, record: run_report.RunRecord | None = None,
-                 steps: Steps | None = None) -> None:
+                 steps: Steps | None = None, gpu: Policy = DEFAULT_POLICY,
+                 keys: Keys = Keys()) -> None:
         self.engine = engine
         self.record = record if record is not None else run_report.RunRecord("", "", "", None)
         self.steps = steps or Steps()
-        # kernels images: the key `--kernels-to` signs with, the key a hit must be signed by
-        self.sign_key: SigningKey | None = None
-        self.trust_key: TrustKey | None = None
-        # the GPU the run serves (`--gpu`): audits and verification
-        self.gpu: Policy = DEFAULT_POLICY
+        self._gpu = gpu
+        self._keys = keys
         self._resolved: dict[str, tuple[ImageFacts, VllmInstall]] = {}
+
+    @property
+    def gpu(self) -> Policy:
+        """The GPU the run serves."""
+        return self._gpu
+
+    @property
+    def sign_key(self) -> SigningKey | None:
+        """The key `--kernels-to` signs with (None: unsigned)."""
+        return self._keys.sign
+
+    @property
+    def trust_key(self) -> TrustKey | None:
+        """The key a kernels image found must be signed by (None: no signature asked)."""
+        return self._keys.trust
 
     @classmethod
     def connect(cls, record: run_report.RunRecord | None = None,
-                steps: Steps | None = None) -> Pipeline:
+                steps: Steps | None = None, gpu: Policy = DEFAULT_POLICY,
+                keys: Keys = Keys()) -> Pipeline:
         """A pipeline on the local Docker engine (the SDK is imported only here)."""
         from sm121_build.image.engine import Engine
 
-        return cls(Engine.connect(), record, steps)
+        return cls(Engine.connect(), record, steps, gpu, keys)
 
     # -- prelude -------------------------------------------------------------------------
     def resolve_image(self, ref: str, pull: str = "never") -> tuple[ImageFacts, VllmInstall]:

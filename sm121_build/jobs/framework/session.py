@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sm121_build.core.console import Steps, results_to_stderr
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.binary import DEFAULT_POLICY, Policy
 from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.framework.pipeline import Keys, Pipeline
 from sm121_build.verify.run_report import new_record, recorded
 
 
@@ -28,11 +28,13 @@ class Reporting:
 
 @dataclass(frozen=True)
 class Serving:
-    """What a run is for: the arch list its record names (None for inject: its files say)
-    and the GPU it serves (`--gpu`), set on the run here and nowhere else."""
+    """What a run is for: the arch list its record names (None for inject: its files say),
+    the GPU it serves (`--gpu`) and its kernels images' keys, given to the run's pipeline
+    when it is made, here and nowhere else."""
 
     arch: ArchList | None
     gpu: Policy = DEFAULT_POLICY
+    keys: Keys = field(default_factory=Keys)
 
 
 @contextmanager
@@ -48,7 +50,6 @@ def run_session(command: str, base: str, tag: str, serving: Serving,
                   reporting.report,
                   reporting.summary_md, steps, reporting.as_json) as record, \
             temp_dir("sm121-run-") as tmp:
-        pipeline = Pipeline.connect(record, steps)
-        pipeline.gpu = serving.gpu
+        pipeline = Pipeline.connect(record, steps, serving.gpu, serving.keys)
         record.serves(str(serving.gpu))
         yield pipeline, Path(tmp)

@@ -1,0 +1,103 @@
+"""#61: the main job's decide step (`main_plan.decide_builds`) is a function of what was
+gathered (the stock audit, the plans read from the source, the aot actions) and the options
+alone: run with every door to the outside blocked (files, folders, the engine's socket and
+the network, programs), it decides what it decides with them open."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm121_build.cuda.compat import ArchList
+from sm121_build.jobs.commands.main_plan import BuildChoice, Options, decide_builds
+from sm121_build.rebuild.decide import ExtensionPlan
+
+# every way out a decision could take: files and folders, sockets, programs
+DOORS: tuple[tuple[Any, str], ...] = (
+    (builtins, "open"), (io, "open"), (os, "open"), (os, "stat"), (os, "lstat"), (os, "scandir"),
+    (os, "listdir"), (os, "readlink"), (socket, "socket"), (socket, "create_connection"),
+    (subprocess, "Popen"), (os, "posix_spawn"), (os, "fork"), (os, "system"))
+
+
+@contextmanager
+def nothing_outside() -> Iterator[None]:
+    """Every door in DOORS raises while the block runs (and only then)."""
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the decide step went outside: {args[:1]!r}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        for owner, name in DOORS:
+            if hasattr(owner, name):
+                patch.setattr(owner, name, refused)
+        yield
+
+
+def _plan(name: str, build: bool, jit: int, reason: str) -> ExtensionPlan:
+    before = {"native": 10, "jit": jit, "none": 0}
+    after = {"native": 10 + jit, "jit": 0, "none": 0} if build else before
+    return ExtensionPlan(name, name.split(".")[0], before, after, build, reason,
+                         () if build else ("kept: the source gives it nothing",))
+
+
+STOCK: dict[str, Any] = {"_C.abi3.so": None, "_moe_C.abi3.so": None,
+                         "vllm_flash_attn/_vllm_fa2_C.abi3.so": None}
+PLANS = (_plan("_C.abi3.so", True, 5, "the guards give sm_121 cubins"),
+         _plan("_moe_C.abi3.so", False, 0, "already native"),
+         _plan("vllm_flash_attn/_vllm_fa2_C.abi3.so", False, 0, "already native"))
+OPTS = Options(base="vllm/vllm-openai:v0.33.0", tag="x:sm121", arch=ArchList.parse("12.1"))
+
+
+def _decided(opts: Options, plans: tuple[ExtensionPlan, ...]) -> BuildChoice:
+    with nothing_outside():
+        blocked = decide_builds(opts, STOCK, plans, ())
+    assert decide_builds(opts, STOCK, plans, ()) == blocked  # the same with the doors open
+    return blocked
+
+
+def test_the_blocked_doors_are_shut() -> None:
+    """A planted read, listing, connection and program each fail under `nothing_outside`,
+    so a decide step that did one would fail the tests below."""
+    with nothing_outside():
+        for outside in (lambda: Path("/").exists(), lambda: Path("/etc/hostname").read_text(),
+                        lambda: os.listdir("/"), lambda: socket.socket(),
+                        lambda: subprocess.run(["true"], check=False)):
+            with pytest.raises(AssertionError, match="went outside"):
+                outside()
+
+
+def test_the_decision_is_made_of_the_gathered_facts_alone() -> None:
+    """What gains is built, what does not is kept (its lines said), --ext adds, --only
+    restricts, --force builds _C/_moe_C without the plans; nothing chosen is a result line
+    and a decision not to rebuild."""
+    choice = _decided(OPTS, PLANS)
+    assert choice.chosen == ("_C.abi3.so",) and choice.nothing is None
+    assert choice.decision.rebuild and choice.decision.chosen == ("_C.abi3.so",)
+    assert choice.decision.reason == "_C: the guards give sm_121 cubins"
+    assert choice.decision.extensions["_moe_C.abi3.so"]["action"] == "keep"
+    assert choice.lines[0].startswith("_C.abi3.so: build (native 10→15, JIT 5→0")
+    assert "  kept: the source gives it nothing" in choice.lines
+
+    added = _decided(replace(OPTS, extra_ext=("auto", "_vllm_fa2_C")), PLANS)
+    assert added.chosen == ("_C.abi3.so", "vllm_flash_attn/_vllm_fa2_C.abi3.so")
+    only = _decided(replace(OPTS, only=("_moe_C",)), PLANS)
+    assert only.chosen == () and only.nothing is not None and not only.decision.rebuild
+    forced = _decided(replace(OPTS, force=True), ())
+    assert forced.chosen == ("_C.abi3.so", "_moe_C.abi3.so") and forced.lines == ()
+    assert forced.decision.reason == "forced (--force)"
+
+    kept = _decided(OPTS, PLANS[1:])
+    assert kept.chosen == () and not kept.decision.rebuild
+    assert kept.decision.reason == "no extension gains"
+    assert kept.nothing is not None and kept.nothing.startswith(
+        "no rebuild needed: no extension of vllm/vllm-openai:v0.33.0 gains native")
