@@ -69,9 +69,12 @@ from sm121_build.source.guard_rules import (
 from sm121_build.verify import run_report
 
 
-def content_key(facts: ImageFacts, commit: str, plan: Placement, no_patch: bool) -> str:
-    parts = [facts.id, commit, "nopatch" if no_patch else rules_digest(), plan.arch_list,
-             template_digest(), ",".join(plan.extensions), __version__]
+def content_key(facts: ImageFacts, provenance: tuple[str, ...], plan: Placement,
+                no_patch: bool) -> str:
+    """The key of a build: the base, the trees it compiles (`Sources.provenance`), the
+    guard rules, the arch list, the templates, the extensions and the tool's version."""
+    parts = [facts.id, *provenance, "nopatch" if no_patch else rules_digest(),
+             plan.arch_list, template_digest(), ",".join(plan.extensions), __version__]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -110,12 +113,12 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
                                   labels=built.labels | aot_label(prebuilt))
         provenance, patches = sources.provenance, patches_of(opts)
         if toolchain is not None:
-            provenance += "\0" + aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
+            provenance += (aot_key(image.facts.id, aot, toolchain, opts.gpu.target),)
             patches += f"+{aot_patches(toolchain)}"
         key = content_key(image.facts, provenance, plan, opts.no_patch)
     elif toolchain is not None:  # aot alone: the aot'd files into the pristine base
         commit = image.vllm.commit_id or image.ref.value
-        sources = Sources(commit, commit)
+        sources = Sources(commit, (commit,))
         patches = aot_patches(toolchain)
         plan = aot_plan(image, prebuilt, commit, patches, files_root(job))
         key = aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
@@ -184,7 +187,8 @@ def external_sources(job: Job, context: Path,
     """The trees of the external projects the chosen extensions live in (flash-attention at
     the commit vLLM pins), copied into the context, with their rules applied."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
-    provenance = checkout.commit + (f"+{checkout.changes}" if checkout.changes else "")
+    provenance: tuple[str, ...] = (
+        checkout.commit + (f"+{checkout.changes}" if checkout.changes else ""),)
     projects = projects_for([extension_target(name) for name in chosen], opts.fa_source)
     if not projects:
         return Sources(checkout.commit, provenance, tree=context / "src")
@@ -197,7 +201,7 @@ def external_sources(job: Job, context: Path,
             external.append((project.env, project.name))
             pipeline.record.external_copied(project.name, run_report.ExternalSource(
                 got.commit, declared.repository, got.changes, got.other_commit))
-            provenance += f"\0{project.name}@{got.commit}+{got.changes}"
+            provenance += (f"{project.name}@{got.commit}+{got.changes}",)
             if got.other_commit:
                 note(f"warning: {got.other_commit} (--allow-other-commit)")
             note(f"{project.name} {got.commit[:12]} (pinned in {declared.declared_in}): "

@@ -193,7 +193,9 @@ class Sources:
     """What the build compiles: vLLM at `commit` and the external projects' trees."""
 
     commit: str
-    provenance: str  # commit[+changes], then `\0project@commit+changes` per project
+    # the trees the content key is made of: vLLM's `commit[+changes]`, then each external
+    # project's `project@commit+changes` (and, with aot, the aot key)
+    provenance: tuple[str, ...]
     external: tuple[tuple[str, str], ...] = ()  # (environment variable, context folder)
     tree: Path | None = None  # vLLM's tree in the build context (None: no source build)
 
