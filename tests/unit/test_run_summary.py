@@ -97,11 +97,11 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
     """aot alone (the source not read: --only, `aot IMAGE`, or none to be had): every
     extension with kernels aot cannot make native is kept with the reason, so the summary
     never says "nothing" stays while it does; what aot covers whole stays out."""
-    from sm121_build.cuda.binary import AotAble
+    from sm121_build.cuda.binary import DEFAULT_POLICY, AotAble
     from sm121_build.jobs.commands.aot_step import AotAction
-    from sm121_build.jobs.commands.main_plan import choose_record, native_by_aot
-    from sm121_build.jobs.framework.pipeline import Pipeline
+    from sm121_build.jobs.commands.main_plan import aot_decision, native_by_aot
     from sm121_build.rebuild.decide import left_by_aot
+    from tests.unit.test_decide_step import nothing_outside
 
     fa2, c, moe = "vllm_flash_attn/_vllm_fa2_C.abi3.so", "_C.abi3.so", "_moe_C.abi3.so"
     stock = {fa2: _report(fa2, {"k1": "jit", "k2": "jit"}),
@@ -111,7 +111,9 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
     assert left_by_aot(native_by_aot(aot), stock) == {c: (0, 2)}
     assert left_by_aot(native_by_aot(aot[:1]), stock) == {c: (1, 2)}
     record = new_record("build", "base", "tag", ARCHS_121)
-    choose_record(Pipeline(None, record), aot[:1], stock)  # type: ignore[arg-type]
+    with nothing_outside():  # #61: made of what was gathered alone, no I/O
+        decision = aot_decision(DEFAULT_POLICY, aot[:1], stock)
+    record.decided(decision)
     assert record.decision is not None
     assert record.decision.chosen == (fa2,)
     kept = record.decision.extensions[c]
@@ -122,5 +124,5 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
         "change them; whether a source build can was not decided (the source was not read: "
         "`sm121-build --base IMAGE --source DIR` reads it)"]
     covered = new_record("build", "base", "tag", ARCHS_121)
-    choose_record(Pipeline(None, covered), aot, {fa2: stock[fa2]})  # type: ignore[arg-type]
+    covered.decided(aot_decision(DEFAULT_POLICY, aot, {fa2: stock[fa2]}))
     assert summary_lines(covered)[-1] == "  stays non-native: nothing the plan knows of"

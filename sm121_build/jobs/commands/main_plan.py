@@ -258,8 +258,9 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
         with pipeline.steps.step("decide"):
             for action in aot:
                 note(action.line())
-            choose_record(pipeline, aot, stock,
-                          image.vllm.package_dir.lstrip("/") + "/" if opts.all_packages else "")
+            pipeline.record.decided(aot_decision(
+                opts.gpu, aot, stock,
+                image.vllm.package_dir.lstrip("/") + "/" if opts.all_packages else ""))
     if not chosen and not aot:
         return None
     return ExtensionActions(aot, chosen, checkout, toolchain)
@@ -280,16 +281,17 @@ def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport
     return aot, stock
 
 
-def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
-                  stock: dict[str, BinaryReport | None], vllm_prefix: str = "") -> None:
-    """The decision of a run without the source: the aot actions, and every extension left
-    with kernels aot cannot make native (kept, its reason in `remains`, so the summary and
-    the report say what stays non-native).  `vllm_prefix`: with `--all-packages`, where
-    vLLM's files are (the source build can only help those)."""
+def aot_decision(gpu: Policy, aot: tuple[AotAction, ...],
+                 stock: Mapping[str, BinaryReport | None], vllm_prefix: str = "") -> RunDecision:
+    """The decision of a run without the source, made of what was gathered alone (no I/O):
+    the aot actions, and every extension left with kernels aot cannot make native (kept,
+    its reason in `remains`, so the summary and the report say what stays non-native).
+    `vllm_prefix`: with `--all-packages`, where vLLM's files are (the source build can only
+    help those)."""
     extensions = {a.name: a.as_record(stock_counts(stock, a.name)) for a in aot}
     for name, (jit, none) in left_by_aot(native_by_aot(aot), stock).items():
         before = stock_counts(stock, name)
-        what = [f"{none} kernel(s) load nothing on {pipeline.gpu}"] if none else []
+        what = [f"{none} kernel(s) load nothing on {gpu}"] if none else []
         what += [f"{jit} stay JIT-only"] if jit else []
         report = stock.get(name)
         if report is not None and report.reach is not None and report.reach.chosen \
@@ -298,9 +300,9 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
                    "(--only)")
         elif report is not None and report.reach is not None and report.reach.unreachable:
             why = f"{' and '.join(what)}: {unreachable_words(report.reach.unreachable)}"
-        elif not pipeline.gpu.has_source_rules:
+        elif not gpu.has_source_rules:
             why = (f"{' and '.join(what)}: aot cannot change them, and a source build is for "
-                   f"{DEFAULT_GPU} alone: only a release built for {pipeline.gpu} makes them "
+                   f"{DEFAULT_GPU} alone: only a release built for {gpu} makes them "
                    "native")
         elif vllm_prefix and not name.startswith(vllm_prefix):
             why = (f"{' and '.join(what)}: aot cannot change them; only a build of its "
@@ -313,8 +315,8 @@ def choose_record(pipeline: Pipeline, aot: tuple[AotAction, ...],
             "name": name, "target": extension_target(name), "before": before, "after": before,
             "build": False, "action": "keep", "reason": "kept: no source read", "remains": []})
         extensions[name]["remains"] = [why]
-    pipeline.record.decided(RunDecision(
-        True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot), extensions))
+    return RunDecision(True, "; ".join(a.line() for a in aot), tuple(a.name for a in aot),
+                       extensions)
 
 
 def _source_if_needed(job: Job, aot: tuple[AotAction, ...], stock: dict[str, BinaryReport | None],
