@@ -35,7 +35,6 @@ from sm121_build.jobs.commands.main_plan import (
     ExtensionActions,
     Job,
     Options,
-    Resolved,
     Sources,
     files_root,
     patches_of,
@@ -120,7 +119,7 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
         commit = image.vllm.commit_id or image.ref.value
         sources = Sources(commit, (commit,))
         patches = aot_patches(toolchain)
-        plan = aot_plan(image, prebuilt, commit, patches, files_root(job))
+        plan = aot_plan(job, prebuilt, commit, patches)
         key = aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
     else:  # plan_actions returns None when there is neither
         raise AssertionError("a plan with nothing to aot or build")
@@ -148,14 +147,15 @@ def aot_patches(toolchain: Toolchain) -> str:
     return f"aot-ptxas-{toolchain.version}"
 
 
-def aot_plan(image: Resolved, files: tuple[str, ...], commit: str, patches: str,
-             root: str) -> Placement:
+def aot_plan(job: Job, files: tuple[str, ...], commit: str, patches: str) -> Placement:
     """The plan of an aot-only run: its files copied into the pristine base, named under
-    `root`."""
+    the run's files root (`files_root`), labelled with the run's GPU."""
+    image = job.image
     labels = provenance_labels(image.facts, commit, image.arch, files, patches) \
-        | gpu_label(str(image.gpu))
+        | gpu_label(str(job.opts.gpu))
     return Placement(base="", arch_list=str(image.arch), vllm_version=image.vllm.version,
-                     git_ref=commit, extensions=files, package_dir=root, labels=labels)
+                     git_ref=commit, extensions=files, package_dir=files_root(job),
+                     labels=labels)
 
 
 def _tagged(job: Job, target: Delivery, log: Path) -> str:
@@ -186,7 +186,7 @@ def external_sources(job: Job, context: Path,
                      checkout: Checkout, chosen: tuple[str, ...]) -> Sources:
     """The trees of the external projects the chosen extensions live in (flash-attention at
     the commit vLLM pins), copied into the context, with their rules applied."""
-    pipeline, opts, image = job.pipeline, job.opts, job.image
+    pipeline, opts = job.pipeline, job.opts
     provenance: tuple[str, ...] = (
         checkout.commit + (f"+{checkout.changes}" if checkout.changes else ""),)
     projects = projects_for([extension_target(name) for name in chosen], opts.fa_source)
@@ -208,7 +208,7 @@ def external_sources(job: Job, context: Path,
                  f"{got.path}")
         if not opts.no_patch:
             trees = {folder: context / folder for _env, folder in external}
-            for line in apply_for_build(context / "src", trees, image.patch_for, vllm=False):
+            for line in apply_for_build(context / "src", trees, job.patch_for, vllm=False):
                 note(line)
     return Sources(checkout.commit, provenance, tuple(external), context / "src")
 

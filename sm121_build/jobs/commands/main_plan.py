@@ -179,12 +179,6 @@ class Resolved:
     ref: GitRef  # the vLLM commit (or tag) the image was built from
     cuda: str  # the image's CUDA toolkit, X.Y
     arch: ArchList  # what to build for, in torch's and CMake's forms
-    gpu: Policy = DEFAULT_POLICY  # the GPU the run serves (--gpu)
-
-    @property
-    def patch_for(self) -> PatchFor:
-        """What the source trees are patched for: this vLLM, arch list, CUDA, sm_121."""
-        return PatchFor(self.vllm.version, self.arch, self.cuda, self.gpu.target)
 
 
 
@@ -209,6 +203,13 @@ class Job:
     pipeline: Pipeline
     opts: Options
     image: Resolved
+
+    @property
+    def patch_for(self) -> PatchFor:
+        """What the source trees are patched for: the base's vLLM, arch list and CUDA, and
+        the run's GPU (`Options.gpu`, its one home)."""
+        image = self.image
+        return PatchFor(image.vllm.version, image.arch, image.cuda, self.opts.gpu.target)
 
 
 
@@ -249,7 +250,7 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
     else:
         require_buildable(image.vllm.tools, image.facts.ref)  # a build, before any fetch
         checkout = vllm_source(job, context / "src")
-        stock = stock or stock_extensions(pipeline, image)
+        stock = stock or stock_extensions(job)
     chosen: tuple[str, ...] = ()
     if checkout is not None:
         patch_vllm(job, context / "src")
@@ -273,7 +274,7 @@ def planned_aot(job: Job) -> tuple[tuple[AotAction, ...], dict[str, BinaryReport
     if opts.from_source or opts.force or opts.no_patch:
         return (), {}
     stock = pipeline.read_device_files(image.facts) if opts.all_packages \
-        else stock_extensions(pipeline, image)
+        else stock_extensions(job)
     aot = aot_actions(stock, opts.gpu.target)
     if opts.only:
         wanted = {extension_target(o) for o in opts.only}
@@ -383,7 +384,7 @@ def resolve(pipeline: Pipeline, opts: Options) -> Resolved:
     if builds_for_sure(opts):  # aot compiles on this machine: it needs no compiler there
         require_buildable(vllm.tools, facts.ref)
     return Resolved(facts, vllm, version_to_ref(vllm.version, vllm.commit_id),
-                    vllm.cuda_version or DEFAULT_CUDA, opts.arch, opts.gpu)
+                    vllm.cuda_version or DEFAULT_CUDA, opts.arch)
 
 
 def vllm_source(job: Job, dest: Path) -> Checkout:
@@ -409,23 +410,25 @@ def vllm_source(job: Job, dest: Path) -> Checkout:
     return checkout
 
 
-def stock_extensions(pipeline: Pipeline, image: Resolved) -> dict[str, BinaryReport | None]:
-    """The base's extensions, audited (and PTX newer than a Spark's driver, said)."""
+def stock_extensions(job: Job) -> dict[str, BinaryReport | None]:
+    """The base's extensions, audited (and PTX newer than the run's GPU's driver, said)."""
+    pipeline, image, gpu = job.pipeline, job.image, job.opts.gpu
     with pipeline.steps.step("audit the stock extensions"):
         stock = pipeline.read_stock(image.facts, image.vllm.extensions)
-        too_new = ptx_warning(stock, pipeline.gpu.target, pipeline.gpu.driver)
+        too_new = ptx_warning(stock, gpu.target, gpu.driver)
         if too_new:
             note(too_new)
     return stock
 
 
 def patch_vllm(job: Job, src: Path) -> None:
-    pipeline, opts, image = job.pipeline, job.opts, job.image
+    """The guard rules on the copy of vLLM's tree at `src` (none with --no-patch)."""
+    pipeline, opts = job.pipeline, job.opts
     with pipeline.steps.step("patch"):
         if opts.no_patch:
             note("patches skipped (--no-patch)")
             return
-        for line in apply_for_build(src, {}, image.patch_for):
+        for line in apply_for_build(src, {}, job.patch_for):
             note(line)
 
 
