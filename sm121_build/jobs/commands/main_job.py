@@ -125,11 +125,11 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
         raise AssertionError("a plan with nothing to aot or build")
     pipeline.record.build_named(image.vllm.version, sources.commit, image.arch, key,
                                 plan.extensions)
-    target = replace(delivery_for(job, sources, plan, key, patches),
+    delivery = replace(delivery_for(job, sources, plan, key, patches),
                      origins=tuple((name, "aot") for name in prebuilt))
     existing = None if opts.force else pipeline.reusable(key)
     if existing:
-        return up_to_date(job, plan, target, existing)  # nothing compiles, aot included
+        return up_to_date(job, plan, delivery, existing)  # nothing compiles, aot included
     if toolchain is not None:
         with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
             compile_into(pipeline.engine,
@@ -137,8 +137,8 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
                                 opts.gpu.target),
                          context / "aot")
     if isinstance(plan, BuildPlan):
-        return build(job, plan, target, context)
-    return inject_aot(job, plan, target, context)
+        return build(job, plan, delivery, context)
+    return inject_aot(job, plan, delivery, context)
 
 
 def aot_patches(toolchain: Toolchain) -> str:
@@ -158,28 +158,28 @@ def aot_plan(job: Job, files: tuple[str, ...], commit: str, patches: str) -> Pla
                      labels=labels)
 
 
-def _tagged(job: Job, target: Delivery, log: Path) -> str:
+def _tagged(job: Job, delivery: Delivery, log: Path) -> str:
     """The end of a run whose image was built and tagged (a source build, or the aot'd
     files injected): the record ended as built and kept, the one `tagged` line; its tag."""
     job.pipeline.record.ended(run_report.RunStatus.BUILT)
     run_report.remember(job.pipeline.record)
-    result(f"tagged {', '.join(target.tags)}  (log: {log})")
+    result(f"tagged {', '.join(delivery.tags)}  (log: {log})")
     return job.opts.tag
 
 
 def inject_aot(job: Job, plan: Placement,
-               target: Delivery, context: Path) -> str:
+               delivery: Delivery, context: Path) -> str:
     """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
     pipeline, image = job.pipeline, job.image
-    log = pipeline.new_log(f"aot-{target.content_key}")
+    log = pipeline.new_log(f"aot-{delivery.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
         dockerfile.write_text(render_inject(replace(plan, base=pin), artifacts="aot",
-                                            more={CONTENT_KEY_LABEL: target.content_key}))
+                                            more={CONTENT_KEY_LABEL: delivery.content_key}))
         pipeline.build_verify_tag(
             ImageBuild(image.facts, context, dockerfile, plan.extensions, log,
-                       f"inject the aot'd {', '.join(plan.extensions)}"), target)
-    return _tagged(job, target, log)
+                       f"inject the aot'd {', '.join(plan.extensions)}"), delivery)
+    return _tagged(job, delivery, log)
 
 
 def external_sources(job: Job, context: Path,
@@ -241,33 +241,34 @@ def delivery_for(job: Job, sources: Sources,
 
 
 def up_to_date(job: Job, plan: Placement,
-               target: Delivery, existing: str) -> str:
+               delivery: Delivery, existing: str) -> str:
     """The content key names an image this tool built: tag it (and export --out, verified
     as after a build); nothing compiles."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     record = pipeline.record
-    record.keep_audit_of(run_report.recall(target.content_key) or {})
+    record.keep_audit_of(run_report.recall(delivery.content_key) or {})
     record.ended(run_report.RunStatus.UP_TO_DATE)
     if opts.out:
         with pipeline.steps.step("verify"):
             pipeline.verify_and_export(image.facts, existing,
-                                       (*plan.extensions, *plan.prebuilt), (None, None), target)
-    pipeline.tag_result(image.facts, existing, target)
+                                       (*plan.extensions, *plan.prebuilt), (None, None), delivery)
+    pipeline.tag_result(image.facts, existing, delivery)
     # `aot IMAGE` has no --force: the same aot makes the same image
-    result(f"up to date: {', '.join(target.tags)} (content key {target.content_key})"
+    result(f"up to date: {', '.join(delivery.tags)} (content key {delivery.content_key})"
            f"{'' if opts.aot_only else '; --force rebuilds'}")
     return opts.tag
 
 
 def build(job: Job, plan: BuildPlan,
-          target: Delivery, context: Path) -> str:
+          delivery: Delivery, context: Path) -> str:
     """Render the Dockerfile (FROM a temporary tag of exactly the base), bring what the
     builder lacks, build -> verify -> tag."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
-    log = pipeline.new_log(f"build-{target.content_key}")
+    log = pipeline.new_log(f"build-{delivery.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
-        dockerfile.write_text(render_build(plan, {CONTENT_KEY_LABEL: target.content_key}, base=pin))
+        dockerfile.write_text(render_build(plan, {CONTENT_KEY_LABEL: delivery.content_key},
+                                           base=pin))
         if plan.bring:
             note(f"the builder brings {' and '.join(plan.bring)} ("
                  f"{'this machine' if plan.bring_from == 'context' else 'pip'})")
@@ -278,5 +279,5 @@ def build(job: Job, plan: BuildPlan,
         aot = f", with the aot'd {', '.join(plan.prebuilt)}" if plan.prebuilt else ""
         pipeline.build_verify_tag(
             ImageBuild(image.facts, context, dockerfile, (*plan.extensions, *plan.prebuilt), log,
-                       f"build {', '.join(plan.extensions)} for {opts.arch}{aot}"), target)
-    return _tagged(job, target, log)
+                       f"build {', '.join(plan.extensions)} for {opts.arch}{aot}"), delivery)
+    return _tagged(job, delivery, log)

@@ -214,7 +214,7 @@ class Pipeline:
         return log
 
     # -- tail ----------------------------------------------------------------------------
-    def build_verify_tag(self, build: ImageBuild, target: Delivery) -> str:
+    def build_verify_tag(self, build: ImageBuild, delivery: Delivery) -> str:
         """Build (untagged) -> verify -> export -> tag.  Returns the image ID.  What
         verification reads of the base (the stock files, torch's exports) depends on the
         base alone: it is read while the candidate builds, by one thread of its own."""
@@ -225,15 +225,15 @@ class Pipeline:
             try:
                 with held():  # a Ctrl-C inside submit() would leave a thread unwaited for
                     ahead = pool.submit(read_stock_side, self.engine, build.stock,
-                                        (build.extensions, target.provenance.package_dir),
+                                        (build.extensions, delivery.provenance.package_dir),
                                         Path(ahead_dir), self.gpu)
                 with self.steps.step(build.title), BuildStatus(shipped_histories()) as status:
                     image_id = self.engine.build(build.context, build.dockerfile, build.log,
                                                  status)
                 with self.steps.step("verify"):
                     self.verify_and_export(build.stock, image_id, build.extensions,
-                                           (build.log, ahead.result()), target)
-                self.tag_result(build.stock, image_id, target)
+                                           (build.log, ahead.result()), delivery)
+                self.tag_result(build.stock, image_id, delivery)
             except BaseException:
                 if image_id:
                     self.engine.remove_created(image_id, before)
@@ -246,23 +246,23 @@ class Pipeline:
     def verify_and_export(self, stock: ImageFacts, image_id: str,
                           extensions: tuple[str, ...],
                           log_and_stock: tuple[Path | None, StockRead | None],
-                          target: Delivery) -> None:
+                          delivery: Delivery) -> None:
         """Verify the image (raises on any problem); record the audit; export to `--out`.
         `log_and_stock`: where problems are written, and the base's side when it was read
         ahead (`read_stock_side`; None: read now)."""
         log, stock_read = log_and_stock
         with verify_image(self.engine, Candidate(stock, image_id, extensions, log,
-                                                 dict(target.origins),
-                                                 target.provenance.package_dir,
+                                                 dict(delivery.origins),
+                                                 delivery.provenance.package_dir,
                                                  stock_read, self.gpu)) as verified:
             self.record.verified(
                 verified.stock_reports, verified.reports,
                 {n: len(c.fp4_excluded) for n, c in verified.comparisons.items()},
                 verified.abi.checked)
-            if target.out:
-                manifest = artifacts_mod.export(target.out, verified.files, target.provenance,
+            if delivery.out:
+                manifest = artifacts_mod.export(delivery.out, verified.files, delivery.provenance,
                                                 manifest_counts(verified), self.sign_key)
-                self.record.exported(target.out)
+                self.record.exported(delivery.out)
                 note(f"artifacts: {manifest}")
 
     def require_tags_free(self, stock: ImageFacts, tags: list[str],
@@ -275,13 +275,13 @@ class Pipeline:
             replace_tag, image_id, stock.id,
             lambda entry: entry.base_ref in ("", stock.ref), ""))
 
-    def tag_result(self, stock: ImageFacts, image_id: str, target: Delivery) -> None:
+    def tag_result(self, stock: ImageFacts, image_id: str, delivery: Delivery) -> None:
         """Give the verified image every tag asked for, and write it in the ledger."""
-        self.require_tags_free(stock, target.tags, target.replace_tag, image_id)
-        ledger.record_built(image_id, target.tags, stock.id, stock.ref, target.content_key)
-        for tag in target.tags:
+        self.require_tags_free(stock, delivery.tags, delivery.replace_tag, image_id)
+        ledger.record_built(image_id, delivery.tags, stock.id, stock.ref, delivery.content_key)
+        for tag in delivery.tags:
             self.engine.tag(image_id, tag)
-        self.record.tagged(image_id, target.tags)
+        self.record.tagged(image_id, delivery.tags)
 
     def reusable(self, key: str) -> str | None:
         """An image this tool built and recorded for this content key, still in the engine.
