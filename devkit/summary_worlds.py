@@ -1,12 +1,12 @@
 """The whole-run fuzzer's `summary` family: the Markdown a run appends to `--summary-md`
-(the main job's `verify/run_report.markdown`, the audit's `audit/report.markdown`) from
+(the main job's `jobs/framework/run_record.markdown`, the audit's `audit/report.markdown`) from
 records whose every string is hostile, and the invariants that Markdown keeps whatever the
 values: no heading but the title, no `[`, `]`, `<`, `>`, `&`, backtick or `|` that no
 backslash escapes outside a code span, every row of a table with the header's cells, no raw
 control character, no line over `LINE_BOUND`, and each value's text there (escaped, or as it is in a
 code span).
 
-`tests/unit/test_run_report.py` renders one hand-made hostile record with these;
+`tests/unit/test_run_record.py` renders one hand-made hostile record with these;
 `tests/unit/test_whole_runs.py` renders hypothesis's (`hostile_texts`).
 """
 
@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from sm121_build.core.console import NAME_LIMIT, md
-from sm121_build.verify import run_report
+from sm121_build.jobs.framework import run_record
 
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
                  "\u2066-\u2069\ud800-\udfff]")
@@ -130,38 +130,38 @@ FIELDS = (*SHOWN, *SHOWN_HIT, *SHOWN_OTHER, "command", "id", "tags", "chosen",
           "ptx", "jit", "none", "outcome", "gpu", "after-cubins")
 
 
-def _counts(value: Callable[[str], str], side: str) -> run_report.ExtensionCounts:
-    return run_report.ExtensionCounts(
+def _counts(value: Callable[[str], str], side: str) -> run_record.ExtensionCounts:
+    return run_record.ExtensionCounts(
         {value(f"{side}-cubins"): value("cubins-n")}, {value("ptx"): 1},  # type: ignore[dict-item]
         {"native": value("native"), "jit": value("jit"), "none": value("none")})  # type: ignore[dict-item]
 
 
-def hostile_record(value: Callable[[str], str], outcome: str = "hit") -> run_report.RunRecord:
+def hostile_record(value: Callable[[str], str], outcome: str = "hit") -> run_record.RunRecord:
     """A main job's record whose every string (a count too: a cached record is read from
     the untrusted cache) is `value(field)`; the kernels image's lookup ended `outcome`."""
     extension = {"build": True, "action": value("action"), "reason": value("ext-reason"),
                  "remains": [value("remains")],
                  "before": {k: value(f"before-{k}") for k in ("native", "jit", "none")},
                  "after": {k: value(f"after-{k}") for k in ("native", "jit", "none")}}
-    record = run_report.new_record(value("command"), value("base"), value("tag"), None)
+    record = run_record.new_record(value("command"), value("base"), value("tag"), None)
     return replace(
         record, arch_list=value("arch"), error=value("error"),
         vllm_version=value("version"), vllm_commit=value("commit"),
         base_digest=value("digest"), content_key=value("key"), log=value("log"),
         artifacts=value("artifacts"), image_id=value("id"), tags=[value("tags")],
-        decision=run_report.RunDecision(True, value("decision"), (value("chosen"),),
+        decision=run_record.RunDecision(True, value("decision"), (value("chosen"),),
                                         {value("extension"): extension}),
         before={value("before-so"): _counts(value, "before")},
         after={value("after-so"): _counts(value, "after")},
         fp4_excluded={value("fp4"): 3},
-        kernels_from=run_report.KernelsFrom(value("ref"), outcome, value("from-digest"),
+        kernels_from=run_record.KernelsFrom(value("ref"), outcome, value("from-digest"),
                                             value("reuse"), value("refusal")),
         kernels_to=[value("pushed")], gpu=value("gpu"))
 
 
 def broken_run_summary(values: dict[str, str], outcome: str) -> list[str]:
     """The invariants the main job's `--summary-md` breaks for the record of `values`."""
-    text = run_report.markdown(hostile_record(lambda field: values[field], outcome))
+    text = run_record.markdown(hostile_record(lambda field: values[field], outcome))
     shown = [*SHOWN, *(SHOWN_HIT if outcome == "hit" else SHOWN_OTHER)]
     return broken_markdown(text, "## sm121-build: ", {f: values[f] for f in shown},
                            tables=2)

@@ -1,2 +1,2 @@
 """Verifying a built image (kernels by name, ABI against the base's torch, layer drift) and
-the run record a build or inject writes."""
+an aot'd file against its stock file; the record of a run is jobs/framework/run_record."""

@@ -41,7 +41,7 @@ BASH = ["bash", "--noprofile", "--norc", "-eo", "pipefail"]
 
 def _as_shown(markdown: str) -> str:
     """The summary as GitHub shows it: each value's Markdown escapes (`sm\\_90`, `\\(`)
-    read back (the escaper is the text door's; tests/unit/test_run_report.py holds it)."""
+    read back (the escaper is the text door's; tests/unit/test_run_record.py holds it)."""
     return re.sub(r"\\([\\`*_{}\[\]<>()#+\-.!|~&$])", r"\1", markdown)
 
 def _workflow() -> dict[str, Any]:

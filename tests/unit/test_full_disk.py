@@ -136,7 +136,7 @@ def test_a_run_whose_report_the_disk_refuses_still_writes_its_summary(
     run that did its work ends with the report's error, one that failed with its own
     error (the report's said in a note)."""
     from sm121_build.core.errors import Sm121Error
-    from sm121_build.verify.run_report import new_record, recorded
+    from sm121_build.jobs.framework.run_record import new_record, recorded
 
     report, summary = tmp_path / "full" / "report.json", tmp_path / "summary.md"
     report.parent.mkdir()

@@ -25,8 +25,8 @@ from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.main_job import run_build
 from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.formats.artifacts import load
+from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Pipeline
-from sm121_build.verify import run_report
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
@@ -60,9 +60,9 @@ def _quick(source: Path) -> Options:
     return _options(source, force=True, no_patch=True)
 
 
-def _run(engine: FakeEngine, opts: Options) -> run_report.RunRecord:
-    record = run_report.new_record("build", opts.base, opts.tag, opts.arch)
-    with run_report.recorded(record, None, None):
+def _run(engine: FakeEngine, opts: Options) -> run_record.RunRecord:
+    record = run_record.new_record("build", opts.base, opts.tag, opts.arch)
+    with run_record.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     jsonschema.validate(record.as_json(), schema("report"))
     return record
@@ -121,8 +121,8 @@ def test_a_failure_or_ctrl_c_tags_nothing_and_removes_what_the_run_made(
     engine = _engine(tmp_path, matrix, checkout[1])
     before = set(engine.images)
     setattr(engine, how, where)
-    record = run_report.new_record("build", BASE, TAG, ARCHS_121)
-    with pytest.raises(raised), run_report.recorded(record, None, None):
+    record = run_record.new_record("build", BASE, TAG, ARCHS_121)
+    with pytest.raises(raised), run_record.recorded(record, None, None):
         run_build(Pipeline(engine, record), _quick(checkout[0]))
     assert (record.status, record.error) == ("failed", said.format(where=where))
     assert set(engine.images) == before  # the built image (if any) was removed
@@ -153,7 +153,7 @@ def test_inject_puts_exported_artifacts_into_a_matching_base(
         tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
     engine = _engine(tmp_path, matrix, checkout[1])
     _run(engine, _options(checkout[0], out=tmp_path / "out", no_patch=True))
-    record = run_report.new_record("inject", BASE, "fixture:injected", None)
+    record = run_record.new_record("inject", BASE, "fixture:injected", None)
     run_inject(Pipeline(engine, record), load(tmp_path / "out"), BASE,
                Destination("fixture:injected"))
     assert record.status == "injected" and record.vllm_commit == checkout[1]
@@ -189,7 +189,7 @@ def test_inject_refuses_a_base_with_another_torch_before_any_work(
     data = json.loads(manifest.read_text())
     del data["torch_version"]
     manifest.write_text(json.dumps(data))
-    record = run_report.new_record("inject", BASE, "x:y", None)
+    record = run_record.new_record("inject", BASE, "x:y", None)
     run_inject(Pipeline(engine, record), load(tmp_path / "out"), "vllm/vllm-openai:newer-torch",
                Destination("x:y"))
     assert record.status == "injected"  # the ABI check is the judge (the fixture needs none)
@@ -198,7 +198,7 @@ def test_inject_refuses_a_base_with_another_torch_before_any_work(
 def test_resolve_image_is_the_prelude_of_every_command(
         tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]) -> None:
     engine = _engine(tmp_path, matrix, checkout[1])
-    record = run_report.new_record("build", BASE, TAG, ARCHS_121)
+    record = run_record.new_record("build", BASE, TAG, ARCHS_121)
     facts, vllm = Pipeline(engine, record).resolve_image(BASE)
     assert (vllm.version, vllm.extensions) == (VERSION, ("_C.abi3.so", "_moe_C.abi3.so"))
     assert (vllm.cuda_version, vllm.python) == ("13.0", "3.12")
@@ -271,7 +271,7 @@ def test_an_injected_file_gets_the_stock_files_mode(
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     manifest["files"]["_C.abi3.so"]["mode"] = "777"  # placed with the mode it records
     (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
-    record = run_report.new_record("inject", BASE, "x:mode", None)
+    record = run_record.new_record("inject", BASE, "x:mode", None)
     run_inject(Pipeline(engine, record), load(tmp_path / "out"), BASE, Destination("x:mode"))
     stock = engine.images[engine._id(BASE) or ""].root
     placed = engine.images[engine._id("x:mode") or ""].root

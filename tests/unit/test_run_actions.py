@@ -18,7 +18,7 @@ from sm121_build.jobs.commands import run as run_mod
 from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.commands.run import ACTIONS, Kernels, RunRequest, run_main
 from sm121_build.jobs.framework.pipeline import Keys, Pipeline
-from sm121_build.verify.run_report import RunStatus
+from sm121_build.jobs.framework.run_record import RunStatus
 
 BASE, TAG = "stock:1", "stock:1-sm121"
 NO_KEYS = Keys()

@@ -10,7 +10,7 @@ import pytest
 from sm121_build.core.console import Steps
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.compat import ArchList
-from sm121_build.verify.run_report import (
+from sm121_build.jobs.framework.run_record import (
     ExtensionCounts,
     KernelsFrom,
     RunDecision,

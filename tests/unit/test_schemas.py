@@ -20,7 +20,7 @@ from sm121_build.core.shipped import schema
 from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.formats import artifacts
-from sm121_build.verify import run_report
+from sm121_build.jobs.framework import run_record
 
 
 def _check(name: str, data: Any) -> None:
@@ -104,11 +104,11 @@ def test_a_manifest_of_an_earlier_release_reads_with_its_counts() -> None:
 
 
 def test_run_reports_of_each_outcome() -> None:
-    base = run_report.new_record("build", "vllm/vllm-openai:nightly",
+    base = run_record.new_record("build", "vllm/vllm-openai:nightly",
                                  "vllm/vllm-openai:nightly-sm121", ArchList.parse("12.1"))
     _check("report", base.as_json())  # a run that failed before anything was known
-    assert set(base.as_json()) == {"format", *run_report.RunRecord.REQUIRED}
-    counts = run_report.ExtensionCounts({"sm_121": 2}, {}, {"native": 4, "jit": 0, "none": 0})
+    assert set(base.as_json()) == {"format", *run_record.RunRecord.REQUIRED}
+    counts = run_record.ExtensionCounts({"sm_121": 2}, {}, {"native": 4, "jit": 0, "none": 0})
     record = replace(
         base, status="built", vllm_version="0.26.0", vllm_commit="c" * 40,
         base_digest="vllm/vllm-openai@sha256:" + "a" * 64, content_key="0" * 24,
@@ -116,13 +116,13 @@ def test_run_reports_of_each_outcome() -> None:
         after={"_C.abi3.so": counts}, fp4_excluded={"_C.abi3.so": 0},
         abi_symbols_checked=88, artifacts="/out", log="/log",
         image_id="sha256:" + "b" * 64, tags=["x:y"],
-        external={"vllm-flash-attn": run_report.ExternalSource("f" * 40, "/repo")},
+        external={"vllm-flash-attn": run_record.ExternalSource("f" * 40, "/repo")},
         decision={"rebuild": True, "reason": "r", "chosen": ["_C.abi3.so"], "extensions": {
             "_C.abi3.so": {"name": "_C.abi3.so", "target": "_C",
                            "before": {"native": 0, "jit": 4, "none": 0},
                            "after": {"native": 4, "jit": 0, "none": 0}, "build": True,
                            "reason": "r", "remains": []}}},
-        pulled=run_report.Pulled(None, "sha256:" + "a" * 64))
+        pulled=run_record.Pulled(None, "sha256:" + "a" * 64))
     built = record.as_json()
     _check("report", built)
     assert built["external"] == {"vllm-flash-attn": {"commit": "f" * 40, "repository": "/repo"}}

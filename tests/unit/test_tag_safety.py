@@ -24,8 +24,8 @@ from sm121_build.jobs.commands.main_job import run_build
 from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.commands.pruning import prune
 from sm121_build.jobs.formats.artifacts import load
+from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Pipeline
-from sm121_build.verify import run_report
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
@@ -45,19 +45,19 @@ def _engine(tmp_path: Path, matrix: dict[str, Path], commit: str) -> FakeEngine:
 
 
 def _run(engine: FakeEngine, source: Path, tag: str = TAG, force: bool = True,
-         replace_tag: bool = False, out: Path | None = None) -> run_report.RunRecord:
+         replace_tag: bool = False, out: Path | None = None) -> run_record.RunRecord:
     opts = Options(base=BASE, tag=tag, arch=ARCHS_121, extra_ext=(), jobs=2,
                    source=source,
                    repo="/nonexistent", out=out, force=force, no_patch=True,
                    replace_tag=replace_tag)
-    record = run_report.new_record("build", BASE, tag, ARCHS_121)
-    with run_report.recorded(record, None, None):
+    record = run_record.new_record("build", BASE, tag, ARCHS_121)
+    with run_record.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     return record
 
 
 def _two_builds(tmp_path: Path, matrix: dict[str, Path], checkout: tuple[Path, str]
-                ) -> tuple[FakeEngine, run_report.RunRecord, run_report.RunRecord]:
+                ) -> tuple[FakeEngine, run_record.RunRecord, run_record.RunRecord]:
     """An older build (tagged `…:old`) and a newer one of another compile (`TAG`)."""
     engine = _engine(tmp_path, matrix, checkout[1])
     old = _run(engine, checkout[0], tag="vllm/vllm-openai:old")
@@ -193,7 +193,7 @@ def test_prune_removes_what_inject_made(tmp_path: Path, matrix: dict[str, Path],
                                         checkout: tuple[Path, str]) -> None:
     engine = _engine(tmp_path, matrix, checkout[1])
     _run(engine, checkout[0], out=tmp_path / "out")
-    record = run_report.new_record("inject", BASE, "x:injected", None)
+    record = run_record.new_record("inject", BASE, "x:injected", None)
     run_inject(Pipeline(engine, record), load(tmp_path / "out"), BASE, Destination("x:injected"))
     engine.compiled = {n: matrix["lz4"] for n in NAMES}
     _run(engine, checkout[0], tag="vllm/vllm-openai:newer")

@@ -27,8 +27,8 @@ from sm121_build.cuda.compat import ArchList
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep
 from sm121_build.jobs.commands.main_job import run_build
 from sm121_build.jobs.commands.main_plan import Options
+from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Pipeline
-from sm121_build.verify import run_report
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
@@ -100,12 +100,12 @@ def _engine(tmp_path: Path, files: dict[str, Path], commit: str, built: str = "b
     return engine
 
 
-def _run(engine: FakeEngine, source: Path) -> run_report.RunRecord:
+def _run(engine: FakeEngine, source: Path) -> run_record.RunRecord:
     opts = Options(base=BASE, tag=TAG, arch=ARCHS_121, extra_ext=(), jobs=2,
                    source=source,
                    repo="/nonexistent", out=None, force=True, no_patch=True)
-    record = run_report.new_record("build", BASE, TAG, ARCHS_121)
-    with run_report.recorded(record, None, None):
+    record = run_record.new_record("build", BASE, TAG, ARCHS_121)
+    with run_record.recorded(record, None, None):
         run_build(Pipeline(engine, record), opts)
     return record
 

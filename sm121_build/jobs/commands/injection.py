@@ -22,7 +22,7 @@ from sm121_build.jobs.formats.render import (
     render_inject,
 )
 from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline
-from sm121_build.verify.run_report import RunStatus
+from sm121_build.jobs.framework.run_record import RunStatus
 
 
 def require_known_paths(files: tuple[str, ...], extensions: tuple[str, ...], folder: Path,

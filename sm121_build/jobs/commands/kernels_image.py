@@ -58,8 +58,8 @@ from sm121_build.jobs.commands.proof_reading import (
 )
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.formats.render import render_kernels
+from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import TagRule, require_tags_free
-from sm121_build.verify import run_report
 
 if TYPE_CHECKING:
     from sm121_build.jobs.framework.pipeline import Pipeline
@@ -370,7 +370,7 @@ def fetch_step(pipeline: Pipeline, ref: str, dest: Path) -> Fetched:
         note(live.last)
     key = reuse_key(got.artifacts.manifest)
     note(f"{ref} is {got.digest} (reuse key {key})")
-    pipeline.record.kernels_looked_up(run_report.KernelsFrom(ref, "hit", got.digest, key))
+    pipeline.record.kernels_looked_up(run_record.KernelsFrom(ref, "hit", got.digest, key))
     return got
 
 
@@ -407,21 +407,21 @@ def look_up(pipeline: Pipeline, repo: str, wanted: Wanted,
             got = fetch_step(pipeline, ref, dest)
         except KernelsNotFound:
             note(f"no kernels image {ref}: a miss")
-            record.kernels_looked_up(run_report.KernelsFrom(ref, "miss", why="not in the registry"))
+            record.kernels_looked_up(run_record.KernelsFrom(ref, "miss", why="not in the registry"))
             return None
         except RegistryError as exc:
             note(f"{exc}: no kernels from {repo}")
-            record.kernels_looked_up(run_report.KernelsFrom(ref, "unreachable", why=str(exc)))
+            record.kernels_looked_up(run_record.KernelsFrom(ref, "unreachable", why=str(exc)))
             return None
         except cosign.Untrusted as exc:
             note(f"{exc}: not used")
-            record.kernels_looked_up(run_report.KernelsFrom(ref, "refused", why=str(exc)))
+            record.kernels_looked_up(run_record.KernelsFrom(ref, "refused", why=str(exc)))
             return None
         why = refusal(got.artifacts.provenance, vllm, base, facts.platform) \
             or gpu_refusal(got.artifacts.provenance, wanted.gpu)
         if why:
             note(f"{ref} {why.what}: not used")
-            record.kernels_looked_up(run_report.KernelsFrom(ref, "refused", got.digest,
+            record.kernels_looked_up(run_record.KernelsFrom(ref, "refused", got.digest,
                                                             reuse_key(got.artifacts.manifest),
                                                             why.what))
             return None

@@ -54,6 +54,7 @@ from sm121_build.jobs.formats.render import (
     render_inject,
     template_digest,
 )
+from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline
 from sm121_build.jobs.payload import PAYLOAD
 from sm121_build.source.external import projects_for, read_pin
@@ -65,7 +66,6 @@ from sm121_build.source.guard_rules import (
     apply_for_build,
     rules_digest,
 )
-from sm121_build.verify import run_report
 
 
 def content_key(facts: ImageFacts, provenance: tuple[str, ...], plan: Placement,
@@ -90,7 +90,7 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         if actions is None:  # nothing gains (said and recorded)
             return opts.tag
         if opts.plan_only:
-            pipeline.record.ended(run_report.RunStatus.PLANNED)
+            pipeline.record.ended(run_record.RunStatus.PLANNED)
             result(f"plan: {actions.line(opts.arch)}; nothing built (--plan)")
             return opts.tag
         return carry_out(job, actions, context)
@@ -161,8 +161,8 @@ def aot_plan(job: Job, files: tuple[str, ...], commit: str, patches: str) -> Pla
 def _tagged(job: Job, delivery: Delivery, log: Path) -> str:
     """The end of a run whose image was built and tagged (a source build, or the aot'd
     files injected): the record ended as built and kept, the one `tagged` line; its tag."""
-    job.pipeline.record.ended(run_report.RunStatus.BUILT)
-    run_report.remember(job.pipeline.record)
+    job.pipeline.record.ended(run_record.RunStatus.BUILT)
+    run_record.remember(job.pipeline.record)
     result(f"tagged {', '.join(delivery.tags)}  (log: {log})")
     return job.opts.tag
 
@@ -199,7 +199,7 @@ def external_sources(job: Job, context: Path,
             got = copy_into(declared, opts.fa_source, context / project.name,
                             opts.allow_other_commit)
             external.append((project.env, project.name))
-            pipeline.record.external_copied(project.name, run_report.ExternalSource(
+            pipeline.record.external_copied(project.name, run_record.ExternalSource(
                 got.commit, declared.repository, got.changes, got.other_commit))
             provenance += (f"{project.name}@{got.commit}+{got.changes}",)
             if got.other_commit:
@@ -246,8 +246,8 @@ def up_to_date(job: Job, plan: Placement,
     as after a build); nothing compiles."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     record = pipeline.record
-    record.keep_audit_of(run_report.recall(delivery.content_key) or {})
-    record.ended(run_report.RunStatus.UP_TO_DATE)
+    record.keep_audit_of(run_record.recall(delivery.content_key) or {})
+    record.ended(run_record.RunStatus.UP_TO_DATE)
     if opts.out:
         with pipeline.steps.step("verify"):
             pipeline.verify_and_export(image.facts, existing,

@@ -28,6 +28,7 @@ from sm121_build.jobs.commands.aot_step import (
     aot_toolchain,
 )
 from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.framework.run_record import RunDecision
 from sm121_build.jobs.framework.run_warnings import ptx_warning
 from sm121_build.rebuild.decide import (
     ExtensionPlan,
@@ -50,7 +51,6 @@ from sm121_build.source.guard_rules import (
     rules_digest,
 )
 from sm121_build.source.tree import require_contained
-from sm121_build.verify.run_report import RunDecision
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from sm121_build.jobs.commands.main_job import run_build
 from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.formats.artifacts import Artifacts
 from sm121_build.jobs.framework.pipeline import Keys, Pipeline
+from sm121_build.jobs.framework.run_record import PUBLISHABLE
 from sm121_build.jobs.framework.session import Reporting, Serving, run_session
-from sm121_build.verify.run_report import PUBLISHABLE
 
 
 @dataclass(frozen=True)

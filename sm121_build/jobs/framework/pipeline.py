@@ -29,8 +29,8 @@ from sm121_build.image.api import ImageEngine
 from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.image.facts import ImageFacts, VllmInstall, inspect_image, require_vllm
 from sm121_build.jobs.formats import artifacts as artifacts_mod
+from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.run_warnings import age_warning
-from sm121_build.verify import run_report
 from sm121_build.verify.checks import (
     Candidate,
     Origin,
@@ -93,11 +93,11 @@ class Pipeline:
     nothing, such as `pin`), the GPU it serves (`--gpu`: audits and verification) and its
     keys, all given when it is made and never changed after."""
 
-    def __init__(self, engine: ImageEngine, record: run_report.RunRecord | None = None,
+    def __init__(self, engine: ImageEngine, record: run_record.RunRecord | None = None,
                  steps: Steps | None = None, gpu: Policy = DEFAULT_POLICY,
                  keys: Keys = Keys()) -> None:
         self.engine = engine
-        self.record = record if record is not None else run_report.RunRecord("", "", "", None)
+        self.record = record if record is not None else run_record.RunRecord("", "", "", None)
         self.steps = steps or Steps()
         self._gpu = gpu
         self._keys = keys
@@ -119,7 +119,7 @@ class Pipeline:
         return self._keys.trust
 
     @classmethod
-    def connect(cls, record: run_report.RunRecord | None = None,
+    def connect(cls, record: run_record.RunRecord | None = None,
                 steps: Steps | None = None, gpu: Policy = DEFAULT_POLICY,
                 keys: Keys = Keys()) -> Pipeline:
         """A pipeline on the local Docker engine (the SDK is imported only here)."""
@@ -162,7 +162,7 @@ class Pipeline:
             end_status_line()
             if live.last.startswith("pulled "):
                 note(live.last)
-            self.record.base_pulled(run_report.Pulled(before, after))
+            self.record.base_pulled(run_record.Pulled(before, after))
             short = after.split(":")[-1][:12]
             if before is None:
                 line = f"new image {short}"

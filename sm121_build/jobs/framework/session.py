@@ -13,7 +13,7 @@ from sm121_build.core.interrupts import temp_dir
 from sm121_build.cuda.binary import DEFAULT_POLICY, Policy
 from sm121_build.cuda.compat import ArchList
 from sm121_build.jobs.framework.pipeline import Keys, Pipeline
-from sm121_build.verify.run_report import new_record, recorded
+from sm121_build.jobs.framework.run_record import new_record, recorded
 
 
 @dataclass(frozen=True)

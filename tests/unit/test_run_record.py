@@ -12,19 +12,19 @@ from devkit import summary_worlds
 from sm121_build.core.console import md
 from sm121_build.core.errors import VerificationError
 from sm121_build.cuda.compat import ArchList
-from sm121_build.verify import run_report
+from sm121_build.jobs.framework import run_record
 
 
-def _record(**extra: Any) -> run_report.RunRecord:
-    record = run_report.new_record("build", "vllm/vllm-openai:nightly",
+def _record(**extra: Any) -> run_record.RunRecord:
+    record = run_record.new_record("build", "vllm/vllm-openai:nightly",
                                    "vllm/vllm-openai:nightly-sm121", ArchList.parse("12.1"))
     return replace(record, **extra)
 
 
 def test_built_run_has_the_before_after_table() -> None:
-    entry = run_report.ExtensionCounts({"sm_90": 2}, {}, {"native": 0, "jit": 0, "none": 9})
-    after = run_report.ExtensionCounts({"sm_121": 3}, {}, {"native": 9, "jit": 0, "none": 0})
-    text = run_report.markdown(_record(status="built", vllm_version="0.19.1",
+    entry = run_record.ExtensionCounts({"sm_90": 2}, {}, {"native": 0, "jit": 0, "none": 9})
+    after = run_record.ExtensionCounts({"sm_121": 3}, {}, {"native": 9, "jit": 0, "none": 0})
+    text = run_record.markdown(_record(status="built", vllm_version="0.19.1",
                                        before={"_C.abi3.so": entry},
                                        after={"_C.abi3.so": after, "_moe_C.abi3.so": after},
                                        fp4_excluded={"_C.abi3.so": 4}))
@@ -37,7 +37,7 @@ def test_built_run_has_the_before_after_table() -> None:
 
 
 def test_skipped_run_without_a_kept_audit_says_so() -> None:
-    text = run_report.markdown(_record(status="up-to-date"))
+    text = run_record.markdown(_record(status="up-to-date"))
     assert "**up to date \\(build skipped\\)**" in text
     assert "No audit kept for the existing image" in text
     assert "|" not in text
@@ -46,7 +46,7 @@ def test_skipped_run_without_a_kept_audit_says_so() -> None:
 def test_failure_is_recorded_and_reraised(tmp_path: Path) -> None:
     report, summary = tmp_path / "r.json", tmp_path / "s.md"
     summary.write_text("earlier step\n")
-    with pytest.raises(VerificationError), run_report.recorded(_record(), report, summary):
+    with pytest.raises(VerificationError), run_record.recorded(_record(), report, summary):
         raise VerificationError("verification failed: x; not tagged")
     assert '"error": "verification failed: x; not tagged"' in report.read_text()
     assert summary.read_text().startswith("earlier step\n## sm121-build:")  # appended
@@ -67,7 +67,7 @@ def test_the_main_jobs_summary_passes_every_value_through_the_escaper(outcome: s
     whole-run fuzzer checks on generated records too)."""
     values = {field: f"{field}{HOSTILE}" for field in summary_worlds.FIELDS}
     assert summary_worlds.broken_run_summary(values, outcome) == []
-    text = run_report.markdown(summary_worlds.hostile_record(values.__getitem__, outcome))
+    text = run_record.markdown(summary_worlds.hostile_record(values.__getitem__, outcome))
     assert text.splitlines()[0].startswith("## sm121-build: base")
     for field in summary_worlds.SHOWN:  # each value arrived whole (escaped), none dropped
         assert md(values[field]) in text, field
