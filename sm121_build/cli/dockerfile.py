@@ -11,8 +11,8 @@ from sm121_build.core.console import notice, say
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import Policy
 from sm121_build.cuda.compat import DEFAULT_GPU, ArchList
+from sm121_build.image.build_tools import require_buildable
 from sm121_build.image.refs import IMAGE_ID
-from sm121_build.image.toolchain import require_buildable
 from sm121_build.jobs.formats.render import PlanRequest, plan_for, render_build
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.git_pin import version_to_ref

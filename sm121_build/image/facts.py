@@ -31,7 +31,7 @@ from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.paths import cache_dir, state_dir, store_bytes, store_cache
 from sm121_build.core.vllm import read_version_file
 from sm121_build.image.api import ImageEngine, ImageFiles, ImageInfo
-from sm121_build.image.toolchain import BuildTools, find_build_tools
+from sm121_build.image.build_tools import BuildTools, find_build_tools
 
 _PYTHON = re.compile(r"/python(\d+\.\d+)/")
 _PYTHON_NAME = re.compile(r"(?:^|/)python(\d+\.\d+)$")
@@ -63,7 +63,7 @@ class VllmInstall:
     nvrtc_needs_link: bool
     torch_version: str | None
     cuda_version: str | None = None  # the toolkit of `cuda_home`, e.g. "13.0" (from cuda.h)
-    tools: BuildTools | None = None  # what the builder stage finds (toolchain.py)
+    tools: BuildTools | None = None  # what the builder stage finds (build_tools.py)
 
     @property
     def package_dir(self) -> str:

@@ -28,8 +28,8 @@ from sm121_build.core.paths import cache_dir, state_dir
 from sm121_build.cuda.compat import DEFAULT_DRIVER_CUDA, DEFAULT_GPU, is_default_gpu
 from sm121_build.cuda.nvidia_smi import output, read
 from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, ptxas_folders, toolchains
+from sm121_build.image.build_tools import host_tools as packaged
 from sm121_build.image.refs import registry_of
-from sm121_build.image.toolchain import host_tools as packaged
 
 Status = Literal["OK", "WARN", "FAIL"]
 RANK: dict[Status, int] = {"OK": 0, "WARN": 1, "FAIL": 2}  # also the exit code of the worst

@@ -20,12 +20,12 @@ from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.compat import DEFAULT_TARGET
 from sm121_build.cuda.ptxas import Toolchain
-from sm121_build.image.facts import ImageFacts
-from sm121_build.image.refs import versioned_tag
-from sm121_build.image.toolchain import (
+from sm121_build.image.build_tools import (
     host_tools,
     place_host_tools,
 )
+from sm121_build.image.facts import ImageFacts
+from sm121_build.image.refs import versioned_tag
 from sm121_build.jobs.commands.aot_step import (
     AotJob,
     aot_key,

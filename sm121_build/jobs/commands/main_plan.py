@@ -17,11 +17,11 @@ from sm121_build.core.vllm import DEFAULT_EXTENSIONS, extension_target, projects
 from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, Policy, unreachable_words
 from sm121_build.cuda.compat import DEFAULT_CUDA, DEFAULT_GPU, ArchList
 from sm121_build.cuda.ptxas import Toolchain
-from sm121_build.image.facts import ImageFacts, VllmInstall
-from sm121_build.image.toolchain import (
+from sm121_build.image.build_tools import (
     require_buildable,
     require_python_headers,
 )
+from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.jobs.commands.aot_step import (
     AotAction,
     aot_actions,

@@ -18,8 +18,8 @@ from sm121_build.core.labels import FIELD_LABELS, LABEL_PREFIX
 from sm121_build.core.shipped import shipped_dir
 from sm121_build.core.vllm import DEFAULT_EXTENSIONS, MIN_CMAKE, extension_target, project_of_target
 from sm121_build.cuda.compat import DEFAULT_GPU, ArchList
+from sm121_build.image.build_tools import TOOLS_PREFIX, how_to_bring
 from sm121_build.image.facts import ImageFacts, plain_path, require_vllm
-from sm121_build.image.toolchain import TOOLS_PREFIX, how_to_bring
 from sm121_build.source.external import source_targets, stand_in_envs
 from sm121_build.source.guard_rules import rules_digest
 

@@ -13,7 +13,7 @@ import pytest
 
 from devkit.dirfiles import DirectoryFiles, make_tree
 from sm121_build.core.errors import Sm121Error
-from sm121_build.image.toolchain import BuildTools, find_build_tools, require_buildable, runs_here
+from sm121_build.image.build_tools import BuildTools, find_build_tools, require_buildable, runs_here
 from sm121_build.jobs.payload.build_extensions import _explain_failure
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
@@ -130,7 +130,7 @@ def test_python_headers_of_the_vllm_interpreter(tmp_path: Path, where: str | Non
 
 
 def test_a_source_that_needs_python_h_is_refused_on_an_image_without_it(tmp_path: Path) -> None:
-    from sm121_build.image.toolchain import require_python_headers
+    from sm121_build.image.build_tools import require_python_headers
 
     tools = _tools(tmp_path / "image", {})
     source = tmp_path / "src"
