@@ -10,7 +10,6 @@ import posixpath
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sm121_build.core.console import result
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
 from sm121_build.jobs.commands.kernels_image import gpu_refusal, refusal
@@ -21,7 +20,7 @@ from sm121_build.jobs.formats.render import (
     provenance_labels,
     render_inject,
 )
-from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline
+from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline, say_tagged
 from sm121_build.jobs.framework.run_record import RunStatus
 
 
@@ -87,13 +86,14 @@ def run_inject(pipeline: Pipeline, found: artifacts_mod.Artifacts, base: str,
         dockerfile = context / "Dockerfile"
         dockerfile.write_text(render_inject(placement))
         log = pipeline.new_log(f"inject-{facts.id.split(':')[-1][:12]}")
+        delivery = Delivery(tag, out, replace(built, base=facts.ref,
+                                              base_digest=facts.digest_ref,
+                                              platform=facts.platform, gpu=built.served),
+                            replace_tag=replace_tag,
+                            origins=tuple((name, "placed") for name in extensions))
         pipeline.build_verify_tag(
             ImageBuild(facts, context, dockerfile, extensions, log,
-                       f"inject {', '.join(extensions)}"),
-            Delivery(tag, out, replace(built, base=facts.ref, base_digest=facts.digest_ref,
-                                     platform=facts.platform, gpu=built.served),
-                   replace_tag=replace_tag,
-                   origins=tuple((name, "placed") for name in extensions)))
+                       f"inject {', '.join(extensions)}"), delivery)
     record.ended(RunStatus.INJECTED)
-    result(f"tagged {tag}  (log: {log})")
+    say_tagged(delivery, log)
     return tag

@@ -55,7 +55,7 @@ from sm121_build.jobs.formats.render import (
     template_digest,
 )
 from sm121_build.jobs.framework import run_record
-from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline
+from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline, say_tagged
 from sm121_build.jobs.payload import PAYLOAD
 from sm121_build.source.external import projects_for, read_pin
 from sm121_build.source.git_pin import (
@@ -163,7 +163,7 @@ def _tagged(job: Job, delivery: Delivery, log: Path) -> str:
     files injected): the record ended as built and kept, the one `tagged` line; its tag."""
     job.pipeline.record.ended(run_record.RunStatus.BUILT)
     run_record.remember(job.pipeline.record)
-    result(f"tagged {', '.join(delivery.tags)}  (log: {log})")
+    say_tagged(delivery, log)
     return job.opts.tag
 
 

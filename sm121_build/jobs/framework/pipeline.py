@@ -18,7 +18,15 @@ from pathlib import Path
 
 from sm121_build.audit.unpack import binaries
 from sm121_build.core.compile_progress import shipped_histories
-from sm121_build.core.console import BuildStatus, LiveLine, Progress, Steps, end_status_line, note
+from sm121_build.core.console import (
+    BuildStatus,
+    LiveLine,
+    Progress,
+    Steps,
+    end_status_line,
+    note,
+    result,
+)
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import held, temp_dir
 from sm121_build.core.labels import CONTENT_KEY_LABEL
@@ -71,6 +79,11 @@ class Delivery:
     @property
     def tags(self) -> list[str]:
         return list(dict.fromkeys((self.tag, *self.also)))
+
+
+def say_tagged(delivery: Delivery, log: Path) -> None:
+    """The one line a run that tagged its verified image ends with (build, aot, inject)."""
+    result(f"tagged {', '.join(delivery.tags)}  (log: {log})")
 
 
 def manifest_counts(verified: Verified) -> dict[str, tuple[dict[str, int], int]]:
