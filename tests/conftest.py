@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from devkit.helpers import DATA, compile_cached, gencode, link_cached
 from sm121_build.source.cmake_run import HostCMake, evaluating_with
@@ -56,19 +57,21 @@ def _engine_file(path: str) -> bool:
     return file.suffix == ".py" and "pytest.mark.docker" in file.read_text()
 
 
+class EngineApart(LoadScopeScheduling):  # type: ignore[misc]
+    """pytest-xdist's scheduling by scope, the scope of a test being ENGINE when its file
+    marks a test `docker`, else the test itself: the engine's tests one unit, run in order
+    on one worker and dealt first (the largest unit: xdist deals them by size), every other
+    test a unit of its own, spread over the workers."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return ENGINE if _engine_file(nodeid.split("::", 1)[0]) else nodeid
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (`-n auto`, pyproject's addopts): the tests of every file that marks
-    a test `docker` are one unit of work, run in order on one worker (the engine's tests
-    count what the engine holds, and share the session's images, each built once); every
-    other test is a unit of its own, spread over the workers.  The engine's unit, the
-    largest, is dealt first.  (xdist's `--dist loadgroup` groups by a node ID suffix that
+    """Under pytest-xdist (`-n auto`, pyproject's addopts) the suite is scheduled by
+    EngineApart: the engine's tests count what the engine holds and share the session's
+    images, each built once.  (xdist's `--dist loadgroup` groups by a node ID suffix that
     pytest 9 no longer keeps.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class EngineApart(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return ENGINE if _engine_file(nodeid.split("::", 1)[0]) else nodeid
-
     return EngineApart(config, log)
 
 
