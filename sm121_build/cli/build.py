@@ -41,6 +41,7 @@ from sm121_build.image.refs import (
 from sm121_build.jobs.commands.kernels_image import require_repository
 from sm121_build.jobs.commands.main_plan import Options, source_build_refused
 from sm121_build.jobs.commands.run import Kernels, RunRequest, run_main
+from sm121_build.jobs.framework.pipeline import Keys
 from sm121_build.jobs.framework.session import Reporting
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.git_pin import UPSTREAM, require_vllm_tree
@@ -169,5 +170,5 @@ def build(  # noqa: PLR0913 (a click command: a parameter per option)
                       allow_other_commit=allow_other_commit, fa_source=fa_source,
                       only=tuple(o for o in only if o != "auto"), plan_only=plan_only,
                       replace_tag=replace_tag, from_source=from_source, gpu=gpu)
-    run_main(RunRequest(options, Kernels(kernels_from, kernels_to, no_build, signing, trusted),
-                        Reporting(report, summary_md, as_json)))
+    kernels = Kernels(kernels_from, kernels_to, no_build, Keys(signing, trusted))
+    run_main(RunRequest(options, kernels, Reporting(report, summary_md, as_json)))

@@ -21,7 +21,6 @@ from typing import ClassVar, Protocol
 
 from sm121_build.core.console import note
 from sm121_build.core.errors import Sm121Error
-from sm121_build.image.cosign import SigningKey, TrustKey
 from sm121_build.jobs.commands.injection import Destination, run_inject
 from sm121_build.jobs.commands.kernels_image import Wanted, look_up, publish_step
 from sm121_build.jobs.commands.main_job import run_build
@@ -35,14 +34,13 @@ from sm121_build.jobs.framework.session import Reporting, Serving, run_session
 @dataclass(frozen=True)
 class Kernels:
     """Kernels images around the run: where to look first, where to publish after, whether
-    a miss fails the run, the key that signs what is published and the key a hit must be
-    signed by."""
+    a miss fails the run, and the keys (the one that signs what is published, the one a hit
+    must be signed by), which the run's pipeline is given."""
 
     from_repo: str | None = None
     to_repo: str | None = None
     no_build: bool = False
-    sign_key: SigningKey | None = None
-    trust_key: TrustKey | None = None
+    keys: Keys = field(default_factory=Keys)
 
 
 @dataclass(frozen=True)
@@ -170,7 +168,7 @@ ACTIONS: tuple[Action, ...] = (LookUp(), InjectHit(), Build(), Publish())
 def run_main(request: RunRequest) -> RunResult:
     """The main job, whole: the session, then every action that applies, in order."""
     opts, kernels = request.options, request.kernels
-    serving = Serving(opts.arch, opts.gpu, Keys(kernels.sign_key, kernels.trust_key))
+    serving = Serving(opts.arch, opts.gpu, kernels.keys)
     with run_session("build", opts.base, opts.tag, serving, request.reporting) as (pipeline, tmp):
         # --kernels-to without --out exports to a temporary folder the record does not name
         export = opts.out or (tmp / "kernels-to" if kernels.to_repo else None)
