@@ -8,7 +8,7 @@ Run: python benchmarks/aot_schedule.py PTX_DIR MANIFEST.json [--select x86_64:_C
 PTX_DIR holds `<sha256 of the PTX>.ptx`; MANIFEST.json is a list of modules (`ptx_sha256`,
 `stored_sha256`, `arch`, `options`, `platform`, `file`, `container`), as
 `benchmarks/aot_costs_extract.py` writes them from a wheel.  Each mode runs the modules
-through aot's own loop (`jobs/commands/aot_compile.compile_all`: the schedule of
+through aot's own loop (`jobs/aot_work/aot_compile.compile_all`: the schedule of
 `cuda/ptxas_schedule`, ptxas per module with each process's CPU time and peak RSS from
 `wait4`), with the costs aot would estimate for them (`cuda/ptxas_cost`).
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.ptxas import Compile, checked_options, find_toolchain, run_ptxas  # noqa: E402
 from sm121_build.cuda.ptxas_cost import cost_table, ptx_kind  # noqa: E402
-from sm121_build.jobs.commands.aot_compile import Compiled, Plan, compile_all  # noqa: E402
+from sm121_build.jobs.aot_work.aot_compile import Compiled, Plan, compile_all  # noqa: E402
 
 
 class Sampler:

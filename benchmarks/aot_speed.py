@@ -41,7 +41,7 @@ from aot_schedule import Sampler  # noqa: E402
 from sm121_build.cuda.compat import parse_target  # noqa: E402
 from sm121_build.cuda.ptxas import find_toolchain  # noqa: E402
 from sm121_build.cuda.ptxas_cost import cost_table  # noqa: E402
-from sm121_build.jobs.commands.aot_files import AotRequest, AotResult, run_aot  # noqa: E402
+from sm121_build.jobs.aot_work.aot_files import AotRequest, AotResult, run_aot  # noqa: E402
 
 
 def run_mode(files: list[Path], cores: int, split: bool, target: str) -> tuple[AotResult, int]:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.binary import audit_binary, gpu_policy  # noqa: E402
 from sm121_build.cuda.ptxas import find_toolchain  # noqa: E402
-from sm121_build.jobs.commands.aot_files import AotRequest, run_aot  # noqa: E402
+from sm121_build.jobs.aot_work.aot_files import AotRequest, run_aot  # noqa: E402
 
 MEMBERS = ("vllm/_C_stable_libtorch.abi3.so", "vllm/_moe_C_stable_libtorch.abi3.so",
            "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so")

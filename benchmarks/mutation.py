@@ -3,7 +3,7 @@
     pip install -e '.[test,mutation]'
     python benchmarks/mutation.py                      # every core module (tens of minutes)
     python benchmarks/mutation.py sm121_build/cuda/compat.py --tests tests/unit/test_compat.py
-    python benchmarks/mutation.py sm121_build/jobs/commands/main_job.py --only content_key \
+    python benchmarks/mutation.py sm121_build/jobs/main_run/main_job.py --only content_key \
         --tests tests/unit/test_content_key.py
 
 Each module is mutated in a scratch copy of the repository (nothing here is touched); the
@@ -59,9 +59,9 @@ SUITES: dict[str, list[str]] = {
                                       f"{U}test_audit_tus.py", f"{U}test_cli_audit.py"],
     "sm121_build/verify/checks.py": [f"{U}test_verify_checks.py", f"{U}test_pipeline.py",
                                      f"{U}test_verify_promises.py"],
-    "sm121_build/jobs/commands/pruning.py": [f"{U}test_tag_safety.py"],
+    "sm121_build/jobs/upkeep/pruning.py": [f"{U}test_tag_safety.py"],
     "sm121_build/image/refs.py": [f"{U}test_refs.py"],
-    "sm121_build/jobs/commands/main_job.py": [f"{U}test_content_key.py"],  # with --only content_key
+    "sm121_build/jobs/main_run/main_job.py": [f"{U}test_content_key.py"],  # with --only content_key
     "sm121_build/source/guard_rules.py": [f"{U}test_patch.py", f"{U}test_guard_rules.py",
                                     f"{U}test_flash_attn_rule.py"],
     "sm121_build/source/guards.py": [f"{U}test_guards.py", f"{U}test_guard_rules.py",

@@ -57,11 +57,11 @@ ENGINE_LIMIT = Reached("image.api:ImageEngine.build", "the engine's calls")
 REGISTRY_LIMIT = Reached("image.registry_http:HttpDoor.call")
 TAGS = Reached("jobs.framework.pipeline:require_tags_free")
 HOST = Reached("verify.checks:check_host_code")
-PLACED = Reached("jobs.commands.injection:require_known_paths")
+PLACED = Reached("jobs.kernel_images.injection:require_known_paths")
 COMPILED = NotApplicable("compiled in this run from the base's own files: nothing to trust")
 
 ROUTES: tuple[Route, ...] = (
-    Route("build (main job)", ("jobs.commands.main_job:run_build",), {
+    Route("build (main job)", ("jobs.main_run.main_job:run_build",), {
         Safeguard.PLACEMENT: NotApplicable("places only the base's own extension files, chosen "
                                         "from the base (main_plan.choose_to_build)"),
         Safeguard.HOST_CODE: HOST,
@@ -69,11 +69,11 @@ ROUTES: tuple[Route, ...] = (
         Safeguard.TAG_RULE: TAGS,
         Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
-    Route("aot FILE", ("jobs.commands.aot_files:run_aot",), {
+    Route("aot FILE", ("jobs.aot_work.aot_files:run_aot",), {
         Safeguard.PLACEMENT: NotApplicable("places nothing in an image: each result at its own "
                                         "claimed path under --out (core.outputs.Results)"),
         Safeguard.HOST_CODE: Reached("verify.aot_check:check_aot"),
-        Safeguard.TRUST_KEY: Reached("jobs.commands.aot_files:_cached_entry"),
+        Safeguard.TRUST_KEY: Reached("jobs.aot_work.aot_files:_cached_entry"),
         Safeguard.TAG_RULE: NotApplicable("tags nothing"),
         Safeguard.TIME_LIMITS: Reached("cuda.ptxas:compile_ptx"),
     }),
@@ -91,8 +91,8 @@ ROUTES: tuple[Route, ...] = (
         Safeguard.TAG_RULE: TAGS,
         Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
-    Route("inject --from", ("jobs.commands.kernels_image:fetch_step",
-                            "jobs.commands.injection:run_inject"), {
+    Route("inject --from", ("jobs.kernel_images.kernels_image:fetch_step",
+                            "jobs.kernel_images.injection:run_inject"), {
         Safeguard.PLACEMENT: PLACED,
         Safeguard.HOST_CODE: HOST,
         Safeguard.TRUST_KEY: Reached("image.cosign:require_signed"),
@@ -100,7 +100,7 @@ ROUTES: tuple[Route, ...] = (
         Safeguard.TIME_LIMITS: REGISTRY_LIMIT,
     }),
     Route("--kernels-from (a hit, and with --no-build)",
-          ("jobs.commands.run:LookUp.__call__", "jobs.commands.run:InjectHit.__call__"), {
+          ("jobs.main_run.run:LookUp.__call__", "jobs.main_run.run:InjectHit.__call__"), {
               Safeguard.PLACEMENT: PLACED,
               Safeguard.HOST_CODE: HOST,
               Safeguard.TRUST_KEY: Reached("image.cosign:require_signed"),
@@ -115,7 +115,7 @@ ROUTES: tuple[Route, ...] = (
         Safeguard.TAG_RULE: TAGS,
         Safeguard.TIME_LIMITS: ENGINE_LIMIT,
     }),
-    Route("--kernels-to", ("jobs.commands.run:Publish.__call__",), {
+    Route("--kernels-to", ("jobs.main_run.run:Publish.__call__",), {
         Safeguard.PLACEMENT: Reached("jobs.formats.artifacts:load"),
         Safeguard.HOST_CODE: NotApplicable("the files were verified in this run, before it "
                                         "publishes (Publish runs after Build)"),

@@ -95,7 +95,7 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     (the main job's aot actions, with no source).
     """
     from sm121_build.image.refs import looks_like_image_ref, names_a_file
-    from sm121_build.jobs.commands.aot_files import AotRequest, run_aot, say_results
+    from sm121_build.jobs.aot_work.aot_files import AotRequest, run_aot, say_results
 
     if len(paths) == 1 and not os.path.lexists(paths[0]) and not names_a_file(paths[0]) \
             and looks_like_image_ref(paths[0]):  # (a mistyped path: said not to exist below)
@@ -139,8 +139,8 @@ def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],
         validate_image_ref,
         validate_tag,
     )
-    from sm121_build.jobs.commands.main_plan import Options
-    from sm121_build.jobs.commands.run import RunRequest, run_main
+    from sm121_build.jobs.main_run.main_plan import Options
+    from sm121_build.jobs.main_run.run import RunRequest, run_main
 
     validate_image_ref(base)
     tag, replace_tag = tagging

@@ -38,11 +38,11 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.jobs.commands.kernels_image import require_repository
-from sm121_build.jobs.commands.main_plan import Options, source_build_refused
-from sm121_build.jobs.commands.run import Kernels, RunRequest, run_main
 from sm121_build.jobs.framework.pipeline import Keys
 from sm121_build.jobs.framework.session import Reporting
+from sm121_build.jobs.kernel_images.kernels_image import require_repository
+from sm121_build.jobs.main_run.main_plan import Options, source_build_refused
+from sm121_build.jobs.main_run.run import Kernels, RunRequest, run_main
 from sm121_build.source.external import projects_for, require_project_tree
 from sm121_build.source.git_pin import UPSTREAM, require_vllm_tree
 

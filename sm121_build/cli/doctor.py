@@ -9,7 +9,7 @@ import click
 
 from sm121_build.core.console import results_to_stderr, say, say_json, shown
 from sm121_build.image.refs import validate_image_ref
-from sm121_build.jobs.commands.doctor_checks import RANK, Probe, docker_engine, run_checks, worst
+from sm121_build.jobs.upkeep.doctor_checks import RANK, Probe, docker_engine, run_checks, worst
 
 
 @click.command()

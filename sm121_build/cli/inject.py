@@ -18,11 +18,11 @@ from sm121_build.image.refs import (
     validate_image_ref,
     validate_tag,
 )
-from sm121_build.jobs.commands.injection import Destination, run_inject
-from sm121_build.jobs.commands.kernels_image import fetch_step, gpu_refusal
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Keys
 from sm121_build.jobs.framework.session import Reporting, Serving, run_session
+from sm121_build.jobs.kernel_images.injection import Destination, run_inject
+from sm121_build.jobs.kernel_images.kernels_image import fetch_step, gpu_refusal
 
 
 @click.command()

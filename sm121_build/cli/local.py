@@ -10,7 +10,7 @@ import click
 from sm121_build.cli.params import InputPath, arch_option, extension_option, jobs_option
 from sm121_build.core.console import say, shown
 from sm121_build.cuda.compat import DEFAULT_ARCH, ArchList
-from sm121_build.jobs.commands.local_build import LocalBuild, run_local
+from sm121_build.jobs.main_run.local_build import LocalBuild, run_local
 from sm121_build.source.external import require_project_tree
 from sm121_build.source.git_pin import require_vllm_tree
 

@@ -7,7 +7,7 @@ import click
 from sm121_build.cli.params import Count
 from sm121_build.core.console import say, shown
 from sm121_build.image.engine import Engine
-from sm121_build.jobs.commands.pruning import prune
+from sm121_build.jobs.upkeep.pruning import prune
 
 
 @click.command(name="prune")

@@ -12,7 +12,7 @@ plain, 98 s on 4 threads, 46 s on 15 (317 and 386 CPU-s); FA2's 22.4 MB module 1
 3.6 GiB on 4 threads, 4.3 GiB on 15 for the `_C` module (0.86, 1.9, 3.4 GiB for FA2's), so
 a start must fit the memory left; a module that fits nowhere runs alone.
 
-Pure bookkeeping: no processes, no clock.  `jobs/commands/aot_compile.py` runs what it says.
+Pure bookkeeping: no processes, no clock.  `jobs/aot_work/aot_compile.py` runs what it says.
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""Jobs: the main job (its plan and its carrying out), aot, inject, the local build, kernels
-images, doctor and prune; the pipeline they run through, the rendered Dockerfiles and the
-in-container build script (a resource)."""
+"""Jobs, a folder per command family (the main run, kernels images and inject, prove, aot,
+doctor and prune) over what they share: the pipeline they run through (framework), the
+rendered Dockerfiles and artifacts (formats) and the in-container payload."""

@@ -14,7 +14,7 @@ from devkit.helpers import CACHE, pypi_download
 from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
 from sm121_build.cuda.compat import DEFAULT_TARGET, ArchList
-from sm121_build.jobs.commands.aot_step import aot_actions
+from sm121_build.jobs.aot_work.aot_step import aot_actions
 from sm121_build.rebuild.decide import aot_does_as_well, decide_inputs, plan_extensions
 from sm121_build.source.guard_rules import PatchFor, apply_for_build
 

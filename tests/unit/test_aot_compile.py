@@ -1,4 +1,4 @@
-"""aot's compile loop (`jobs/commands/aot_compile`): every module once, never more threads at
+"""aot's compile loop (`jobs/aot_work/aot_compile`): every module once, never more threads at
 work than cores, a failed module handed back as its error (the others go on), the line from
 the first second, and the pace measured here kept for the next plan (per ptxas version).
 The compile itself is a stand-in here; the real ptxas runs in tests/unit/test_aot.py."""
@@ -13,7 +13,7 @@ import pytest
 
 from sm121_build.core.errors import ToolchainError
 from sm121_build.cuda.ptxas_cost import Estimate
-from sm121_build.jobs.commands.aot_compile import (
+from sm121_build.jobs.aot_work.aot_compile import (
     Compiled,
     Plan,
     compile_all,

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from sm121_build.cli.params import arch_list
 from sm121_build.cuda.compat import KNOWN_ARCHS, ArchList
-from sm121_build.jobs.commands.kernels_image import pinned_tag
 from sm121_build.jobs.formats import artifacts
+from sm121_build.jobs.kernel_images.kernels_image import pinned_tag
 
 _ENTRY = st.builds(lambda arch, variant, ptx: f"{arch}{variant}{ptx}",
                    st.sampled_from(sorted(KNOWN_ARCHS)), st.sampled_from(["", "a", "f"]),

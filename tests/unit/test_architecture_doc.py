@@ -146,10 +146,10 @@ def test_the_checks_find_a_planted_stale_name() -> None:
     a class said to be in a module it moved out of."""
     planted = ("The run:\n```\n  target  = target_for(...)   the delivery\n```\n"
                "and a bare `RunDecisionOf` and `gone_helper(...)`; options (`Options`, "
-               "`Kernels` in `jobs/commands/run.py`).\n")
+               "`Kernels` in `jobs/main_run/run.py`).\n")
     assert stale_bare_names(planted, _defined()) == ["RunDecisionOf", "gone_helper",
                                                      "target_for"]
-    assert misplaced(planted) == ["Options is not defined in jobs/commands/run.py"]
+    assert misplaced(planted) == ["Options is not defined in jobs/main_run/run.py"]
 
 
 def test_every_name_the_document_gives_is_where_it_says() -> None:

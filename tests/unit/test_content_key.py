@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from sm121_build.image.facts import ImageFacts
-from sm121_build.jobs.commands import main_job as build
-from sm121_build.jobs.commands.main_job import content_key
 from sm121_build.jobs.formats.render import BuildPlan
+from sm121_build.jobs.main_run import main_job as build
+from sm121_build.jobs.main_run.main_job import content_key
 
 FACTS = ImageFacts("vllm/vllm-openai:nightly", "sha256:" + "a" * 64,
                    "vllm/vllm-openai@sha256:" + "f" * 64, "linux/arm64")

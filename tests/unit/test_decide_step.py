@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.commands.main_plan import BuildChoice, Options, decide_builds
+from sm121_build.jobs.main_run.main_plan import BuildChoice, Options, decide_builds
 from sm121_build.rebuild.decide import ExtensionPlan
 
 # every way out a decision could take: files and folders, sockets, programs

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devkit.helpers import ROOT, cli, cli_as_nobody
-from sm121_build.jobs.commands.doctor_checks import (
+from sm121_build.jobs.upkeep.doctor_checks import (
     GB,
     Check,
     EngineFacts,
@@ -276,7 +276,7 @@ def test_tools_are_found_where_the_set_up_put_them(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """cmake and ninja in the tool's own venv (not on PATH until it is activated), ptxas of
     `[cuda]` (PyPI's nvidia folder): found, not called missing (issue #55)."""
-    from sm121_build.jobs.commands import doctor_checks as doctor_module
+    from sm121_build.jobs.upkeep import doctor_checks as doctor_module
 
     venv, nvidia = tmp_path / "venv" / "bin", tmp_path / "nvidia" / "cu13" / "bin"
     for folder, tools in ((venv, ("python", "cmake", "ninja")), (nvidia, ("ptxas", "nvcc"))):
@@ -297,7 +297,7 @@ def test_tools_are_found_where_the_set_up_put_them(tmp_path: Path,
 def test_a_time_limit_every_command_would_refuse_is_a_fail() -> None:
     """SM121_ENGINE_TIMEOUT=nan: `prune` and `pin` refuse it before any work; doctor says so
     instead of calling the engine OK (red team, issue #54)."""
-    from sm121_build.jobs.commands.doctor_checks import limits
+    from sm121_build.jobs.upkeep.doctor_checks import limits
 
     def probe(**environ: str) -> Probe:
         return Probe(engine=lambda: EngineFacts("28", "1.47", "x86_64", "/", "unix://"),
@@ -312,7 +312,7 @@ def test_a_time_limit_every_command_would_refuse_is_a_fail() -> None:
 def test_a_docker_cli_without_buildkit_is_named_not_called_missing() -> None:
     """A docker CLI that is there but whose `build --help` fails, hangs or lacks BuildKit is
     named as such; "no docker CLI" only when there is none."""
-    from sm121_build.jobs.commands.doctor_checks import buildkit
+    from sm121_build.jobs.upkeep.doctor_checks import buildkit
 
     there = buildkit(fake_probe(buildkit_help="(classic builder only)"))[0]
     assert there.status == "WARN" and there.detail.startswith(

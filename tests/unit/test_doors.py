@@ -563,8 +563,8 @@ def test_kernels_publish_never_moves_a_users_tag(tmp_path: Path) -> None:
     from devkit.fakeengine import FakeEngine
     from sm121_build.image import ledger
     from sm121_build.image.api import ImageInfo
-    from sm121_build.jobs.commands.kernels_image import Publication, publish
     from sm121_build.jobs.formats.artifacts import load
+    from sm121_build.jobs.kernel_images.kernels_image import Publication, publish
 
     engine = FakeEngine(tmp_path / "engine")  # FAKE: the engine (no Docker in unit tests)
     (tmp_path / "root").mkdir()
@@ -582,8 +582,8 @@ def test_kernels_publish_never_moves_a_users_tag(tmp_path: Path) -> None:
     assert not engine.built
     # a kernels image this tool published may give its moving tag to the next one
     ledger.record_built(users, ["127.0.0.1:5000/k:nightly"], "", "kernels image of v0.32")
-    from sm121_build.jobs.commands.kernels_image import _a_kernels_image
     from sm121_build.jobs.framework.pipeline import TagRule, require_tags_free
+    from sm121_build.jobs.kernel_images.kernels_image import _a_kernels_image
 
     require_tags_free(engine, ["127.0.0.1:5000/k:nightly"],
                       TagRule(False, "", None, _a_kernels_image, "the tag"))

@@ -16,9 +16,9 @@ from sm121_build.core.labels import FIELD_LABELS
 from sm121_build.cuda.binary import DEFAULT_POLICY, Policy, gpu_of_arch_list
 from sm121_build.cuda.compat import ArchList, parse_target
 from sm121_build.image.refs import default_tag
-from sm121_build.jobs.commands.kernels_image import gpu_refusal, pinned_tag, reuse_key
 from sm121_build.jobs.formats import artifacts
 from sm121_build.jobs.formats.render import gpu_label
+from sm121_build.jobs.kernel_images.kernels_image import gpu_refusal, pinned_tag, reuse_key
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 

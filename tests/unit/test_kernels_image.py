@@ -12,7 +12,8 @@ import pytest
 from devkit.helpers import cli, one_line_error
 from sm121_build.core.errors import Sm121Error
 from sm121_build.image.facts import VllmInstall
-from sm121_build.jobs.commands.kernels_image import (
+from sm121_build.jobs.formats.artifacts import Manifest, Provenance
+from sm121_build.jobs.kernel_images.kernels_image import (
     cuda_flavour,
     moving_tag,
     package_root,
@@ -20,7 +21,6 @@ from sm121_build.jobs.commands.kernels_image import (
     reuse_key,
     tags_for,
 )
-from sm121_build.jobs.formats.artifacts import Manifest, Provenance
 
 MANIFEST: dict[str, Any] = {
     "format": 1, "base": "vllm/vllm-openai:nightly", "base_digest": "vllm/vllm-openai@sha256:1",
@@ -128,7 +128,7 @@ def test_publish_and_inject_from_are_refused_before_the_engine(tmp_path: Path) -
 
 
 def test_labels_use_the_built_images_names() -> None:
-    from sm121_build.jobs.commands.kernels_image import _labels
+    from sm121_build.jobs.kernel_images.kernels_image import _labels
 
     labels = _labels(Manifest.from_json(MANIFEST))
     assert labels["io.github.sm121-build.kind"] == "kernels"

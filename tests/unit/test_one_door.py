@@ -80,7 +80,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("image/layers.py", "json.load(handle)"): "a member of a tarball the door opened, bounded",
     ("image/layers.py", 'open(target, "wb")'): "writes a file to the run's temp folder",
     ("image/spill.py", 'open(dest, "wb")'): "writes a file to the run's temp folder",
-    ("jobs/commands/aot_files.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
+    ("jobs/aot_work/aot_files.py", "zipfile.ZipFile(handle)"): "a wheel the door opened",
     ("cuda/wheel.py", 'zipfile.ZipFile(out, "w")'): "the result, written by the door",
     ("cuda/wheel.py", 'copy.open(info, "w")'): "the result, written by the door",
     ("jobs/formats/artifacts.py", 'open(dest / name, "wb")'):

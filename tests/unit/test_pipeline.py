@@ -21,12 +21,12 @@ from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image.api import PIN_REPO
-from sm121_build.jobs.commands.injection import Destination, run_inject
-from sm121_build.jobs.commands.main_job import run_build
-from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.kernel_images.injection import Destination, run_inject
+from sm121_build.jobs.main_run.main_job import run_build
+from sm121_build.jobs.main_run.main_plan import Options
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 
@@ -311,7 +311,7 @@ def test_the_image_compiler_is_checked_up_front_only_when_a_build_is_certain(
         changes: dict[str, object], checked: bool) -> None:
     from dataclasses import replace
 
-    from sm121_build.jobs.commands.main_plan import builds_for_sure
+    from sm121_build.jobs.main_run.main_plan import builds_for_sure
 
     opts = replace(_options(Path("/unused")), source=None)
     assert builds_for_sure(replace(opts, **changes)) is checked  # type: ignore[arg-type]

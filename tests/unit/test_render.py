@@ -67,7 +67,7 @@ def _compare_golden(golden: Path, text: str) -> None:
 
 def test_golden_kernels_image() -> None:
     """The kernels image: FROM scratch, the root folder, the labels (quoted, sorted)."""
-    from sm121_build.jobs.commands.kernels_image import _labels
+    from sm121_build.jobs.kernel_images.kernels_image import _labels
 
     manifest = {"base_digest": "vllm/vllm-openai@sha256:" + "ab" * 32,
                 "vllm_version": "0.19.1", "vllm_commit": "v0.19.1", "arch_list": "12.1",

@@ -1,4 +1,4 @@
-"""The main job's path choice (`jobs/commands/run.ACTIONS`): which actions a run takes, in
+"""The main job's path choice (`jobs/main_run/run.ACTIONS`): which actions a run takes, in
 which order, with what it hands on.  The actions' own work (the lookup, the injection, the
 build, the push) has its own suites; here each is replaced by a recorder, and the session
 runs on the FAKE engine (devkit/fakeengine.py), so what is tested is the choice alone."""
@@ -14,11 +14,11 @@ from devkit.fakeengine import FakeEngine
 from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import DEFAULT_POLICY
 from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.commands import run as run_mod
-from sm121_build.jobs.commands.main_plan import Options
-from sm121_build.jobs.commands.run import ACTIONS, Kernels, RunRequest, run_main
 from sm121_build.jobs.framework.pipeline import Keys, Pipeline
 from sm121_build.jobs.framework.run_record import RunStatus
+from sm121_build.jobs.main_run import run as run_mod
+from sm121_build.jobs.main_run.main_plan import Options
+from sm121_build.jobs.main_run.run import ACTIONS, Kernels, RunRequest, run_main
 
 BASE, TAG = "stock:1", "stock:1-sm121"
 NO_KEYS = Keys()

@@ -98,8 +98,8 @@ def test_a_run_without_the_source_says_what_aot_leaves_non_native() -> None:
     extension with kernels aot cannot make native is kept with the reason, so the summary
     never says "nothing" stays while it does; what aot covers whole stays out."""
     from sm121_build.cuda.binary import DEFAULT_POLICY, AotAble
-    from sm121_build.jobs.commands.aot_step import AotAction
-    from sm121_build.jobs.commands.main_plan import aot_decision, native_by_aot
+    from sm121_build.jobs.aot_work.aot_step import AotAction
+    from sm121_build.jobs.main_run.main_plan import aot_decision, native_by_aot
     from sm121_build.rebuild.decide import left_by_aot
     from tests.unit.test_decide_step import nothing_outside
 

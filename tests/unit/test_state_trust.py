@@ -27,7 +27,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.paths import cache_dir, state_dir, store_bytes
 from sm121_build.image import ledger
 from sm121_build.image.api import ImageInfo
-from sm121_build.jobs.commands.pruning import prune
+from sm121_build.jobs.upkeep.pruning import prune
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 PLAIN_PTX = [*gencode("compute_80:compute_80", "compute_80:sm_80"), "--compress-mode=none"]

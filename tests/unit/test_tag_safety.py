@@ -19,13 +19,13 @@ from sm121_build.core.labels import CONTENT_KEY_LABEL
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image import ledger
 from sm121_build.image.refs import require_not_base
-from sm121_build.jobs.commands.injection import Destination, run_inject
-from sm121_build.jobs.commands.main_job import run_build
-from sm121_build.jobs.commands.main_plan import Options
-from sm121_build.jobs.commands.pruning import prune
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.kernel_images.injection import Destination, run_inject
+from sm121_build.jobs.main_run.main_job import run_build
+from sm121_build.jobs.main_run.main_plan import Options
+from sm121_build.jobs.upkeep.pruning import prune
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 

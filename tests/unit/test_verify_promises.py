@@ -25,10 +25,10 @@ from devkit.stockimage import VERSION
 from sm121_build.core.errors import VerificationError
 from sm121_build.cuda.compat import ArchList
 from sm121_build.image.api import RUNTIME_FIELDS, HistoryStep
-from sm121_build.jobs.commands.main_job import run_build
-from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.main_run.main_job import run_build
+from sm121_build.jobs.main_run.main_plan import Options
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
 

@@ -1,2 +1,2 @@
-"""What the commands do: the main job and its one owner (`run`), inject, aot, kernels
-images, local, prune, doctor."""
+"""What `prove` does: its cases, its children's lines read as outside input, the proof
+document and reading a proof back (`prove --files`, `prove IMAGE`)."""

@@ -22,7 +22,7 @@ from sm121_build.image.build_tools import (
     require_python_headers,
 )
 from sm121_build.image.facts import ImageFacts, VllmInstall
-from sm121_build.jobs.commands.aot_step import (
+from sm121_build.jobs.aot_work.aot_step import (
     AotAction,
     aot_actions,
     aot_toolchain,

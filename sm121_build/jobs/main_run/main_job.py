@@ -26,20 +26,10 @@ from sm121_build.image.build_tools import (
 )
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import versioned_tag
-from sm121_build.jobs.commands.aot_step import (
+from sm121_build.jobs.aot_work.aot_step import (
     AotJob,
     aot_key,
     compile_into,
-)
-from sm121_build.jobs.commands.main_plan import (
-    ExtensionActions,
-    Job,
-    Options,
-    Sources,
-    files_root,
-    patches_of,
-    plan_actions,
-    resolve,
 )
 from sm121_build.jobs.formats.artifacts import Provenance
 from sm121_build.jobs.formats.render import (
@@ -56,6 +46,16 @@ from sm121_build.jobs.formats.render import (
 )
 from sm121_build.jobs.framework import run_record
 from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline, say_tagged
+from sm121_build.jobs.main_run.main_plan import (
+    ExtensionActions,
+    Job,
+    Options,
+    Sources,
+    files_root,
+    patches_of,
+    plan_actions,
+    resolve,
+)
 from sm121_build.jobs.payload import PAYLOAD
 from sm121_build.source.external import projects_for, read_pin
 from sm121_build.source.git_pin import (

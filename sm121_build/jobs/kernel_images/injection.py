@@ -12,7 +12,6 @@ from pathlib import Path
 
 from sm121_build.core.errors import Sm121Error
 from sm121_build.core.interrupts import temp_dir
-from sm121_build.jobs.commands.kernels_image import gpu_refusal, refusal
 from sm121_build.jobs.formats import artifacts as artifacts_mod
 from sm121_build.jobs.formats.render import (
     Placement,
@@ -22,6 +21,7 @@ from sm121_build.jobs.formats.render import (
 )
 from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline, say_tagged
 from sm121_build.jobs.framework.run_record import RunStatus
+from sm121_build.jobs.kernel_images.kernels_image import gpu_refusal, refusal
 
 
 def require_known_paths(files: tuple[str, ...], extensions: tuple[str, ...], folder: Path,

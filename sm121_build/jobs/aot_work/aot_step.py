@@ -1,5 +1,5 @@
 """The main job's `aot` action: an extension whose only gain is JIT-only kernels with PTX in
-the stock file gets SASS from that PTX (`jobs/commands/aot_files.py`), with no source, CUTLASS or
+the stock file gets SASS from that PTX (`jobs/aot_work/aot_files.py`), with no source, CUTLASS or
 flash-attention: the stock files are read out of the image (never the whole image), rewritten
 on this machine with NVIDIA's ptxas, verified against the stock files, and copied into the
 pristine base by the pipeline's tail like any built file.
@@ -29,7 +29,7 @@ from sm121_build.cuda.binary import AotAble, BinaryReport, aot_able
 from sm121_build.cuda.compat import DEFAULT_TARGET, Target
 from sm121_build.cuda.ptxas import Toolchain, find_toolchain
 from sm121_build.image.api import ImageEngine
-from sm121_build.jobs.commands.aot_files import AotRequest, run_aot
+from sm121_build.jobs.aot_work.aot_files import AotRequest, run_aot
 
 AOT_TIMEOUT = 3600.0
 

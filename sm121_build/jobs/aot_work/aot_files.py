@@ -5,7 +5,7 @@ PTX it can JIT, ptxas compiles that PTX for the GPU ahead of time (what the driv
 at first start: the same PTX, the default optimisation, the options the entry records) and
 the cubin is added to that container (`cuda/fatbin_rewrite`).  Modules compile on every
 core in the order and on the threads `cuda/ptxas_schedule` chooses from their estimated
-costs (`cuda/ptxas_cost`), within the memory left (`jobs/commands/aot_compile` runs it).
+costs (`cuda/ptxas_cost`), within the memory left (`jobs/aot_work/aot_compile` runs it).
 Each rewritten file is verified
 against its stock file (`verify/aot_check`) and one module per file is compiled again and
 its code compared, before anything is written; a file that cannot be rewritten is one line,
@@ -77,7 +77,7 @@ from sm121_build.cuda.wheel import (
     require_recorded,
     wheel_errors,
 )
-from sm121_build.jobs.commands.aot_compile import Compiled, Plan, compile_all, kept_pace
+from sm121_build.jobs.aot_work.aot_compile import Compiled, Plan, compile_all, kept_pace
 from sm121_build.verify.aot_check import check_aot
 
 

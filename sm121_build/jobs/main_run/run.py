@@ -21,14 +21,14 @@ from typing import ClassVar, Protocol
 
 from sm121_build.core.console import note
 from sm121_build.core.errors import Sm121Error
-from sm121_build.jobs.commands.injection import Destination, run_inject
-from sm121_build.jobs.commands.kernels_image import Wanted, look_up, publish_step
-from sm121_build.jobs.commands.main_job import run_build
-from sm121_build.jobs.commands.main_plan import Options
 from sm121_build.jobs.formats.artifacts import Artifacts
 from sm121_build.jobs.framework.pipeline import Keys, Pipeline
 from sm121_build.jobs.framework.run_record import PUBLISHABLE
 from sm121_build.jobs.framework.session import Reporting, Serving, run_session
+from sm121_build.jobs.kernel_images.injection import Destination, run_inject
+from sm121_build.jobs.kernel_images.kernels_image import Wanted, look_up, publish_step
+from sm121_build.jobs.main_run.main_job import run_build
+from sm121_build.jobs.main_run.main_plan import Options
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Kernels images (publish, look up, verify, proofs attached) and `inject`."""
