@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from sm121_build.cuda.ptxas import Compile, checked_options, find_toolchain, run_ptxas  # noqa: E402
 from sm121_build.cuda.ptxas_cost import cost_table, ptx_kind  # noqa: E402
-from sm121_build.jobs.aot_work.aot_compile import Compiled, Plan, compile_all  # noqa: E402
+from sm121_build.jobs.aot_work.aot_compile import Compiled, CompileInputs, compile_all  # noqa: E402
 
 
 class Sampler:
@@ -126,11 +126,11 @@ def main() -> None:
             cpu[index], rss[index] = ran.cpu_seconds, ran.peak_rss
             return Compiled(ran.cubin, b"", ran.cpu_seconds)
 
-        plan = Plan(tuple(m[2] for m in modules), tuple(len(m[1]) for m in modules),
+        inputs = CompileInputs(tuple(m[2] for m in modules), tuple(len(m[1]) for m in modules),
                     args.cores, mode == "split", 1.0, toolchain.version)
         started = time.perf_counter()
         with Sampler() as sampler:
-            for index, done in compile_all(plan, work):
+            for index, done in compile_all(inputs, work):
                 if isinstance(done, Exception):
                     raise SystemExit(f"module {index}: {done}")
         wall = time.perf_counter() - started

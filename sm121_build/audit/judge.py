@@ -4,7 +4,7 @@ From a binary alone the audit says what it sees (`cuda/binary.py`): which archs,
 or plain, PTX or not.  Whether a rebuild can give the GPU native code is a question about
 the source: the pinned tree's CMake, with the guard rules applied as the main job applies
 them, evaluated for the arch list the build would use.  This is the main job's own decide
-step (`decide.plan_extensions`) run on the audited files, so the audit and the build cannot
+step (`decide.judge_extensions`) run on the audited files, so the audit and the build cannot
 disagree:
 
 - fixable: the build gives native code the file lacks (what `sm121-build --base IMAGE`
@@ -30,7 +30,7 @@ from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import ArchList, Target
 from sm121_build.cuda.wheel import wheel_name
-from sm121_build.rebuild.decide import ExtensionPlan, Rebuild, decide_inputs, plan_extensions
+from sm121_build.rebuild.decide import ExtensionVerdict, Rebuild, decide_inputs, judge_extensions
 from sm121_build.source.guard_rules import PatchFor, apply_for_build, read_source_version
 from sm121_build.source.tree import require_contained
 
@@ -108,25 +108,25 @@ def source_verdicts(reports: list[BinaryReport],
         if (source / "cmake").is_dir():
             shutil.copytree(source / "cmake", tree / "cmake", symlinks=True)
         apply_for_build(tree, {}, PatchFor(version, under.arch, cuda, gpu))
-        plans = plan_extensions(stock, decide_inputs(tree, under.arch, cuda, gpu),
+        plans = judge_extensions(stock, decide_inputs(tree, under.arch, cuda, gpu),
                                 {t: p.name for p in projects() for t in p.targets})
     return {audited[p.name]: judged(p, gpu) for p in plans}
 
 
-def judged(plan: ExtensionPlan, gpu: Target) -> Rebuild:
-    remains = "".join(f"; {why}" for why in plan.remains)
-    if plan.outcome == "build":
-        return Rebuild("fixable", f"{plan.reason}{remains} (sm121-build --base IMAGE builds "
+def judged(verdict: ExtensionVerdict, gpu: Target) -> Rebuild:
+    remains = "".join(f"; {why}" for why in verdict.remains)
+    if verdict.outcome == "build":
+        return Rebuild("fixable", f"{verdict.reason}{remains} (sm121-build --base IMAGE builds "
                        "it)")
-    if plan.outcome == "native":
-        return Rebuild("native", plan.reason)
-    if plan.outcome == "below share":
-        return Rebuild("optional", f"{plan.reason}{remains}")
-    if plan.outcome == "no gain" and plan.foreign:
-        jit = plan.before["jit"]
+    if verdict.outcome == "native":
+        return Rebuild("native", verdict.reason)
+    if verdict.outcome == "below share":
+        return Rebuild("optional", f"{verdict.reason}{remains}")
+    if verdict.outcome == "no gain" and verdict.foreign:
+        jit = verdict.before["jit"]
         return Rebuild("no sm_12x implementation",
-                       f"no guard of the source gives {plan.target} code {gpu} loads; its "
-                       f"{plan.before['none']} kernel(s) that load nothing are only for "
-                       f"{', '.join(plan.foreign)} (arch/family-specific instructions of "
+                       f"no guard of the source gives {verdict.target} code {gpu} loads; its "
+                       f"{verdict.before['none']} kernel(s) that load nothing are only for "
+                       f"{', '.join(verdict.foreign)} (arch/family-specific instructions of "
                        "other GPUs)" + (f"; {jit} kernel(s) stay JIT-only" if jit else ""))
-    return Rebuild("no rule", f"{plan.reason}{remains}")
+    return Rebuild("no rule", f"{verdict.reason}{remains}")

@@ -13,7 +13,7 @@ from sm121_build.cuda.binary import Policy
 from sm121_build.cuda.compat import DEFAULT_GPU, ArchList
 from sm121_build.image.build_tools import require_buildable
 from sm121_build.image.refs import IMAGE_ID
-from sm121_build.jobs.formats.render import PlanRequest, plan_for, render_build
+from sm121_build.jobs.formats.render import LayoutRequest, layout_for, render_build
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.source.git_pin import version_to_ref
 
@@ -39,15 +39,15 @@ def dockerfile(base: str, gpu: Policy, arch: ArchList,  # noqa: PLR0913 (click o
     facts, vllm = Pipeline.connect().resolve_image(base)
     ref = version_to_ref(vllm.version, vllm.commit_id)
     require_buildable(vllm.tools, facts.ref)
-    plan = plan_for(facts, PlanRequest(arch, extra_ext, str(ref), not no_buildkit, jobs,
+    layout = layout_for(facts, LayoutRequest(arch, extra_ext, str(ref), not no_buildkit, jobs,
                                        copy_tools=False))
-    if plan.base == facts.id:
+    if layout.base == facts.id:
         # No registry digest to pin: `FROM sha256:<id>` sends BuildKit to Docker Hub, so
         # the Dockerfile names the image as the user did (a tag both builders resolve here).
         if IMAGE_ID.match(base):
             raise Sm121Error(f"{base} is an image ID and the image has no registry digest: a "
                              "Dockerfile cannot name it offline; pass one of its tags")
-        plan = replace(plan, base=base)
+        layout = replace(layout, base=base)
         notice(f"note: {base} has no registry digest; FROM names the tag, not pinned to "
                f"{facts.id[:19]}")
-    say(render_build(plan), nl=False)
+    say(render_build(layout), nl=False)

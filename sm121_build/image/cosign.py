@@ -201,7 +201,7 @@ def _ours(registry: Registry, layer: dict[str, object], entry: _Entry) -> bool:
     return read is not None and _verifies(trust, read)
 
 
-def _plan_list(registry: Registry, digest: str, entry: _Entry) -> list[dict[str, object]] | None:
+def _next_list(registry: Registry, digest: str, entry: _Entry) -> list[dict[str, object]] | None:
     """The list to write beside `digest` with `entry` added, or None when it already holds
     the same (a signature of the same payload by the same key).  An older statement of the
     same kind by the same key is replaced; at the cap the oldest layer of this key's goes;
@@ -248,7 +248,7 @@ def _append(registry: Registry, digest: str, entry: _Entry) -> str:
     can still replace it: the OCI API offers nothing to prevent that."""
     tag = f"{registry.repo}:{signature_tag(digest, entry.suffix)}"
     for attempt in range(WRITE_TRIES):
-        layers = _plan_list(registry, digest, entry)
+        layers = _next_list(registry, digest, entry)
         if layers is None:
             return tag
         _write_list(registry, digest, entry.suffix, layers)

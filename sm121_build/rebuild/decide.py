@@ -2,7 +2,7 @@
 what aot of the stock files leaves that only a rebuild could change?
 
 vLLM's own arm64 images are built with `12.0` under CUDA 13, which sm_121 loads natively, so
-a 20-90 minute compile can gain nothing.  Per extension (`plan_extensions`), with the
+a 20-90 minute compile can gain nothing.  Per extension (`judge_extensions`), with the
 pinned source's own CMake (`guards.evaluate`): the targets each guard that feeds the
 extension would give sm_121 against what its stock cubins already load natively; an
 extension is built only when that gains native kernels, and any doubt (a guard the
@@ -64,7 +64,7 @@ PlanOutcome = Literal["build", "native", "unbuildable", "below share", "no gain"
 
 
 @dataclass(frozen=True)
-class ExtensionPlan:
+class ExtensionVerdict:
     """One stock extension: its kernels before, the build's expected result, and why."""
 
     name: str  # the file, relative to the vLLM package
@@ -130,8 +130,8 @@ def _foreign(report: BinaryReport, gpu: Target) -> list[str]:
     return []
 
 
-def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
-                    project_of: dict[str, str]) -> list[ExtensionPlan]:
+def judge_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
+                    project_of: dict[str, str]) -> list[ExtensionVerdict]:
     """Per stock extension with device code: build it when the build gives the GPU native
     code the stock file lacks.  `project_of`: target -> the tree that builds it ("vllm" or
     an external project's name).
@@ -152,24 +152,24 @@ def plan_extensions(stock: dict[str, BinaryReport | None], inputs: Inputs,
                  effective_archs(inputs.source, inputs.arch, inputs.cuda).cmake_items)
     top = {name for _, name in defined_targets(read_source(inputs.source / "CMakeLists.txt"))} \
         if (inputs.source / "CMakeLists.txt").is_file() else set()
-    plans = []
+    verdicts = []
     for name, report in reports.items():
         target = extension_target(name)
         mine = [g for g in build_guards if feeds(owners, g.location, target)]
         if target in top:
             mine.insert(0, main)
-        plans.append(_plan_one(name, report, mine, inputs, project_of.get(target, "vllm")))
-    return plans
+        verdicts.append(_judge_one(name, report, mine, inputs, project_of.get(target, "vllm")))
+    return verdicts
 
 
-def _plan_one(name: str, report: BinaryReport, guards: list[Guard], inputs: Inputs,
-              project: str) -> ExtensionPlan:
+def _judge_one(name: str, report: BinaryReport, guards: list[Guard], inputs: Inputs,
+              project: str) -> ExtensionVerdict:
     target = extension_target(name)
     counted = report.kernel_counts() if report.kernels is not None else report.containers
     before: dict[str, int] = {k: counted.get(k, 0) for k in ("native", "jit", "none")}
     gpu = inputs.gpu
     if not before["jit"] and not before["none"]:
-        return ExtensionPlan(name, target, before, before, False,
+        return ExtensionVerdict(name, target, before, before, False,
                              f"every kernel is already native on {gpu}", outcome="native")
     foreign = _foreign(report, gpu)
     buildable = target in inputs.defined and (project == "vllm"
@@ -177,7 +177,7 @@ def _plan_one(name: str, report: BinaryReport, guards: list[Guard], inputs: Inpu
     if not buildable:
         why = (f"the pinned source defines no {target}" if target not in inputs.defined else
                f"no rule here builds {target} ({project}) for {gpu}")
-        return ExtensionPlan(name, target, before, before, False, why,
+        return ExtensionVerdict(name, target, before, before, False, why,
                              _remains(before, foreign, gpu, jit_stays=True), "unbuildable",
                              tuple(foreign))
     gains: list[str] = []
@@ -206,7 +206,7 @@ def _plan_one(name: str, report: BinaryReport, guards: list[Guard], inputs: Inpu
     if gains and not new_targets and len(gains) == 1 and before["jit"] \
             and project in inputs.same_ptx and before["jit"] < MIN_JIT_SHARE * total:
         named = [k for k, v in (report.kernels or {}).items() if v == "jit"][:3]
-        return ExtensionPlan(
+        return ExtensionVerdict(
             name, target, before, before, False,
             f"only {before['jit']} of {total} kernels are JIT-only"
             f"{' (' + ', '.join(named) + ')' if named else ''}, under "
@@ -215,10 +215,10 @@ def _plan_one(name: str, report: BinaryReport, guards: list[Guard], inputs: Inpu
             tuple(foreign))
     if not gains:
         why = ("no guard of the pinned source gives it code that loads on " f"{gpu}")
-        return ExtensionPlan(name, target, before, before, False, why,
+        return ExtensionVerdict(name, target, before, before, False, why,
                              _remains(before, foreign, gpu, jit_stays=True), "no gain",
                              tuple(foreign))
-    return ExtensionPlan(name, target, before, after, True, "; ".join(gains),
+    return ExtensionVerdict(name, target, before, after, True, "; ".join(gains),
                          _remains(after, foreign, gpu, jit_stays=False), "build",
                          tuple(foreign))
 
@@ -293,12 +293,12 @@ def stock_counts(stock: Mapping[str, BinaryReport | None], name: str) -> dict[st
     return {str(verdict): n for verdict, n in report.kernel_counts().items()}
 
 
-def aot_does_as_well(plan: ExtensionPlan, aot_native: Mapping[str, int]) -> bool:
+def aot_does_as_well(verdict: ExtensionVerdict, aot_native: Mapping[str, int]) -> bool:
     """A source build of this extension makes no more kernels native than aot of its stock
     file (`aot_native`: per file aot takes, the kernels it makes native): aot it, no
     compile of the source."""
-    return plan.name in aot_native and \
-        plan.after["native"] <= plan.before["native"] + aot_native[plan.name]
+    return verdict.name in aot_native and \
+        verdict.after["native"] <= verdict.before["native"] + aot_native[verdict.name]
 
 
 def left_by_aot(aot_native: Mapping[str, int],

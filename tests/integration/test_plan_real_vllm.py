@@ -15,7 +15,7 @@ from sm121_build.core.vllm import projects
 from sm121_build.cuda.binary import DEFAULT_POLICY, audit_binary
 from sm121_build.cuda.compat import DEFAULT_TARGET, ArchList
 from sm121_build.jobs.aot_work.aot_step import aot_actions
-from sm121_build.rebuild.decide import aot_does_as_well, decide_inputs, plan_extensions
+from sm121_build.rebuild.decide import aot_does_as_well, decide_inputs, judge_extensions
 from sm121_build.source.guard_rules import PatchFor, apply_for_build
 
 ARCHS_121 = ArchList.parse("12.1")  # a Spark's arch list
@@ -48,7 +48,7 @@ def test_the_default_run_plans_fa2_qutlass_and_c_on_0_33_0(tmp_path: Path) -> No
     lines = apply_for_build(source, {}, PatchFor(VERSION, ARCHS_121, "13.0", DEFAULT_TARGET))
     assert lines[-1].startswith("sass-from-ptx: applied (set_gencode_flags_for_srcs in "
                                 "cmake/utils.cmake:")
-    plans = {p.name: p for p in plan_extensions(
+    plans = {p.name: p for p in judge_extensions(
         stock, decide_inputs(source, ARCHS_121, "13.0", DEFAULT_TARGET),
         {t: p.name for p in projects() for t in p.targets})}
     built = {name for name, p in plans.items() if p.build}

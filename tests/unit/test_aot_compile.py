@@ -15,7 +15,7 @@ from sm121_build.core.errors import ToolchainError
 from sm121_build.cuda.ptxas_cost import Estimate
 from sm121_build.jobs.aot_work.aot_compile import (
     Compiled,
-    Plan,
+    CompileInputs,
     compile_all,
     keep_pace,
     kept_pace,
@@ -30,7 +30,7 @@ def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_module_once_within_the_cores_and_a_failure_is_handed_back(
         capsys: pytest.CaptureFixture[str]) -> None:
     costs = (Estimate(300.0, 1, 1, 300.0), *tuple(Estimate(10.0, 1, 1, 10.0) for _ in range(9)))
-    plan = Plan(costs, tuple(1_000_000 for _ in costs), cores=4, split=True, pace=1.0,
+    inputs = CompileInputs(costs, tuple(1_000_000 for _ in costs), cores=4, split=True, pace=1.0,
                 ptxas="13.0.88")
     lock, busy, peak, threads_of = threading.Lock(), [0], [0], {}
 
@@ -46,7 +46,7 @@ def test_every_module_once_within_the_cores_and_a_failure_is_handed_back(
             raise ToolchainError("ptxas failed (exit 1): a stand-in failure")
         return Compiled(b"cubin", b"entry", costs[index].cpu_seconds * 0.5)
 
-    done = dict(compile_all(plan, work))
+    done = dict(compile_all(inputs, work))
     assert sorted(done) == list(range(10))
     assert isinstance(done[3], ToolchainError)
     assert all(isinstance(done[i], Compiled) for i in range(10) if i != 3)

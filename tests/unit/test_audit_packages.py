@@ -16,7 +16,7 @@ from sm121_build.audit.judge import judged, package_name
 from sm121_build.audit.report import package_of, packages
 from sm121_build.cuda.binary import host_only_report
 from sm121_build.cuda.compat import DEFAULT_TARGET
-from sm121_build.rebuild.decide import ExtensionPlan
+from sm121_build.rebuild.decide import ExtensionVerdict
 
 SCHEMA = json.loads((ROOT / "sm121_build/data/schemas/audit.schema.json").read_text())
 SITE = "usr/local/lib/python3.12/dist-packages"
@@ -162,8 +162,8 @@ def test_a_bad_cuda_version_is_refused(tmp_path: Path) -> None:
 
 
 def _plan(outcome: str, before: dict[str, int], foreign: tuple[str, ...] = (),
-          remains: tuple[str, ...] = ()) -> ExtensionPlan:
-    return ExtensionPlan("_x_C.abi3.so", "_x_C", before, before, outcome == "build",
+          remains: tuple[str, ...] = ()) -> ExtensionVerdict:
+    return ExtensionVerdict("_x_C.abi3.so", "_x_C", before, before, outcome == "build",
                          f"reason of {outcome}", remains, outcome,  # type: ignore[arg-type]
                          foreign)
 

@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 
 from sm121_build.image.facts import ImageFacts
-from sm121_build.jobs.formats.render import BuildPlan
+from sm121_build.jobs.formats.render import BuildLayout
 from sm121_build.jobs.main_run import main_job as build
 from sm121_build.jobs.main_run.main_job import content_key
 
 FACTS = ImageFacts("vllm/vllm-openai:nightly", "sha256:" + "a" * 64,
                    "vllm/vllm-openai@sha256:" + "f" * 64, "linux/arm64")
-PLAN = BuildPlan(base="pin", arch_list="12.1", vllm_version="0.19.1", git_ref="v0.19.1",
+PLAN = BuildLayout(base="pin", arch_list="12.1", vllm_version="0.19.1", git_ref="v0.19.1",
                  extensions=("_C.abi3.so", "_moe_C.abi3.so"),
                  package_dir="/usr/local/lib/python3.12/dist-packages/vllm",
                  cuda_home="/usr/local/cuda", cuda_include="/inc", cuda_lib="/lib", jobs=4)

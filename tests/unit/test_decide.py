@@ -1,13 +1,13 @@
 """What a rebuild adds to aot: `aot_does_as_well` and `left_by_aot` (rebuild/decide.py),
 on stock reports made from fatbin entries and kernel verdicts directly (the audit of real
-files, and `plan_extensions` on real guards, are tested elsewhere); CUDA's loading rule for
+files, and `judge_extensions` on real guards, are tested elsewhere); CUDA's loading rule for
 CMake targets."""
 
 from __future__ import annotations
 
 from sm121_build.cuda.binary import BinaryReport
 from sm121_build.cuda.compat import loads_natively, parse_target
-from sm121_build.rebuild.decide import ExtensionPlan, aot_does_as_well, left_by_aot
+from sm121_build.rebuild.decide import ExtensionVerdict, aot_does_as_well, left_by_aot
 
 GPU = parse_target("sm_121")
 
@@ -19,9 +19,9 @@ def _report(name: str, native: int, jit: int, none: int) -> BinaryReport:
                         kernels)  # type: ignore[arg-type]
 
 
-def _plan(name: str, before: int, after: int) -> ExtensionPlan:
+def _plan(name: str, before: int, after: int) -> ExtensionVerdict:
     counts = {"native": before, "jit": 0, "none": 0}
-    return ExtensionPlan(name=name, target=name.split(".")[0], build=True, reason="",
+    return ExtensionVerdict(name=name, target=name.split(".")[0], build=True, reason="",
                          before=counts, after={**counts, "native": after})
 
 

@@ -18,9 +18,16 @@ from typing import Any
 
 import pytest
 
-from sm121_build.cuda.compat import ArchList
-from sm121_build.jobs.main_run.main_plan import BuildChoice, Options, decide_builds
-from sm121_build.rebuild.decide import ExtensionPlan
+from sm121_build.cuda.binary import AotAble, Policy
+from sm121_build.cuda.compat import ArchList, parse_target
+from sm121_build.jobs.aot_work.aot_step import AotAction
+from sm121_build.jobs.main_run.main_plan import (
+    BuildChoice,
+    Options,
+    decide_builds,
+    nothing_to_aot,
+)
+from sm121_build.rebuild.decide import ExtensionVerdict
 
 # every way out a decision could take: files and folders, sockets, programs
 DOORS: tuple[tuple[Any, str], ...] = (
@@ -43,10 +50,10 @@ def nothing_outside() -> Iterator[None]:
         yield
 
 
-def _plan(name: str, build: bool, jit: int, reason: str) -> ExtensionPlan:
+def _plan(name: str, build: bool, jit: int, reason: str) -> ExtensionVerdict:
     before = {"native": 10, "jit": jit, "none": 0}
     after = {"native": 10 + jit, "jit": 0, "none": 0} if build else before
-    return ExtensionPlan(name, name.split(".")[0], before, after, build, reason,
+    return ExtensionVerdict(name, name.split(".")[0], before, after, build, reason,
                          () if build else ("kept: the source gives it nothing",))
 
 
@@ -58,7 +65,7 @@ PLANS = (_plan("_C.abi3.so", True, 5, "the guards give sm_121 cubins"),
 OPTS = Options(base="vllm/vllm-openai:v0.33.0", tag="x:sm121", arch=ArchList.parse("12.1"))
 
 
-def _decided(opts: Options, plans: tuple[ExtensionPlan, ...]) -> BuildChoice:
+def _decided(opts: Options, plans: tuple[ExtensionVerdict, ...]) -> BuildChoice:
     with nothing_outside():
         blocked = decide_builds(opts, STOCK, plans, ())
     assert decide_builds(opts, STOCK, plans, ()) == blocked  # the same with the doors open
@@ -101,3 +108,22 @@ def test_the_decision_is_made_of_the_gathered_facts_alone() -> None:
     assert kept.decision.reason == "no extension gains"
     assert kept.nothing is not None and kept.nothing.startswith(
         "no rebuild needed: no extension of vllm/vllm-openai:v0.33.0 gains native")
+
+
+def test_nothing_to_aot_is_decided_of_the_options_and_the_aot_actions_alone() -> None:
+    """`aot IMAGE` (or a GPU with no source rules) with nothing to aot ends at the decide step
+    with a decision not to rebuild and its one result line, made with every door shut; a run
+    with aot actions, or one that may fall back on the source, goes on (None)."""
+    sm90 = Policy(parse_target("sm_90"), (13, 0))
+    with nothing_outside():
+        image_only = nothing_to_aot(replace(OPTS, aot_only=True), ())
+        other_gpu = nothing_to_aot(replace(OPTS, gpu=sm90), ())
+        source_left = nothing_to_aot(OPTS, ())
+    assert image_only is not None and image_only.decision is not None
+    assert image_only.decision.reason == "nothing to aot" and not image_only.decision.rebuild
+    assert image_only.line == ("nothing to aot: no extension of vllm/vllm-openai:v0.33.0 has "
+                               f"JIT-only kernels with PTX on {OPTS.gpu}; nothing tagged")
+    assert other_gpu is not None and f"PTX on {sm90};" in other_gpu.line
+    assert source_left is None  # the default GPU has source rules: the source is read next
+    some = (AotAction("_C.abi3.so", AotAble(1, 1, 10)),)
+    assert nothing_to_aot(replace(OPTS, aot_only=True), some) is None

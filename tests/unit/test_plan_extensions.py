@@ -1,4 +1,4 @@
-"""The per-extension decision (decide.plan_extensions) on real nvcc output and a vLLM-shaped
+"""The per-extension decision (decide.judge_extensions) on real nvcc output and a vLLM-shaped
 CMake tree evaluated with real cmake -P: what is built, why, and what stays non-native."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from devkit.helpers import DATA, compile_cached, gencode
 from devkit.helpers import vllm_like_tree as _tree
 from sm121_build.cuda.binary import DEFAULT_POLICY, BinaryReport, audit_binary
 from sm121_build.cuda.compat import DEFAULT_TARGET, ArchList
-from sm121_build.rebuild.decide import MIN_JIT_SHARE, Inputs, plan_extensions
+from sm121_build.rebuild.decide import MIN_JIT_SHARE, Inputs, judge_extensions
 from sm121_build.source.external import source_targets
 from sm121_build.source.guard_targets import guard_owners
 from sm121_build.source.guards import find_calls
@@ -90,7 +90,7 @@ def test_each_extension_is_planned_on_its_own_evidence(tmp_path: Path, tree: Pat
         "missing.abi3.so": None,
     }
     (tree / "CMakeLists.txt").write_text(CMAKELISTS + "define_extension_target(_vllm_fa3_C)\n")
-    plans = {p.target: p for p in plan_extensions(stock, _inputs(tree),
+    plans = {p.target: p for p in judge_extensions(stock, _inputs(tree),
                                                    {"_vllm_fa3_C": "vllm-flash-attn"})}
     assert {t: p.build for t, p in plans.items()} == {
         "_C": True, "_moe_C": False, "_q_C": True, "_u_C": True, "_vllm_fa3_C": False}
@@ -118,7 +118,7 @@ def test_each_extension_is_planned_on_its_own_evidence(tmp_path: Path, tree: Pat
 
 def test_under_cuda_12_9_the_family_guard_is_not_taken(tmp_path: Path, tree: Path) -> None:
     stock = {"_q_C.abi3.so": _report(tmp_path, "_q_C.abi3.so", "compute_100f:sm_100f")}
-    (plan,) = plan_extensions(stock, _inputs(tree, "12.9"), {})
+    (plan,) = judge_extensions(stock, _inputs(tree, "12.9"), {})
     assert not plan.build
     assert plan.reason == "no guard of the pinned source gives it code that loads on sm_121"
     assert plan.remains == ("4 kernel(s) have no code sm_121 loads: only sm_100f "
@@ -134,10 +134,10 @@ def test_a_few_jit_kernels_are_offered_not_built(tmp_path: Path, tree: Path,
         "define_extension_target(_j_C SOURCES j.cu)\n")  # no guard: only the JIT gain
     stock = {"_j_C.abi3.so": _report(tmp_path, "_j_C.abi3.so", "compute_80:sm_80",
                                      "compute_80:compute_80")}
-    (plan,) = plan_extensions(stock, _inputs(tree), {})
+    (plan,) = judge_extensions(stock, _inputs(tree), {})
     assert plan.build
     monkeypatch.setattr(decide, "MIN_JIT_SHARE", 2.0)  # 4 of 4 is under 200 %
-    (plan,) = plan_extensions(stock, _inputs(tree), {})
+    (plan,) = judge_extensions(stock, _inputs(tree), {})
     assert not plan.build and plan.before == plan.after
     assert plan.reason.startswith("only 4 of 4 kernels are JIT-only (")
     assert plan.reason.endswith("under 200%: not worth a full compile by default; --ext _j_C "

@@ -350,7 +350,7 @@ def test_two_writers_at_once_keep_both_statements(tmp_path: Path,
     repo, _ = memory
     keys = [cosign.SigningKey.load(key_pair(tmp_path, f"k{i}")[0], None) for i in range(2)]
     both_read = threading.Barrier(2)
-    real_plan = cosign._plan_list
+    real_plan = cosign._next_list
     planned = [0]
 
     def plan_then_wait(*args: object) -> object:
@@ -370,7 +370,7 @@ def test_two_writers_at_once_keep_both_statements(tmp_path: Path,
             errors.append(exc)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cosign, "_plan_list", plan_then_wait)
+        patch.setattr(cosign, "_next_list", plan_then_wait)
         threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
         for thread in threads:
             thread.start()

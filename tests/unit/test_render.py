@@ -1,4 +1,4 @@
-"""Rendering the Dockerfile: golden files, no syntax directive, paths from the plan."""
+"""Rendering the Dockerfile: golden files, no syntax directive, paths from the layout."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sm121_build.core.errors import Sm121Error
 from sm121_build.core.vllm import extension_target
 from sm121_build.jobs.formats.artifacts import Manifest
 from sm121_build.jobs.formats.render import (
-    BuildPlan,
+    BuildLayout,
     choose_extensions,
     render_build,
     render_kernels,
@@ -20,7 +20,7 @@ from sm121_build.jobs.formats.render import (
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
-PLAN = BuildPlan(
+PLAN = BuildLayout(
     base="vllm/vllm-openai@sha256:" + "ab" * 32,
     arch_list="12.1",
     vllm_version="0.19.1",
@@ -37,21 +37,21 @@ PLAN = BuildPlan(
 )
 
 
-@pytest.mark.parametrize(("name", "plan"), [
+@pytest.mark.parametrize(("name", "layout"), [
     ("buildkit.Dockerfile", PLAN),
-    ("legacy-stable-libtorch.Dockerfile", BuildPlan(**{
+    ("legacy-stable-libtorch.Dockerfile", BuildLayout(**{
         **PLAN.__dict__, "buildkit": False, "nvrtc_fix": False,
         "extensions": ("_C_stable_libtorch.abi3.so", "_moe_C_stable_libtorch.abi3.so"),
         "package_dir": "/opt/venv/lib/python3.11/site-packages/vllm",
         "bring": ("cmake",), "bring_from": "context"})),
-    ("pip-tools.Dockerfile", BuildPlan(**{**PLAN.__dict__, "bring": ("cmake", "ninja"),
+    ("pip-tools.Dockerfile", BuildLayout(**{**PLAN.__dict__, "bring": ("cmake", "ninja"),
                                           "bring_from": "pip"})),
-    ("flash-attn.Dockerfile", BuildPlan(**{
+    ("flash-attn.Dockerfile", BuildLayout(**{
         **PLAN.__dict__, "extensions": (*PLAN.extensions, "vllm_flash_attn/_vllm_fa2_C.abi3.so"),
         "external": (("VLLM_FLASH_ATTN_SRC_DIR", "vllm-flash-attn"),)})),
 ])
-def test_golden(name: str, plan: BuildPlan) -> None:
-    text = render_build(plan).replace(__version__, "<VERSION>")
+def test_golden(name: str, layout: BuildLayout) -> None:
+    text = render_build(layout).replace(__version__, "<VERSION>")
     _compare_golden(GOLDEN / name, text)
     assert "syntax" not in text.splitlines()[0]
 
@@ -81,7 +81,7 @@ def test_tools_stay_in_the_builder_stage() -> None:
     """cmake/ninja the image lacks are added before the compile, and never after the
     final stage's FROM."""
     for bring_from, marker in (("context", "COPY tools/"), ("pip", "pip install")):
-        text = render_build(BuildPlan(**{**PLAN.__dict__, "bring": ("cmake",),
+        text = render_build(BuildLayout(**{**PLAN.__dict__, "bring": ("cmake",),
                                    "bring_from": bring_from}))
         final = text.rindex("\nFROM ")
         assert marker in text[:final] and marker not in text[final:]

@@ -1,6 +1,6 @@
 """aot's compile loop: modules started as `cuda/ptxas_schedule` says, a live line from the
 first second, and the machine's pace against the table of measured costs kept for the next
-plan.
+inputs.
 
 The line speaks at once and again while ptxas works in silence (a 33.7 MB CUTLASS module is
 minutes of one process saying nothing): the share of the estimated CPU work done, what runs,
@@ -41,7 +41,7 @@ class Compiled:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CompileInputs:
     """The modules' estimates (`ptxas_cost`), the cores, whether modules may be split, the
     pace of this machine against the table, and ptxas's version (whose pace it is)."""
 
@@ -81,16 +81,16 @@ def machine_memory() -> int:
     return int(total * MEMORY_SHARE)
 
 
-def compile_all(plan: Plan, work: Callable[[int, int], Compiled],
+def compile_all(inputs: CompileInputs, work: Callable[[int, int], Compiled],
                 ) -> Iterator[tuple[int, Compiled | ToolchainError]]:
     """Each module's index with its result (or its ptxas error), as they end; `work(index,
     threads)` compiles one."""
-    jobs = tuple(PtxTask(c.cpu_seconds, s) for c, s in zip(plan.costs, plan.sizes, strict=True))
-    schedule = Schedule(jobs, plan.cores, machine_memory(), plan.split)
+    jobs = tuple(PtxTask(c.cpu_seconds, s) for c, s in zip(inputs.costs, inputs.sizes, strict=True))
+    schedule = Schedule(jobs, inputs.cores, machine_memory(), inputs.split)
     tally = _Tally()
     line = LiveLine(every=30.0, gap=0.2)
     first = True
-    with ThreadPoolExecutor(plan.cores) as pool:
+    with ThreadPoolExecutor(inputs.cores) as pool:
         running: dict[Future[Compiled], Start] = {}
         try:
             while schedule.pending or running:
@@ -98,60 +98,60 @@ def compile_all(plan: Plan, work: Callable[[int, int], Compiled],
                     tally.since[start.index] = time.monotonic()
                     running[pool.submit(work, start.index, start.threads)] = start
                 if first:  # the line from the first second, and again while ptxas works
-                    line.say(_text(plan, schedule, tally))
+                    line.say(_text(inputs, schedule, tally))
                     first = False
                 elif line.due():  # said with what runs now, never between an end and a start
-                    line.say(_text(plan, schedule, tally))
+                    line.say(_text(inputs, schedule, tally))
                 finished, _ = wait(running, timeout=TICK, return_when=FIRST_COMPLETED)
                 for future in finished:
                     start = running.pop(future)
                     schedule.finished(start.index)
                     del tally.since[start.index]
-                    yield start.index, _outcome(future, plan, start.index, tally)
+                    yield start.index, _outcome(future, inputs, start.index, tally)
         finally:
             for future in running:
                 future.cancel()
             end_status_line()
     if tally.measured >= MIN_PACE_SECONDS and tally.predicted > 0:
-        keep_pace(plan.ptxas, tally.measured / tally.predicted)
+        keep_pace(inputs.ptxas, tally.measured / tally.predicted)
 
 
-def _outcome(future: Future[Compiled], plan: Plan, index: int,
+def _outcome(future: Future[Compiled], inputs: CompileInputs, index: int,
              tally: _Tally) -> Compiled | ToolchainError:
     tally.done += 1
-    tally.done_cost += plan.costs[index].cpu_seconds
+    tally.done_cost += inputs.costs[index].cpu_seconds
     try:
         compiled = future.result()
     except ToolchainError as exc:
         return exc
     if compiled.cpu_seconds > 0:
         tally.measured += compiled.cpu_seconds
-        tally.predicted += plan.costs[index].cpu_seconds
+        tally.predicted += inputs.costs[index].cpu_seconds
     return compiled
 
 
-def _text(plan: Plan, schedule: Schedule, tally: _Tally) -> str:
-    total = sum(c.cpu_seconds for c in plan.costs) or 1.0
+def _text(inputs: CompileInputs, schedule: Schedule, tally: _Tally) -> str:
+    total = sum(c.cpu_seconds for c in inputs.costs) or 1.0
     elapsed = time.monotonic() - tally.started
     threads = sum(s.threads for s in schedule.running.values())
-    return (f"aot [{tally.done}/{len(plan.costs)}] {100 * tally.done_cost / total:.0f}% of the"
+    return (f"aot [{tally.done}/{len(inputs.costs)}] {100 * tally.done_cost / total:.0f}% of the"
             f" estimated work, {len(schedule.running)} module(s) on {threads} thread(s), "
-            f"{duration(elapsed)}; about {duration(_left(plan, schedule, tally))} left")
+            f"{duration(elapsed)}; about {duration(_left(inputs, schedule, tally))} left")
 
 
-def _left(plan: Plan, schedule: Schedule, tally: _Tally) -> float:
+def _left(inputs: CompileInputs, schedule: Schedule, tally: _Tally) -> float:
     """Seconds left: the CPU-seconds left (this run's pace) over the cores, and at least
     what the slowest running module still needs on its threads."""
-    pace = tally.pace(plan.pace)
+    pace = tally.pace(inputs.pace)
     now = time.monotonic()
-    left = sum(plan.costs[i].cpu_seconds for i in schedule.pending) * pace
+    left = sum(inputs.costs[i].cpu_seconds for i in schedule.pending) * pace
     slowest = 0.0
     for index, start in schedule.running.items():
         spent = (now - tally.since.get(index, now)) * start.threads
-        rest = max(plan.costs[index].cpu_seconds * pace - spent, 0.0)
+        rest = max(inputs.costs[index].cpu_seconds * pace - spent, 0.0)
         left += rest
         slowest = max(slowest, rest / start.threads)
-    return max(left / max(plan.cores, 1), slowest)
+    return max(left / max(inputs.cores, 1), slowest)
 
 
 def kept_pace(version: str) -> float:
@@ -166,6 +166,6 @@ def kept_pace(version: str) -> float:
 
 
 def keep_pace(version: str, pace: float) -> None:
-    """Keep this run's pace for the next plan (the state folder, one small JSON file)."""
+    """Keep this run's pace for the next inputs (the state folder, one small JSON file)."""
     store_bytes(state_dir() / PACE_FILE,
                 json.dumps({"pace": round(pace, 3), "ptxas": version}).encode())

@@ -77,7 +77,7 @@ from sm121_build.cuda.wheel import (
     require_recorded,
     wheel_errors,
 )
-from sm121_build.jobs.aot_work.aot_compile import Compiled, Plan, compile_all, kept_pace
+from sm121_build.jobs.aot_work.aot_compile import Compiled, CompileInputs, compile_all, kept_pace
 from sm121_build.verify.aot_check import check_aot
 
 
@@ -226,7 +226,7 @@ def _aot_files(targets: dict[Path, Path], request: AotRequest, outcome: AotResul
         except (InputRefused, OSError) as exc:
             outcome.failed.append(str(exc))
             continue
-        work = _plan(str(path), data, mode, request.target, outcome)
+        work = _layout_of(str(path), data, mode, request.target, outcome)
         if work is not None:
             works.append(work)
             names[work.name] = target
@@ -302,7 +302,7 @@ def _elf_files(source: Path, outcome: AotResult) -> Iterator[tuple[Path, Path]]:
                 yield path, path.relative_to(source)
 
 
-def _plan(name: str, data: bytes, mode: int, target: Target,
+def _layout_of(name: str, data: bytes, mode: int, target: Target,
           outcome: AotResult) -> FileWork | None:
     """The file's layout when it has JIT-only containers aot compiles (`aot_reach`, the
     rule the audit's "aot-able" uses); None when it has none (host code only, everything
@@ -381,10 +381,10 @@ def _compile_and_rewrite(works: list[FileWork], request: AotRequest,
          f"{request.jobs} core(s), costliest first"
          + (", split with --split-compile where one would set the wall" if request.split
             else ""))
-    plan = Plan(tuple(m.cost for m in modules), tuple(len(m.ptx) for m in modules),
+    inputs = CompileInputs(tuple(m.cost for m in modules), tuple(len(m.ptx) for m in modules),
                 request.jobs, request.split, pace, request.toolchain.version)
     failed_files: set[int] = set()
-    for index, done in compile_all(plan, partial(_compile_one, modules, request)):
+    for index, done in compile_all(inputs, partial(_compile_one, modules, request)):
         module = modules[index]
         work = works[module.file]
         if isinstance(done, ToolchainError):
@@ -526,7 +526,7 @@ def _aot_wheel(source: Path, target: Path, request: AotRequest, outcome: AotResu
         # split back (an epoch's `!` in the wheel's version, any `!` in a member's name)
         for info, data in elf_members(wheel, source):
             mode = (info.external_attr >> 16) or 0o755
-            work = _plan(f"{source.name}!{info.filename}", data, mode, request.target,
+            work = _layout_of(f"{source.name}!{info.filename}", data, mode, request.target,
                          outcome)
             if work is not None:
                 works.append(work)

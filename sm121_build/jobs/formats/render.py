@@ -44,7 +44,7 @@ class Placement:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BuildPlan(Placement):
+class BuildLayout(Placement):
     """A placement whose files a builder stage FROM the base compiles first: the toolchain
     and what the builder is handed; all of it derived from the image and the source."""
 
@@ -121,18 +121,18 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
-def _copy_lines(plan: Placement, copy_from: str, flat: bool) -> str:
+def _copy_lines(layout: Placement, copy_from: str, flat: bool) -> str:
     """One COPY per extension to its place in the package; the builder's out folder is flat
     (`flat`), an artifacts folder keeps the package's sub-folders; the prebuilt (aot'd)
     files come from the context's aot/."""
     copies = [(copy_from, extension.rsplit("/", 1)[-1] if flat else extension, extension)
-              for extension in plan.extensions]
-    copies += [("aot", extension, extension) for extension in plan.prebuilt]
+              for extension in layout.extensions]
+    copies += [("aot", extension, extension) for extension in layout.prebuilt]
     for _source, _built, extension in copies:  # the last gate before a Dockerfile's words
-        _require_plain(posixpath.join(plan.package_dir, extension))
+        _require_plain(posixpath.join(layout.package_dir, extension))
     return "\n".join(
         _template("copy-extension.Dockerfile.in").substitute(
-            copy_from=source, built=built, dest=posixpath.join(plan.package_dir, extension))
+            copy_from=source, built=built, dest=posixpath.join(layout.package_dir, extension))
         .strip() for source, built, extension in copies)
 
 
@@ -144,12 +144,12 @@ def _require_plain(path: str) -> None:
                          "written into a Dockerfile")
 
 
-def _external(plan: BuildPlan) -> str:
-    if not plan.external:
+def _external(layout: BuildLayout) -> str:
+    if not layout.external:
         return "# (no external project sources: vLLM's CMake gets empty stand-ins for them)"
-    lines = [f"COPY {folder}/ /sm121/{folder}/" for _, folder in plan.external]
+    lines = [f"COPY {folder}/ /sm121/{folder}/" for _, folder in layout.external]
     lines.append("ENV " + " \\\n    ".join(f"{env}=/sm121/{folder}"
-                                            for env, folder in plan.external))
+                                            for env, folder in layout.external))
     return "\n".join(lines)
 
 
@@ -158,8 +158,8 @@ def _label_lines(labels: dict[str, str]) -> str:
     return " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(labels.items()))
 
 
-def _labels(plan: Placement, more: dict[str, str] | None = None) -> str:
-    return _label_lines({**plan.labels, **(more or {})}) or \
+def _labels(layout: Placement, more: dict[str, str] | None = None) -> str:
+    return _label_lines({**layout.labels, **(more or {})}) or \
         f'"{LABEL_PREFIX}.tool"="sm121-build"'
 
 
@@ -169,59 +169,59 @@ def _no_syntax_directive(text: str) -> str:
     return text
 
 
-def _toolchain(plan: BuildPlan) -> str:
-    if not plan.bring:
+def _toolchain(layout: BuildLayout) -> str:
+    if not layout.bring:
         return "# (cmake and ninja: the image's own)"
     packages = " ".join(_quote(f"cmake>={MIN_CMAKE[0]}.{MIN_CMAKE[1]}") if name == "cmake"
-                        else name for name in plan.bring)
-    name = "tools-context.Dockerfile.in" if plan.bring_from == "context" else \
+                        else name for name in layout.bring)
+    name = "tools-context.Dockerfile.in" if layout.bring_from == "context" else \
         "tools-pip.Dockerfile.in"
-    return _template(name).substitute(tools=" and ".join(plan.bring), prefix=TOOLS_PREFIX,
+    return _template(name).substitute(tools=" and ".join(layout.bring), prefix=TOOLS_PREFIX,
                                       packages=packages).strip()
 
 
-def render_build(plan: BuildPlan, labels: dict[str, str] | None = None,
+def render_build(layout: BuildLayout, labels: dict[str, str] | None = None,
                  base: str | None = None) -> str:
     """The multi-stage build: compile in a builder FROM the base, copy into the pristine base;
-    `labels` are added to the plan's (the content key, known once the plan is), `base`
+    `labels` are added to the layout's (the content key, known once the layout is), `base`
     replaces its FROM reference (the run's temporary tag for exactly that image)."""
-    nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=plan.cuda_lib).strip()
-             if plan.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
-    cache = ("--mount=type=cache,target=/root/.cache/ccache " if plan.buildkit else "")
+    nvrtc = (_template("nvrtc-fix.Dockerfile.in").substitute(cuda_lib=layout.cuda_lib).strip()
+             if layout.nvrtc_fix else "# (libnvrtc.so present: no link fix needed)")
+    cache = ("--mount=type=cache,target=/root/.cache/ccache " if layout.buildkit else "")
     text = _template("build.Dockerfile.in").substitute(
         tool_version=__version__,
-        base=base or plan.base,
-        arch_list=plan.arch_list,
-        vllm_version=plan.vllm_version,
-        git_ref=plan.git_ref,
-        extensions=", ".join(plan.extensions),
-        cuda_home=plan.cuda_home,
-        cpath=plan.cuda_include,
-        library_path=plan.cuda_lib,
-        jobs=plan.jobs,
-        nvcc_threads=plan.nvcc_threads,
+        base=base or layout.base,
+        arch_list=layout.arch_list,
+        vllm_version=layout.vllm_version,
+        git_ref=layout.git_ref,
+        extensions=", ".join(layout.extensions),
+        cuda_home=layout.cuda_home,
+        cpath=layout.cuda_include,
+        library_path=layout.cuda_lib,
+        jobs=layout.jobs,
+        nvcc_threads=layout.nvcc_threads,
         nvrtc_fix=nvrtc,
-        toolchain=_toolchain(plan),
+        toolchain=_toolchain(layout),
         cache_mount=cache,
-        target_args=" ".join([*(f"--target {t}" for t in plan.targets),
+        target_args=" ".join([*(f"--target {t}" for t in layout.targets),
                               *(f"--stand-in {env}" for env in
-                                stand_in_envs(env for env, _ in plan.external))]),
-        external_sources=_external(plan),
-        copy_lines=_copy_lines(plan, "--from=builder /sm121/out", flat=True),
-        labels=_labels(plan, labels),
+                                stand_in_envs(env for env, _ in layout.external))]),
+        external_sources=_external(layout),
+        copy_lines=_copy_lines(layout, "--from=builder /sm121/out", flat=True),
+        labels=_labels(layout, labels),
     )
     return _no_syntax_directive(text)
 
 
-def render_inject(plan: Placement, artifacts: str = "artifacts",
+def render_inject(layout: Placement, artifacts: str = "artifacts",
                   more: dict[str, str] | None = None) -> str:
     """One stage: prebuilt files from the context folder `artifacts` into the pristine base
-    (`more` labels beside the plan's)."""
+    (`more` labels beside the layout's)."""
     return _no_syntax_directive(_template("inject-artifacts.Dockerfile.in").substitute(
-        tool_version=__version__, base=plan.base, arch_list=plan.arch_list,
-        vllm_version=plan.vllm_version, git_ref=plan.git_ref,
-        extensions=", ".join(plan.extensions),
-        copy_lines=_copy_lines(plan, artifacts, flat=False), labels=_labels(plan, more)))
+        tool_version=__version__, base=layout.base, arch_list=layout.arch_list,
+        vllm_version=layout.vllm_version, git_ref=layout.git_ref,
+        extensions=", ".join(layout.extensions),
+        copy_lines=_copy_lines(layout, artifacts, flat=False), labels=_labels(layout, more)))
 
 
 def render_kernels(labels: dict[str, str], root: str = "root") -> str:
@@ -254,8 +254,8 @@ def aot_label(files: tuple[str, ...]) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class PlanRequest:
-    """What a build plan is asked for, beside the image: the arch list (torch's form), the
+class LayoutRequest:
+    """What a build layout is asked for, beside the image: the arch list (torch's form), the
     extensions asked for (`extra_ext`; with `defaults`, the default ones too), MAX_JOBS,
     the source tree (None: not read), the git ref and commit the labels name, whether
     BuildKit builds it, whether cmake/ninja the image lacks may come from this machine
@@ -275,8 +275,8 @@ class PlanRequest:
     patches: str | None = None
 
 
-def plan_for(facts: ImageFacts, asked: PlanRequest) -> BuildPlan:
-    """A build plan from what the image says (paths are detected, never hard-coded), whole.
+def layout_for(facts: ImageFacts, asked: LayoutRequest) -> BuildLayout:
+    """A build layout from what the image says (paths are detected, never hard-coded), whole.
     The caller has checked that the image can build (`toolchain.require_buildable`)."""
     arch, jobs, copy_tools = asked.arch, asked.jobs, asked.copy_tools
     external, patches = asked.external, asked.patches
@@ -293,7 +293,7 @@ def plan_for(facts: ImageFacts, asked: PlanRequest) -> BuildPlan:
     labels = provenance_labels(facts, asked.commit or asked.git_ref, arch, extensions,
                                rules_digest() if patches is None else patches) \
         | gpu_label(DEFAULT_GPU)  # a source build is for the Spark alone
-    return BuildPlan(
+    return BuildLayout(
         base=facts.digest_ref, arch_list=arch.torch, external=external,
         vllm_version=vllm.version, git_ref=asked.git_ref,
         extensions=extensions, package_dir=vllm.package_dir, cuda_home=vllm.cuda_home,

@@ -33,12 +33,12 @@ from sm121_build.jobs.aot_work.aot_step import (
 )
 from sm121_build.jobs.formats.artifacts import Provenance
 from sm121_build.jobs.formats.render import (
-    BuildPlan,
+    BuildLayout,
+    LayoutRequest,
     Placement,
-    PlanRequest,
     aot_label,
     gpu_label,
-    plan_for,
+    layout_for,
     provenance_labels,
     render_build,
     render_inject,
@@ -49,6 +49,7 @@ from sm121_build.jobs.framework.pipeline import Delivery, ImageBuild, Pipeline, 
 from sm121_build.jobs.main_run.main_plan import (
     ExtensionActions,
     Job,
+    NothingToDo,
     Options,
     Sources,
     files_root,
@@ -68,12 +69,12 @@ from sm121_build.source.guard_rules import (
 )
 
 
-def content_key(facts: ImageFacts, provenance: tuple[str, ...], plan: Placement,
+def content_key(facts: ImageFacts, provenance: tuple[str, ...], layout: Placement,
                 no_patch: bool) -> str:
     """The key of a build: the base, the trees it compiles (`Sources.provenance`), the
     guard rules, the arch list, the templates, the extensions and the tool's version."""
     parts = [facts.id, *provenance, "nopatch" if no_patch else rules_digest(),
-             plan.arch_list, template_digest(), ",".join(plan.extensions), __version__]
+             layout.arch_list, template_digest(), ",".join(layout.extensions), __version__]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -87,7 +88,11 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
     with temp_dir("sm121-build-") as tmp:
         context = Path(tmp)
         actions = plan_actions(job, context)
-        if actions is None:  # nothing gains (said and recorded)
+        if isinstance(actions, NothingToDo):  # nothing gains
+            if actions.decision is not None:
+                pipeline.record.decided(actions.decision)
+            if actions.line:
+                result(actions.line)
             return opts.tag
         if opts.plan_only:
             pipeline.record.ended(run_record.RunStatus.PLANNED)
@@ -107,38 +112,38 @@ def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
     prebuilt = tuple(a.name for a in aot)
     if chosen and checkout is not None:  # from source, with the aot'd files in it if any
         sources = external_sources(job, context, checkout, chosen)
-        built = plan_for(image.facts, source_plan(job, chosen, sources))
-        plan: Placement = replace(built, prebuilt=prebuilt,
+        built = layout_for(image.facts, source_layout(job, chosen, sources))
+        layout: Placement = replace(built, prebuilt=prebuilt,
                                   labels=built.labels | aot_label(prebuilt))
         provenance, patches = sources.provenance, patches_of(opts)
         if toolchain is not None:
             provenance += (aot_key(image.facts.id, aot, toolchain, opts.gpu.target),)
             patches += f"+{aot_patches(toolchain)}"
-        key = content_key(image.facts, provenance, plan, opts.no_patch)
+        key = content_key(image.facts, provenance, layout, opts.no_patch)
     elif toolchain is not None:  # aot alone: the aot'd files into the pristine base
         commit = image.vllm.commit_id or image.ref.value
         sources = Sources(commit, (commit,))
         patches = aot_patches(toolchain)
-        plan = aot_plan(job, prebuilt, commit, patches)
+        layout = aot_layout(job, prebuilt, commit, patches)
         key = aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
     else:  # plan_actions returns None when there is neither
         raise AssertionError("a plan with nothing to aot or build")
     pipeline.record.build_named(image.vllm.version, sources.commit, image.arch, key,
-                                plan.extensions)
-    delivery = replace(delivery_for(job, sources, plan, key, patches),
+                                layout.extensions)
+    delivery = replace(delivery_for(job, sources, layout, key, patches),
                      origins=tuple((name, "aot") for name in prebuilt))
     existing = None if opts.force else pipeline.reusable(key)
     if existing:
-        return up_to_date(job, plan, delivery, existing)  # nothing compiles, aot included
+        return up_to_date(job, layout, delivery, existing)  # nothing compiles, aot included
     if toolchain is not None:
         with pipeline.steps.step(f"aot ({len(aot)} file(s), {toolchain})"):
             compile_into(pipeline.engine,
                          AotJob(image.facts.id, files_root(job), aot, toolchain,
                                 opts.gpu.target),
                          context / "aot")
-    if isinstance(plan, BuildPlan):
-        return build(job, plan, delivery, context)
-    return inject_aot(job, plan, delivery, context)
+    if isinstance(layout, BuildLayout):
+        return build(job, layout, delivery, context)
+    return inject_aot(job, layout, delivery, context)
 
 
 def aot_patches(toolchain: Toolchain) -> str:
@@ -147,8 +152,8 @@ def aot_patches(toolchain: Toolchain) -> str:
     return f"aot-ptxas-{toolchain.version}"
 
 
-def aot_plan(job: Job, files: tuple[str, ...], commit: str, patches: str) -> Placement:
-    """The plan of an aot-only run: its files copied into the pristine base, named under
+def aot_layout(job: Job, files: tuple[str, ...], commit: str, patches: str) -> Placement:
+    """The layout of an aot-only run: its files copied into the pristine base, named under
     the run's files root (`files_root`), labelled with the run's GPU."""
     image = job.image
     labels = provenance_labels(image.facts, commit, image.arch, files, patches) \
@@ -167,18 +172,18 @@ def _tagged(job: Job, delivery: Delivery, log: Path) -> str:
     return job.opts.tag
 
 
-def inject_aot(job: Job, plan: Placement,
+def inject_aot(job: Job, layout: Placement,
                delivery: Delivery, context: Path) -> str:
     """The aot'd files into a temporary tag of exactly the base -> verify -> tag."""
     pipeline, image = job.pipeline, job.image
     log = pipeline.new_log(f"aot-{delivery.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
-        dockerfile.write_text(render_inject(replace(plan, base=pin), artifacts="aot",
+        dockerfile.write_text(render_inject(replace(layout, base=pin), artifacts="aot",
                                             more={CONTENT_KEY_LABEL: delivery.content_key}))
         pipeline.build_verify_tag(
-            ImageBuild(image.facts, context, dockerfile, plan.extensions, log,
-                       f"inject the aot'd {', '.join(plan.extensions)}"), delivery)
+            ImageBuild(image.facts, context, dockerfile, layout.extensions, log,
+                       f"inject the aot'd {', '.join(layout.extensions)}"), delivery)
     return _tagged(job, delivery, log)
 
 
@@ -213,25 +218,25 @@ def external_sources(job: Job, context: Path,
     return Sources(checkout.commit, provenance, tuple(external), context / "src")
 
 
-def source_plan(job: Job, chosen: tuple[str, ...],
-                sources: Sources) -> PlanRequest:
-    """What a source build of `chosen` asks the plan for."""
+def source_layout(job: Job, chosen: tuple[str, ...],
+                sources: Sources) -> LayoutRequest:
+    """What a source build of `chosen` asks the layout for."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
-    return PlanRequest(image.arch, chosen, str(image.ref),
+    return LayoutRequest(image.arch, chosen, str(image.ref),
                        pipeline.engine.buildkit_client() is not None, opts.jobs,
                        sources.tree, sources.commit, defaults=False,
                        external=sources.external, patches=patches_of(opts))
 
 
 def delivery_for(job: Job, sources: Sources,
-                 plan: Placement, key: str, patches: str | None = None) -> Delivery:
+                 layout: Placement, key: str, patches: str | None = None) -> Delivery:
     """Where the verified image goes (tags, --out) and what its files' manifest says."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     record, facts, vllm = pipeline.record, image.facts, image.vllm
     provenance = Provenance(
         base=facts.ref, base_digest=facts.digest_ref, vllm_version=vllm.version,
-        vllm_commit=sources.commit, vllm_commit_id=vllm.commit_id, arch_list=plan.arch_list,
-        patches=patches or patches_of(opts), package_dir=plan.package_dir,
+        vllm_commit=sources.commit, vllm_commit_id=vllm.commit_id, arch_list=layout.arch_list,
+        patches=patches or patches_of(opts), package_dir=layout.package_dir,
         tool_version=__version__,
         external={name: entry.commit for name, entry in record.external.items()},
         torch_version=vllm.torch_version, platform=facts.platform, gpu=str(opts.gpu))
@@ -240,7 +245,7 @@ def delivery_for(job: Job, sources: Sources,
     return Delivery(opts.tag, opts.out, provenance, also, opts.replace_tag, key)
 
 
-def up_to_date(job: Job, plan: Placement,
+def up_to_date(job: Job, layout: Placement,
                delivery: Delivery, existing: str) -> str:
     """The content key names an image this tool built: tag it (and export --out, verified
     as after a build); nothing compiles."""
@@ -251,7 +256,8 @@ def up_to_date(job: Job, plan: Placement,
     if opts.out:
         with pipeline.steps.step("verify"):
             pipeline.verify_and_export(image.facts, existing,
-                                       (*plan.extensions, *plan.prebuilt), (None, None), delivery)
+                                       (*layout.extensions, *layout.prebuilt), (None, None),
+                                       delivery)
     pipeline.tag_result(image.facts, existing, delivery)
     # `aot IMAGE` has no --force: the same aot makes the same image
     result(f"up to date: {', '.join(delivery.tags)} (content key {delivery.content_key})"
@@ -259,7 +265,7 @@ def up_to_date(job: Job, plan: Placement,
     return opts.tag
 
 
-def build(job: Job, plan: BuildPlan,
+def build(job: Job, layout: BuildLayout,
           delivery: Delivery, context: Path) -> str:
     """Render the Dockerfile (FROM a temporary tag of exactly the base), bring what the
     builder lacks, build -> verify -> tag."""
@@ -267,17 +273,18 @@ def build(job: Job, plan: BuildPlan,
     log = pipeline.new_log(f"build-{delivery.content_key}")
     dockerfile = context / "Dockerfile"
     with pipeline.engine.pinned(image.facts.id) as pin:
-        dockerfile.write_text(render_build(plan, {CONTENT_KEY_LABEL: delivery.content_key},
+        dockerfile.write_text(render_build(layout, {CONTENT_KEY_LABEL: delivery.content_key},
                                            base=pin))
-        if plan.bring:
-            note(f"the builder brings {' and '.join(plan.bring)} ("
-                 f"{'this machine' if plan.bring_from == 'context' else 'pip'})")
-        found = host_tools() if plan.bring_from == "context" else None
+        if layout.bring:
+            note(f"the builder brings {' and '.join(layout.bring)} ("
+                 f"{'this machine' if layout.bring_from == 'context' else 'pip'})")
+        found = host_tools() if layout.bring_from == "context" else None
         if found:
-            place_host_tools(found, plan.bring, context)
+            place_host_tools(found, layout.bring, context)
         shutil.copy2(PAYLOAD, context / "build_extensions.py")
-        aot = f", with the aot'd {', '.join(plan.prebuilt)}" if plan.prebuilt else ""
+        aot = f", with the aot'd {', '.join(layout.prebuilt)}" if layout.prebuilt else ""
         pipeline.build_verify_tag(
-            ImageBuild(image.facts, context, dockerfile, (*plan.extensions, *plan.prebuilt), log,
-                       f"build {', '.join(plan.extensions)} for {opts.arch}{aot}"), delivery)
+            ImageBuild(image.facts, context, dockerfile,
+                       (*layout.extensions, *layout.prebuilt), log,
+                       f"build {', '.join(layout.extensions)} for {opts.arch}{aot}"), delivery)
     return _tagged(job, delivery, log)

@@ -31,11 +31,11 @@ from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.jobs.framework.run_record import RunDecision
 from sm121_build.jobs.framework.run_warnings import ptx_warning
 from sm121_build.rebuild.decide import (
-    ExtensionPlan,
+    ExtensionVerdict,
     aot_does_as_well,
     decide_inputs,
+    judge_extensions,
     left_by_aot,
-    plan_extensions,
     stock_counts,
 )
 from sm121_build.source.git_pin import (
@@ -95,23 +95,23 @@ class BuildChoice:
 
 
 def decide_builds(opts: Options, stock: Mapping[str, BinaryReport | None],
-                  plans: Sequence[ExtensionPlan], aot: tuple[AotAction, ...]) -> BuildChoice:
+                  verdicts: Sequence[ExtensionVerdict], aot: tuple[AotAction, ...]) -> BuildChoice:
     """The decide step, a function of what was gathered alone: the stock files' audit, the
-    plans read from the source (`plan_extensions`; none with --force) and the aot actions,
-    with the options.  It reads no file and asks no engine, network or program: a plan
+    verdicts read from the source (`judge_extensions`; none with --force) and the aot actions,
+    with the options.  It reads no file and asks no engine, network or program: a build
     aot does as well is left to aot; --force builds _C/_moe_C; --ext adds, --only
     restricts."""
     names = {extension_target(n): n for n in stock}
     lines: list[str] = []
     if opts.force:
         chosen = [n for n in stock if DEFAULT_EXTENSIONS.match(n.rsplit("/", 1)[-1])]
-        plans = []
+        verdicts = []
     else:
         native = native_by_aot(aot)
-        plans = [p for p in plans if not aot_does_as_well(p, native)]
-        lines = [one for p in plans for one in (p.line(), *(f"  {why}" for why in p.remains))]
+        verdicts = [p for p in verdicts if not aot_does_as_well(p, native)]
+        lines = [one for p in verdicts for one in (p.line(), *(f"  {why}" for why in p.remains))]
         lines += [action.line() for action in aot]
-        chosen = [p.name for p in plans if p.build]
+        chosen = [p.name for p in verdicts if p.build]
     for name in (e for e in opts.extra_ext if e != "auto"):
         file = names.get(extension_target(name), name)
         if file not in chosen:
@@ -119,19 +119,19 @@ def decide_builds(opts: Options, stock: Mapping[str, BinaryReport | None],
     if opts.only:
         wanted = {extension_target(o) for o in opts.only}
         chosen = [n for n in chosen if extension_target(n) in wanted]
-    built = [p for p in plans if p.name in chosen]
+    built = [p for p in verdicts if p.name in chosen]
     reason = "forced (--force)" if opts.force else "; ".join(
         [f"{p.target}: {p.reason}" for p in built] + [a.line() for a in aot]) \
         or "no extension gains"
     extensions = {p.name: {**p.as_record(), "action": "build" if p.build else "keep"}
-                  for p in plans}
+                  for p in verdicts}
     extensions.update({a.name: a.as_record(stock_counts(stock, a.name)) for a in aot})
     decision = RunDecision(bool(chosen or aot), reason, (*chosen, *(a.name for a in aot)),
                            extensions)
     if chosen or aot:
         return BuildChoice(tuple(chosen), tuple(lines), decision)
-    jit = sum(p.after["jit"] for p in plans)
-    kept = "; ".join(f"{p.target}: {p.reason}" for p in plans if p.before != p.after
+    jit = sum(p.after["jit"] for p in verdicts)
+    kept = "; ".join(f"{p.target}: {p.reason}" for p in verdicts if p.before != p.after
                      or p.before["jit"] or p.before["none"])
     return BuildChoice((), tuple(lines), decision, (
         f"no rebuild needed: no extension of {opts.base} gains native {DEFAULT_GPU} code "
@@ -142,8 +142,8 @@ def decide_builds(opts: Options, stock: Mapping[str, BinaryReport | None],
 
 def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Path,
                     aot: tuple[AotAction, ...] = ()) -> tuple[str, ...]:
-    """Gather, decide, carry out for the source build: the plans read from the patched
-    source (`decide.plan_extensions`: per stock extension, whether the build gives the GPU
+    """Gather, decide, carry out for the source build: the verdicts read from the patched
+    source (`decide.judge_extensions`: per stock extension, whether the build gives the GPU
     native code it lacks; not read with --force), the choice made of them
     (`decide_builds`), then said and recorded.  Empty: nothing to build (said, and
     recorded as not-needed)."""
@@ -152,10 +152,10 @@ def choose_to_build(job: Job, stock: dict[str, BinaryReport | None], source: Pat
         choice = decide_builds(opts, stock, (), aot)
     else:
         with pipeline.steps.step("decide"):
-            plans = plan_extensions(stock, decide_inputs(source, job.image.arch,
+            verdicts = judge_extensions(stock, decide_inputs(source, job.image.arch,
                                                          job.image.cuda, opts.gpu.target),
                                     {t: p.name for p in projects() for t in p.targets})
-            choice = decide_builds(opts, stock, plans, aot)
+            choice = decide_builds(opts, stock, verdicts, aot)
             for line in choice.lines:
                 note(line)
     pipeline.record.decided(choice.decision)
@@ -231,18 +231,37 @@ class ExtensionActions:
         return f"{'; '.join(parts)} for {arch}"
 
 
-def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
+@dataclass(frozen=True)
+class NothingToDo:
+    """A run that ends at the decide step: the decision to record and the line to say (None
+    and "" where the step that found nothing to build recorded and said it already)."""
+
+    decision: RunDecision | None = None
+    line: str = ""
+
+
+def nothing_to_aot(opts: Options, aot: tuple[AotAction, ...]) -> NothingToDo | None:
+    """A run with nothing to aot and no source build to fall back on (`aot IMAGE`, or a GPU
+    with no source rules), decided from the aot actions and the options alone (no I/O);
+    None when the run goes on."""
+    if aot or not (opts.aot_only or not opts.gpu.has_source_rules):
+        return None
+    return NothingToDo(RunDecision(False, "nothing to aot"),
+                       f"nothing to aot: no extension of {opts.base} has JIT-only kernels with "
+                       f"PTX on {opts.gpu}; nothing tagged")
+
+
+def plan_actions(job: Job, context: Path) -> ExtensionActions | NothingToDo:
     """The decide step: which extensions aot makes native (none with --from-source, --force
     or --no-patch), and which a source build improves, read from the source when it is
     needed (always without aot; with aot, only when a kernel aot cannot make native remains
-    and the source can be had).  None: nothing to do, said and recorded."""
+    and the source can be had).  `NothingToDo`: nothing gains; the carrying out records and
+    says it."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     aot, stock = planned_aot(job)
-    if not aot and (opts.aot_only or not opts.gpu.has_source_rules):
-        pipeline.record.decided(RunDecision(False, "nothing to aot"))
-        result(f"nothing to aot: no extension of {opts.base} has JIT-only kernels with PTX "
-               f"on {opts.gpu}; nothing tagged")
-        return None
+    nothing = nothing_to_aot(opts, aot)
+    if nothing is not None:
+        return nothing
     toolchain: Toolchain | None = None
     if aot:
         toolchain = aot_toolchain()  # this machine's ptxas, before any work
@@ -263,7 +282,7 @@ def plan_actions(job: Job, context: Path) -> ExtensionActions | None:
                 opts.gpu, aot, stock,
                 image.vllm.package_dir.lstrip("/") + "/" if opts.all_packages else ""))
     if not chosen and not aot:
-        return None
+        return NothingToDo()  # choose_to_build recorded and said why
     return ExtensionActions(aot, chosen, checkout, toolchain)
 
 
