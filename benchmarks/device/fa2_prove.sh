@@ -8,10 +8,9 @@
 #   bash fa2_prove.sh KIT OUT [HEAD_DIM]   from the repository root
 #
 # HEAD_DIM (a planted defect; one of FA2's head dims: 32, 64, 96, 128, 192, 256, or `all`
-# for every module): aot runs with a CUDA home whose ptxas, for the modules that hold that
-# head dim's kernels only (every FA2 module for `all`),
-# rounds every f32 fma toward zero (`fma.rn[.ftz].f32` -> `fma.rz[.ftz].f32` in the PTX it
-# is given: FA2's are all `.ftz`); the rest are compiled as they are.  prove must then
+# for every module): aot runs with the CUDA home of fa2_plant_ptxas.sh, whose ptxas rounds
+# every f32 fma toward zero in the modules that hold that head dim's kernels only (every FA2
+# module for `all`); the rest are compiled as they are.  prove must then
 # say "not proven" (exit 3), naming the cases of those modules.
 # OUT gets aot.log, prove.log (its stdout and stderr), proof.json and times.json.
 set -u
@@ -24,25 +23,9 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
 xz -dc "$KIT/fa2/_vllm_fa2_C.abi3.so.xz" > "$W/stock/_vllm_fa2_C.abi3.so" || exit 2
 home=()
 if [ -n "$PLANT" ]; then
-  pattern=$([ "$PLANT" = all ] && echo "" || echo "Li${PLANT}E")
   real=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
   cuda=$(dirname "$(dirname "$(readlink -f "$real")")")
-  mkdir -p "$W/cuda/bin"
-  for tool in "$cuda"/bin/*; do ln -s "$tool" "$W/cuda/bin/"; done
-  rm "$W/cuda/bin/ptxas"
-  cat > "$W/cuda/bin/ptxas" <<EOF
-#!/usr/bin/env bash
-# planted: the modules of head dim $PLANT get every f32 fma rounded toward zero
-src="\${@: -1}"
-if [[ "\$src" == *.ptx ]] && grep -q "Flash_fwd_kernel_traitsI${pattern}" "\$src"; then
-  planted="\${src%.ptx}.planted.ptx"
-  sed -E 's/fma\.rn(\.ftz)?\.f32/fma.rz\1.f32/g' "\$src" > "\$planted"
-  echo "\$src" >> "$W/planted.txt"
-  set -- "\${@:1:\$#-1}" "\$planted"
-fi
-exec "$cuda/bin/ptxas" "\$@"
-EOF
-  chmod +x "$W/cuda/bin/ptxas"
+  bash "$HERE/benchmarks/device/fa2_plant_ptxas.sh" "$cuda" "$W/cuda" "$PLANT" || exit 2
   home=(--cuda-home "$W/cuda")
 fi
 start=$(date +%s)
@@ -50,7 +33,7 @@ python3 -m sm121_build --progress plain aot "$W/stock/_vllm_fa2_C.abi3.so" --gpu
   --out "$W/aot" --no-cache "${home[@]}" > "$OUT/aot.log" 2>&1 || { tail -5 "$OUT/aot.log"; exit 2; }
 aot_s=$(( $(date +%s) - start ))
 tail -2 "$OUT/aot.log"
-[ -n "$PLANT" ] && echo "planted modules: $(sort -u "$W/planted.txt" | wc -l)"
+[ -n "$PLANT" ] && echo "planted modules: $(sort -u "$W/cuda/planted.txt" | wc -l)"
 start=$(date +%s)
 python3 -m sm121_build --progress plain prove --files "$W/aot" --stock "$W/stock" \
   --python python3 --json "$OUT/proof.json" --timeout "${PROVE_CHILD_S:-400}" \

@@ -89,16 +89,22 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
         context = Path(tmp)
         actions = plan_actions(job, context)
         if isinstance(actions, NothingToDo):  # nothing gains
-            if actions.decision is not None:
-                pipeline.record.decided(actions.decision)
-            if actions.line:
-                result(actions.line)
-            return opts.tag
+            return ended_with_nothing_to_do(pipeline, actions, opts.tag)
         if opts.plan_only:
             pipeline.record.ended(run_record.RunStatus.PLANNED)
             result(f"plan: {actions.line(opts.arch)}; nothing built (--plan)")
             return opts.tag
         return carry_out(job, actions, context)
+
+
+def ended_with_nothing_to_do(pipeline: Pipeline, nothing: NothingToDo, tag: str) -> str:
+    """The run's end when the decide step found nothing that gains: its decision recorded and
+    its line said (where the step had not done so already); nothing is tagged."""
+    if nothing.decision is not None:
+        pipeline.record.decided(nothing.decision)
+    if nothing.line:
+        result(nothing.line)
+    return tag
 
 
 def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
