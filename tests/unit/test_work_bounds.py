@@ -359,3 +359,19 @@ def test_a_whiteout_never_hides_its_own_layers_files(tmp_path: Path, jit_only_so
     image = oci_layout(tmp_path / "same.tar", [{"opt/lib/lower.so": so}, top])
     with binaries(str(image)) as found:
         assert sorted(Path(b.name).name for b in found) == ["evil.so", "mine.so"]
+
+
+def test_a_childs_output_of_many_short_lines_is_parsed_in_linear_time() -> None:
+    """Red team 11: a child's output was cut into lines by copying the rest of the chunk
+    after each line (`core.children.Lines`): a chunk of 64 KiB of newlines was 2 GiB of
+    copies, and `prove IMAGE`'s whole container log, given at once (`heard`), 1 MiB of
+    newlines 44 s.  What a hostile library prints on the harness's stdout is this input:
+    four times the lines cost about four times."""
+    from sm121_build.jobs.commands.prove_child import Asked, heard
+
+    def parse(count: int) -> None:
+        said = heard(b"\n" * count, Asked(), "the hostile child")
+        assert said.lines == count and said.ignored == count
+
+    ratio = _ratio(_best(lambda: parse(1 << 17)), _best(lambda: parse(1 << 19)))
+    assert ratio <= LINEAR_4N, f"4N lines cost {ratio:.1f}x N"
