@@ -44,10 +44,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
     _SESSION_STATE.append(tempfile.mkdtemp(prefix="sm121-test-state-"))
     os.environ["XDG_STATE_HOME"] = _SESSION_STATE[-1]
+    # the engine the tests marked docker use: DOCKER_HOST as the session began ("" for the
+    # default socket), kept where xdist's workers, started after this, inherit it
+    os.environ.setdefault(ENGINE_HOST, os.environ.get("DOCKER_HOST", ""))
 
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = "the engine's tests"
+ENGINE_HOST = "SM121_TESTS_DOCKER_HOST"  # the engine of the tests marked docker
 
 
 @functools.cache
@@ -89,9 +93,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from devkit.testtags import engine_used, remove_this_runs
 
     if engine_used:
+        import os
+
         import docker
 
-        remove_this_runs(docker.from_env(timeout=900))
+        engine = os.environ.get(ENGINE_HOST, "")
+        remove_this_runs(docker.from_env(timeout=900, environment={
+            **{k: v for k, v in os.environ.items() if k != "DOCKER_HOST"},
+            **({"DOCKER_HOST": engine} if engine else {})}))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -123,18 +132,24 @@ def _cmake_on_this_host(request: pytest.FixtureRequest,
         yield
 
 
-@pytest.fixture(autouse=True)
-def _no_engine_unless_marked(request: pytest.FixtureRequest,
-                             tmp_path_factory: pytest.TempPathFactory,
-                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test not marked `docker` has no engine to reach: DOCKER_HOST names a socket that is
-    not there (a test of its own fake engine sets its own).  So the engine's tests, one at a
-    time on one xdist worker, are the only ones that touch it while they count what it
-    holds; a test that reaches the engine unmarked fails here, not by chance there."""
-    if request.node.get_closest_marker("docker"):
-        return
-    dead = tmp_path_factory.getbasetemp() / "no-engine.sock"
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{dead}")
+    not there (a test of its own fake engine sets its own); a test marked `docker` has the
+    session's engine.  Set before any fixture of the test is made, those of its module and
+    the session too (a fixture of the test's own scope is made after them: a module's
+    fixture of an unmarked test reached the engine).  So the engine's tests, one at a time
+    on one xdist worker, are the only ones that touch it while they count what it holds; a
+    test that reaches the engine unmarked fails here, not by chance there."""
+    import os
+
+    engine = os.environ.get(ENGINE_HOST, "")
+    if not item.get_closest_marker("docker"):
+        engine = f"unix://{_SESSION_STATE[-1]}/no-engine.sock"
+    if engine:
+        os.environ["DOCKER_HOST"] = engine
+    else:
+        os.environ.pop("DOCKER_HOST", None)
 
 
 @pytest.fixture(scope="session")

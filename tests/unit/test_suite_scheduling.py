@@ -36,3 +36,18 @@ def test_a_test_not_marked_docker_reaches_no_engine() -> None:
     assert os.environ["DOCKER_HOST"].endswith("/no-engine.sock")
     with pytest.raises(docker.errors.DockerException):
         docker.from_env(timeout=5).ping()
+
+
+@pytest.fixture(scope="module")
+def engine_seen_by_a_module_fixture() -> str | None:
+    """What a fixture wider than a test sees: it is made before any fixture of the test's
+    own scope (the engine's images of a module are made so)."""
+    return os.environ.get("DOCKER_HOST")
+
+
+def test_a_fixture_wider_than_the_test_reaches_no_engine_either(
+        engine_seen_by_a_module_fixture: str | None) -> None:
+    """Red team 11: the engine was shut only by a fixture of each test's scope, made after
+    the module's and the session's: a module fixture of an unmarked test (`client_or_skip`,
+    `stock_workspace`) reached the engine, beside the engine's tests."""
+    assert (engine_seen_by_a_module_fixture or "").endswith("/no-engine.sock")
