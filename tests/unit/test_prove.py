@@ -198,6 +198,27 @@ def test_what_a_child_says_is_parsed_as_outside_input() -> None:
     assert [(c.case, c.first_s) for c in said.cases] == [("\x1b]0;x\x07", 0.5)]
 
 
+def test_a_gpu_the_proof_reader_would_refuse_is_no_gpu() -> None:
+    """Red team 11: a loader (an image's own python) that said driver 2147483647 or major 0
+    was taken: `prove` said "verdict: proven" and wrote a proof whose `driver_cuda`
+    ("2147483.64") or target ("sm_1") `kernels publish --proof` refuses as no proof.  The
+    device is taken only as the reader reads it back: a driver of CUDA 1.0 to 999.99, a
+    compute capability 1.0 to 99.9."""
+    from sm121_build.jobs.commands.proof_reading import _CUDA, _TARGET
+
+    for major, driver in ((12, 2**31 - 1), (12, 1_000_000), (0, 13000), (12, 999)):
+        said = Said(Asked())
+        said.line(json.dumps({"device": {"name": "g", "major": major, "minor": 1,
+                                         "driver": driver}}))
+        assert said.device is None, (major, driver)
+    for major, driver in ((12, 13000), (1, 1000), (99, 999_999)):
+        said = Said(Asked())
+        said.line(json.dumps({"device": {"name": "g", "major": major, "minor": 9,
+                                         "driver": driver}}))
+        assert said.device is not None
+        assert _CUDA.match(said.device.driver_cuda) and _TARGET.match(str(said.device.target))
+
+
 def test_the_proof_schema_is_closed() -> None:
     loaded = schema("proof")
     jsonschema.Draft202012Validator.check_schema(loaded)

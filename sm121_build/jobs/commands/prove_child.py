@@ -31,6 +31,8 @@ TEXT = 300
 NAMES = 20
 MAX_KEPT = 20_000  # answers one child's Said keeps: a cubin each, a case, an output
 KEPT_BYTES = 8 << 20  # of the lines those answers came in
+MAX_DRIVER = 1_000_000  # cuDriverGetVersion's past CUDA 999.99: a proof's driver_cuda has
+#                         at most three digits a side (`proof_reading`)
 
 
 class SaidTooMuch(Sm121Error):
@@ -268,8 +270,8 @@ class Said:
         major, minor = _count(value.get("major")), _count(value.get("minor"))
         driver = _count(value.get("driver"))
         if name is None or major is None or minor is None or driver is None \
-                or not major < 100 or not minor < 10:
-            return False
+                or not 1 <= major < 100 or not minor < 10 or not 1000 <= driver < MAX_DRIVER:
+            return False  # (a GPU, or a driver's CUDA, a proof could not be read back with)
         block, per_sm, sms = (_count(value.get(key)) for key in ("smem_block", "smem_sm",
                                                                    "sms"))
         sizes = GpuSizes(block, per_sm, sms) if block and per_sm and sms else None
