@@ -136,6 +136,8 @@ class Lines:
         start = 0
         while True:
             found = self.partial.find(b"\n", max(start, self.searched))
+            if found < 0:  # none up to the end: a long line cut by width is not searched again
+                self.searched = len(self.partial)
             cut = found - start if found >= 0 else -1  # from the line's start
             if self.skipping:
                 if cut < 0:

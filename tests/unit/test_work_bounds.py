@@ -375,3 +375,19 @@ def test_a_childs_output_of_many_short_lines_is_parsed_in_linear_time() -> None:
 
     ratio = _ratio(_best(lambda: parse(1 << 17)), _best(lambda: parse(1 << 19)))
     assert ratio <= LINEAR_4N, f"4N lines cost {ratio:.1f}x N"
+
+
+def test_a_log_line_that_never_ends_is_cut_in_linear_time() -> None:
+    """A log followed line by line (`core.children.Lines`, no `on_cut`) cuts a line that
+    never ends at its width and goes on; each cut searched the rest of the chunk for a
+    newline again (a 4 MiB line cut every 100 bytes: 40,000 searches of megabytes).  Four
+    times the bytes cost about four times."""
+    from sm121_build.core.children import Lines
+
+    def cut(size: int) -> None:
+        lines: list[str] = []
+        Lines(lines.append, 100)(b"x" * size)
+        assert len(lines) == size // 100
+
+    ratio = _ratio(_best(lambda: cut(1 << 20)), _best(lambda: cut(1 << 22)))
+    assert ratio <= LINEAR_4N, f"4N bytes cost {ratio:.1f}x N"
