@@ -787,9 +787,10 @@ def test_the_whole_fa2_proof_of_the_lent_h200_reads_back(tmp_path: Path) -> None
 def test_the_planted_fa2_proofs_of_the_lent_h200_name_the_planted_modules(
         tmp_path: Path, planted: str, differ: int) -> None:
     """docs/real-build.md's FA2 runs with a ptxas that rounds every f32 fma toward zero in
-    every module, or in the 8 modules of head dim 192 alone (the file #57 called proven):
-    failed; the differing cases are exactly those that launched a kernel of a planted
-    module, each naming its cubins."""
+    every module, or in the 8 modules of head dim 192 alone (the file #57 called proven;
+    both variants aot'd on the CPU machine, proven on a lent H200 on 2026-11-29 by
+    c_prove.sh): failed; the differing cases are exactly those that launched a kernel of a
+    planted module, each naming its cubins."""
     import gzip
 
     real = Path(__file__).resolve().parents[2] / "docs" / "real-build" / \
@@ -798,6 +799,7 @@ def test_the_planted_fa2_proofs_of_the_lent_h200_name_the_planted_modules(
     data = json.loads((tmp_path / "proof.json").read_text())
     _check(data)
     assert data["verdict"] == "failed" and len(data["ops"]) == 1337
+    assert data["made"].startswith("2026-11-29") and data["gpu"]["name"] == "NVIDIA H200"
     bad = [op for op in data["ops"] if op["bitwise_equal"] is False]
     assert len(bad) == differ == len(data["problems"])
     cubins = {c for op in bad for k in op["launched"] for c in k["cubins"]}
