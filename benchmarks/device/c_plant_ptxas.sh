@@ -9,12 +9,7 @@
 #   bash c_plant_ptxas.sh CUDA HOME    CUDA: a real toolkit (its bin/ptxas); HOME: made here
 set -eu
 CUDA=$1; HOME_DIR=$2
-mkdir -p "$HOME_DIR/bin"
-for tool in "$CUDA"/bin/*; do ln -sf "$tool" "$HOME_DIR/bin/"; done
-for dir in nvvm include lib64 targets; do
-  [ -e "$CUDA/$dir" ] && ln -sfn "$CUDA/$dir" "$HOME_DIR/$dir"
-done
-rm -f "$HOME_DIR/bin/ptxas"
+bash "$(dirname "$0")/cuda_home_links.sh" "$CUDA" "$HOME_DIR"
 cat > "$HOME_DIR/bin/ptxas" <<EOF
 #!/usr/bin/env bash
 src="\${@: -1}"

@@ -13,12 +13,7 @@ set -eu
 CUDA=$1; HOME_DIR=$2; PLANT=$3
 case "$PLANT" in all) pattern="" ;; *[!0-9]*|"") echo "HEAD_DIM: a number or all" >&2; exit 2 ;;
                  *) pattern="Li${PLANT}E" ;; esac
-mkdir -p "$HOME_DIR/bin"
-for tool in "$CUDA"/bin/*; do ln -sf "$tool" "$HOME_DIR/bin/"; done
-for dir in nvvm include lib64 targets; do
-  [ -e "$CUDA/$dir" ] && ln -sfn "$CUDA/$dir" "$HOME_DIR/$dir"
-done
-rm -f "$HOME_DIR/bin/ptxas"
+bash "$(dirname "$0")/cuda_home_links.sh" "$CUDA" "$HOME_DIR"
 cat > "$HOME_DIR/bin/ptxas" <<EOF
 #!/usr/bin/env bash
 # planted: the modules of head dim $PLANT get every f32 fma rounded toward zero
