@@ -18,16 +18,26 @@ from typing import Any
 
 import pytest
 
+from sm121_build.core.errors import Sm121Error
 from sm121_build.cuda.binary import AotAble, Policy
 from sm121_build.cuda.compat import ArchList, parse_target
+from sm121_build.cuda.ptxas import Toolchain
+from sm121_build.image.facts import ImageFacts, VllmInstall
 from sm121_build.jobs.aot_work.aot_step import AotAction
+from sm121_build.jobs.formats.render import BuildLayout
+from sm121_build.jobs.main_run.main_job import BuildFacts, decide_build
 from sm121_build.jobs.main_run.main_plan import (
     BuildChoice,
+    ExtensionActions,
+    Job,
     Options,
+    Resolved,
+    Sources,
     decide_builds,
     nothing_to_aot,
 )
 from sm121_build.rebuild.decide import ExtensionVerdict
+from sm121_build.source.git_pin import Checkout, GitRef
 
 # every way out a decision could take: files and folders, sockets, programs
 DOORS: tuple[tuple[Any, str], ...] = (
@@ -127,3 +137,55 @@ def test_nothing_to_aot_is_decided_of_the_options_and_the_aot_actions_alone() ->
     assert source_left is None  # the default GPU has source rules: the source is read next
     some = (AotAction("_C.abi3.so", AotAble(1, 1, 10)),)
     assert nothing_to_aot(replace(OPTS, aot_only=True), some) is None
+
+
+class _NoPipeline:
+    """A pipeline no decision may touch: any attribute read fails the test."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the decide step asked the pipeline for {name}")
+
+
+def _job(opts: Options) -> Job:
+    vllm = VllmInstall("0.19.1", "c" * 40, "/usr/lib/python3/dist-packages", "3.12",
+                       ("_C.abi3.so", "_moe_C.abi3.so", "vllm_flash_attn/_vllm_fa2_C.abi3.so"),
+                       "/usr/local/cuda/include", "/usr/local/cuda/lib64", "/usr/local/cuda",
+                       False, "2.11.0")
+    facts = ImageFacts("vllm/vllm-openai:v0.19.1", "sha256:" + "a" * 64,
+                       "vllm/vllm-openai@sha256:" + "f" * 64, "linux/arm64", vllm=vllm)
+    image = Resolved(facts, vllm, GitRef("commit", "c" * 40), "13.0", ArchList.parse("12.1"))
+    return Job(_NoPipeline(), opts, image)  # type: ignore[arg-type]
+
+
+def test_the_builds_layout_and_key_are_decided_of_the_gathered_facts_alone() -> None:
+    """#61: the content key and the layout are decided before anything is carried out, of
+    the plan, the options, the base resolved and the gathered facts (`BuildFacts`), with
+    every door shut and no pipeline: a source build with aot'd files in it, and aot alone;
+    every gathered fact the key is made of changes it."""
+    toolchain = Toolchain(Path("/nowhere/bin"), (13, 0), "13.0.88")
+    aot = (AotAction("vllm_flash_attn/_vllm_fa2_C.abi3.so", AotAble(1, 1, 10)),)
+    checkout = Checkout(Path("/nowhere/src"), "c" * 40, "", "")
+    sources = Sources("c" * 40, ("c" * 40, "flash-attention@" + "f" * 40 + "+"),
+                      (("VLLM_FLASH_ATTN_SRC_DIR", "flash-attention"),), Path("/nowhere/src"))
+    both = ExtensionActions(aot, ("_C.abi3.so",), checkout, toolchain)
+    facts = BuildFacts(sources, frozenset({"_C", "_moe_C"}), True, 8, "rules", "templates")
+    job = _job(OPTS)
+    with nothing_outside():
+        built = decide_build(job, both, facts)
+        alone = decide_build(job, ExtensionActions(aot, (), None, toolchain),
+                             BuildFacts(None, None, False, 8, "", ""))
+        others = {decide_build(job, both, replace(facts, **change)).key for change in (
+            {"rules": "other rules"}, {"templates": "other templates"},
+            {"sources": replace(sources, provenance=("d" * 40,))})}
+    assert isinstance(built.layout, BuildLayout) and built.layout.extensions == ("_C.abi3.so",)
+    assert built.layout.prebuilt == ("vllm_flash_attn/_vllm_fa2_C.abi3.so",)
+    assert built.layout.jobs == 8 and built.layout.buildkit
+    assert built.patches == "rules+aot-ptxas-13.0.88" and built.sources == sources
+    assert built == decide_build(job, both, facts)  # the same with the doors open
+    assert not isinstance(alone.layout, BuildLayout) and alone.patches == "aot-ptxas-13.0.88"
+    assert alone.layout.extensions == ("vllm_flash_attn/_vllm_fa2_C.abi3.so",)
+    assert alone.sources == Sources("c" * 40, ("c" * 40,))
+    assert built.key not in others and len(others) == 3 and alone.key != built.key
+    with pytest.raises(Sm121Error, match="no CMake target for _moe_C"):
+        decide_build(job, replace(both, build=("_C.abi3.so", "_moe_C.abi3.so")),
+                     replace(facts, targets=frozenset({"_C"})))

@@ -17,6 +17,7 @@ from sm121_build.jobs.formats.render import (
     render_build,
     render_kernels,
 )
+from sm121_build.source.external import source_targets
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -103,7 +104,7 @@ def test_default_extensions_follow_the_image(tmp_path: Path) -> None:
     assert choose_extensions(image, ("_flashmla_C",), None)[-1] == "_flashmla_C.abi3.so"
     (tmp_path / "CMakeLists.txt").write_text("define_gpu_extension_target(\n  _C\n)\n")
     with pytest.raises(Sm121Error, match=r"no CMake target for _moe_C\.abi3\.so"):
-        choose_extensions(image, (), tmp_path)
+        choose_extensions(image, (), frozenset(source_targets(tmp_path)))
     with pytest.raises(Sm121Error, match="no _C / _moe_C"):
         choose_extensions(("cumem_allocator.abi3.so",), (), None)
 

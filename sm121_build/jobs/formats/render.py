@@ -7,6 +7,7 @@ import json
 import os
 import posixpath
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -20,7 +21,7 @@ from sm121_build.core.vllm import DEFAULT_EXTENSIONS, MIN_CMAKE, extension_targe
 from sm121_build.cuda.compat import DEFAULT_GPU, ArchList
 from sm121_build.image.build_tools import TOOLS_PREFIX, how_to_bring
 from sm121_build.image.facts import ImageFacts, plain_path, require_vllm
-from sm121_build.source.external import source_targets, stand_in_envs
+from sm121_build.source.external import stand_in_envs
 from sm121_build.source.guard_rules import rules_digest
 
 
@@ -82,10 +83,12 @@ def default_file(target: str) -> str:
 
 
 def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
-                      source: Path | None, defaults: bool = True) -> tuple[str, ...]:
+                      defined: Collection[str] | None,
+                      defaults: bool = True) -> tuple[str, ...]:
     """The default set (the image's _C/_moe_C files, unless `defaults` is False: the main
-    job's decision names every one) plus `extra`, checked against the source.  A name is a
-    CMake target or a file name; the image's own path for it wins."""
+    job's decision names every one) plus `extra`, checked against the CMake targets the
+    source defines (`source_targets`; None: no source read).  A name is a CMake target or a
+    file name; the image's own path for it wins."""
     chosen = [e for e in image_extensions if DEFAULT_EXTENSIONS.match(e)] if defaults else []
     for name in extra:
         target = extension_target(name)
@@ -98,8 +101,7 @@ def choose_extensions(image_extensions: tuple[str, ...], extra: tuple[str, ...],
     if not chosen:
         raise Sm121Error("no _C / _moe_C extension files to rebuild (neither the image's vLLM "
                          "nor the source has them); name the ones to rebuild with --ext")
-    if source is not None:
-        defined = source_targets(source)
+    if defined is not None:
         missing = [e for e in chosen if extension_target(e) not in defined]
         if missing:
             raise Sm121Error(f"the pinned source defines no CMake target for {', '.join(missing)}"
@@ -257,17 +259,17 @@ def aot_label(files: tuple[str, ...]) -> dict[str, str]:
 class LayoutRequest:
     """What a build layout is asked for, beside the image: the arch list (torch's form), the
     extensions asked for (`extra_ext`; with `defaults`, the default ones too), MAX_JOBS,
-    the source tree (None: not read), the git ref and commit the labels name, whether
-    BuildKit builds it, whether cmake/ninja the image lacks may come from this machine
-    (`copy_tools`), the external projects' trees in the context, and the rules digest the
-    labels name (None: the rules shipped)."""
+    the CMake targets the source defines (None: no source read), the git ref and commit
+    the labels name, whether BuildKit builds it, whether cmake/ninja the image lacks may
+    come from this machine (`copy_tools`), the external projects' trees in the context, and
+    the rules digest the labels name (None: the rules shipped)."""
 
     arch: ArchList
     extra_ext: tuple[str, ...]
     git_ref: str
     buildkit: bool
     jobs: int | None = None
-    source: Path | None = None
+    targets: frozenset[str] | None = None
     commit: str | None = None
     copy_tools: bool = True
     defaults: bool = True
@@ -288,7 +290,7 @@ def layout_for(facts: ImageFacts, asked: LayoutRequest) -> BuildLayout:
     lib = vllm.cuda_lib or f"{vllm.cuda_home}/lib64"
     for path in (vllm.cuda_home, include, lib):  # each becomes words of the builder's ENV
         _require_plain(path)
-    extensions = choose_extensions(vllm.extensions, asked.extra_ext, asked.source,
+    extensions = choose_extensions(vllm.extensions, asked.extra_ext, asked.targets,
                                    asked.defaults)
     labels = provenance_labels(facts, asked.commit or asked.git_ref, arch, extensions,
                                rules_digest() if patches is None else patches) \

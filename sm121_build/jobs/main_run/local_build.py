@@ -52,8 +52,9 @@ def local_targets(source: Path, extra: tuple[str, ...]) -> list[str]:
     extension the source defines."""
     if not (source / "CMakeLists.txt").exists():
         raise Sm121Error(f"{source} has no CMakeLists.txt; is it a vLLM checkout?")
-    every = tuple(default_file(t) for t in sorted(source_targets(source)))
-    return [extension_target(e) for e in choose_extensions(every, extra, source)]
+    defined = frozenset(source_targets(source))
+    every = tuple(default_file(t) for t in sorted(defined))
+    return [extension_target(e) for e in choose_extensions(every, extra, defined)]
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,18 @@
 """The main job, carried out: `run_build` plans the run's actions (`main_plan.py`), says
-them for `--plan`, or carries them out: an image this tool built for the same content key
-is tagged; else aot on this machine (the aot'd files injected into a temporary tag of
-exactly the base), or a source build FROM it (the rendered Dockerfile, with the aot'd
-files copied in); then the pipeline's tail (`Pipeline.build_verify_tag`: verify, tag,
---out).  The temporary build context and the pin tag are removed on any exit.
+them for `--plan`, or gathers what the build needs (`gather_for_build`: the external
+sources, the engine's BuildKit, the digests), decides its layout and content key of those
+alone (`decide_build`) and carries it out (`carry_out`): an image this tool built for the
+same content key is tagged; else aot on this machine (the aot'd files injected into a
+temporary tag of exactly the base), or a source build FROM it (the rendered Dockerfile, with
+the aot'd files copied in); then the pipeline's tail (`Pipeline.build_verify_tag`: verify,
+tag, --out).  The temporary build context and the pin tag are removed on any exit.
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sm121_build import __version__
@@ -37,6 +39,7 @@ from sm121_build.jobs.formats.render import (
     LayoutRequest,
     Placement,
     aot_label,
+    default_jobs,
     gpu_label,
     layout_for,
     provenance_labels,
@@ -58,7 +61,7 @@ from sm121_build.jobs.main_run.main_plan import (
     resolve,
 )
 from sm121_build.jobs.payload import PAYLOAD
-from sm121_build.source.external import projects_for, read_pin
+from sm121_build.source.external import projects_for, read_pin, source_targets
 from sm121_build.source.git_pin import (
     Checkout,
     copy_into,
@@ -70,12 +73,40 @@ from sm121_build.source.guard_rules import (
 
 
 def content_key(facts: ImageFacts, provenance: tuple[str, ...], layout: Placement,
-                no_patch: bool) -> str:
+                rules: str, templates: str) -> str:
     """The key of a build: the base, the trees it compiles (`Sources.provenance`), the
-    guard rules, the arch list, the templates, the extensions and the tool's version."""
-    parts = [facts.id, *provenance, "nopatch" if no_patch else rules_digest(),
-             layout.arch_list, template_digest(), ",".join(layout.extensions), __version__]
+    guard rules (`rules_digest`, or "nopatch" with --no-patch), the arch list, the templates
+    (`template_digest`), the extensions and the tool's version."""
+    parts = [facts.id, *provenance, rules, layout.arch_list, templates,
+             ",".join(layout.extensions), __version__]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """What deciding a plan's build needs beyond the plan, gathered once
+    (`gather_for_build`): the trees a source build compiles and the CMake targets vLLM's
+    defines (None for aot alone), whether the engine builds with BuildKit, the build's
+    jobs, and the digests of the guard rules ("" with --no-patch) and of the templates."""
+
+    sources: Sources | None
+    targets: frozenset[str] | None
+    buildkit: bool
+    jobs: int
+    rules: str
+    templates: str
+
+
+@dataclass(frozen=True)
+class BuildDecision:
+    """The build a plan comes to, decided of the gathered facts alone (`decide_build`): its
+    layout (a `BuildLayout` from source, or the aot'd files' `Placement`), its content key,
+    the trees it is made of and what its manifest's `patches` says."""
+
+    layout: Placement
+    key: str
+    sources: Sources
+    patches: str
 
 
 def run_build(pipeline: Pipeline, opts: Options) -> str:
@@ -94,7 +125,8 @@ def run_build(pipeline: Pipeline, opts: Options) -> str:
             pipeline.record.ended(run_record.RunStatus.PLANNED)
             result(f"plan: {actions.line(opts.arch)}; nothing built (--plan)")
             return opts.tag
-        return carry_out(job, actions, context)
+        decision = decide_build(job, actions, gather_for_build(job, actions, context))
+        return carry_out(job, actions, decision, context)
 
 
 def ended_with_nothing_to_do(pipeline: Pipeline, nothing: NothingToDo, tag: str) -> str:
@@ -107,33 +139,63 @@ def ended_with_nothing_to_do(pipeline: Pipeline, nothing: NothingToDo, tag: str)
     return tag
 
 
-def carry_out(job: Job, actions: ExtensionActions, context: Path) -> str:
-    """The plan's actions: an image this tool built for the same content key is tagged
-    (nothing compiles); else aot on this machine, then a source build with the aot'd files
-    copied in (when anything is built from source) or the aot'd files alone into the pristine
-    base."""
-    pipeline, opts, image = job.pipeline, job.opts, job.image
-    aot, chosen, checkout, toolchain = actions.aot, actions.build, actions.checkout, \
-        actions.toolchain
+def gather_for_build(job: Job, actions: ExtensionActions, context: Path) -> BuildFacts:
+    """What the build needs beyond the plan: for a source build, the external projects'
+    trees copied and patched (`external_sources`), the CMake targets vLLM's tree defines,
+    whether the engine has BuildKit and the guard rules' and templates' digests; the jobs."""
+    opts = job.opts
+    jobs = opts.jobs or default_jobs()
+    if not actions.build or actions.checkout is None:  # aot alone: nothing more to gather
+        return BuildFacts(None, None, False, jobs, "", "")
+    sources = external_sources(job, context, actions.checkout, actions.build)
+    return BuildFacts(sources, frozenset(source_targets(sources.tree or context / "src")),
+                      job.pipeline.engine.buildkit_client() is not None, jobs,
+                      "" if opts.no_patch else rules_digest(), template_digest())
+
+
+def decide_build(job: Job, actions: ExtensionActions, gathered: BuildFacts) -> BuildDecision:
+    """The build's layout and content key, of the plan, the options, the base resolved and
+    the gathered facts alone (no file, engine, network or program): a source build with the
+    aot'd files in it if any, or the aot'd files alone into the pristine base."""
+    opts, image = job.opts, job.image
+    aot, toolchain = actions.aot, actions.toolchain
     prebuilt = tuple(a.name for a in aot)
-    if chosen and checkout is not None:  # from source, with the aot'd files in it if any
-        sources = external_sources(job, context, checkout, chosen)
-        built = layout_for(image.facts, source_layout(job, chosen, sources))
+    if gathered.sources is not None:  # from source, with the aot'd files in it if any
+        sources = gathered.sources
+        patches = "none" if opts.no_patch else gathered.rules  # as `patches_of` says it
+        built = layout_for(image.facts, LayoutRequest(
+            image.arch, actions.build, str(image.ref), gathered.buildkit, gathered.jobs,
+            gathered.targets, sources.commit, defaults=False, external=sources.external,
+            patches=patches))
         layout: Placement = replace(built, prebuilt=prebuilt,
-                                  labels=built.labels | aot_label(prebuilt))
-        provenance, patches = sources.provenance, patches_of(opts)
+                                    labels=built.labels | aot_label(prebuilt))
+        provenance = sources.provenance
         if toolchain is not None:
             provenance += (aot_key(image.facts.id, aot, toolchain, opts.gpu.target),)
             patches += f"+{aot_patches(toolchain)}"
-        key = content_key(image.facts, provenance, layout, opts.no_patch)
-    elif toolchain is not None:  # aot alone: the aot'd files into the pristine base
-        commit = image.vllm.commit_id or image.ref.value
-        sources = Sources(commit, (commit,))
-        patches = aot_patches(toolchain)
-        layout = aot_layout(job, prebuilt, commit, patches)
-        key = aot_key(image.facts.id, aot, toolchain, opts.gpu.target)
-    else:  # plan_actions returns None when there is neither
+        return BuildDecision(layout, content_key(
+            image.facts, provenance, layout, "nopatch" if opts.no_patch else gathered.rules,
+            gathered.templates), sources, patches)
+    if toolchain is None:  # plan_actions returns NothingToDo when there is neither
         raise AssertionError("a plan with nothing to aot or build")
+    commit = image.vllm.commit_id or image.ref.value
+    patches = aot_patches(toolchain)
+    return BuildDecision(aot_layout(job, prebuilt, commit, patches),
+                         aot_key(image.facts.id, aot, toolchain, opts.gpu.target),
+                         Sources(commit, (commit,)), patches)
+
+
+def carry_out(job: Job, actions: ExtensionActions, decision: BuildDecision,
+              context: Path) -> str:
+    """The plan's actions, as decided: an image this tool built for the same content key is
+    tagged (nothing compiles); else aot on this machine, then a source build with the aot'd
+    files copied in (when anything is built from source) or the aot'd files alone into the
+    pristine base."""
+    pipeline, opts, image = job.pipeline, job.opts, job.image
+    aot, toolchain = actions.aot, actions.toolchain
+    prebuilt = tuple(a.name for a in aot)
+    layout, key, sources, patches = decision.layout, decision.key, decision.sources, \
+        decision.patches
     pipeline.record.build_named(image.vllm.version, sources.commit, image.arch, key,
                                 layout.extensions)
     delivery = replace(delivery_for(job, sources, layout, key, patches),
@@ -222,16 +284,6 @@ def external_sources(job: Job, context: Path,
             for line in apply_for_build(context / "src", trees, job.patch_for, vllm=False):
                 note(line)
     return Sources(checkout.commit, provenance, tuple(external), context / "src")
-
-
-def source_layout(job: Job, chosen: tuple[str, ...],
-                sources: Sources) -> LayoutRequest:
-    """What a source build of `chosen` asks the layout for."""
-    pipeline, opts, image = job.pipeline, job.opts, job.image
-    return LayoutRequest(image.arch, chosen, str(image.ref),
-                       pipeline.engine.buildkit_client() is not None, opts.jobs,
-                       sources.tree, sources.commit, defaults=False,
-                       external=sources.external, patches=patches_of(opts))
 
 
 def delivery_for(job: Job, sources: Sources,
