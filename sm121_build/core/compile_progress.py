@@ -20,7 +20,9 @@ from importlib import resources
 
 from sm121_build.core.units import duration
 
-STEP = re.compile(r"\[(\d+)/(\d+)\]\s+(\S.*?)\s*$")
+# (its description is group 3 with the line's trailing space stripped: a lazy `(\S.*?)\s*$`
+# tried the rest of the line at each character, quadratic in a line of spaces)
+STEP = re.compile(r"\[(\d+)/(\d+)\]\s+(\S.*)")
 # BuildKit's own step headers (`#7 [2/3] COPY ...`, `#9 [builder 3/7] RUN ...`): not ninja's
 BUILDKIT_STEP = re.compile(r"^#\d+ \[[^\]]*\d+/\d+\]")
 MIN_DONE = 3  # steps finished before an ETA is given at all
@@ -92,7 +94,7 @@ class CompileProgress:
         found = STEP.search(line)
         if not found or BUILDKIT_STEP.match(line):
             return False
-        done, total, what = int(found.group(1)), int(found.group(2)), found.group(3)
+        done, total, what = int(found.group(1)), int(found.group(2)), found.group(3).rstrip()
         if total == 0 or done > total:
             return False
         phase = self.phases[-1] if self.phases else None
