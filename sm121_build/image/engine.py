@@ -847,9 +847,31 @@ def _stream_to(log: Path, line: str, status: StatusLine | None) -> None:
         status(line.strip())
 
 
-_DIAGNOSIS = re.compile(r"sm121-build: (.*(?:failed|produced no).*)$")
-_PTXAS = re.compile(r"(ptxas.*error.*)$", re.IGNORECASE)
+# what a failed build's line says: a line's first `sm121-build: ` or `ptxas`, then a word
+# after it, each searched once (`ptxas.*error.*` tried the rest of the line from every
+# `ptxas` in it: quadratic in a line of them)
+_DIAGNOSIS = re.compile(r"sm121-build: ")
+_DIAGNOSED = re.compile(r"failed|produced no")
+_PTXAS = re.compile(r"ptxas", re.IGNORECASE)
+_PTXAS_ERROR = re.compile(r"error", re.IGNORECASE)
 _ERROR = re.compile(r"((?:error|ERROR|Error)\b.*)$")
+
+
+def _diagnosis(line: str) -> str | None:
+    """The build script's diagnosis in a line (after `sm121-build: `, naming a failure)."""
+    found = _DIAGNOSIS.search(line)
+    return line[found.end():] if found and _DIAGNOSED.search(line, found.end()) else None
+
+
+def _ptxas_error(line: str) -> str | None:
+    """ptxas's own error in a line (from `ptxas` on, an `error` after it)."""
+    found = _PTXAS.search(line)
+    return line[found.start():] if found and _PTXAS_ERROR.search(line, found.end()) else None
+
+
+def _error(line: str) -> str | None:
+    found = _ERROR.search(line)
+    return found.group(1) if found else None
 
 
 def failure_cause(log: Path) -> str:
@@ -857,14 +879,14 @@ def failure_cause(log: Path) -> str:
     own message when there are such lines, else the last error line."""
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
 
-    def first(pattern: re.Pattern[str], reverse: bool = False) -> str | None:
+    def first(said: Callable[[str], str | None], reverse: bool = False) -> str | None:
         for line in reversed(lines) if reverse else lines:
-            if match := pattern.search(line):
-                return match.group(1).strip()
+            if (found := said(line)) is not None:
+                return found.strip()
         return None
 
-    diagnosis, ptxas = first(_DIAGNOSIS), first(_PTXAS)
+    diagnosis, ptxas = first(_diagnosis), first(_ptxas_error)
     parts = [part for part in (diagnosis, f"ptxas said: {ptxas}" if ptxas else None) if part]
     if not parts:
-        parts = [first(_ERROR, reverse=True) or "see the log"]
+        parts = [first(_error, reverse=True) or "see the log"]
     return "; ".join(parts)[:400]
