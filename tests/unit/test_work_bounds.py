@@ -391,3 +391,39 @@ def test_a_log_line_that_never_ends_is_cut_in_linear_time() -> None:
 
     ratio = _ratio(_best(lambda: cut(1 << 20)), _best(lambda: cut(1 << 22)))
     assert ratio <= LINEAR_4N, f"4N bytes cost {ratio:.1f}x N"
+
+
+def test_a_build_line_of_spaces_is_read_for_progress_in_linear_time() -> None:
+    """Red team 12: every line of a build's output is read for ninja's `[n/N]` counter
+    (`CompileProgress.feed`, the live line of the main job and `local`), whose pattern's lazy
+    description (`(\\S.*?)\\s*$`) tried the rest of the line at each character: one 16 KiB
+    line (the width a log line is cut at) of `[1/2] a`, spaces and `b` held the build's
+    output for 1.5 s.  Four times the spaces cost about four times."""
+    from sm121_build.core.compile_progress import CompileProgress
+
+    def feed(spaces: int) -> None:
+        progress = CompileProgress()
+        assert progress.feed("[1/2] a" + " " * spaces + "b  \n", 0.0)
+        assert progress.phases[0].starts == [(0.0, "a" + " " * spaces + "b")]
+
+    ratio = _ratio(_best(lambda: feed(1 << 12)), _best(lambda: feed(1 << 14)))
+    assert ratio <= LINEAR_4N, f"4N spaces cost {ratio:.1f}x N"
+
+
+def test_a_failed_builds_log_is_read_for_its_cause_in_linear_time(tmp_path: Path) -> None:
+    """Red team 12: a failed build's log is read for ptxas's message (`failure_cause`), whose
+    pattern `ptxas.*error.*` tried the rest of a line from every `ptxas` in it: a 16 KiB line
+    of them cost 0.4 s, and a log of thousands of such lines held the run's one error line
+    for an hour.  Four times the line costs about four times; what is said is unchanged."""
+    from sm121_build.image.engine import failure_cause
+
+    def cause(size: int) -> None:
+        log = tmp_path / f"build-{size}.log"
+        log.write_text("Ptxas" * size + " sm121-build: " * size + "\n")
+        assert failure_cause(log) == "see the log"
+
+    ratio = _ratio(_best(lambda: cause(1 << 11)), _best(lambda: cause(1 << 13)))
+    assert ratio <= LINEAR_4N, f"4N bytes cost {ratio:.1f}x N"
+    log = tmp_path / "build.log"
+    log.write_text("a ptxas b PTXAS x Error: y\nz sm121-build: q sm121-build: r failed\n")
+    assert failure_cause(log) == "q sm121-build: r failed; ptxas said: ptxas b PTXAS x Error: y"
