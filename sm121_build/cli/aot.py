@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from sm121_build.cli.params import Count, InputPath, gpu_name, seconds_value
 from sm121_build.core.console import notice
@@ -14,6 +15,8 @@ from sm121_build.cuda.compat import DEFAULT_GPU, parse_target
 from sm121_build.cuda.ptxas import find_toolchain
 
 DEFAULT_TIMEOUT = "3600"  # per module: FA2's largest takes ~2 minutes on one core
+# the options of files alone: an image's aot is the main job's (its ptxas, cache and limits)
+FILE_OPTIONS = ("cuda_home", "jobs", "split", "timeout", "no_cache")
 
 
 def _target(given: str | None) -> str:
@@ -99,6 +102,7 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
 
     if len(paths) == 1 and not os.path.lexists(paths[0]) and not names_a_file(paths[0]) \
             and looks_like_image_ref(paths[0]):  # (a mistyped path: said not to exist below)
+        _refuse_file_options(click.get_current_context())
         _aot_image(paths[0], out, (tag, replace_tag), gpu, all_packages)
         return
     if all_packages:
@@ -126,6 +130,19 @@ def aot(  # noqa: PLR0913 (a click command: a parameter per option)
     if not outcome.files:
         notice(f"nothing to compile: every fatbin aot can reach in {', '.join(paths)} loads "
                f"natively on {target} or has no PTX it can JIT")
+
+
+def _refuse_file_options(ctx: click.Context) -> None:
+    """An image's aot is the main job's, which takes none of the options of files: one
+    given is refused, never ignored (`--cuda-home` named a ptxas the run did not use)."""
+    given = [max(param.secondary_opts if param.name == "split" and not ctx.params["split"]
+                 else param.opts, key=len) for param in ctx.command.params
+             if param.name in FILE_OPTIONS and ctx.get_parameter_source(param.name or "")
+             not in (None, ParameterSource.DEFAULT)]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: for files, folders and wheels; an "
+                               "image's aot is the main job's (this machine's newest "
+                               "ptxas, the aot cache, every core)")
 
 
 def _aot_image(base: str, out: Path | None, tagging: tuple[str | None, bool],

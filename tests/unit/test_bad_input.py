@@ -165,6 +165,19 @@ def test_aot_of_a_path_that_is_not_there_says_so(arg: str) -> None:
     assert line.startswith(f"error: {arg} does not exist"), line
 
 
+@pytest.mark.parametrize(("given", "named"), [
+    (["--cuda-home", "."], "--cuda-home"), (["--no-cache"], "--no-cache"),
+    (["--timeout", "5"], "--timeout"), (["-j", "2"], "--jobs"), (["--no-split"], "--no-split"),
+    (["--jobs", "2", "--split"], "--jobs, --split")])
+def test_an_option_of_files_given_with_an_image_is_refused_never_ignored(
+        given: list[str], named: str) -> None:
+    """Red team 12: `aot IMAGE --cuda-home DIR` (or --timeout, --jobs, --no-cache, --split)
+    went on to the engine and compiled with this machine's newest ptxas, its cache and every
+    core, the option silently dropped: refused in one line before the engine is asked."""
+    line = one_line_error(cli("aot", "rt12-no/such-image:tag", *given), alone=True)
+    assert line.startswith(f"error: {named}: for files, folders and wheels"), line
+
+
 @pytest.mark.parametrize(("arch", "spelt"), [
     ("12.1", "12.1"), ("12.1a", "12.1a"), ("9.0 12.1", "9.0;12.1"), ("12.0f", "12.0f"),
     ("8.0+PTX;12.1", "8.0+PTX;12.1"), ("12.0f,12.1", "12.0f;12.1")])
