@@ -144,7 +144,7 @@ class Stub:
 Cubins = list[tuple[Entry, dict[str, int]]]  # each cubin entry, its kernels and their bytes
 
 
-def cubin_kernels(path: Path) -> Cubins:
+def cubins_of(path: Path) -> Cubins:
     """Every cubin of a .so with its kernels' code sizes: read once for both the name
     comparison and the stub evidence."""
     with HostBinary.open(path) as binary:
@@ -153,7 +153,7 @@ def cubin_kernels(path: Path) -> Cubins:
 
 def stubs_of(cubins: Cubins, target: Target) -> dict[str, Stub]:
     """The kernels (by `kernel_key`) whose code `target` loads from these cubins (a file's,
-    `cubin_kernels`) is a stub."""
+    `cubins_of`) is a stub."""
     loaded: dict[str, tuple[int, str]] = {}
     elsewhere: dict[str, tuple[int, str]] = {}
     for entry, sizes in cubins:
@@ -215,7 +215,7 @@ class KernelComparison:
 
 
 def newest_of(cubins: Cubins) -> tuple[str | None, frozenset[str]]:
-    """The newest SM a file's cubins (`cubin_kernels`) are for, and the kernels they
+    """The newest SM a file's cubins (`cubins_of`) are for, and the kernels they
     define."""
     if not cubins:
         return None, frozenset()
@@ -231,7 +231,7 @@ def compare_kernels(name: str, stock: Path | None, built: BinaryReport,
     file's newest arch (a build for sm_121 carries what the stock file's newest build did);
     for another GPU (aot alone), every kernel the stock file gives that GPU at all, natively
     or through the JIT (`stock_report`, audited for it): aot makes them all native."""
-    cubins = cubin_kernels(stock) if stock else []
+    cubins = cubins_of(stock) if stock else []
     arch, kernels = newest_of(cubins)
     if not target.is_default and stock_report is not None and stock_report.kernels is not None:
         arch = f"loadable on {target}"

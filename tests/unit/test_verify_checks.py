@@ -26,7 +26,7 @@ from sm121_build.verify.checks import (
     check_version,
     compare_kernels,
     copy_destination,
-    cubin_kernels,
+    cubins_of,
     image_torch_exports,
     kernel_key,
     newest_of,
@@ -251,11 +251,11 @@ def test_kernel_comparison_compares_names_not_counts() -> None:
 
 
 def test_newest_arch_kernels_reads_real_cubins(matrix: dict[str, Path]) -> None:
-    arch, kernels = newest_of(cubin_kernels(matrix["sm90"]))
+    arch, kernels = newest_of(cubins_of(matrix["sm90"]))
     assert arch == "sm_90"
     assert "_ZN4vllm15rms_norm_kernelEPfPKfi" in kernels
-    assert newest_of(cubin_kernels(matrix["plain"]))[0] == "sm_121"
-    assert newest_of(cubin_kernels(matrix["ptx_only"])) == (None, frozenset())
+    assert newest_of(cubins_of(matrix["plain"]))[0] == "sm_121"
+    assert newest_of(cubins_of(matrix["ptx_only"])) == (None, frozenset())
 
 
 # The CUDAStream ABI break seen on Spark builds: c10::DeviceIndex changed from int8_t to

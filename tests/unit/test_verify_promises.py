@@ -171,10 +171,10 @@ def test_a_kernel_that_was_a_stub_on_sm_121_may_be_left_out(
     sm_90 cubin, many times larger): a build without it loses nothing, and says so.  The
     same kernel with a real sm_120 body must stay."""
     from sm121_build.cuda.compat import DEFAULT_TARGET
-    from sm121_build.verify.checks import Stub, cubin_kernels, stubs_of
+    from sm121_build.verify.checks import Stub, cubins_of, stubs_of
 
     def stub_kernels(path: Path) -> dict[str, Stub]:
-        return stubs_of(cubin_kernels(path), DEFAULT_TARGET)
+        return stubs_of(cubins_of(path), DEFAULT_TARGET)
 
     stubs = stub_kernels(files["stock-stub"])
     assert list(stubs) == ["_ZN4vllm16sm90_only_kernelEPfPKfi"]

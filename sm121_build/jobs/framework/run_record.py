@@ -79,7 +79,7 @@ class ExtensionCounts:
         return cls(dict(data["cubins"]), dict(data["ptx"]), dict(data["kernels"]))
 
 
-def binaries(reports: dict[str, BinaryReport]) -> dict[str, ExtensionCounts]:
+def extension_counts(reports: dict[str, BinaryReport]) -> dict[str, ExtensionCounts]:
     return {name: ExtensionCounts.of(r) for name, r in sorted(reports.items())}
 
 
@@ -198,7 +198,7 @@ class RunRecord:
 
     def verified(self, stock: dict[str, BinaryReport], built: dict[str, BinaryReport],
                           fp4_excluded: dict[str, int], abi_checked: int) -> None:
-        self.before, self.after = binaries(stock), binaries(built)
+        self.before, self.after = extension_counts(stock), extension_counts(built)
         self.fp4_excluded, self.abi_symbols_checked = fp4_excluded, abi_checked
 
     def exported(self, folder: Path | None) -> None:

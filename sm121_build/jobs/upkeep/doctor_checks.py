@@ -28,7 +28,7 @@ from sm121_build.core.paths import cache_dir, state_dir
 from sm121_build.cuda.compat import DEFAULT_DRIVER_CUDA, DEFAULT_GPU, is_default_gpu
 from sm121_build.cuda.nvidia_smi import output, read
 from sm121_build.cuda.ptxas import INSTALL_HINT, Toolchain, ptxas_folders, toolchains
-from sm121_build.image.build_tools import host_tools as packaged
+from sm121_build.image.build_tools import host_tools
 from sm121_build.image.refs import registry_of
 
 Status = Literal["OK", "WARN", "FAIL"]
@@ -231,7 +231,7 @@ def disk(probe: Probe, engine: EngineFacts | None, base_bytes: int | None) -> li
     return checks
 
 
-def host_tools(probe: Probe) -> list[Check]:
+def host_tools_checks(probe: Probe) -> list[Check]:
     """This machine's compilers: `sm121-build local` uses them all, `aot` (and the main
     job's aot actions) ptxas and fatbinary; a source build compiles inside the image."""
     found = {tool: probe.which(tool) for tool in ("cmake", "ninja", "nvcc", "ptxas")}
@@ -239,7 +239,7 @@ def host_tools(probe: Probe) -> list[Check]:
     have = ", ".join(f"{tool} {path}" for tool, path in found.items() if path) or "none"
     if not missing:
         return [Check("host tools", "OK", f"{have} (for sm121-build local; ptxas for aot)")]
-    if packaged() is not None and set(missing) <= {"cmake", "ninja"}:
+    if host_tools() is not None and set(missing) <= {"cmake", "ninja"}:
         return [Check("host tools", "OK", f"{have}; cmake/ninja from this Python "
                       "environment (for sm121-build local)")]
     return [Check("host tools", "WARN", f"no {', '.join(missing)} here: `sm121-build local` "
@@ -369,7 +369,7 @@ def run_checks(probe: Probe, refs: tuple[str, ...] = (),
     checks += docker_group(probe)
     checks += buildkit(probe)
     checks += disk(probe, engine, base_bytes)
-    checks += host_tools(probe)
+    checks += host_tools_checks(probe)
     checks += aot_ptxas(probe)
     checks += gpu(probe)[0]
     checks += registry_logins(probe, refs)
