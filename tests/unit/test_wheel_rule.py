@@ -273,3 +273,24 @@ def test_a_member_with_no_true_strong_hash_in_its_record_is_refused(
     done = _cli("aot", str(wheel), "--out", str(tmp_path / "out"), "--target", "sm_121")
     assert done.returncode == 2 and done.stderr.rstrip().endswith("refused"), done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_audit_and_aot_tell_a_wheel_by_its_bytes_not_its_name(jit_only_so: Path,
+                                                              tmp_path: Path) -> None:
+    """#61: one rule says what a wheel is, for `aot` as for `audit` (`unpack.archive_kind`:
+    a zip by its first bytes).  A `.whl` that is no zip is no wheel to either (aot called it
+    a damaged wheel); a wheel under another name is read as one by both."""
+    fake = tmp_path / "fake-1.0-py3-none-any.whl"
+    fake.write_bytes(b"hello")
+    audited, aoted = _cli("audit", str(fake)), _cli("aot", str(fake), "--out",
+                                                     str(tmp_path / "o"))
+    assert audited.returncode == aoted.returncode == 2
+    assert audited.stderr.startswith(f"error: {fake}: not an ELF file")
+    assert aoted.stderr.startswith(f"error: {fake}: not an ELF file")
+    renamed = _wheel(tmp_path / "pkg-1.0-py3-none-any.so", jit_only_so.read_bytes(), [],
+                     "pkg/_k.so,,\n")
+    listed = _cli("audit", "--json", str(renamed), "--target", "sm_121", "--driver", "13.0")
+    assert [b["name"] for b in json.loads(listed.stdout)["binaries"]] == ["pkg/_k.so"]
+    made = _cli("aot", str(renamed), "--out", str(tmp_path / "out"), "--target", "sm_121")
+    assert made.returncode == 2  # read as a wheel: its RECORD is checked (it was no ELF file)
+    assert "its RECORD gives pkg/_k.so no sha256 (or stronger) hash" in made.stderr

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
+from sm121_build.audit.unpack import archive_kind
 from sm121_build.core.console import note, notice, report_error, result, shown
 from sm121_build.core.errors import CorruptBinaryError, ToolchainError
 from sm121_build.core.inputs import (
@@ -185,7 +186,8 @@ def run_aot(request: AotRequest) -> AotResult:
     started = time.monotonic()
     outcome = AotResult()
     results = Results(request.out, request.inputs)
-    wheels = [s for s in request.inputs if s.suffix == ".whl" and kind_of(s) == "file"]
+    wheels = [s for s in request.inputs  # a wheel by the audit's rule: a zip by its bytes
+              if kind_of(s) == "file" and archive_kind(s) == "zip"]
     files = [found for source in request.inputs if source not in wheels
              for found in _elf_files(source, outcome)]
     targets = {path: results.claim(relative, str(path)) for path, relative in files}

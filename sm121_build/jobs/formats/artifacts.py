@@ -290,9 +290,14 @@ def _require_signed(folder: Path, manifest: bytes, trust: TrustKey) -> None:
                         "it was signed, or signed by another key)")
 
 
-# the command line's separators (`;`, space, `,`): a manifest written before the arch list
-# was spelt one way (`12.0f,12.1`) is still read
-_ARCH_LIST = re.compile(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?([;, ][0-9]{1,2}\.[0-9][af]?(\+PTX)?)*")
+def _is_arch_list(value: object) -> bool:
+    """An arch list as `ArchList.parse` reads one (the one parser; the command line's
+    separators, so a manifest written before the list was spelt one way, `12.0f,12.1`, is
+    still read), with at least one entry."""
+    try:
+        return bool(ArchList.parse(str(value)).items)
+    except Sm121Error:
+        return False
 
 
 def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:
@@ -309,7 +314,7 @@ def _require_plain_values(path: Path, manifest: dict[str, Any]) -> None:
         if not str(key).isprintable() or (value and not value.isprintable()):
             raise Sm121Error(f"{path}: {cut(key)!r} holds a control character (a newline?): "
                              "refused")
-    if not _ARCH_LIST.fullmatch(str(manifest.get("arch_list"))):
+    if not _is_arch_list(manifest.get("arch_list")):
         raise Sm121Error(f"{path}: arch_list {cut(str(manifest.get('arch_list')))!r} is not an "
                          f"arch list such as {DEFAULT_ARCH} or 12.0;{DEFAULT_ARCH}a")
     gpu = manifest.get("gpu")
