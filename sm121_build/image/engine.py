@@ -51,7 +51,7 @@ from sm121_build.core.errors import (
     RegistryUnavailable,
     Sm121Error,
 )
-from sm121_build.core.inputs import InputRefused, read_input
+from sm121_build.core.inputs import InputRefused, open_file, read_input
 from sm121_build.core.interrupts import answer_within
 from sm121_build.core.leftovers import LEFT_BEHIND
 from sm121_build.core.limits import ENGINE_VARIABLE, REGISTRY_VARIABLE, Limits
@@ -874,19 +874,25 @@ def _error(line: str) -> str | None:
     return found.group(1) if found else None
 
 
+LOG_LINE = 16 * 1024  # a log line read at most this long; the rest reads as lines of its own
+
+
 def failure_cause(log: Path) -> str:
     """What a failed build's log says went wrong: the build script's diagnosis and ptxas's
-    own message when there are such lines, else the last error line."""
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-
-    def first(said: Callable[[str], str | None], reverse: bool = False) -> str | None:
-        for line in reversed(lines) if reverse else lines:
-            if (found := said(line)) is not None:
-                return found.strip()
-        return None
-
-    diagnosis, ptxas = first(_diagnosis), first(_ptxas_error)
+    own message when there are such lines, else the last error line.  The log is read once,
+    a line (at most `LOG_LINE` bytes) at a time, through the files-in door: a log of any
+    size is never held whole."""
+    diagnosis = ptxas = last_error = None
+    with open_file(log, "the build's log") as handle:
+        while chunk := handle.readline(LOG_LINE):
+            for line in chunk.decode("utf-8", "replace").splitlines():
+                if diagnosis is None and (found := _diagnosis(line)) is not None:
+                    diagnosis = found.strip()
+                if ptxas is None and (found := _ptxas_error(line)) is not None:
+                    ptxas = found.strip()
+                if (found := _error(line)) is not None:
+                    last_error = found.strip()
     parts = [part for part in (diagnosis, f"ptxas said: {ptxas}" if ptxas else None) if part]
     if not parts:
-        parts = [first(_error, reverse=True) or "see the log"]
+        parts = [last_error or "see the log"]
     return "; ".join(parts)[:400]

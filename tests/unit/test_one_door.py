@@ -66,8 +66,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the file this run is about to replace, kept to roll back (a regular file: "
         "real_file resolved it inside the tree)",
     ("image/engine.py", 'open(log, "a", encoding="utf-8")'): "the run's own log",
-    ("image/engine.py", 'log.read_text(encoding="utf-8", errors="replace")'):
-        "the run's own log",
     ("image/engine.py", "iidfile.read_text()"): "docker build's --iidfile in the temp folder",
     ("image/engine.py", 'tarfile.open(fileobj=stream, mode="r|", bufsize=STREAM_READ)'):
         "the engine's answer, streamed with its limits",

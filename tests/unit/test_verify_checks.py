@@ -543,3 +543,26 @@ def test_a_planted_abi_cache_entry_is_not_used(tmp_path: Path, monkeypatch: pyte
     exported, libraries = image_torch_exports(files, "sha256:abc", site, tmp_path)
     assert libraries == 1 and "_ZN3c1011rt3_missingEv" not in exported
     assert "_ZN3c104cuda20getCurrentCUDAStreamEa" in exported
+
+
+def test_a_failed_builds_log_is_read_a_line_at_a_time_never_whole(tmp_path: Path) -> None:
+    """Red team 12's lead: `failure_cause` read the whole log into memory (a log is as long
+    as the build made it: one line of 48 MiB was 48 MiB held, and more as text).  It reads
+    through the files-in door, a line of at most LOG_LINE bytes at a time: the peak stays
+    a few lines, and the cause is the same."""
+    import tracemalloc
+
+    from sm121_build.image.engine import LOG_LINE
+
+    log = tmp_path / "build.log"
+    with log.open("w") as out:
+        out.write("step 1\n" + "x" * (48 << 20) + "\n")
+        out.write("ptxas fatal   : error in module.ptx\nERROR: process did not complete\n")
+    tracemalloc.start()
+    try:
+        said = failure_cause(log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert said == "ptxas said: ptxas fatal   : error in module.ptx"
+    assert peak < 32 * LOG_LINE, f"{peak} bytes held"
