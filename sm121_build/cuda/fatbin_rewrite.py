@@ -39,7 +39,7 @@ from sm121_build.cuda.fatbin import (
     EntryAt,
     read_entry,
 )
-from sm121_build.cuda.host import MACHINES  # the one ELF machine table
+from sm121_build.cuda.machines import EM_AARCH64, EM_X86_64, MACHINES
 
 WRAPPER_MAGIC = 0x466243B1
 _WRAPPER = struct.Struct("<IIQQ")
@@ -48,7 +48,6 @@ _RELA = struct.Struct("<QQq")  # r_offset, r_info, r_addend
 CONTAINER_ALIGN = 8
 SHT_RELA = 4
 SHF_ALLOC = 2
-EM_X86_64, EM_AARCH64 = 62, 183
 RELATIVE = {EM_X86_64: 8, EM_AARCH64: 1027}  # R_X86_64_RELATIVE, R_AARCH64_RELATIVE
 
 

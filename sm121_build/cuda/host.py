@@ -13,10 +13,10 @@ from sm121_build.core.inputs import open_file
 from sm121_build.cuda.dynsym import DynamicSymbols, dynamic_symbols
 from sm121_build.cuda.elf import MAGIC as ELF_MAGIC
 from sm121_build.cuda.elf import Elf, ElfError, name
+from sm121_build.cuda.machines import MACHINES
 
 SHT_DYNAMIC = 6
 DT_NEEDED, DT_INIT, DT_INIT_ARRAYSZ, DT_PREINIT_ARRAYSZ = 1, 12, 27, 32
-MACHINES = {3: "i386", 62: "x86_64", 183: "aarch64", 190: "cuda", 40: "arm"}
 
 
 @dataclass(frozen=True)

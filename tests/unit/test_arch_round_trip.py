@@ -38,7 +38,7 @@ def test_an_accepted_arch_list_is_read_back_the_same_everywhere(
     except click.BadParameter:
         return  # refused at the edge (an arch and variant CUDA has not): nothing is written
     spelt = str(parsed)  # what the manifest, the labels and the record carry
-    assert artifacts._ARCH_LIST.fullmatch(spelt), spelt
+    assert artifacts._is_arch_list(spelt), spelt  # the manifest check takes it
     assert ArchList.parse(spelt) == parsed  # read back from any of them: the same value
     assert parsed.cmake == ";".join(e.replace("+PTX", "") for e in [*entries, native])
     assert pinned_tag("0.33.0", "c" * 40, ArchList.parse(spelt)) == pinned_tag(
