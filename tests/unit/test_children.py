@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,19 @@ def _end_every_process_naming(part: str) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def _no_sleeper_left(tmp_path: Path) -> Iterator[None]:
+    """Test hygiene: after each test, every pid a test wrote under its temp folder that
+    still runs `sleep` is ended, whether the test passed or not (a promise mutant that breaks
+    the ending of programs fails these tests and left their `sleep 600`s running)."""
+    yield
+    for written in tmp_path.rglob("*"):
+        if written.is_file() and not written.is_symlink() and written.stat().st_size < 32:
+            text = written.read_text(errors="replace").strip()
+            if text.isdigit():
+                _end_if_running(int(text), b"sleep\x00")
 
 
 def _end_if_running(pid: int, command: bytes) -> None:
@@ -326,7 +340,7 @@ def test_a_hanging_version_is_said_as_such(tmp_path: Path,
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("ptxas", "fatbinary"):
-        _script(bin_dir, tool, "sleep 600\n")
+        _script(bin_dir, tool, f"sleep 600 &\necho $! > {tmp_path}/{tool}.pid\nwait\n")
     with pytest.raises(ToolchainError, match=r"--version gave no answer in 1 s$"):
         ptxas.find_toolchain(tmp_path)
 
@@ -341,22 +355,16 @@ def test_a_daemons_whole_tree_is_ended_with_the_run(jit_only_so: Path, tmp_path:
     home.mkdir()
     _toolchain(home, f'setsid sh -c "sleep 600 & echo \\$! > {pids}/a; sleep 601 & '
                f'echo \\$! > {pids}/b; wait" >/dev/null 2>&1 < /dev/null &\nsleep 600\n')
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "sm121_build", "aot", str(jit_only_so), "--out",
-             str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
-             "--target", "sm_121", "--timeout", "2"], capture_output=True, text=True,
-            timeout=120, check=False, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
-        assert done.returncode == 2 and "ran past its 2 s limit" in done.stderr, done.stderr
-        time.sleep(0.3)
-        left = [int(p.read_text()) for p in pids.iterdir()]
-        assert len(left) == 2
-        assert not [pid for pid in left if _alive(pid)], "a daemon's child outlived the run"
-    finally:  # never leave them to the machine, whatever failed
-        for written in pids.iterdir():
-            text = written.read_text().strip()
-            if text.isdigit():
-                _end_if_running(int(text), b"sleep\x0060")
+    done = subprocess.run(
+        [sys.executable, "-m", "sm121_build", "aot", str(jit_only_so), "--out",
+         str(tmp_path / "out"), "--cuda-home", str(home / "bin" / ".."), "--no-cache",
+         "--target", "sm_121", "--timeout", "2"], capture_output=True, text=True,
+        timeout=120, check=False, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert done.returncode == 2 and "ran past its 2 s limit" in done.stderr, done.stderr
+    time.sleep(0.3)
+    left = [int(p.read_text()) for p in pids.iterdir()]
+    assert len(left) == 2  # (_no_sleeper_left ends them, whatever fails)
+    assert not [pid for pid in left if _alive(pid)], "a daemon's child outlived the run"
 
 
 @pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
