@@ -1,6 +1,6 @@
 """aot's compile loop (`jobs/aot_work/aot_compile`): every module once, never more threads at
 work than cores, a failed module handed back as its error (the others go on), the line from
-the first second, and the pace measured here kept for the next plan (per ptxas version).
+the first second, and the pace measured here kept for the next run's estimates (per ptxas version).
 The compile itself is a stand-in here; the real ptxas runs in tests/unit/test_aot.py."""
 
 from __future__ import annotations

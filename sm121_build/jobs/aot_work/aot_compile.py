@@ -1,6 +1,6 @@
 """aot's compile loop: modules started as `cuda/ptxas_schedule` says, a live line from the
 first second, and the machine's pace against the table of measured costs kept for the next
-inputs.
+run's estimates.
 
 The line speaks at once and again while ptxas works in silence (a 33.7 MB CUTLASS module is
 minutes of one process saying nothing): the share of the estimated CPU work done, what runs,
@@ -166,6 +166,6 @@ def kept_pace(version: str) -> float:
 
 
 def keep_pace(version: str, pace: float) -> None:
-    """Keep this run's pace for the next inputs (the state folder, one small JSON file)."""
+    """Keep this run's pace for the next run's estimates (the state folder, one small JSON file)."""
     store_bytes(state_dir() / PACE_FILE,
                 json.dumps({"pace": round(pace, 3), "ptxas": version}).encode())

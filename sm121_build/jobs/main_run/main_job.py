@@ -159,7 +159,7 @@ def decide_build(job: Job, actions: ExtensionActions, gathered: BuildFacts) -> B
     aot'd files in it if any, or the aot'd files alone into the pristine base."""
     opts, image = job.opts, job.image
     aot, toolchain = actions.aot, actions.toolchain
-    prebuilt = tuple(a.name for a in aot)
+    prebuilt = actions.prebuilt
     if gathered.sources is not None:  # from source, with the aot'd files in it if any
         sources = gathered.sources
         patches = "none" if opts.no_patch else gathered.rules  # as `patches_of` says it
@@ -193,7 +193,7 @@ def carry_out(job: Job, actions: ExtensionActions, decision: BuildDecision,
     pristine base."""
     pipeline, opts, image = job.pipeline, job.opts, job.image
     aot, toolchain = actions.aot, actions.toolchain
-    prebuilt = tuple(a.name for a in aot)
+    prebuilt = actions.prebuilt
     layout, key, sources, patches = decision.layout, decision.key, decision.sources, \
         decision.patches
     pipeline.record.build_named(image.vllm.version, sources.commit, image.arch, key,

@@ -224,6 +224,11 @@ class ExtensionActions:
     checkout: Checkout | None
     toolchain: Toolchain | None  # None: nothing to aot
 
+    @property
+    def prebuilt(self) -> tuple[str, ...]:
+        """The files aot makes native, by their path under the package (placed, not built)."""
+        return tuple(a.name for a in self.aot)
+
     def line(self, arch: ArchList) -> str:
         """`aot A, B; build C for 12.1`."""
         parts = ([f"aot {', '.join(a.name for a in self.aot)}"] if self.aot else []) + \
