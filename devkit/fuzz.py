@@ -199,7 +199,7 @@ def cmake_reader(data: bytes, tmp: Path) -> object:
 def prove_child(data: bytes, tmp: Path) -> object:
     """What `prove`'s children print (JSON lines from the user's interpreter), as the job
     reads it: every line, bounded, each field checked."""
-    from sm121_build.jobs.commands.prove_child import Asked, Said
+    from sm121_build.jobs.proofs.prove_child import Asked, Said
 
     said = Said(Asked(cases=None, kernels=frozenset({"_Z6repackIiEvv"})))
     for line in data.decode("utf-8", "replace").splitlines():
@@ -221,7 +221,7 @@ def _covered_proof() -> bytes:
 def proof_document(data: bytes, tmp: Path) -> object:
     """A proof document as `kernels publish --proof` reads it: a file, bounded, JSON, each
     field checked and the verdict against its counts."""
-    from sm121_build.jobs.commands.proof_reading import read_proof
+    from sm121_build.jobs.proofs.proof_reading import read_proof
 
     path = tmp / "proof.json"
     path.write_bytes(data)

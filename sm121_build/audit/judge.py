@@ -108,9 +108,9 @@ def source_verdicts(reports: list[BinaryReport],
         if (source / "cmake").is_dir():
             shutil.copytree(source / "cmake", tree / "cmake", symlinks=True)
         apply_for_build(tree, {}, PatchFor(version, under.arch, cuda, gpu))
-        plans = judge_extensions(stock, decide_inputs(tree, under.arch, cuda, gpu),
-                                {t: p.name for p in projects() for t in p.targets})
-    return {audited[p.name]: judged(p, gpu) for p in plans}
+        verdicts = judge_extensions(stock, decide_inputs(tree, under.arch, cuda, gpu),
+                                   {t: p.name for p in projects() for t in p.targets})
+    return {audited[p.name]: judged(p, gpu) for p in verdicts}
 
 
 def judged(verdict: ExtensionVerdict, gpu: Target) -> Rebuild:

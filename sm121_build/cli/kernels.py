@@ -11,11 +11,6 @@ from sm121_build.core.console import notice, say, say_json, shown
 from sm121_build.image.cosign import TrustKey, Untrusted, attested, require_signed
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
-from sm121_build.jobs.commands.proof_reading import (
-    read_proof,
-    require_proof_of,
-    require_verdict,
-)
 from sm121_build.jobs.formats.artifacts import load
 from sm121_build.jobs.framework.pipeline import Pipeline
 from sm121_build.jobs.kernel_images.kernels_image import (
@@ -26,6 +21,11 @@ from sm121_build.jobs.kernel_images.kernels_image import (
     provenance_files,
     publish,
     require_repository,
+)
+from sm121_build.jobs.proofs.proof_reading import (
+    read_proof,
+    require_proof_of,
+    require_verdict,
 )
 
 

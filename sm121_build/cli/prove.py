@@ -82,8 +82,8 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     """
     from sm121_build.core.console import notice
     from sm121_build.core.outputs import refuse_onto_inputs, replace_bytes
-    from sm121_build.jobs.commands.prove_document import document, say_proof
-    from sm121_build.jobs.commands.proving import HostChildren, run_prove
+    from sm121_build.jobs.proofs.prove_document import document, say_proof
+    from sm121_build.jobs.proofs.proving import HostChildren, run_prove
 
     if (image is None) == (files is None) or (files is None) != (stock is None):
         raise click.UsageError("give IMAGE, or --files DIR and --stock DIR")
@@ -104,7 +104,7 @@ def prove(image: str | None, files: Path | None, stock: Path | None,  # noqa: PL
     if files is not None and stock is not None:
         proof = run_prove(files, stock, HostChildren(python, timeout, jobs))
     else:
-        from sm121_build.jobs.commands.prove_image import run_prove_image
+        from sm121_build.jobs.proofs.prove_image import run_prove_image
 
         assert image is not None
         proof = run_prove_image(image, python, timeout)

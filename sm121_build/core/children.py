@@ -111,6 +111,9 @@ class Kept:
             bytes(self.tail)
 
 
+LINE_WIDTH = 16 * 1024  # a line of a child's output or a log is read at most this long
+
+
 class Lines:
     """Chunks of output as lines, for a caller that follows a log line by line; a line is
     cut at `width` bytes, so one that never ends is not held whole.  A log goes on with
@@ -118,7 +121,7 @@ class Lines:
     line as a whole one (`on_cut`: a protocol a child speaks) is told of the cut line
     instead, and nothing of it is handed on, up to its newline."""
 
-    def __init__(self, on_line: Callable[[str], None], width: int = 16 * 1024,
+    def __init__(self, on_line: Callable[[str], None], width: int = LINE_WIDTH,
                  on_cut: Callable[[], None] | None = None) -> None:
         self.on_line = on_line
         self.on_cut = on_cut

@@ -265,7 +265,7 @@ def _jit_only(entries: list[Entry], target: Target) -> dict[int, Entry]:
 
 def aot_reach(data: Buffer | None, entries: list[Entry], raw: RawKind,
               target: Target) -> AotReach:
-    """The one aot-ability rule (the audit's "aot-able" and `aot`'s plan both use it).
+    """The one aot-ability rule (the audit's "aot-able" and `aot`'s choice of modules both use it).
     `aot` compiles a container's PTX when no cubin of it loads on the target, only in a
     shared object whose `.nv_fatbin` containers are registered through `.nvFatBinSegment`
     and RELATIVE relocations it can move (`fatbin_rewrite.read_layout`); a file that is

@@ -1,6 +1,6 @@
 """What a PTX module costs ptxas, in CPU-seconds: measured where known, else estimated.
 
-aot's plan, its live line and its schedule (`ptxas_schedule`) need each module's cost
+aot's estimate, its live line and its schedule (`ptxas_schedule`) need each module's cost
 before it is compiled.  Bytes alone mislead: CUTLASS GEMM PTX (vLLM's `_C`) takes several
 times more ptxas CPU per byte than flash-attention's.  So, as the build's ETA uses recorded
 builds (`data/ninja/`), aot uses recorded compiles: `data/ptxas_costs.json` holds the

@@ -39,7 +39,7 @@ import requests.exceptions
 import urllib3.exceptions
 from requests.models import PreparedRequest, Response
 
-from sm121_build.core.children import Lines, Program, run
+from sm121_build.core.children import LINE_WIDTH, Lines, Program, run
 from sm121_build.core.console import cut, note
 from sm121_build.core.errors import (
     BuildFailed,
@@ -649,22 +649,29 @@ class Engine:
                 raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
             return iidfile.read_text().strip()
         image_id = ""
+        # the engine's chunks are cut into lines as the CLI's output is (a chunk's text
+        # may hold many lines, part of one, or one that never ends)
+        lines = Lines(lambda line: _stream_to(log, line, status))
         try:
             with self._waiting(max(BUILD_SILENCE_S, self.limits.engine_s)):
                 chunks = self.client.api.build(path=str(context), dockerfile=str(dockerfile),
                                                rm=True, forcerm=True, decode=True)
             for chunk in chunks:
-                if "stream" in chunk:
-                    _stream_to(log, chunk["stream"], status)
+                if isinstance(said := chunk.get("stream"), str):
+                    lines(said.encode("utf-8", "replace"))
                 if "error" in chunk:
-                    _stream_to(log, chunk["error"], status)
-                    raise BuildFailed(f"docker build failed: {failure_cause(log)}; "
+                    lines.close()  # a line the engine left open, then its error on its own
+                    said = str(chunk["error"])
+                    lines(f"{said}\n".encode("utf-8", "replace"))
+                    raise BuildFailed(f"docker build failed: {failure_cause(log, said)}; "
                                       f"full log: {log}")
                 if "aux" in chunk and "ID" in chunk["aux"]:
                     image_id = chunk["aux"]["ID"]
         except docker.errors.APIError as exc:
             raise BuildFailed(f"docker build failed: {_said(exc)}; "
                               f"full log: {log}") from None
+        finally:
+            lines.close()
         if not image_id:
             raise BuildFailed(f"docker build produced no image; full log: {log}")
         return image_id
@@ -874,17 +881,15 @@ def _error(line: str) -> str | None:
     return found.group(1) if found else None
 
 
-LOG_LINE = 16 * 1024  # a log line read at most this long; the rest reads as lines of its own
-
-
-def failure_cause(log: Path) -> str:
+def failure_cause(log: Path, engine_said: str | None = None) -> str:
     """What a failed build's log says went wrong: the build script's diagnosis and ptxas's
-    own message when there are such lines, else the last error line.  The log is read once,
-    a line (at most `LOG_LINE` bytes) at a time, through the files-in door: a log of any
-    size is never held whole."""
+    own message when there are such lines, else the last error line, else the engine's own
+    error (`engine_said`: the legacy builder's, which names no "error").  The log is read once,
+    a line (at most `core/children.LINE_WIDTH` bytes; the rest reads as lines of its own) at
+    a time, through the files-in door: a log of any size is never held whole."""
     diagnosis = ptxas = last_error = None
     with open_file(log, "the build's log") as handle:
-        while chunk := handle.readline(LOG_LINE):
+        while chunk := handle.readline(LINE_WIDTH):
             for line in chunk.decode("utf-8", "replace").splitlines():
                 if diagnosis is None and (found := _diagnosis(line)) is not None:
                     diagnosis = found.strip()
@@ -894,5 +899,5 @@ def failure_cause(log: Path) -> str:
                     last_error = found.strip()
     parts = [part for part in (diagnosis, f"ptxas said: {ptxas}" if ptxas else None) if part]
     if not parts:
-        parts = [last_error or "see the log"]
+        parts = [last_error or (engine_said or "").strip() or "see the log"]
     return "; ".join(parts)[:400]

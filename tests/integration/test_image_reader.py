@@ -220,3 +220,42 @@ def test_torch_exports_are_read_through_the_engine(tmp_path: Path,
     assert (exported, libraries) == ({"_ZN3c106answerEi"}, 1)
     assert (exported, libraries) == image_torch_exports(
         DirectoryFiles(root), "sha256:folder", f"/{SITE}", tmp_path)  # the stand-in agrees
+
+
+def _children_removed(client: docker.DockerClient, image_id: str) -> None:
+    """The images built on `image_id` (a test's own base), the newest first."""
+    for image in client.api.images(all=True):
+        if image.get("ParentId") == image_id:
+            _children_removed(client, str(image["Id"]))
+            client.images.remove(str(image["Id"]), force=True)
+
+
+def test_the_legacy_builders_output_is_cut_into_lines_as_the_clis_is(
+        venv_image: VenvImage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The legacy builder (`DOCKER_BUILDKIT=0`, through the API) hands its output as chunks:
+    a step's echo of a 40 KiB instruction is one.  They reach the log and the status line
+    through `core/children.Lines` as the CLI's output does: no line longer than
+    `LINE_WIDTH`, and the engine's error is the failure's cause."""
+    from sm121_build.core.children import LINE_WIDTH
+    from sm121_build.core.errors import BuildFailed
+
+    client, _root, tag = venv_image
+    monkeypatch.setenv("DOCKER_BUILDKIT", "0")
+    context = tmp_path / "context"
+    context.mkdir()
+    dockerfile = context / "Dockerfile"
+    dockerfile.write_text(f"FROM {tag}\nLABEL big={'a' * 40 * 1024}\nCOPY missing-file /x\n")
+    log = tmp_path / "build.log"
+    shown: list[str] = []
+    engine = Engine.connect()
+    assert engine.buildkit_client() is None
+    try:
+        with pytest.raises(BuildFailed) as failed:
+            engine.build(context, dockerfile, log, status=shown.append)
+    finally:
+        _children_removed(client, client.images.get(tag).id)
+    lines = log.read_text().splitlines()
+    assert max(len(line.encode()) for line in lines) <= LINE_WIDTH
+    assert sum(len(line) for line in lines if set(line) == {"a"}) >= 40 * 1024 - LINE_WIDTH
+    assert all(len(line.encode()) <= LINE_WIDTH for line in shown)
+    assert "missing-file" in str(failed.value) and str(log) in str(failed.value)

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from devkit.fake_torch import H100_CUDA
-from sm121_build.jobs.commands.prove_cases import FAMILIES, Dealing, Modules, plan_cases
-from sm121_build.jobs.commands.prove_child import Device, GpuSizes
 from sm121_build.jobs.payload import marlin_kernels as mk
 from sm121_build.jobs.payload.marlin_kernels import Case, Kernel, Sizes
+from sm121_build.jobs.proofs.prove_cases import FAMILIES, Dealing, Modules, deal_cases
+from sm121_build.jobs.proofs.prove_child import Device, GpuSizes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kernel_names"
 H100 = mk.H100_SIZES
@@ -192,19 +192,19 @@ def test_a_derivation_reads_back_and_refuses_a_bad_case() -> None:
             mk.cases_from_json(bad)
 
 
-def test_the_plan_deals_marlin_cases_by_module_and_names_the_dead(tmp_path: Path) -> None:
+def test_marlin_cases_are_dealt_by_module_and_the_dead_named(tmp_path: Path) -> None:
     names = _names()
     modules = Modules({n: 1 + i % 3 for i, n in enumerate(names)}, {1: 10, 2: 20, 3: 30})
     h200 = Device("NVIDIA H200", 9, 0, 13000, "580", GpuSizes(232448, 233472, 132))
-    plan = plan_cases(FAMILIES["marlin"], names, modules, h200, Dealing(4, tmp_path))
-    assert plan.derives and plan.derived == 341 and len(plan.parts) == 3
-    assert plan.parts[0].fixed and not plan.parts[1].fixed
-    assert len(plan.dead) == 11
+    dealt = deal_cases(FAMILIES["marlin"], names, modules, h200, Dealing(4, tmp_path))
+    assert dealt.derives and dealt.derived == 341 and len(dealt.parts) == 3
+    assert dealt.parts[0].fixed and not dealt.parts[1].fixed
+    assert len(dealt.dead) == 11
     assert all(why.startswith("the Marlin dispatch (vLLM 0.22.0 marlin.cu) never selects "
-                              "it on compute capability 9.0: ") for why in plan.dead.values())
-    dealt = [mk.cases_from_json(json.loads(p.cases.read_text())) for p in plan.parts
+                              "it on compute capability 9.0: ") for why in dealt.dead.values())
+    read = [mk.cases_from_json(json.loads(p.cases.read_text())) for p in dealt.parts
              if p.cases is not None]
-    assert sum(len(d) for d in dealt) == 341
+    assert sum(len(d) for d in read) == 341
 
 
 # FAKE: a stand-in `torch` for harness_marlin.py run as a script: the repack ops and

@@ -17,7 +17,7 @@ from devkit.helpers import ROOT, cli, one_line_error
 from devkit.keys import key_pair
 from sm121_build.core.errors import Sm121Error, VerificationError
 from sm121_build.image.cosign import SigningKey, TrustKey, Untrusted
-from sm121_build.jobs.commands.proof_reading import (
+from sm121_build.jobs.proofs.proof_reading import (
     NotAProof,
     read_proof,
     require_proof_of,

@@ -31,10 +31,10 @@ from sm121_build.core.shipped import schema
 from sm121_build.cuda.compat import Target
 from sm121_build.cuda.dynsym import demangle
 from sm121_build.cuda.fatbin import HostBinary, device_file_kind, ptx_kernels
-from sm121_build.jobs.commands.proof_reading import read_proof
-from sm121_build.jobs.commands.prove_child import Asked, Said
-from sm121_build.jobs.commands.prove_document import Subject
-from sm121_build.jobs.commands.proving import Pair, extract
+from sm121_build.jobs.proofs.proof_reading import read_proof
+from sm121_build.jobs.proofs.prove_child import Asked, Said
+from sm121_build.jobs.proofs.prove_document import Subject
+from sm121_build.jobs.proofs.proving import Pair, extract
 
 ENV = {"CUDA_HOME": str(cuda_home())}
 
@@ -204,7 +204,7 @@ def test_a_gpu_the_proof_reader_would_refuse_is_no_gpu() -> None:
     ("2147483.64") or target ("sm_1") `kernels publish --proof` refuses as no proof.  The
     device is taken only as the reader reads it back: a driver of CUDA 1.0 to 999.99, a
     compute capability 1.0 to 99.9."""
-    from sm121_build.jobs.commands.proof_reading import _CUDA, _TARGET
+    from sm121_build.jobs.proofs.proof_reading import _CUDA, _TARGET
 
     for major, driver in ((12, 2**31 - 1), (12, 1_000_000), (0, 13000), (12, 999)):
         said = Said(Asked())
@@ -239,8 +239,8 @@ def test_the_proof_schema_is_closed() -> None:
 
 
 def test_the_children_get_the_jit_they_are_meant_to(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm121_build.jobs.commands.prove_child import JIT_OFF, JIT_ON, Jit
-    from sm121_build.jobs.commands.proving import _env
+    from sm121_build.jobs.proofs.prove_child import JIT_OFF, JIT_ON, Jit
+    from sm121_build.jobs.proofs.proving import _env
 
     monkeypatch.setenv("CUDA_FORCE_PTX_JIT", "1")  # would make every cubin JIT from PTX
     monkeypatch.setenv("CUDA_DISABLE_PTX_JIT", "1")
@@ -263,8 +263,8 @@ def test_cuda_12s_jit_switches_in_the_users_environment_reach_no_child(
     """Red team: CUDA_FORCE_JIT=1 (CUDA 12: ignore every cubin, JIT the PTX or NVVM IR) in
     the user's environment reached the native runs, whose added cubins the driver would
     then pass over for the stock PTX; CUDA_DISABLE_JIT=1 reached the reference's."""
-    from sm121_build.jobs.commands.prove_child import JIT_OFF, JIT_ON, Jit
-    from sm121_build.jobs.commands.proving import _env
+    from sm121_build.jobs.proofs.prove_child import JIT_OFF, JIT_ON, Jit
+    from sm121_build.jobs.proofs.proving import _env
 
     monkeypatch.setenv(name, "1")
     for jit in (JIT_ON, JIT_OFF, Jit(True, "/run/jit-cache")):
@@ -276,8 +276,8 @@ def test_an_images_own_jit_switches_are_said_outright_in_every_container() -> No
     containers: only the PTX-only switches were given.  Every child's environment now sets
     each of them, to the driver's default."""
     from sm121_build.image.api import ConfinedResult, GpuJob
-    from sm121_build.jobs.commands.prove_child import JIT_OFF, JIT_ON, Jit
-    from sm121_build.jobs.commands.prove_image import ImageChildren
+    from sm121_build.jobs.proofs.prove_child import JIT_OFF, JIT_ON, Jit
+    from sm121_build.jobs.proofs.prove_image import ImageChildren
 
     jobs: list[GpuJob] = []
 
@@ -635,7 +635,7 @@ def test_a_trap_stub_never_launched_is_unreachable_with_the_evidence(tmp_path: P
     real kernel and an `assert` stub (which exits) are not; so a file whose only kernel
     never launched is a trap stub is proven."""
     from sm121_build.cuda.added import AddedCubin, trap_stubs
-    from sm121_build.jobs.commands.proving import Extracted, coverage
+    from sm121_build.jobs.proofs.proving import Extracted, coverage
 
     (tmp_path / "k.cu").write_text(TRAP_STUB)
     subprocess.run([str(cuda_home() / "bin" / "nvcc"), "-cubin", "-arch=sm_121", "-o",
@@ -660,8 +660,8 @@ def test_a_trap_stub_never_launched_is_unreachable_with_the_evidence(tmp_path: P
         3, 0, ("_Z7assertsIfEvPT_", "real"))
     assert [(u.name, u.why) for u in cover.unreachable] == [("stub", stubs["stub"])]
     assert not cover.whole
-    from sm121_build.jobs.commands.prove_child import Compared, Launched
-    from sm121_build.jobs.commands.prove_document import OpResult
+    from sm121_build.jobs.proofs.prove_child import Compared, Launched
+    from sm121_build.jobs.proofs.prove_document import OpResult
 
     equal = OpResult("k.so", "op", "case", Compared("op/case", True, 0.0), (1.0, 0.1))
     cover = coverage(item, [Launched("real", "op/case"),
@@ -673,8 +673,8 @@ def test_prove_files_loads_neither_the_signing_nor_the_engine_code() -> None:
     """`prove --files` runs on a GPU host that may lack what signing and the engine need (a
     lent H200 had no `cryptography`): its modules import neither (until --sign-key)."""
     script = ("import sys\n"
-              "import sm121_build.cli.prove, sm121_build.jobs.commands.proving\n"
-              "import sm121_build.jobs.commands.prove_document\n"
+              "import sm121_build.cli.prove, sm121_build.jobs.proofs.proving\n"
+              "import sm121_build.jobs.proofs.prove_document\n"
               "print([m for m in sys.modules if m.split('.')[0] in ('cryptography', 'docker')"
               " or m == 'sm121_build.image.cosign'])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -1003,8 +1003,8 @@ def test_the_reader_refuses_a_case_launching_a_kernel_never_launched(
 def test_a_differing_line_is_bounded_whatever_the_cubin_count() -> None:
     """Red team: the line named 3 kernels but every cubin: 20,000 launched kernels (what a
     child may keep) made a line of 128,970 characters."""
-    from sm121_build.jobs.commands.prove_child import Compared
-    from sm121_build.jobs.commands.prove_document import KernelLaunched, OpResult
+    from sm121_build.jobs.proofs.prove_child import Compared
+    from sm121_build.jobs.proofs.prove_document import KernelLaunched, OpResult
 
     launched = tuple(KernelLaunched(f"_Z{n}kv", (n,)) for n in range(20_000))
     op = OpResult("_C.abi3.so", "marlin_gemm", "c", Compared("marlin_gemm/c", False, 3.0),

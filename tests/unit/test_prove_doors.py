@@ -22,8 +22,8 @@ from devkit.keys import key_pair
 from sm121_build.cli import cli as root
 from sm121_build.cli.params import InputPath, interpreter_value
 from sm121_build.core.console import CUT, shown_cut
-from sm121_build.jobs.commands.proof_reading import read_proof
-from sm121_build.jobs.commands.prove_child import (
+from sm121_build.jobs.proofs.proof_reading import read_proof
+from sm121_build.jobs.proofs.prove_child import (
     KEPT_BYTES,
     MAX_KEPT,
     Asked,
@@ -33,7 +33,7 @@ from sm121_build.jobs.commands.prove_child import (
     SaidTooMuch,
     heard,
 )
-from sm121_build.jobs.commands.prove_document import (
+from sm121_build.jobs.proofs.prove_document import (
     Coverage,
     CubinResult,
     FileProof,
@@ -474,7 +474,7 @@ def test_a_name_whose_demangled_form_is_unbounded_is_never_demangled() -> None:
 def test_a_childs_text_of_lone_surrogates_stays_within_what_the_reader_takes() -> None:
     """Red team 2: 300 lone surrogates became 1,800 characters of escapes: prove wrote and
     signed a proof its own reader refuses ("the GPU's name is not a text")."""
-    from sm121_build.jobs.commands.prove_child import TEXT, _text
+    from sm121_build.jobs.proofs.prove_child import TEXT, _text
 
     said = _text("\ud800" * 300)
     assert said is not None and len(said) <= TEXT and "\ud800" not in said

@@ -23,16 +23,17 @@ import pytest
 
 from sm121_build.core.children import Ended
 from sm121_build.cuda.added import AddedCubin
-from sm121_build.jobs.commands.prove_cases import (
+from sm121_build.jobs.payload import fa2_kernels
+from sm121_build.jobs.proofs.prove_cases import (
     FAMILIES,
     Dealing,
     Modules,
     Part,
     _dealt,
-    plan_cases,
+    deal_cases,
 )
-from sm121_build.jobs.commands.prove_child import Asked, Device, GpuSizes, Jit, Said, heard
-from sm121_build.jobs.commands.proving import (
+from sm121_build.jobs.proofs.prove_child import Asked, Device, GpuSizes, Jit, Said, heard
+from sm121_build.jobs.proofs.proving import (
     HARNESSES,
     Extracted,
     Folders,
@@ -41,7 +42,6 @@ from sm121_build.jobs.commands.proving import (
     coverage,
     prove_ops,
 )
-from sm121_build.jobs.payload import fa2_kernels
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kernel_names"
 NAMES = gzip.decompress((DATA / "vllm-0.22.0-x86_64-fa2-sm90-added.txt.gz").read_bytes()
@@ -188,21 +188,21 @@ def test_the_parts_hold_whole_modules_and_only_the_stock_jit_gets_the_cache(
 
 
 def test_a_gpu_the_loader_did_not_describe_gets_the_fixed_cases_only(tmp_path: Path) -> None:
-    plan = plan_cases(FAMILIES["fa2"], NAMES, Modules({}), Device("g", 9, 0, 13000, None),
-                      Dealing(8, tmp_path))
-    assert plan.parts == (Part(None, True),) and plan.dead == {}
-    assert plan.said is not None and "fixed cases only" in plan.said
+    dealt = deal_cases(FAMILIES["fa2"], NAMES, Modules({}), Device("g", 9, 0, 13000, None),
+                       Dealing(8, tmp_path))
+    assert dealt.parts == (Part(None, True),) and dealt.dead == {}
+    assert dealt.said is not None and "fixed cases only" in dealt.said
 
 
 def test_cases_are_dealt_by_module_to_at_most_jobs_parts(tmp_path: Path) -> None:
     modules = Modules({name: _module(name) for name in NAMES})
-    plan = plan_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(16, tmp_path))
-    assert 1 < len(plan.parts) <= 16 and plan.parts[0].fixed
-    assert not any(part.fixed for part in plan.parts[1:])
-    assert plan.derived == sum(p.derived for p in plan.parts) > 1000
+    dealt = deal_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(16, tmp_path))
+    assert 1 < len(dealt.parts) <= 16 and dealt.parts[0].fixed
+    assert not any(part.fixed for part in dealt.parts[1:])
+    assert dealt.derived == sum(p.derived for p in dealt.parts) > 1000
     (tmp_path / "one").mkdir()
-    one = plan_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(1, tmp_path / "one"))
-    assert len(one.parts) == 1 and one.derived == plan.derived
+    one = deal_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(1, tmp_path / "one"))
+    assert len(one.parts) == 1 and one.derived == dealt.derived
 
 
 def test_the_largest_modules_are_dealt_first_to_the_lightest_part() -> None:
@@ -224,10 +224,10 @@ def test_the_dispatchs_unreachable_kernels_rest_on_the_gpu_tables_memory(
     modules = Modules({name: _module(name) for name in NAMES})
     lying = Device("FAKE H200", 9, 0, 13000, None, GpuSizes(1024, 1024, 132))
     (tmp_path / "a").mkdir()
-    plan = plan_cases(FAMILIES["fa2"], NAMES, modules, lying, Dealing(4, tmp_path / "a"))
-    assert len(plan.dead) == 96 + 16 and plan.said is not None and "GPU table's" in plan.said
+    dealt = deal_cases(FAMILIES["fa2"], NAMES, modules, lying, Dealing(4, tmp_path / "a"))
+    assert len(dealt.dead) == 96 + 16 and dealt.said is not None and "GPU table's" in dealt.said
     unknown = Device("FAKE", 9, 9, 13000, None, GpuSizes(232448, 233472, 132))
     (tmp_path / "b").mkdir()
-    plan = plan_cases(FAMILIES["fa2"], NAMES, modules, unknown, Dealing(4, tmp_path / "b"))
-    assert plan.dead == {} and plan.said is not None and "no shared memory" in plan.said
-    assert plan.derived > 1000
+    dealt = deal_cases(FAMILIES["fa2"], NAMES, modules, unknown, Dealing(4, tmp_path / "b"))
+    assert dealt.dead == {} and dealt.said is not None and "no shared memory" in dealt.said
+    assert dealt.derived > 1000

@@ -548,11 +548,11 @@ def test_a_planted_abi_cache_entry_is_not_used(tmp_path: Path, monkeypatch: pyte
 def test_a_failed_builds_log_is_read_a_line_at_a_time_never_whole(tmp_path: Path) -> None:
     """Red team 12's lead: `failure_cause` read the whole log into memory (a log is as long
     as the build made it: one line of 48 MiB was 48 MiB held, and more as text).  It reads
-    through the files-in door, a line of at most LOG_LINE bytes at a time: the peak stays
+    through the files-in door, a line of at most LINE_WIDTH bytes at a time: the peak stays
     a few lines, and the cause is the same."""
     import tracemalloc
 
-    from sm121_build.image.engine import LOG_LINE
+    from sm121_build.core.children import LINE_WIDTH
 
     log = tmp_path / "build.log"
     with log.open("w") as out:
@@ -565,4 +565,4 @@ def test_a_failed_builds_log_is_read_a_line_at_a_time_never_whole(tmp_path: Path
     finally:
         tracemalloc.stop()
     assert said == "ptxas said: ptxas fatal   : error in module.ptx"
-    assert peak < 32 * LOG_LINE, f"{peak} bytes held"
+    assert peak < 32 * LINE_WIDTH, f"{peak} bytes held"

@@ -20,7 +20,7 @@ from devkit import registry_worlds as rw
 from devkit import summary_worlds, worlds
 from devkit.helpers import EMULATED, EMULATED_WHY, aot_pair_of, cuda_home
 from devkit.hostile_registry import MODES, HostileRegistry, hostile_registry
-from sm121_build.jobs.commands.proof_reading import NotAProof, summarise
+from sm121_build.jobs.proofs.proof_reading import NotAProof, summarise
 
 EXAMPLES = int(os.environ.get("SM121_WORLDS", "40"))
 RANDOM = os.environ.get("SM121_FUZZ_RANDOM") == "1"

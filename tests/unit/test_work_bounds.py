@@ -367,7 +367,7 @@ def test_a_childs_output_of_many_short_lines_is_parsed_in_linear_time() -> None:
     copies, and `prove IMAGE`'s whole container log, given at once (`heard`), 1 MiB of
     newlines 44 s.  What a hostile library prints on the harness's stdout is this input:
     four times the lines cost about four times."""
-    from sm121_build.jobs.commands.prove_child import Asked, heard
+    from sm121_build.jobs.proofs.prove_child import Asked, heard
 
     def parse(count: int) -> None:
         said = heard(b"\n" * count, Asked(), "the hostile child")

@@ -157,7 +157,7 @@ class AotFileResult:
 
 @dataclass(frozen=True)
 class ModuleResult:
-    """One compiled module: its file and container, PTX size, the CPU-seconds the plan
+    """One compiled module: its file and container, PTX size, the CPU-seconds the estimate
     expected (the table's, `ptxas_cost`) and those ptxas took (0: from cache)."""
 
     file: str
@@ -282,7 +282,7 @@ def _write_bytes(data: bytes, out: BinaryIO) -> None:
 
 
 def _elf_files(source: Path, outcome: AotResult) -> Iterator[tuple[Path, Path]]:
-    """(path, path relative to what was given) of the files to plan: a file given by name
+    """(path, path relative to what was given) of the files to aot: a file given by name
     whatever it holds (one that is no ELF file is said, as the audit says it), the ELF files
     of a folder; links inside a folder are not followed, and what is not a regular file
     there is skipped and said."""

@@ -49,17 +49,17 @@ from sm121_build.image.api import ImageEngine, ImageFiles, StatusLine
 from sm121_build.image.facts import VllmInstall
 from sm121_build.image.refs import IMAGE_ID, split_ref, validate_image_ref
 from sm121_build.image.registry import Registry
-from sm121_build.jobs.commands.proof_reading import (
+from sm121_build.jobs.formats import artifacts as artifacts_mod
+from sm121_build.jobs.formats.render import render_kernels
+from sm121_build.jobs.framework import run_record
+from sm121_build.jobs.framework.pipeline import TagRule, require_tags_free
+from sm121_build.jobs.proofs.proof_reading import (
     PROOF_TYPE,
     NotAProof,
     ProofSummary,
     require_proof_of,
     summarise,
 )
-from sm121_build.jobs.formats import artifacts as artifacts_mod
-from sm121_build.jobs.formats.render import render_kernels
-from sm121_build.jobs.framework import run_record
-from sm121_build.jobs.framework.pipeline import TagRule, require_tags_free
 
 if TYPE_CHECKING:
     from sm121_build.jobs.framework.pipeline import Pipeline

@@ -28,9 +28,10 @@ from sm121_build.cuda.compat import DEFAULT_GPU, Target, parse_target
 from sm121_build.image.api import Bind, GpuJob, ImageEngine, ImageFiles
 from sm121_build.image.facts import ImageFacts
 from sm121_build.image.refs import validate_image_ref
-from sm121_build.jobs.commands.prove_child import Asked, Jit, Said, heard
-from sm121_build.jobs.commands.prove_document import LeftOut, Proof, Subject
-from sm121_build.jobs.commands.proving import (
+from sm121_build.jobs.framework.pipeline import Pipeline
+from sm121_build.jobs.proofs.prove_child import Asked, Jit, Said, heard
+from sm121_build.jobs.proofs.prove_document import LeftOut, Proof, Subject
+from sm121_build.jobs.proofs.proving import (
     DRIVER_DEFAULTS,
     NO_STOCK,
     PAYLOADS,
@@ -39,7 +40,6 @@ from sm121_build.jobs.commands.proving import (
     driver_settings,
     prove_pairs,
 )
-from sm121_build.jobs.framework.pipeline import Pipeline
 
 PAYLOAD_AT = "/sm121-prove/payload"  # the payload scripts, read-only
 INPUTS_AT = "/sm121-prove/inputs"  # the stock copies, this host's copies, the cubins: read-only

@@ -49,16 +49,17 @@ from sm121_build.core.inputs import kind_of, require_folder, sha256_of, walk
 from sm121_build.core.vllm import extension_target
 from sm121_build.cuda.added import AddedCubin, read_added, trap_stubs
 from sm121_build.cuda.compat import Target, cubin_loads
-from sm121_build.jobs.commands.prove_cases import (
+from sm121_build.jobs.payload import PAYLOAD
+from sm121_build.jobs.proofs.prove_cases import (
     FAMILIES,
     FIXED_ONLY,
-    CasePlan,
     Dealing,
+    DealtCases,
     Modules,
     Part,
-    plan_cases,
+    deal_cases,
 )
-from sm121_build.jobs.commands.prove_child import (
+from sm121_build.jobs.proofs.prove_child import (
     JIT_OFF,
     JIT_ON,
     Asked,
@@ -70,7 +71,7 @@ from sm121_build.jobs.commands.prove_child import (
     Said,
     talk,
 )
-from sm121_build.jobs.commands.prove_document import (
+from sm121_build.jobs.proofs.prove_document import (
     Coverage,
     CubinResult,
     FileProof,
@@ -82,7 +83,6 @@ from sm121_build.jobs.commands.prove_document import (
     Subject,
     Unreachable,
 )
-from sm121_build.jobs.payload import PAYLOAD
 
 PAYLOADS = PAYLOAD.parent
 LOADER = PAYLOADS / "load_cubins.py"
@@ -500,8 +500,8 @@ def _side(children: Children, script: str, calls: list[HarnessCall],
     return [runs[n] for n in range(len(calls))]
 
 
-def _plan(item: Extracted, harness: Harness, device: Device | None, children: Children,
-          ours: Path) -> CasePlan:
+def _dealt_cases(item: Extracted, harness: Harness, device: Device | None,
+                 children: Children, ours: Path) -> DealtCases:
     """How the file's cases are split: derived from its added kernels and dealt by module
     (a deriving harness, on a GPU the loader described), or the harness's fixed ones."""
     if not harness.derives or device is None:
@@ -511,15 +511,15 @@ def _plan(item: Extracted, harness: Harness, device: Device | None, children: Ch
     loaded = [cubin for cubin in item.cubins if cubin.number in item.paths]
     modules = Modules({kernel: cubin.number for cubin in loaded for kernel in cubin.kernels},
                       {cubin.number: cubin.entry.size for cubin in loaded})
-    plan = plan_cases(FAMILIES[harness.derives], sorted(added_kernels(item)), modules, device,
-                      Dealing(children.jobs, into))
-    if plan.said:
-        note(f"{shown(item.pair.name)}: {plan.said}")
-    if plan.derives:
-        note(f"{shown(item.pair.name)}: {plan.derived:,} case(s) derived from its added "
-             f"kernels, in {len(plan.parts)} part(s); {len(plan.dead):,} kernel(s) no op "
+    dealt = deal_cases(FAMILIES[harness.derives], sorted(added_kernels(item)), modules, device,
+                       Dealing(children.jobs, into))
+    if dealt.said:
+        note(f"{shown(item.pair.name)}: {dealt.said}")
+    if dealt.derives:
+        note(f"{shown(item.pair.name)}: {dealt.derived:,} case(s) derived from its added "
+             f"kernels, in {len(dealt.parts)} part(s); {len(dealt.dead):,} kernel(s) no op "
              "launches on this GPU")
-    return plan
+    return dealt
 
 
 @dataclass(frozen=True)
@@ -543,22 +543,22 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
     added = added_kernels(item)
     listing = ours / f"{stem}.kernels.json"
     listing.write_text(json.dumps(sorted(added)))
-    plan = _plan(item, harness, device, children, ours)
-    if not harness.fixed and not plan.derived:  # no case at all: nothing to run or compare
+    dealt = _dealt_cases(item, harness, device, children, ours)
+    if not harness.fixed and not dealt.derived:  # no case at all: nothing to run or compare
         note(f"{shown(pair.name)}: no case of the {script} harness serves its added kernels: "
              "its cubins' loading is proven, not what they compute")
         return OpsProven([], None, [], f"no case of the {script} harness serves this "
-                         "file's added kernels", plan.dead)
+                         "file's added kernels", dealt.dead)
     stock_at = children.at(pair.stock)
     cache = None
-    if plan.derives:
+    if dealt.derives:
         cache = folder / f"{stem}.jit-cache"
         cache.mkdir()
     outs = [(folder / f"{stem}.jit.{n}.pt", folder / f"{stem}.native.{n}.pt")
-            for n in range(len(plan.parts))]
+            for n in range(len(dealt.parts))]
     references = _side(children, script, [
         HarnessCall(stock_at, jit_out, True, part=part, cache=cache)
-        for (jit_out, _), part in zip(outs, plan.parts, strict=True)], [None] * len(outs))
+        for (jit_out, _), part in zip(outs, dealt.parts, strict=True)], [None] * len(outs))
     reference = _joined(references)
     if reference.ended.returncode != 0 and not reference.said.cases:
         raise Sm121Error(f"the {script} harness could not run the stock {pair.name} with "
@@ -566,14 +566,14 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
     # the first part's cases (a harness may have no fixed case: `_moe_C`'s): the first one
     # that needs an added cubin ends the run
     stock = _harness(children, script, HarnessCall(stock_at, folder / f"{stem}.nojit.pt",
-                                                   jit=False, part=plan.parts[0]))
+                                                   jit=False, part=dealt.parts[0]))
     stock_failed = stock.ended.returncode != 0 and not stock.ended.timed_out
     without = StockWithoutJit(pair.name, stock_failed, stock.failure() if stock_failed
                               else f"{len(stock.said.cases)} case(s) ran")
     each = [frozenset(f"{c.op}/{c.case}" for c in run.said.cases) for run in references]
     natives = _side(children, script, [
         HarnessCall(pair.runs_as, native_out, False, listing, part)
-        for (_, native_out), part in zip(outs, plan.parts, strict=True)],
+        for (_, native_out), part in zip(outs, dealt.parts, strict=True)],
         [Asked(cases=keys, kernels=added) for keys in each])
     native = _joined(natives)
     asked = frozenset().union(*each)
@@ -594,7 +594,7 @@ def prove_ops(children: Children, item: Extracted, harness: Harness, folders: Fo
             for kernel in cubin.kernels:
                 modules[kernel] = (*modules.get(kernel, ()), cubin.number)
     return OpsProven(_op_results(pair.name, (references, native), compared, unasked, modules),
-                     without, native.said.launched, native.said.recorder, plan.dead)
+                     without, native.said.launched, native.said.recorder, dealt.dead)
 
 
 def _op_results(name: str, runs: tuple[list[HarnessRun], HarnessRun],

@@ -19,7 +19,7 @@ import yaml
 from sm121_build.core.console import note, result, shown
 from sm121_build.core.shipped import package_data
 from sm121_build.cuda.dynsym import demangle
-from sm121_build.jobs.commands.prove_child import Compared, Device
+from sm121_build.jobs.proofs.prove_child import Compared, Device
 
 FORMAT = 3  # 2: `subject`, each file's sha256, each op's ULPs and vLLM's tolerance;
 #            3: each file's `coverage` (kernels launched), the whole's, verdict `partial`

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from sm121_build.cuda.compat import Target
-from sm121_build.jobs.commands.prove_child import Device
 from sm121_build.jobs.payload import fa2_kernels, marlin_kernels
+from sm121_build.jobs.proofs.prove_child import Device
 
 MODEL = "vllm-flash-attention 7d346be6"  # the dispatch fa2_kernels models
 MARLIN_MODEL = "vLLM 0.22.0 marlin.cu"  # the dispatch marlin_kernels models
@@ -54,9 +54,9 @@ class Part:
 
 
 @dataclass(frozen=True)
-class CasePlan:
+class DealtCases:
     """The parts a file's runs are split into, and the added kernels no op can launch on
-    this GPU, each with the evidence; `said`: a line for the user where the plan is less
+    this GPU, each with the evidence; `said`: a line for the user where the cases are less
     than a derivation (the GPU's sizes were not said)."""
 
     parts: tuple[Part, ...]
@@ -73,7 +73,7 @@ class CasePlan:
         return self.parts[0].cases is not None
 
 
-FIXED_ONLY = CasePlan((Part(None, True),))
+FIXED_ONLY = DealtCases((Part(None, True),))
 
 
 @dataclass(frozen=True)
@@ -143,20 +143,20 @@ FAMILIES = {"fa2": Family("FA2", MODEL, _fa2),
 
 @dataclass(frozen=True)
 class Dealing:
-    """How a plan's cases are shared out: at most `jobs` parts, their files written under
+    """How a file's cases are shared out: at most `jobs` parts, their files written under
     `into` (a folder of this process's own)."""
 
     jobs: int
     into: Path
 
 
-def plan_cases(family: Family, names: Sequence[str], modules: Modules, device: Device,
-               dealing: Dealing) -> CasePlan:
+def deal_cases(family: Family, names: Sequence[str], modules: Modules, device: Device,
+               dealing: Dealing) -> DealtCases:
     """The family's cases for `names` (the file's added kernels), dealt as `dealing`
     says."""
     jobs, into = dealing.jobs, dealing.into
     if device.sizes is None:
-        return CasePlan(FIXED_ONLY.parts, said="the loader did not say the GPU's shared "
+        return DealtCases(FIXED_ONLY.parts, said="the loader did not say the GPU's shared "
                         f"memory and SM count: the {family.name} harness runs its fixed "
                         "cases only")
     sizes = device.sizes
@@ -186,4 +186,4 @@ def plan_cases(family: Family, names: Sequence[str], modules: Modules, device: D
         f"capability {device.major}.{device.minor}"
     dead = {name: f"{evidence}: {why}" for name, why in derived.dead.items()} if known \
         else {}
-    return CasePlan(tuple(parts), dead, said)
+    return DealtCases(tuple(parts), dead, said)

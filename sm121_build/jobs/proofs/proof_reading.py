@@ -27,7 +27,7 @@ from sm121_build.core.inputs import InputRefused, read_input
 from sm121_build.core.strict_json import strict_loads
 from sm121_build.image.cosign import TrustKey, Untrusted
 from sm121_build.image.signed_files import signature_beside, signed_beside
-from sm121_build.jobs.commands.prove_document import FORMAT, coverage_line
+from sm121_build.jobs.proofs.prove_document import FORMAT, coverage_line
 
 # the in-toto predicate type a proof is attached to a kernels image under
 PROOF_TYPE = "https://sm121-build.dev/proof/v1"
