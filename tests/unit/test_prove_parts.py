@@ -216,6 +216,38 @@ def test_the_largest_modules_are_dealt_first_to_the_lightest_part() -> None:
     assert len(_dealt(groups, size, 16)) == 5  # never more parts than modules
 
 
+def test_the_fixed_cases_modules_weigh_on_the_first_part_and_keep_their_cases() -> None:
+    """The first part runs the fixed cases: the modules they launch are its load from the
+    start, and their derived cases go with them (dealt elsewhere, those modules were
+    compiled by two processes, and the first part was the stock side's slowest)."""
+    case = fa2_kernels.Case("varlen_fwd")
+    groups = {1: ["a"], 2: ["b"] * 5, 3: ["c"] * 2, 4: ["d"], 5: ["e"] * 9}
+    size = {1: 100, 2: 60, 3: 50, 4: 40, 5: 10, 9: 500}
+    assert [len(p) for p in _dealt(groups, size, 2, frozenset({2}))] == [5 + 2 + 9, 1 + 1]
+    # a fixed module of no derived case still weighs: the rest goes to the other part
+    assert _dealt(groups, size, 2, frozenset({9})) == [
+        [], ["a", *["b"] * 5, "c", "c", "d", *["e"] * 9]]
+    assert _dealt({1: [case]}, size, 1, frozenset({9})) == [[case]]
+
+
+def test_the_derived_cases_of_the_fixed_cases_modules_are_in_the_first_part(
+        tmp_path: Path) -> None:
+    modules = Modules({name: _module(name) for name in NAMES})
+    dealt = deal_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(16, tmp_path))
+    derived = fa2_kernels.derive(NAMES, GPU, first=fa2_kernels.fixed_cases())
+    fixed = {modules.of[k] for case in fa2_kernels.fixed_cases()
+             for k in derived.expects[case.name] if k in modules.of}
+    assert fixed  # the fixed cases launch added kernels of some modules
+    by_part = [json.loads(part.cases.read_text())["cases"] for part in dealt.parts
+               if part.cases is not None]
+    for number, cases in enumerate(by_part):
+        for case in cases:
+            first = min(modules.of[k] for k in derived.expects[f'{case["op"]}/{case["key"]}'])
+            assert (first in fixed) <= (number == 0), (case["key"], first)
+    assert any(min(modules.of[k] for k in derived.expects[f'{c["op"]}/{c["key"]}']) in fixed
+               for c in by_part[0])
+
+
 def test_the_dispatchs_unreachable_kernels_rest_on_the_gpu_tables_memory(
         tmp_path: Path) -> None:
     """Red team: a loader that lies about the shared memory could make reachable kernels

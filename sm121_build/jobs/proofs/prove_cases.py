@@ -8,8 +8,11 @@ expected to launch, and a cubin's cases stay in one part, so that the stock side
 JIT-compiles each module in about one process, not in all.  The modules are dealt by their
 cubins' size, the largest first, each to the part with the fewest bytes so far (what the
 driver's JIT spends on a module grows with the code it makes).  The first part also runs the
-harness's fixed cases.  Each part's cases are a file (`--cases`), written where no child
-writes.
+harness's fixed cases: the modules they launch weigh on it from the start, and the derived
+cases of those modules go with them (that part compiles those modules anyway; dealt
+elsewhere, they were compiled twice, and the first part was the slowest: 317 s of FA2's
+stock side, against at most 167 s for the other 15, on a lent H200).  Each part's cases are a
+file (`--cases`), written where no child writes.
 
 The kernels the dispatch never selects on this GPU (`Derived.dead`: a block another GPU's
 shared memory picks, a combination the launch template never instantiates) are returned
@@ -85,14 +88,20 @@ class Modules:
     size: Mapping[int, int] = field(default_factory=dict)
 
 
-def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int
-           ) -> list[list[Any]]:
+def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int,
+           first: frozenset[int] = frozenset()) -> list[list[Any]]:
     """Whole groups (a module's cases) to at most `jobs` parts: the largest module first,
-    each to the part with the fewest bytes so far (then the fewest cases)."""
+    each to the part with the fewest bytes so far (then the fewest cases).  `first`: the
+    modules the first part loads for the fixed cases; their bytes are its load from the
+    start, and their groups go to it."""
     parts: list[list[Any]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
     load = [0] * len(parts)
+    load[0] = sum(size.get(number, 0) for number in first)
     for number, cases in sorted(groups.items(),
                                 key=lambda g: (-size.get(g[0], 0), -len(g[1]), g[0])):
+        if number in first:
+            parts[0].extend(cases)
+            continue
         at = min(range(len(parts)), key=lambda i: (load[i], len(parts[i]), i))
         parts[at].extend(cases)
         load[at] += size.get(number, 0)
@@ -102,12 +111,15 @@ def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int
 @dataclass(frozen=True)
 class Derivation:
     """A family's derived cases for a file (each with `key`, written by `asdict`), the
-    added kernels each case is expected to launch (case name -> names), and the added
-    kernels the family's dispatch never selects on this GPU, each with the rule."""
+    added kernels each case is expected to launch (case name -> names, the harness's fixed
+    cases' too), the added kernels the family's dispatch never selects on this GPU, each
+    with the rule, and the names of the harness's fixed cases (`fixed`: the first part runs
+    them)."""
 
     cases: Sequence[Any]
     expects: Mapping[str, list[str]]
     dead: Mapping[str, str]
+    fixed: tuple[str, ...] = ()
 
 
 def _fa2(names: list[str], device: Device, smem: tuple[int, int]) -> Derivation:
@@ -116,7 +128,8 @@ def _fa2(names: list[str], device: Device, smem: tuple[int, int]) -> Derivation:
     gpu = fa2_kernels.Gpu(device.major, device.minor, smem[0], smem[1], device.sizes.sms)
     fixed = fa2_kernels.fixed_cases()
     derived = fa2_kernels.derive(names, gpu, first=fixed)
-    return Derivation(derived.cases[len(fixed):], derived.expects, derived.dead())
+    return Derivation(derived.cases[len(fixed):], derived.expects, derived.dead(),
+                      tuple(case.name for case in fixed))
 
 
 def _marlin(names: list[str], device: Device, smem: tuple[int, int]) -> Derivation:
@@ -176,8 +189,11 @@ def deal_cases(family: Family, names: Sequence[str], modules: Modules, device: D
     for case in derived.cases:
         numbers = [modules.of[k] for k in derived.expects.get(case.name, []) if k in modules.of]
         groups.setdefault(min(numbers, default=-1), []).append(case)
+    first = frozenset(modules.of[k] for name in derived.fixed
+                      for k in derived.expects.get(name, []) if k in modules.of)
     parts = []
-    for number, cases in enumerate(_dealt(groups, modules.size, jobs) if groups else [[]]):
+    for number, cases in enumerate(_dealt(groups, modules.size, jobs, first) if groups
+                                   else [[]]):
         path = into / f"cases-{number:03d}.json"
         path.write_text(json.dumps({"cases": [
             {**asdict(c), "key": c.key} for c in cases]}))
