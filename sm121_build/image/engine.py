@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import docker
+import docker.auth
 import docker.errors
 import docker.types
 import docker.utils.config
@@ -149,17 +150,31 @@ def check_docker_config() -> None:
 
 def _sdk_readable(config: object) -> bool:
     """Whether the SDK can read `config`: an object whose `auths`/`proxies` are objects of
-    objects (each auth's fields strings) and `HttpHeaders` an object of strings."""
+    objects (each auth's fields strings), `HttpHeaders` an object of strings, `credsStore` a
+    string and `credHelpers` an object of strings (the SDK runs `docker-credential-` + it),
+    and whose logins the SDK's own parser decodes (each `auth` base64 of `user:password`,
+    in `auths` or in the old auth-only shape: its decoding raises as it makes the client)."""
     if not isinstance(config, dict):
         return False
     for key, inner in _CONFIG_SHAPE.items():
         part = config.get(key, {})
         if not isinstance(part, dict) or not all(isinstance(v, inner) for v in part.values()):
             return False
-    return all(isinstance(value, str) for entry in config.get("auths", {}).values()
-               for value in entry.values()) and \
-        all(isinstance(value, (str, type(None))) for entry in config.get("proxies", {}).values()
-            for value in entry.values())
+    helpers = config.get("credHelpers") or {}
+    if not isinstance(config.get("credsStore") or "", str) or not isinstance(helpers, dict) \
+            or not all(isinstance(v, str) for v in helpers.values()):
+        return False
+    if not all(isinstance(value, str) for entry in config.get("auths", {}).values()
+               for value in entry.values()) or \
+            not all(isinstance(value, (str, type(None)))
+                    for entry in config.get("proxies", {}).values() for value in entry.values()):
+        return False
+    try:  # (a copy: the SDK's parser takes its sections out of what it is given)
+        docker.auth.load_config(config_dict=json.loads(json.dumps(config)))
+    except (ValueError, TypeError, AttributeError, RecursionError,
+            docker.errors.DockerException):
+        return False  # (binascii.Error and UnicodeError are ValueErrors)
+    return True
 
 
 def _client(timeout: float) -> docker.DockerClient:

@@ -384,7 +384,13 @@ def test_a_docker_config_that_blocks_or_floods_is_one_line_before_the_sdk(
     "[1,2]", "null", '{"proxies": [1]}', '{"proxies": {"default": [1]}}', '{"auths": [1]}',
     '{"auths": {"x": 1}}', '{"auths": {"x": {"auth": 1}}}', '{"HttpHeaders": [1]}',
     '{"HttpHeaders": {"X": 1}}', "not json", '{"auths": {"x": {"auth": "dTpw"}}}',
-    '{"proxies": {"default": {"httpProxy": "http://p:3128"}}, "HttpHeaders": {"X": "y"}}'])
+    '{"proxies": {"default": {"httpProxy": "http://p:3128"}}, "HttpHeaders": {"X": "y"}}',
+    # red team 5: an `auth` the SDK's own decoding fails on (not base64, no colon, not ASCII),
+    # in `auths` or in the old auth-only shape, and a credential store or helpers of
+    # another type (the SDK runs `docker-credential-` + it)
+    '{"auths": {"x": {"auth": "!!not base64"}}}', '{"auths": {"x": {"auth": "bm9jb2xvbg=="}}}',
+    '{"auths": {"x": {"auth": "\u00e9"}}}', '{"x": {"auth": "!!not base64"}}',
+    '{"credsStore": 5}', '{"credHelpers": {"x": 5}}', '{"credHelpers": [1]}'])
 def test_what_the_config_check_lets_through_the_sdk_can_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
     """Every config.json shape is either refused in one line (DockerConfigRefused) or one
@@ -407,4 +413,6 @@ def test_what_the_config_check_lets_through_the_sdk_can_read(
     client = docker.from_env(version="1.41", timeout=1)
     with pytest.raises(requests.exceptions.ConnectionError):  # no socket: only that
         client.ping()
+    store = client.api._auth_configs.get_credential_store("x")  # a pull's, push's, build's
+    assert store is None or isinstance(store, str)  # (the SDK prefixes it: a program's name)
     client.close()
