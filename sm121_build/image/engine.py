@@ -662,7 +662,7 @@ class Engine:
                                   f"full log: {log}")
             if done.returncode != 0 or not iidfile.exists():
                 raise BuildFailed(f"docker build failed: {failure_cause(log)}; full log: {log}")
-            return iidfile.read_text().strip()
+            return _built_id(iidfile.read_text().strip(), log)
         image_id = ""
         # the engine's chunks are cut into lines as the CLI's output is (a chunk's text
         # may hold many lines, part of one, or one that never ends)
@@ -672,6 +672,8 @@ class Engine:
                 chunks = self.client.api.build(path=str(context), dockerfile=str(dockerfile),
                                                rm=True, forcerm=True, decode=True)
             for chunk in chunks:
+                if not isinstance(chunk, dict):
+                    continue  # (no chunk the engine sends: nothing of it is read)
                 if isinstance(said := chunk.get("stream"), str):
                     lines(said.encode("utf-8", "replace"))
                 if "error" in chunk:
@@ -680,8 +682,8 @@ class Engine:
                     lines(f"{said}\n".encode("utf-8", "replace"))
                     raise BuildFailed(f"docker build failed: {failure_cause(log, said)}; "
                                       f"full log: {log}")
-                if "aux" in chunk and "ID" in chunk["aux"]:
-                    image_id = chunk["aux"]["ID"]
+                if isinstance(aux := chunk.get("aux"), dict) and "ID" in aux:
+                    image_id = _built_id(aux["ID"], log)
         except docker.errors.APIError as exc:
             raise BuildFailed(f"docker build failed: {_said(exc)}; "
                               f"full log: {log}") from None
@@ -860,6 +862,18 @@ class _CountingReader:
         if self.on_read:
             self.on_read(len(data))
         return data
+
+
+_BUILT_ID = re.compile(r"sha256:[0-9a-f]{64}\Z", re.ASCII)
+
+
+def _built_id(value: object, log: Path) -> str:
+    """The image ID a build gave, or BuildFailed: only an ID the engine gives (`sha256:` and
+    64 hex digits) is tagged, removed or written to the ledger."""
+    if not isinstance(value, str) or not _BUILT_ID.match(value):
+        raise BuildFailed(f"docker build gave no image ID ({cut(repr(value), 80)}); "
+                          f"full log: {log}")
+    return value
 
 
 def _stream_to(log: Path, line: str, status: StatusLine | None) -> None:

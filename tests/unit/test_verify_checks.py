@@ -566,3 +566,47 @@ def test_a_failed_builds_log_is_read_a_line_at_a_time_never_whole(tmp_path: Path
         tracemalloc.stop()
     assert said == "ptxas said: ptxas fatal   : error in module.ptx"
     assert peak < 32 * LINE_WIDTH, f"{peak} bytes held"
+
+
+class _LegacyApi:
+    """FAKE: the SDK's API client of an engine without BuildKit; its build answers the
+    chunks given (JSON values of any shape, as the engine's stream decodes)."""
+
+    timeout = 60
+
+    def __init__(self, chunks: list[object]) -> None:
+        self.chunks = chunks
+        self.adapters: dict[str, object] = {}
+
+    def mount(self, *_args: object) -> None:
+        pass
+
+    def build(self, **_kwargs: object) -> list[object]:
+        return self.chunks
+
+
+@pytest.mark.parametrize("chunks", [
+    ["a text"], [5], [None], [{"aux": "an ID in a text"}], [{"aux": {"ID": 5}}],
+    [{"aux": {"ID": {"Id": "sha256:" + "a" * 64}}}], [{"aux": {"ID": "sha256:x\n\x1b[2J"}}],
+    [{"aux": {"ID": "../../etc"}}], [{"stream": "Step 1/1\n"}]])
+def test_a_legacy_build_gives_an_image_id_or_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunks: list[object]) -> None:
+    """Red team 5: the legacy builder's chunks were trusted to be objects and its `aux.ID`
+    an image ID: a chunk of another shape was a traceback, and any `ID` (a number, an
+    object, a text with a newline) was returned as the built image's ID, to be tagged and
+    written to the ledger (which then refuses itself as damaged).  Each is now
+    BuildFailed in one line; an engine's ID is `sha256:` and 64 hex digits."""
+    from types import SimpleNamespace
+
+    from sm121_build.core.errors import BuildFailed
+    from sm121_build.image.engine import Engine
+
+    engine = Engine(SimpleNamespace(api=_LegacyApi(chunks)))
+    monkeypatch.setattr(engine, "buildkit_client", lambda: None)
+    with pytest.raises(BuildFailed, match="full log"):
+        engine.build(tmp_path, tmp_path / "Dockerfile", tmp_path / "build.log")
+    good = "sha256:" + "b" * 64
+    honest = [{"stream": "Step 1/1\n"}, {"aux": {"ID": good}}]
+    engine = Engine(SimpleNamespace(api=_LegacyApi(honest)))
+    monkeypatch.setattr(engine, "buildkit_client", lambda: None)
+    assert engine.build(tmp_path, tmp_path / "Dockerfile", tmp_path / "build.log") == good
