@@ -43,11 +43,16 @@ _SUBREAPER = 36  # prctl's PR_SET_CHILD_SUBREAPER
 _SWEEP_S = 5.0  # how long orphans are swept for: each pass kills one generation, and groups
 
 
+STDIN_MAX = 4096  # what a program is given on its stdin, at most: less than a pipe holds
+
+
 @dataclass(frozen=True)
 class Program:
     """What to run: its arguments, the seconds it may take (then its group is killed), and
-    how messages name it.  Its stdin is /dev/null; `merge` sends stderr into stdout, in the
-    order the program wrote them (a build log)."""
+    how messages name it.  Its stdin is /dev/null, or `stdin` (at most `STDIN_MAX` bytes,
+    written whole at its start: a pipe holds them, so a program that never reads them holds
+    nothing up); `merge` sends stderr into stdout, in the order the program wrote them (a
+    build log)."""
 
     args: tuple[str, ...]
     seconds: float
@@ -55,6 +60,12 @@ class Program:
     cwd: Path | None = None
     env: Mapping[str, str] | None = None
     merge: bool = False
+    stdin: bytes = b""
+
+    def __post_init__(self) -> None:
+        if len(self.stdin) > STDIN_MAX:
+            raise ValueError(f"{self.what}: {len(self.stdin)} bytes of stdin, more than a "
+                             f"pipe holds ({STDIN_MAX})")
 
 
 @dataclass(frozen=True)
@@ -265,7 +276,8 @@ def run(program: Program, sink: Callable[[bytes], None] | None = None) -> Ended:
     # a Ctrl-C cannot fall between the start and the registration, nor an orphan sweep
     with held(), _LOCK:
         process = subprocess.Popen(
-            program.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            program.args, stdin=subprocess.PIPE if program.stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if program.merge else subprocess.PIPE,
             cwd=program.cwd, env=None if program.env is None else dict(program.env),
             start_new_session=True)
@@ -273,6 +285,11 @@ def run(program: Program, sink: Callable[[bytes], None] | None = None) -> Ended:
         ending = _ENDING.is_set()
     if ending:
         _kill(process.pid)
+    if process.stdin is not None:  # at most STDIN_MAX bytes: the pipe takes them at once
+        with contextlib.suppress(OSError):  # (a program that ended first: a broken pipe)
+            process.stdin.write(program.stdin)
+        with contextlib.suppress(OSError):
+            process.stdin.close()
     deadline = time.monotonic() + program.seconds
     out, err = Kept(), Kept()
     timed_out = True

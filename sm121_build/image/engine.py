@@ -69,6 +69,7 @@ from sm121_build.image.api import (
     PathStat,
     StatusLine,
 )
+from sm121_build.image.credential_helper import helper_login
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
 
@@ -254,6 +255,12 @@ class Engine:
         api = client.api
         for prefix, adapter in list(api.adapters.items()):
             api.mount(prefix, _Answering(adapter, lambda: float(api.timeout)))
+        # Docker's config.json as the SDK read it; the SDK keeps its logins alone, so it
+        # never runs a credential helper itself (no deadline, no group of its own): a pull's
+        # or push's login is asked through the children door (`_login`)
+        self.logins: docker.auth.AuthConfig | None = getattr(api, "_auth_configs", None)
+        if self.logins is not None:
+            api._auth_configs = docker.auth.AuthConfig({"auths": dict(self.logins.auths)})
 
     @classmethod
     def connect(cls) -> Engine:
@@ -319,6 +326,22 @@ class Engine:
             created=str(attrs.get("Created") or ""),
         )
 
+    def _login(self, name: str, verb: str) -> dict[str, str] | None:
+        """The login for `name`'s registry: from the helper config.json names for it (run
+        through the children door, `credential_helper.helper_login`), else from its
+        `auths`; None (no login sent) where it holds none."""
+        if self.logins is None:
+            return None
+        try:
+            registry, _repository = docker.auth.resolve_repository_name(name)
+        except docker.errors.DockerException:
+            return None  # (a name the engine itself then refuses, in its own words)
+        helper = self.logins.get_credential_store(registry)
+        if helper is None:
+            login = self.logins.resolve_authconfig(registry)  # its auths: no program runs
+            return dict(login) if isinstance(login, dict) and login else None
+        return helper_login(helper, registry, verb) or None
+
     def pull(self, ref: str, status: StatusLine | None = None) -> str:
         """Pull `ref` (a repository reference: cmd_build refuses image IDs up front) from its
         registry, as `docker pull`; returns the local image ID."""
@@ -326,9 +349,10 @@ class Engine:
         progress = PullProgress(ref, time.monotonic())
         shown = 0.0
         try:
+            login = self._login(name, "pull")
             with self._waiting(self.limits.registry_s):
                 events = self.client.api.pull(name, tag=digest or tag or "latest",
-                                              stream=True, decode=True)
+                                              stream=True, decode=True, auth_config=login)
             for event in events:
                 if "error" in event:
                     raise Sm121Error(f"cannot pull {ref}: {event['error']}")
@@ -375,9 +399,10 @@ class Engine:
         name, tag, _digest = split_ref(ref)
         events: Any = None
         try:
+            login = self._login(name, "push")
             with self._waiting(self.limits.registry_s):
                 events = self.client.api.push(name, tag=tag or "latest", stream=True,
-                                              decode=True)
+                                              decode=True, auth_config=login)
             for event in _making_progress(events, self.limits.registry_s, f"push {ref}"):
                 if not isinstance(event, dict) or "error" not in event:
                     continue

@@ -113,6 +113,7 @@ def _push(events: list[dict[str, object]], monkeypatch: pytest.MonkeyPatch,
     engine = engine_module.Engine.__new__(engine_module.Engine)
     engine.client = SimpleNamespace(api=api)  # type: ignore[assignment]
     engine.limits = Limits(120.0, registry_s)
+    engine.logins = None  # Docker's config.json holds no login: the push is sent none
     try:
         engine.push("127.0.0.1:5000/rt-k:1")
     except Sm121Error as exc:
