@@ -246,6 +246,16 @@ def _said(exc: docker.errors.APIError) -> str:
     length), cut as every value from outside is in a line."""
     return cut(str(exc.explanation or exc))
 
+class _Held(docker.auth.AuthConfig):  # type: ignore[misc]  # (the SDK is untyped)
+    """config.json's `auths` as the SDK is left them: never empty to it, so it never reads
+    config.json again (that read brings back the helpers, which it would then run itself,
+    for a pull or push without a login and for every legacy build)."""
+
+    @property
+    def is_empty(self) -> bool:
+        return False
+
+
 class Engine:
     """A connected Docker engine."""
 
@@ -260,7 +270,7 @@ class Engine:
         # or push's login is asked through the children door (`_login`)
         self.logins: docker.auth.AuthConfig | None = getattr(api, "_auth_configs", None)
         if self.logins is not None:
-            api._auth_configs = docker.auth.AuthConfig({"auths": dict(self.logins.auths)})
+            api._auth_configs = _Held({"auths": dict(self.logins.auths)})
 
     @classmethod
     def connect(cls) -> Engine:

@@ -138,3 +138,27 @@ def test_the_sdk_itself_runs_no_helper_and_keeps_the_logins_of_auths(
     login = plain._login("localhost:5999/k", "pull")
     assert login is not None and (login["username"], login["password"]) == ("u", "p")
     assert plain._login("elsewhere.example/k", "pull") is None
+
+
+@pytest.mark.parametrize("config", ['{"credsStore": "rt"}',
+                                    '{"credHelpers": {"localhost:5999": "rt"}}',
+                                    '{"credsStore": "rt", "auths": {}}'])
+def test_the_sdk_runs_no_helper_where_config_json_has_no_auths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    """Red team 6: a config.json with a helper and no `auths` (Docker Desktop's own) was
+    left to the SDK an empty AuthConfig, which it took for none read and read again from
+    the file, helpers and all: a pull the helper held no login for, a push, every legacy
+    build ran the helper by the SDK (no deadline, this process's group)."""
+    ran = tmp_path / "ran"
+    engine = _engine(tmp_path, monkeypatch, config,
+                     f"#!/bin/sh\ntouch {ran}\necho 'credentials not found'\nexit 1\n")
+    api = engine.client.api
+    docker.auth.get_config_header(api, "localhost:5999")
+    api._set_auth_headers({})
+    assert not ran.exists()
+    assert engine._login("localhost:5999/k", "pull") is None
+    assert ran.exists()
+    ran.unlink()
+    docker.auth.get_config_header(api, "localhost:5999")
+    assert not ran.exists()
+
