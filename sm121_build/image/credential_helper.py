@@ -51,10 +51,21 @@ def helper_login(helper: str, registry: str, verb: str) -> dict[str, str]:
     if done.returncode != 0:
         if _NOT_FOUND.search(done.stdout + done.stderr):
             return {}
-        said = (done.stderr or done.stdout).decode("utf-8", "replace")
-        raise Sm121Error(f"cannot {verb}: {program} failed (exit {done.returncode}): "
-                         f"{cut(said.strip(), 200)}")
+        raise Sm121Error(f"cannot {verb}: {program} failed (exit {done.returncode})"
+                         f"{_said(done.stderr)}")
     return _login_of(done.stdout, server, program, verb)
+
+
+def _said(stderr: bytes) -> str:
+    """What a failed helper said on stderr, for its error line; never its stdout, where a
+    helper writes a login (one that printed its answer and then failed), nor a stderr
+    that holds a `Secret`."""
+    text = stderr.decode("utf-8", "replace").strip()
+    if not text:
+        return ""
+    if "Secret" in text:
+        return ": (what it said holds a login, not shown)"
+    return f": {cut(text, 200)}"
 
 
 def _login_of(answer: bytes, server: str, program: str, verb: str) -> dict[str, str]:

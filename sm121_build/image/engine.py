@@ -240,11 +240,11 @@ def version_and_info(timeout: int = 10) -> tuple[dict[str, Any], dict[str, Any]]
         client.close()
 
 
-
 def _said(exc: docker.errors.APIError) -> str:
     """What the engine said of a refusal (often a registry's answer it relays, of any
     length), cut as every value from outside is in a line."""
     return cut(str(exc.explanation or exc))
+
 
 class _Held(docker.auth.AuthConfig):  # type: ignore[misc]  # (the SDK is untyped)
     """config.json's `auths` as the SDK is left them: never empty to it, so it never reads

@@ -162,3 +162,16 @@ def test_the_sdk_runs_no_helper_where_config_json_has_no_auths(
     docker.auth.get_config_header(api, "localhost:5999")
     assert not ran.exists()
 
+
+@pytest.mark.parametrize("helper", [
+    "#!/bin/sh\necho '{\"Username\": \"u\", \"Secret\": \"hunter2\"}'\nexit 1\n",
+    "#!/bin/sh\necho '{\"Username\": \"u\", \"Secret\": \"hunter2\"}' >&2\nexit 1\n"])
+def test_a_failed_helpers_login_is_never_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helper: str) -> None:
+    """Red team 6: a helper that printed its answer and then failed (exit 1) had its
+    output quoted in the error line, the Secret with it.  Its stdout is never quoted, nor a
+    stderr holding a Secret."""
+    engine = _engine(tmp_path, monkeypatch, '{"credsStore": "rt"}', helper)
+    with pytest.raises(Sm121Error, match=r"failed \(exit 1\)") as raised:
+        engine.pull("localhost:5999/k:t")
+    assert "hunter2" not in str(raised.value)

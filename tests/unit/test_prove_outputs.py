@@ -220,6 +220,27 @@ def test_the_fa2_harness_runs_the_cases_it_is_given_in_slices(tmp_path: Path) ->
     assert len(json.loads((tmp_path / "out.pt").read_text())) == 3
 
 
+def test_the_fa2_harness_runs_the_fixed_cases_it_is_dealt_on_the_same_inputs(
+        tmp_path: Path) -> None:
+    """`--fixed I,J`: the fixed cases at those positions alone (prove deals them with their
+    modules), then the derived ones; the same calls, by position, as a run of all of
+    them (every fixed input is drawn from the one seed, in order)."""
+    file = tmp_path / "cases.json"
+    file.write_text(json.dumps({"cases": [asdict(Case("varlen_fwd", window=(16, 8)))]}))
+    done, every = _fa2_harness(tmp_path, "--cases", str(file))
+    assert done.returncode == 0, done.stderr
+    done, calls = _fa2_harness(tmp_path, "--cases", str(file), "--fixed", "1,5,7")
+    assert done.returncode == 0, done.stderr
+    assert calls == [every[1], every[5], every[7], every[8]]
+    saved = json.loads((tmp_path / "out.pt").read_text())
+    fixed = fa2_kernels.fixed_cases()
+    assert sorted(saved) == sorted(
+        [f"varlen_fwd/{fixed[1].dtype}-d{fixed[1].head_size}-full",
+         f"fwd_kvcache/{fixed[5].dtype}-d{fixed[5].head_size}-contiguous",
+         f"fwd_kvcache/{fixed[7].dtype}-d{fixed[7].head_size}-contiguous",
+         f"varlen_fwd/{Case('varlen_fwd', window=(16, 8)).key}"])
+
+
 def test_the_fa2_harness_derives_cases_from_kernel_names(tmp_path: Path) -> None:
     """--kernels: the cases derived for the GPU torch reports (the FAKE's: an H100), after
     the fixed cases, whose kernels are not derived again."""
@@ -243,6 +264,12 @@ def test_the_fa2_harness_derives_cases_from_kernel_names(tmp_path: Path) -> None
     (["--frobnicate", "1"], "unknown"),
     (["--derived-only", "--derived-only"], "unknown, repeated"),
     (["--cases", "/nonexistent/cases.json"], "No such file"),
+    (["--fixed", "8"], "the harness has 8 fixed cases"),
+    (["--fixed", "3,1"], "ascending, each once"),
+    (["--fixed", "1,1"], "ascending, each once"),
+    (["--fixed", "1,-2"], "is not I,J"),
+    (["--fixed", ""], "is not I,J"),
+    (["--fixed", "1", "--derived-only"], "give one"),
 ])
 def test_the_fa2_harness_refuses_bad_options_in_one_line(
         tmp_path: Path, args: list[str], said: str) -> None:

@@ -24,6 +24,7 @@ import pytest
 from sm121_build.core.children import Ended
 from sm121_build.cuda.added import AddedCubin
 from sm121_build.jobs.payload import fa2_kernels
+from sm121_build.jobs.proofs import prove_cases
 from sm121_build.jobs.proofs.prove_cases import (
     FAMILIES,
     Dealing,
@@ -172,7 +173,11 @@ def test_the_parts_hold_whole_modules_and_only_the_stock_jit_gets_the_cache(
     assert len(caches) == 1 and None not in caches
     assert Path(str(next(iter(caches)))).is_dir()
     assert all(j.cache is None for _a, j in native + stock_off)
-    assert [a.count("--derived-only") for a, _j in jit_runs] == [0, 1, 1, 1]
+    # each part runs its fixed cases (`--fixed`, dealt with their modules) or none
+    assert all(("--derived-only" in a) != ("--fixed" in a) for a, _j in jit_runs)
+    positions = [int(at) for a, _j in jit_runs if "--fixed" in a
+                 for at in a[a.index("--fixed") + 1].split(",")]
+    assert sorted(positions) == list(range(len(fa2_kernels.fixed_cases())))
     # the first part's cases (a harness may have none fixed); it fails at its first anyway
     assert "--cases" in stock_off[0][0] and "--derived-only" not in stock_off[0][0]
     module_of = {k: c.number for c in item.cubins for k in c.kernels}
@@ -197,8 +202,10 @@ def test_a_gpu_the_loader_did_not_describe_gets_the_fixed_cases_only(tmp_path: P
 def test_cases_are_dealt_by_module_to_at_most_jobs_parts(tmp_path: Path) -> None:
     modules = Modules({name: _module(name) for name in NAMES})
     dealt = deal_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(16, tmp_path))
-    assert 1 < len(dealt.parts) <= 16 and dealt.parts[0].fixed
-    assert not any(part.fixed for part in dealt.parts[1:])
+    assert 1 < len(dealt.parts) <= 16
+    assert all(part.fixed == bool(part.only) for part in dealt.parts)
+    assert sorted(at for part in dealt.parts for at in part.only or ()) == \
+        list(range(len(fa2_kernels.fixed_cases())))
     assert dealt.derived == sum(p.derived for p in dealt.parts) > 1000
     (tmp_path / "one").mkdir()
     one = deal_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(1, tmp_path / "one"))
@@ -216,36 +223,41 @@ def test_the_largest_modules_are_dealt_first_to_the_lightest_part() -> None:
     assert len(_dealt(groups, size, 16)) == 5  # never more parts than modules
 
 
-def test_the_fixed_cases_modules_weigh_on_the_first_part_and_keep_their_cases() -> None:
-    """The first part runs the fixed cases: the modules they launch are its load from the
-    start, and their derived cases go with them (dealt elsewhere, those modules were
-    compiled by two processes, and the first part was the stock side's slowest)."""
-    case = fa2_kernels.Case("varlen_fwd")
-    groups = {1: ["a"], 2: ["b"] * 5, 3: ["c"] * 2, 4: ["d"], 5: ["e"] * 9}
-    size = {1: 100, 2: 60, 3: 50, 4: 40, 5: 10, 9: 500}
-    assert [len(p) for p in _dealt(groups, size, 2, frozenset({2}))] == [5 + 2 + 9, 1 + 1]
-    # a fixed module of no derived case still weighs: the rest goes to the other part
-    assert _dealt(groups, size, 2, frozenset({9})) == [
-        [], ["a", *["b"] * 5, "c", "c", "d", *["e"] * 9]]
-    assert _dealt({1: [case]}, size, 1, frozenset({9})) == [[case]]
-
-
-def test_the_derived_cases_of_the_fixed_cases_modules_are_in_the_first_part(
-        tmp_path: Path) -> None:
+def test_each_fixed_case_is_dealt_with_its_module(tmp_path: Path) -> None:
+    """FA2's fixed cases are dealt as its derived ones are, each with the module of its
+    first kernel (`--fixed`): together in the first part, they made it the stock side's
+    long pole (~290 s of JIT, against at most 167 s for each of the other 15 parts)."""
     modules = Modules({name: _module(name) for name in NAMES})
     dealt = deal_cases(FAMILIES["fa2"], NAMES, modules, H200, Dealing(16, tmp_path))
-    derived = fa2_kernels.derive(NAMES, GPU, first=fa2_kernels.fixed_cases())
-    fixed = {modules.of[k] for case in fa2_kernels.fixed_cases()
-             for k in derived.expects[case.name] if k in modules.of}
-    assert fixed  # the fixed cases launch added kernels of some modules
-    by_part = [json.loads(part.cases.read_text())["cases"] for part in dealt.parts
-               if part.cases is not None]
-    for number, cases in enumerate(by_part):
-        for case in cases:
+    fixed = fa2_kernels.fixed_cases()
+    derived = fa2_kernels.derive(NAMES, GPU, first=fixed)
+    owner: dict[int, int] = {}
+    for number, part in enumerate(dealt.parts):
+        assert part.cases is not None and part.only is not None
+        assert part.fixed == bool(part.only)
+        for case in json.loads(part.cases.read_text())["cases"]:
             first = min(modules.of[k] for k in derived.expects[f'{case["op"]}/{case["key"]}'])
-            assert (first in fixed) <= (number == 0), (case["key"], first)
-    assert any(min(modules.of[k] for k in derived.expects[f'{c["op"]}/{c["key"]}']) in fixed
-               for c in by_part[0])
+            assert owner.setdefault(first, number) == number
+    placed = [(at, number) for number, part in enumerate(dealt.parts)
+              for at in part.only or ()]
+    assert sorted(at for at, _n in placed) == list(range(len(fixed)))  # each once
+    for at, number in placed:
+        first = min(modules.of[k] for k in derived.expects[fixed[at].name])
+        assert owner.setdefault(first, number) == number  # with its module's cases
+    assert len({number for _at, number in placed}) > 1  # not all in one part
+    with_fixed = next(p for p in dealt.parts if p.only)
+    assert with_fixed.options("C")[:3] == ("--cases", "C", "--fixed")
+    assert next(p for p in dealt.parts if not p.only).options("C")[-1] == "--derived-only"
+
+
+def test_a_harness_whose_fixed_cases_launch_no_added_kernel_runs_them_first(
+        tmp_path: Path) -> None:
+    """Marlin's fixed cases (the repack ops) are not dealt: the first part runs them all."""
+    derivation = prove_cases.Derivation([], {}, {})
+    family = prove_cases.Family("X", "model", lambda *_a: derivation)
+    dealt = deal_cases(family, [], Modules({}), H200, Dealing(4, tmp_path))
+    assert [(p.fixed, p.only) for p in dealt.parts] == [(True, None)]
+    assert dealt.parts[0].options("C") == ("--cases", "C")
 
 
 def test_the_dispatchs_unreachable_kernels_rest_on_the_gpu_tables_memory(

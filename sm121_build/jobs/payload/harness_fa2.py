@@ -5,7 +5,7 @@ kernels, `fwd_sparse` and `varlen_fwd_sparse`) on fixed seeded inputs and save t
 Standard library and torch only, run as a script by the interpreter `prove --python` names:
 
     python3 harness_fa2.py SO OUT.pt [KERNELS.json] [--kernels NAMES.txt | --cases CASES.json]
-        [--slice I/N] [--derived-only]
+        [--slice I/N] [--derived-only | --fixed I,J]
 
 The fixed cases first (`VARLEN`, `KVCACHE`), then those derived from the kernels
 (fa2_kernels.py, its sibling): `--kernels`, the names of the kernels to launch (one a line:
@@ -13,7 +13,10 @@ the cases derived here, for this GPU's dispatch), or `--cases`, cases derived be
 (`fa2_kernels.Derived.to_json`).  `--slice I/N`: only the cases whose position modulo N is
 I (0 <= I < N), so that N processes share them.  `--derived-only`: the fixed cases left
 out (a process given a part of the derived cases that is not the first: prove deals the
-cases to its processes by module, one `--cases` file each).  Every output tensor a case
+cases to its processes by module, one `--cases` file each).  `--fixed I,J`: the fixed cases
+at those positions (`fa2_kernels.fixed_cases`' order) alone, their inputs the same as in a
+run of all of them (every fixed input is drawn, in order, from the one seed; only the op
+calls are left out): prove deals the fixed cases with their modules.  Every output tensor a case
 writes is saved (what the op returns, and the KV cache it appends to).
 
 Its lines on stdout, and the run around its cases, are harness_run.py's.
@@ -91,15 +94,20 @@ def arguments(torch: Any, schema: Any, named: dict[str, Any]) -> list[Any]:
     return values
 
 
-def varlen(torch: Any, saved: dict[str, Any], gen: Any) -> None:
+def varlen(torch: Any, saved: dict[str, Any], gen: Any, wanted: Callable[[int], bool]
+           ) -> None:
+    """Prefill: one sequence of 1,024 tokens; the cases `wanted` says (by position) are
+    called, every input drawn."""
     schema = check(torch, "varlen_fwd")
     op = torch.ops._vllm_fa2_C.varlen_fwd
-    for dtype_name, d, causal in fa2.VARLEN:
+    for at, (dtype_name, d, causal) in enumerate(fa2.VARLEN):
         dtype = getattr(torch, dtype_name)
         length, heads = 1024, 16
         q, k, v = (torch.randn(length, heads, d, device="cuda", dtype=dtype, generator=gen)
                    for _ in range(3))
         cu = torch.tensor([0, length], device="cuda", dtype=torch.int32)
+        if not wanted(at):
+            continue
         values = arguments(torch, schema, {
             "q": q, "k": k, "v": v, "cu_seqlens_q": cu, "cu_seqlens_k": cu,
             "max_seqlen_q": length, "max_seqlen_k": length,
@@ -109,12 +117,15 @@ def varlen(torch: Any, saved: dict[str, Any], gen: Any) -> None:
                                                          ("varlen_fwd", case))
 
 
-def kvcache(torch: Any, saved: dict[str, Any], gen: Any) -> None:
-    """Decode against a KV cache: contiguous, and paged (blocks of 256, a table of them)."""
+def kvcache(torch: Any, saved: dict[str, Any], gen: Any, wanted: Callable[[int], bool]
+            ) -> None:
+    """Decode against a KV cache: contiguous, and paged (blocks of 256, a table of them);
+    the cases `wanted` says (by position among all fixed cases) are called, every input
+    drawn."""
     schema = check(torch, "fwd_kvcache")
     op = torch.ops._vllm_fa2_C.fwd_kvcache
     batch, heads, cache_len, block = 2, 16, 512, 256
-    for dtype_name, d, paged in fa2.KVCACHE:
+    for at, (dtype_name, d, paged) in enumerate(fa2.KVCACHE, start=len(fa2.VARLEN)):
         dtype = getattr(torch, dtype_name)
         q = torch.randn(batch, 1, heads, d, device="cuda", dtype=dtype, generator=gen)
         shape = (batch * cache_len // block, block, heads, d) if paged else \
@@ -124,6 +135,8 @@ def kvcache(torch: Any, saved: dict[str, Any], gen: Any) -> None:
         table = torch.arange(batch * cache_len // block, device="cuda",
                              dtype=torch.int32).reshape(batch, -1) if paged else None
         lengths = torch.tensor([300, cache_len], device="cuda", dtype=torch.int32)
+        if not wanted(at):
+            continue
         values = arguments(torch, schema, {
             "q": q, "kcache": kc, "vcache": vc, "seqlens_k": lengths, "block_table": table,
             "softmax_scale": 1.0 / math.sqrt(d), "is_causal": True})
@@ -265,8 +278,11 @@ def cases_with(opts: Any, names: list[str] | None, given: list[Any]
                    ("varlen_fwd", "fwd_kvcache", *sorted({c.op for c in derived}))}
         first, count = opts.part
         if first == 0 and opts.fixed:  # the fixed cases: their inputs as before, one seed
-            varlen(torch, saved, gen)
-            kvcache(torch, saved, gen)
+            only = opts.only
+            wanted: Callable[[int], bool] = (lambda _at: True) if only is None \
+                else only.__contains__
+            varlen(torch, saved, gen, wanted)
+            kvcache(torch, saved, gen, wanted)
         for at, case in enumerate(derived, start=1):
             if at % count == first:
                 one(torch, saved, schemas, case)
@@ -290,11 +306,14 @@ def main(argv: list[str]) -> int:
     plain = 3 if len(argv) > 2 and not argv[2].startswith("--") else 2
     try:
         opts = harness.options(argv[plain:])
+        if opts.only and opts.only[-1] >= len(fa2.fixed_cases()):
+            raise ValueError(f"--fixed {opts.only[-1]}: the harness has "
+                             f"{len(fa2.fixed_cases())} fixed cases")
         names, given = read_cases(opts)
     except (OSError, ValueError) as exc:  # fa2.NameError_ is a ValueError
         text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         sys.stderr.write(f"usage: harness_fa2.py SO OUT.pt [--kernels F | --cases F] "
-                         f"[--slice I/N] [--derived-only]: {text}\n")
+                         f"[--slice I/N] [--derived-only | --fixed I,J]: {text}\n")
         return 2
     return int(harness.run(argv[:plain], "harness_fa2.py", cases_with(opts, names, given)))
 

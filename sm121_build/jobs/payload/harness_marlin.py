@@ -271,6 +271,8 @@ def main(argv: list[str]) -> int:
     plain = 3 if len(argv) > 2 and not argv[2].startswith("--") else 2
     try:
         opts = harness.options(argv[plain:])
+        if opts.only is not None:
+            raise ValueError("--fixed: its fixed cases run together, in the first part")
         names, given = read_cases(opts)
     except (OSError, ValueError) as exc:
         text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]

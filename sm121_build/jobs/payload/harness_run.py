@@ -150,11 +150,24 @@ class HarnessOptions:
     cases: str | None = None
     part: tuple[int, int] = (0, 1)
     fixed: bool = True  # the fixed cases run (in the first slice); not with --derived-only
+    only: tuple[int, ...] | None = None  # --fixed I,J: those fixed cases alone (None: all)
+
+
+def _fixed_only(value: str) -> tuple[int, ...]:
+    """`--fixed I,J,...`: positions among the harness's fixed cases, ascending, each once."""
+    items = value.split(",")
+    if len(value) > 200 or not all(item.isdigit() and len(item) <= 3 for item in items):
+        raise ValueError(f"--fixed {value[:40]!r} is not I,J,... (positions of fixed cases)")
+    only = tuple(int(item) for item in items)
+    if list(only) != sorted(set(only)):
+        raise ValueError(f"--fixed {value[:40]!r}: positions ascending, each once")
+    return only
 
 
 def options(argv: list[str]) -> HarnessOptions:
-    """`--kernels FILE`, `--cases FILE`, `--slice I/N`, `--derived-only`; ValueError in
-    one line."""
+    """`--kernels FILE`, `--cases FILE`, `--slice I/N`, `--derived-only`, `--fixed I,J`
+    (the fixed cases at those positions alone: a harness refuses one it does not have);
+    ValueError in one line."""
     found: dict[str, str] = {}
     rest = list(argv)
     fixed = "--derived-only" not in rest
@@ -162,7 +175,8 @@ def options(argv: list[str]) -> HarnessOptions:
         rest.remove("--derived-only")
     while rest:
         flag = rest.pop(0)
-        if flag not in ("--kernels", "--cases", "--slice") or not rest or flag in found:
+        if flag not in ("--kernels", "--cases", "--slice", "--fixed") or not rest \
+                or flag in found:
             raise ValueError(f"unknown, repeated or valueless option {flag[:40]!r}")
         found[flag] = rest.pop(0)
     if "--kernels" in found and "--cases" in found:
@@ -173,7 +187,10 @@ def options(argv: list[str]) -> HarnessOptions:
         if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 1024):
             raise ValueError(f"--slice {found['--slice'][:40]!r} is not I/N, 0 <= I < N")
         part = (int(i), int(n))
-    return HarnessOptions(found.get("--kernels"), found.get("--cases"), part, fixed)
+    only = _fixed_only(found["--fixed"]) if "--fixed" in found else None
+    if only is not None and not fixed:
+        raise ValueError("--fixed and --derived-only: give one")
+    return HarnessOptions(found.get("--kernels"), found.get("--cases"), part, fixed, only)
 
 
 def run(argv: list[str], script: str, cases: Callable[[Any, dict[str, Any]], None]) -> int:

@@ -7,12 +7,13 @@ most `jobs` parts by module: each case goes with the added cubin of the first ke
 expected to launch, and a cubin's cases stay in one part, so that the stock side's driver
 JIT-compiles each module in about one process, not in all.  The modules are dealt by their
 cubins' size, the largest first, each to the part with the fewest bytes so far (what the
-driver's JIT spends on a module grows with the code it makes).  The first part also runs the
-harness's fixed cases: the modules they launch weigh on it from the start, and the derived
-cases of those modules go with them (that part compiles those modules anyway; dealt
-elsewhere, they were compiled twice, and the first part was the slowest: 317 s of FA2's
-stock side, against at most 167 s for the other 15, on a lent H200).  Each part's cases are a
-file (`--cases`), written where no child writes.
+driver's JIT spends on a module grows with the code it makes).  A harness's fixed cases
+that launch added kernels (FA2's) are dealt with their modules too, each to the part of the
+module of its first kernel (`--fixed I,J`): run together in the first part, they made it the
+long pole (FA2's stock side on a lent H200: ~290 s of JIT for its 8 fixed cases, against at
+most 167 s for each of the other 15 parts); a harness whose fixed cases launch none
+(Marlin's) runs them in the first part.  Each part's cases are a file (`--cases`), written
+where no child writes.
 
 The kernels the dispatch never selects on this GPU (`Derived.dead`: a block another GPU's
 shared memory picks, a combination the launch template never instantiates) are returned
@@ -42,18 +43,24 @@ MARLIN_MODEL = "vLLM 0.22.0 marlin.cu"  # the dispatch marlin_kernels models
 @dataclass(frozen=True)
 class Part:
     """One process's share of a harness's cases: its `--cases` file (None: the harness's
-    fixed cases alone), whether it runs the fixed cases, and how many derived cases."""
+    fixed cases alone), whether it runs fixed cases, how many derived cases, and which fixed
+    cases (`only`: their positions; None: all of them)."""
 
     cases: Path | None
     fixed: bool
     derived: int = 0
+    only: tuple[int, ...] | None = None
 
     def options(self, at: str | None) -> tuple[str, ...]:
         """The harness's options for this part, `at` being the cases file as the child
         sees it."""
         if self.cases is None or at is None:
             return ()
-        return ("--cases", at) if self.fixed else ("--cases", at, "--derived-only")
+        if not self.fixed:
+            return ("--cases", at, "--derived-only")
+        if self.only is None:
+            return ("--cases", at)
+        return ("--cases", at, "--fixed", ",".join(map(str, self.only)))
 
 
 @dataclass(frozen=True)
@@ -88,20 +95,14 @@ class Modules:
     size: Mapping[int, int] = field(default_factory=dict)
 
 
-def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int,
-           first: frozenset[int] = frozenset()) -> list[list[Any]]:
+def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int
+           ) -> list[list[Any]]:
     """Whole groups (a module's cases) to at most `jobs` parts: the largest module first,
-    each to the part with the fewest bytes so far (then the fewest cases).  `first`: the
-    modules the first part loads for the fixed cases; their bytes are its load from the
-    start, and their groups go to it."""
+    each to the part with the fewest bytes so far (then the fewest cases)."""
     parts: list[list[Any]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
     load = [0] * len(parts)
-    load[0] = sum(size.get(number, 0) for number in first)
     for number, cases in sorted(groups.items(),
                                 key=lambda g: (-size.get(g[0], 0), -len(g[1]), g[0])):
-        if number in first:
-            parts[0].extend(cases)
-            continue
         at = min(range(len(parts)), key=lambda i: (load[i], len(parts[i]), i))
         parts[at].extend(cases)
         load[at] += size.get(number, 0)
@@ -109,12 +110,20 @@ def _dealt(groups: Mapping[int, list[Any]], size: Mapping[int, int], jobs: int,
 
 
 @dataclass(frozen=True)
+class _Fixed:
+    """A harness's fixed case among the dealt ones: its position (`--fixed`)."""
+
+    at: int
+
+
+@dataclass(frozen=True)
 class Derivation:
     """A family's derived cases for a file (each with `key`, written by `asdict`), the
     added kernels each case is expected to launch (case name -> names, the harness's fixed
     cases' too), the added kernels the family's dispatch never selects on this GPU, each
-    with the rule, and the names of the harness's fixed cases (`fixed`: the first part runs
-    them)."""
+    with the rule, and the names of the harness's fixed cases that are dealt with the rest,
+    in the harness's order (`fixed`: their positions are `--fixed`'s; none: the first part
+    runs the harness's fixed cases)."""
 
     cases: Sequence[Any]
     expects: Mapping[str, list[str]]
@@ -186,18 +195,19 @@ def deal_cases(family: Family, names: Sequence[str], modules: Modules, device: D
                 f"{per_sm}) are used")
     derived = family.derive(list(names), device, (block, per_sm))
     groups: dict[int, list[Any]] = {}
-    for case in derived.cases:
-        numbers = [modules.of[k] for k in derived.expects.get(case.name, []) if k in modules.of]
+    for name, case in [*((c.name, c) for c in derived.cases),
+                       *((name, _Fixed(at)) for at, name in enumerate(derived.fixed))]:
+        numbers = [modules.of[k] for k in derived.expects.get(name, []) if k in modules.of]
         groups.setdefault(min(numbers, default=-1), []).append(case)
-    first = frozenset(modules.of[k] for name in derived.fixed
-                      for k in derived.expects.get(name, []) if k in modules.of)
     parts = []
-    for number, cases in enumerate(_dealt(groups, modules.size, jobs, first) if groups
-                                   else [[]]):
+    for number, dealt in enumerate(_dealt(groups, modules.size, jobs) if groups else [[]]):
+        cases = [c for c in dealt if not isinstance(c, _Fixed)]
+        only = tuple(sorted(c.at for c in dealt if isinstance(c, _Fixed)))
         path = into / f"cases-{number:03d}.json"
         path.write_text(json.dumps({"cases": [
             {**asdict(c), "key": c.key} for c in cases]}))
-        parts.append(Part(path, number == 0, len(cases)))
+        parts.append(Part(path, bool(only), len(cases), only) if derived.fixed
+                     else Part(path, number == 0, len(cases)))
     evidence = f"the {family.name} dispatch ({family.model}) never selects it on compute " \
         f"capability {device.major}.{device.minor}"
     dead = {name: f"{evidence}: {why}" for name, why in derived.dead.items()} if known \
