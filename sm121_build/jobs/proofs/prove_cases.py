@@ -10,8 +10,9 @@ cubins' size, the largest first, each to the part with the fewest bytes so far (
 driver's JIT spends on a module grows with the code it makes).  A harness's fixed cases
 that launch added kernels (FA2's) are dealt with their modules too, each to the part of the
 module of its first kernel (`--fixed I,J`): run together in the first part, they made it the
-long pole (FA2's stock side on a lent H200: ~290 s of JIT for its 8 fixed cases, against at
-most 167 s for each of the other 15 parts); a harness whose fixed cases launch none
+long pole (FA2's stock side on a lent H200: 317 s, ~290 s of it the JIT of its 8 fixed
+cases, against at most 167 s for each of the other 15 parts; dealt, every part ended by
+201 s); a harness whose fixed cases launch none
 (Marlin's) runs them in the first part.  Each part's cases are a file (`--cases`), written
 where no child writes.
 
