@@ -382,3 +382,13 @@ def test_moe_cases_with_float8_scales_build_their_inputs(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout + done.stderr
     assert [c["b_scales"][0] for c in calls] == ["float8_e8m0fnu", "float8_e4m3fn"]
     assert calls[1]["global_scale"] == ["float32", mk.MOE_EXPERTS]
+
+
+@pytest.mark.parametrize("value", ["0", "0,1", "\u0661", ""])
+def test_the_harness_refuses_fixed_in_one_line(tmp_path: Path, value: str) -> None:
+    """Marlin's fixed cases run together in the first part: `--fixed` (any value) is
+    refused, in one line, before any op is called."""
+    done, calls = _harness(tmp_path, "--fixed", value)
+    assert done.returncode == 2 and calls == []
+    assert done.stderr.startswith("usage: harness_marlin.py") and "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "--fixed" in done.stderr

@@ -270,6 +270,15 @@ def test_the_fa2_harness_derives_cases_from_kernel_names(tmp_path: Path) -> None
     (["--fixed", "1,-2"], "is not I,J"),
     (["--fixed", ""], "is not I,J"),
     (["--fixed", "1", "--derived-only"], "give one"),
+    (["--fixed", "\u0661"], "is not I,J"),  # ARABIC-INDIC DIGIT ONE: int() takes it as 1
+    (["--fixed", "0,\U0001d7cf"], "is not I,J"),  # MATHEMATICAL BOLD DIGIT ONE
+    (["--fixed", "\u00b2"], "is not I,J"),  # SUPERSCRIPT TWO: isdigit(), which int() refuses
+    (["--fixed", "0,"], "is not I,J"),
+    (["--fixed", " 1"], "is not I,J"),
+    (["--fixed", ",".join(map(str, range(1000)))], "is not I,J"),
+    (["--fixed", "0,0"], "ascending, each once"),
+    (["--fixed", "999"], "the harness has 8 fixed cases"),
+    (["--slice", "\u0660/\u0662"], "is not I/N"),
 ])
 def test_the_fa2_harness_refuses_bad_options_in_one_line(
         tmp_path: Path, args: list[str], said: str) -> None:

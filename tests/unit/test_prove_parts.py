@@ -275,3 +275,27 @@ def test_the_dispatchs_unreachable_kernels_rest_on_the_gpu_tables_memory(
     dealt = deal_cases(FAMILIES["fa2"], NAMES, modules, unknown, Dealing(4, tmp_path / "b"))
     assert dealt.dead == {} and dealt.said is not None and "no shared memory" in dealt.said
     assert dealt.derived > 1000
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3, 16, 1000])
+@pytest.mark.parametrize("where", ["modules", "none", "sizes"])
+def test_every_fixed_case_is_dealt_once_whatever_the_jobs_and_modules(
+        tmp_path: Path, jobs: int, where: str) -> None:
+    """Each of FA2's fixed cases goes to exactly one part (`--fixed`), whatever the jobs,
+    also when none of its kernels is in a module the GPU loads (`none`), or when the
+    modules have sizes (`sizes`); a part that runs none is `--derived-only`, and both
+    sides get the same options for the same part."""
+    of = {name: _module(name) for name in NAMES} if where != "none" else {}
+    size = {n: 1000 * n for n in set(of.values())} if where == "sizes" else {}
+    dealt = deal_cases(FAMILIES["fa2"], NAMES, Modules(of, size), H200,
+                       Dealing(jobs, tmp_path))
+    assert 1 <= len(dealt.parts) <= jobs
+    positions = []
+    for part in dealt.parts:
+        args = part.options("C")
+        assert args[:2] == ("--cases", "C")
+        assert ("--fixed" in args) == part.fixed == bool(part.only) != \
+            ("--derived-only" in args)
+        if "--fixed" in args:
+            positions += [int(at) for at in args[args.index("--fixed") + 1].split(",")]
+    assert sorted(positions) == list(range(len(fa2_kernels.fixed_cases())))

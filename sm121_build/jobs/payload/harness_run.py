@@ -153,10 +153,16 @@ class HarnessOptions:
     only: tuple[int, ...] | None = None  # --fixed I,J: those fixed cases alone (None: all)
 
 
+def _digits(text: str) -> bool:
+    """Whether `text` is ASCII digits alone (`str.isdigit` also takes '\u0661', which
+    int() reads as 1, and '\u00b2', which int() refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def _fixed_only(value: str) -> tuple[int, ...]:
     """`--fixed I,J,...`: positions among the harness's fixed cases, ascending, each once."""
     items = value.split(",")
-    if len(value) > 200 or not all(item.isdigit() and len(item) <= 3 for item in items):
+    if len(value) > 200 or not all(_digits(item) and len(item) <= 3 for item in items):
         raise ValueError(f"--fixed {value[:40]!r} is not I,J,... (positions of fixed cases)")
     only = tuple(int(item) for item in items)
     if list(only) != sorted(set(only)):
@@ -184,7 +190,7 @@ def options(argv: list[str]) -> HarnessOptions:
     part = (0, 1)
     if "--slice" in found:
         i, _, n = found["--slice"].partition("/")
-        if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 1024):
+        if not (_digits(i) and _digits(n) and 0 <= int(i) < int(n) <= 1024):
             raise ValueError(f"--slice {found['--slice'][:40]!r} is not I/N, 0 <= I < N")
         part = (int(i), int(n))
     only = _fixed_only(found["--fixed"]) if "--fixed" in found else None
