@@ -8,6 +8,10 @@ time and memory, nothing left in the temp folder):
   or 500 MB, none of them large inputs; a concurrent writer's layer is never dropped by a run
   that says it succeeded.  `inject --from` runs against a FAKE engine that answers its first
   calls and then stalls (`devkit/stallengine`), so it goes as far as it can without one.
+  A world may also hold a hostile credential helper (`HELPERS`: config.json's `credsStore`
+  names `docker-credential-fuzz`, asked when the registry answers 401): missing, hanging
+  (ended by SM121_REGISTRY_TIMEOUT, its process gone), flooding, answering nonsense, or
+  printing its login and failing (whose Secret no line may show).
 - `prove`: `prove --files DIR --stock DIR` with the FAKE GPU interpreter
   (`devkit/fake_gpu`) telling a hostile story (`HOSTILE_CHILD`: floods, escapes, wrong
   types, a child that dies or leaves a grandchild running, a loader that says sizes no GPU
@@ -25,6 +29,7 @@ time and memory, nothing left in the temp folder):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -65,6 +70,49 @@ class RegistryWorld:
     signum: int | None
     delay: float
     timeout: int = 2  # SM121_REGISTRY_TIMEOUT (9: a flood read whole passes every bound)
+    helper: str = ""  # HELPERS: the credential helper config.json names ("": none)
+
+
+# the credential helper a world's config.json names: what `docker-credential-fuzz get`
+# does ("missing": named, not installed); HELPER_SECRET: what no line may show
+HELPER_SECRET = "fuzz-secret-4b1d"
+HELPERS: dict[str, str] = {
+    "": "",
+    "missing": "",
+    "good": f"read s; echo '{{\"Username\": \"u\", \"Secret\": \"{HELPER_SECRET}\"}}'",
+    "hang": "echo $$ > \"$0.pid\"; exec sleep 600",
+    "flood": "read s; exec yes '{\"Username\": \"u\",'",
+    "nonsense": "read s; printf '\\033[2J\\n{[}'",
+    "secret-fail": f"echo '{{\"Username\": \"u\", \"Secret\": \"{HELPER_SECRET}\"}}'; "
+                   f"echo 'Secret {HELPER_SECRET}' >&2; exit 1",
+}
+
+
+def _with_helper(kind: str, root: Path, env: dict[str, str]) -> dict[str, str]:
+    """`env` with config.json naming the world's helper and the helper on PATH."""
+    if not kind:
+        return env
+    (root / "home" / "docker" / "config.json").write_text('{"credsStore": "fuzz"}')
+    if kind == "missing":
+        return env
+    folder = root / "bin"
+    folder.mkdir(exist_ok=True)
+    program = folder / "docker-credential-fuzz"
+    program.write_text(f"#!/bin/sh\n{HELPERS[kind]}\n")
+    program.chmod(0o755)
+    return {**env, "PATH": f"{folder}:{env.get('PATH', '')}"}
+
+
+def _helper_kept(world: RegistryWorld, root: Path, outcome: Outcome) -> None:
+    """The helper's Secret in no line; a hanging helper's process gone with the run."""
+    if HELPER_SECRET in outcome.said and world.helper != "good":
+        outcome.broken.append("a credential helper's Secret was shown")
+    pid_file = root / "bin" / "docker-credential-fuzz.pid"
+    if world.helper == "hang" and pid_file.exists():
+        stat = Path(f"/proc/{pid_file.read_text().strip()}/stat")
+        with contextlib.suppress(OSError, IndexError):
+            if stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                outcome.broken.append("a hanging credential helper was left running")
 
 
 def _base_env(root: Path) -> dict[str, str]:
@@ -94,9 +142,10 @@ def _registry_args(world: RegistryWorld, registry: HostileRegistry, keys: tuple[
 
 def run_registry_world(world: RegistryWorld, registry: HostileRegistry, root: Path) -> Outcome:
     """One command against `registry` in `world.mode`; every invariant checked."""
-    env = {**_base_env(root), "SM121_REGISTRY_TIMEOUT": str(world.timeout)}
+    env = _with_helper(world.helper, root,
+                       {**_base_env(root), "SM121_REGISTRY_TIMEOUT": str(world.timeout)})
     keys = registry.keys(root)
-    before = snapshot(root, (root / "tmp", root / "home"))
+    before = snapshot(root, (root / "tmp", root / "home", root / "bin"))
     lost = registry.lost
     args = _registry_args(world, registry, keys)
     if world.command == "inject":
@@ -105,12 +154,13 @@ def run_registry_world(world: RegistryWorld, registry: HostileRegistry, root: Pa
                            REGISTRY_BOUND_S)
     else:
         outcome = _run(world, args, env, KILL_S, REGISTRY_BOUND_S)
-    _left(outcome, root, before)
+    _left(outcome, root, before, (root / "tmp", root / "home", root / "bin"))
+    _helper_kept(world, root, outcome)
     if registry.lost > lost and outcome.code == 0:
         outcome.broken.append("another writer's layer was dropped by a write that said it "
                               "succeeded")
     if world.mode in VALID_AMONG and world.signum is None and world.command != "inject" \
-            and outcome.code != 0:
+            and world.helper in ("", "good") and outcome.code != 0:
         outcome.broken.append(f"a valid signature among others (or alone) did not verify "
                               f"(require_signed: whoever can push beside the image cannot "
                               f"stop a consumer's run): exit {outcome.code}: "
@@ -423,7 +473,7 @@ def run_proof_world(world: ProofWorld, root: Path) -> Outcome:
 def random_registry_world(rng: random.Random) -> RegistryWorld:
     return RegistryWorld(rng.choice(REGISTRY_COMMANDS), rng.choice(MODES),
                          rng.choice((None, None, None, signal.SIGINT, signal.SIGTERM)),
-                         rng.choice((0.3, 0.6, 1.0)))
+                         rng.choice((0.3, 0.6, 1.0)), helper=rng.choice(list(HELPERS)))
 
 
 def run_registry_family(runs: int, rng: random.Random) -> int:

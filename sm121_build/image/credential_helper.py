@@ -5,8 +5,9 @@ registry's address on its stdin, answering `{"ServerURL", "Username", "Secret"}`
 The Docker SDK would run that program itself, with no deadline, in this process's group,
 its output read whole (a helper that hung held a pull for as long as it hung).  So the
 engine takes the helpers out of what the SDK reads (`Engine.__init__`), and a pull's or
-push's login is asked here, through the children door: its own process group, a deadline
-(`HELPER_S`), bounded output; what it answers is read as outside input.  A helper that is
+push's login, and the registry client's (`registry._credentials`), is asked here, through
+the children door: its own process group, a deadline (`HELPER_S`, or SM121_REGISTRY_TIMEOUT
+when less), bounded output; what it answers is read as outside input.  A helper that is
 not installed, fails, hangs or answers what is not its JSON is one line.
 """
 
@@ -28,10 +29,14 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z", re.ASCII)
 _NOT_FOUND = re.compile(rb"credentials not found", re.IGNORECASE)
 
 
-def helper_login(helper: str, registry: str, verb: str) -> dict[str, str]:
+def helper_login(helper: str, registry: str, verb: str, seconds: float = HELPER_S
+                 ) -> dict[str, str]:
     """The login `docker-credential-<helper>` holds for `registry` (Docker Hub's under
     `INDEX_URL`), as the engine takes it (`X-Registry-Auth`); empty where it holds none.
-    Sm121Error in one line, naming `verb` (pull, push), for a helper that cannot answer."""
+    Sm121Error in one line, naming `verb` (pull, push), for a helper that cannot answer
+    within `seconds` (at most `HELPER_S`: the callers give SM121_REGISTRY_TIMEOUT's, when
+    less)."""
+    seconds = min(seconds, HELPER_S)
     program = f"docker-credential-{helper}"
     if not _NAME.match(helper):
         raise Sm121Error(f"cannot {verb}: Docker's config.json names the credential helper "
@@ -43,11 +48,11 @@ def helper_login(helper: str, registry: str, verb: str) -> dict[str, str]:
                          "config.json's credsStore/credHelpers)")
     server = INDEX_URL if registry in _HUB else registry
     try:
-        done = run(Program((found, "get"), HELPER_S, program, stdin=server.encode()))
+        done = run(Program((found, "get"), seconds, program, stdin=server.encode()))
     except OSError as exc:
         raise Sm121Error(f"cannot {verb}: {program} does not run ({cut(exc, 120)})") from None
     if done.timed_out:
-        raise Sm121Error(f"cannot {verb}: {program} gave no answer in {HELPER_S:.0f} s")
+        raise Sm121Error(f"cannot {verb}: {program} gave no answer in {seconds:g} s")
     if done.returncode != 0:
         if _NOT_FOUND.search(done.stdout + done.stderr):
             return {}

@@ -350,7 +350,7 @@ class Engine:
         if helper is None:
             login = self.logins.resolve_authconfig(registry)  # its auths: no program runs
             return dict(login) if isinstance(login, dict) and login else None
-        return helper_login(helper, registry, verb) or None
+        return helper_login(helper, registry, verb, self.limits.registry_s) or None
 
     def pull(self, ref: str, status: StatusLine | None = None) -> str:
         """Pull `ref` (a repository reference: cmd_build refuses image IDs up front) from its

@@ -3,8 +3,10 @@ signature manifests (`image/cosign.py`) beside a kernels image.  Images themselv
 pushed and pulled by the engine.
 
 Plain HTTP for a loopback registry (as the engine does), HTTPS with verification for any
-other.  Credentials: the `auths` of ~/.docker/config.json (or $DOCKER_CONFIG), with the
-registry's token flow; credential helpers are not asked.  Every request goes through the one
+other.  Credentials: those ~/.docker/config.json (or $DOCKER_CONFIG) holds for the registry,
+asked only when the registry asks for a login: from the credential helper it names for it
+(`credential_helper.helper_login`, through the children door; a helper's identity token is
+not used), else its `auths`; with the registry's token flow.  Every request goes through the one
 HTTP door (`image/registry_http.py`): its whole answer within SM121_REGISTRY_TIMEOUT, its
 body bounded, every field of it checked before use.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from sm121_build.core.errors import RegistryUnavailable, Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.limits import Limits
+from sm121_build.image.credential_helper import HELPER_S, helper_login
 from sm121_build.image.registry_http import (
     MAX_ERROR_BODY,
     Answer,
@@ -74,16 +77,24 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _credentials(host: str) -> tuple[str, str] | None:
-    """The user and password `docker login` kept for `host` in Docker's config.json, or
-    None: a file of any other shape (not JSON, `auths` not a mapping, `auth` not base64 of
-    `user:password`) is no credentials, never an error."""
+def _credentials(host: str, seconds: float = HELPER_S) -> tuple[str, str] | None:
+    """The user and password `docker login` kept for `host`: from the credential helper
+    Docker's config.json names for it (one that cannot answer within `seconds` is
+    Sm121Error in one line; an identity token is no credentials here), else from its
+    `auths`; or None: a file of any other shape (not JSON, `auths` not a mapping, `auth` not
+    base64 of `user:password`) is no credentials, never an error."""
     folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
     try:
         config = json.loads(read_input(folder / "config.json", 1 << 20,
                                        "Docker's config.json"))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError, Sm121Error):
         return None
+    helper = _helper_of(config, host)
+    if helper is not None:  # as Docker reads it: the helper's login, never `auths`'
+        login = helper_login(helper, host, f"log in to {host}", seconds)
+        user, password = login.get("Username", ""), login.get("Password", "")
+        return (user, password) if user and password and len(user) + len(password) <= \
+            MAX_TOKEN else None
     auths = config.get("auths") if isinstance(config, dict) else None
     entry = (auths.get(host) or auths.get(f"https://{host}")) if isinstance(auths, dict) \
         else None
@@ -96,6 +107,18 @@ def _credentials(host: str) -> tuple[str, str] | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return (user, password) if colon and user else None
+
+
+def _helper_of(config: object, host: str) -> str | None:
+    """The credential helper config.json names for `host` (`credHelpers`, else
+    `credsStore`), or None; a value that is not a non-empty string is none."""
+    if not isinstance(config, dict):
+        return None
+    helpers = config.get("credHelpers")
+    named = helpers.get(host) if isinstance(helpers, dict) else None
+    if not isinstance(named, str) or not named:
+        named = config.get("credsStore")
+    return named if isinstance(named, str) and named else None
 
 
 def _token(body: bytes) -> str:
@@ -168,7 +191,7 @@ class Registry:
 
     def _login(self, challenge: str) -> bool:
         host, name = split_repository(self.repo)
-        creds = _credentials(host)
+        creds = _credentials(host, self.limits.registry_s)
         if challenge.lower().startswith("basic"):
             self._basic = creds
             return creds is not None

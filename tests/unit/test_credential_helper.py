@@ -175,3 +175,26 @@ def test_a_failed_helpers_login_is_never_shown(
     with pytest.raises(Sm121Error, match=r"failed \(exit 1\)") as raised:
         engine.pull("localhost:5999/k:t")
     assert "hunter2" not in str(raised.value)
+
+
+def test_the_registry_client_asks_the_helper_config_json_names_for_its_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kernels verify`/`attest`'s registry client (`registry._credentials`, asked on a 401):
+    the helper's login for the host (`credHelpers`, else `credsStore`) through the same
+    door; a token is no credentials; a helper that cannot answer is one line."""
+    from sm121_build.image.registry import _credentials
+
+    asked = tmp_path / "asked"
+    _engine(tmp_path, monkeypatch, '{"credHelpers": {"r.example:5000": "rt"}}',
+            f"#!/bin/sh\nread server\necho \"$server\" >> {asked}\n"
+            "case $server in *token*) echo '{\"Username\": \"<token>\", \"Secret\": \"t\"}';;"
+            " *) echo '{\"Username\": \"u\", \"Secret\": \"s\"}';; esac\n")
+    assert _credentials("r.example:5000") == ("u", "s")
+    assert _credentials("other.example") is None  # no helper, no auths for it
+    (tmp_path / "config.json").write_text('{"credsStore": "rt", "auths": {"token.example": '
+                                          '{"auth": "dTpw"}}}')
+    assert _credentials("token.example") is None  # the helper's, never auths'
+    assert asked.read_text().split() == ["r.example:5000", "token.example"]
+    (tmp_path / "config.json").write_text('{"credsStore": "missing"}')
+    with pytest.raises(Sm121Error, match=r"cannot log in to r\.example: .*not installed"):
+        _credentials("r.example")

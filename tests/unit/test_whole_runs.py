@@ -109,6 +109,14 @@ HOLDS = (
     # a flood without a length and a deadline past the run's bounds (9 s of 64 MB/s: read
     # whole, over 5 s and 500 MB): refused at its size at once, not at the deadline
     rw.RegistryWorld("verify", "flood-token", None, 0.0, 9),
+    # a hostile credential helper config.json names, asked on the registry's 401: one line
+    # within the bound, its Secret never shown, a hanging one ended with the run's deadline
+    *[rw.RegistryWorld(command, mode, None, 0.0, helper=helper)
+      for command, mode, helper in (
+          ("verify", "token-int", "missing"), ("verify", "token-int", "hang"),
+          ("verify", "status-401", "flood"), ("attest", "token-list", "nonsense"),
+          ("verify", "token-int", "secret-fail"), ("verify", "status-401", "good"))],
+    rw.RegistryWorld("verify", "token-int", signal.SIGINT, 0.8, helper="hang"),
 )
 # Each broke an invariant on 81e1ac3, before issue #62's registry client (what it broke is
 # said beside it); each holds now, a seed like the others
@@ -152,6 +160,7 @@ def _registry_check(world: rw.RegistryWorld, registry: HostileRegistry) -> None:
 
 @pytest.mark.skipif(EMULATED, reason=EMULATED_WHY)
 @pytest.mark.parametrize("world", HOLDS, ids=[f"{w.command}-{w.mode}-{w.signum}-{w.timeout}s"
+                                              f"{'-' + w.helper if w.helper else ''}"
                                               for w in HOLDS])
 def test_a_hostile_registry_keeps_every_invariant(world: rw.RegistryWorld,
                                                   registry: HostileRegistry) -> None:
