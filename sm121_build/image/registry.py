@@ -166,6 +166,7 @@ class Registry:
     _token: str = ""
     _basic: tuple[str, str] | None = None
     _door: HttpDoor | None = None
+    _tried: bool = False  # a login was asked for: the helper runs once, whatever answers
 
     @property
     def base(self) -> str:
@@ -184,12 +185,15 @@ class Registry:
         if self._token:
             sent["Authorization"] = f"Bearer {self._token}"
         answer = self.door.call(replace(request, headers=sent, auth=self._basic), wanted)
-        if answer.status == 401 and not (self._token or self._basic) and \
+        if answer.status == 401 and not self._tried and \
                 self._login(answer.headers.get("WWW-Authenticate", "")):
             return self._call(request, wanted)
         return answer
 
     def _login(self, challenge: str) -> bool:
+        """Log in once (the first 401's challenge): a registry that refuses it, or answers
+        401 again, is not asked again, nor is the helper run again."""
+        self._tried = True
         host, name = split_repository(self.repo)
         creds = _credentials(host, self.limits.registry_s)
         if challenge.lower().startswith("basic"):

@@ -31,6 +31,7 @@ from typing import Any
 
 import requests
 import requests.adapters
+import requests.auth
 import urllib3.connection
 import urllib3.connectionpool
 
@@ -212,7 +213,7 @@ class HttpDoor:
             try:
                 response = self._session.request(
                     request.method, request.url, headers=dict(request.headers or {}),
-                    data=request.data, params=dict(request.params or {}), auth=request.auth,
+                    data=request.data, params=dict(request.params or {}), auth=_utf8(request.auth),
                     timeout=(self.seconds, self.seconds), allow_redirects=True, stream=True)
             except (requests.exceptions.Timeout, TimeoutError):
                 raise late from None
@@ -229,6 +230,14 @@ class HttpDoor:
             with response:
                 body = _body(response, limit, f"{self.label}: {request.what}", late)
                 return Answer(response.status_code, dict(response.headers), body)
+
+
+def _utf8(auth: tuple[str, str] | None) -> requests.auth.HTTPBasicAuth | None:
+    """A user and password as the bytes Basic auth carries: UTF-8, as Docker sends them
+    (requests would encode a `str` as Latin-1, and raise on anything outside it); a lone
+    surrogate a helper's JSON may hold is sent as `?`, a login the registry refuses."""
+    return None if auth is None else requests.auth.HTTPBasicAuth(
+        auth[0].encode(errors="replace"), auth[1].encode(errors="replace"))
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -4,8 +4,12 @@ is one line; the login it gives reaches the engine's pull and push."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import docker
@@ -198,3 +202,75 @@ def test_the_registry_client_asks_the_helper_config_json_names_for_its_host(
     (tmp_path / "config.json").write_text('{"credsStore": "missing"}')
     with pytest.raises(Sm121Error, match=r"cannot log in to r\.example: .*not installed"):
         _credentials("r.example")
+
+
+def _refusing_registry(seen: list[str]) -> tuple[str, Callable[[], None]]:
+    """A loopback registry that answers 401 (a Basic challenge) to every request, keeping
+    each request's Authorization header in `seen`."""
+    class Refusing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="r"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+    return f"127.0.0.1:{server.server_address[1]}", stop
+
+
+def test_a_registry_that_refuses_every_login_runs_the_helper_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry answering 401 to every request (a signature list of 64 blobs) asks the
+    helper once, not once for each request (a keychain that asks its user would ask 64
+    times)."""
+    from sm121_build.core.limits import Limits
+    from sm121_build.image.registry import Registry
+
+    asked = tmp_path / "asked"
+    _engine(tmp_path, monkeypatch, '{"credsStore": "rt"}',
+            f"#!/bin/sh\necho x >> {asked}\necho 'credentials not found' >&2\nexit 1\n")
+    seen: list[str] = []
+    host, stop = _refusing_registry(seen)
+    try:
+        registry = Registry(f"{host}/k", Limits(engine_s=5.0, registry_s=5.0))
+        for _ in range(5):
+            with pytest.raises(Sm121Error):
+                registry.blob("sha256:" + "ab" * 32)
+    finally:
+        stop()
+    assert asked.read_text().split() == ["x"]
+
+
+@pytest.mark.parametrize(("secret", "sent"), [
+    ("\\u043f\\n\\ud83d\\ude00", "\u043f\n\U0001f600"),
+    ("\\ud83d", "?"),  # a lone surrogate: no UTF-8 holds it
+])
+def test_a_helpers_password_of_any_characters_is_sent_as_utf8_basic_auth(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, secret: str, sent: str) -> None:
+    """A helper's password outside Latin-1 (or holding a newline) is sent as Basic auth of
+    its UTF-8 bytes, as Docker sends it: never a traceback, never a header broken."""
+    from sm121_build.core.limits import Limits
+    from sm121_build.image.registry import Registry
+
+    _engine(tmp_path, monkeypatch, '{"credsStore": "rt"}',
+            "#!/bin/sh\nprintf '%s' '{\"Username\": \"u\", \"Secret\": \"" + secret +
+            "\"}'\n")
+    seen: list[str] = []
+    host, stop = _refusing_registry(seen)
+    try:
+        with pytest.raises(Sm121Error, match="HTTP 401"):
+            Registry(f"{host}/k", Limits(engine_s=5.0, registry_s=5.0)).manifest("t")
+    finally:
+        stop()
+    basic = base64.b64encode(f"u:{sent}".encode()).decode()
+    assert seen == ["", f"Basic {basic}"]
