@@ -56,7 +56,12 @@ elif script.startswith("harness_"):
         not rest[0].startswith("--") else None
     derived = [c["key"] for c in json.loads(Path(rest[1]).read_text())["cases"]] \
         if rest[:1] == ["--cases"] else []
-    fixed = "--derived-only" not in rest
+    # its fixed cases: the first two, or those at the positions --fixed gives (dealt by
+    # prove with their modules), none with --derived-only
+    at = rest[rest.index("--fixed") + 1].split(",") if "--fixed" in rest else ["0", "1"]
+    fixed_cases = [] if "--derived-only" in rest else \
+        [("gptq-4bit-256x192", "awq-8bit-7168x2112")[int(i)] if int(i) < 2 else f"fixed-{i}"
+         for i in at]
     launched = os.environ.get("FAKE_LAUNCHED", "all")
     stock = "/stock/" in so
     if mode == "schema":
@@ -64,7 +69,7 @@ elif script.startswith("harness_"):
     if stock and not jit and mode != "stock-runs":
         say(op="gptq_marlin_repack", case="gptq-4bit-256x192",
             error="CUDA error: PTX JIT compilation was disabled"); sys.exit(3)
-    for case in [*(("gptq-4bit-256x192", "awq-8bit-7168x2112") if fixed else ()), *derived]:
+    for case in [*fixed_cases, *derived]:
         if mode == "prefixed":  # a library's printf before each line: none of them parses
             print("[W] ", end="")
         say(op="gptq_marlin_repack", case=case, first_s=2.5 if jit else 0.001)
@@ -86,7 +91,7 @@ elif script.startswith("harness_"):
         mine = {"all": kernels, "half": kernels[:len(kernels) // 2]}.get(launched, [])
         for kernel in mine:
             say(launched=kernel, case=key)
-    cases = [*(("gptq-4bit-256x192", "awq-8bit-7168x2112") if fixed else ()), *derived]
+    cases = [*fixed_cases, *derived]
     Path(out).write_text(json.dumps(cases))  # (what compare_outputs.py, FAKE, reads)
     say(saved=len(cases))
 elif script == "compare_outputs.py":
