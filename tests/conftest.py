@@ -146,10 +146,40 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     engine = os.environ.get(ENGINE_HOST, "")
     if not item.get_closest_marker("docker"):
         engine = f"unix://{_SESSION_STATE[-1]}/no-engine.sock"
+    else:
+        _hold_the_engine(engine)
     if engine:
         os.environ["DOCKER_HOST"] = engine
     else:
         os.environ.pop("DOCKER_HOST", None)
+
+
+_ENGINE_HELD: list[int] = []  # the lock's descriptor, kept open while this process runs
+
+
+def _hold_the_engine(engine: str) -> None:
+    """Before this process's first test of the engine: an exclusive lock, for the rest of
+    the process, on a file of this host named by the engine (DOCKER_HOST), so that two test
+    runs sharing one engine (a self-hosted runner's nightly and PR jobs; a rehearsal beside
+    a comparison) take turns.  Their tests count what the engine holds (no image or
+    container left, the result the only new image): another run's images and containers,
+    made or removed meanwhile, failed them.  Waiting is said once."""
+    import fcntl
+    import hashlib
+    import os
+    import sys
+
+    if _ENGINE_HELD:
+        return
+    key = hashlib.sha256((engine or "unix:///var/run/docker.sock").encode()).hexdigest()
+    path = Path("/tmp") / f"sm121-test-engine-{key[:16]}.lock"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.stderr.write(f"\nwaiting for another test run's engine tests ({path})\n")
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    _ENGINE_HELD.append(descriptor)
 
 
 @pytest.fixture(scope="session")
