@@ -29,6 +29,21 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z", re.ASCII)
 _NOT_FOUND = re.compile(rb"credentials not found", re.IGNORECASE)
 
 
+def helper_for(config: object, registry: str) -> str | None:
+    """The credential helper Docker's config.json (`config`, as read) names for `registry`
+    (`credHelpers`, Docker Hub's under `INDEX_URL`, else `credsStore`), as Docker and its
+    SDK choose it; None where it names none (a value that is not a non-empty string is
+    none)."""
+    if not isinstance(config, dict):
+        return None
+    helpers = config.get("credHelpers")
+    key = INDEX_URL if registry in ("", "docker.io") else registry
+    named = helpers.get(key) if isinstance(helpers, dict) else None
+    if not isinstance(named, str) or not named:
+        named = config.get("credsStore")
+    return named if isinstance(named, str) and named else None
+
+
 def helper_login(helper: str, registry: str, verb: str, seconds: float = HELPER_S
                  ) -> dict[str, str]:
     """The login `docker-credential-<helper>` holds for `registry` (Docker Hub's under

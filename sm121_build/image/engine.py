@@ -69,7 +69,7 @@ from sm121_build.image.api import (
     PathStat,
     StatusLine,
 )
-from sm121_build.image.credential_helper import helper_login
+from sm121_build.image.credential_helper import helper_for, helper_login
 from sm121_build.image.refs import split_ref, validate_image_ref
 from sm121_build.image.spill import write_stream
 
@@ -346,7 +346,7 @@ class Engine:
             registry, _repository = docker.auth.resolve_repository_name(name)
         except docker.errors.DockerException:
             return None  # (a name the engine itself then refuses, in its own words)
-        helper = self.logins.get_credential_store(registry)
+        helper = helper_for(self.logins, registry)
         if helper is None:
             login = self.logins.resolve_authconfig(registry)  # its auths: no program runs
             return dict(login) if isinstance(login, dict) and login else None

@@ -26,7 +26,7 @@ from pathlib import Path
 from sm121_build.core.errors import RegistryUnavailable, Sm121Error
 from sm121_build.core.inputs import read_input
 from sm121_build.core.limits import Limits
-from sm121_build.image.credential_helper import HELPER_S, helper_login
+from sm121_build.image.credential_helper import HELPER_S, helper_for, helper_login
 from sm121_build.image.registry_http import (
     MAX_ERROR_BODY,
     Answer,
@@ -89,7 +89,7 @@ def _credentials(host: str, seconds: float = HELPER_S) -> tuple[str, str] | None
                                        "Docker's config.json"))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError, Sm121Error):
         return None
-    helper = _helper_of(config, host)
+    helper = helper_for(config, host)
     if helper is not None:  # as Docker reads it: the helper's login, never `auths`'
         login = helper_login(helper, host, f"log in to {host}", seconds)
         user, password = login.get("Username", ""), login.get("Password", "")
@@ -107,18 +107,6 @@ def _credentials(host: str, seconds: float = HELPER_S) -> tuple[str, str] | None
     except (ValueError, UnicodeDecodeError):
         return None
     return (user, password) if colon and user else None
-
-
-def _helper_of(config: object, host: str) -> str | None:
-    """The credential helper config.json names for `host` (`credHelpers`, else
-    `credsStore`), or None; a value that is not a non-empty string is none."""
-    if not isinstance(config, dict):
-        return None
-    helpers = config.get("credHelpers")
-    named = helpers.get(host) if isinstance(helpers, dict) else None
-    if not isinstance(named, str) or not named:
-        named = config.get("credsStore")
-    return named if isinstance(named, str) and named else None
 
 
 def _token(body: bytes) -> str:

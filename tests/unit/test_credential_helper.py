@@ -274,3 +274,19 @@ def test_a_helpers_password_of_any_characters_is_sent_as_utf8_basic_auth(
         stop()
     basic = base64.b64encode(f"u:{sent}".encode()).decode()
     assert seen == ["", f"Basic {basic}"]
+
+
+@pytest.mark.parametrize("config", [
+    {}, {"credsStore": "s"}, {"credHelpers": {"r.example": "h"}},
+    {"credsStore": "s", "credHelpers": {"r.example": "h", INDEX_URL: "hub"}},
+    {"credsStore": "", "credHelpers": {"r.example": ""}}, {"credsStore": "s", "auths": {}}])
+def test_the_helper_for_a_registry_is_the_one_dockers_sdk_would_choose(
+        config: dict[str, object]) -> None:
+    """One rule for the engine's logins and the registry client's (`helper_for`): the
+    SDK's own (`AuthConfig.get_credential_store`), Docker Hub's helper under INDEX_URL."""
+    from sm121_build.image.credential_helper import helper_for
+
+    sdk = docker.auth.AuthConfig(dict(config))
+    for registry in ("r.example", "docker.io", "", "other.example:5000"):
+        assert helper_for(config, registry) == (sdk.get_credential_store(registry) or None), \
+            (config, registry)
